@@ -1,0 +1,30 @@
+"""autotile: Triton kernels generated from templates, tuned with Optuna, served from a SQL database of winners.
+
+>>> import torch, autotile
+>>> a, b = torch.randn(33, 17), torch.randn(17, 5)
+>>> torch.allclose(autotile.matmul(a, b), a @ b, atol=1e-4)
+True
+"""
+from pathlib import Path as _Path
+
+_checkout_root = _Path(__file__).resolve().parent.parent
+if not (_Path(__file__).parent / "cli").is_dir() and (_checkout_root / "cli" / "__init__.py").is_file():
+    # NOTE: a wheel maps the top-level cli/, templates/ and tuning_db/ folders into this package
+    # (pyproject's package-dir); a source checkout that was not installed gets the same names this way.
+    __path__.append(str(_checkout_root))  # type: ignore[name-defined]
+
+__version__ = "0.1.0"
+
+__all__ = ["matmul", "flash_attention", "paged_attention", "fuse", "explain", "__version__"]
+
+_PUBLIC = {"matmul", "flash_attention", "paged_attention", "fuse", "explain"}
+
+
+def __getattr__(name: str):
+    # The public ops are imported on first use, so `import autotile` stays cheap (no torch.library
+    # registration, no database) for tools that only need the CLI or a family.
+    if name in _PUBLIC:
+        from autotile.runtime import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'autotile' has no attribute {name!r}")

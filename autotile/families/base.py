@@ -1,0 +1,196 @@
+"""The Family contract: everything the tuner, store, runtime and reports need to know about one kind of kernel.
+
+A family is a class with no per-call state. The tuner, the store, the runtime
+and the reports only ever call these methods, so they never special-case a
+family. Problems are frozen dataclasses whose fields are plain ints, bools and
+strings: their canonical JSON is the problem key.
+"""
+from __future__ import annotations
+
+import abc
+import dataclasses
+import json
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+from autotile.device import DeviceInfo
+from autotile.space import Config, Space
+
+Tensors = dict[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """|out - ref| <= atol + rtol * |ref|, element by element."""
+
+    atol: float
+    rtol: float
+
+
+@dataclass(frozen=True)
+class Cost:
+    """Work of one call: FLOPs, and the fewest bytes it must move (each input read once, each output written once)."""
+
+    flops: float
+    bytes: float
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    ok: bool
+    message: str
+    max_abs_error: float = 0.0
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """What a user runs without autotile, timed beside the winner (cuBLAS, SDPA, torch.compile, ...)."""
+
+    name: str
+    run: Callable[[], Any]
+
+
+@dataclass(frozen=True)
+class ProblemOption:
+    """One shape/variant option of `autotile tune FAMILY` (the CLI turns these into click options)."""
+
+    name: str  # option name without dashes, e.g. "m" -> --m; also the keyword passed to problems_from_cli
+    type: type  # int, str, bool or float
+    help: str
+    default: Any = None
+    choices: tuple[str, ...] | None = None
+    multiple: bool = False  # may be given several times / comma-separated
+
+
+def problem_to_dict(problem) -> dict:
+    return dataclasses.asdict(problem)
+
+
+def canonical_json(data: Mapping) -> str:
+    return json.dumps(dict(data), sort_keys=True, separators=(",", ":"))
+
+
+def next_pow2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
+
+
+def log2_distance(a: int, b: int) -> float:
+    return abs(math.log2(max(a, 1)) - math.log2(max(b, 1)))
+
+
+class Family(abc.ABC):
+    """One kind of kernel. Subclasses set the class attributes and implement the abstract methods."""
+
+    name: ClassVar[str]
+    template: ClassVar[str]
+    problem_type: ClassVar[type]
+    # Fields of the problem that are shapes: nearest-bucket lookup measures distance over these
+    # and requires every other field to match.
+    shape_fields: ClassVar[tuple[str, ...]] = ()
+
+    # --- problems -----------------------------------------------------------------
+    def problem_key(self, problem) -> str:
+        """Canonical, hashable description of a problem: shapes, dtypes, layout class, variant flags."""
+        return canonical_json(problem_to_dict(problem))
+
+    def problem_from_dict(self, data: Mapping):
+        fields = {f.name for f in dataclasses.fields(self.problem_type)}
+        unknown = set(data) - fields
+        if unknown:
+            raise ValueError(f"{self.name}: unknown problem fields {sorted(unknown)}")
+        return self.problem_type(**data)
+
+    def bucket(self, problem) -> str:
+        """Nearby shapes share a bucket: shape fields rounded up to powers of two, the rest exact."""
+        data = problem_to_dict(problem)
+        for name in self.shape_fields:
+            data[name] = next_pow2(data[name])
+        return canonical_json(data)
+
+    def distance(self, problem, other) -> float | None:
+        """How far a tuned problem is from this one; None when its winner cannot serve this one at all."""
+        a, b = problem_to_dict(problem), problem_to_dict(other)
+        if any(a[k] != b[k] for k in a if k not in self.shape_fields):
+            return None
+        return sum(log2_distance(a[k], b[k]) for k in self.shape_fields)
+
+    def default_suite(self) -> list:
+        """Problems `autotile tune FAMILY` tunes when no shape is given."""
+        return []
+
+    # Options of `autotile tune FAMILY`; values arrive in problems_from_cli as keywords.
+    cli_options: ClassVar[tuple[ProblemOption, ...]] = ()
+
+    def problems_from_cli(self, **options) -> list:
+        """CLI option values -> problems to tune; the default suite when no shape is given."""
+        raise NotImplementedError
+
+    # --- the search -----------------------------------------------------------------
+    @abc.abstractmethod
+    def space(self, problem, device: DeviceInfo) -> Space:
+        ...
+
+    @abc.abstractmethod
+    def default_config(self, problem, device: DeviceInfo) -> Config:
+        """Always a point of `space(problem, device)`."""
+
+    def first_feasible(self, problem, device: DeviceInfo, preferred: Mapping) -> Config:
+        """`preferred` if it is in the space, else the feasible config that shares most values with it."""
+        space = self.space(problem, device)
+        if space.is_feasible(preferred):
+            return Config(preferred)
+        best, best_score = None, -1
+        for config in space.feasible():
+            score = sum(config[k] == preferred.get(k) for k in config)
+            if score > best_score:
+                best, best_score = config, score
+        if best is None:
+            raise RuntimeError(f"{self.name}: the search space for {problem} has no feasible config")
+        return best
+
+    # --- data -----------------------------------------------------------------------
+    @abc.abstractmethod
+    def make_inputs(self, problem, device: DeviceInfo, seed: int = 0) -> Tensors:
+        """Realistic random inputs on the device: never zeros."""
+
+    @abc.abstractmethod
+    def allocate_outputs(self, problem, inputs: Tensors) -> Tensors:
+        ...
+
+    @abc.abstractmethod
+    def reference(self, problem, inputs: Tensors) -> Tensors:
+        """Plain torch in float32/float64, independent of any Triton code."""
+
+    @abc.abstractmethod
+    def tolerance(self, problem) -> Tolerance:
+        ...
+
+    @abc.abstractmethod
+    def cost(self, problem) -> Cost:
+        ...
+
+    def check(self, problem, inputs: Tensors, outputs: Tensors, expected: Tensors) -> CheckResult:
+        from autotile.families.checks import compare
+
+        tol = self.tolerance(problem)
+        for name, want in expected.items():
+            result = compare(name, outputs[name], want, tol)
+            if not result.ok:
+                return result
+        return CheckResult(True, "ok")
+
+    def baseline(self, problem, inputs: Tensors) -> Baseline | None:
+        return None
+
+    # --- running --------------------------------------------------------------------
+    @abc.abstractmethod
+    def launch(self, problem, config: Config, inputs: Tensors, outputs: Tensors) -> None:
+        """render -> compile -> run, writing into `outputs`."""
+
+    def render_switches(self, problem, config: Config) -> dict:
+        """The Jinja switches of one config (for `autotile render`)."""
+        raise NotImplementedError

@@ -1,0 +1,318 @@
+"""Tiled GEMM: C = act(A @ B * scales + bias), fp32/tf32, fp16, bf16 and fp8 e4m3 operands.
+
+The point of tiling is reuse: each (BLOCK_M x BLOCK_K) tile of A and
+(BLOCK_K x BLOCK_N) tile of B is read from HBM once per output tile and used
+BLOCK_N (resp. BLOCK_M) times from shared memory and registers.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from autotile.device import DeviceInfo
+from autotile.dtypes import canonical_dtype_name, element_size, torch_dtype
+from autotile.errors import BadInputError, ShapeMismatchError, UnsupportedDtypeError
+from autotile.families.base import Baseline, Cost, Family, Tensors, Tolerance, next_pow2
+from autotile.render import interpreter_mode, load_kernel_module
+from autotile.space import Axis, AxisKind, Config, Constraint, Space, split_config
+
+OPERAND_DTYPES = ("fp32", "fp16", "bf16", "fp8")
+OUTPUT_DTYPES = ("fp32", "fp16", "bf16")
+ACTIVATIONS = ("none", "relu", "gelu", "silu")
+LAYOUTS = ("row", "col", "strided")  # unit stride along the last dim / the first dim / neither
+
+# Unit roundoff of each output dtype (half an ulp at 1.0).
+_UNIT_ROUNDOFF = {"fp32": 2.0**-24, "fp16": 2.0**-11, "bf16": 2.0**-8}
+# tf32 keeps 10 explicit mantissa bits of each fp32 operand.
+_TF32_ROUNDOFF = 2.0**-11
+# Workspace elements a split-K run may use (fp32): 2**28 is 1 GiB.
+_SPLIT_K_WORKSPACE_LIMIT = 2**28
+# Tile of the split-K reduction kernel: memory-bound and small, so not tuned.
+_REDUCE_BLOCK = (32, 128)
+
+
+@dataclass(frozen=True)
+class GemmProblem:
+    m: int
+    n: int
+    k: int
+    dtype: str = "bf16"  # operand dtype: fp32, fp16, bf16, fp8 (e4m3, with per-tensor scales)
+    out_dtype: str = "bf16"
+    layout_a: str = "row"
+    layout_b: str = "row"
+    bias: bool = False
+    activation: str = "none"
+    tf32: bool = False  # fp32 operands only: tensor cores in tf32
+    aligned: bool = True  # base pointers and leading strides are multiples of 16 bytes (TMA-able)
+
+    def __post_init__(self):
+        if min(self.m, self.n, self.k) < 1:
+            raise ShapeMismatchError(f"GEMM sizes must be >= 1, got M={self.m} N={self.n} K={self.k}")
+        if self.dtype not in OPERAND_DTYPES:
+            raise UnsupportedDtypeError(f"GEMM operands must be one of {OPERAND_DTYPES}, got {self.dtype}")
+        if self.out_dtype not in OUTPUT_DTYPES:
+            raise UnsupportedDtypeError(f"GEMM output must be one of {OUTPUT_DTYPES}, got {self.out_dtype}")
+        if self.activation not in ACTIVATIONS:
+            raise BadInputError(f"activation must be one of {ACTIVATIONS}, got {self.activation!r}")
+        if self.layout_a not in LAYOUTS or self.layout_b not in LAYOUTS:
+            raise BadInputError(f"layouts must be one of {LAYOUTS}")
+
+
+def layout_of(t: torch.Tensor) -> str:
+    if t.stride(-1) == 1 or t.shape[-1] == 1:
+        return "row"
+    if t.stride(0) == 1 or t.shape[0] == 1:
+        return "col"
+    return "strided"
+
+
+def _tma_aligned(t: torch.Tensor) -> bool:
+    size = t.element_size()
+    lead = t.stride(0) if layout_of(t) == "row" else t.stride(1)
+    return t.data_ptr() % 16 == 0 and (lead * size) % 16 == 0
+
+
+class GemmFamily(Family):
+    name = "gemm"
+    template = "gemm.py.j2"
+    problem_type = GemmProblem
+    shape_fields = ("m", "n", "k")
+
+    # --- problems -----------------------------------------------------------------
+    def problem_from_tensors(self, a, b, bias=None, activation=None, out_dtype=None) -> GemmProblem:
+        if a.dim() != 2 or b.dim() != 2:
+            raise ShapeMismatchError(f"matmul takes 2-D a and b, got a{tuple(a.shape)} and b{tuple(b.shape)}")
+        if a.shape[1] != b.shape[0]:
+            raise ShapeMismatchError(f"a is {tuple(a.shape)} and b is {tuple(b.shape)}: a.shape[1] must equal b.shape[0]")
+        if a.dtype != b.dtype:
+            raise UnsupportedDtypeError(f"a is {a.dtype} and b is {b.dtype}: cast both to one dtype")
+        if a.device != b.device:
+            raise BadInputError(f"a is on {a.device} and b on {b.device}: move both to one device")
+        dtype = canonical_dtype_name(a.dtype)
+        if dtype not in OPERAND_DTYPES:
+            raise UnsupportedDtypeError(f"matmul supports {OPERAND_DTYPES} operands, got {a.dtype}")
+        out = canonical_dtype_name(out_dtype) if out_dtype is not None else ("bf16" if dtype == "fp8" else dtype)
+        m, k = a.shape
+        n = b.shape[1]
+        if bias is not None and (bias.dim() != 1 or bias.shape[0] != n):
+            raise ShapeMismatchError(f"bias must have shape ({n},), got {tuple(bias.shape)}")
+        if bias is not None and bias.device != a.device:
+            raise BadInputError(f"bias is on {bias.device}, a on {a.device}")
+        tf32 = dtype == "fp32" and torch.backends.cuda.matmul.allow_tf32
+        return GemmProblem(m, n, k, dtype, out, layout_of(a), layout_of(b), bias is not None,
+                           activation or "none", tf32, _tma_aligned(a) and _tma_aligned(b))
+
+    def default_suite(self) -> list[GemmProblem]:
+        return [GemmProblem(s, s, s, "bf16", "bf16") for s in (1024, 2048, 4096)]
+
+    # --- the search -----------------------------------------------------------------
+    def space(self, problem: GemmProblem, device: DeviceInfo) -> Space:
+        p = problem
+        in_size = element_size(p.dtype)
+        out_size = element_size(p.out_dtype)
+        k_tiles = lambda c: math.ceil(p.k / c["BLOCK_K"])  # noqa: E731
+
+        def smem_bytes(c) -> int:
+            # Pipelined operand tiles, plus the output tile staged for the TMA store.
+            operands = (c["BLOCK_M"] + c["BLOCK_N"]) * c["BLOCK_K"] * in_size * c["num_stages"]
+            staging = c["BLOCK_M"] * c["BLOCK_N"] * out_size if c["VARIANT"] == "tma" else 0
+            return operands + staging
+
+        axes = [
+            Axis("VARIANT", ("blocked", "tma"), AxisKind.RENDER),
+            Axis("BLOCK_M", (16, 32, 64, 128, 256)),
+            Axis("BLOCK_N", (32, 64, 128, 256)),
+            Axis("BLOCK_K", (32, 64, 128, 256)),
+            Axis("GROUP_M", (1, 4, 8, 16)),
+            Axis("SPLIT_K", (1, 2, 4, 8, 16)),
+            Axis("PERSISTENT", (False, True)),
+            Axis("WARP_SPECIALIZE", (False, True)),
+            Axis("FLATTEN", (False, True)),
+            Axis("num_warps", (4, 8)),
+            Axis("num_stages", (2, 3, 4, 5)),
+        ]
+        constraints = [
+            Constraint("shared_memory", lambda c: smem_bytes(c) <= device.smem_per_block,
+                       lambda c: f"needs {smem_bytes(c)} B of shared memory, the device allows {device.smem_per_block} B"),
+            Constraint("accumulator_registers", lambda c: c["BLOCK_M"] * c["BLOCK_N"] <= 128 * 32 * c["num_warps"],
+                       "the fp32 accumulator needs more than 128 registers a thread"),
+            Constraint("work_per_warp", lambda c: c["BLOCK_M"] * c["BLOCK_N"] >= 128 * c["num_warps"],
+                       "tile too small to give every warp a full mma"),
+            Constraint("fp8_block_k", lambda c: p.dtype != "fp8" or c["BLOCK_K"] >= 64,
+                       "fp8 tensor-core tiles need BLOCK_K >= 64 (32 bytes of K at least twice)"),
+            Constraint("tile_within_problem",
+                       lambda c: c["BLOCK_M"] <= max(16, next_pow2(p.m)) and c["BLOCK_N"] <= max(32, next_pow2(p.n))
+                       and c["BLOCK_K"] <= max(32, next_pow2(p.k)),
+                       "a block larger than the next power of two of its dimension only computes padding"),
+            Constraint("tma_alignment", lambda c: c["VARIANT"] != "tma" or self._tma_ok(p),
+                       "TMA needs unit-stride operands with 16-byte aligned rows and base pointers"),
+            Constraint("split_k_blocked_only", lambda c: c["SPLIT_K"] == 1 or c["VARIANT"] == "blocked",
+                       "split-K is implemented by the blocked variant"),
+            Constraint("split_k_depth", lambda c: c["SPLIT_K"] == 1 or k_tiles(c) >= 2 * c["SPLIT_K"],
+                       "each split needs at least two K tiles"),
+            Constraint("split_k_workspace", lambda c: c["SPLIT_K"] * p.m * p.n <= _SPLIT_K_WORKSPACE_LIMIT,
+                       "the split-K workspace would exceed 1 GiB"),
+            Constraint("persistent_tma_only", lambda c: c["VARIANT"] == "tma" or not (c["PERSISTENT"] or c["WARP_SPECIALIZE"] or c["FLATTEN"]),
+                       "PERSISTENT, WARP_SPECIALIZE and FLATTEN only change the tma variant's tile loop"),
+            Constraint("group_m_useful", lambda c: c["GROUP_M"] == 1 or math.ceil(p.m / c["BLOCK_M"]) > 1,
+                       "grouped ordering needs more than one row of tiles"),
+        ]
+        return Space(axes, constraints)
+
+    @staticmethod
+    def _tma_ok(p: GemmProblem) -> bool:
+        return (p.aligned and p.layout_a != "strided" and p.layout_b != "strided"
+                and (p.n * element_size(p.out_dtype)) % 16 == 0)
+
+    def default_config(self, problem: GemmProblem, device: DeviceInfo) -> Config:
+        preferred = dict(VARIANT="blocked", BLOCK_M=min(128, max(16, next_pow2(problem.m))), BLOCK_N=min(128, max(32, next_pow2(problem.n))),
+                         BLOCK_K=64 if problem.k >= 64 else 32, GROUP_M=8 if problem.m > 128 else 1, SPLIT_K=1,
+                         PERSISTENT=False, WARP_SPECIALIZE=False, FLATTEN=False, num_warps=4, num_stages=3)
+        return self.first_feasible(problem, device, preferred)
+
+    # --- data -----------------------------------------------------------------------
+    def make_inputs(self, problem: GemmProblem, device: DeviceInfo, seed: int = 0) -> Tensors:
+        p = problem
+        gen = torch.Generator(device="cpu").manual_seed(seed)
+        dev = device.torch_device
+
+        def operand(rows: int, cols: int, layout: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+            values = torch.randn(rows, cols, generator=gen)
+            scale = None
+            if p.dtype == "fp8":
+                # Per-tensor scaling as fp8 training recipes do: amax maps to e4m3's largest value, 448.
+                scale = values.abs().max() / 448.0
+                values = values / scale
+            dt = torch_dtype(p.dtype)
+            # Unaligned problems get their storage offset by one element, which breaks 16-byte alignment.
+            pad = 0 if p.aligned else 1
+            if layout == "row":
+                t = torch.empty(rows * cols + pad, dtype=dt, device=dev)[pad:].view(rows, cols)
+            elif layout == "col":
+                t = torch.empty(rows * cols + pad, dtype=dt, device=dev)[pad:].view(cols, rows).t()
+            else:  # every other column of a wider matrix: no unit stride anywhere
+                t = torch.empty(rows, 2 * cols, dtype=dt, device=dev)[:, ::2]
+            t.copy_(values.to(dt).to(dev))
+            return t, (scale.reshape(1).float().to(dev) if scale is not None else None)
+
+        a, scale_a = operand(p.m, p.k, p.layout_a)
+        b, scale_b = operand(p.k, p.n, p.layout_b)
+        inputs: Tensors = {"a": a, "b": b}
+        if scale_a is not None:
+            inputs["scale_a"], inputs["scale_b"] = scale_a, scale_b
+        if p.bias:
+            inputs["bias"] = torch.randn(p.n, generator=gen).to(torch_dtype(p.out_dtype)).to(dev)
+        return inputs
+
+    def allocate_outputs(self, problem: GemmProblem, inputs: Tensors) -> Tensors:
+        return {"c": torch.empty(problem.m, problem.n, dtype=torch_dtype(problem.out_dtype), device=inputs["a"].device)}
+
+    def reference(self, problem: GemmProblem, inputs: Tensors) -> Tensors:
+        acc = inputs["a"].to(torch.float64) @ inputs["b"].to(torch.float64)
+        if "scale_a" in inputs:
+            acc = acc * (inputs["scale_a"].double() * inputs["scale_b"].double())
+        if "bias" in inputs:
+            acc = acc + inputs["bias"].double()
+        acc = {"none": lambda x: x, "relu": torch.relu, "silu": torch.nn.functional.silu,
+               "gelu": torch.nn.functional.gelu}[problem.activation](acc)
+        return {"c": acc}
+
+    def tolerance(self, problem: GemmProblem) -> Tolerance:
+        # The reference uses the same (already rounded) operands in float64, so what is left is
+        # (1) rounding the result to out_dtype: rtol = 2 units of roundoff, plus atol for values near 0;
+        # (2) operand rounding inside the dot (tf32 keeps 10 mantissa bits; fp16/bf16/fp8 products are
+        #     exact in fp32): K terms of size ~|a||b| = O(1) with independent errors, ~ sqrt(K) * u_op;
+        # (3) fp32 accumulation: partial sums grow like sqrt(K), each of K additions rounds by 2^-24
+        #     of that, ~ K * 2^-24 in a random walk.
+        # Inputs are N(0, 1) (fp8 ones are scaled back to that by the scales); a factor 4 on each term
+        # leaves room for the tails of the distribution, and no more.
+        u_op = _TF32_ROUNDOFF if problem.tf32 else 0.0
+        out = _UNIT_ROUNDOFF[problem.out_dtype]
+        atol = 4.0 * (math.sqrt(problem.k) * u_op + problem.k * 2.0**-24) + 2.0 * out
+        return Tolerance(atol=atol, rtol=2.0 * out)
+
+    def cost(self, problem: GemmProblem) -> Cost:
+        p = problem
+        in_size, out_size = element_size(p.dtype), element_size(p.out_dtype)
+        moved = (p.m * p.k + p.k * p.n) * in_size + p.m * p.n * out_size + (p.n * out_size if p.bias else 0)
+        return Cost(flops=2.0 * p.m * p.n * p.k, bytes=float(moved))
+
+    def baseline(self, problem: GemmProblem, inputs: Tensors) -> Baseline | None:
+        a, b, bias = inputs["a"], inputs["b"], inputs.get("bias")
+        act = {"none": None, "relu": torch.relu, "silu": torch.nn.functional.silu, "gelu": torch.nn.functional.gelu}[problem.activation]
+        out_dtype = torch_dtype(problem.out_dtype)
+        if problem.dtype == "fp8":
+            if not hasattr(torch, "_scaled_mm") or problem.layout_a != "row" or problem.layout_b != "col":
+                return None  # _scaled_mm takes a row-major A and a column-major B only
+
+            def run():
+                y = torch._scaled_mm(a, b, inputs["scale_a"], inputs["scale_b"], bias=bias, out_dtype=out_dtype)
+                return act(y) if act else y
+            return Baseline("torch._scaled_mm", run)
+
+        def run():
+            y = torch.matmul(a, b) if bias is None else torch.addmm(bias.to(a.dtype), a, b)
+            y = act(y) if act else y
+            return y if y.dtype == out_dtype else y.to(out_dtype)
+        return Baseline("torch.matmul (cuBLAS)", run)
+
+    # --- running --------------------------------------------------------------------
+    def render_switches(self, problem: GemmProblem, config: Config) -> dict:
+        index_64 = max(problem.m * problem.k, problem.k * problem.n, problem.m * problem.n) * 2 >= 2**31
+        return dict(
+            VARIANT=config["VARIANT"], HAS_BIAS=problem.bias, ACTIVATION=problem.activation,
+            SCALED=problem.dtype == "fp8", A_COL=problem.layout_a == "col", B_COL=problem.layout_b == "col",
+            INPUT_PRECISION=("tf32" if problem.tf32 else "ieee") if problem.dtype == "fp32" else "",
+            INDEX_64=index_64,
+        )
+
+    def launch(self, problem: GemmProblem, config: Config, inputs: Tensors, outputs: Tensors) -> None:
+        a, b, c = inputs["a"], inputs["b"], outputs["c"]
+        interpret = a.device.type == "cpu"
+        module = load_kernel_module(self.template, interpret=interpret, **self.render_switches(problem, config))
+        space_names = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "SPLIT_K", "WARP_SPECIALIZE", "FLATTEN")
+        consts = {n: config[n] for n in space_names}
+        meta = {"num_warps": config["num_warps"], "num_stages": config["num_stages"]}
+        m, n, k = problem.m, problem.n, problem.k
+        bias = inputs.get("bias", c)  # unused pointers still need a tensor
+        scale_a = inputs.get("scale_a", c)
+        scale_b = inputs.get("scale_b", c)
+        tiles = triton_cdiv(m, config["BLOCK_M"]) * triton_cdiv(n, config["BLOCK_N"])
+        split = config["SPLIT_K"]
+        ws = torch.empty(split, m, n, dtype=torch.float32, device=a.device) if split > 1 else c
+        if config["VARIANT"] == "tma":
+            programs = min(tiles, _sm_count(a.device)) if config["PERSISTENT"] else tiles
+            grid = (programs,)
+            if not interpret:
+                from autotile.device import ensure_triton_allocator
+
+                ensure_triton_allocator()
+        else:
+            grid = (tiles, split)
+        with interpreter_mode(interpret):
+            module.gemm_kernel[grid](
+                a, b, c, ws, bias, scale_a, scale_b, m, n, k,
+                a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
+                **consts, **meta,
+            )
+            if split > 1:
+                bm, bn = _REDUCE_BLOCK
+                module.gemm_splitk_reduce[(triton_cdiv(m, bm), triton_cdiv(n, bn))](
+                    ws, c, bias, scale_a, scale_b, m, n, c.stride(0), c.stride(1),
+                    SPLIT_K=split, BLOCK_M=bm, BLOCK_N=bn, num_warps=4,
+                )
+
+
+def triton_cdiv(x: int, y: int) -> int:
+    return (x + y - 1) // y
+
+
+def _sm_count(dev: torch.device) -> int:
+    if dev.type == "cpu":
+        return 4  # the interpreter runs programs one after another; a few exercise the persistent loop
+    return torch.cuda.get_device_properties(dev).multi_processor_count
+
+
+FAMILY = GemmFamily()

@@ -1,0 +1,141 @@
+"""Render Jinja2 templates into Triton source, write it to the kernel cache, import it.
+
+Every rendered source is `ast.parse`d and written as `<sha>.py` under the
+kernel cache, so tracebacks and Triton's errors point at readable code.
+Template switches are structure only (bools, small ints, names from a family's
+own enums): user text never reaches a template.
+"""
+from __future__ import annotations
+
+import ast
+import contextlib
+import functools
+import hashlib
+import importlib.util
+import os
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from types import ModuleType
+
+import jinja2
+
+from autotile.errors import AutotileError
+from autotile.resources import templates_dir
+
+
+class TemplateRenderError(AutotileError):
+    """A template rendered into something that is not valid Python."""
+
+
+def kernel_cache_dir() -> Path:
+    root = os.environ.get("AUTOTILE_CACHE_DIR")
+    base = Path(root) if root else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "autotile"
+    path = base / "kernels"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@functools.lru_cache(maxsize=1)
+def environment() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(templates_dir())),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+
+
+def _check_switch(name: str, value) -> None:
+    """Switch values are structure: numbers, bools, identifiers, or containers of those."""
+    if isinstance(value, (bool, int, float)) or value is None:
+        return
+    if isinstance(value, str) and (value == "" or value.replace("_", "").isalnum()):
+        return
+    if isinstance(value, (tuple, list)):
+        for item in value:
+            _check_switch(name, item)
+        return
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _check_switch(name, key)
+            _check_switch(name, item)
+        return
+    raise TemplateRenderError(f"template switch {name}={value!r} is not a plain identifier, number or bool")
+
+
+def render_source(template: str, **switches) -> str:
+    """Render `template` with `switches` and return Python source that parses."""
+    for name, value in switches.items():
+        _check_switch(name, value)
+    source = environment().get_template(template).render(**switches)
+    try:
+        ast.parse(source)
+    except SyntaxError as exc:
+        lines = source.splitlines()
+        around = "\n".join(f"{i + 1:4d}| {lines[i]}" for i in range(max(0, (exc.lineno or 1) - 3), min(len(lines), (exc.lineno or 1) + 2)))
+        raise TemplateRenderError(f"{template} rendered invalid Python at line {exc.lineno}: {exc.msg}\n{around}") from None
+    return source
+
+
+def source_sha(source: str) -> str:
+    return hashlib.sha256(source.encode()).hexdigest()[:20]
+
+
+def write_to_cache(source: str) -> Path:
+    path = kernel_cache_dir() / f"{source_sha(source)}.py"
+    if not path.exists():
+        # Written whole then renamed: several tuning processes may render the same kernel at once.
+        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+        with os.fdopen(fd, "w") as handle:
+            handle.write(source)
+        os.replace(tmp, path)
+    return path
+
+
+_INTERPRET_LOCK = threading.RLock()
+
+
+@contextlib.contextmanager
+def interpreter_mode(on: bool):
+    """Run (or import) Triton code under the CPU interpreter, or compiled, whatever the environment says.
+
+    NOTE: triton decides interpreter vs compiler from TRITON_INTERPRET when a
+    function is decorated and again at some run-time points, so the variable
+    is set for the whole import or launch; CPU tensors take the interpreter
+    even on a machine with a GPU.
+    """
+    with _INTERPRET_LOCK:
+        before = os.environ.get("TRITON_INTERPRET")
+        os.environ["TRITON_INTERPRET"] = "1" if on else "0"
+        try:
+            yield
+        finally:
+            if before is None:
+                os.environ.pop("TRITON_INTERPRET", None)
+            else:
+                os.environ["TRITON_INTERPRET"] = before
+
+
+@functools.lru_cache(maxsize=None)
+def _import_path(path_str: str, sha: str, interpret: bool) -> ModuleType:
+    name = f"autotile_kernels.{'interp' if interpret else 'cuda'}_{sha}"
+    spec = importlib.util.spec_from_file_location(name, path_str)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    with interpreter_mode(interpret):
+        spec.loader.exec_module(module)
+    return module
+
+
+def load_kernel_module(template: str, *, interpret: bool, **switches) -> ModuleType:
+    """Render, write to the kernel cache and import; memoised by the source's hash.
+
+    `interpret` picks Triton's CPU interpreter (CPU tensors) or the compiler (CUDA tensors).
+    """
+    source = render_source(template, **switches)
+    path = write_to_cache(source)
+    return _import_path(str(path), source_sha(source), interpret)
