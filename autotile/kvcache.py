@@ -1,0 +1,268 @@
+"""A paged KV cache: fixed-size pages in one preallocated pool per layer, a block table per sequence.
+
+Sequences own lists of page ids; page p of every layer's pool belongs to the
+same owners, so one block table serves all layers. Pages are reference
+counted: `fork` lets a child share all of its parent's pages (parallel
+sampling, beam search), and the first write into a shared page copies it
+(copy-on-write), in every layer, before writing. Running out of pages raises
+`OutOfPagesError` before anything is changed.
+
+>>> import torch
+>>> cache = PagedKVCache(num_layers=1, num_pages=32, page_size=16, num_kv_heads=2, head_dim=8)
+>>> cache.allocate("a")
+>>> slots = cache.append("a", torch.randn(300, 2, 8), torch.randn(300, 2, 8))
+>>> s = cache.stats()
+>>> (s.pages_used, s.tokens_stored, s.wasted_slots)
+(19, 300, 4)
+>>> cache.fork("a", "b")
+>>> cache.append("b", torch.randn(1, 2, 8), torch.randn(1, 2, 8))  # copies the shared last page (19)
+tensor([316])
+>>> cache.stats().pages_used, cache.stats().pages_shared
+(20, 18)
+>>> table, lengths = cache.block_table(["a", "b"]), cache.context_lens(["a", "b"])
+>>> table.shape, lengths.tolist()
+(torch.Size([2, 19]), [300, 301])
+"""
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from autotile.errors import AutotileError, BadInputError, ShapeMismatchError
+
+# fp8 e4m3's largest finite value; values are divided by the cache's scale before the cast.
+_FP8_MAX = 448.0
+
+
+class OutOfPagesError(AutotileError, MemoryError):
+    """The pool has fewer free pages than an allocation needs; nothing was changed."""
+
+
+class UnknownSequenceError(AutotileError, KeyError):
+    """A sequence id the cache does not hold (never allocated, or already freed)."""
+
+
+@dataclass(frozen=True)
+class CacheStats:
+    """Usage of the pool. Shared pages count once in `pages_used` and `tokens_stored`."""
+
+    pages_total: int
+    pages_used: int
+    pages_free: int
+    pages_shared: int  # pages held by more than one sequence
+    tokens_stored: int  # token slots holding K/V, each physical page counted once
+    logical_tokens: int  # sum of the sequences' lengths (shared prefixes counted per sequence)
+    wasted_slots: int  # reserved but empty slots at the ends of partly filled pages
+
+    @property
+    def utilisation(self) -> float:
+        """Filled slots over reserved slots (1.0 when no page is partly empty)."""
+        reserved = self.tokens_stored + self.wasted_slots
+        return self.tokens_stored / reserved if reserved else 1.0
+
+
+@dataclass
+class _Sequence:
+    pages: list[int] = field(default_factory=list)
+    length: int = 0
+
+
+class PagedKVCache:
+    """K and V pools of shape (num_pages, page_size, num_kv_heads, head_dim) per layer, and their block tables.
+
+    `dtype=torch.float8_e4m3fn` stores values divided by `k_scale` / `v_scale`
+    (per-tensor floats, or per-KV-head tensors), as the paged attention
+    kernel's fp8 path reads them back.
+    """
+
+    def __init__(self, *, num_layers: int, num_pages: int, page_size: int, num_kv_heads: int, head_dim: int,
+                 dtype: torch.dtype = torch.float16, device: str | torch.device = "cpu",
+                 k_scale: float | torch.Tensor | None = None, v_scale: float | torch.Tensor | None = None):
+        if min(num_layers, num_pages, page_size, num_kv_heads, head_dim) < 1:
+            raise BadInputError("num_layers, num_pages, page_size, num_kv_heads and head_dim must all be >= 1")
+        self.num_layers, self.num_pages, self.page_size = num_layers, num_pages, page_size
+        self.num_kv_heads, self.head_dim, self.dtype = num_kv_heads, head_dim, dtype
+        self.device = torch.device(device)
+        shape = (num_pages, page_size, num_kv_heads, head_dim)
+        self.k_pools = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(num_layers)]
+        self.v_pools = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(num_layers)]
+        self.fp8 = dtype == torch.float8_e4m3fn
+        self.k_scale = self._scale_tensor(k_scale, "k_scale") if self.fp8 else None
+        self.v_scale = self._scale_tensor(v_scale, "v_scale") if self.fp8 else None
+        # Free pages are handed out lowest id first (a stack popped from the end).
+        self._free = list(range(num_pages - 1, -1, -1))
+        self._refcount = [0] * num_pages
+        self._filled = [0] * num_pages  # token slots written in each page (the same for all its owners)
+        self._sequences: dict[Hashable, _Sequence] = {}
+
+    def _scale_tensor(self, scale, name: str) -> torch.Tensor:
+        if scale is None:
+            raise BadInputError(f"an fp8 cache needs {name}: the factor stored values are multiplied by on reading")
+        t = torch.as_tensor(scale, dtype=torch.float32).to(self.device).reshape(-1)
+        if t.numel() == 1:
+            t = t.expand(self.num_kv_heads).contiguous()
+        if t.numel() != self.num_kv_heads:
+            raise ShapeMismatchError(f"{name} must be one value or one per KV head ({self.num_kv_heads}), got {t.numel()}")
+        return t
+
+    # --- sequences ------------------------------------------------------------------
+    def _seq(self, seq_id: Hashable) -> _Sequence:
+        try:
+            return self._sequences[seq_id]
+        except KeyError:
+            raise UnknownSequenceError(f"sequence {seq_id!r} is not in the cache; allocate it first") from None
+
+    def __contains__(self, seq_id: Hashable) -> bool:
+        return seq_id in self._sequences
+
+    def length(self, seq_id: Hashable) -> int:
+        return self._seq(seq_id).length
+
+    def pages(self, seq_id: Hashable) -> list[int]:
+        """The physical pages of a sequence, in order."""
+        return list(self._seq(seq_id).pages)
+
+    def allocate(self, seq_id: Hashable) -> None:
+        """Start an empty sequence; pages are taken as tokens are appended."""
+        if seq_id in self._sequences:
+            raise BadInputError(f"sequence {seq_id!r} already exists; free it or pick another id")
+        self._sequences[seq_id] = _Sequence()
+
+    def free(self, seq_id: Hashable) -> None:
+        """Drop a sequence; pages no other sequence holds go back to the pool."""
+        seq = self._sequences.pop(seq_id, None)
+        if seq is None:
+            raise UnknownSequenceError(f"sequence {seq_id!r} is not in the cache (already freed?)")
+        for page in seq.pages:
+            self._release(page)
+
+    def fork(self, parent: Hashable, child: Hashable) -> None:
+        """`child` starts as a copy of `parent` sharing every page; whichever writes into a shared page first copies it."""
+        source = self._seq(parent)
+        if child in self._sequences:
+            raise BadInputError(f"sequence {child!r} already exists; free it or pick another id")
+        for page in source.pages:
+            self._refcount[page] += 1
+        self._sequences[child] = _Sequence(list(source.pages), source.length)
+
+    # --- writing --------------------------------------------------------------------
+    def pages_needed(self, seq_id: Hashable, num_tokens: int) -> int:
+        """Free pages appending `num_tokens` to the sequence would take (including a copy-on-write)."""
+        seq = self._seq(seq_id)
+        room = len(seq.pages) * self.page_size - seq.length
+        new_pages = -(-max(0, num_tokens - room) // self.page_size)
+        copy = 1 if num_tokens > 0 and room > 0 and self._refcount[seq.pages[-1]] > 1 else 0
+        return new_pages + copy
+
+    def reserve(self, seq_id: Hashable, num_tokens: int = 1) -> torch.Tensor:
+        """Make room for `num_tokens` more tokens; returns their flat slots (page * page_size + offset), int64.
+
+        Call `write` for every layer with these slots. Raises OutOfPagesError, changing nothing,
+        when the pool cannot hold them.
+        """
+        if num_tokens < 0:
+            raise BadInputError(f"num_tokens must be >= 0, got {num_tokens}")
+        seq = self._seq(seq_id)
+        needed = self.pages_needed(seq_id, num_tokens)
+        if needed > len(self._free):
+            raise OutOfPagesError(
+                f"sequence {seq_id!r} needs {needed} more page(s) of {self.page_size} tokens but only "
+                f"{len(self._free)} of {self.num_pages} are free; free finished sequences, preempt one, "
+                "or build the cache with more pages")
+        if num_tokens and seq.length % self.page_size and self._refcount[seq.pages[-1]] > 1:
+            seq.pages[-1] = self._copy_page(seq.pages[-1])
+        slots = []
+        for position in range(seq.length, seq.length + num_tokens):
+            index, offset = divmod(position, self.page_size)
+            if index == len(seq.pages):
+                seq.pages.append(self._take())
+            page = seq.pages[index]
+            self._filled[page] = offset + 1
+            slots.append(page * self.page_size + offset)
+        seq.length += num_tokens
+        return torch.tensor(slots, dtype=torch.int64, device=self.device)
+
+    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store K and V (num_tokens, num_kv_heads, head_dim) of one layer into reserved slots."""
+        if not 0 <= layer < self.num_layers:
+            raise BadInputError(f"layer {layer} is outside 0..{self.num_layers - 1}")
+        want = (slots.numel(), self.num_kv_heads, self.head_dim)
+        for name, t in (("k", k), ("v", v)):
+            if tuple(t.shape) != want:
+                raise ShapeMismatchError(f"{name} must have shape {want} (tokens, KV heads, head dim), got {tuple(t.shape)}")
+        slots = slots.to(self.device)
+        for pool, values, scale in ((self.k_pools[layer], k, self.k_scale), (self.v_pools[layer], v, self.v_scale)):
+            values = values.to(self.device)
+            if scale is not None:
+                values = (values.float() / scale[None, :, None]).clamp(-_FP8_MAX, _FP8_MAX)
+            pool.view(-1, self.num_kv_heads, self.head_dim)[slots] = values.to(self.dtype)
+
+    def append(self, seq_id: Hashable, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Append tokens to a sequence in every layer: k, v (num_layers, num_tokens, Hkv, D), or (num_tokens, Hkv, D)
+        for a one-layer cache. Returns the slots written."""
+        if k.dim() == 3 and self.num_layers == 1:
+            k, v = k.unsqueeze(0), v.unsqueeze(0)
+        if k.dim() != 4 or k.shape[0] != self.num_layers or k.shape != v.shape:
+            raise ShapeMismatchError(
+                f"k and v must both be (num_layers={self.num_layers}, tokens, {self.num_kv_heads}, {self.head_dim}), "
+                f"got {tuple(k.shape)} and {tuple(v.shape)}")
+        slots = self.reserve(seq_id, k.shape[1])
+        for layer in range(self.num_layers):
+            self.write(layer, slots, k[layer], v[layer])
+        return slots
+
+    # --- reading --------------------------------------------------------------------
+    def block_table(self, seq_ids: Sequence[Hashable], max_pages: int | None = None) -> torch.Tensor:
+        """(len(seq_ids), max_pages) int32 on the cache's device; entries past a sequence's pages are 0."""
+        seqs = [self._seq(s) for s in seq_ids]
+        width = max([len(s.pages) for s in seqs] + [1]) if max_pages is None else max_pages
+        table = torch.zeros(len(seqs), width, dtype=torch.int32)
+        for row, seq in enumerate(seqs):
+            if len(seq.pages) > width:
+                raise ShapeMismatchError(f"a sequence holds {len(seq.pages)} pages, more than max_pages={width}")
+            table[row, :len(seq.pages)] = torch.tensor(seq.pages, dtype=torch.int32)
+        return table.to(self.device)
+
+    def context_lens(self, seq_ids: Sequence[Hashable]) -> torch.Tensor:
+        return torch.tensor([self._seq(s).length for s in seq_ids], dtype=torch.int32, device=self.device)
+
+    def gather(self, seq_id: Hashable, layer: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """One sequence's K and V as contiguous (length, Hkv, D) tensors in the pool's dtype."""
+        seq = self._seq(seq_id)
+        pages = torch.tensor(seq.pages, dtype=torch.int64, device=self.device)
+        k = self.k_pools[layer][pages].flatten(0, 1)[:seq.length]
+        v = self.v_pools[layer][pages].flatten(0, 1)[:seq.length]
+        return k, v
+
+    def stats(self) -> CacheStats:
+        used = [p for p in range(self.num_pages) if self._refcount[p] > 0]
+        stored = sum(self._filled[p] for p in used)
+        return CacheStats(
+            pages_total=self.num_pages, pages_used=len(used), pages_free=len(self._free),
+            pages_shared=sum(1 for p in used if self._refcount[p] > 1), tokens_stored=stored,
+            logical_tokens=sum(s.length for s in self._sequences.values()),
+            wasted_slots=len(used) * self.page_size - stored)
+
+    # --- pages ----------------------------------------------------------------------
+    def _take(self) -> int:
+        page = self._free.pop()
+        self._refcount[page] = 1
+        self._filled[page] = 0
+        return page
+
+    def _release(self, page: int) -> None:
+        self._refcount[page] -= 1
+        if self._refcount[page] == 0:
+            self._filled[page] = 0
+            self._free.append(page)
+
+    def _copy_page(self, page: int) -> int:
+        """Copy a shared page (every layer) into a fresh one this sequence owns alone."""
+        fresh = self._take()
+        for pool in (*self.k_pools, *self.v_pools):
+            pool[fresh].copy_(pool[page])
+        self._filled[fresh] = self._filled[page]
+        self._release(page)
+        return fresh
