@@ -204,11 +204,12 @@ class PagedKVCache:
         for a one-layer cache. Returns the slots written."""
         if k.dim() == 3 and self.num_layers == 1:
             k, v = k.unsqueeze(0), v.unsqueeze(0)
-        if k.dim() != 4 or k.shape[0] != self.num_layers or k.shape != v.shape:
+        if (k.dim() != 4 or k.shape != v.shape or k.shape[0] != self.num_layers
+                or tuple(k.shape[2:]) != (self.num_kv_heads, self.head_dim)):
             raise ShapeMismatchError(
                 f"k and v must both be (num_layers={self.num_layers}, tokens, {self.num_kv_heads}, {self.head_dim}), "
                 f"got {tuple(k.shape)} and {tuple(v.shape)}")
-        slots = self.reserve(seq_id, k.shape[1])
+        slots = self.reserve(seq_id, k.shape[1])  # after the checks: a bad call must not advance the sequence
         for layer in range(self.num_layers):
             self.write(layer, slots, k[layer], v[layer])
         return slots
