@@ -11,6 +11,8 @@ as SDPA's `causal_lower_right` and FlashAttention do; rows that see no key give 
 """
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -196,6 +198,41 @@ def fa_rule_check(name: str, got: torch.Tensor, want: torch.Tensor, plain: torch
     return CheckResult(True, f"{name}: ok, max |err| {worst:.3g} (plain torch {plain_err:.3g})", worst)
 
 
+_INTERPRETED_STDLIB: dict = {}
+
+
+@contextlib.contextmanager
+def interpretable_triton_stdlib(on: bool):
+    """While `on`, calls of compiled-mode @triton.jit functions run through Triton's interpreter.
+
+    NOTE: triton decorates its own library (tl.zeros, tl.cdiv, tl.sum, ...) when it is first
+    imported, as interpreted functions only if TRITON_INTERPRET=1 was set then. torch imports
+    triton by itself (torch.library, torch.compile, and on every GPU machine), after which an
+    interpreted kernel that calls tl.zeros raises "Cannot call @triton.jit'd outside of the scope
+    of a kernel". Routing those calls to an InterpretedFunction of the same Python function is
+    what the interpreter itself does for functions decorated under TRITON_INTERPRET=1.
+    """
+    if not on:
+        yield
+        return
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    original = JITFunction.__call__
+
+    def call_interpreted(self, *args, **kwargs):
+        interpreted = _INTERPRETED_STDLIB.get(self.fn)
+        if interpreted is None:
+            interpreted = _INTERPRETED_STDLIB.setdefault(self.fn, InterpretedFunction(self.fn))
+        return interpreted(*args, **kwargs)
+
+    JITFunction.__call__ = call_interpreted
+    try:
+        yield
+    finally:
+        JITFunction.__call__ = original
+
+
 def _cdiv(x: int, y: int) -> int:
     return (x + y - 1) // y
 
@@ -223,7 +260,11 @@ class FlashFamily(Family):
     )
 
     # --- problems -----------------------------------------------------------------
-    def problem_from_tensors(self, q, k, v, *, causal: bool = False, direction: str = "fwd") -> FlashProblem:
+    def check_tensors(self, q, k, v, *, causal: bool = False, direction: str = "fwd") -> FlashProblem:
+        """Shapes, dtypes and devices of q, k, v, without reading their data (so fake tensors pass too).
+
+        Returns the problem as if aligned; `problem_from_tensors` looks at the pointers.
+        """
         from autotile.dtypes import canonical_dtype_name
 
         for name, t in (("q", q), ("k", k), ("v", v)):
@@ -239,11 +280,21 @@ class FlashFamily(Family):
             raise BadInputError(f"q, k, v are on {q.device}, {k.device}, {v.device}: move them to one device")
         if not (q.dtype == k.dtype == v.dtype):
             raise UnsupportedDtypeError(f"q, k, v are {q.dtype}, {k.dtype}, {v.dtype}: cast them to one dtype")
-        dtype = canonical_dtype_name(q.dtype)
+        try:
+            dtype = canonical_dtype_name(q.dtype)
+        except UnsupportedDtypeError:
+            dtype = str(q.dtype)
+        if dtype not in DTYPES:
+            raise UnsupportedDtypeError(
+                f"flash attention takes fp16, bf16 or fp32 tensors (fp8 e4m3 forward only), got {q.dtype}; cast with .to(torch.bfloat16)")
+        return FlashProblem(direction, q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2], q.shape[3],
+                            bool(causal), dtype, True)
+
+    def problem_from_tensors(self, q, k, v, *, causal: bool = False, direction: str = "fwd") -> FlashProblem:
+        problem = self.check_tensors(q, k, v, causal=causal, direction=direction)
         aligned = all(t.data_ptr() % 16 == 0 and all((s * t.element_size()) % 16 == 0 for s in t.stride()[:3])
                       for t in (q, k, v))
-        return FlashProblem(direction, q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2], q.shape[3],
-                            bool(causal), dtype, aligned)
+        return dataclasses.replace(problem, aligned=aligned)
 
     def default_suite(self) -> list[FlashProblem]:
         problems = []
@@ -532,7 +583,7 @@ class FlashFamily(Family):
         module = load_kernel_module(self.template, interpret=interpret, **self.render_switches(problem, config))
         meta = {"num_warps": config["num_warps"], "num_stages": config["num_stages"]}
         dims = {"HEAD_DIM": problem.head_dim, "BLOCK_D": problem.block_d}
-        with interpreter_mode(interpret):
+        with interpreter_mode(interpret), interpretable_triton_stdlib(interpret):
             if problem.direction == "fwd":
                 self._forward(module, problem, config, inputs, outputs, scale, interpret, dims, meta)
             else:
