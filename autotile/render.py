@@ -111,13 +111,66 @@ def interpreter_mode(on: bool):
     with _INTERPRET_LOCK:
         before = os.environ.get("TRITON_INTERPRET")
         os.environ["TRITON_INTERPRET"] = "1" if on else "0"
+        swapped = _interpret_language_helpers() if on else []
         try:
             yield
         finally:
+            for module, name, original in swapped:
+                setattr(module, name, original)
             if before is None:
                 os.environ.pop("TRITON_INTERPRET", None)
             else:
                 os.environ["TRITON_INTERPRET"] = before
+
+
+def _interpret_language_helpers() -> list:
+    """Swap triton.language's own @jit helpers (tl.zeros, tl.sum, x.sum(), tl.cdiv, ...) for interpreted copies.
+
+    NOTE: triton 3.6 decides at *its own* import whether those helpers are
+    compiled or interpreted; imported without TRITON_INTERPRET=1 (any machine
+    with a GPU), they refuse to run under the interpreter. Swapping them for
+    the duration of an interpreted launch lets CPU tensors run on such machines.
+    """
+    import triton.language as tl
+    import triton.language.standard as standard
+    from triton.runtime.jit import JITFunction
+
+    swapped = []
+    # tensor methods (x.sum(), x.to(...).max()) are the same helpers bound to the tensor class
+    for module in (tl, standard, tl.tensor):
+        for name, value in list(vars(module).items()):
+            if isinstance(value, JITFunction):
+                replacement = _INTERPRETED_HELPERS.get(id(value))
+                if replacement is None:
+                    replacement = _INTERPRETED_HELPERS[id(value)] = _BindableInterpreted(value.fn)
+                swapped.append((module, name, value))
+                setattr(module, name, replacement)
+    return swapped
+
+
+_INTERPRETED_HELPERS: dict[int, object] = {}
+
+
+def _bindable_interpreted_class():
+    from triton.runtime.interpreter import InterpretedFunction
+
+    class BindableInterpreted(InterpretedFunction):
+        """An interpreted helper that also works as a tensor method (binds `self` like a function)."""
+
+        def __get__(self, instance, owner=None):
+            return self if instance is None else functools.partial(self, instance)
+
+    return BindableInterpreted
+
+
+def _BindableInterpreted(fn):  # noqa: N802 - a constructor, built on first use so triton loads lazily
+    global _BINDABLE
+    if _BINDABLE is None:
+        _BINDABLE = _bindable_interpreted_class()
+    return _BINDABLE(fn)
+
+
+_BINDABLE = None
 
 
 @functools.lru_cache(maxsize=None)

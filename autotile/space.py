@@ -153,7 +153,12 @@ class Space:
             yield Config(zip(self.names(), values))
 
     def feasible(self) -> Iterator[Config]:
-        return (c for c in self.grid() if not self.violations(c))
+        """Every config of the grid that satisfies all constraints (plain dicts are checked, Configs yielded)."""
+        names = self.names()
+        for values in itertools.product(*(a.choices for a in self.axes)):
+            candidate = dict(zip(names, values))
+            if all(c.holds(candidate) for c in self.constraints):
+                yield Config(candidate)
 
     def describe(self) -> dict:
         return {

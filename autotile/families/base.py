@@ -125,6 +125,10 @@ class Family(abc.ABC):
     # Options of `autotile tune FAMILY`; values arrive in problems_from_cli as keywords.
     cli_options: ClassVar[tuple[ProblemOption, ...]] = ()
 
+    def presets(self) -> dict[str, list]:
+        """Named problem lists for `autotile tune FAMILY --preset NAME`."""
+        return {"default": self.default_suite()}
+
     def problems_from_cli(self, **options) -> list:
         """CLI option values -> problems to tune; the default suite when no shape is given."""
         raise NotImplementedError

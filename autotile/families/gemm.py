@@ -14,7 +14,7 @@ import torch
 from autotile.device import DeviceInfo
 from autotile.dtypes import canonical_dtype_name, element_size, torch_dtype
 from autotile.errors import BadInputError, ShapeMismatchError, UnsupportedDtypeError
-from autotile.families.base import Baseline, Cost, Family, Tensors, Tolerance, next_pow2
+from autotile.families.base import Baseline, Cost, Family, ProblemOption, Tensors, Tolerance, next_pow2
 from autotile.render import interpreter_mode, load_kernel_module
 from autotile.space import Axis, AxisKind, Config, Constraint, Space, split_config
 
@@ -58,6 +58,16 @@ class GemmProblem:
             raise BadInputError(f"activation must be one of {ACTIVATIONS}, got {self.activation!r}")
         if self.layout_a not in LAYOUTS or self.layout_b not in LAYOUTS:
             raise BadInputError(f"layouts must be one of {LAYOUTS}")
+
+
+def contiguous_problem(m: int, n: int, k: int, dtype: str = "bf16", out_dtype: str = "bf16", layout_a: str = "row",
+                       layout_b: str = "row", **flags) -> GemmProblem:
+    """The problem of freshly allocated operands: TMA alignment follows from the leading dimensions."""
+    size = element_size(dtype)
+    lead_a = k if layout_a == "row" else m
+    lead_b = n if layout_b == "row" else k
+    aligned = (lead_a * size) % 16 == 0 and (lead_b * size) % 16 == 0
+    return GemmProblem(m, n, k, dtype, out_dtype, layout_a, layout_b, aligned=aligned, **flags)
 
 
 def layout_of(t: torch.Tensor) -> str:
@@ -105,7 +115,41 @@ class GemmFamily(Family):
                            activation or "none", tf32, _tma_aligned(a) and _tma_aligned(b))
 
     def default_suite(self) -> list[GemmProblem]:
-        return [GemmProblem(s, s, s, "bf16", "bf16") for s in (1024, 2048, 4096)]
+        return [contiguous_problem(s, s, s, "bf16", "bf16") for s in (1024, 2048, 4096)]
+
+    def presets(self) -> dict[str, list[GemmProblem]]:
+        # The shapes of benchmarks/gemm_bench.py: square, an MLP up-projection, skinny decode GEMMs, odd sizes.
+        bf16 = [(2048, 2048, 2048), (4096, 4096, 4096), (8192, 8192, 8192), (4096, 14336, 4096),
+                (128, 28672, 8192), (16, 8192, 8192), (1000, 3000, 777)]
+        return {
+            "default": self.default_suite(),
+            "bench-bf16": [contiguous_problem(m, n, k, "bf16", "bf16") for m, n, k in bf16],
+            "bench-fp8": [contiguous_problem(s, s, s, "fp8", "bf16", layout_b="col") for s in (8192, 4096)],
+        }
+
+    cli_options = (
+        ProblemOption("m", int, "rows of A and C"),
+        ProblemOption("n", int, "columns of B and C"),
+        ProblemOption("k", int, "the reduced dimension"),
+        ProblemOption("dtype", str, "operand dtype: fp32/float32, fp16/float16, bf16/bfloat16, fp8/float8_e4m3fn", "bf16"),
+        ProblemOption("out_dtype", str, "output dtype (default: the operand dtype; bf16 for fp8)"),
+        ProblemOption("layout_a", str, "A's layout: row (K contiguous), col (A = X.T), strided", "row", LAYOUTS),
+        ProblemOption("layout_b", str, "B's layout: row (N contiguous), col (B = W.T, as nn.Linear), strided", "row", LAYOUTS),
+        ProblemOption("bias", bool, "fuse a bias add", False),
+        ProblemOption("activation", str, "fused activation", "none", ACTIVATIONS),
+        ProblemOption("tf32", bool, "fp32 operands on tensor cores in tf32", False),
+    )
+
+    def problems_from_cli(self, m=None, n=None, k=None, dtype="bf16", out_dtype=None, layout_a="row", layout_b="row",
+                          bias=False, activation="none", tf32=False) -> list[GemmProblem]:
+        if m is None and n is None and k is None:
+            return self.default_suite()
+        if None in (m, n, k):
+            raise BadInputError("give all of --m, --n and --k (or none, for the default suite)")
+        dt = canonical_dtype_name(dtype)
+        out = canonical_dtype_name(out_dtype) if out_dtype else ("bf16" if dt == "fp8" else dt)
+        return [contiguous_problem(m, n, k, dt, out, layout_a, layout_b, bias=bias, activation=activation,
+                                   tf32=tf32 and dt == "fp32")]
 
     # --- the search -----------------------------------------------------------------
     def space(self, problem: GemmProblem, device: DeviceInfo) -> Space:
@@ -256,7 +300,7 @@ class GemmFamily(Family):
             y = torch.matmul(a, b) if bias is None else torch.addmm(bias.to(a.dtype), a, b)
             y = act(y) if act else y
             return y if y.dtype == out_dtype else y.to(out_dtype)
-        return Baseline("torch.matmul (cuBLAS)", run)
+        return Baseline("torch.matmul (cuBLAS)" if a.is_cuda else "torch.matmul (CPU)", run)
 
     # --- running --------------------------------------------------------------------
     def render_switches(self, problem: GemmProblem, config: Config) -> dict:

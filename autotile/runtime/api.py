@@ -1,0 +1,67 @@
+"""The public ops. Each family's op module is imported on first use."""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+
+from autotile.errors import BadInputError
+from autotile.runtime.dispatch import resolve
+
+OP_MODULES = {
+    "matmul": "autotile.runtime.ops_gemm",
+    "flash_attention": "autotile.runtime.ops_flash",
+    "paged_attention": "autotile.runtime.ops_paged",
+    "fuse": "autotile.runtime.ops_elementwise",
+}
+
+
+def _op_module(name: str):
+    if name not in OP_MODULES:
+        raise BadInputError(f"unknown op {name!r}; autotile's ops are {', '.join(OP_MODULES)}")
+    return importlib.import_module(OP_MODULES[name])
+
+
+def matmul(a, b, *, bias=None, activation=None, out_dtype=None, scale_a=None, scale_b=None):
+    """See autotile.runtime.ops_gemm.matmul."""
+    return _op_module("matmul").matmul(a, b, bias=bias, activation=activation, out_dtype=out_dtype,
+                                       scale_a=scale_a, scale_b=scale_b)
+
+
+def flash_attention(q, k, v, *, causal=False, scale=None):
+    """FlashAttention over (B, H, S, D) tensors; differentiable. See autotile.runtime.ops_flash."""
+    return _op_module("flash_attention").flash_attention(q, k, v, causal=causal, scale=scale)
+
+
+def paged_attention(q, k_cache, v_cache, block_table, context_lens, *, scale=None, **kwargs):
+    """Decode attention over a paged KV cache. See autotile.runtime.ops_paged."""
+    return _op_module("paged_attention").paged_attention(q, k_cache, v_cache, block_table, context_lens,
+                                                         scale=scale, **kwargs)
+
+
+def fuse(expr: str):
+    """One kernel for an elementwise expression: autotile.fuse("sin(x)**2 + cos(x)**2")(x=t)."""
+    return _op_module("fuse").fuse(expr)
+
+
+def explain(op_name: str, *args, **kwargs) -> dict:
+    """What a call would run, without running it: family, problem key, config, its source, device.
+
+    >>> import torch, autotile
+    >>> info = autotile.explain("matmul", torch.randn(8, 4), torch.randn(4, 8))
+    >>> info["family"], info["source"] in ("user-db", "shipped-db", "default")
+    ('gemm', True)
+    """
+    family, problem, device = _op_module(op_name).problem_for(*args, **kwargs)
+    resolution = resolve(family, problem, device)
+    return {
+        "op": op_name,
+        "family": family.name,
+        "problem": dataclasses.asdict(problem),
+        "problem_key": resolution.problem_key,
+        "config": dict(resolution.config),
+        "source": resolution.source,
+        "match": resolution.match,
+        "tuned_for": resolution.tuned_for,
+        "device": device.key,
+        "interpreted": device.interpret,
+    }

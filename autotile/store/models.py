@@ -1,0 +1,111 @@
+"""SQLAlchemy models of autotile's tables.
+
+Every table is prefixed `autotile_` so the same database can also hold
+Optuna's study storage (whose tables are named `trials`, `studies`, ...).
+"""
+from __future__ import annotations
+
+import datetime as dt
+
+from sqlalchemy import JSON, BigInteger, DateTime, Float, ForeignKey, Integer, String, Text, UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+# Bump with every Alembic revision that changes these tables.
+SCHEMA_VERSION = 1
+VERSION_TABLE = "autotile_alembic_version"
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Meta(Base):
+    """Key/value facts about the database itself: schema_version, created_by."""
+
+    __tablename__ = "autotile_meta"
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[str] = mapped_column(String(256))
+
+
+class Device(Base):
+    __tablename__ = "autotile_devices"
+    __table_args__ = (UniqueConstraint("fingerprint", name="uq_device_fingerprint"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    fingerprint: Mapped[str] = mapped_column(String(64))  # hash of every field below
+    key: Mapped[str] = mapped_column(String(64), index=True)  # profile/arch, what winners are keyed by
+    profile: Mapped[str] = mapped_column(String(64))
+    name: Mapped[str] = mapped_column(String(128))
+    compute_capability: Mapped[str] = mapped_column(String(16))
+    sm_count: Mapped[int] = mapped_column(Integer)
+    memory_bytes: Mapped[int] = mapped_column(BigInteger)
+    smem_per_block: Mapped[int] = mapped_column(Integer)
+    driver: Mapped[str] = mapped_column(String(64))
+
+
+class Toolchain(Base):
+    __tablename__ = "autotile_toolchains"
+    __table_args__ = (UniqueConstraint("torch", "triton", "cuda", "python", "autotile", name="uq_toolchain"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    torch: Mapped[str] = mapped_column(String(64))
+    triton: Mapped[str] = mapped_column(String(64))
+    cuda: Mapped[str] = mapped_column(String(64))
+    python: Mapped[str] = mapped_column(String(32))
+    autotile: Mapped[str] = mapped_column(String(32))
+
+
+class Problem(Base):
+    __tablename__ = "autotile_problems"
+    __table_args__ = (UniqueConstraint("family", "key", name="uq_problem"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    family: Mapped[str] = mapped_column(String(32), index=True)
+    key: Mapped[str] = mapped_column(Text)  # canonical JSON of the problem
+    bucket: Mapped[str] = mapped_column(Text)
+    params: Mapped[dict] = mapped_column(JSON)
+
+
+class Trial(Base):
+    __tablename__ = "autotile_trials"
+    __table_args__ = (UniqueConstraint("study", "number", name="uq_trial_in_study"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    problem_id: Mapped[int] = mapped_column(ForeignKey("autotile_problems.id"), index=True)
+    device_id: Mapped[int] = mapped_column(ForeignKey("autotile_devices.id"))
+    toolchain_id: Mapped[int] = mapped_column(ForeignKey("autotile_toolchains.id"))
+    study: Mapped[str] = mapped_column(String(200))
+    number: Mapped[int] = mapped_column(Integer)  # Optuna's trial number within the study
+    config: Mapped[str] = mapped_column(Text)  # canonical JSON
+    config_hash: Mapped[str] = mapped_column(String(32), index=True)
+    status: Mapped[str] = mapped_column(String(32))
+    median_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
+    q20_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
+    q80_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
+    interpreted: Mapped[int] = mapped_column(Integer, default=0)
+    max_abs_error: Mapped[float | None] = mapped_column(Float, nullable=True)
+    error: Mapped[str] = mapped_column(Text, default="")
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=_now)
+
+
+class Winner(Base):
+    __tablename__ = "autotile_winners"
+    __table_args__ = (UniqueConstraint("problem_id", "device_key", name="uq_winner"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    problem_id: Mapped[int] = mapped_column(ForeignKey("autotile_problems.id"), index=True)
+    device_key: Mapped[str] = mapped_column(String(64), index=True)
+    device_id: Mapped[int] = mapped_column(ForeignKey("autotile_devices.id"))
+    toolchain_id: Mapped[int] = mapped_column(ForeignKey("autotile_toolchains.id"))
+    config: Mapped[str] = mapped_column(Text)
+    config_hash: Mapped[str] = mapped_column(String(32))
+    median_ms: Mapped[float] = mapped_column(Float)
+    q20_ms: Mapped[float] = mapped_column(Float)
+    q80_ms: Mapped[float] = mapped_column(Float)
+    interpreted: Mapped[int] = mapped_column(Integer, default=0)
+    runner_up_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
+    margin: Mapped[float | None] = mapped_column(Float, nullable=True)  # runner_up / winner - 1
+    baseline_name: Mapped[str] = mapped_column(String(128), default="")
+    baseline_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
+    trials_run: Mapped[int] = mapped_column(Integer, default=0)
+    provenance: Mapped[str] = mapped_column(Text, default="")
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=_now)

@@ -1,0 +1,153 @@
+"""Reads and writes of autotile's tables, each in its own short transaction.
+
+Short transactions let several tuners write one SQLite file (WAL) and leave
+no half-written row behind when a process is killed.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from sqlalchemy import Engine, func, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from autotile.device import DeviceInfo
+from autotile.store.fingerprint import device_fingerprint, toolchain_versions
+from autotile.store.models import Device, Problem, Toolchain, Trial, Winner
+
+
+@dataclass(frozen=True)
+class WinnerView:
+    family: str
+    problem_key: str
+    bucket: str
+    params: dict
+    device_key: str
+    config: str
+    config_hash: str
+    median_ms: float
+    q20_ms: float
+    q80_ms: float
+    interpreted: bool
+    margin: float | None
+    baseline_name: str
+    baseline_ms: float | None
+    trials_run: int
+    provenance: str
+    toolchain: dict
+    created_at: str
+
+
+class Store:
+    """autotile's tables on one engine."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+
+    def _get_or_create(self, model, lookup: dict, values: dict) -> int:
+        with Session(self.engine) as session:
+            row = session.execute(select(model.id).filter_by(**lookup)).scalar_one_or_none()
+            if row is not None:
+                return row
+            session.add(model(**lookup, **values))
+            try:
+                session.commit()
+            except IntegrityError:  # another tuner inserted it first
+                session.rollback()
+            return session.execute(select(model.id).filter_by(**lookup)).scalar_one()
+
+    def ensure_device(self, device: DeviceInfo) -> int:
+        digest, fields = device_fingerprint(device)
+        return self._get_or_create(Device, {"fingerprint": digest}, fields)
+
+    def ensure_toolchain(self) -> int:
+        return self._get_or_create(Toolchain, toolchain_versions(), {})
+
+    def ensure_problem(self, family, problem) -> int:
+        import dataclasses
+
+        return self._get_or_create(
+            Problem, {"family": family.name, "key": family.problem_key(problem)},
+            {"bucket": family.bucket(problem), "params": dataclasses.asdict(problem)},
+        )
+
+    def record_trial(self, **values) -> None:
+        with Session(self.engine) as session:
+            session.add(Trial(**values))
+            try:
+                session.commit()
+            except IntegrityError:
+                # The same (study, trial number) was recorded before a crash; keep the first record.
+                session.rollback()
+
+    def recorded_trial_numbers(self, study: str) -> set[int]:
+        with Session(self.engine) as session:
+            return set(session.execute(select(Trial.number).where(Trial.study == study)).scalars())
+
+    def best_configs(self, problem_id: int, device_id: int, top_k: int) -> list[tuple[str, float]]:
+        """The top_k distinct ok configs by their best median on this exact device: (config JSON, ms)."""
+        with Session(self.engine) as session:
+            rows = session.execute(
+                select(Trial.config, func.min(Trial.median_ms).label("best"))
+                .where(Trial.problem_id == problem_id, Trial.device_id == device_id, Trial.status == "ok")
+                .group_by(Trial.config).order_by("best").limit(top_k)
+            ).all()
+        return [(r[0], float(r[1])) for r in rows]
+
+    def status_counts(self, problem_id: int, device_id: int) -> dict[str, int]:
+        with Session(self.engine) as session:
+            rows = session.execute(
+                select(Trial.status, func.count()).where(Trial.problem_id == problem_id, Trial.device_id == device_id)
+                .group_by(Trial.status)
+            ).all()
+        return {status: int(n) for status, n in rows}
+
+    def save_winner(self, *, problem_id: int, device: DeviceInfo, device_id: int, toolchain_id: int, **values) -> None:
+        with Session(self.engine) as session:
+            row = session.execute(
+                select(Winner).where(Winner.problem_id == problem_id, Winner.device_key == device.key)
+            ).scalar_one_or_none()
+            if row is None:
+                row = Winner(problem_id=problem_id, device_key=device.key)
+                session.add(row)
+            row.device_id, row.toolchain_id = device_id, toolchain_id
+            for name, value in values.items():
+                setattr(row, name, value)
+            session.commit()
+
+    def winners(self, family: str | None = None, device_key: str | None = None) -> list[WinnerView]:
+        query = (select(Winner, Problem, Toolchain).join(Problem, Winner.problem_id == Problem.id)
+                 .join(Toolchain, Winner.toolchain_id == Toolchain.id))
+        if family:
+            query = query.where(Problem.family == family)
+        if device_key:
+            query = query.where(Winner.device_key == device_key)
+        with Session(self.engine) as session:
+            rows = session.execute(query.order_by(Problem.family, Problem.key, Winner.device_key)).all()
+        return [
+            WinnerView(
+                family=p.family, problem_key=p.key, bucket=p.bucket, params=dict(p.params), device_key=w.device_key,
+                config=w.config, config_hash=w.config_hash, median_ms=w.median_ms, q20_ms=w.q20_ms, q80_ms=w.q80_ms,
+                interpreted=bool(w.interpreted), margin=w.margin, baseline_name=w.baseline_name,
+                baseline_ms=w.baseline_ms, trials_run=w.trials_run, provenance=w.provenance,
+                toolchain={"torch": t.torch, "triton": t.triton, "cuda": t.cuda, "python": t.python, "autotile": t.autotile},
+                created_at=w.created_at.isoformat(timespec="seconds"),
+            )
+            for w, p, t in rows
+        ]
+
+    def trials(self, family: str | None = None, problem_key: str | None = None) -> list[dict]:
+        query = select(Trial, Problem.family, Problem.key).join(Problem, Trial.problem_id == Problem.id)
+        if family:
+            query = query.where(Problem.family == family)
+        if problem_key:
+            query = query.where(Problem.key == problem_key)
+        with Session(self.engine) as session:
+            rows = session.execute(query.order_by(Trial.id)).all()
+        return [
+            {"family": fam, "problem_key": key, "study": t.study, "number": t.number, "config": json.loads(t.config),
+             "status": t.status, "median_ms": t.median_ms, "q20_ms": t.q20_ms, "q80_ms": t.q80_ms,
+             "interpreted": bool(t.interpreted), "error": t.error}
+            for t, fam, key in rows
+        ]

@@ -1,0 +1,264 @@
+"""The `autotile` command: parse, call the library, print."""
+from __future__ import annotations
+
+import functools
+import json
+import sys
+
+import click
+
+from autotile.errors import AutotileError
+
+
+def _friendly_errors(fn):
+    """AutotileError -> a one-line message and exit status 1, never a traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except AutotileError as exc:
+            raise click.ClickException(str(exc)) from None
+
+    return wrapper
+
+
+db_option = click.option("--db", "db_url", default=None, envvar="AUTOTILE_DB",
+                         help="SQLAlchemy URL or SQLite file of the tuning database (default: the user cache dir).")
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="autotile", message="autotile %(version)s")
+def cli() -> None:
+    """autotile: generate Triton kernels, tune them on your GPU, serve the winners."""
+
+
+def main() -> None:
+    cli(prog_name="autotile")
+
+
+# --- tune / render: one subcommand per family, built from the family's problem options ----------
+
+
+def _family_options(family):
+    def decorate(fn):
+        for opt in reversed(family.cli_options):
+            flag = "--" + opt.name.replace("_", "-")
+            if opt.type is bool:
+                fn = click.option(flag + "/--no-" + opt.name.replace("_", "-"), opt.name, default=bool(opt.default),
+                                  help=opt.help)(fn)
+            else:
+                kind = click.Choice(opt.choices) if opt.choices else opt.type
+                fn = click.option(flag, opt.name, type=kind, default=opt.default, help=opt.help,
+                                  multiple=opt.multiple, show_default=opt.default is not None)(fn)
+        return fn
+
+    return decorate
+
+
+def _problems(family, preset: str | None, options: dict) -> list:
+    if preset:
+        presets = family.presets()
+        if preset not in presets:
+            raise click.BadParameter(f"unknown preset {preset!r}; {family.name} has {', '.join(presets)}",
+                                     param_hint="--preset")
+        return presets[preset]
+    return family.problems_from_cli(**options)
+
+
+def _make_tune_command(name: str):
+    from autotile.families import get_family
+
+    family = get_family(name)
+
+    @click.command(name=name, help=f"Tune the {name} family for one problem, a preset, or its default suite.")
+    @_family_options(family)
+    @click.option("--preset", default=None, help="a named problem list: " + ", ".join(family.presets()))
+    @click.option("--gpu", default="auto", show_default=True,
+                  help="GPU profile to file results under (h200, h100, a100, ...), auto, or interpret (CPU interpreter).")
+    @click.option("--trials", default=30, show_default=True, type=click.IntRange(1), help="evaluated trials per problem (a rerun resumes to this count)")
+    @click.option("--timeout", default=None, type=float, help="seconds per problem")
+    @click.option("--seed", default=0, show_default=True, type=int)
+    @click.option("--storage", default=None, help="Optuna storage URL shared by several hosts (default: the --db database)")
+    @db_option
+    @_friendly_errors
+    def command(preset, gpu, trials, timeout, seed, storage, db_url, **options):
+        from autotile.device import resolve_gpu
+        from autotile.cli.progress import tune_with_progress
+
+        device = resolve_gpu(gpu)
+        problems = _problems(family, preset, options)
+        if device.interpret:
+            click.echo("note: --gpu interpret runs on Triton's CPU interpreter; its timings are CPU timings.", err=True)
+        for problem in problems:
+            result = tune_with_progress(family, problem, device, trials=trials, timeout=timeout, db_url=db_url,
+                                        storage_url=storage, seed=seed)
+            _print_result(result)
+
+    return command
+
+
+def _print_result(result) -> None:
+    label = " (interpret)" if result.interpreted else ""
+    if result.winner is None:
+        click.echo(f"{result.family}: no config passed the correctness check; statuses {result.statuses}")
+        return
+    speed = f", {result.speedup:.2f}x {result.baseline_name}" if result.speedup else ""
+    click.echo(f"winner{label}: {result.winner_ms:.4f} ms{speed}; trials {result.statuses}; "
+               f"{result.seconds:.1f} s\n  config {result.winner.to_json()}")
+    if result.stopped_early:
+        click.echo(f"  stopped early: {result.stopped_early}")
+
+
+class _FamilyGroup(click.Group):
+    """A group whose subcommands are the families present, built on first use."""
+
+    def __init__(self, *args, factory, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._factory = factory
+
+    def list_commands(self, ctx):
+        from autotile.families import family_names
+
+        return family_names()
+
+    def get_command(self, ctx, name):
+        from autotile.families import family_names
+
+        return self._factory(name) if name in family_names() else None
+
+
+cli.add_command(_FamilyGroup(name="tune", factory=_make_tune_command,
+                             help="Search a family's tuning space on this GPU and store the winner."))
+
+
+def _make_render_command(name: str):
+    from autotile.families import get_family
+
+    family = get_family(name)
+
+    @click.command(name=name, help=f"Print the Triton source a {name} config renders to.")
+    @_family_options(family)
+    @click.option("--config", "config_json", default=None, help="config JSON (default: the family's default config)")
+    @click.option("--gpu", default="interpret", show_default=True, help="device whose limits the config is checked against")
+    @_friendly_errors
+    def command(config_json, gpu, **options):
+        from autotile.device import resolve_gpu
+        from autotile.render import render_source
+        from autotile.space import Config
+
+        device = resolve_gpu(gpu)
+        problems = family.problems_from_cli(**options)
+        problem = problems[0]
+        space = family.space(problem, device)
+        config = space.validate(Config.from_json(config_json)) if config_json else family.default_config(problem, device)
+        click.echo(f"# problem: {family.problem_key(problem)}\n# config:  {config.to_json()}")
+        click.echo(render_source(family.template, **family.render_switches(problem, config)))
+
+    return command
+
+
+cli.add_command(_FamilyGroup(name="render", factory=_make_render_command,
+                             help="Render a family's template for a config, without running it."))
+
+
+# --- reading the database --------------------------------------------------------------------
+
+
+@cli.command("list")
+@click.option("--family", default=None)
+@click.option("--device", "device_key", default=None, help="device key, e.g. h200/sm90 or interpret")
+@db_option
+@_friendly_errors
+def list_command(family, device_key, db_url):
+    """List the stored winners."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from autotile.store.db import open_engine
+    from autotile.store.repo import Store
+
+    winners = Store(open_engine(db_url, create=False)).winners(family, device_key)
+    if not winners:
+        click.echo("no winners stored yet: run `autotile tune FAMILY`")
+        return
+    table = Table(title="autotile winners")
+    for col in ("family", "device", "problem", "median ms", "spread", "vs baseline", "trials"):
+        table.add_column(col)
+    for w in winners:
+        speed = f"{w.baseline_ms / w.median_ms:.2f}x {w.baseline_name}" if w.baseline_ms else "-"
+        spread = f"{(w.q80_ms - w.q20_ms) / w.median_ms:.1%}" if w.median_ms else "-"
+        table.add_row(w.family, w.device_key + (" (interpret)" if w.interpreted else ""), _short_key(w.params),
+                      f"{w.median_ms:.4f}", spread, speed, str(w.trials_run))
+    Console(width=200).print(table)
+
+
+def _short_key(params: dict) -> str:
+    return " ".join(f"{k}={v}" for k, v in params.items())
+
+
+@cli.command("show")
+@click.argument("family")
+@click.option("--match", "match", default="", help="only problems whose key contains this text")
+@click.option("--errors/--no-errors", default=False, help="print the error text of failed trials")
+@db_option
+@_friendly_errors
+def show_command(family, match, errors, db_url):
+    """Show a family's problems: the winner, its provenance, and every trial's status."""
+    from collections import Counter
+
+    from autotile.store.db import open_engine
+    from autotile.store.repo import Store
+
+    store = Store(open_engine(db_url, create=False))
+    winners = {(w.problem_key, w.device_key): w for w in store.winners(family)}
+    trials = [t for t in store.trials(family) if match in t["problem_key"]]
+    if not trials:
+        click.echo(f"no trials stored for {family}" + (f" matching {match!r}" if match else ""))
+        return
+    by_problem: dict[str, list] = {}
+    for t in trials:
+        by_problem.setdefault(t["problem_key"], []).append(t)
+    for key, rows in by_problem.items():
+        click.echo(f"\n{family} {key}")
+        for (pkey, dkey), w in winners.items():
+            if pkey == key:
+                click.echo(f"  winner on {dkey}: {w.median_ms:.4f} ms [{w.q20_ms:.4f}, {w.q80_ms:.4f}] "
+                           f"margin {w.margin if w.margin is not None else float('nan'):.1%}  {w.config}\n    {w.provenance}")
+        click.echo(f"  trials: {dict(Counter(r['status'] for r in rows))}")
+        ok = sorted((r for r in rows if r["status"] == "ok"), key=lambda r: r["median_ms"])[:5]
+        for r in ok:
+            click.echo(f"    {r['median_ms']:.4f} ms  {json.dumps(r['config'], sort_keys=True)}")
+        if errors:
+            for r in rows:
+                if r["status"] != "ok":
+                    click.echo(f"    [{r['status']}] {json.dumps(r['config'], sort_keys=True)}\n      {r['error'][:500]}")
+
+
+@cli.command("env")
+@db_option
+def env_command(db_url):
+    """Versions, the device, and where autotile keeps its database and kernel cache."""
+    import platform
+
+    import torch
+    import triton
+
+    import autotile
+    from autotile.device import cuda_device, interpret_device
+    from autotile.render import kernel_cache_dir
+    from autotile.resources import shipped_db_path, templates_dir
+    from autotile.store.db import default_db_url, normalise_url
+
+    device = cuda_device(0) if torch.cuda.is_available() else interpret_device()
+    info = {
+        "autotile": autotile.__version__, "python": platform.python_version(), "torch": torch.__version__,
+        "triton": triton.__version__, "cuda": torch.version.cuda, "device": device.fingerprint(),
+        "database": normalise_url(db_url) if db_url else default_db_url(), "shipped_db": str(shipped_db_path()),
+        "templates": str(templates_dir()), "kernel_cache": str(kernel_cache_dir()),
+    }
+    click.echo(json.dumps(info, indent=2))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
