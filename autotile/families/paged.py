@@ -17,6 +17,7 @@ True
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -217,6 +218,8 @@ class PagedFamily(Family):
         p = problem
         gen = torch.Generator(device="cpu").manual_seed(seed)
         dev = device.torch_device
+        # Values are drawn where they live: a long-context pool holds hundreds of millions of them.
+        values_gen = torch.Generator(device=dev).manual_seed(seed)
         lengths = self.context_lengths(p, gen)
         owned = [cdiv(n, p.page_size) for n in lengths]
         table_width = cdiv(p.max_context, p.page_size)
@@ -228,19 +231,21 @@ class PagedFamily(Family):
             block_table[b, :n] = order[taken:taken + n].to(torch.int32)
             taken += n
         inputs: Tensors = {
-            "q": torch.randn(p.batch, p.num_queries, p.num_q_heads, p.head_dim, generator=gen).to(torch_dtype(p.dtype)).to(dev),
+            "q": torch.randn(p.batch, p.num_queries, p.num_q_heads, p.head_dim, generator=values_gen,
+                             device=dev).to(torch_dtype(p.dtype)),
             "block_table": block_table.to(dev),
             "context_lens": torch.tensor(lengths, dtype=torch.int32).to(dev),
             "scale": torch.tensor(1.0 / math.sqrt(p.head_dim), dtype=torch.float64),
         }
         for name in ("k", "v"):
-            values = torch.randn(num_pages, p.page_size, p.num_kv_heads, p.head_dim, generator=gen)
+            values = torch.randn(num_pages, p.page_size, p.num_kv_heads, p.head_dim, generator=values_gen, device=dev)
             if p.kv_dtype == "fp8":
                 # Per-KV-head scales as fp8 serving stacks calibrate them: each head's amax maps to e4m3's max.
                 scale = values.abs().amax(dim=(0, 1, 3)) / FP8_MAX  # (Hkv,)
                 values = values / scale[None, None, :, None]
-                inputs[f"{name}_scale"] = scale.float().to(dev)
-            inputs[f"{name}_cache"] = values.to(torch_dtype(p.kv_dtype)).to(dev)
+                inputs[f"{name}_scale"] = scale.float()
+            inputs[f"{name}_cache"] = values.to(torch_dtype(p.kv_dtype))
+            del values
         return inputs
 
     def allocate_outputs(self, problem: PagedProblem, inputs: Tensors) -> Tensors:
@@ -284,7 +289,7 @@ class PagedFamily(Family):
         switches = self.render_switches(p, config)
         # NOTE: Triton 3.6's interpreter computes bf16 tl.dot wrongly; CPU runs upcast the dot operands.
         switches["UPCAST_DOTS"] = interpret and "bf16" in (p.dtype, p.kv_dtype)
-        module = load_kernel_module(self.template, interpret=interpret, **switches)
+        module = _kernel_module(self.template, interpret, tuple(sorted(switches.items())))
         split = config["VARIANT"] == "split"
         partitions = cdiv(p.max_context, config["PARTITION_SIZE"]) if split else 1
         rows = p.rows
@@ -322,6 +327,12 @@ class PagedFamily(Family):
                 )
 
 
+@functools.lru_cache(maxsize=None)
+def _kernel_module(template: str, interpret: bool, switches: tuple):
+    """Rendered and imported once per structure: decode steps are short, re-rendering is not free."""
+    return load_kernel_module(template, interpret=interpret, **dict(switches))
+
+
 def dense_kv(problem: PagedProblem, inputs: Tensors, seq: int, name: str) -> torch.Tensor:
     """De-page one sequence's K or V into a contiguous float32 (context, Hkv, D) tensor, dequantised."""
     length = int(inputs["context_lens"][seq])
@@ -342,14 +353,15 @@ def dense_reference(problem: PagedProblem, inputs: Tensors) -> torch.Tensor:
     q = inputs["q"].float()  # (B, Q, Hq, D)
     out = torch.empty_like(q)
     for b in range(p.batch):
-        k = dense_kv(p, inputs, b, "k").repeat_interleave(p.group, dim=1)  # (context, Hq, D)
-        v = dense_kv(p, inputs, b, "v").repeat_interleave(p.group, dim=1)
-        length = k.shape[0]
-        logits = torch.einsum("qhd,khd->hqk", q[b], k) * scale  # (Hq, Q, context)
-        positions = torch.arange(length, device=q.device)
-        last = length - p.num_queries + torch.arange(p.num_queries, device=q.device)  # (Q,)
-        logits = logits.masked_fill(positions[None, None, :] > last[None, :, None], float("-inf"))
-        out[b] = torch.einsum("hqk,khd->qhd", torch.softmax(logits, dim=-1), v)
+        k = dense_kv(p, inputs, b, "k")  # (context, Hkv, D)
+        v = dense_kv(p, inputs, b, "v")
+        grouped = q[b].view(p.num_queries, p.num_kv_heads, p.group, p.head_dim)  # (Q, Hkv, G, D)
+        logits = torch.einsum("qhgd,khd->hgqk", grouped, k) * scale  # (Hkv, G, Q, context)
+        positions = torch.arange(k.shape[0], device=q.device)
+        last = k.shape[0] - p.num_queries + torch.arange(p.num_queries, device=q.device)  # (Q,)
+        logits = logits.masked_fill(positions[None, :] > last[:, None], float("-inf"))
+        attended = torch.einsum("hgqk,khd->qhgd", torch.softmax(logits, dim=-1), v)  # (Q, Hkv, G, D)
+        out[b] = attended.reshape(p.num_queries, p.num_q_heads, p.head_dim)
     return out
 
 
