@@ -142,6 +142,10 @@ class Family(abc.ABC):
     def default_config(self, problem, device: DeviceInfo) -> Config:
         """Always a point of `space(problem, device)`."""
 
+    def seed_configs(self, problem, device: DeviceInfo) -> list[Config]:
+        """Known-good configs the search tries right after the default (each a point of the space)."""
+        return []
+
     def first_feasible(self, problem, device: DeviceInfo, preferred: Mapping) -> Config:
         """`preferred` if it is in the space, else the feasible config that shares most values with it."""
         space = self.space(problem, device)

@@ -163,6 +163,8 @@ def tune_problem(
     study.set_user_attr("problem_key", family.problem_key(problem))
     if not study.trials:
         study.enqueue_trial(dict(family.default_config(problem, device)))
+        for config in family.seed_configs(problem, device):
+            study.enqueue_trial(dict(config), skip_if_exists=True)
 
     done = _evaluated_trials(study)
     seen: dict[str, float | None] = {t.user_attrs["config_hash"]: t.value for t in done}
