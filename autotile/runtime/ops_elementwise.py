@@ -1,0 +1,199 @@
+"""`autotile.fuse`: one generated kernel for a whole elementwise expression, as a torch.library custom op.
+
+>>> import torch, autotile
+>>> t = torch.randn(1000)
+>>> torch.allclose(autotile.fuse("sin(x)**2 + cos(x)**2")(x=t), torch.ones(1000), atol=1e-5)
+True
+
+Inputs are passed by name: tensors (broadcast together as torch does) and Python
+numbers. The result has torch's broadcast shape and result dtype, contiguous;
+half and bfloat16 inputs are computed in fp32 and rounded once at the end.
+Expressions written as assignments return a tuple of their outputs, in order.
+There is no backward: call it on tensors that do not require grad.
+"""
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from autotile.device import current_device
+from autotile.errors import BadInputError, ShapeMismatchError
+from autotile.expr import Expression, InputSpec, infer_types, parse
+from autotile.families.elementwise import FAMILY, LaunchPlan, Plan
+from autotile.runtime.dispatch import resolve
+
+
+@functools.lru_cache(maxsize=1024)
+def _parsed(text: str) -> Expression:
+    return parse(text)
+
+
+def _check_names(expression: Expression, values: dict) -> None:
+    missing = [n for n in expression.inputs if n not in values]
+    extra = sorted(set(values) - set(expression.inputs))
+    if missing or extra:
+        parts = []
+        if missing:
+            parts.append(f"missing input(s) {missing}")
+        if extra:
+            parts.append(f"unexpected input(s) {extra}")
+        raise BadInputError(f"{'; '.join(parts)}: the expression uses exactly {list(expression.inputs)}, passed by name")
+
+
+def _on_one_device(values: dict) -> tuple[dict, torch.device]:
+    """The device of the dimensioned tensors; 0-d CPU tensors join it (as torch allows for CPU scalars)."""
+    tensors = {n: v for n, v in values.items() if isinstance(v, torch.Tensor)}
+    if not tensors:
+        raise BadInputError("fuse needs at least one tensor input; every input here is a Python number")
+    devices = {t.device for t in tensors.values() if t.dim() > 0} or {t.device for t in tensors.values()}
+    if len(devices) > 1:
+        listed = ", ".join(f"{n} on {t.device}" for n, t in tensors.items() if t.dim() > 0)
+        raise BadInputError(f"inputs are on different devices ({listed}); move them to one device")
+    device = devices.pop()
+    if device.type not in ("cpu", "cuda"):
+        raise BadInputError(f"fuse runs on CUDA tensors and (interpreted) on CPU tensors, not on {device.type}")
+    moved = {n: v.to(device) if isinstance(v, torch.Tensor) and v.device != device else v for n, v in values.items()}
+    return moved, device
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    """What a call with one signature (dtypes, shapes, strides, device) needs: memoised per signature."""
+
+    plan: Plan
+    launch: LaunchPlan
+    shape: tuple[int, ...]
+    device: torch.device
+
+
+_prepared: dict[tuple, _Prepared] = {}
+_prepared_lock = threading.Lock()
+
+
+def _signature(canonical: str, values: dict) -> tuple:
+    parts = [canonical]
+    for name in sorted(values):
+        v = values[name]
+        if isinstance(v, torch.Tensor):
+            parts.append((name, v.dtype, tuple(v.shape), v.stride(), v.device))
+        else:
+            parts.append((name, type(v)))
+    return tuple(parts)
+
+
+def problem_from(expression: Expression, values: dict):
+    """(problem, device info) of one call; raises autotile errors for bad input."""
+    _check_names(expression, values)
+    values, device = _on_one_device(values)
+    return FAMILY.problem_from_values(expression, values), current_device(device), values
+
+
+def _prepare(expression: Expression, values: dict) -> _Prepared:
+    key = _signature(expression.canonical, values)
+    hit = _prepared.get(key)
+    if hit is not None:
+        return hit
+    problem, device_info, values = problem_from(expression, values)
+    config = resolve(FAMILY, problem, device_info).config
+    tensors = [values[n] for n in FAMILY.plan(problem).tensor_names]
+    prepared = _Prepared(FAMILY.plan(problem), FAMILY.launch_plan(problem, config, values),
+                         tuple(torch.broadcast_shapes(*(t.shape for t in tensors))), tensors[0].device)
+    with _prepared_lock:
+        _prepared[key] = prepared
+    return prepared
+
+
+def _execute(expression: Expression, values: dict) -> list[torch.Tensor]:
+    _check_names(expression, values)
+    values, _ = _on_one_device(values)
+    prepared = _prepare(expression, values)
+    outputs = [torch.empty(prepared.shape, dtype=d, device=prepared.device) for d in prepared.plan.output_dtypes]
+    if prepared.device.type == "cuda":
+        with torch.cuda.device(prepared.device):
+            FAMILY.run(prepared.plan, prepared.launch, values, outputs)
+    else:
+        FAMILY.run(prepared.plan, prepared.launch, values, outputs)
+    return outputs
+
+
+def _split(values: dict) -> tuple[str, list[torch.Tensor], str, list]:
+    tensor_names = [n for n in sorted(values) if isinstance(values[n], torch.Tensor)]
+    scalar_names = [n for n in sorted(values) if not isinstance(values[n], torch.Tensor)]
+    return ",".join(tensor_names), [values[n] for n in tensor_names], ",".join(scalar_names), [values[n] for n in scalar_names]
+
+
+def _join(tensor_names: str, tensors, scalar_names: str, scalars) -> dict:
+    values = dict(zip([n for n in tensor_names.split(",") if n], tensors))
+    values.update(zip([n for n in scalar_names.split(",") if n], scalars))
+    return values
+
+
+@torch.library.custom_op("autotile::fuse", mutates_args=())
+def _fuse_op(expr: str, tensor_names: str, tensors: list[torch.Tensor], scalar_names: str,
+             scalars: Sequence[int | float | bool]) -> list[torch.Tensor]:
+    return _execute(_parsed(expr), _join(tensor_names, tensors, scalar_names, scalars))
+
+
+@_fuse_op.register_fake
+def _fuse_fake(expr, tensor_names, tensors, scalar_names, scalars):
+    expression = _parsed(expr)
+    values = _join(tensor_names, tensors, scalar_names, scalars)
+    specs = {n: InputSpec.of(n, v) for n, v in values.items()}
+    typing = infer_types(expression, specs)
+    try:
+        shape = torch.broadcast_shapes(*(t.shape for t in tensors))
+    except RuntimeError:
+        raise ShapeMismatchError("input shapes do not broadcast together") from None
+    like = next((t for t in tensors if t.dim() > 0), tensors[0])
+    return [like.new_empty(shape, dtype=typing.outputs[name]) for name in expression.output_names]
+
+
+class FusedExpression:
+    """A parsed expression, callable with its inputs by name. Build one with `autotile.fuse(expr)`."""
+
+    def __init__(self, expr: str):
+        self.expression = parse(expr)
+        self.canonical = self.expression.canonical
+
+    def __repr__(self) -> str:
+        return f"autotile.fuse({self.canonical!r})"
+
+    def __call__(self, *args, **values):
+        if args:
+            raise BadInputError(f"pass inputs by name, e.g. fuse(...)({', '.join(f'{n}=...' for n in self.expression.inputs)})")
+        _check_names(self.expression, values)
+        if torch.compiler.is_compiling():
+            results = _fuse_op(self.canonical, *_split(values))
+        else:
+            if torch.is_grad_enabled() and any(isinstance(v, torch.Tensor) and v.requires_grad for v in values.values()):
+                raise BadInputError("fuse has no backward; detach the inputs or call it under torch.no_grad()")
+            results = _execute(self.expression, values)
+        if self.expression.bare:
+            return results[0]
+        return tuple(results)
+
+
+def fuse(expr: str) -> FusedExpression:
+    """One kernel for the elementwise expression `expr`; call the result with the inputs by name.
+
+    >>> import torch, autotile
+    >>> a, b = autotile.fuse("a = x * y; b = relu(a) + z")(x=torch.ones(3), y=torch.full((3,), -2.0), z=1.5)
+    >>> a.tolist(), b.tolist()
+    ([-2.0, -2.0, -2.0], [1.5, 1.5, 1.5])
+    """
+    return FusedExpression(expr)
+
+
+def problem_for(expr: str, *args, **values):
+    """(family, problem, device) of `fuse(expr)(**values)`, for `autotile.explain("fuse", expr, **values)`."""
+    if args:
+        raise BadInputError("pass the inputs of an explained fuse call by name")
+    problem, device, _ = problem_from(_parsed(expr) if isinstance(expr, str) else parse(expr), values)
+    return FAMILY, problem, device
+
+
+__all__ = ["fuse", "problem_for", "FusedExpression"]
