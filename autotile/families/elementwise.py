@@ -205,9 +205,12 @@ class _Lowering:
         n = exponent_node.value if exponent_node.kind == "const" else None
         integral = n is not None and not isinstance(n, bool) and float(n).is_integer()
         if out_t in ("fp32", "fp64"):
-            # Small integral exponents are products, as torch computes them (x**2 is x*x, x**-1 is 1/x).
+            # The exponents torch special-cases are computed as torch does (x**2 is x*x, x**-1 is 1/x,
+            # x**0.5 is sqrt(x), so (-inf)**0.5 is NaN there, not IEEE pow's inf).
             if integral and abs(int(n)) <= 4:
                 return self.power_by_products(base, int(n), out_t)
+            if n in (0.5, -0.5):
+                return self.emit("sqrt" if n > 0 else "rsqrt", out_t, [base])
             return self.emit("pow", out_t, args)
         if not integral or int(n) < 0:
             raise ExpressionError("integer ** needs a constant non-negative integer exponent, e.g. x**3; "
