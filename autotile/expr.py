@@ -300,6 +300,8 @@ def parse(text: str) -> Expression:
             if target in builder.bound or target in builder.free:
                 raise _fail(statement, f"{target!r} is already used; every name is assigned at most once, before its use")
             node = builder.expr(statement.value)
+            if target in builder.free:
+                raise _fail(statement, f"{target!r} is an input of this expression and cannot also be assigned")
             builder.bound[target] = node
             if not target.startswith("_"):
                 outputs.append((target, node))
