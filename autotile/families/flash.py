@@ -50,6 +50,18 @@ _ACCUMULATOR_REGISTERS = 192
 _BLOCKS = (16, 32, 64, 128)
 
 
+def _rows_needed(num_warps: int) -> int:
+    # An mma covers 16 rows a warp; a Hopper warpgroup (4 warps) covers 64, and more warpgroups
+    # may split the other dimension of the tile instead.
+    return 16 * min(num_warps, 4)
+
+
+def _largest_block(seq: int) -> int:
+    # Blocks past the next power of two of a sequence only compute padding; 64 rows (one warpgroup)
+    # stay allowed so that wide heads (256) keep a config whose accumulators fit in registers.
+    return max(64, next_pow2(seq))
+
+
 @dataclass(frozen=True)
 class FlashProblem:
     direction: str  # 'fwd' or 'bwd'
@@ -367,10 +379,10 @@ class FlashFamily(Family):
                        lambda c: f"needs {smem_bytes(c)} B of shared memory, the device allows {device.smem_per_block} B"),
             Constraint("accumulator_registers", lambda c: accumulators(c) <= _ACCUMULATOR_REGISTERS,
                        lambda c: f"{accumulators(c):.0f} fp32 accumulator values a thread would spill"),
-            Constraint("rows_per_warp", lambda c: c["BLOCK_M"] >= 16 * c["num_warps"],
-                       "every warp needs at least 16 query rows for its mma"),
+            Constraint("rows_per_warp", lambda c: c["BLOCK_M"] >= _rows_needed(c["num_warps"]),
+                       lambda c: f"{c['num_warps']} warps need at least {_rows_needed(c['num_warps'])} query rows"),
             Constraint("tile_within_problem",
-                       lambda c: c["BLOCK_M"] <= max(16, next_pow2(p.seq_q)) and c["BLOCK_N"] <= max(16, next_pow2(p.seq_k)),
+                       lambda c: c["BLOCK_M"] <= _largest_block(p.seq_q) and c["BLOCK_N"] <= _largest_block(p.seq_k),
                        "a block larger than the next power of two of its sequence only computes padding"),
             Constraint("fp8_block_n", lambda c: p.dtype != "fp8" or c["BLOCK_N"] >= 32,
                        "fp8 P V dots need at least 32 keys along K"),
@@ -416,11 +428,11 @@ class FlashFamily(Family):
                        lambda c: f"the dQ kernel needs {smem_dq(c)} B of shared memory, the device allows {limit} B"),
             Constraint("accumulator_registers", lambda c: max(acc_dkdv(c), acc_dq(c)) <= _ACCUMULATOR_REGISTERS,
                        lambda c: f"{max(acc_dkdv(c), acc_dq(c)):.0f} fp32 accumulator values a thread would spill"),
-            Constraint("rows_per_warp", lambda c: min(c["BLOCK_N1"], c["BLOCK_M2"]) >= 16 * c["num_warps"],
-                       "every warp needs at least 16 rows of the tile its program owns"),
+            Constraint("rows_per_warp", lambda c: min(c["BLOCK_N1"], c["BLOCK_M2"]) >= _rows_needed(c["num_warps"]),
+                       lambda c: f"{c['num_warps']} warps need at least {_rows_needed(c['num_warps'])} rows in the tile a program owns"),
             Constraint("tile_within_problem",
-                       lambda c: max(c["BLOCK_M1"], c["BLOCK_M2"]) <= max(16, next_pow2(p.seq_q))
-                       and max(c["BLOCK_N1"], c["BLOCK_N2"]) <= max(16, next_pow2(p.seq_k)),
+                       lambda c: max(c["BLOCK_M1"], c["BLOCK_M2"]) <= _largest_block(p.seq_q)
+                       and max(c["BLOCK_N1"], c["BLOCK_N2"]) <= _largest_block(p.seq_k),
                        "a block larger than the next power of two of its sequence only computes padding"),
         ]
         return Space(axes, constraints)
