@@ -198,6 +198,21 @@ def test_fp8_with_gradients_is_refused():
         ops_flash.flash_attention(q, k, v)
 
 
+def test_chunked_plain_torch_matches_one_piece(monkeypatch):
+    import autotile.families.flash as flash
+
+    gen = torch.Generator().manual_seed(9)
+    q, do = (torch.randn(2, 6, 7, 8, generator=gen, dtype=torch.float64) for _ in range(2))
+    k, v = (torch.randn(2, 3, 5, 8, generator=gen, dtype=torch.float64) for _ in range(2))
+    whole = flash.attention_grads(q, k, v, do, causal=True, scale=0.3, dtype=torch.float64)
+    monkeypatch.setattr(flash, "_CHUNK_SCORES", 1)  # one key/value head per chunk
+    chunked = flash.attention_grads(q, k, v, do, causal=True, scale=0.3, dtype=torch.float64)
+    qr, kr, vr = (t.clone().requires_grad_(True) for t in (q, k, v))
+    direct = torch.autograd.grad(attention_math(qr, kr, vr, causal=True, scale=0.3, dtype=torch.float64), (qr, kr, vr), do)
+    for a, b, c in zip(whole, chunked, direct):
+        assert torch.allclose(a, c, atol=1e-12) and torch.allclose(b, c, atol=1e-12)
+
+
 # --- problems, space, cost --------------------------------------------------------------------------
 @pytest.mark.parametrize("seq_q, seq_k", [(1, 1), (5, 9), (9, 5), (7, 7), (3, 10), (10, 3), (1, 8), (8, 1)])
 def test_seen_pairs_counts_the_causal_mask(seq_q, seq_k):

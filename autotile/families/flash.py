@@ -15,6 +15,7 @@ import contextlib
 import dataclasses
 import math
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
@@ -48,6 +49,9 @@ _FP32_ROUNDOFF = 2.0**-24
 # (255 registers a thread, minus addresses, masks and the softmax statistics).
 _ACCUMULATOR_REGISTERS = 192
 _BLOCKS = (16, 32, 64, 128)
+# Score elements of one chunk in the plain-torch computations: 2**27 (1 GiB in float64, a few
+# copies alive at once) keeps the references of the 16k-token anchor shapes inside GPU memory.
+_CHUNK_SCORES = 2**27
 
 
 def _rows_needed(num_warps: int) -> int:
@@ -151,31 +155,66 @@ def attention_math(q, k, v, *, causal: bool, scale: float, dtype: torch.dtype) -
 
 
 def log2_sum_exp(q, k, *, causal: bool, scale: float) -> torch.Tensor:
-    """(B, Hq, Sq) float32 log2-domain log-sum-exp of the scaled scores; +inf for rows that see no key."""
+    """(B, Hq, Sq) float32 (float64 for float64 inputs) log2-domain log-sum-exp of the scaled scores; +inf for rows that see no key."""
     group = q.shape[1] // k.shape[1]
-    k = k.float().repeat_interleave(group, dim=1)
-    scores = torch.matmul(q.float(), k.transpose(-1, -2)) * scale
+    wide = torch.float64 if q.dtype == torch.float64 else torch.float32
+    k = k.to(wide).repeat_interleave(group, dim=1)
+    scores = torch.matmul(q.to(wide), k.transpose(-1, -2)) * scale
     if causal:
         scores = scores.masked_fill(~causal_seen(q.shape[2], k.shape[2], q.device), float("-inf"))
     lse = torch.logsumexp(scores, dim=-1) * LOG2E
     return torch.where(torch.isneginf(lse), torch.full_like(lse, float("inf")), lse)
 
 
+def map_head_chunks(fn, q, k, v, *q_side):
+    """`fn(q, k, v, *q_side)` over chunks of (one batch entry, a run of key/value heads with their query heads).
+
+    Every result of `fn` (a tensor or a tuple of them, with heads along dim 1) is stitched back
+    together, so plain-torch attention of the 16k-token anchor shapes fits in an H200's memory.
+    """
+    group = q.shape[1] // k.shape[1]
+    per_chunk = max(1, _CHUNK_SCORES // (group * q.shape[2] * k.shape[2]))
+    rows = []
+    for b in range(q.shape[0]):
+        parts = []
+        for h0 in range(0, k.shape[1], per_chunk):
+            kv = slice(h0, min(h0 + per_chunk, k.shape[1]))
+            qh = slice(kv.start * group, kv.stop * group)
+            result = fn(q[b:b + 1, qh], k[b:b + 1, kv], v[b:b + 1, kv], *(t[b:b + 1, qh] for t in q_side))
+            parts.append(result if isinstance(result, tuple) else (result,))
+        rows.append(tuple(torch.cat(column, dim=1) for column in zip(*parts)))
+    stitched = tuple(torch.cat(column, dim=0) for column in zip(*rows))
+    return stitched if len(stitched) > 1 else stitched[0]
+
+
+def attention_grads(q, k, v, do, *, causal: bool, scale: float, dtype: torch.dtype):
+    """dq, dk, dv of attention_math at `dtype`, by autograd, chunk by chunk."""
+    def one_chunk(q, k, v, do):
+        q, k, v = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
+        with torch.enable_grad():
+            o = attention_math(q, k, v, causal=causal, scale=scale, dtype=dtype)
+            return torch.autograd.grad(o, (q, k, v), do.to(o.dtype))
+    return map_head_chunks(one_chunk, q, k, v, do)
+
+
 def _plain_torch_fp8_forward(inputs: Tensors, causal: bool, scale: float) -> torch.Tensor:
     """What fp8 attention does in plain torch: dequantised Q/K/V, unnormalised P rounded to e4m3 for P V."""
     descale = inputs["descale"].double()
-    q, k, v = (inputs[n].double() * descale[i] for i, n in enumerate("qkv"))
-    group = q.shape[1] // k.shape[1]
-    k = k.repeat_interleave(group, dim=1)
-    v8 = inputs["v"].double().repeat_interleave(group, dim=1)
-    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
-    if causal:
-        scores = scores.masked_fill(~causal_seen(q.shape[2], k.shape[2], q.device), float("-inf"))
-    row_max = scores.amax(dim=-1, keepdim=True).nan_to_num(0.0, neginf=0.0)
-    p = torch.exp(scores - row_max)  # (B, Hq, Sq, Sk) in [0, 1]
-    l = p.sum(dim=-1, keepdim=True)
-    out = torch.matmul(p.to(torch.float8_e4m3fn).double(), v8) * descale[2]
-    return torch.where(l > 0, out / l.clamp_min(1e-300), torch.zeros_like(out))
+
+    def one_chunk(q8, k8, v8):
+        group = q8.shape[1] // k8.shape[1]
+        q = q8.double() * descale[0]
+        k = k8.double().repeat_interleave(group, dim=1) * descale[1]
+        v = v8.double().repeat_interleave(group, dim=1)
+        scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+        if causal:
+            scores = scores.masked_fill(~causal_seen(q.shape[2], k.shape[2], q.device), float("-inf"))
+        row_max = scores.amax(dim=-1, keepdim=True).nan_to_num(0.0, neginf=0.0)
+        p = torch.exp(scores - row_max)  # (B, Hq, Sq, Sk) in [0, 1]
+        l = p.sum(dim=-1, keepdim=True)
+        out = torch.matmul(p.to(torch.float8_e4m3fn).double(), v) * descale[2]
+        return torch.where(l > 0, out / l.clamp_min(1e-300), torch.zeros_like(out))
+    return map_head_chunks(one_chunk, inputs["q"], inputs["k"], inputs["v"])
 
 
 def fa_rule_check(name: str, got: torch.Tensor, want: torch.Tensor, plain: torch.Tensor, out_dtype: str,
@@ -477,9 +516,11 @@ class FlashFamily(Family):
             # O and LSE come from plain torch, so timing and checking the backward needs no forward kernel.
             scale = default_scale(p.head_dim)
             with torch.no_grad():
-                o = attention_math(inputs["q"], inputs["k"], inputs["v"], causal=p.causal, scale=scale, dtype=torch.float32)
-                inputs["o"] = tensor(p.heads_q, p.seq_q, o.cpu(), dtype)
-                inputs["lse"] = log2_sum_exp(inputs["q"], inputs["k"], causal=p.causal, scale=scale).contiguous()
+                o = map_head_chunks(partial(attention_math, causal=p.causal, scale=scale, dtype=torch.float32),
+                                    inputs["q"], inputs["k"], inputs["v"])
+                inputs["o"] = tensor(p.heads_q, p.seq_q, o, dtype)
+                inputs["lse"] = map_head_chunks(lambda q, k, v: log2_sum_exp(q, k, causal=p.causal, scale=scale),
+                                                inputs["q"], inputs["k"], inputs["v"]).contiguous()
             inputs["do"] = tensor(p.heads_q, p.seq_q, torch.randn(p.batch, p.heads_q, p.seq_q, p.head_dim, generator=gen), dtype)
         return inputs
 
@@ -500,11 +541,10 @@ class FlashFamily(Family):
         p, scale = problem, default_scale(problem.head_dim)
         q, k, v = (t.detach().double() for t in self._dequantised(p, inputs))
         if p.direction == "fwd":
-            o = attention_math(q, k, v, causal=p.causal, scale=scale, dtype=torch.float64)
-            return {"o": o, "lse": log2_sum_exp(q, k, causal=p.causal, scale=scale).double()}
-        q, k, v = (t.requires_grad_(True) for t in (q, k, v))
-        o = attention_math(q, k, v, causal=p.causal, scale=scale, dtype=torch.float64)
-        dq, dk, dv = torch.autograd.grad(o, (q, k, v), inputs["do"].double())
+            o, lse = map_head_chunks(lambda q, k, v: (attention_math(q, k, v, causal=p.causal, scale=scale, dtype=torch.float64),
+                                                      log2_sum_exp(q, k, causal=p.causal, scale=scale).double()), q, k, v)
+            return {"o": o, "lse": lse}
+        dq, dk, dv = attention_grads(q, k, v, inputs["do"].double(), causal=p.causal, scale=scale, dtype=torch.float64)
         return {"dq": dq, "dk": dk, "dv": dv}
 
     def plain_torch(self, problem: FlashProblem, inputs: Tensors) -> Tensors:
@@ -515,10 +555,9 @@ class FlashFamily(Family):
         dtype = torch_dtype(p.dtype)
         if p.direction == "fwd":
             with torch.no_grad():
-                return {"o": attention_math(inputs["q"], inputs["k"], inputs["v"], causal=p.causal, scale=scale, dtype=dtype)}
-        q, k, v = (inputs[n].detach().clone().requires_grad_(True) for n in "qkv")
-        o = attention_math(q, k, v, causal=p.causal, scale=scale, dtype=dtype)
-        dq, dk, dv = torch.autograd.grad(o, (q, k, v), inputs["do"])
+                return {"o": map_head_chunks(partial(attention_math, causal=p.causal, scale=scale, dtype=dtype),
+                                             inputs["q"], inputs["k"], inputs["v"])}
+        dq, dk, dv = attention_grads(inputs["q"], inputs["k"], inputs["v"], inputs["do"], causal=p.causal, scale=scale, dtype=dtype)
         return {"dq": dq, "dk": dk, "dv": dv}
 
     def tolerance(self, problem: FlashProblem) -> Tolerance:

@@ -15,16 +15,11 @@ import torch
 from autotile.device import DeviceInfo, current_device
 from autotile.errors import BadInputError, ShapeMismatchError, UnsupportedDtypeError
 from autotile.families.flash import FAMILY, FlashFamily, FlashProblem, default_scale
+from autotile.runtime.dispatch import resolve
 from autotile.space import Config
 
 
 def _config_for(problem: FlashProblem, device: DeviceInfo) -> Config:
-    try:
-        from autotile.runtime.dispatch import resolve
-    except ImportError:
-        # NOTE: installations without the dispatch module (the runtime's winner lookup) run the
-        # family's default config.
-        return FAMILY.default_config(problem, device)
     return resolve(FAMILY, problem, device).config
 
 
