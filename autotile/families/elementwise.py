@@ -49,6 +49,9 @@ _UNIT_ROUNDOFF = {torch.float32: 2.0**-24, torch.float16: 2.0**-11, torch.bfloat
 # NVIDIA GPUs use the hardware approximations (ex2/lg2.approx: 2 ulp; sin/cos.approx: 2^-20.9 absolute on
 # [-pi, pi], i.e. 8 ulp at 1.0), and pow goes through exp2(b * log2|a|). 16 ulp covers the worst of these.
 _ULPS_PER_STEP = 16
+# pow(a, b) = exp2(t), t = b * log2|a|: rounding t (and the approximate log2) costs about 2 |t| ln2 ulps of the
+# result, and a finite fp32 result needs |t| < 149, so one pow step is budgeted 2 * 149 * ln2 + 16 < 256 ulps.
+_ULPS_PER_POW = 256
 _ARITH_OPS = frozenset({"add", "sub", "mul", "div", "pow", "neg", "abs", "maximum", "minimum"})
 _VALUE_STEPS = frozenset({"load", "scalar", "const", "cast"})
 
@@ -256,6 +259,16 @@ class Plan:
     @property
     def arithmetic_steps(self) -> int:
         return sum(1 for s in self.steps if s["op"] not in _VALUE_STEPS)
+
+    def type_of_output(self, index: int) -> str:
+        """The compute dtype of the value output `index` stores."""
+        return next(s["type"] for s in self.steps if s["dst"] == self.output_values[index])
+
+    @property
+    def error_ulps(self) -> int:
+        """Rounding error the steps may accumulate, in units of the compute dtype's roundoff (see _ULPS_PER_STEP)."""
+        ulps = sum(_ULPS_PER_POW if s["op"] == "pow" else _ULPS_PER_STEP for s in self.steps if s["op"] not in _VALUE_STEPS)
+        return max(ulps, _ULPS_PER_STEP)
 
 
 def build_plan(expression: Expression, specs: Mapping[str, InputSpec], one_element: frozenset[str]) -> Plan:
@@ -500,7 +513,7 @@ class ElementwiseFamily(Family):
         # and an absolute error of the same size covers results near zero). Then the kernel rounds to the output
         # dtype (half an ulp) and so does the reference (half an ulp): 2 units of roundoff.
         compute = torch.float64 if plan.compute_float == "fp64" else torch.float32
-        chain = _ULPS_PER_STEP * max(1, plan.arithmetic_steps) * _UNIT_ROUNDOFF[compute]
+        chain = plan.error_ulps * _UNIT_ROUNDOFF[compute]
         rounding = 2.0 * _UNIT_ROUNDOFF[dtype]
         return Tolerance(atol=rounding + chain, rtol=rounding + chain)
 
@@ -530,7 +543,7 @@ class ElementwiseFamily(Family):
         if not comparisons:
             return None
         compute = torch.float64 if plan.compute_float == "fp64" else torch.float32
-        chain = _ULPS_PER_STEP * max(1, plan.arithmetic_steps) * _UNIT_ROUNDOFF[compute]
+        chain = plan.error_ulps * _UNIT_ROUNDOFF[compute]
         shape = torch.broadcast_shapes(*(inputs[n].shape for n in plan.tensor_names))
         device = inputs[plan.tensor_names[0]].device
         ties = torch.zeros(shape, dtype=torch.bool, device=device)
@@ -595,11 +608,13 @@ class ElementwiseFamily(Family):
             sizes = [int(s) for s in problem.shape.split("x")]
             for st in problem.strides.split(";"):
                 index_64 |= sum((s - 1) * int(v) for s, v in zip(sizes, st.split(","))) + _INT32_SLACK >= 2**31
-        return self._switches(plan, problem.layout == "strided", problem.rank, index_64, config)
+        return self._switches(plan, problem.layout == "strided", problem.rank, index_64, config, interpreted=False)
 
     @staticmethod
-    def _switches(plan: Plan, strided: bool, rank: int, index_64: bool, config: Mapping) -> dict:
+    def _switches(plan: Plan, strided: bool, rank: int, index_64: bool, config: Mapping, interpreted: bool) -> dict:
         return dict(
+            INTERPRETED=interpreted,
+            OUTPUT_BF16=[d == torch.bfloat16 and plan.type_of_output(i) == "fp32" for i, d in enumerate(plan.output_dtypes)],
             N_TENSORS=len(plan.tensor_names), N_SCALARS=len(plan.scalar_names),
             TENSOR_ONE=[n in plan.one_element for n in plan.tensor_names],
             STEPS=[dict(s) for s in plan.steps], OUTPUTS=list(plan.output_values),
@@ -616,7 +631,7 @@ class ElementwiseFamily(Family):
         strided = geometry.layout == "strided"
         index_64 = geometry.max_offset + _INT32_SLACK >= 2**31
         interpret = device.type == "cpu"
-        switches = self._switches(plan, strided, len(geometry.sizes), index_64, config)
+        switches = self._switches(plan, strided, len(geometry.sizes), index_64, config, interpreted=interpret)
         module = load_kernel_module(self.template, interpret=interpret, **switches)
         blocks = triton_cdiv(geometry.numel, config["BLOCK_SIZE"])
         if config["PERSISTENT"]:
@@ -638,7 +653,8 @@ class ElementwiseFamily(Family):
         bits_of = dict(zip((s["index"] for s in plan.steps if s["op"] == "scalar"), launch.scalar_bits))
         for i, name in enumerate(plan.scalar_names):
             value = _scalar_value(inputs[name])
-            scalars.append(_fp64_bits(value) if bits_of.get(i) else value)
+            # NOTE: Triton's interpreter cannot take a bool argument as int1; bools go as 0/1 (the kernel compares != 0).
+            scalars.append(_fp64_bits(value) if bits_of.get(i) else int(value) if isinstance(value, bool) else value)
         args = [inputs[n] for n in plan.tensor_names] + scalars + list(outputs) + list(launch.geometry_args)
         with interpreter_mode(launch.interpret):
             launch.kernel[launch.grid](*args, **launch.meta)
