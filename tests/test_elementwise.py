@@ -318,6 +318,8 @@ def test_default_suite_and_cli_problems():
     problems = FAMILY.problems_from_cli(expr=["x*y"], numel=[1000, 2000], dtype=["bf16"])
     assert [(p.numel, p.inputs) for p in problems] == [(1000, "x:bf16:tensor,y:bf16:tensor"), (2000, "x:bf16:tensor,y:bf16:tensor")]
     assert {o.name for o in FAMILY.cli_options} >= {"expr", "numel", "dtype"}
+    one = FAMILY.problems_from_cli(expr="maximum(x, y)", numel=64, dtype="fp32,bf16")
+    assert [(p.expr, p.numel, p.inputs.split(":")[1]) for p in one] == [("maximum(x,y)", 64, "fp32"), ("maximum(x,y)", 64, "bf16")]
 
 
 def test_problem_keys_round_trip_and_buckets():

@@ -399,11 +399,12 @@ class ElementwiseFamily(Family):
                 for dtype in ("fp32", "bf16")]
 
     def problems_from_cli(self, expr=None, numel=None, dtype=None, **_unused) -> list[ElementwiseProblem]:
-        exprs = list(expr or ())
+        # Each option may arrive as one value or several; --expr is never split on commas (maximum(x, y)).
+        exprs = [expr] if isinstance(expr, str) else list(expr or ())
         if not exprs:
             return self.default_suite()
-        numels = list(numel or ()) or [ANCHOR_NUMEL]
-        dtypes = list(dtype or ()) or ["fp32"]
+        numels = [int(n) for n in _values(numel)] or [ANCHOR_NUMEL]
+        dtypes = _values(dtype) or ["fp32"]
         return [self.problem_for_expression(e, d, n) for e in exprs for d in dtypes for n in numels]
 
     # --- the search -----------------------------------------------------------------
@@ -663,6 +664,15 @@ class ElementwiseFamily(Family):
         plan = self.plan(problem)
         launch = self.launch_plan(problem, config, inputs)
         self.run(plan, launch, inputs, [outputs[n] for n in plan.expression.output_names])
+
+
+def _values(option) -> list:
+    """A CLI option's values: one value, several, or comma-separated text."""
+    if option is None:
+        return []
+    items = [option] if isinstance(option, (str, int)) else list(option)
+    return [part.strip() if isinstance(part, str) else part
+            for item in items for part in (item.split(",") if isinstance(item, str) else [item]) if part != ""]
 
 
 def _random(numel: int, dtype: torch.dtype, device: torch.device, gen: torch.Generator) -> torch.Tensor:
