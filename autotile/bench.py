@@ -104,11 +104,20 @@ def time_fn(fn: Callable[[], object], device: DeviceInfo) -> Timing:
     return Timing(float(median), float(q20), float(q80))
 
 
-def run_checked(family: Family, problem, config: Config, device: DeviceInfo, seed: int) -> tuple[TrialOutcome, Tensors | None]:
-    """Render, compile and run on fresh inputs; compare with the reference. Returns the inputs for timing when ok."""
+def prepare(family: Family, problem, device: DeviceInfo, seed: int) -> tuple[Tensors, Tensors]:
+    """Random inputs and their reference outputs."""
+    inputs = family.make_inputs(problem, device, seed=seed)
+    return inputs, family.reference(problem, inputs)
+
+
+def run_checked(family: Family, problem, config: Config, device: DeviceInfo, seed: int,
+                prepared: tuple[Tensors, Tensors] | None = None) -> tuple[TrialOutcome, Tensors | None]:
+    """Render, compile and run; compare with the reference. Returns the inputs for timing when ok.
+
+    `prepared` (inputs, reference) skips drawing inputs and recomputing the reference.
+    """
     try:
-        inputs = family.make_inputs(problem, device, seed=seed)
-        expected = family.reference(problem, inputs)
+        inputs, expected = prepared if prepared is not None else prepare(family, problem, device, seed)
         outputs = family.allocate_outputs(problem, inputs)
         poison(outputs)
         family.launch(problem, config, inputs, outputs)
@@ -122,9 +131,10 @@ def run_checked(family: Family, problem, config: Config, device: DeviceInfo, see
     return TrialOutcome(Status.OK, max_abs_error=result.max_abs_error), inputs
 
 
-def evaluate(family: Family, problem, config: Config, device: DeviceInfo, seed: int = 0) -> TrialOutcome:
+def evaluate(family: Family, problem, config: Config, device: DeviceInfo, seed: int = 0,
+             prepared: tuple[Tensors, Tensors] | None = None) -> TrialOutcome:
     """One trial: correctness gate, then timing."""
-    outcome, inputs = run_checked(family, problem, config, device, seed)
+    outcome, inputs = run_checked(family, problem, config, device, seed, prepared)
     if outcome.status is not Status.OK:
         return outcome
     outputs = family.allocate_outputs(problem, inputs)

@@ -166,8 +166,9 @@ def resolve_gpu(requested: str, index: int = 0) -> DeviceInfo:
         f"tuned for {requested} here. Pass --gpu {present.profile} or --gpu auto.")
 
 
+@functools.lru_cache(maxsize=1)
 def ensure_triton_allocator() -> None:
-    """Give Triton a scratch allocator: kernels that build TMA descriptors on the device need one."""
+    """Give Triton a scratch allocator (once): kernels that build TMA descriptors on the device need one."""
     import torch
     import triton
 

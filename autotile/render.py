@@ -12,6 +12,7 @@ import contextlib
 import functools
 import hashlib
 import importlib.util
+import json
 import os
 import sys
 import tempfile
@@ -184,11 +185,19 @@ def _import_path(path_str: str, sha: str, interpret: bool) -> ModuleType:
     return module
 
 
+_loaded: dict[str, ModuleType] = {}
+
+
 def load_kernel_module(template: str, *, interpret: bool, **switches) -> ModuleType:
-    """Render, write to the kernel cache and import; memoised by the source's hash.
+    """Render, write to the kernel cache and import; memoised by template and switches.
 
     `interpret` picks Triton's CPU interpreter (CPU tensors) or the compiler (CUDA tensors).
+    After the first call with a set of switches this is one dict lookup: launches stay cheap.
     """
-    source = render_source(template, **switches)
-    path = write_to_cache(source)
-    return _import_path(str(path), source_sha(source), interpret)
+    memo_key = json.dumps([template, interpret, switches], sort_keys=True, default=str)
+    module = _loaded.get(memo_key)
+    if module is None:
+        source = render_source(template, **switches)
+        path = write_to_cache(source)
+        module = _loaded[memo_key] = _import_path(str(path), source_sha(source), interpret)
+    return module

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import optuna
 
-from autotile.bench import Status, TrialOutcome, cuda_context_alive, evaluate, retime_interleaved
+from autotile.bench import Status, TrialOutcome, cuda_context_alive, evaluate, prepare, retime_interleaved
 from autotile.device import DeviceInfo
 from autotile.errors import AutotileError
 from autotile.families.base import Family
@@ -32,6 +32,8 @@ DEFAULT_TOP_K = 3
 DEFAULT_RETIME_ROUNDS = 5
 # TPE explores this many random configs before it models the space (Optuna's default is 10).
 _TPE_STARTUP_TRIALS = 8
+# Input sets (with their references) the trials rotate through.
+_INPUT_SETS = 2
 # The sampler gives up proposing new configs after this many repeats in a row: the space is exhausted.
 _MAX_REPEATS_IN_A_ROW = 60
 
@@ -166,6 +168,17 @@ def tune_problem(
         for config in family.seed_configs(problem, device):
             study.enqueue_trial(dict(config), skip_if_exists=True)
 
+    # Trials alternate between a few input sets, each with its reference computed once: a float64
+    # reference of a large problem costs more than the candidate, and a kernel right on one random
+    # set but wrong on another (a race, an indexing slip) still fails on the next set.
+    input_sets: dict[int, tuple] = {}
+
+    def prepared_for(number: int):
+        slot = number % _INPUT_SETS
+        if slot not in input_sets:
+            input_sets[slot] = prepare(family, problem, device, seed + slot)
+        return input_sets[slot]
+
     done = _evaluated_trials(study)
     seen: dict[str, float | None] = {t.user_attrs["config_hash"]: t.value for t in done}
     evaluated = len(done)
@@ -194,7 +207,11 @@ def tune_problem(
             study.enqueue_trial(dict(replacement), skip_if_exists=True)
             continue
         repeats = 0
-        outcome = evaluate(family, problem, config, device, seed=seed + trial.number)
+        try:
+            prepared = prepared_for(trial.number)
+        except Exception as exc:  # noqa: BLE001 - inputs or reference do not fit: nothing can be checked
+            raise TuneError(f"{family.name}: cannot build inputs and reference for {problem}: {exc}") from exc
+        outcome = evaluate(family, problem, config, device, seed=seed + trial.number, prepared=prepared)
         _record(store, trial, study, outcome, config, name, problem_id, device_id, toolchain_id)
         seen[config.hash] = outcome.timing.median_ms if outcome.status is Status.OK else None
         evaluated += 1
