@@ -17,14 +17,24 @@ __version__ = "0.1.0"
 
 __all__ = ["matmul", "flash_attention", "paged_attention", "fuse", "explain", "__version__"]
 
-_PUBLIC = {"matmul", "flash_attention", "paged_attention", "fuse", "explain"}
+# Public name -> (module, attribute). The ops are imported on first use, so `import autotile` stays
+# cheap (no torch.library registration, no database) for tools that only need the CLI or a family.
+_PUBLIC = {
+    "matmul": ("autotile.runtime.ops_gemm", "matmul"),
+    "flash_attention": ("autotile.runtime.ops_flash", "flash_attention"),
+    "paged_attention": ("autotile.runtime.ops_paged", "paged_attention"),
+    "fuse": ("autotile.runtime.ops_elementwise", "fuse"),
+    "explain": ("autotile.runtime.api", "explain"),
+}
 
 
 def __getattr__(name: str):
-    # The public ops are imported on first use, so `import autotile` stays cheap (no torch.library
-    # registration, no database) for tools that only need the CLI or a family.
     if name in _PUBLIC:
-        from autotile.runtime import api
+        import importlib
 
-        return getattr(api, name)
+        module, attribute = _PUBLIC[name]
+        value = getattr(importlib.import_module(module), attribute)
+        # Bound as a plain module attribute from now on: torch.compile sees the op function itself.
+        globals()[name] = value
+        return value
     raise AttributeError(f"module 'autotile' has no attribute {name!r}")

@@ -6,6 +6,7 @@ BLOCK_N (resp. BLOCK_M) times from shared memory and registers.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass
@@ -120,6 +121,11 @@ class GemmFamily(Family):
         tf32 = dtype == "fp32" and torch.backends.cuda.matmul.allow_tf32
         return GemmProblem(m, n, k, dtype, out, layout_of(a), layout_of(b), bias is not None,
                            activation or "none", tf32, _tma_aligned(a) and _tma_aligned(b))
+
+    def distance(self, problem: GemmProblem, other: GemmProblem) -> float | None:
+        # Alignment does not change what a config computes, only whether the TMA variant may run;
+        # the runtime validates every borrowed config against this problem's space anyway.
+        return super().distance(problem, dataclasses.replace(other, aligned=problem.aligned))
 
     def default_suite(self) -> list[GemmProblem]:
         return [contiguous_problem(s, s, s, "bf16", "bf16") for s in (1024, 2048, 4096)]

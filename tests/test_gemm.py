@@ -1,0 +1,115 @@
+"""GEMM template correctness under the interpreter: awkward shapes, layouts, dtypes, epilogues, every variant."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+import autotile
+from autotile.bench import Status, run_checked
+from autotile.device import interpret_device
+from autotile.errors import BadInputError, ShapeMismatchError, UnsupportedDtypeError
+from autotile.families.checks import compare
+from autotile.families.gemm import FAMILY, GemmProblem, contiguous_problem
+from autotile.space import Config
+
+CPU = interpret_device()
+
+
+def configs_for(problem, extra: int = 2, seed: int = 0) -> list[Config]:
+    """The default config, every variant the space allows, and a few random feasible ones."""
+    feasible = list(FAMILY.space(problem, CPU).feasible())
+    chosen = [FAMILY.default_config(problem, CPU)]
+    for want in ({"VARIANT": "tma", "PERSISTENT": True}, {"VARIANT": "tma", "PERSISTENT": False},
+                 {"SPLIT_K": 2}, {"SPLIT_K": 4}):
+        match = [c for c in feasible if all(c[k] == v for k, v in want.items())]
+        if match:
+            chosen.append(random.Random(seed).choice(match))
+    chosen += random.Random(seed + 1).sample(feasible, min(extra, len(feasible)))
+    return chosen
+
+
+CASES = [
+    contiguous_problem(1, 1, 1, "fp32", "fp32"),
+    contiguous_problem(67, 45, 129, "fp32", "fp32"),
+    contiguous_problem(67, 45, 129, "fp16", "fp16", layout_a="col", layout_b="strided"),
+    contiguous_problem(13, 70, 96, "fp16", "fp32", bias=True, activation="gelu"),  # M below every BLOCK_M
+    contiguous_problem(64, 48, 256, "fp16", "fp16", layout_a="col", layout_b="col", activation="silu"),
+    contiguous_problem(40, 64, 128, "fp8", "bf16", layout_b="col", bias=True, activation="relu"),
+    contiguous_problem(33, 32, 64, "fp8", "fp32"),
+    GemmProblem(48, 40, 64, "fp16", "fp16", aligned=False),  # storage offset by one element
+]
+
+
+@pytest.mark.parametrize("problem", CASES, ids=lambda p: f"{p.m}x{p.n}x{p.k}-{p.dtype}-{p.layout_a}{p.layout_b}-{p.activation}")
+def test_template_matches_reference(problem):
+    for config in configs_for(problem):
+        outcome, _ = run_checked(FAMILY, problem, config, CPU, seed=3)
+        assert outcome.status is Status.OK, f"{config.to_json()}: {outcome.status.value}: {outcome.error}"
+
+
+def test_check_catches_a_wrong_kernel_and_names_the_worst_element():
+    problem = contiguous_problem(20, 24, 40, "fp16", "fp16")
+    inputs = FAMILY.make_inputs(problem, CPU, seed=0)
+    expected = FAMILY.reference(problem, inputs)
+    outputs = FAMILY.allocate_outputs(problem, inputs)
+    FAMILY.launch(problem, FAMILY.default_config(problem, CPU), inputs, outputs)
+    assert FAMILY.check(problem, inputs, outputs, expected).ok
+    outputs["c"][7, 11] += 0.5
+    result = FAMILY.check(problem, inputs, outputs, expected)
+    assert not result.ok and "(7, 11)" in result.message
+    outputs["c"][3, 2] = float("nan")
+    assert "never written" in compare("c", outputs["c"], expected["c"], FAMILY.tolerance(problem)).message
+
+
+def test_matmul_op_on_sliced_and_transposed_inputs():
+    base = torch.randn(80, 90)
+    a = base[3:40, 5:66:2]  # 37 x 31, no unit stride
+    b = torch.randn(50, 31).t()  # 31 x 50, column-major
+    bias = torch.randn(50)
+    out = autotile.matmul(a, b, bias=bias, activation="relu")
+    torch.testing.assert_close(out, torch.relu(a @ b + bias), atol=1e-4, rtol=1e-5)
+    half = autotile.matmul(a.half(), b.half(), out_dtype="float32")
+    assert half.dtype == torch.float32
+    torch.testing.assert_close(half, a.half().float() @ b.half().float(), atol=1e-2, rtol=1e-3)
+
+
+def test_matmul_fp8_with_scales():
+    a = torch.randn(32, 64)
+    b = torch.randn(48, 64).t()
+    sa, sb = a.abs().max() / 448, b.abs().max() / 448
+    a8, b8 = (a / sa).to(torch.float8_e4m3fn), (b / sb).to(torch.float8_e4m3fn)
+    out = autotile.matmul(a8, b8, scale_a=sa.reshape(1), scale_b=sb.reshape(1))
+    assert out.dtype == torch.bfloat16
+    want = (a8.double() @ b8.double()) * sa.double() * sb.double()
+    torch.testing.assert_close(out.double(), want, atol=0.05, rtol=0.02)
+
+
+def test_matmul_bad_input_names_the_problem():
+    with pytest.raises(ShapeMismatchError, match=r"a.shape\[1\] must equal b.shape\[0\]"):
+        autotile.matmul(torch.randn(3, 4), torch.randn(5, 6))
+    with pytest.raises(UnsupportedDtypeError, match="cast both"):
+        autotile.matmul(torch.randn(3, 4), torch.randn(4, 5).half())
+    with pytest.raises(UnsupportedDtypeError):
+        autotile.matmul(torch.randint(0, 3, (3, 4)), torch.randint(0, 3, (4, 5)))
+    with pytest.raises(ShapeMismatchError, match="bias must have shape"):
+        autotile.matmul(torch.randn(3, 4), torch.randn(4, 5), bias=torch.randn(4))
+    with pytest.raises(BadInputError, match="activation must be one of"):
+        autotile.matmul(torch.randn(3, 4), torch.randn(4, 5), activation="tanh")
+    with pytest.raises(ShapeMismatchError, match="2-D"):
+        autotile.matmul(torch.randn(2, 3, 4), torch.randn(4, 5))
+
+
+def test_matmul_traces_under_torch_compile():
+    a, b = torch.randn(24, 16), torch.randn(16, 8)
+    compiled = torch.compile(lambda x, y: autotile.matmul(x, y) * 2, fullgraph=True, backend="eager")
+    torch.testing.assert_close(compiled(a, b), (a @ b) * 2, atol=1e-4, rtol=1e-5)
+    torch.library.opcheck(torch.ops.autotile.matmul, (a, b, None, None, None, "none", ""),
+                          test_utils=("test_schema", "test_faketensor"))
+
+
+def test_cost_counts_flops_and_fewest_bytes():
+    cost = FAMILY.cost(contiguous_problem(128, 256, 64, "bf16", "bf16", bias=True))
+    assert cost.flops == 2 * 128 * 256 * 64
+    assert cost.bytes == (128 * 64 + 64 * 256) * 2 + 128 * 256 * 2 + 256 * 2

@@ -1,0 +1,101 @@
+"""The SQL store: schema and migrations, round trips, refusing foreign/corrupt/newer databases, resume."""
+from __future__ import annotations
+
+import sqlite3
+
+import optuna
+import pytest
+from sqlalchemy import inspect, text
+
+from autotile.device import interpret_device
+from autotile.errors import DatabaseError
+from autotile.families.gemm import FAMILY, contiguous_problem
+from autotile.store.db import open_engine
+from autotile.store.models import SCHEMA_VERSION
+from autotile.store.repo import Store
+from autotile.tune.driver import study_name, tune_problem
+
+CPU = interpret_device()
+PROBLEM = contiguous_problem(20, 24, 40, "fp16", "fp16")
+
+
+def test_new_database_is_migrated_and_versioned(tmp_path):
+    engine = open_engine(f"sqlite:///{tmp_path / 'a.sqlite'}")
+    tables = set(inspect(engine).get_table_names())
+    assert {"autotile_meta", "autotile_devices", "autotile_toolchains", "autotile_problems", "autotile_trials",
+            "autotile_winners", "autotile_alembic_version"} <= tables
+    with engine.connect() as conn:
+        assert conn.execute(text("select value from autotile_meta where key='schema_version'")).scalar() == str(SCHEMA_VERSION)
+        assert conn.execute(text("select version_num from autotile_alembic_version")).scalar() == "0001"
+        assert conn.execute(text("pragma journal_mode")).scalar() == "wal"
+
+
+def test_round_trip_of_trials_and_winners(tmp_path):
+    store = Store(open_engine(f"sqlite:///{tmp_path / 'b.sqlite'}"))
+    device_id = store.ensure_device(CPU)
+    assert store.ensure_device(CPU) == device_id
+    toolchain_id = store.ensure_toolchain()
+    problem_id = store.ensure_problem(FAMILY, PROBLEM)
+    config = FAMILY.default_config(PROBLEM, CPU)
+    for number, ms in enumerate((3.0, 2.0)):
+        store.record_trial(problem_id=problem_id, device_id=device_id, toolchain_id=toolchain_id, study="s",
+                           number=number, config=config.to_json(), config_hash=config.hash, status="ok",
+                           median_ms=ms, q20_ms=ms, q80_ms=ms, interpreted=1, max_abs_error=0.0, error="")
+    store.record_trial(problem_id=problem_id, device_id=device_id, toolchain_id=toolchain_id, study="s", number=1,
+                       config="{}", config_hash="x", status="crash", error="duplicate of trial 1 is ignored")
+    assert store.best_configs(problem_id, device_id, 3) == [(config.to_json(), 2.0)]
+    assert store.status_counts(problem_id, device_id) == {"ok": 2}
+    store.save_winner(problem_id=problem_id, device=CPU, device_id=device_id, toolchain_id=toolchain_id,
+                      config=config.to_json(), config_hash=config.hash, median_ms=2.0, q20_ms=1.9, q80_ms=2.1,
+                      interpreted=1, trials_run=2, provenance="test")
+    (winner,) = store.winners("gemm", "interpret")
+    assert winner.problem_key == FAMILY.problem_key(PROBLEM) and winner.median_ms == 2.0
+    assert winner.toolchain["triton"] == "3.6.0"
+
+
+def test_foreign_corrupt_and_newer_databases_are_refused(tmp_path):
+    foreign = tmp_path / "foreign.sqlite"
+    with sqlite3.connect(foreign) as conn:
+        conn.execute("create table users (id integer)")
+    with pytest.raises(DatabaseError, match="not an autotile database"):
+        open_engine(f"sqlite:///{foreign}")
+    with sqlite3.connect(foreign) as conn:  # nothing of the user's was touched
+        assert conn.execute("select count(*) from sqlite_master where name='users'").fetchone() == (1,)
+
+    corrupt = tmp_path / "corrupt.sqlite"
+    corrupt.write_bytes(b"this is not a database at all" * 10)
+    with pytest.raises(DatabaseError, match="not a SQLite database"):
+        open_engine(f"sqlite:///{corrupt}")
+
+    newer = tmp_path / "newer.sqlite"
+    engine = open_engine(f"sqlite:///{newer}")
+    with engine.begin() as conn:
+        conn.execute(text("update autotile_meta set value='99' where key='schema_version'"))
+    from autotile.store import db
+
+    db._engine.cache_clear()
+    with pytest.raises(DatabaseError, match="newer than this autotile"):
+        open_engine(f"sqlite:///{newer}")
+
+
+def test_optuna_tables_share_the_database(tmp_path):
+    url = f"sqlite:///{tmp_path / 'shared.sqlite'}"
+    optuna.create_study(study_name="someone-elses", storage=url)
+    open_engine(url)  # our tables join Optuna's
+    assert "trials" in inspect(open_engine(url)).get_table_names()
+
+
+def test_rerun_resumes_the_study(tmp_path):
+    url = f"sqlite:///{tmp_path / 'resume.sqlite'}"
+    first = tune_problem(FAMILY, PROBLEM, CPU, trials=2, db_url=url, retime_rounds=1)
+    assert first.trials_this_run == 2 and sum(first.statuses.values()) == 2
+    second = tune_problem(FAMILY, PROBLEM, CPU, trials=3, db_url=url, retime_rounds=1)
+    assert second.trials_this_run == 1 and sum(second.statuses.values()) == 3
+    again = tune_problem(FAMILY, PROBLEM, CPU, trials=3, db_url=url, retime_rounds=1)
+    assert again.trials_this_run == 0
+    study = optuna.load_study(study_name=study_name(FAMILY, PROBLEM, CPU), storage=url)
+    numbers = [t.number for t in study.trials if "status" in t.user_attrs]
+    assert len(numbers) == len(set(numbers)) == 3
+    trials = Store(open_engine(url)).trials("gemm")
+    assert len(trials) == 3 and len({(t["study"], t["number"]) for t in trials}) == 3
+    assert trials[0]["config"] == dict(FAMILY.default_config(PROBLEM, CPU))  # the default config goes first
