@@ -1,0 +1,81 @@
+"""The shipped tuning database: winners copied out of tuning runs, and a sorted text dump of them.
+
+`tuning_db/winners.sqlite` holds winners only (no trials); `tuning_db/winners.txt`
+is its sorted, line-per-winner dump, so a pull request shows what changed and CI
+can check that the two agree.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from sqlalchemy import Engine, select
+from sqlalchemy.orm import Session
+
+from autotile.store.db import open_engine
+from autotile.store.models import Device, Problem, Toolchain, Winner
+
+
+def dump_winners(engine: Engine) -> str:
+    """One line per winner, sorted: family, device, problem key, config, timings, toolchain."""
+    lines = []
+    with Session(engine) as session:
+        rows = session.execute(
+            select(Winner, Problem, Toolchain).join(Problem, Winner.problem_id == Problem.id)
+            .join(Toolchain, Winner.toolchain_id == Toolchain.id)
+        ).all()
+        for w, p, t in rows:
+            record = {
+                "family": p.family, "device": w.device_key, "problem": json.loads(p.key), "config": json.loads(w.config),
+                "median_ms": round(w.median_ms, 6), "baseline": w.baseline_name,
+                "baseline_ms": round(w.baseline_ms, 6) if w.baseline_ms else None, "trials": w.trials_run,
+                "toolchain": f"torch {t.torch}, triton {t.triton}, cuda {t.cuda}",
+            }
+            lines.append(json.dumps(record, sort_keys=True, separators=(",", ":")))
+    return "\n".join(sorted(lines)) + "\n"
+
+
+def _copy(session: Session, model, row, **overrides):
+    values = {c.name: getattr(row, c.name) for c in model.__table__.columns if c.name != "id"}
+    values.update(overrides)
+    return values
+
+
+def copy_winners(source_url: str, target_url: str) -> int:
+    """Copy every winner of `source_url` (with its problem, device and toolchain) into `target_url`.
+
+    A winner for the same (problem, device) in the target is replaced. Returns how many were copied.
+    """
+    from autotile.store.repo import Store
+
+    source = open_engine(source_url, create=False)
+    target = Store(open_engine(target_url, create=True))
+    copied = 0
+    with Session(source) as src:
+        rows = src.execute(
+            select(Winner, Problem, Device, Toolchain).join(Problem, Winner.problem_id == Problem.id)
+            .join(Device, Winner.device_id == Device.id).join(Toolchain, Winner.toolchain_id == Toolchain.id)
+        ).all()
+        for w, p, d, t in rows:
+            problem_id = target._get_or_create(Problem, {"family": p.family, "key": p.key},
+                                               {"bucket": p.bucket, "params": p.params})
+            device_values = _copy(src, Device, d)
+            device_values.pop("fingerprint")
+            device_id = target._get_or_create(Device, {"fingerprint": d.fingerprint}, device_values)
+            toolchain_id = target._get_or_create(
+                Toolchain, {c: getattr(t, c) for c in ("torch", "triton", "cuda", "python", "autotile")}, {})
+            with Session(target.engine) as dst:
+                existing = dst.execute(select(Winner).where(Winner.problem_id == problem_id,
+                                                            Winner.device_key == w.device_key)).scalar_one_or_none()
+                if existing is not None:
+                    dst.delete(existing)
+                    dst.flush()
+                dst.add(Winner(**_copy(src, Winner, w, problem_id=problem_id, device_id=device_id,
+                                       toolchain_id=toolchain_id)))
+                dst.commit()
+            copied += 1
+    return copied
+
+
+def write_dump(db_path: Path, dump_path: Path) -> None:
+    dump_path.write_text(dump_winners(open_engine(f"sqlite:///{db_path}", create=False)))

@@ -1,0 +1,27 @@
+"""Copy the winners of GPU tuning runs into tuning_db/ and rewrite its text dump.
+
+    python benchmarks/ship_winners.py results/gemm/gemm.sqlite results/flash/flash.sqlite ...
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from autotile.resources import shipped_db_path, shipped_dump_path  # noqa: E402
+from autotile.store.ship import copy_winners, write_dump  # noqa: E402
+
+
+def main(paths: list[str]) -> int:
+    target = shipped_db_path()
+    for path in paths:
+        n = copy_winners(f"sqlite:///{Path(path).resolve()}", f"sqlite:///{target}")
+        print(f"{path}: {n} winners")
+    write_dump(target, shipped_dump_path())
+    print(f"wrote {target} and {shipped_dump_path()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,29 @@
+"""The shipped tuning database and its sorted text dump agree, and every shipped config is in its space."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from autotile.device import DeviceInfo, HOPPER_SMEM_PER_BLOCK
+from autotile.families import get_family
+from autotile.resources import shipped_db_path, shipped_dump_path
+from autotile.store.db import open_engine, read_only_url
+from autotile.store.ship import dump_winners
+
+pytestmark = pytest.mark.skipif(not shipped_db_path().exists(), reason="no shipped winners yet")
+
+
+def test_dump_matches_database():
+    engine = open_engine(read_only_url(shipped_db_path()), create=False)
+    assert shipped_dump_path().read_text() == dump_winners(engine), \
+        "tuning_db/winners.txt is stale: run python benchmarks/ship_winners.py (no arguments) to rewrite it"
+
+
+def test_shipped_configs_are_valid_for_their_problems():
+    h200 = DeviceInfo("h200", "NVIDIA H200", (9, 0), 132, 150_000_000_000, HOPPER_SMEM_PER_BLOCK, "test")
+    for line in shipped_dump_path().read_text().splitlines():
+        record = json.loads(line)
+        family = get_family(record["family"])
+        problem = family.problem_from_dict(record["problem"])
+        family.space(problem, h200).validate(record["config"])
