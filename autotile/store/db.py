@@ -98,8 +98,11 @@ def check_schema(engine: Engine, url: str) -> str:
     return "ok" if version == SCHEMA_VERSION else "old"
 
 
-def open_engine(url: str | None = None, *, create: bool = True) -> Engine:
-    """An engine on a checked autotile database. `create` makes (and migrates) it when it is new."""
+def inspect_database(url: str | None = None, *, create: bool = True) -> tuple[Engine, str]:
+    """An engine on `url` and its state ('empty', 'ok' or 'old'), after refusing foreign, corrupt or newer files.
+
+    Nothing is created or migrated here; `create` only allows a SQLite file that does not exist yet.
+    """
     url = normalise_url(url) if url else default_db_url()
     path = sqlite_path(url)
     if path is not None and "mode=ro" not in url:
@@ -112,7 +115,20 @@ def open_engine(url: str | None = None, *, create: bool = True) -> Engine:
         if create:
             path.parent.mkdir(parents=True, exist_ok=True)
     engine = _engine(url)
-    state = check_schema(engine, url)
+    return engine, check_schema(engine, url)
+
+
+def stored_schema_version(engine: Engine) -> int | None:
+    """The schema_version an autotile database records, or None when it has none."""
+    with engine.connect() as conn:
+        row = conn.execute(select(Meta.value).where(Meta.key == "schema_version")).scalar_one_or_none()
+    return int(row) if row is not None and row.isdigit() else None
+
+
+def open_engine(url: str | None = None, *, create: bool = True) -> Engine:
+    """An engine on a checked autotile database. `create` makes (and migrates) it when it is new."""
+    url = normalise_url(url) if url else default_db_url()
+    engine, state = inspect_database(url, create=create)
     if state == "empty" and create:
         from autotile.store.migrate import upgrade_to_head
 
@@ -133,4 +149,4 @@ def read_only_url(path: Path) -> str:
     return f"sqlite:///file:{path}?mode=ro&uri=true"
 
 
-__all__ = ["open_engine", "default_db_url", "normalise_url", "read_only_url", "check_schema", "VERSION_TABLE"]
+__all__ = ["open_engine", "inspect_database", "stored_schema_version", "default_db_url", "normalise_url", "read_only_url", "check_schema", "VERSION_TABLE"]

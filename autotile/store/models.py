@@ -11,7 +11,7 @@ from sqlalchemy import JSON, BigInteger, DateTime, Float, ForeignKey, Integer, S
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 # Bump with every Alembic revision that changes these tables.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 VERSION_TABLE = "autotile_alembic_version"
 
 
@@ -109,3 +109,9 @@ class Winner(Base):
     trials_run: Mapped[int] = mapped_column(Integer, default=0)
     provenance: Mapped[str] = mapped_column(Text, default="")
     created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=_now)
+    # Schema 2 (revision 0002): staleness and verification on this GPU. A stale winner is still served.
+    stale: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    verified_at: Mapped[dt.datetime | None] = mapped_column(DateTime, nullable=True)
+    verified_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
+    verify_status: Mapped[str] = mapped_column(String(32), default="", server_default="")  # VerifyStatus value
+    regression: Mapped[float | None] = mapped_column(Float, nullable=True)  # verified_ms / median_ms - 1 when slower

@@ -37,6 +37,12 @@ class WinnerView:
     provenance: str
     toolchain: dict
     created_at: str
+    driver: str = ""  # the GPU driver of the device row the winner was measured on
+    stale: bool = False  # tuned with another torch/triton/CUDA/driver than the last staleness check saw
+    verify_status: str = ""  # '' (never verified) or an autotile.store.verify.VerifyStatus value
+    verified_ms: float | None = None
+    regression: float | None = None  # verified_ms / median_ms - 1 when the last verification found it slower
+    verified_at: str | None = None
 
 
 class Store:
@@ -104,6 +110,13 @@ class Store:
         return {status: int(n) for status, n in rows}
 
     def save_winner(self, *, problem_id: int, device: DeviceInfo, device_id: int, toolchain_id: int, **values) -> None:
+        """Insert or replace the winner of (problem, device key).
+
+        A winner measured now is fresh: unless `values` say otherwise it is not stale and carries no
+        earlier verification.
+        """
+        values = {"stale": 0, "verified_at": None, "verified_ms": None, "verify_status": "", "regression": None,
+                  **values}
         with Session(self.engine) as session:
             row = session.execute(
                 select(Winner).where(Winner.problem_id == problem_id, Winner.device_key == device.key)
@@ -117,8 +130,8 @@ class Store:
             session.commit()
 
     def winners(self, family: str | None = None, device_key: str | None = None) -> list[WinnerView]:
-        query = (select(Winner, Problem, Toolchain).join(Problem, Winner.problem_id == Problem.id)
-                 .join(Toolchain, Winner.toolchain_id == Toolchain.id))
+        query = (select(Winner, Problem, Toolchain, Device.driver).join(Problem, Winner.problem_id == Problem.id)
+                 .join(Toolchain, Winner.toolchain_id == Toolchain.id).join(Device, Winner.device_id == Device.id))
         if family:
             query = query.where(Problem.family == family)
         if device_key:
@@ -132,10 +145,44 @@ class Store:
                 interpreted=bool(w.interpreted), margin=w.margin, baseline_name=w.baseline_name,
                 baseline_ms=w.baseline_ms, trials_run=w.trials_run, provenance=w.provenance,
                 toolchain={"torch": t.torch, "triton": t.triton, "cuda": t.cuda, "python": t.python, "autotile": t.autotile},
-                created_at=w.created_at.isoformat(timespec="seconds"),
+                created_at=w.created_at.isoformat(timespec="seconds"), driver=driver, stale=bool(w.stale),
+                verify_status=w.verify_status or "", verified_ms=w.verified_ms, regression=w.regression,
+                verified_at=w.verified_at.isoformat(timespec="seconds") if w.verified_at else None,
             )
-            for w, p, t in rows
+            for w, p, t, driver in rows
         ]
+
+    def winner_rows(self, family: str | None = None, device_key: str | None = None) -> list[tuple]:
+        """(Winner, Problem, Device, Toolchain) rows, detached, for tools that rewrite winners."""
+        query = (select(Winner, Problem, Device, Toolchain).join(Problem, Winner.problem_id == Problem.id)
+                 .join(Device, Winner.device_id == Device.id).join(Toolchain, Winner.toolchain_id == Toolchain.id))
+        if family:
+            query = query.where(Problem.family == family)
+        if device_key:
+            query = query.where(Winner.device_key == device_key)
+        with Session(self.engine, expire_on_commit=False) as session:
+            rows = session.execute(query.order_by(Problem.family, Problem.key, Winner.device_key)).all()
+            session.expunge_all()
+        return [tuple(r) for r in rows]
+
+    def update_winner(self, winner_id: int, **values) -> None:
+        """Set columns of one winner row (staleness, verification results)."""
+        with Session(self.engine) as session:
+            row = session.get(Winner, winner_id)
+            for name, value in values.items():
+                setattr(row, name, value)
+            session.commit()
+
+    def best_configs_on_key(self, problem_id: int, device_key: str, top_k: int) -> list[tuple[str, float]]:
+        """The top_k distinct ok configs by best median over every device row with this key (any driver)."""
+        with Session(self.engine) as session:
+            rows = session.execute(
+                select(Trial.config, func.min(Trial.median_ms).label("best"))
+                .join(Device, Trial.device_id == Device.id)
+                .where(Trial.problem_id == problem_id, Device.key == device_key, Trial.status == "ok")
+                .group_by(Trial.config).order_by("best").limit(top_k)
+            ).all()
+        return [(r[0], float(r[1])) for r in rows]
 
     def trials(self, family: str | None = None, problem_key: str | None = None) -> list[dict]:
         query = select(Trial, Problem.family, Problem.key).join(Problem, Trial.problem_id == Problem.id)
