@@ -185,7 +185,7 @@ def _import_path(path_str: str, sha: str, interpret: bool) -> ModuleType:
     return module
 
 
-_loaded: dict[str, ModuleType] = {}
+_loaded: dict[object, ModuleType] = {}
 
 
 def load_kernel_module(template: str, *, interpret: bool, **switches) -> ModuleType:
@@ -194,8 +194,12 @@ def load_kernel_module(template: str, *, interpret: bool, **switches) -> ModuleT
     `interpret` picks Triton's CPU interpreter (CPU tensors) or the compiler (CUDA tensors).
     After the first call with a set of switches this is one dict lookup: launches stay cheap.
     """
-    memo_key = json.dumps([template, interpret, switches], sort_keys=True, default=str)
-    module = _loaded.get(memo_key)
+    try:
+        memo_key = (template, interpret, tuple(sorted(switches.items())))
+        module = _loaded.get(memo_key)
+    except TypeError:  # unhashable switch values (lists, dicts): key by their JSON
+        memo_key = json.dumps([template, interpret, switches], sort_keys=True, default=str)
+        module = _loaded.get(memo_key)
     if module is None:
         source = render_source(template, **switches)
         path = write_to_cache(source)

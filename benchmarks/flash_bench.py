@@ -308,7 +308,7 @@ def render_table(rows: list[dict], failures: list[str], device) -> str:
 
 def anchor_problems() -> list[FlashProblem]:
     problems = []
-    for direction, shapes in (("fwd", FORWARD_ANCHORS), ("bwd", BACKWARD_ANCHORS)):
+    for direction, shapes in (("bwd", BACKWARD_ANCHORS), ("fwd", FORWARD_ANCHORS)):
         for b, h, s, d in shapes:
             for causal in (False, True):
                 problems.append(FlashProblem(direction, b, h, h, s, s, d, causal, "bf16"))
@@ -352,6 +352,8 @@ def main() -> None:
             log(f"  FAILED: {row['error']}\n{traceback.format_exc(limit=5)}")
         rows.append(row)
         torch.cuda.empty_cache()
+        # Written after every shape, so a run stopped at its time limit keeps what it measured.
+        (args.out / "flash_bench.md").write_text(render_table(rows, failures, device))
 
     table = render_table(rows, failures, device)
     (args.out / "flash_bench.md").write_text(table)
