@@ -1,0 +1,147 @@
+"""`autotile db`: export, import, merge, verify and upgrade the tuning database."""
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import click
+
+from autotile.errors import AutotileError
+
+_POLICIES = ("keep", "faster", "replace")
+
+
+def friendly_errors(fn):
+    """AutotileError -> a one-line message and exit status 1, never a traceback.
+
+    NOTE: the same helper as cli/main.py's _friendly_errors; main.py imports this module to register
+    the `db` group, so importing main from here would be circular. Move both into one shared module.
+    """
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except AutotileError as exc:
+            raise click.ClickException(str(exc)) from None
+
+    return wrapper
+
+
+db_option = click.option("--db", "db_url", default=None, envvar="AUTOTILE_DB",
+                         help="SQLAlchemy URL or SQLite file of the tuning database (default: the user cache dir).")
+
+
+@click.group("db")
+def db() -> None:
+    """Move, check and migrate the tuning database."""
+
+
+@db.command("export")
+@click.option("--out", "out", required=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="the JSON-lines file to write (format: autotile/store/EXPORT.md)")
+@click.option("--family", default=None, help="only this family's winners")
+@click.option("--device", "device_key", default=None, help="only winners of this device key, e.g. h200/sm90")
+@db_option
+@friendly_errors
+def export_command(out, family, device_key, db_url):
+    """Write the stored winners to a portable JSON-lines file."""
+    from autotile.store.exchange import export_database
+
+    count = export_database(db_url, out, family, device_key)
+    click.echo(f"exported {count} winner{'s' if count != 1 else ''} to {out}")
+
+
+def _print_import(report) -> None:
+    verb = "would keep" if report.dry_run else "kept"
+    counts = ", ".join(f"{n} {action}" for action, n in report.counts().items() if action != "skipped" and n)
+    click.echo(f"{report.source}: {verb} {len(report.kept)} record(s) ({counts or 'none'}); "
+               f"skipped {len(report.skipped)}")
+    for item in report.kept:
+        click.echo(f"  line {item.line}: {item.action}  {item.family} {item.device_key} {item.problem_key}")
+    for item in report.skipped:
+        click.echo(f"  line {item.line}: skipped: {item.reason}", err=True)
+    if report.truncated:
+        click.echo(f"  warning: {report.truncated}; every complete record before that point was checked as above",
+                   err=True)
+
+
+@db.command("import")
+@click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--on-conflict", type=click.Choice(_POLICIES), default="keep", show_default=True,
+              help="a stored winner of the same problem and device: keep it, keep the faster, or replace it")
+@click.option("--dry-run", is_flag=True, help="validate and report, write nothing")
+@db_option
+@friendly_errors
+def import_command(file, on_conflict, dry_run, db_url):
+    """Import winners from an export file; every record is validated, nothing in it is executed."""
+    from autotile.store.exchange import ConflictPolicy, import_file
+
+    _print_import(import_file(db_url, file, policy=ConflictPolicy(on_conflict), dry_run=dry_run))
+
+
+@db.command("merge")
+@click.argument("sources", nargs=-1, required=True)
+@click.option("--on-conflict", type=click.Choice(_POLICIES), default="faster", show_default=True,
+              help="a stored winner of the same problem and device: keep it, keep the faster, or replace it")
+@click.option("--dry-run", is_flag=True, help="validate and report, write nothing")
+@db_option
+@friendly_errors
+def merge_command(sources, on_conflict, dry_run, db_url):
+    """Merge the winners of other autotile databases (files or URLs) into --db."""
+    from autotile.store.exchange import ConflictPolicy, merge_databases
+
+    for report in merge_databases(db_url, sources, policy=ConflictPolicy(on_conflict), dry_run=dry_run):
+        _print_import(report)
+
+
+@db.command("verify")
+@click.option("--family", default=None, help="only this family's winners")
+@click.option("--gpu", default="auto", show_default=True,
+              help="GPU profile whose winners to re-check (must be the GPU present), auto, or interpret")
+@click.option("--threshold", default=None, type=click.FloatRange(0.0), help="slowdown marked as a regression "
+              "(fraction of the stored median; default 0.15)")
+@click.option("--rounds", default=None, type=click.IntRange(1), help="interleaved timing rounds (default 3)")
+@db_option
+@friendly_errors
+def verify_command(family, gpu, threshold, rounds, db_url):
+    """Re-check stored winners on this GPU for correctness and time; mark regressions and stale winners."""
+    from autotile.device import resolve_gpu
+    from autotile.store.verify import DEFAULT_REGRESSION_THRESHOLD, DEFAULT_VERIFY_ROUNDS, VerifyStatus, verify_winners
+
+    device = resolve_gpu(gpu)
+    results = verify_winners(db_url, device, family=family,
+                             threshold=DEFAULT_REGRESSION_THRESHOLD if threshold is None else threshold,
+                             rounds=rounds or DEFAULT_VERIFY_ROUNDS)
+    if not results:
+        click.echo(f"no winners stored for {device.key}" + (f" in family {family}" if family else ""))
+        return
+    label = " (interpret: CPU timings)" if device.interpret else ""
+    for r in results:
+        now = f"{r.verified_ms:.4f} ms" if r.verified_ms is not None else "-"
+        stale = f"  stale: {'; '.join(r.stale_reasons)}" if r.stale_reasons else ""
+        click.echo(f"{r.status.value:<14} {r.family} {r.device_key} {r.problem_key}\n"
+                   f"  stored {r.stored_ms:.4f} ms, now {now}{label}{stale}" + (f"\n  {r.detail}" if r.detail else ""))
+    bad = [r for r in results if r.status is not VerifyStatus.OK]
+    stale = [r for r in results if r.stale_reasons]
+    click.echo(f"verified {len(results)}: {len(results) - len(bad)} ok, {len(bad)} marked"
+               + (f"; {len(stale)} stale (re-time them with `autotile tune --stale`)" if stale else ""))
+
+
+@db.command("upgrade")
+@click.option("--no-backup", is_flag=True, help="do not copy a SQLite file aside before migrating it")
+@db_option
+@friendly_errors
+def upgrade_command(no_backup, db_url):
+    """Migrate the database to this autotile's schema (Alembic); SQLite files are backed up first."""
+    from autotile.store.migrate import upgrade_database
+
+    report = upgrade_database(db_url, backup=not no_backup)
+    if not report.changed:
+        click.echo(f"{report.url} is at schema version {report.to_version} (revision {report.to_revision}): "
+                   "nothing to do")
+        return
+    click.echo(f"{report.url}: schema version {report.from_version} -> {report.to_version} "
+               f"(revision {report.from_revision} -> {report.to_revision})")
+    if report.backup:
+        click.echo(f"  the file before the upgrade is kept at {report.backup}")

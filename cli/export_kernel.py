@@ -1,0 +1,68 @@
+"""`autotile export-kernel FAMILY [shape options] --out FILE`: the tuned kernel as a standalone Triton module."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from autotile.cli.db import db_option, friendly_errors
+
+
+def _make_export_command(name: str):
+    from autotile.cli.main import _family_options
+    from autotile.families import get_family
+
+    # NOTE: imported here, when click resolves the subcommand: cli/main.py is complete by then, while at
+    # this module's import main.py may itself be importing it to register the command.
+    family = get_family(name)
+
+    @click.command(name=name, help=f"Write the tuned {name} kernel for one problem as a standalone Triton module.")
+    @_family_options(family)
+    @click.option("--out", "out", required=True, type=click.Path(dir_okay=False, path_type=Path),
+                  help="the .py file to write")
+    @click.option("--config", "config_json", default=None,
+                  help="config JSON to bake in instead of the stored winner (validated against the space)")
+    @click.option("--gpu", default="auto", show_default=True,
+                  help="device whose winner to export (h200, ..., auto, or interpret)")
+    @db_option
+    @friendly_errors
+    def command(out, config_json, gpu, db_url, **options):
+        from autotile.device import resolve_gpu
+        from autotile.errors import BadInputError
+        from autotile.export_kernel import ExportNotSupportedError, export_kernel, export_not_supported_reason, write_kernel
+        from autotile.space import Config
+
+        reason = export_not_supported_reason(name)
+        if reason:
+            raise ExportNotSupportedError(reason)
+        problems = family.problems_from_cli(**options)
+        if len(problems) != 1:
+            raise BadInputError(f"export-kernel writes one kernel: give one {name} problem's shape "
+                                f"(these options give {len(problems)} problems)")
+        device = resolve_gpu(gpu)
+        config = Config.from_json(config_json) if config_json else None
+        kernel = export_kernel(name, problems[0], device, db_url=db_url, config=config)
+        write_kernel(kernel, out)
+        click.echo(f"wrote {out}: {name} {kernel.problem_key}\n  config {kernel.config.to_json()}\n"
+                   f"  from {kernel.origin}; call its matmul(...) / see the launcher at the end of the file")
+
+    return command
+
+
+class _ExportGroup(click.Group):
+    """One subcommand per family present, built on first use (like `autotile tune`)."""
+
+    def list_commands(self, ctx):
+        from autotile.families import family_names
+
+        return family_names()
+
+    def get_command(self, ctx, name):
+        from autotile.families import family_names
+
+        return _make_export_command(name) if name in family_names() else None
+
+
+export_kernel_command = _ExportGroup(
+    name="export-kernel",
+    help="Write a tuned kernel as a standalone Triton module (config baked in, small launcher; gemm only so far).")
