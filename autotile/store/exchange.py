@@ -193,6 +193,7 @@ def read_export(path: Path) -> tuple[dict, list[tuple[int, dict | None, str]], s
                                 f"{SCHEMA_VERSION}: upgrade autotile to import it. Nothing was imported")
     records: list[tuple[int, dict | None, str]] = []
     end = None
+    last_line = max(number for number, text in enumerate(lines, start=1) if text.strip())
     for number, text in enumerate(lines[1:], start=2):
         if not text.strip():
             continue
@@ -202,7 +203,7 @@ def read_export(path: Path) -> tuple[dict, list[tuple[int, dict | None, str]], s
         try:
             record = json.loads(text)
         except json.JSONDecodeError as exc:
-            cut = " (the file looks truncated)" if number == len(lines) else ""
+            cut = " (the file looks truncated)" if number == last_line else ""
             records.append((number, None, f"not valid JSON{cut}: {exc.msg}"))
             continue
         if isinstance(record, dict) and record.get("record") == "end":

@@ -1,0 +1,233 @@
+"""`autotile db export|import|merge|verify|upgrade` and stale re-validation, on small interpreter-tuned databases."""
+from __future__ import annotations
+
+import json
+import shutil
+import sqlite3
+
+import pytest
+from click.testing import CliRunner
+from sqlalchemy import create_engine, inspect, text
+
+from autotile.cli.db import db
+from autotile.device import interpret_device
+from autotile.families.gemm import FAMILY, contiguous_problem
+from autotile.runtime import dispatch
+from autotile.store import db as store_db
+from autotile.store.db import open_engine
+from autotile.store.exchange import ConflictPolicy, import_file
+from autotile.store.migrate import upgrade_to
+from autotile.store.repo import Store
+from autotile.store.ship import dump_winners
+from autotile.tune.driver import tune_problem
+from autotile.tune.stale import revalidate_stale
+
+CPU = interpret_device()
+PROBLEM = contiguous_problem(24, 32, 64, "fp16", "fp16")
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory):
+    """A database with one interpreter-tuned gemm winner and its three trials (tuned once per module)."""
+    path = tmp_path_factory.mktemp("tuned") / "tuned.sqlite"
+    tune_problem(FAMILY, PROBLEM, CPU, trials=3, db_url=f"sqlite:///{path}", retime_rounds=1)
+    return path
+
+
+@pytest.fixture
+def tuned_copy(tuned, tmp_path):
+    path = tmp_path / "copy.sqlite"
+    with sqlite3.connect(tuned) as src, sqlite3.connect(path) as dst:
+        src.backup(dst)
+    return f"sqlite:///{path}"
+
+
+def run(*args):
+    return CliRunner().invoke(db, [str(a) for a in args], catch_exceptions=False)
+
+
+def sql(url: str, statement: str):
+    with open_engine(url, create=False).begin() as conn:
+        return conn.execute(text(statement)).all() if statement.lstrip().lower().startswith("select") else \
+            conn.execute(text(statement))
+
+
+def test_upgrade_keeps_the_rows_of_a_first_schema_database(tmp_path):
+    path = tmp_path / "v1.sqlite"
+    url = f"sqlite:///{path}"
+    upgrade_to(create_engine(url), "0001")
+    with sqlite3.connect(path) as conn:
+        conn.execute("insert into autotile_devices values (1, 'fp', 'h200/sm90', 'h200', 'NVIDIA H200', '9.0', 132, "
+                     "150000000000, 232448, '580.1')")
+        conn.execute("insert into autotile_toolchains values (1, '2.11.0', '3.6.0', '13.0', '3.12.3', '0.1.0')")
+        conn.execute("insert into autotile_problems values (1, 'gemm', '{\"m\":1}', '{\"m\":1}', '{\"m\": 1}')")
+        conn.execute("insert into autotile_winners (id, problem_id, device_key, device_id, toolchain_id, config, "
+                     "config_hash, median_ms, q20_ms, q80_ms, interpreted, baseline_name, trials_run, provenance, "
+                     "created_at) values (1, 1, 'h200/sm90', 1, 1, '{}', 'h', 0.5, 0.4, 0.6, 0, 'cuBLAS', 7, "
+                     "'first schema', '2026-11-01 00:00:00')")
+    store_db._engine.cache_clear()
+    with pytest.raises(Exception, match="autotile db upgrade"):
+        open_engine(url, create=False)
+
+    result = run("upgrade", "--db", url)
+    assert result.exit_code == 0, result.output + result.stderr
+    assert "schema version 1 -> 2" in result.output and "revision 0001 -> 0002" in result.output
+    assert (tmp_path / "v1.sqlite.schema1.bak").exists()
+    columns = {c["name"] for c in inspect(open_engine(url, create=False)).get_columns("autotile_winners")}
+    assert {"stale", "verified_at", "verified_ms", "verify_status", "regression"} <= columns
+    (winner,) = Store(open_engine(url, create=False)).winners()
+    assert (winner.median_ms, winner.trials_run, winner.provenance, winner.driver) == (0.5, 7, "first schema", "580.1")
+    assert winner.stale is False and winner.verify_status == "" and winner.regression is None
+    again = run("upgrade", "--db", url)
+    assert again.exit_code == 0 and "nothing to do" in again.output
+
+
+def test_upgrade_refuses_a_foreign_database(tmp_path):
+    foreign = tmp_path / "foreign.sqlite"
+    with sqlite3.connect(foreign) as conn:
+        conn.execute("create table users (id integer)")
+    result = run("upgrade", "--db", foreign)
+    assert result.exit_code == 1 and "not an autotile database" in result.stderr
+
+
+def test_export_then_import_reproduces_the_winners(tuned_copy, tmp_path):
+    out = tmp_path / "winners.jsonl"
+    result = run("export", "--out", out, "--db", tuned_copy)
+    assert result.exit_code == 0 and "exported 1 winner" in result.output
+    lines = out.read_text().splitlines()
+    header, record, end = (json.loads(line) for line in lines)
+    assert header["format"] == "autotile-db" and header["format_version"] == 1 and header["schema_version"] == 2
+    assert record["family"] == "gemm" and record["device"]["key"] == "interpret" and end == {"count": 1, "record": "end"}
+    assert record["problem"] == json.loads(FAMILY.problem_key(PROBLEM))
+
+    target = f"sqlite:///{tmp_path / 'target.sqlite'}"
+    first = run("import", out, "--db", target)
+    assert first.exit_code == 0 and "kept 1 record(s) (1 added); skipped 0" in first.output
+    assert dump_winners(open_engine(target, create=False)) == dump_winners(open_engine(tuned_copy, create=False))
+    again = run("import", out, "--db", target)
+    assert "1 unchanged" in again.output
+
+
+def _write_lines(path, lines):
+    path.write_text("".join(line + "\n" for line in lines))
+    return path
+
+
+def test_import_skips_bad_records_and_keeps_what_exists(tuned_copy, tmp_path):
+    out = tmp_path / "good.jsonl"
+    run("export", "--out", out, "--db", tuned_copy)
+    header, good, _end = out.read_text().splitlines()
+    record = json.loads(good)
+    other = json.loads(json.dumps(record))
+    other["problem"]["m"] = 40  # a second, valid problem
+    outside = json.loads(json.dumps(record))
+    outside["problem"]["m"] = 41
+    outside["config"]["BLOCK_M"] = 48
+    no_such_gpu = json.loads(json.dumps(record))
+    no_such_gpu["device"].update(key="h900/sm90", profile="h900", compute_capability="9.0")
+    newer = dict(record, schema_version=99)
+    foreign = {"record": "winner", "family": "gemm", "problem": {"m": 1}, "exec": "import os"}
+    lines = [header, json.dumps(other), json.dumps(outside), json.dumps(no_such_gpu), json.dumps(newer),
+             json.dumps(foreign), json.dumps(record)[:80]]  # the last line is cut mid-record and no end follows
+    bad = _write_lines(tmp_path / "bad.jsonl", lines)
+
+    target = f"sqlite:///{tmp_path / 'target.sqlite'}"
+    store = Store(open_engine(target))
+    store.save_winner(problem_id=store.ensure_problem(FAMILY, PROBLEM), device=CPU, device_id=store.ensure_device(CPU),
+                      toolchain_id=store.ensure_toolchain(), config=json.dumps(record["config"], sort_keys=True,
+                                                                               separators=(",", ":")),
+                      config_hash="x", median_ms=123.0, q20_ms=123.0, q80_ms=123.0, interpreted=1, provenance="mine")
+    report = import_file(target, bad, policy=ConflictPolicy.KEEP)
+    assert [(k.line, k.action) for k in report.kept] == [(2, "added")]
+    reasons = {s.line: s.reason for s in report.skipped}
+    assert sorted(reasons) == [3, 4, 5, 6, 7]
+    assert "BLOCK_M=48 is not one of" in reasons[3]
+    assert "unknown GPU profile 'h900'" in reasons[4]
+    assert "schema version 99" in reasons[5]
+    assert "unknown fields ['exec']" in reasons[6]
+    assert "truncated" in reasons[7] and "no end record" in report.truncated
+    winners = {w.params["m"]: w for w in Store(open_engine(target, create=False)).winners()}
+    assert sorted(winners) == [24, 40] and winners[24].median_ms == 123.0 and winners[24].provenance == "mine"
+
+    result = run("import", bad, "--db", target)
+    assert result.exit_code == 0 and "line 4: skipped: device 'h900/sm90'" in result.stderr
+    assert "no end record" in result.stderr
+
+
+def test_foreign_and_newer_files_are_refused_whole(tmp_path):
+    target = tmp_path / "target.sqlite"
+    foreign = _write_lines(tmp_path / "foreign.jsonl", ['{"name": "not an export"}'])
+    result = run("import", foreign, "--db", target)
+    assert result.exit_code == 1 and "is not an autotile export" in result.stderr
+    newer = _write_lines(tmp_path / "newer.jsonl", [json.dumps({"format": "autotile-db", "format_version": 1,
+                                                                "schema_version": 99})])
+    result = run("import", newer, "--db", target)
+    assert result.exit_code == 1 and "schema version 99, newer than this autotile's 2" in result.stderr
+    assert not target.exists() or Store(open_engine(f"sqlite:///{target}", create=False)).winners() == []
+
+
+def test_merge_keeps_the_faster_winner(tuned_copy, tmp_path):
+    out = tmp_path / "w.jsonl"
+    run("export", "--out", out, "--db", tuned_copy)
+    header, record, end = out.read_text().splitlines()
+    faster = json.loads(record)
+    faster["timings"]["median_ms"] = 1e-3
+    faster["config"]["num_stages"] = 2 if faster["config"]["num_stages"] != 2 else 3
+    other = f"sqlite:///{tmp_path / 'other.sqlite'}"
+    import_file(other, _write_lines(tmp_path / "f.jsonl", [header, json.dumps(faster), end]))
+
+    result = run("merge", other, "--db", tuned_copy)
+    assert result.exit_code == 0 and "1 replaced" in result.output, result.output
+    (winner,) = Store(open_engine(tuned_copy, create=False)).winners()
+    assert winner.median_ms == 1e-3 and json.loads(winner.config)["num_stages"] == faster["config"]["num_stages"]
+    same = run("merge", tuned_copy, "--db", tuned_copy)
+    assert same.exit_code == 1 and "is the target database itself" in same.stderr
+
+
+def test_verify_marks_regressions_staleness_and_configs_outside_the_space(tuned_copy):
+    sql(tuned_copy, "update autotile_winners set median_ms = 1e-6")
+    sql(tuned_copy, "insert into autotile_toolchains (torch, triton, cuda, python, autotile) "
+                    "values ('1.0.0', '3.6.0', 'none', '3.11', '0.0.1')")
+    sql(tuned_copy, "update autotile_winners set toolchain_id = (select max(id) from autotile_toolchains)")
+    result = run("verify", "--gpu", "interpret", "--rounds", "1", "--db", tuned_copy)
+    assert result.exit_code == 0, result.output + result.stderr
+    assert result.output.startswith("regression") and "stale: torch 1.0.0 ->" in result.output
+    (winner,) = Store(open_engine(tuned_copy, create=False)).winners()
+    assert winner.verify_status == "regression" and winner.regression > 1.0 and winner.stale
+    assert winner.verified_ms > 1e-6 and winner.verified_at
+
+    sql(tuned_copy, "update autotile_winners set median_ms = 1e6")
+    result = run("verify", "--gpu", "interpret", "--rounds", "1", "--db", tuned_copy)
+    assert result.output.startswith("ok"), result.output
+    (winner,) = Store(open_engine(tuned_copy, create=False)).winners()
+    assert winner.verify_status == "ok" and winner.regression is None
+
+    config = json.loads(winner.config)
+    config["BLOCK_M"] = 48
+    sql(tuned_copy, f"update autotile_winners set config = '{json.dumps(config)}'")
+    result = run("verify", "--gpu", "interpret", "--db", tuned_copy)
+    assert result.output.startswith("outside_space") and "BLOCK_M=48" in result.output
+
+
+def test_stale_winners_are_served_then_revalidated_from_their_top_configs(tuned_copy, monkeypatch):
+    sql(tuned_copy, "insert into autotile_toolchains (torch, triton, cuda, python, autotile) "
+                    "values ('2.0.0', '3.0.0', 'none', '3.11', '0.0.1')")
+    sql(tuned_copy, "update autotile_winners set toolchain_id = (select max(id) from autotile_toolchains), "
+                    "median_ms = 5.0, stale = 1")
+    monkeypatch.setenv("AUTOTILE_DB", tuned_copy)
+    dispatch.clear_cache()
+    try:
+        assert dispatch.resolve(FAMILY, PROBLEM, CPU).source == "user-db"  # a stale winner is still used
+    finally:
+        dispatch.clear_cache()
+    trial_configs = {json.dumps(t["config"], sort_keys=True, separators=(",", ":"))
+                     for t in Store(open_engine(tuned_copy, create=False)).trials("gemm") if t["status"] == "ok"}
+
+    (result,) = revalidate_stale(tuned_copy, CPU, "gemm", top_k=2, rounds=1)
+    assert result.status == "revalidated" and result.candidates == 2
+    assert "torch 2.0.0 ->" in result.reasons[0] and "triton 3.0.0 -> 3.6.0" in result.reasons[1]
+    (winner,) = Store(open_engine(tuned_copy, create=False)).winners()
+    assert winner.config in trial_configs and winner.median_ms == result.ms != 5.0
+    assert winner.toolchain["triton"] == "3.6.0" and not winner.stale and winner.verify_status == "ok"
+    assert winner.provenance.startswith("revalidated (torch 2.0.0") and winner.trials_run == 3
+    assert revalidate_stale(tuned_copy, CPU, "gemm") == []  # fresh now: nothing to re-time
