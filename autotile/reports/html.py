@@ -136,10 +136,12 @@ def _problem_section(p: ProblemReport) -> str:
         facts.append(("throughput", escape(f"{perf.tflops:.3g} TFLOP/s, {perf.tbps:.3g} TB/s at "
                                            f"{perf.intensity:.3g} FLOP/byte")))
         if perf.attainable_tflops:
-            facts.append(("of the ceilings", escape(
-                f"{pct(perf.pct_roofline)} of the roofline ({perf.attainable_tflops:.3g} TFLOP/s attainable); "
-                f"{pct(perf.pct_peak_compute)} of {perf.peak_dtype or '-'} peak; "
-                f"{pct(perf.pct_copy_bandwidth)} of copy bandwidth")))
+            shares = [f"{pct(perf.pct_roofline)} of the roofline ({perf.attainable_tflops:.3g} TFLOP/s attainable)"]
+            if perf.peak_dtype:
+                shares.append(f"{pct(perf.pct_peak_compute)} of {perf.peak_dtype} peak")
+            if perf.copy_tbps:
+                shares.append(f"{pct(perf.pct_copy_bandwidth)} of copy bandwidth")
+            facts.append(("of the ceilings", escape("; ".join(shares))))
     if p.baseline:
         facts.append(("baseline", escape(f"{p.baseline.name}: {p.baseline.median_ms:.4g} ms; "
                                          f"speedup {p.baseline.speedup:.3g}x")))

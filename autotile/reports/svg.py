@@ -213,8 +213,8 @@ def roofline_chart(points: list[RooflinePoint], peak_tflops: dict[str, float], c
     ridge = [peak / copy_tbps for _, peak in peaks] if copy_tbps else []
     x = axis_for(intensities + ridge + [min(intensities + ridge, default=1.0) / 4], 70, width - 170, log=True)
     values = [p.tflops for p in points if p.tflops > 0] + [peak for _, peak in peaks]
-    if copy_tbps:
-        values.append(copy_tbps * x.lo)
+    if copy_tbps:  # the bandwidth roof from the left edge, and to the right edge when no flat roof stops it
+        values += [copy_tbps * x.lo] + ([] if peaks else [copy_tbps * x.hi])
     y = axis_for(values, height - 50, 28, log=True)
     _frame(canvas, x, y, "arithmetic intensity (FLOP/byte)", "TFLOP/s")
     top = max((peak for _, peak in peaks), default=y.hi)
@@ -275,7 +275,7 @@ def bar_chart(bars: list[tuple[str, float]], title: str, value_label: str, refer
         fill = PALETTE[0] if reference is None or value >= reference else PALETTE[3]
         canvas.add(f'<rect class="bar" x="{left:.1f}" y="{py:.1f}" width="{max(span, 1):.1f}" '
                    f'height="{bar_height - 6}" fill="{fill}"><title>{escape(label)}: {value:.4g}</title></rect>')
-        fits = max(int((label_width - 12) / 6.2), 8)  # characters of 11 px text that fit left of the bars
+        fits = max(int((label_width - 12) / 7), 8)  # characters of 11 px text that fit left of the bars
         short = label if len(label) <= fits else label[: fits - 1] + "\u2026"
         canvas.text(x.start - 6, py + bar_height - 9, short, anchor="end")
         canvas.text(end + 4, py + bar_height - 9, f"{value:.3g}", anchor="start", size=10)
