@@ -1,43 +1,21 @@
 """`autotile db`: export, import, merge, verify and upgrade the tuning database."""
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 
 import click
 
-from autotile.errors import AutotileError
+from autotile.cli.common import db_option, friendly_errors
 
 _POLICIES = ("keep", "faster", "replace")
 
 
-def friendly_errors(fn):
-    """AutotileError -> a one-line message and exit status 1, never a traceback.
-
-    NOTE: the same helper as cli/main.py's _friendly_errors; main.py imports this module to register
-    the `db` group, so importing main from here would be circular. Move both into one shared module.
-    """
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except AutotileError as exc:
-            raise click.ClickException(str(exc)) from None
-
-    return wrapper
-
-
-db_option = click.option("--db", "db_url", default=None, envvar="AUTOTILE_DB",
-                         help="SQLAlchemy URL or SQLite file of the tuning database (default: the user cache dir).")
-
-
 @click.group("db")
-def db() -> None:
+def db_group() -> None:
     """Move, check and migrate the tuning database."""
 
 
-@db.command("export")
+@db_group.command("export")
 @click.option("--out", "out", required=True, type=click.Path(dir_okay=False, path_type=Path),
               help="the JSON-lines file to write (format: autotile/store/EXPORT.md)")
 @click.option("--family", default=None, help="only this family's winners")
@@ -66,7 +44,7 @@ def _print_import(report) -> None:
                    err=True)
 
 
-@db.command("import")
+@db_group.command("import")
 @click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--on-conflict", type=click.Choice(_POLICIES), default="keep", show_default=True,
               help="a stored winner of the same problem and device: keep it, keep the faster, or replace it")
@@ -80,7 +58,7 @@ def import_command(file, on_conflict, dry_run, db_url):
     _print_import(import_file(db_url, file, policy=ConflictPolicy(on_conflict), dry_run=dry_run))
 
 
-@db.command("merge")
+@db_group.command("merge")
 @click.argument("sources", nargs=-1, required=True)
 @click.option("--on-conflict", type=click.Choice(_POLICIES), default="faster", show_default=True,
               help="a stored winner of the same problem and device: keep it, keep the faster, or replace it")
@@ -95,7 +73,7 @@ def merge_command(sources, on_conflict, dry_run, db_url):
         _print_import(report)
 
 
-@db.command("verify")
+@db_group.command("verify")
 @click.option("--family", default=None, help="only this family's winners")
 @click.option("--gpu", default="auto", show_default=True,
               help="GPU profile whose winners to re-check (must be the GPU present), auto, or interpret")
@@ -128,7 +106,7 @@ def verify_command(family, gpu, threshold, rounds, db_url):
                + (f"; {len(stale)} stale (re-time them with `autotile tune --stale`)" if stale else ""))
 
 
-@db.command("upgrade")
+@db_group.command("upgrade")
 @click.option("--no-backup", is_flag=True, help="do not copy a SQLite file aside before migrating it")
 @db_option
 @friendly_errors

@@ -5,19 +5,16 @@ from pathlib import Path
 
 import click
 
-from autotile.cli.db import db_option, friendly_errors
+from autotile.cli.common import FamilyGroup, db_option, family_options, friendly_errors
 
 
 def _make_export_command(name: str):
-    from autotile.cli.main import _family_options
     from autotile.families import get_family
 
-    # NOTE: imported here, when click resolves the subcommand: cli/main.py is complete by then, while at
-    # this module's import main.py may itself be importing it to register the command.
     family = get_family(name)
 
     @click.command(name=name, help=f"Write the tuned {name} kernel for one problem as a standalone Triton module.")
-    @_family_options(family)
+    @family_options(family)
     @click.option("--out", "out", required=True, type=click.Path(dir_okay=False, path_type=Path),
                   help="the .py file to write")
     @click.option("--config", "config_json", default=None,
@@ -49,20 +46,6 @@ def _make_export_command(name: str):
     return command
 
 
-class _ExportGroup(click.Group):
-    """One subcommand per family present, built on first use (like `autotile tune`)."""
-
-    def list_commands(self, ctx):
-        from autotile.families import family_names
-
-        return family_names()
-
-    def get_command(self, ctx, name):
-        from autotile.families import family_names
-
-        return _make_export_command(name) if name in family_names() else None
-
-
-export_kernel_command = _ExportGroup(
-    name="export-kernel",
+export_kernel_command = FamilyGroup(
+    name="export-kernel", factory=_make_export_command,
     help="Write a tuned kernel as a standalone Triton module (config baked in, small launcher; gemm only so far).")

@@ -1,30 +1,12 @@
 """The `autotile` command: parse, call the library, print."""
 from __future__ import annotations
 
-import functools
 import json
 import sys
 
 import click
 
-from autotile.errors import AutotileError
-
-
-def _friendly_errors(fn):
-    """AutotileError -> a one-line message and exit status 1, never a traceback."""
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except AutotileError as exc:
-            raise click.ClickException(str(exc)) from None
-
-    return wrapper
-
-
-db_option = click.option("--db", "db_url", default=None, envvar="AUTOTILE_DB",
-                         help="SQLAlchemy URL or SQLite file of the tuning database (default: the user cache dir).")
+from autotile.cli.common import FamilyGroup, db_option, family_options, friendly_errors
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -38,22 +20,6 @@ def main() -> None:
 
 
 # --- tune / render: one subcommand per family, built from the family's problem options ----------
-
-
-def _family_options(family):
-    def decorate(fn):
-        for opt in reversed(family.cli_options):
-            flag = "--" + opt.name.replace("_", "-")
-            if opt.type is bool:
-                fn = click.option(flag + "/--no-" + opt.name.replace("_", "-"), opt.name, default=bool(opt.default),
-                                  help=opt.help)(fn)
-            else:
-                kind = click.Choice(opt.choices) if opt.choices else opt.type
-                fn = click.option(flag, opt.name, type=kind, default=opt.default, help=opt.help,
-                                  multiple=opt.multiple, show_default=opt.default is not None)(fn)
-        return fn
-
-    return decorate
 
 
 def _problems(family, preset: str | None, options: dict) -> list:
@@ -72,7 +38,7 @@ def _make_tune_command(name: str):
     family = get_family(name)
 
     @click.command(name=name, help=f"Tune the {name} family for one problem, a preset, or its default suite.")
-    @_family_options(family)
+    @family_options(family)
     @click.option("--preset", default=None, help="a named problem list: " + ", ".join(family.presets()))
     @click.option("--gpu", default="auto", show_default=True,
                   help="GPU profile to file results under (h200, h100, a100, ...), auto, or interpret (CPU interpreter).")
@@ -80,13 +46,18 @@ def _make_tune_command(name: str):
     @click.option("--timeout", default=None, type=float, help="seconds per problem")
     @click.option("--seed", default=0, show_default=True, type=int)
     @click.option("--storage", default=None, help="Optuna storage URL shared by several hosts (default: the --db database)")
+    @click.option("--stale", is_flag=True,
+                  help="re-validate winners tuned with another toolchain or driver: re-time their stored top few configs, no new search")
     @db_option
-    @_friendly_errors
-    def command(preset, gpu, trials, timeout, seed, storage, db_url, **options):
-        from autotile.device import resolve_gpu
+    @friendly_errors
+    def command(preset, gpu, trials, timeout, seed, storage, stale, db_url, **options):
         from autotile.cli.progress import tune_with_progress
+        from autotile.device import resolve_gpu
 
         device = resolve_gpu(gpu)
+        if stale:
+            _revalidate_stale(db_url, device, family.name)
+            return
         problems = _problems(family, preset, options)
         if device.interpret:
             click.echo("note: --gpu interpret runs on Triton's CPU interpreter; its timings are CPU timings.", err=True)
@@ -96,6 +67,17 @@ def _make_tune_command(name: str):
             _print_result(result)
 
     return command
+
+
+def _revalidate_stale(db_url, device, family_name: str) -> None:
+    from autotile.tune.stale import revalidate_stale
+
+    results = revalidate_stale(db_url, device, family_name)
+    if not results:
+        click.echo(f"no stale {family_name} winners for {device.key}")
+    for r in results:
+        timing = f"{r.previous_ms:.4f} -> {r.ms:.4f} ms" if r.ms is not None else r.detail
+        click.echo(f"{r.status}: {r.family} {r.problem_key} ({'; '.join(r.reasons)}) {timing}")
 
 
 def _print_result(result) -> None:
@@ -110,25 +92,7 @@ def _print_result(result) -> None:
         click.echo(f"  stopped early: {result.stopped_early}")
 
 
-class _FamilyGroup(click.Group):
-    """A group whose subcommands are the families present, built on first use."""
-
-    def __init__(self, *args, factory, **kwargs):
-        super().__init__(*args, **kwargs)
-        self._factory = factory
-
-    def list_commands(self, ctx):
-        from autotile.families import family_names
-
-        return family_names()
-
-    def get_command(self, ctx, name):
-        from autotile.families import family_names
-
-        return self._factory(name) if name in family_names() else None
-
-
-cli.add_command(_FamilyGroup(name="tune", factory=_make_tune_command,
+cli.add_command(FamilyGroup(name="tune", factory=_make_tune_command,
                              help="Search a family's tuning space on this GPU and store the winner."))
 
 
@@ -138,10 +102,10 @@ def _make_render_command(name: str):
     family = get_family(name)
 
     @click.command(name=name, help=f"Print the Triton source a {name} config renders to.")
-    @_family_options(family)
+    @family_options(family)
     @click.option("--config", "config_json", default=None, help="config JSON (default: the family's default config)")
     @click.option("--gpu", default="interpret", show_default=True, help="device whose limits the config is checked against")
-    @_friendly_errors
+    @friendly_errors
     def command(config_json, gpu, **options):
         from autotile.device import resolve_gpu
         from autotile.render import render_source
@@ -158,7 +122,7 @@ def _make_render_command(name: str):
     return command
 
 
-cli.add_command(_FamilyGroup(name="render", factory=_make_render_command,
+cli.add_command(FamilyGroup(name="render", factory=_make_render_command,
                              help="Render a family's template for a config, without running it."))
 
 
@@ -169,7 +133,7 @@ cli.add_command(_FamilyGroup(name="render", factory=_make_render_command,
 @click.option("--family", default=None)
 @click.option("--device", "device_key", default=None, help="device key, e.g. h200/sm90 or interpret")
 @db_option
-@_friendly_errors
+@friendly_errors
 def list_command(family, device_key, db_url):
     """List the stored winners."""
     from rich.console import Console
@@ -202,7 +166,7 @@ def _short_key(params: dict) -> str:
 @click.option("--match", "match", default="", help="only problems whose key contains this text")
 @click.option("--errors/--no-errors", default=False, help="print the error text of failed trials")
 @db_option
-@_friendly_errors
+@friendly_errors
 def show_command(family, match, errors, db_url):
     """Show a family's problems: the winner, its provenance, and every trial's status."""
     from collections import Counter
@@ -259,6 +223,18 @@ def env_command(db_url):
     }
     click.echo(json.dumps(info, indent=2))
 
+
+def _register_command_modules() -> None:
+    # The commands that live in modules of their own.
+    from autotile.cli.db import db_group
+    from autotile.cli.export_kernel import export_kernel_command
+    from autotile.cli.report import report_command
+
+    for command in (db_group, export_kernel_command, report_command):
+        cli.add_command(command)
+
+
+_register_command_modules()
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import click
 
-from autotile.cli.main import _friendly_errors, db_option
+from autotile.cli.common import db_option, friendly_errors
 
 
 @click.command("report")
@@ -16,7 +16,7 @@ from autotile.cli.main import _friendly_errors, db_option
 @click.option("--storage", default=None,
               help="Optuna storage URL the studies were tuned with, if not the --db database (for parameter importance)")
 @db_option
-@_friendly_errors
+@friendly_errors
 def report_command(family, device_key, fmt, out, storage, db_url):
     """Write a report of the stored winners and trials; reads the database only."""
     from autotile.reports import ReportFormat, write_report

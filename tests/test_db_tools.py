@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 from sqlalchemy import create_engine, inspect, text
 
-from autotile.cli.db import db
+from autotile.cli.db import db_group as db
 from autotile.device import interpret_device
 from autotile.families.gemm import FAMILY, contiguous_problem
 from autotile.runtime import dispatch
