@@ -174,6 +174,15 @@ def _BindableInterpreted(fn):  # noqa: N802 - a constructor, built on first use 
 _BINDABLE = None
 
 
+def launching(interpret: bool):
+    """Context for launching an already imported kernel: the interpreter's set-up, or nothing at all.
+
+    A compiled kernel does not consult TRITON_INTERPRET when it launches, so the compiled path stays
+    free of environment writes and locks (it is on every call of a tuned op).
+    """
+    return interpreter_mode(True) if interpret else contextlib.nullcontext()
+
+
 @functools.lru_cache(maxsize=None)
 def _import_path(path_str: str, sha: str, interpret: bool) -> ModuleType:
     name = f"autotile_kernels.{'interp' if interpret else 'cuda'}_{sha}"

@@ -4,6 +4,7 @@
 """
 from __future__ import annotations
 
+import sqlite3
 import sys
 from pathlib import Path
 
@@ -18,6 +19,9 @@ def main(paths: list[str]) -> int:
     for path in paths:
         n = copy_winners(f"sqlite:///{Path(path).resolve()}", f"sqlite:///{target}")
         print(f"{path}: {n} winners")
+    # The shipped file is opened read-only and immutable: keep it in rollback-journal mode, one file.
+    with sqlite3.connect(target) as conn:
+        conn.execute("PRAGMA journal_mode=DELETE")
     write_dump(target, shipped_dump_path())
     print(f"wrote {target} and {shipped_dump_path()}")
     return 0

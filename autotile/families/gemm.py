@@ -17,7 +17,7 @@ from autotile.device import DeviceInfo, ensure_triton_allocator
 from autotile.dtypes import canonical_dtype_name, element_size, torch_dtype
 from autotile.errors import BadInputError, ShapeMismatchError, UnsupportedDtypeError
 from autotile.families.base import Baseline, Cost, Family, ProblemOption, Tensors, Tolerance, next_pow2
-from autotile.render import interpreter_mode, load_kernel_module
+from autotile.render import launching, load_kernel_module
 from autotile.space import Axis, AxisKind, Config, Constraint, Space, split_config
 
 OPERAND_DTYPES = ("fp32", "fp16", "bf16", "fp8")
@@ -365,7 +365,7 @@ class GemmFamily(Family):
         scale_b = inputs.get("scale_b", c)
         m, n, k = problem.m, problem.n, problem.k
         ws = torch.empty(plan.split_k, m, n, dtype=torch.float32, device=a.device) if plan.split_k > 1 else c
-        with interpreter_mode(plan.interpret):
+        with launching(plan.interpret):
             plan.kernel[plan.grid](
                 a, b, c, ws, bias, scale_a, scale_b, m, n, k,
                 a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),

@@ -145,8 +145,15 @@ def open_engine(url: str | None = None, *, create: bool = True) -> Engine:
 
 
 def read_only_url(path: Path) -> str:
-    """SQLite URL that opens a file read-only (the shipped database may live in a read-only site-packages)."""
-    return f"sqlite:///file:{path}?mode=ro&uri=true"
+    """SQLite URL that opens a file read-only (the shipped database may live in a read-only site-packages).
+
+    A file shipped in rollback-journal mode is opened immutable, so SQLite needs no -wal/-shm files
+    beside it (a read-only folder could not hold them); one with a write-ahead log still beside it is
+    read through that log.
+    """
+    if Path(f"{path}-wal").exists():
+        return f"sqlite:///file:{path}?mode=ro&uri=true"
+    return f"sqlite:///file:{path}?mode=ro&immutable=1&uri=true"
 
 
 __all__ = ["open_engine", "inspect_database", "stored_schema_version", "default_db_url", "normalise_url", "read_only_url", "check_schema", "VERSION_TABLE"]
