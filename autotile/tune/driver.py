@@ -10,19 +10,22 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import optuna
 
-from autotile.bench import Status, TrialOutcome, cuda_context_alive, evaluate, prepare, retime_interleaved
-from autotile.device import DeviceInfo
-from autotile.errors import AutotileError
+from autotile.bench import retime_interleaved
+from autotile.device import DeviceInfo, cuda_device
 from autotile.families.base import Family
-from autotile.space import Config, Space
+from autotile.space import Config
 from autotile.store.db import open_engine
 from autotile.store.repo import Store
+from autotile.tune.cluster import fail_stale_trials
+from autotile.tune.search import Progress, TuneError, _Search, _SearchPlan, _SharedState  # noqa: F401 - re-exported
+from autotile.tune.workers import default_trial_timeout
 
 log = logging.getLogger("autotile.tune")
 
@@ -30,23 +33,6 @@ log = logging.getLogger("autotile.tune")
 DEFAULT_TOP_K = 3
 # Rounds of the interleaved re-timing (each times every finalist once).
 DEFAULT_RETIME_ROUNDS = 5
-# TPE explores this many random configs before it models the space (Optuna's default is 10).
-_TPE_STARTUP_TRIALS = 8
-# Input sets (with their references) the trials rotate through.
-_INPUT_SETS = 2
-# The sampler gives up proposing new configs after this many repeats in a row: the space is exhausted.
-_MAX_REPEATS_IN_A_ROW = 60
-
-
-@dataclass
-class Progress:
-    """What the driver reports after every trial; the CLI draws it as a progress bar."""
-
-    evaluated: int
-    target: int
-    best_ms: float | None
-    last_status: str
-    last_config: Config | None = None
 
 
 @dataclass
@@ -80,40 +66,9 @@ def study_name(family: Family, problem, device: DeviceInfo) -> str:
     return f"autotile:{family.name}:{device.key}:{digest}"
 
 
-def _optuna_storage(url: str) -> optuna.storages.BaseStorage:
+def _optuna_storage(url: str) -> optuna.storages.RDBStorage:
     engine_kwargs = {"connect_args": {"timeout": 30}} if url.startswith("sqlite") else {"pool_pre_ping": True}
     return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
-
-
-class _ConfigSource:
-    """Turns Optuna's per-axis suggestions into feasible configs.
-
-    TPE suggests each axis independently; a combination that breaks a named
-    constraint is told to Optuna as pruned (it never reaches the compiler) and
-    the nearest feasible config, by values shared, is enqueued in its place.
-    """
-
-    def __init__(self, space: Space):
-        self.space = space
-        self._feasible: list[Config] | None = None
-
-    def feasible(self) -> list[Config]:
-        if self._feasible is None:
-            self._feasible = list(self.space.feasible())
-        return self._feasible
-
-    def nearest_feasible(self, wanted: dict, exclude: set[str]) -> Config | None:
-        best, best_score = None, -1
-        for config in self.feasible():
-            if config.hash in exclude:
-                continue
-            score = sum(config[k] == wanted.get(k) for k in config)
-            if score > best_score:
-                best, best_score = config, score
-        return best
-
-    def suggest(self, trial: optuna.trial.Trial) -> dict:
-        return {axis.name: trial.suggest_categorical(axis.name, list(axis.choices)) for axis in self.space.axes}
 
 
 def _evaluated_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
@@ -134,11 +89,23 @@ def tune_problem(
     top_k: int = DEFAULT_TOP_K,
     retime_rounds: int = DEFAULT_RETIME_ROUNDS,
     progress: Callable[[Progress], None] | None = None,
+    gpus: Sequence[int] | None = None,
+    isolate: bool | None = None,
+    trial_timeout: float | None = None,
+    compile_ahead: bool = True,
+    lookahead: int | None = None,
 ) -> TuneResult:
     """Search `family`'s space for `problem` on `device` until the study holds `trials` evaluated trials.
 
-    Resumes a study of the same name; records every trial; re-times the best
-    `top_k` configs interleaved with the baseline and stores the winner.
+    Resumes a study of the same name (trials a killed run left RUNNING are failed first); records every
+    trial; re-times the best `top_k` configs interleaved with the baseline and stores the winner.
+
+    `gpus` runs one search per listed CUDA device on the same study; several processes (hosts) with
+    the same `storage_url` share one study the same way, and together stop at `trials`.
+    `isolate` runs each trial in a worker process that a crash or a hang (past `trial_timeout`
+    seconds) costs one trial; the default is on for GPUs and off under the interpreter.
+    `compile_ahead` compiles the next `lookahead` asked configs in a pool of CPU processes while the
+    GPU times the current one (a no-op under the interpreter).
 
     >>> from autotile.families.gemm import FAMILY, GemmProblem
     >>> from autotile.device import interpret_device
@@ -152,104 +119,58 @@ def tune_problem(
     device_id = store.ensure_device(device)
     toolchain_id = store.ensure_toolchain()
     problem_id = store.ensure_problem(family, problem)
-    space = family.space(problem, device)
-    source = _ConfigSource(space)
     name = study_name(family, problem, device)
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=_TPE_STARTUP_TRIALS, multivariate=True,
-                                         constant_liar=True)
-    study = optuna.create_study(study_name=name, storage=storage, sampler=sampler, direction="minimize",
-                                load_if_exists=True)
+    study = optuna.create_study(study_name=name, storage=storage, direction="minimize", load_if_exists=True)
     study.set_user_attr("family", family.name)
     study.set_user_attr("problem_key", family.problem_key(problem))
     if not study.trials:
-        study.enqueue_trial(dict(family.default_config(problem, device)))
+        study.enqueue_trial(dict(family.default_config(problem, device)), skip_if_exists=True)
         for config in family.seed_configs(problem, device):
             study.enqueue_trial(dict(config), skip_if_exists=True)
+    failed = fail_stale_trials(study)
+    if failed:
+        log.info("%s: %d trials a stopped run left running were marked failed", name, len(failed))
 
-    # Trials alternate between a few input sets, each with its reference computed once: a float64
-    # reference of a large problem costs more than the candidate, and a kernel right on one random
-    # set but wrong on another (a race, an indexing slip) still fails on the next set.
-    input_sets: dict[int, tuple] = {}
-
-    def prepared_for(number: int):
-        slot = number % _INPUT_SETS
-        if slot not in input_sets:
-            input_sets[slot] = prepare(family, problem, device, seed + slot)
-        return input_sets[slot]
-
-    done = _evaluated_trials(study)
-    seen: dict[str, float | None] = {t.user_attrs["config_hash"]: t.value for t in done}
-    evaluated = len(done)
-    this_run = 0
-    repeats = 0
-    stopped = ""
-    best = min((v for v in seen.values() if v is not None), default=None)
-
-    while evaluated < trials:
-        if timeout is not None and time.monotonic() - started > timeout:
-            stopped = f"timeout after {timeout:.0f} s"
-            break
-        trial = study.ask()
-        wanted = source.suggest(trial)
-        config = Config(wanted)
-        violations = space.violations(config)
-        if violations or config.hash in seen:
-            # Infeasible or already measured: prune without compiling and put a new feasible config in its place.
-            trial.set_user_attr("pruned_because", violations[0] if violations else "already evaluated")
-            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-            repeats = repeats + 1 if not violations else repeats
-            replacement = source.nearest_feasible(wanted, exclude=set(seen))
-            if replacement is None or repeats > _MAX_REPEATS_IN_A_ROW:
-                stopped = "every feasible config has been evaluated"
-                break
-            study.enqueue_trial(dict(replacement), skip_if_exists=True)
-            continue
-        repeats = 0
-        try:
-            prepared = prepared_for(trial.number)
-        except Exception as exc:  # noqa: BLE001 - inputs or reference do not fit: nothing can be checked
-            raise TuneError(f"{family.name}: cannot build inputs and reference for {problem}: {exc}") from exc
-        outcome = evaluate(family, problem, config, device, seed=seed + trial.number, prepared=prepared)
-        _record(store, trial, study, outcome, config, name, problem_id, device_id, toolchain_id)
-        seen[config.hash] = outcome.timing.median_ms if outcome.status is Status.OK else None
-        evaluated += 1
-        this_run += 1
-        if outcome.status is Status.OK and (best is None or outcome.timing.median_ms < best):
-            best = outcome.timing.median_ms
-        if progress:
-            progress(Progress(evaluated, trials, best, outcome.status.value, config))
-        if outcome.status is Status.CRASH and not device.interpret and not cuda_context_alive():
-            stopped = ("a candidate crashed the CUDA context; every finished trial is stored - "
-                       "run the same command again to resume")
-            break
+    isolate = (not device.interpret) if isolate is None else isolate
+    plan = _SearchPlan(
+        family=family, problem=problem, space=family.space(problem, device), engine=engine, store=store,
+        storage=storage, name=name, ids=(problem_id, device_id, toolchain_id), trials=trials,
+        deadline=None if timeout is None else started + timeout, timeout=timeout, seed=seed, isolate=isolate,
+        trial_timeout=trial_timeout or default_trial_timeout(device), compile_ahead=compile_ahead,
+        lookahead=lookahead, distributed=storage_url is not None, progress=progress,
+    )
+    targets = [(None, device)] if device.interpret or not gpus else [(g, _device_for_gpu(device, g)) for g in gpus]
+    shared = _SharedState()
+    searches = [_Search(plan, slot, gpu, dev, shared) for slot, (gpu, dev) in enumerate(targets)]
+    if len(searches) == 1:
+        searches[0].run()
+    else:
+        threads = [threading.Thread(target=s.run, name=f"autotile-search-{s.gpu}") for s in searches]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    if shared.error is not None:
+        raise shared.error
 
     result = _pick_winner(family, problem, device, store, problem_id, device_id, toolchain_id, top_k, retime_rounds,
-                          name, seed, crashed=bool(stopped and "crashed" in stopped))
+                          name, seed, crashed=shared.context_lost)
     result.statuses = store.status_counts(problem_id, device_id)
-    result.trials_this_run = this_run
+    result.trials_this_run = shared.this_run
     result.seconds = time.monotonic() - started
-    result.stopped_early = stopped
+    result.stopped_early = shared.stopped
     return result
 
 
-def _record(store: Store, trial, study, outcome: TrialOutcome, config: Config, name: str,
-            problem_id: int, device_id: int, toolchain_id: int) -> None:
-    timing = outcome.timing
-    store.record_trial(
-        problem_id=problem_id, device_id=device_id, toolchain_id=toolchain_id, study=name, number=trial.number,
-        config=config.to_json(), config_hash=config.hash, status=outcome.status.value,
-        median_ms=timing.median_ms if timing else None, q20_ms=timing.q20_ms if timing else None,
-        q80_ms=timing.q80_ms if timing else None, interpreted=int(bool(timing and timing.interpreted)),
-        max_abs_error=outcome.max_abs_error, error=outcome.error,
-    )
-    trial.set_user_attr("status", outcome.status.value)
-    trial.set_user_attr("config_hash", config.hash)
-    if outcome.status is Status.OK:
-        study.tell(trial, outcome.timing.median_ms)
-    else:
-        study.tell(trial, state=optuna.trial.TrialState.FAIL)
+def _device_for_gpu(device: DeviceInfo, gpu: int) -> DeviceInfo:
+    """The DeviceInfo of CUDA device `gpu`; it must be the kind of GPU the results are filed under."""
+    present = cuda_device(gpu)
+    if present.key != device.key:
+        raise TuneError(f"--gpus: GPU {gpu} is {present.name} ({present.key}), not {device.key}; "
+                        "list only GPUs of one kind")
+    return present
 
 
 def _pick_winner(family: Family, problem, device: DeviceInfo, store: Store, problem_id: int, device_id: int,
@@ -305,7 +226,3 @@ def _pick_winner(family: Family, problem, device: DeviceInfo, store: Store, prob
     result.winner_q20_ms, result.winner_q80_ms = win.q20_ms, win.q80_ms
     result.runner_up_ms, result.baseline_name, result.baseline_ms = runner_up, baseline_name, baseline_ms
     return result
-
-
-class TuneError(AutotileError):
-    """The study could not run at all (bad problem, unusable storage)."""

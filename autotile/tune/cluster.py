@@ -1,0 +1,158 @@
+"""Several searches on one study: claims, heartbeats and stale trials, so no trial is lost or run twice.
+
+Every search (a thread per GPU, or a process per host on a shared storage)
+asks Optuna for trials and marks each with its owner
+(`host:pid:token`). Before it runs a config it *claims* the trial (a user
+attribute holding the config hash), then reads the other live claims: if
+the evaluated trials plus the other claims already reach the target, or
+another search claimed the same config, it withdraws (the trial is told
+PRUNED) and looks again. Whichever of two racing searches reads second sees
+the first's claim, so they never both run past the target or run one config
+twice; when both see each other both withdraw and retry after a random pause.
+
+The count of evaluated trials comes from autotile's own table (one row per
+trial, written in one transaction), so a process killed between writing that
+row and telling Optuna still counts exactly once.
+
+A trial left RUNNING by a killed process is stale: on this host when its
+owner's pid is gone, anywhere when its heartbeat (refreshed by a thread
+while the trial is queued or running) is older than `stale_after_s`. Stale
+trials are told FAIL, so a rerun of the same command resumes with the right
+count.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+import uuid
+
+import optuna
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from autotile.store.models import Trial as TrialRow
+
+# Seconds between heartbeats of a search's queued and running trials.
+HEARTBEAT_S = 20.0
+# A RUNNING trial whose heartbeat is older than this is stale (its process is gone).
+STALE_AFTER_S = 180.0
+# Attribute names on Optuna trials.
+OWNER_ATTR = "owner"
+CLAIM_ATTR = "claimed_hash"
+HEARTBEAT_ATTR = "heartbeat"
+_HOST = socket.gethostname()
+
+
+def new_owner() -> str:
+    """A token naming one search: host, pid and a random part (several threads of one process differ)."""
+    return f"{_HOST}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def owner_is_gone(owner: str) -> bool:
+    """Whether the process that owns a trial has certainly exited (only known for owners on this host)."""
+    host, _, rest = owner.partition(":")
+    pid_text = rest.partition(":")[0]
+    if host != _HOST or not pid_text.isdigit():
+        return False
+    pid = int(pid_text)
+    return pid != os.getpid() and not _pid_alive(pid)
+
+
+def recorded_trials(engine, study: str) -> dict[int, str]:
+    """Trial number -> config hash of every trial autotile has a row for in `study`."""
+    with Session(engine) as session:
+        rows = session.execute(select(TrialRow.number, TrialRow.config_hash).where(TrialRow.study == study)).all()
+    return {int(number): config_hash for number, config_hash in rows}
+
+
+def _is_stale(trial: optuna.trial.FrozenTrial, now: float, stale_after_s: float) -> bool:
+    owner = trial.user_attrs.get(OWNER_ATTR)
+    if owner and owner_is_gone(owner):
+        return True
+    beat = trial.user_attrs.get(HEARTBEAT_ATTR)
+    if beat is None:
+        started = trial.datetime_start
+        # Optuna stamps trials with naive local time, which .timestamp() reads as local time.
+        beat = started.timestamp() if started else now
+    return now - float(beat) > stale_after_s
+
+
+def fail_stale_trials(study: optuna.Study, stale_after_s: float = STALE_AFTER_S) -> list[int]:
+    """Tell FAIL every RUNNING trial whose owner is gone or whose heartbeat stopped; returns their numbers."""
+    now = time.time()
+    failed = []
+    for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        if not _is_stale(trial, now, stale_after_s):
+            continue
+        try:
+            study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
+            failed.append(trial.number)
+        except (RuntimeError, ValueError):  # its owner finished it meanwhile
+            continue
+    return failed
+
+
+def live_claims(study: optuna.Study, recorded: dict[int, str], owner: str) -> dict[int, str]:
+    """Trial number -> config hash of other searches' claimed trials not yet recorded."""
+    claims = {}
+    for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        claimed = trial.user_attrs.get(CLAIM_ATTR)
+        if claimed and trial.number not in recorded and trial.user_attrs.get(OWNER_ATTR) != owner:
+            claims[trial.number] = claimed
+    return claims
+
+
+class Heartbeat:
+    """A daemon thread that refreshes the heartbeat of the trials a search holds (queued or running)."""
+
+    def __init__(self, study: optuna.Study, interval_s: float = HEARTBEAT_S):
+        self.study = study
+        self.interval_s = interval_s
+        self._held: dict[int, optuna.trial.Trial] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="autotile-heartbeat", daemon=True)
+
+    def hold(self, trial: optuna.trial.Trial) -> None:
+        with self._lock:
+            self._held[trial.number] = trial
+        self._beat(trial)
+
+    def release(self, trial: optuna.trial.Trial) -> None:
+        with self._lock:
+            self._held.pop(trial.number, None)
+
+    def _beat(self, trial: optuna.trial.Trial) -> None:
+        try:
+            trial.set_user_attr(HEARTBEAT_ATTR, time.time())
+        except (RuntimeError, ValueError):  # told meanwhile
+            pass
+        except Exception:  # noqa: BLE001 - a storage hiccup; the next beat tries again
+            pass
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            with self._lock:
+                held = list(self._held.values())
+            for trial in held:
+                self._beat(trial)
+
+    def __enter__(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(5)

@@ -1,0 +1,301 @@
+"""One search: ask Optuna for configs, claim them, run them where a crash costs one trial, record them.
+
+`tune_problem` (autotile.tune.driver) runs one `_Search` per device (a thread
+each for `--gpus`); several processes with one storage run one each. They
+coordinate through the study itself (autotile.tune.cluster): claims before a
+config runs, counts taken from autotile's trial rows.
+"""
+from __future__ import annotations
+
+import collections
+import random
+import threading
+import time
+from collections.abc import Callable
+import logging
+from dataclasses import dataclass, field
+
+import optuna
+
+from autotile.bench import Status, TrialOutcome, cuda_context_alive
+from autotile.device import DeviceInfo
+from autotile.errors import AutotileError
+from autotile.families.base import Family
+from autotile.space import Config, Space
+from autotile.store.repo import Store
+from autotile.tune.cluster import (
+    CLAIM_ATTR, OWNER_ATTR, Heartbeat, fail_stale_trials, live_claims, new_owner, recorded_trials,
+)
+from autotile.tune.compile_ahead import DEFAULT_COMPILE_PROCESSES, NoCompileAhead, start_compile_ahead
+from autotile.tune.workers import InProcessEvaluator, IsolatedEvaluator, WorkerSetupError
+
+log = logging.getLogger("autotile.tune")
+
+# TPE explores this many random configs before it models the space (Optuna's default is 10).
+TPE_STARTUP_TRIALS = 8
+# The sampler gives up proposing new configs after this many repeats in a row: the space is exhausted.
+_MAX_REPEATS_IN_A_ROW = 60
+# Seconds between looks for trials that killed processes left running.
+_STALE_CHECK_S = 10.0
+# A search that finds the rest of the target claimed by others waits this long between looks.
+_WAIT_FOR_OTHERS_S = (0.5, 1.5)
+# After withdrawing a claim that raced another search's, a search pauses this long (random, to break ties).
+_RETRY_AFTER_RACE_S = (0.05, 0.5)
+# Sampler seeds of parallel searches differ by this step, so they do not propose the same configs.
+_SEED_STEP = 7919
+
+
+@dataclass
+class Progress:
+    """What the driver reports after every trial; the CLI draws it as a progress bar."""
+
+    evaluated: int
+    target: int
+    best_ms: float | None
+    last_status: str
+    last_config: Config | None = None
+
+
+class TuneError(AutotileError):
+    """The study could not run at all (bad problem, unusable storage)."""
+
+
+class _ConfigSource:
+    """Turns Optuna's per-axis suggestions into feasible configs.
+
+    TPE suggests each axis independently; a combination that breaks a named
+    constraint is told to Optuna as pruned (it never reaches the compiler) and
+    the nearest feasible config, by values shared, is enqueued in its place.
+    """
+
+    def __init__(self, space: Space):
+        self.space = space
+        self._feasible: list[Config] | None = None
+
+    def feasible(self) -> list[Config]:
+        if self._feasible is None:
+            self._feasible = list(self.space.feasible())
+        return self._feasible
+
+    def nearest_feasible(self, wanted: dict, exclude: set[str]) -> Config | None:
+        best, best_score = None, -1
+        for config in self.feasible():
+            if config.hash in exclude:
+                continue
+            score = sum(config[k] == wanted.get(k) for k in config)
+            if score > best_score:
+                best, best_score = config, score
+        return best
+
+    def suggest(self, trial: optuna.trial.Trial) -> dict:
+        return {axis.name: trial.suggest_categorical(axis.name, list(axis.choices)) for axis in self.space.axes}
+
+
+def _record(store: Store, trial, study, outcome: TrialOutcome, config: Config, name: str,
+            problem_id: int, device_id: int, toolchain_id: int) -> None:
+    timing = outcome.timing
+    store.record_trial(
+        problem_id=problem_id, device_id=device_id, toolchain_id=toolchain_id, study=name, number=trial.number,
+        config=config.to_json(), config_hash=config.hash, status=outcome.status.value,
+        median_ms=timing.median_ms if timing else None, q20_ms=timing.q20_ms if timing else None,
+        q80_ms=timing.q80_ms if timing else None, interpreted=int(bool(timing and timing.interpreted)),
+        max_abs_error=outcome.max_abs_error, error=outcome.error,
+    )
+    trial.set_user_attr("status", outcome.status.value)
+    trial.set_user_attr("config_hash", config.hash)
+    if outcome.status is Status.OK:
+        study.tell(trial, outcome.timing.median_ms)
+    else:
+        study.tell(trial, state=optuna.trial.TrialState.FAIL)
+
+
+@dataclass
+class _SearchPlan:
+    """What every search of one tune_problem call shares."""
+
+    family: Family
+    problem: object
+    space: Space
+    engine: object
+    store: Store
+    storage: optuna.storages.RDBStorage
+    name: str
+    ids: tuple[int, int, int]  # problem, device, toolchain
+    trials: int
+    deadline: float | None
+    timeout: float | None
+    seed: int
+    isolate: bool
+    trial_timeout: float
+    compile_ahead: bool
+    lookahead: int | None
+    distributed: bool
+    progress: Callable[[Progress], None] | None
+
+
+@dataclass
+class _SharedState:
+    """What the searches of one call report back (guarded by `lock`)."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    this_run: int = 0
+    best: float | None = None
+    stopped: str = ""
+    context_lost: bool = False
+    error: BaseException | None = None
+    stop: threading.Event = field(default_factory=threading.Event)
+
+
+class _Search:
+    """One device's search loop on the shared study."""
+
+    def __init__(self, plan: _SearchPlan, slot: int, gpu: int | None, device: DeviceInfo, shared: _SharedState):
+        self.plan, self.slot, self.gpu, self.device, self.shared = plan, slot, gpu, device, shared
+        self.owner = new_owner()
+        self.source = _ConfigSource(plan.space)
+        sampler_seed = plan.seed + _SEED_STEP * slot
+        if plan.distributed:
+            # Hosts run the same command (same --seed): their samplers must still differ.
+            sampler_seed += random.SystemRandom().randrange(1, 2**20) * _SEED_STEP
+        sampler = optuna.samplers.TPESampler(seed=sampler_seed, n_startup_trials=TPE_STARTUP_TRIALS,
+                                             multivariate=True, constant_liar=True)
+        self.study = optuna.load_study(study_name=plan.name, storage=plan.storage, sampler=sampler)
+        self.queue: collections.deque = collections.deque()  # (trial, config dict) asked but not run yet
+        self._next_stale_check = time.monotonic() + _STALE_CHECK_S
+        self._rng = random.Random(sampler_seed)
+
+    def run(self) -> None:
+        plan = self.plan
+        if plan.isolate:
+            evaluator = IsolatedEvaluator(plan.family, plan.problem, self.device, plan.seed, plan.trial_timeout,
+                                          gpu=self.gpu)
+        else:
+            evaluator = InProcessEvaluator(plan.family, plan.problem, self.device, plan.seed)
+        compiler = start_compile_ahead(plan.family, plan.problem, self.device, plan.seed, plan.compile_ahead,
+                                       gpu=self.gpu)
+        if plan.lookahead is not None:
+            ahead = plan.lookahead
+        else:  # keep every compile process busy; with nothing compiling ahead, ask one trial at a time
+            ahead = 0 if isinstance(compiler, NoCompileAhead) else DEFAULT_COMPILE_PROCESSES
+        try:
+            with Heartbeat(self.study) as heartbeat:
+                self._loop(evaluator, compiler, heartbeat, 1 + ahead)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+            with self.shared.lock:
+                self.shared.error = self.shared.error or exc
+            self.shared.stop.set()
+        finally:
+            self._release_queue("not needed: the search stopped")
+            evaluator.close()
+            compiler.close()
+
+    # --- the loop -------------------------------------------------------------------------------
+    def _loop(self, evaluator, compiler, heartbeat: Heartbeat, queue_length: int) -> None:
+        plan = self.plan
+        while not self.shared.stop.is_set():
+            if plan.deadline is not None and time.monotonic() > plan.deadline:
+                self._stop(f"timeout after {plan.timeout:.0f} s")
+                return
+            self._fail_stale_now_and_then()
+            recorded = recorded_trials(plan.engine, plan.name)
+            if len(recorded) >= plan.trials:
+                return
+            claims = live_claims(self.study, recorded, self.owner)
+            if len(recorded) + len(claims) >= plan.trials:
+                time.sleep(self._rng.uniform(*_WAIT_FOR_OTHERS_S))  # the others' trials finish the target
+                continue
+            taken = set(recorded.values()) | set(claims.values())
+            candidate = self._next_candidate(taken, heartbeat, queue_length)
+            if candidate is None:
+                self._stop("every feasible config has been evaluated")
+                return
+            trial, config = candidate
+            if not self._claim(trial, config, heartbeat):
+                time.sleep(self._rng.uniform(*_RETRY_AFTER_RACE_S))
+                continue
+            compiler.submit(Config(wanted) for _, wanted in self.queue if plan.space.is_feasible(wanted))
+            compiler.wait_for(config, plan.trial_timeout)
+            try:
+                outcome = evaluator.evaluate(trial.number, config)
+            except WorkerSetupError as exc:
+                raise TuneError(str(exc)) from exc
+            _record(plan.store, trial, self.study, outcome, config, plan.name, *plan.ids)
+            heartbeat.release(trial)
+            self._report(outcome, config, len(recorded) + 1)
+            if (outcome.status is Status.CRASH and not evaluator.isolated and not self.device.interpret
+                    and not cuda_context_alive()):
+                with self.shared.lock:
+                    self.shared.context_lost = True
+                self._stop("a candidate crashed the CUDA context; every finished trial is stored - "
+                           "run the same command again to resume")
+                return
+
+    def _next_candidate(self, taken: set[str], heartbeat: Heartbeat, queue_length: int):
+        """The next asked config to run, pruning infeasible and repeated ones; None when the space is exhausted."""
+        repeats = 0
+        while True:
+            while len(self.queue) < queue_length:
+                trial = self.study.ask()
+                trial.set_user_attr(OWNER_ATTR, self.owner)
+                heartbeat.hold(trial)
+                self.queue.append((trial, self.source.suggest(trial)))
+            trial, wanted = self.queue.popleft()
+            config = Config(wanted)
+            queued = {Config(w).hash for _, w in self.queue}
+            violations = self.plan.space.violations(config)
+            if not violations and config.hash not in taken and config.hash not in queued:
+                return trial, config
+            # Infeasible or already measured: prune without compiling and put a new feasible config in its place.
+            heartbeat.release(trial)
+            trial.set_user_attr("pruned_because", violations[0] if violations else "already evaluated")
+            self.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+            repeats = repeats + 1 if not violations else repeats
+            replacement = self.source.nearest_feasible(wanted, exclude=taken | queued)
+            if replacement is None or repeats > _MAX_REPEATS_IN_A_ROW:
+                return None
+            self.study.enqueue_trial(dict(replacement), skip_if_exists=True)
+
+    def _claim(self, trial, config: Config, heartbeat: Heartbeat) -> bool:
+        """Claim `trial`; withdraw (and return False) when another search's claim makes it one too many or a repeat."""
+        plan = self.plan
+        trial.set_user_attr(CLAIM_ATTR, config.hash)
+        recorded = recorded_trials(plan.engine, plan.name)
+        others = live_claims(self.study, recorded, self.owner)
+        over = len(recorded) + len(others) >= plan.trials
+        repeat = config.hash in set(others.values()) or config.hash in set(recorded.values())
+        if not over and not repeat:
+            return True
+        heartbeat.release(trial)
+        trial.set_user_attr("pruned_because", "claimed by another search" if repeat else "target reached by others")
+        self.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+        return False
+
+    # --- bookkeeping ------------------------------------------------------------------------------
+    def _fail_stale_now_and_then(self) -> None:
+        if time.monotonic() >= self._next_stale_check:
+            fail_stale_trials(self.study)
+            self._next_stale_check = time.monotonic() + _STALE_CHECK_S
+
+    def _report(self, outcome: TrialOutcome, config: Config, evaluated: int) -> None:
+        with self.shared.lock:
+            self.shared.this_run += 1
+            if outcome.status is Status.OK and (self.shared.best is None or outcome.timing.median_ms < self.shared.best):
+                self.shared.best = outcome.timing.median_ms
+            best = self.shared.best
+        if self.plan.progress:
+            self.plan.progress(Progress(evaluated, self.plan.trials, best, outcome.status.value, config))
+
+    def _stop(self, reason: str) -> None:
+        with self.shared.lock:
+            self.shared.stopped = self.shared.stopped or reason
+        self.shared.stop.set()
+
+    def _release_queue(self, reason: str) -> None:
+        """Tell Optuna the asked trials this search will not run (so they are not left RUNNING)."""
+        while self.queue:
+            trial, _ = self.queue.popleft()
+            try:
+                trial.set_user_attr("pruned_because", reason)
+                self.study.tell(trial, state=optuna.trial.TrialState.PRUNED, skip_if_finished=True)
+            except Exception:  # noqa: BLE001 - the storage is gone; a rerun fails these as stale
+                log.debug("could not release trial %s", trial.number)

@@ -1,0 +1,326 @@
+"""Where a trial runs: in this process, or in a worker process that a crash or a hang costs one trial.
+
+An illegal memory access poisons a CUDA context for good and a launch that
+never returns blocks its process, so on a GPU each trial runs in a long-lived
+worker process (one per GPU, started with multiprocessing's "spawn"). The
+parent waits at most the per-trial time limit; when the worker dies or runs
+past it, the parent files the trial as `crash` or `timeout` with the exit
+code or signal, the last lines the worker printed and a command that renders
+the candidate, then starts a new worker. Workers keep their input sets and
+references across trials.
+
+The worker receives only plain data: a family reference (a registered name,
+or `module:Class` for families outside the registry), the problem as a dict,
+the device, a seed and config JSON; it answers with the TrialOutcome as a dict.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import multiprocessing
+import os
+import shlex
+import signal
+import tempfile
+import threading
+import time
+import traceback
+from pathlib import Path
+
+from autotile.bench import Status, Timing, TrialOutcome
+from autotile.device import DeviceInfo
+from autotile.families.base import Family
+from autotile.space import Config
+
+# Input sets (with their references) the trials rotate through.
+INPUT_SETS = 2
+# A trial may take this long on a GPU before the worker is killed and the trial filed as 'timeout'.
+DEFAULT_TRIAL_TIMEOUT_GPU_S = 120.0
+# Under the interpreter a trial is a CPU emulation and may take minutes.
+DEFAULT_TRIAL_TIMEOUT_INTERPRET_S = 600.0
+# A new worker has this long to import torch/triton and report ready.
+_WORKER_START_LIMIT_S = 300.0
+# Lines of the worker's output kept in the error text of a crash or timeout.
+_STDERR_TAIL_LINES = 20
+# Serialises the environment swap around starting a worker (threads of --gpus start workers at once).
+_SPAWN_LOCK = threading.Lock()
+
+
+class WorkerSetupError(RuntimeError):
+    """The worker could not load the family or build inputs and references: no trial can run."""
+
+
+def default_trial_timeout(device: DeviceInfo) -> float:
+    return DEFAULT_TRIAL_TIMEOUT_INTERPRET_S if device.interpret else DEFAULT_TRIAL_TIMEOUT_GPU_S
+
+
+def family_ref(family: Family) -> str:
+    """How a worker process finds `family`: its registered name, else `module:Class` (built with no arguments)."""
+    from autotile.families import FAMILY_MODULES, get_family
+
+    if family.name in FAMILY_MODULES and get_family(family.name) is family:
+        return family.name
+    cls = type(family)
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def resolve_family(ref: str) -> Family:
+    """The family a `family_ref` names."""
+    from autotile.families import get_family
+
+    if ":" not in ref:
+        return get_family(ref)
+    module, _, attr = ref.partition(":")
+    return getattr(importlib.import_module(module), attr)()
+
+
+def reproduce_command(family: Family, problem, config: Config, device: DeviceInfo) -> str:
+    """`autotile render FAMILY <shape options> --config '<json>'`: the candidate's source, from the shell."""
+    fields = dataclasses.asdict(problem)
+    parts = ["autotile", "render", family.name]
+    for option in family.cli_options:
+        if option.name not in fields or fields[option.name] is None:
+            continue
+        value = fields[option.name]
+        flag = "--" + option.name.replace("_", "-")
+        if option.type is bool:
+            parts.append(flag if value else "--no-" + option.name.replace("_", "-"))
+        elif option.multiple and isinstance(value, (list, tuple)):
+            parts += [flag, ",".join(str(v) for v in value)]
+        else:
+            parts += [flag, str(value)]
+    if not device.interpret:
+        parts += ["--gpu", device.profile]
+    parts += ["--config", config.to_json()]
+    return " ".join(shlex.quote(p) for p in parts)
+
+
+def outcome_to_dict(outcome: TrialOutcome) -> dict:
+    return {"status": outcome.status.value, "error": outcome.error, "max_abs_error": outcome.max_abs_error,
+            "timing": dataclasses.asdict(outcome.timing) if outcome.timing else None}
+
+
+def outcome_from_dict(data: dict) -> TrialOutcome:
+    timing = Timing(**data["timing"]) if data["timing"] else None
+    return TrialOutcome(Status(data["status"]), timing, data["error"], data["max_abs_error"])
+
+
+class _InputSets:
+    """Input sets and their references, built once each and reused by every trial."""
+
+    def __init__(self, family: Family, problem, device: DeviceInfo, seed: int):
+        self.family, self.problem, self.device, self.seed = family, problem, device, seed
+        self._sets: dict[int, tuple] = {}
+
+    def for_trial(self, number: int) -> tuple:
+        from autotile.bench import prepare
+
+        slot = number % INPUT_SETS
+        if slot not in self._sets:
+            try:
+                self._sets[slot] = prepare(self.family, self.problem, self.device, self.seed + slot)
+            except Exception as exc:  # noqa: BLE001 - inputs or reference do not fit: nothing can be checked
+                raise WorkerSetupError(
+                    f"{self.family.name}: cannot build inputs and reference for {self.problem}: {exc}") from exc
+        return self._sets[slot]
+
+
+class InProcessEvaluator:
+    """Runs trials in this process: fast to start; a CUDA crash here ends the study (the driver stops)."""
+
+    isolated = False
+
+    def __init__(self, family: Family, problem, device: DeviceInfo, seed: int):
+        self.family, self.problem, self.device, self.seed = family, problem, device, seed
+        self._inputs = _InputSets(family, problem, device, seed)
+
+    def evaluate(self, number: int, config: Config) -> TrialOutcome:
+        from autotile.bench import evaluate
+
+        prepared = self._inputs.for_trial(number)
+        return evaluate(self.family, self.problem, config, self.device, seed=self.seed + number, prepared=prepared)
+
+    def close(self) -> None:
+        pass
+
+
+def _worker_main(conn, ref: str, problem_data: dict, device: DeviceInfo, seed: int, log_path: str) -> None:
+    """The worker process: load the family once, then answer trial requests until told to stop."""
+    log_fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    os.dup2(log_fd, 1)
+    os.dup2(log_fd, 2)
+    try:
+        family = resolve_family(ref)
+        problem = family.problem_from_dict(problem_data)
+        inputs = _InputSets(family, problem, device, seed)
+    except Exception:  # noqa: BLE001 - reported to the parent, which stops the study
+        conn.send(("setup_error", traceback.format_exc(limit=8)))
+        return
+    from autotile.bench import evaluate
+
+    conn.send(("ready", os.getpid()))
+    while True:
+        try:
+            message = conn.recv()
+        except EOFError:  # the parent is gone
+            return
+        if message[0] == "stop":
+            return
+        _, number, config_json = message
+        try:
+            prepared = inputs.for_trial(number)
+        except WorkerSetupError as exc:
+            conn.send(("setup_error", str(exc)))
+            return
+        outcome = evaluate(family, problem, Config(json.loads(config_json)), device, seed=seed + number,
+                           prepared=prepared)
+        conn.send(("outcome", outcome_to_dict(outcome)))
+
+
+def _tail(path: Path, offset: int) -> str:
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(offset)
+            text = handle.read().decode(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.strip().splitlines()[-_STDERR_TAIL_LINES:])
+
+
+def _describe_exit(code: int | None) -> str:
+    if code is None:
+        return "the worker did not exit"
+    if code < 0:
+        try:
+            return f"the worker was killed by signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"the worker was killed by signal {-code}"
+    return f"the worker exited with code {code}"
+
+
+class IsolatedEvaluator:
+    """Runs trials in a worker process per device, replaced whenever a trial kills it or runs past the limit.
+
+    `gpu` is the CUDA index the worker sees as its only device (CUDA_VISIBLE_DEVICES); None under the interpreter.
+    """
+
+    isolated = True
+
+    def __init__(self, family: Family, problem, device: DeviceInfo, seed: int, trial_timeout: float,
+                 gpu: int | None = None):
+        self.family, self.problem, self.device, self.seed = family, problem, device, seed
+        self.trial_timeout = trial_timeout
+        self.gpu = gpu
+        self._ref = family_ref(family)
+        self._problem_data = dataclasses.asdict(problem)
+        self._worker_device = device if device.interpret else dataclasses.replace(device, index=0)
+        self._log_dir = Path(tempfile.mkdtemp(prefix="autotile-worker-"))
+        self._process = None
+        self._conn = None
+        self._log_path: Path | None = None
+        self.workers_started = 0
+        self.last_exit_code: int | None = None
+
+    # --- the worker's life ----------------------------------------------------------------
+    def _start(self) -> None:
+        context = multiprocessing.get_context("spawn")
+        parent_conn, child_conn = context.Pipe()
+        self.workers_started += 1
+        self._log_path = self._log_dir / f"worker-{self.workers_started}.log"
+        args = (child_conn, self._ref, self._problem_data, self._worker_device, self.seed, str(self._log_path))
+        process = context.Process(target=_worker_main, args=args, daemon=True,
+                                  name=f"autotile-worker-{self.gpu if self.gpu is not None else 'cpu'}")
+        with _SPAWN_LOCK:
+            # NOTE: spawn copies os.environ when the child starts; setting CUDA_VISIBLE_DEVICES around start()
+            # gives the worker its one GPU before it imports anything that could touch CUDA.
+            before = os.environ.get("CUDA_VISIBLE_DEVICES")
+            if self.gpu is not None:
+                os.environ["CUDA_VISIBLE_DEVICES"] = str(self.gpu)
+            try:
+                process.start()
+            finally:
+                if self.gpu is not None:
+                    if before is None:
+                        os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+                    else:
+                        os.environ["CUDA_VISIBLE_DEVICES"] = before
+        child_conn.close()
+        self._process, self._conn = process, parent_conn
+        reply = self._receive(_WORKER_START_LIMIT_S)
+        if reply is None or reply[0] != "ready":
+            text = reply[1] if reply else f"{_describe_exit(process.exitcode)}\n{_tail(self._log_path, 0)}"
+            self._stop_worker()
+            raise WorkerSetupError(f"the trial worker for {self.family.name} did not start:\n{text}")
+
+    def _receive(self, limit: float):
+        """The worker's next message, or None when it died or `limit` seconds passed."""
+        deadline = time.monotonic() + limit
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            try:
+                if self._conn.poll(min(remaining, 0.5)):
+                    return self._conn.recv()
+            except (EOFError, OSError):
+                return None
+            if not self._process.is_alive() and not self._conn.poll(0):
+                return None
+
+    def _stop_worker(self) -> None:
+        if self._process is None:
+            return
+        if self._process.is_alive():
+            self._process.kill()
+        self._process.join(10)
+        self.last_exit_code = self._process.exitcode
+        self._conn.close()
+        self._process, self._conn = None, None
+
+    def worker_pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
+    # --- trials -------------------------------------------------------------------------------
+    def evaluate(self, number: int, config: Config) -> TrialOutcome:
+        if self._process is None:
+            self._start()
+        offset = self._log_path.stat().st_size if self._log_path.exists() else 0
+        try:
+            self._conn.send(("trial", number, config.to_json()))
+        except (BrokenPipeError, OSError):
+            reply = None
+        else:
+            reply = self._receive(self.trial_timeout)
+        if reply is not None and reply[0] == "outcome":
+            outcome = outcome_from_dict(reply[1])
+            if outcome.status is Status.CRASH and not self.device.interpret:
+                self._stop_worker()  # the exception may have poisoned the worker's CUDA context
+            if outcome.status in (Status.CRASH, Status.TIMEOUT):
+                outcome = dataclasses.replace(outcome, error=self._with_repro(outcome.error, config))
+            return outcome
+        if reply is not None and reply[0] == "setup_error":
+            self._stop_worker()
+            raise WorkerSetupError(reply[1])
+        alive = self._process.is_alive()
+        self._stop_worker()
+        exit_code = self.last_exit_code
+        tail = _tail(self._log_path, offset)
+        if alive:
+            status, what = Status.TIMEOUT, f"no result within {self.trial_timeout:g} s; the worker was killed"
+        else:
+            status, what = Status.CRASH, _describe_exit(exit_code)
+        error = what + (f"\nlast output of the worker:\n{tail}" if tail else "")
+        return TrialOutcome(status, error=self._with_repro(error, config))
+
+    def _with_repro(self, error: str, config: Config) -> str:
+        return f"{error}\nreproduce: {reproduce_command(self.family, self.problem, config, self.device)}"
+
+    def close(self) -> None:
+        if self._process is not None and self._process.is_alive():
+            try:
+                self._conn.send(("stop",))
+                self._process.join(5)
+            except (BrokenPipeError, OSError):
+                pass
+        self._stop_worker()
