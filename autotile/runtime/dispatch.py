@@ -7,6 +7,7 @@ Configs read from a database are validated against the family's space before use
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from dataclasses import dataclass
 
@@ -92,9 +93,9 @@ def _candidates(family: Family, problem, winners: list) -> list[tuple[str, objec
 
 def resolve(family: Family, problem, device: DeviceInfo) -> Resolution:
     """The config to run `problem` with on `device`, and where it came from."""
-    from autotile.store.db import default_db_url
-
-    memo_key = (family.name, family.problem_key(problem), device.key, default_db_url())
+    # Problems are frozen dataclasses: hashing one is far cheaper than building its canonical key,
+    # and this lookup is on every call of a tuned op.
+    memo_key = (family.name, problem, device.key, os.environ.get("AUTOTILE_DB"))
     hit = _memo.get(memo_key)
     if hit is not None:
         return hit
