@@ -11,7 +11,6 @@ as SDPA's `causal_lower_right` and FlashAttention do; rows that see no key give 
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 from dataclasses import dataclass
@@ -247,41 +246,6 @@ def fa_rule_check(name: str, got: torch.Tensor, want: torch.Tensor, plain: torch
             f"{out_dtype} error {plain_err:.3g} + floor {floor:.3g}); worst at {idx}: got {g[idx].item():.6g}, "
             f"expected {w[idx].item():.6g}, plain torch {pl[idx].item():.6g}", worst)
     return CheckResult(True, f"{name}: ok, max |err| {worst:.3g} (plain torch {plain_err:.3g})", worst)
-
-
-_INTERPRETED_STDLIB: dict = {}
-
-
-@contextlib.contextmanager
-def interpretable_triton_stdlib(on: bool):
-    """While `on`, calls of compiled-mode @triton.jit functions run through Triton's interpreter.
-
-    NOTE: triton decorates its own library (tl.zeros, tl.cdiv, tl.sum, ...) when it is first
-    imported, as interpreted functions only if TRITON_INTERPRET=1 was set then. torch imports
-    triton by itself (torch.library, torch.compile, and on every GPU machine), after which an
-    interpreted kernel that calls tl.zeros raises "Cannot call @triton.jit'd outside of the scope
-    of a kernel". Routing those calls to an InterpretedFunction of the same Python function is
-    what the interpreter itself does for functions decorated under TRITON_INTERPRET=1.
-    """
-    if not on:
-        yield
-        return
-    from triton.runtime.interpreter import InterpretedFunction
-    from triton.runtime.jit import JITFunction
-
-    original = JITFunction.__call__
-
-    def call_interpreted(self, *args, **kwargs):
-        interpreted = _INTERPRETED_STDLIB.get(self.fn)
-        if interpreted is None:
-            interpreted = _INTERPRETED_STDLIB.setdefault(self.fn, InterpretedFunction(self.fn))
-        return interpreted(*args, **kwargs)
-
-    JITFunction.__call__ = call_interpreted
-    try:
-        yield
-    finally:
-        JITFunction.__call__ = original
 
 
 def _cdiv(x: int, y: int) -> int:
@@ -641,7 +605,7 @@ class FlashFamily(Family):
         module = load_kernel_module(self.template, interpret=interpret, **self.render_switches(problem, config))
         meta = {"num_warps": config["num_warps"], "num_stages": config["num_stages"]}
         dims = {"HEAD_DIM": problem.head_dim, "BLOCK_D": problem.block_d}
-        with interpreter_mode(interpret), interpretable_triton_stdlib(interpret):
+        with interpreter_mode(interpret):
             if problem.direction == "fwd":
                 self._forward(module, problem, config, inputs, outputs, scale, interpret, dims, meta)
             else:
