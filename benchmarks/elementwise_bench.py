@@ -39,15 +39,6 @@ WARMUP_MS, REP_MS = 25, 100
 QUANTILES = (0.2, 0.5, 0.8)
 # Interleaved rounds of the final comparison; the median of the rounds' medians is reported.
 FINAL_ROUNDS = 5
-# Configs timed when the tuner is unavailable: the default and the shapes that reach bandwidth on Hopper.
-FALLBACK_CONFIGS = [
-    dict(BLOCK_SIZE=4096, num_warps=8, num_stages=1, PERSISTENT=False, PROGRAMS_PER_SM=1, STREAMING=False),
-    dict(BLOCK_SIZE=8192, num_warps=8, num_stages=1, PERSISTENT=False, PROGRAMS_PER_SM=1, STREAMING=False),
-    dict(BLOCK_SIZE=8192, num_warps=16, num_stages=1, PERSISTENT=False, PROGRAMS_PER_SM=1, STREAMING=True),
-    dict(BLOCK_SIZE=16384, num_warps=16, num_stages=1, PERSISTENT=False, PROGRAMS_PER_SM=1, STREAMING=False),
-    dict(BLOCK_SIZE=4096, num_warps=8, num_stages=3, PERSISTENT=True, PROGRAMS_PER_SM=4, STREAMING=True),
-    dict(BLOCK_SIZE=2048, num_warps=4, num_stages=1, PERSISTENT=False, PROGRAMS_PER_SM=1, STREAMING=False),
-]
 
 
 def log(message: str) -> None:
@@ -131,48 +122,14 @@ def copy_bandwidth(dev: torch.device) -> float:
 # --- 3. tuning -----------------------------------------------------------------------------
 
 def tune(problem, device, seconds: float, db_url: str, retime_rounds: int) -> tuple[Config, str]:
-    """The tuned winner and how it was found."""
-    try:
-        from autotile.tune.driver import tune_problem
-    except ImportError as exc:
-        log(f"    tune_problem unavailable ({exc}); timing {len(FALLBACK_CONFIGS)} candidate configs")
-        return fallback_tune(problem, device), "candidates"
-    try:
-        result = tune_problem(FAMILY, problem, device, trials=200, timeout=seconds, db_url=db_url, seed=0,
-                              retime_rounds=retime_rounds)
-    except TypeError:  # an older signature without retime_rounds
-        result = tune_problem(FAMILY, problem, device, trials=200, timeout=seconds, db_url=db_url, seed=0)
-    except Exception as exc:  # noqa: BLE001
-        log(f"    tune_problem failed ({type(exc).__name__}: {exc}); timing candidate configs")
-        return fallback_tune(problem, device), "candidates"
+    """The tuned winner and how it was found (every candidate failing is an error for this chain)."""
+    from autotile.tune.driver import tune_problem
+
+    result = tune_problem(FAMILY, problem, device, trials=200, timeout=seconds, db_url=db_url, seed=0,
+                          retime_rounds=retime_rounds)
     if result.winner is None:
-        log("    tuner found no valid config; timing candidate configs")
-        return fallback_tune(problem, device), "candidates"
+        raise RuntimeError(f"no config passed the correctness check: {result.statuses}")
     return result.winner, "optuna"
-
-
-def fallback_tune(problem, device) -> Config:
-    space = FAMILY.space(problem, device)
-    inputs = FAMILY.make_inputs(problem, device, seed=1)
-    expected = FAMILY.reference(problem, inputs)
-    best, best_ms = FAMILY.default_config(problem, device), math.inf
-    for candidate in FALLBACK_CONFIGS:
-        if not space.is_feasible(candidate):
-            continue
-        config = Config(candidate)
-        try:
-            outputs = FAMILY.allocate_outputs(problem, inputs)
-            FAMILY.launch(problem, config, inputs, outputs)
-            torch.cuda.synchronize()
-            if not FAMILY.check(problem, inputs, outputs, expected).ok:
-                continue
-            _, ms, _ = bench_ms(lambda: FAMILY.launch(problem, config, inputs, outputs))
-        except Exception as exc:  # noqa: BLE001
-            log(f"    candidate {config.to_json()} failed: {exc}")
-            continue
-        if ms < best_ms:
-            best, best_ms = config, ms
-    return best
 
 
 # --- 4. side by side -------------------------------------------------------------------------

@@ -41,16 +41,6 @@ GATHER_SPEEDUP_TARGET = 2.5
 TIMING_RESERVE_S = 12.0
 # Rounds of the interleaved side-by-side timing.
 ROUNDS = 5
-# Configs tried when autotile.tune.driver is missing: the family default plus shapes decode kernels
-# on Hopper use (wide token tiles, a few stages in flight, split contexts for few sequences).
-FALLBACK_CANDIDATES = (
-    dict(VARIANT="whole", BLOCK_N=64, PARTITION_SIZE=256, num_warps=4, num_stages=3),
-    dict(VARIANT="whole", BLOCK_N=128, PARTITION_SIZE=256, num_warps=8, num_stages=3),
-    dict(VARIANT="whole", BLOCK_N=32, PARTITION_SIZE=256, num_warps=4, num_stages=4),
-    dict(VARIANT="split", BLOCK_N=64, PARTITION_SIZE=1024, num_warps=4, num_stages=3),
-    dict(VARIANT="split", BLOCK_N=128, PARTITION_SIZE=2048, num_warps=8, num_stages=3),
-    dict(VARIANT="split", BLOCK_N=64, PARTITION_SIZE=512, num_warps=4, num_stages=4),
-)
 
 
 def log(message: str) -> None:
@@ -179,44 +169,14 @@ def time_ms(fn) -> float:
 
 
 def tune_shape(problem: PagedProblem, device, seconds: float, out: Path) -> tuple[Config, str]:
-    """The winner config and how it was found."""
-    try:
-        from autotile.tune.driver import tune_problem
-    except ImportError:
-        tune_problem = None
-    if tune_problem is not None:
-        result = tune_problem(FAMILY, problem, device, trials=200, timeout=seconds,
-                              db_url=f"sqlite:///{out}/paged.sqlite", seed=0)
-        if result.winner is not None:
-            return result.winner, f"tuned: {result.trials_this_run} trials, statuses {result.statuses}"
-        log(f"  tuning found no winner ({result.statuses}); trying the fixed candidates")
-    return candidate_loop(problem, device, seconds)
+    """The winner config and how it was found (every candidate failing is an error for this shape)."""
+    from autotile.tune.driver import tune_problem
 
-
-def candidate_loop(problem: PagedProblem, device, seconds: float) -> tuple[Config, str]:
-    space = FAMILY.space(problem, device)
-    candidates = [FAMILY.default_config(problem, device)]
-    candidates += [Config(c) for c in FALLBACK_CANDIDATES if space.is_feasible(c) and Config(c) not in candidates]
-    inputs = FAMILY.make_inputs(problem, device, seed=3)
-    expected = FAMILY.reference(problem, inputs)
-    best, best_ms, tried = candidates[0], float("inf"), 0
-    deadline = time.time() + seconds
-    for config in candidates:
-        if time.time() > deadline:
-            break
-        try:
-            outputs = FAMILY.allocate_outputs(problem, inputs)
-            FAMILY.launch(problem, config, inputs, outputs)
-            if not FAMILY.check(problem, inputs, outputs, expected).ok:
-                continue
-            ms = time_ms(lambda: FAMILY.launch(problem, config, inputs, outputs))
-        except Exception as exc:
-            log(f"  candidate {config.to_json()} failed: {type(exc).__name__}: {exc}")
-            continue
-        tried += 1
-        if ms < best_ms:
-            best, best_ms = config, ms
-    return best, f"best of {tried} fixed candidates"
+    result = tune_problem(FAMILY, problem, device, trials=200, timeout=seconds,
+                          db_url=f"sqlite:///{out}/paged.sqlite", seed=0)
+    if result.winner is None:
+        raise RuntimeError(f"no config passed the correctness check: {result.statuses}")
+    return result.winner, f"tuned: {result.trials_this_run} trials, statuses {result.statuses}"
 
 
 # --- 4. side by side --------------------------------------------------------------------------------

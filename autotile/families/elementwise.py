@@ -324,6 +324,16 @@ class LaunchPlan:
     interpret: bool
 
 
+_SEED_CONFIGS = (
+    dict(BLOCK_SIZE=4096, num_warps=8, num_stages=1, PERSISTENT=False, PROGRAMS_PER_SM=1, STREAMING=False),
+    dict(BLOCK_SIZE=8192, num_warps=8, num_stages=1, PERSISTENT=False, PROGRAMS_PER_SM=1, STREAMING=False),
+    dict(BLOCK_SIZE=8192, num_warps=16, num_stages=1, PERSISTENT=False, PROGRAMS_PER_SM=1, STREAMING=True),
+    dict(BLOCK_SIZE=16384, num_warps=16, num_stages=1, PERSISTENT=False, PROGRAMS_PER_SM=1, STREAMING=False),
+    dict(BLOCK_SIZE=4096, num_warps=8, num_stages=3, PERSISTENT=True, PROGRAMS_PER_SM=4, STREAMING=True),
+    dict(BLOCK_SIZE=2048, num_warps=4, num_stages=1, PERSISTENT=False, PROGRAMS_PER_SM=1, STREAMING=False),
+)
+
+
 class ElementwiseFamily(Family):
     name = "elementwise"
     template = "elementwise.py.j2"
@@ -437,6 +447,12 @@ class ElementwiseFamily(Family):
                        "without the persistent loop there is no loop to pipeline"),
         ]
         return Space(axes, constraints)
+
+    def seed_configs(self, problem: ElementwiseProblem, device: DeviceInfo) -> list[Config]:
+        """Shapes that reach HBM bandwidth on Hopper, tried right after the default (wide blocks, 8-16 warps,
+        optionally a persistent grid-stride loop with streaming loads)."""
+        space = self.space(problem, device)
+        return [Config(w) for w in _SEED_CONFIGS if space.is_feasible(w)]
 
     def default_config(self, problem: ElementwiseProblem, device: DeviceInfo) -> Config:
         preferred = dict(BLOCK_SIZE=4096, num_warps=8, num_stages=1, PERSISTENT=False, PROGRAMS_PER_SM=1,

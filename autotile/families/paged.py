@@ -107,6 +107,16 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+_SEED_CONFIGS = (
+    dict(VARIANT="whole", BLOCK_N=64, PARTITION_SIZE=256, num_warps=4, num_stages=3),
+    dict(VARIANT="whole", BLOCK_N=128, PARTITION_SIZE=256, num_warps=8, num_stages=3),
+    dict(VARIANT="whole", BLOCK_N=32, PARTITION_SIZE=256, num_warps=4, num_stages=4),
+    dict(VARIANT="split", BLOCK_N=64, PARTITION_SIZE=1024, num_warps=4, num_stages=3),
+    dict(VARIANT="split", BLOCK_N=128, PARTITION_SIZE=2048, num_warps=8, num_stages=3),
+    dict(VARIANT="split", BLOCK_N=64, PARTITION_SIZE=512, num_warps=4, num_stages=4),
+)
+
+
 class PagedFamily(Family):
     name = "paged"
     template = "paged_attention.py.j2"
@@ -184,6 +194,12 @@ class PagedFamily(Family):
                        "the split workspace would exceed 1 GiB"),
         ]
         return Space(axes, constraints)
+
+    def seed_configs(self, problem: PagedProblem, device: DeviceInfo) -> list[Config]:
+        """Shapes fast decode kernels use on Hopper, tried right after the default: wide token tiles,
+        a few stages in flight, and split contexts for few long sequences."""
+        space = self.space(problem, device)
+        return [Config(w) for w in _SEED_CONFIGS if space.is_feasible(w)]
 
     def default_config(self, problem: PagedProblem, device: DeviceInfo) -> Config:
         p = problem

@@ -1,0 +1,23 @@
+"""Every family's default and seed configs are points of its space, on the H200 and on the interpreter."""
+from __future__ import annotations
+
+import pytest
+
+from autotile.device import HOPPER_SMEM_PER_BLOCK, DeviceInfo, interpret_device
+from autotile.families import family_names, get_family
+
+H200 = DeviceInfo("h200", "NVIDIA H200", (9, 0), 132, 150_000_000_000, HOPPER_SMEM_PER_BLOCK, "test")
+
+
+@pytest.mark.parametrize("name", family_names())
+@pytest.mark.parametrize("device", [H200, interpret_device()], ids=["h200", "interpret"])
+def test_default_and_seed_configs_are_feasible(name, device):
+    family = get_family(name)
+    problems = family.default_suite()
+    assert problems, f"{name} has no default suite"
+    for problem in problems:
+        space = family.space(problem, device)
+        assert space.is_feasible(family.default_config(problem, device))
+        seeds = family.seed_configs(problem, device)
+        assert all(space.is_feasible(c) for c in seeds)
+        assert len(set(seeds)) == len(seeds)
