@@ -68,7 +68,32 @@ def study_name(family: Family, problem, device: DeviceInfo) -> str:
 
 def _optuna_storage(url: str) -> optuna.storages.RDBStorage:
     engine_kwargs = {"connect_args": {"timeout": 30}} if url.startswith("sqlite") else {"pool_pre_ping": True}
-    return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
+    storage = optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
+    if url.startswith("sqlite"):
+        _serialise_sqlite_transactions(storage.engine)
+    return storage
+
+
+def _serialise_sqlite_transactions(engine) -> None:
+    """Make every transaction on `engine` take SQLite's write lock when it begins.
+
+    NOTE: Optuna hands out a waiting (enqueued) trial by reading it `FOR UPDATE` and then marking it
+    running. SQLite ignores FOR UPDATE and pysqlite begins transactions only at the first write, so two
+    searches (threads or processes) could both read the trial as waiting and both run it. BEGIN
+    IMMEDIATE (SQLAlchemy's recipe for SQLite transactions) makes the read and the write one step.
+    PostgreSQL honours FOR UPDATE and needs nothing.
+    """
+    from sqlalchemy import event
+
+    @event.listens_for(engine, "connect")
+    def _driver_leaves_transactions_to_us(dbapi_conn, _record):
+        dbapi_conn.isolation_level = None
+
+    @event.listens_for(engine, "begin")
+    def _begin_immediate(conn):
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+    engine.dispose()  # connections opened before the listeners would keep pysqlite's own handling
 
 
 def _evaluated_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
@@ -100,8 +125,9 @@ def tune_problem(
     Resumes a study of the same name (trials a killed run left RUNNING are failed first); records every
     trial; re-times the best `top_k` configs interleaved with the baseline and stores the winner.
 
-    `gpus` runs one search per listed CUDA device on the same study; several processes (hosts) with
-    the same `storage_url` share one study the same way, and together stop at `trials`.
+    `gpus` runs one search per listed CUDA device on the same study (under the interpreter, as many
+    searches on the CPU); several processes (hosts) with the same `storage_url` share one study the
+    same way, and together stop at `trials`.
     `isolate` runs each trial in a worker process that a crash or a hang (past `trial_timeout`
     seconds) costs one trial; the default is on for GPUs and off under the interpreter.
     `compile_ahead` compiles the next `lookahead` asked configs in a pool of CPU processes while the
@@ -141,7 +167,12 @@ def tune_problem(
         trial_timeout=trial_timeout or default_trial_timeout(device), compile_ahead=compile_ahead,
         lookahead=lookahead, distributed=storage_url is not None, progress=progress,
     )
-    targets = [(None, device)] if device.interpret or not gpus else [(g, _device_for_gpu(device, g)) for g in gpus]
+    if not gpus:
+        targets = [(None, device)]
+    elif device.interpret:  # one search per listed index, all on the CPU: the multi-GPU path, testable anywhere
+        targets = [(None, device) for _ in gpus]
+    else:
+        targets = [(g, _device_for_gpu(device, g)) for g in gpus]
     shared = _SharedState()
     searches = [_Search(plan, slot, gpu, dev, shared) for slot, (gpu, dev) in enumerate(targets)]
     if len(searches) == 1:

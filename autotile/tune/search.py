@@ -157,6 +157,7 @@ class _Search:
         if plan.distributed:
             # Hosts run the same command (same --seed): their samplers must still differ.
             sampler_seed += random.SystemRandom().randrange(1, 2**20) * _SEED_STEP
+        sampler_seed %= 2**32
         sampler = optuna.samplers.TPESampler(seed=sampler_seed, n_startup_trials=TPE_STARTUP_TRIALS,
                                              multivariate=True, constant_liar=True)
         self.study = optuna.load_study(study_name=plan.name, storage=plan.storage, sampler=sampler)

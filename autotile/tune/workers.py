@@ -248,25 +248,26 @@ class IsolatedEvaluator:
         child_conn.close()
         self._process, self._conn = process, parent_conn
         reply = self._receive(_WORKER_START_LIMIT_S)
-        if reply is None or reply[0] != "ready":
-            text = reply[1] if reply else f"{_describe_exit(process.exitcode)}\n{_tail(self._log_path, 0)}"
+        if reply[0] != "ready":
             self._stop_worker()
+            text = reply[1] if reply[0] == "setup_error" else (
+                f"{_describe_exit(self.last_exit_code)}\n{_tail(self._log_path, 0)}")
             raise WorkerSetupError(f"the trial worker for {self.family.name} did not start:\n{text}")
 
     def _receive(self, limit: float):
-        """The worker's next message, or None when it died or `limit` seconds passed."""
+        """The worker's next message; ("_died",) when it is gone, ("_timed_out",) when `limit` seconds passed."""
         deadline = time.monotonic() + limit
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                return None
+                return ("_timed_out",)
             try:
                 if self._conn.poll(min(remaining, 0.5)):
                     return self._conn.recv()
-            except (EOFError, OSError):
-                return None
+            except (EOFError, OSError):  # the worker's end of the pipe closed: it exited
+                return ("_died",)
             if not self._process.is_alive() and not self._conn.poll(0):
-                return None
+                return ("_died",)
 
     def _stop_worker(self) -> None:
         if self._process is None:
@@ -289,27 +290,25 @@ class IsolatedEvaluator:
         try:
             self._conn.send(("trial", number, config.to_json()))
         except (BrokenPipeError, OSError):
-            reply = None
+            reply = ("_died",)
         else:
             reply = self._receive(self.trial_timeout)
-        if reply is not None and reply[0] == "outcome":
+        if reply[0] == "outcome":
             outcome = outcome_from_dict(reply[1])
             if outcome.status is Status.CRASH and not self.device.interpret:
                 self._stop_worker()  # the exception may have poisoned the worker's CUDA context
             if outcome.status in (Status.CRASH, Status.TIMEOUT):
                 outcome = dataclasses.replace(outcome, error=self._with_repro(outcome.error, config))
             return outcome
-        if reply is not None and reply[0] == "setup_error":
+        if reply[0] == "setup_error":
             self._stop_worker()
             raise WorkerSetupError(reply[1])
-        alive = self._process.is_alive()
         self._stop_worker()
-        exit_code = self.last_exit_code
         tail = _tail(self._log_path, offset)
-        if alive:
+        if reply[0] == "_timed_out":
             status, what = Status.TIMEOUT, f"no result within {self.trial_timeout:g} s; the worker was killed"
         else:
-            status, what = Status.CRASH, _describe_exit(exit_code)
+            status, what = Status.CRASH, _describe_exit(self.last_exit_code)
         error = what + (f"\nlast output of the worker:\n{tail}" if tail else "")
         return TrialOutcome(status, error=self._with_repro(error, config))
 

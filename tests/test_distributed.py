@@ -1,0 +1,99 @@
+"""Two tuner processes on one study: together they stop at --trials, and no trial is lost or run twice.
+
+The PostgreSQL case needs a server: AUTOTILE_TEST_POSTGRES_URL names one
+(`.ci/run` starts Debian's package and sets it); each run works in a fresh
+database created there and dropped after. The SQLite case (one WAL file)
+always runs.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import uuid
+
+import optuna
+import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+
+from autotile.device import interpret_device
+from autotile.families.gemm import GemmFamily, contiguous_problem
+from autotile.store.db import open_engine
+from autotile.store.repo import Store
+from autotile.tune.cluster import OWNER_ATTR, recorded_trials
+from autotile.tune.driver import study_name
+
+CPU = interpret_device()
+PROBLEM = contiguous_problem(24, 32, 64, "fp16", "fp16")
+TRIALS = 10
+_WORKER = textwrap.dedent("""
+    import json, sys
+    from autotile.device import interpret_device
+    from autotile.families.gemm import FAMILY, contiguous_problem
+    from autotile.tune.driver import tune_problem
+    url = sys.argv[1]
+    result = tune_problem(FAMILY, contiguous_problem(24, 32, 64, "fp16", "fp16"), interpret_device(),
+                          trials={trials}, db_url=url, storage_url=url, retime_rounds=0, lookahead=1)
+    print("RESULT " + json.dumps({{"this_run": result.trials_this_run}}))
+""").format(trials=TRIALS)
+
+
+@pytest.fixture
+def postgres_url():
+    server = os.environ.get("AUTOTILE_TEST_POSTGRES_URL")
+    if not server:
+        pytest.skip("AUTOTILE_TEST_POSTGRES_URL is not set: no PostgreSQL server to test against "
+                    "(.ci/run starts one)")
+    name = f"autotile_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(server, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield make_url(server).set(database=name).render_as_string(hide_password=False)
+    finally:
+        from autotile.store.db import _engine
+
+        _engine.cache_clear()  # drop pooled connections, or DROP DATABASE waits for them
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+@pytest.fixture
+def sqlite_url(tmp_path):
+    return f"sqlite:///{tmp_path / 'shared.sqlite'}"
+
+
+@pytest.mark.parametrize("backend", ["sqlite_url", "postgres_url"])
+def test_two_workers_share_one_study(backend, request):
+    url = request.getfixturevalue(backend)
+    # Both tuners find the schema in place: created once, as the README tells a cluster to do first.
+    open_engine(url)
+    optuna.storages.RDBStorage(url)
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    workers = [subprocess.Popen([sys.executable, "-c", _WORKER, url], env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outputs = [w.communicate(timeout=300) for w in workers]
+    for worker, (out, err) in zip(workers, outputs):
+        assert worker.returncode == 0, err[-3000:]
+    this_run = [json.loads(out.split("RESULT ", 1)[1])["this_run"] for out, _ in outputs]
+    assert sum(this_run) == TRIALS  # no trial run twice, none missing
+
+    name = study_name(GemmFamily(), PROBLEM, CPU)
+    rows = recorded_trials(open_engine(url), name)
+    assert len(rows) == TRIALS and len(set(rows.values())) == TRIALS  # distinct trial numbers and configs
+    study = optuna.load_study(study_name=name, storage=url)
+    assert not study.get_trials(states=(optuna.trial.TrialState.RUNNING,))
+    by_number = {t.number: t for t in study.trials}
+    assert all(by_number[n].state.is_finished() and by_number[n].user_attrs.get("status") for n in rows)
+    owners = {by_number[n].user_attrs[OWNER_ATTR].split(":")[1] for n in rows}
+    assert len(owners) == 2 and min(this_run) >= 1  # both processes ran trials
+    assert sum(Store(open_engine(url)).status_counts(*_ids(url)).values()) == TRIALS
+
+
+def _ids(url: str) -> tuple[int, int]:
+    store = Store(open_engine(url))
+    return store.ensure_problem(GemmFamily(), PROBLEM), store.ensure_device(CPU)

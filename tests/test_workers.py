@@ -1,0 +1,125 @@
+"""Trials in worker processes: a crash, an outside kill and a hang each cost one trial; a killed tuner resumes."""
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+from click.testing import CliRunner
+
+from autotile.device import interpret_device
+from autotile.families.gemm import GemmFamily, contiguous_problem
+from autotile.store.db import open_engine
+from autotile.store.repo import Store
+from autotile.tune.cluster import recorded_trials
+from autotile.tune.driver import study_name, tune_problem
+from autotile.tune.workers import reproduce_command
+
+sys.path.insert(0, str(Path(__file__).parent / "helpers"))
+from crashing_family import EXIT_CODE, CrashingGemm  # noqa: E402
+
+CPU = interpret_device()
+PROBLEM = contiguous_problem(24, 32, 64, "fp16", "fp16")
+
+
+def _kill_when_pidfile_appears(pidfile: Path, killed: list, deadline_s: float = 120.0) -> None:
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        if pidfile.exists() and pidfile.read_text().strip():
+            pid = int(pidfile.read_text())
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+            return
+        time.sleep(0.1)
+
+
+def test_crash_kill_and_hang_cost_one_trial_each(tmp_path, monkeypatch):
+    pidfile = tmp_path / "worker.pid"
+    monkeypatch.setenv("AUTOTILE_TEST_PIDFILE", str(pidfile))
+    killed: list[int] = []
+    killer = threading.Thread(target=_kill_when_pidfile_appears, args=(pidfile, killed), daemon=True)
+    killer.start()
+    family = CrashingGemm()
+    url = f"sqlite:///{tmp_path / 'w.sqlite'}"
+    result = tune_problem(family, PROBLEM, CPU, trials=5, db_url=url, isolate=True, trial_timeout=6.0,
+                          retime_rounds=0)
+    killer.join(1)
+    assert killed, "the worker never reached the trial the test kills"
+    assert sum(result.statuses.values()) == 5 and result.trials_this_run == 5
+    assert result.statuses["crash"] == 2 and result.statuses["timeout"] == 1 and result.statuses["ok"] >= 1
+    assert result.winner is not None
+    special = {name: c.to_json() for name, c in family.special_configs(PROBLEM, CPU).items()}
+    by_config = {json.dumps(t["config"], sort_keys=True, separators=(",", ":")): t
+                 for t in Store(open_engine(url)).trials("gemm")}
+    exited, outside, hung = by_config[special["exit"]], by_config[special["killed"]], by_config[special["hang"]]
+    assert exited["status"] == "crash" and f"exited with code {EXIT_CODE}" in exited["error"]
+    assert "about to exit on purpose" in exited["error"]  # the worker's last output comes along
+    assert outside["status"] == "crash" and "killed by signal SIGKILL" in outside["error"]
+    assert hung["status"] == "timeout" and "no result within 6 s" in hung["error"]
+    # The reproduce command renders the very candidate.
+    repro = hung["error"].split("reproduce: ", 1)[1].strip()
+    assert repro == reproduce_command(family, PROBLEM, family.special_configs(PROBLEM, CPU)["hang"], CPU)
+    from cli.main import cli
+
+    args = shlex.split(repro)
+    assert args[:3] == ["autotile", "render", "gemm"]
+    out = CliRunner().invoke(cli, args[1:])
+    assert out.exit_code == 0, out.output
+    assert f"# config:  {special['hang']}" in out.output and "@triton.jit" in out.output
+
+
+def test_killed_tuner_resumes_to_the_exact_count(tmp_path):
+    url = f"sqlite:///{tmp_path / 'k.sqlite'}"
+    script = textwrap.dedent(f"""
+        from autotile.device import interpret_device
+        from autotile.families.gemm import FAMILY, contiguous_problem
+        from autotile.tune.driver import tune_problem
+        tune_problem(FAMILY, contiguous_problem(24, 32, 64, "fp16", "fp16"), interpret_device(), trials=40,
+                     db_url={url!r}, retime_rounds=0)
+    """)
+    open_engine(url)  # created up front, so the poll below can read it
+    name = study_name(GemmFamily(), PROBLEM, CPU)
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    tuner = subprocess.Popen([sys.executable, "-c", script], env=env)
+    engine = open_engine(url)
+    try:
+        deadline = time.monotonic() + 120
+        while len(recorded_trials(engine, name)) < 3 and time.monotonic() < deadline and tuner.poll() is None:
+            time.sleep(0.05)
+        assert tuner.poll() is None, "the tuner ended before it could be killed"
+        tuner.send_signal(signal.SIGKILL)  # mid-run: between or inside trials, wherever it is
+    finally:
+        tuner.wait(30)
+    before = len(recorded_trials(engine, name))
+    assert 3 <= before < 8
+    result = tune_problem(GemmFamily(), PROBLEM, CPU, trials=8, db_url=url, retime_rounds=0)
+    assert result.trials_this_run == 8 - before
+    rows = recorded_trials(engine, name)
+    assert len(rows) == 8 and len(set(rows.values())) == 8  # distinct numbers and configs
+    study = optuna.load_study(study_name=name, storage=url)
+    assert not study.get_trials(states=(optuna.trial.TrialState.RUNNING,))  # the killed run's trial was failed
+    told = {t.number for t in study.trials if "status" in t.user_attrs}
+    assert told <= set(rows)  # every trial Optuna counts has its row
+    finished = {t.number for t in study.get_trials(states=(optuna.trial.TrialState.COMPLETE,
+                                                           optuna.trial.TrialState.FAIL))}
+    assert set(rows) <= finished
+    assert sum(result.statuses.values()) == 8
+
+
+@pytest.mark.parametrize("searches", [2])
+def test_parallel_searches_share_one_study(tmp_path, searches):
+    url = f"sqlite:///{tmp_path / 'g.sqlite'}"
+    result = tune_problem(GemmFamily(), PROBLEM, CPU, trials=7, db_url=url, gpus=list(range(searches)),
+                          retime_rounds=0, lookahead=1)
+    rows = recorded_trials(open_engine(url), study_name(GemmFamily(), PROBLEM, CPU))
+    assert len(rows) == 7 and len(set(rows.values())) == 7
+    assert result.trials_this_run == 7 and sum(result.statuses.values()) == 7
