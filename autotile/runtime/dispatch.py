@@ -34,11 +34,21 @@ _memo_lock = threading.Lock()
 _winner_cache: dict[tuple[str, str, str], list] = {}
 
 
+_clear_hooks: list = []
+
+
+def on_clear(hook) -> None:
+    """Register a function that `clear_cache` calls too: op modules that memoise what resolve() gave them."""
+    _clear_hooks.append(hook)
+
+
 def clear_cache() -> None:
     """Forget memoised resolutions and database reads (after tuning in the same process, or in tests)."""
     with _memo_lock:
         _memo.clear()
         _winner_cache.clear()
+    for hook in _clear_hooks:
+        hook()
 
 
 def _sources() -> list[tuple[str, str]]:

@@ -24,7 +24,7 @@ from autotile.device import current_device
 from autotile.errors import BadInputError, ShapeMismatchError
 from autotile.expr import Expression, InputSpec, infer_types, parse
 from autotile.families.elementwise import FAMILY, LaunchPlan, Plan
-from autotile.runtime.dispatch import resolve
+from autotile.runtime.dispatch import on_clear, resolve
 
 
 @functools.lru_cache(maxsize=1024)
@@ -90,6 +90,14 @@ def problem_from(expression: Expression, values: dict):
     _check_names(expression, values)
     values, device = _on_one_device(values)
     return FAMILY.problem_from_values(expression, values), current_device(device), values
+
+
+def _forget_prepared() -> None:
+    with _prepared_lock:
+        _prepared.clear()
+
+
+on_clear(_forget_prepared)
 
 
 def _prepare(expression: Expression, values: dict) -> _Prepared:
