@@ -32,6 +32,7 @@ from autotile.space import Config
 from autotile.store.db import normalise_url, open_engine
 from autotile.store.fingerprint import device_fingerprint
 from autotile.store.models import SCHEMA_VERSION, Device, Problem, Toolchain, Winner
+from autotile.store.repo import Store
 
 FORMAT = "autotile-db"
 FORMAT_VERSION = 1
@@ -95,29 +96,21 @@ def _iso(value: dt.datetime | None) -> str | None:
 
 def export_records(engine: Engine, family: str | None = None, device_key: str | None = None) -> Iterator[dict]:
     """One export record per stored winner, in a stable order (family, problem key, device key)."""
-    query = (select(Winner, Problem, Device, Toolchain).join(Problem, Winner.problem_id == Problem.id)
-             .join(Device, Winner.device_id == Device.id).join(Toolchain, Winner.toolchain_id == Toolchain.id))
-    if family:
-        query = query.where(Problem.family == family)
-    if device_key:
-        query = query.where(Winner.device_key == device_key)
-    with Session(engine) as session:
-        rows = session.execute(query.order_by(Problem.family, Problem.key, Winner.device_key)).all()
-        for w, p, d, t in rows:
-            yield {
-                "record": "winner", "schema_version": SCHEMA_VERSION, "family": p.family, "problem": dict(p.params),
-                "problem_key": p.key,
-                "device": {name: getattr(d, name) for name in _DEVICE_FIELDS} | {"key": w.device_key},
-                "toolchain": {name: getattr(t, name) for name in _TOOLCHAIN_FIELDS},
-                "config": json.loads(w.config),
-                "timings": {"median_ms": w.median_ms, "q20_ms": w.q20_ms, "q80_ms": w.q80_ms,
-                            "interpreted": bool(w.interpreted), "runner_up_ms": w.runner_up_ms, "margin": w.margin,
-                            "baseline_name": w.baseline_name, "baseline_ms": w.baseline_ms},
-                "provenance": {"trials_run": w.trials_run, "text": w.provenance, "created_at": _iso(w.created_at)},
-                "verification": {"stale": bool(w.stale), "verified_at": _iso(w.verified_at),
-                                 "verified_ms": w.verified_ms, "verify_status": w.verify_status or "",
-                                 "regression": w.regression},
-            }
+    for w, p, d, t in Store(engine).winner_rows(family, device_key):
+        yield {
+            "record": "winner", "schema_version": SCHEMA_VERSION, "family": p.family, "problem": dict(p.params),
+            "problem_key": p.key,
+            "device": {name: getattr(d, name) for name in _DEVICE_FIELDS} | {"key": w.device_key},
+            "toolchain": {name: getattr(t, name) for name in _TOOLCHAIN_FIELDS},
+            "config": json.loads(w.config),
+            "timings": {"median_ms": w.median_ms, "q20_ms": w.q20_ms, "q80_ms": w.q80_ms,
+                        "interpreted": bool(w.interpreted), "runner_up_ms": w.runner_up_ms, "margin": w.margin,
+                        "baseline_name": w.baseline_name, "baseline_ms": w.baseline_ms},
+            "provenance": {"trials_run": w.trials_run, "text": w.provenance, "created_at": _iso(w.created_at)},
+            "verification": {"stale": bool(w.stale), "verified_at": _iso(w.verified_at),
+                             "verified_ms": w.verified_ms, "verify_status": w.verify_status or "",
+                             "regression": w.regression},
+        }
 
 
 def export_database(db_url: str | None, out: Path, family: str | None = None, device_key: str | None = None) -> int:
