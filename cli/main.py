@@ -46,15 +46,26 @@ def _make_tune_command(name: str):
     @click.option("--timeout", default=None, type=float, help="seconds per problem")
     @click.option("--seed", default=0, show_default=True, type=int)
     @click.option("--storage", default=None, help="Optuna storage URL shared by several hosts (default: the --db database)")
+    @click.option("--gpus", default=None, metavar="0,1,...",
+                  help="CUDA devices to tune on at once, one worker each, on one shared study (default: the first)")
+    @click.option("--trial-timeout", default=None, type=click.FloatRange(min=1),
+                  help="seconds one trial may take before its worker is killed and the trial filed as timeout "
+                       "(default: 120 on a GPU, 600 under the interpreter)")
+    @click.option("--compile-ahead/--no-compile-ahead", default=True, show_default=True,
+                  help="compile the next asked configs in CPU processes while the GPU times the current one")
     @click.option("--stale", is_flag=True,
                   help="re-validate winners tuned with another toolchain or driver: re-time their stored top few configs, no new search")
     @db_option
     @friendly_errors
-    def command(preset, gpu, trials, timeout, seed, storage, stale, db_url, **options):
+    def command(preset, gpu, trials, timeout, seed, storage, gpus, trial_timeout, compile_ahead, stale, db_url,
+                **options):
         from autotile.cli.progress import tune_with_progress
         from autotile.device import resolve_gpu
 
-        device = resolve_gpu(gpu)
+        if gpus is not None and not all(g.strip().isdigit() for g in gpus.split(",")):
+            raise click.BadParameter(f"{gpus!r} is not a comma-separated list of GPU indices", param_hint="--gpus")
+        gpu_list = [int(g) for g in gpus.split(",")] if gpus else None
+        device = resolve_gpu(gpu, index=gpu_list[0] if gpu_list else 0)
         if stale:
             _revalidate_stale(db_url, device, family.name)
             return
@@ -63,7 +74,8 @@ def _make_tune_command(name: str):
             click.echo("note: --gpu interpret runs on Triton's CPU interpreter; its timings are CPU timings.", err=True)
         for problem in problems:
             result = tune_with_progress(family, problem, device, trials=trials, timeout=timeout, db_url=db_url,
-                                        storage_url=storage, seed=seed)
+                                        storage_url=storage, seed=seed, gpus=gpu_list, trial_timeout=trial_timeout,
+                                        compile_ahead=compile_ahead)
             _print_result(result)
 
     return command

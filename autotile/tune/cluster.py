@@ -16,9 +16,11 @@ row and telling Optuna still counts exactly once.
 
 A trial left RUNNING by a killed process is stale: on this host when its
 owner's pid is gone, anywhere when its heartbeat (refreshed by a thread
-while the trial is queued or running) is older than `stale_after_s`. Stale
-trials are told FAIL, so a rerun of the same command resumes with the right
-count.
+while the trial is queued or running) is older than `stale_after_s`, and
+`OWNERLESS_STALE_AFTER_S` after it was asked when the process died before
+naming itself on it. Stale trials are told FAIL. None of this moves the
+count, which comes from autotile's rows: a rerun of the same command
+resumes to exactly `--trials`.
 """
 from __future__ import annotations
 
@@ -38,6 +40,9 @@ from autotile.store.models import Trial as TrialRow
 HEARTBEAT_S = 20.0
 # A RUNNING trial whose heartbeat is older than this is stale (its process is gone).
 STALE_AFTER_S = 180.0
+# A RUNNING trial with no owner and no heartbeat is stale this long after it was asked (a search names
+# itself on a trial right after asking for it).
+OWNERLESS_STALE_AFTER_S = 30.0
 # Attribute names on Optuna trials.
 OWNER_ATTR = "owner"
 CLAIM_ATTR = "claimed_hash"
@@ -82,11 +87,12 @@ def _is_stale(trial: optuna.trial.FrozenTrial, now: float, stale_after_s: float)
     if owner and owner_is_gone(owner):
         return True
     beat = trial.user_attrs.get(HEARTBEAT_ATTR)
-    if beat is None:
-        started = trial.datetime_start
-        # Optuna stamps trials with naive local time, which .timestamp() reads as local time.
-        beat = started.timestamp() if started else now
-    return now - float(beat) > stale_after_s
+    if beat is not None:
+        return now - float(beat) > stale_after_s
+    # No owner yet: its search was stopped between asking and naming itself (or is in that step right now).
+    started = trial.datetime_start
+    # Optuna stamps trials with naive local time, which .timestamp() reads as local time.
+    return started is not None and now - started.timestamp() > OWNERLESS_STALE_AFTER_S
 
 
 def fail_stale_trials(study: optuna.Study, stale_after_s: float = STALE_AFTER_S) -> list[int]:
@@ -97,7 +103,7 @@ def fail_stale_trials(study: optuna.Study, stale_after_s: float = STALE_AFTER_S)
         if not _is_stale(trial, now, stale_after_s):
             continue
         try:
-            study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
+            study.tell(trial.number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
             failed.append(trial.number)
         except (RuntimeError, ValueError):  # its owner finished it meanwhile
             continue

@@ -1,0 +1,120 @@
+"""Tuning throughput: trials per minute of a GEMM study, with compile-ahead off and on, on one GPU and on two.
+
+Run from the repository root on a CUDA machine (two GPUs for the last row):
+    python benchmarks/tuning_throughput.py --trials 40 --out benchmarks/results/
+It tunes one GEMM problem several times, each time from nothing: a new
+database, a new Triton cache and a new kernel cache, so no run profits from
+another's compiles. Every run uses isolated trial workers (the GPU default)
+and the same seed; the interleaved re-timing of the winner is skipped
+(`retime_rounds=0`): the table measures the search alone. It prints a
+markdown table and writes it, with the raw numbers as JSON, into --out.
+
+Targets (issue 7): compile-ahead >= 1.5x the trials per minute without it;
+two GPUs >= 1.8x one GPU (both with compile-ahead).
+
+`--interpret` runs the same pipeline on Triton's CPU interpreter with a tiny
+problem, to check the script itself: there is nothing to compile there, so
+its numbers say nothing about compile-ahead.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from autotile.device import interpret_device, resolve_gpu  # noqa: E402
+from autotile.families.gemm import FAMILY, contiguous_problem  # noqa: E402
+from autotile.tune.driver import tune_problem  # noqa: E402
+
+TARGET_COMPILE_AHEAD = 1.5
+TARGET_TWO_GPUS = 1.8
+
+
+def run_once(label: str, problem, device, *, trials: int, gpus: list[int] | None, compile_ahead: bool,
+             seed: int, scratch: Path) -> dict:
+    """One study from nothing; returns its trials, seconds and statuses."""
+    root = scratch / label.replace(" ", "_").replace(",", "")
+    root.mkdir(parents=True)
+    # Workers and compile processes are spawned and inherit these: every run starts with cold caches.
+    os.environ["TRITON_CACHE_DIR"] = str(root / "triton")
+    os.environ["AUTOTILE_CACHE_DIR"] = str(root / "autotile")
+    started = time.monotonic()
+    result = tune_problem(FAMILY, problem, device, trials=trials, db_url=f"sqlite:///{root / 'tune.sqlite'}",
+                          seed=seed, gpus=gpus, compile_ahead=compile_ahead, retime_rounds=0)
+    seconds = time.monotonic() - started
+    evaluated = result.trials_this_run
+    return {"label": label, "gpus": gpus or [device.index], "compile_ahead": compile_ahead, "trials": evaluated,
+            "seconds": seconds, "trials_per_min": 60.0 * evaluated / seconds if seconds else 0.0,
+            "statuses": result.statuses, "stopped_early": result.stopped_early}
+
+
+def table(rows: list[dict], device_name: str, problem_key: str) -> str:
+    by_label = {r["label"]: r for r in rows}
+    one_off, one_on = by_label.get("1 GPU, compile-ahead off"), by_label.get("1 GPU, compile-ahead on")
+    lines = [f"Tuning throughput on {device_name}, GEMM {problem_key} "
+             f"({datetime.date.today().isoformat()})", "",
+             "| run | trials | seconds | trials/min | ratio | target |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        ratio, target = "", ""
+        if r is one_on and one_off:
+            value = r["trials_per_min"] / one_off["trials_per_min"]
+            ratio = f"{value:.2f}x vs compile-ahead off"
+            target = f">= {TARGET_COMPILE_AHEAD}x: {'met' if value >= TARGET_COMPILE_AHEAD else 'NOT met'}"
+        elif r["label"].startswith("2 GPUs") and one_on:
+            value = r["trials_per_min"] / one_on["trials_per_min"]
+            ratio = f"{value:.2f}x vs 1 GPU"
+            target = f">= {TARGET_TWO_GPUS}x: {'met' if value >= TARGET_TWO_GPUS else 'NOT met'}"
+        lines.append(f"| {r['label']} | {r['trials']} | {r['seconds']:.1f} | {r['trials_per_min']:.1f} | {ratio} | {target} |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trials", type=int, default=40, help="trials per run")
+    parser.add_argument("--size", type=int, default=4096, help="M = N = K of the bf16 GEMM")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=None, help="folder for tuning_throughput.md and .json")
+    parser.add_argument("--interpret", action="store_true", help="check the script on the CPU interpreter")
+    args = parser.parse_args()
+
+    import torch
+
+    if args.interpret:
+        device, problem = interpret_device(), contiguous_problem(24, 32, 64, "fp16", "fp16")
+        gpu_counts = [1, 2]
+    else:
+        if not torch.cuda.is_available():
+            print("no CUDA GPU here: run on a GPU machine, or pass --interpret to check the script", file=sys.stderr)
+            return 1
+        device, problem = resolve_gpu("auto"), contiguous_problem(args.size, args.size, args.size, "bf16", "bf16")
+        gpu_counts = [1, 2] if torch.cuda.device_count() >= 2 else [1]
+    plans = [("1 GPU, compile-ahead off", [0], False), ("1 GPU, compile-ahead on", [0], True)]
+    if 2 in gpu_counts:
+        plans.append(("2 GPUs (0,1), compile-ahead on", [0, 1], True))
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="autotile-throughput-") as scratch:
+        for label, gpus, ahead in plans:
+            print(f"running: {label} ...", file=sys.stderr, flush=True)
+            rows.append(run_once(label, problem, device, trials=args.trials, gpus=gpus, compile_ahead=ahead,
+                                 seed=args.seed, scratch=Path(scratch)))
+            print(f"  {rows[-1]['trials']} trials in {rows[-1]['seconds']:.1f} s; {rows[-1]['statuses']}",
+                  file=sys.stderr, flush=True)
+    text = table(rows, device.name + (" (interpreter: compile-ahead is a no-op)" if device.interpret else ""),
+                 FAMILY.problem_key(problem))
+    print(text)
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "tuning_throughput.md").write_text(text + "\n")
+        (args.out / "tuning_throughput.json").write_text(json.dumps(rows, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
