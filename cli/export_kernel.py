@@ -41,11 +41,12 @@ def _make_export_command(name: str):
         kernel = export_kernel(name, problems[0], device, db_url=db_url, config=config)
         write_kernel(kernel, out)
         click.echo(f"wrote {out}: {name} {kernel.problem_key}\n  config {kernel.config.to_json()}\n"
-                   f"  from {kernel.origin}; call its matmul(...) / see the launcher at the end of the file")
+                   f"  from {kernel.origin}; call its {kernel.entry_point}(...) (the launcher at the end of the file)")
 
     return command
 
 
 export_kernel_command = FamilyGroup(
     name="export-kernel", factory=_make_export_command,
-    help="Write a tuned kernel as a standalone Triton module (config baked in, small launcher; gemm only so far).")
+    help="Write a tuned kernel as a standalone Triton module (config baked in, small launcher; "
+         "gemm, elementwise and paged).")

@@ -74,8 +74,8 @@ def test_a_given_tma_config_on_an_odd_shape(tmp_path):
 
 def test_clear_errors(tmp_path):
     out = tmp_path / "k.py"
-    result = run("paged", "--out", out)
-    assert result.exit_code == 1 and "gemm only; paged is not supported" in result.output
+    result = run("flash", "--out", out)
+    assert result.exit_code == 1 and "elementwise, gemm, paged only; flash is not supported because" in result.output
     outside = run("gemm", "--m", 8, "--n", 8, "--k", 8, "--gpu", "interpret", "--config", '{"BLOCK_M": 48}', "--out", out)
     assert outside.exit_code == 1 and "outside the search space" in outside.output
     assert not out.exists()

@@ -1,0 +1,455 @@
+"""The launchers `autotile export-kernel` appends to a rendered kernel: one writer per supported family.
+
+A writer turns (problem, config) into Python source that imports torch only (the rendered kernel
+above it imports triton), checks that a call matches the one tuned problem with clear errors, and
+launches the kernel with the tuned config. Where a family lays out its launch on the host at call
+time (elementwise strides, paged workspaces), the few lines of that logic are copied into the
+launcher text: the written module must run without autotile.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from autotile.space import Config
+
+
+@dataclass(frozen=True)
+class LauncherWriter:
+    """How one family's standalone module is finished."""
+
+    entry_point: str  # the function the written module exposes, named after the public op
+    write: Callable[[object, Config, dict], str]  # (problem, config, render switches used) -> launcher source
+    # Render switches that make the kernel correct under Triton's CPU interpreter, for exports filed
+    # under the interpreter device (such a kernel still compiles for a GPU, where it runs slower).
+    interpreter_switches: Callable[[object], dict] = lambda problem: {}
+
+
+def _constants(**values) -> str:
+    """`NAME = <repr>` lines: plain Python literals the launcher body reads (never text to execute)."""
+    return "\n".join(f"{name} = {value!r}" for name, value in values.items())
+
+
+_LAUNCHER_RULE = "# --- launcher: the tuned config, baked in " + "-" * 55
+
+
+# --- gemm -------------------------------------------------------------------------------
+
+def _gemm_launcher(problem, config: Config, switches: dict) -> str:
+    from autotile.families.gemm import _REDUCE_BLOCK
+
+    # NOTE: _REDUCE_BLOCK is private to families/gemm.py; the launcher must use the reduce tile the
+    # family launches with, so it is read from there rather than copied.
+    constexprs = {n: config[n] for n in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "SPLIT_K", "WARP_SPECIALIZE",
+                                         "FLATTEN")}
+    params = dataclasses.asdict(problem)
+    return _GEMM_LAUNCHER.format(
+        problem=json.dumps(params, sort_keys=True), config=repr(dict(config)), constexprs=repr(constexprs),
+        num_warps=config["num_warps"], num_stages=config["num_stages"], variant=repr(config["VARIANT"]),
+        persistent=bool(config["PERSISTENT"]), reduce_block=repr(tuple(_REDUCE_BLOCK)),
+        m=problem.m, n=problem.n, k=problem.k,
+    )
+
+
+_GEMM_LAUNCHER = '''# --- launcher: the tuned config, baked in -------------------------------------------------------
+import json as _json
+
+import torch
+
+PROBLEM = _json.loads({problem!r})
+CONFIG = {config}
+_CONSTEXPRS = {constexprs}
+_NUM_WARPS = {num_warps}
+_NUM_STAGES = {num_stages}
+_VARIANT = {variant}
+_PERSISTENT = {persistent}
+_REDUCE_BLOCK = {reduce_block}  # (BLOCK_M, BLOCK_N) of the split-K reduction
+_DTYPES = {{"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16,
+           "fp8": getattr(torch, "float8_e4m3fn", None)}}
+_allocator_set = False
+
+
+def _cdiv(x, y):
+    return (x + y - 1) // y
+
+
+def _layout(t):
+    if t.stride(-1) == 1 or t.shape[-1] == 1:
+        return "row"
+    if t.stride(0) == 1 or t.shape[0] == 1:
+        return "col"
+    return "strided"
+
+
+def _check(name, t, shape, dtype, layout):
+    if tuple(t.shape) != shape or t.dtype != dtype:
+        raise ValueError(f"{{name}} must be {{shape}} {{dtype}} for this kernel, got {{tuple(t.shape)}} {{t.dtype}}")
+    if layout is not None and _layout(t) != layout:
+        raise ValueError(f"{{name}} must have layout {{layout!r}} (the kernel was rendered for it), got {{_layout(t)!r}}")
+    if _VARIANT == "tma" and (t.data_ptr() % 16 or (max(t.stride()) * t.element_size()) % 16):
+        raise ValueError(f"{{name}}: the TMA kernel needs 16-byte aligned base pointers and leading strides")
+
+
+def matmul(a, b, bias=None, scale_a=None, scale_b=None):
+    """C = act(scale_a * scale_b * (a @ b) + bias) for the one problem this kernel was tuned for (see PROBLEM).
+
+    a ({m}, {k}) and b ({k}, {n}) of PROBLEM["dtype"] in PROBLEM's layouts; bias ({n},) when PROBLEM["bias"];
+    scale_a, scale_b (1,) float32 for fp8. Returns C ({m}, {n}) of PROBLEM["out_dtype"].
+    """
+    m, n, k = PROBLEM["m"], PROBLEM["n"], PROBLEM["k"]
+    operand = _DTYPES[PROBLEM["dtype"]]
+    _check("a", a, (m, k), operand, None if PROBLEM["layout_a"] == "strided" else PROBLEM["layout_a"])
+    _check("b", b, (k, n), operand, None if PROBLEM["layout_b"] == "strided" else PROBLEM["layout_b"])
+    if (bias is not None) != PROBLEM["bias"]:
+        raise ValueError("this kernel was rendered " + ("with" if PROBLEM["bias"] else "without") + " a bias")
+    if (PROBLEM["dtype"] == "fp8") != (scale_a is not None and scale_b is not None):
+        raise ValueError("pass scale_a and scale_b exactly when the operands are fp8")
+    c = torch.empty(m, n, dtype=_DTYPES[PROBLEM["out_dtype"]], device=a.device)
+    split = _CONSTEXPRS["SPLIT_K"]
+    ws = torch.empty(split, m, n, dtype=torch.float32, device=a.device) if split > 1 else c
+    bias_arg = bias if bias is not None else c  # unused pointers still need a tensor
+    scale_a_arg = scale_a if scale_a is not None else c
+    scale_b_arg = scale_b if scale_b is not None else c
+    tiles = _cdiv(m, _CONSTEXPRS["BLOCK_M"]) * _cdiv(n, _CONSTEXPRS["BLOCK_N"])
+    if _VARIANT == "tma":
+        sms = torch.cuda.get_device_properties(a.device).multi_processor_count if a.is_cuda else 4
+        grid = (min(tiles, sms) if _PERSISTENT else tiles,)
+        global _allocator_set
+        if a.is_cuda and not _allocator_set:  # TMA descriptors built on the device need scratch memory
+            triton.set_allocator(lambda size, alignment, stream: torch.empty(size, device="cuda", dtype=torch.int8))
+            _allocator_set = True
+    else:
+        grid = (tiles, split)
+    gemm_kernel[grid](
+        a, b, c, ws, bias_arg, scale_a_arg, scale_b_arg, m, n, k,
+        a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
+        **_CONSTEXPRS, num_warps=_NUM_WARPS, num_stages=_NUM_STAGES,
+    )
+    if split > 1:
+        bm, bn = _REDUCE_BLOCK
+        gemm_splitk_reduce[(_cdiv(m, bm), _cdiv(n, bn))](
+            ws, c, bias_arg, scale_a_arg, scale_b_arg, m, n, c.stride(0), c.stride(1),
+            SPLIT_K=split, BLOCK_M=bm, BLOCK_N=bn, num_warps=4,
+        )
+    return c
+'''
+
+
+
+# --- elementwise ------------------------------------------------------------------------
+
+def _elementwise_launcher(problem, config: Config, switches: dict) -> str:
+    from autotile.expr import DTYPE_NAMES
+    from autotile.families.elementwise import FAMILY
+
+    plan = FAMILY.plan(problem)
+    bits_of = {s["index"]: s["bits"] for s in plan.steps if s["op"] == "scalar"}
+    strided = problem.layout == "strided"
+    return "\n".join([
+        _LAUNCHER_RULE,
+        "import contextlib as _contextlib",
+        "import math as _math",
+        "import struct as _struct",
+        "",
+        "import torch",
+        "",
+        _constants(
+            PROBLEM=dataclasses.asdict(problem), CONFIG=dict(config), EXPRESSION=problem.expr,
+            _INPUTS=tuple((n, plan.specs[n].dtype, plan.specs[n].kind) for n in plan.expression.inputs),
+            _TENSOR_NAMES=plan.tensor_names, _SCALAR_NAMES=plan.scalar_names,
+            _SCALAR_AS_FP64_BITS=tuple(bool(bits_of.get(i)) for i in range(len(plan.scalar_names))),
+            _ONE_ELEMENT=tuple(sorted(plan.one_element)),
+            _OUTPUTS=tuple((n, DTYPE_NAMES[d]) for n, d in zip(plan.expression.output_names, plan.output_dtypes)),
+            _BARE=plan.expression.bare, _STRIDED=strided, _RANK=problem.rank if strided else 1,
+            _INDEX_64=switches["INDEX_64"],
+            _BLOCK_SIZE=config["BLOCK_SIZE"], _NUM_WARPS=config["num_warps"], _NUM_STAGES=config["num_stages"],
+            _PERSISTENT=config["PERSISTENT"], _PROGRAMS_PER_SM=config["PROGRAMS_PER_SM"],
+        ),
+        _ELEMENTWISE_BODY,
+    ])
+
+
+def _elementwise_interpreter_switches(problem) -> dict:
+    # The kernel rounds bf16 outputs itself (the interpreter's fp32 -> bf16 cast truncates).
+    return {"INTERPRETED": True}
+
+
+# NOTE: _collapse, the slack and the persistent grid below are copies of autotile/families/elementwise.py
+# (_collapse, _INT32_SLACK, _INTERPRET_SMS, launch_plan, run): the written module must not import autotile.
+_ELEMENTWISE_BODY = '''# Offsets stay 32-bit while every reachable offset, plus one grid-stride step past the end, is
+# below 2^31.
+_INT32_SLACK = 2**25
+_INTERPRET_SMS = 4  # programs per "SM" of the persistent grid under Triton's CPU interpreter
+_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "fp64": torch.float64,
+           "i8": torch.int8, "u8": torch.uint8, "i16": torch.int16, "i32": torch.int32, "i64": torch.int64,
+           "bool": torch.bool}
+_SCALAR_TYPES = {"bool": bool, "int": int, "float": float}
+
+
+def _collapse(shape, strides):
+    """Drop size-1 dims and merge neighbours that are contiguous in every tensor: (sizes, strides per tensor)."""
+    sizes, merged = [], [[] for _ in strides]
+    for d in (d for d in range(len(shape)) if shape[d] != 1):
+        if sizes and all(st[-1] == s[d] * shape[d] for st, s in zip(merged, strides)):
+            sizes[-1] *= shape[d]
+            for st, s in zip(merged, strides):
+                st[-1] = s[d]
+        else:
+            sizes.append(shape[d])
+            for st, s in zip(merged, strides):
+                st.append(s[d])
+    if not sizes:
+        return (1,), tuple((0,) for _ in strides)
+    return tuple(sizes), tuple(tuple(st) for st in merged)
+
+
+def _checked_inputs(values):
+    """The inputs by name, each checked against the tuned problem; 0-d tensors moved to the others' device."""
+    names = [name for name, _, _ in _INPUTS]
+    missing, extra = [n for n in names if n not in values], sorted(set(values) - set(names))
+    if missing or extra:
+        raise TypeError(f"{EXPRESSION!r} takes exactly {names} by name; missing {missing}, unexpected {extra}")
+    for name, dtype, kind in _INPUTS:
+        value = values[name]
+        if kind == "scalar":
+            if type(value) is not _SCALAR_TYPES[dtype]:
+                raise TypeError(f"{name} must be a Python {dtype} for this kernel, got {type(value).__name__}")
+            continue
+        if not isinstance(value, torch.Tensor) or (value.dim() == 0) != (kind == "zero_dim"):
+            want = "a 0-d tensor" if kind == "zero_dim" else "a tensor with at least one dimension"
+            raise TypeError(f"{name} must be {want} for this kernel, got {type(value).__name__}")
+        if value.dtype != _DTYPES[dtype]:
+            raise ValueError(f"{name} must be {_DTYPES[dtype]} for this kernel, got {value.dtype}")
+    tensors = [values[n] for n in _TENSOR_NAMES]
+    devices = {t.device for t in tensors if t.dim() > 0} or {t.device for t in tensors}
+    if len(devices) > 1:
+        raise ValueError(f"inputs are on different devices {sorted(map(str, devices))}; move them to one device")
+    device = devices.pop()
+    return {n: v.to(device) if isinstance(v, torch.Tensor) else v for n, v in values.items()}, device
+
+
+def _geometry(tensors):
+    """(broadcast shape, numel, kernel geometry arguments) of one call, checked against the rendered layout."""
+    try:
+        shape = tuple(torch.broadcast_shapes(*(t.shape for t in tensors.values())))
+    except RuntimeError:
+        shapes = ", ".join(f"{n}{tuple(t.shape)}" for n, t in tensors.items())
+        raise ValueError(f"input shapes do not broadcast together: {shapes}") from None
+    numel = _math.prod(shape)
+    if numel != PROBLEM["numel"]:
+        raise ValueError(f"this kernel was tuned for outputs of {PROBLEM['numel']} elements; "
+                         f"these inputs broadcast to {shape} ({numel} elements)")
+    for name in _ONE_ELEMENT:
+        if tensors[name].numel() != 1:
+            raise ValueError(f"{name} must hold a single element for this kernel (it is loaded once), "
+                             f"got shape {tuple(tensors[name].shape)}")
+    addressed = [n for n in _TENSOR_NAMES if n not in _ONE_ELEMENT]
+    sizes, strides = _collapse(shape, [tensors[n].expand(shape).stride() for n in addressed])
+    max_offset = max([numel] + [sum((s - 1) * st for s, st in zip(sizes, c)) for c in strides])
+    if not _INDEX_64 and max_offset + _INT32_SLACK >= 2**31:
+        raise ValueError(f"these strides reach offset {max_offset}; the kernel was rendered with 32-bit offsets")
+    contiguous = len(sizes) == 1 and all(c == (1,) for c in strides)
+    if not _STRIDED:
+        if not contiguous:
+            raise ValueError("this kernel was rendered for contiguous inputs of the output's shape (flat offsets); "
+                             "these broadcast or are strided: pass .contiguous() tensors of one shape")
+        return shape, numel, (numel,)
+    if len(sizes) > _RANK:
+        raise ValueError(f"these inputs collapse to {len(sizes)} strided dimensions ({sizes}); "
+                         f"the kernel was rendered for at most {_RANK} (tuned for {PROBLEM['shape']})")
+    # Fewer dims than the kernel decomposes: leading dims of size 1 (stride 0) address the same elements.
+    pad = _RANK - len(sizes)
+    sizes = (1,) * pad + sizes
+    strides = [(0,) * pad + c for c in strides]
+    return shape, numel, (numel,) + sizes + tuple(v for c in strides for v in c)
+
+
+def fused(**values):
+    """The outputs of EXPRESSION for the one problem this kernel was tuned for (see PROBLEM).
+
+    Inputs by name as in autotile.fuse(EXPRESSION): tensors of the dtypes in _INPUTS (broadcast together
+    as torch does, in the layout class the kernel was rendered for) and Python numbers for scalars.
+    Returns a contiguous tensor of the broadcast shape, or a tuple of them for an expression of
+    assignments. NOTE: under Triton's CPU interpreter, a kernel exported for a GPU truncates bf16
+    outputs where the GPU rounds to nearest even; export with --gpu interpret for CPU runs.
+    """
+    values, device = _checked_inputs(values)
+    tensors = {n: values[n] for n in _TENSOR_NAMES}
+    shape, numel, geometry = _geometry(tensors)
+    outputs = [torch.empty(shape, dtype=_DTYPES[dtype], device=device) for _, dtype in _OUTPUTS]
+    if numel:
+        scalars = []
+        for name, as_bits in zip(_SCALAR_NAMES, _SCALAR_AS_FP64_BITS):
+            value = values[name]
+            # The kernel reads fp64 scalars from their int64 bits and bools as 0/1 integers.
+            scalars.append(_struct.unpack("<q", _struct.pack("<d", float(value)))[0] if as_bits
+                           else int(value) if isinstance(value, bool) else value)
+        programs = (numel + _BLOCK_SIZE - 1) // _BLOCK_SIZE
+        if _PERSISTENT:
+            on_gpu = device.type == "cuda"
+            sms = torch.cuda.get_device_properties(device).multi_processor_count if on_gpu else _INTERPRET_SMS
+            programs = min(programs, sms * _PROGRAMS_PER_SM)
+        on_device = torch.cuda.device(device) if device.type == "cuda" else _contextlib.nullcontext()
+        with on_device:
+            elementwise_kernel[(max(programs, 1),)](
+                *tensors.values(), *scalars, *outputs, *geometry,
+                BLOCK_SIZE=_BLOCK_SIZE, num_warps=_NUM_WARPS, num_stages=_NUM_STAGES,
+            )
+    return outputs[0] if _BARE else tuple(outputs)
+'''
+
+
+# --- paged ------------------------------------------------------------------------------
+
+def _paged_launcher(problem, config: Config, switches: dict) -> str:
+    split = config["VARIANT"] == "split"
+    return "\n".join([
+        _LAUNCHER_RULE,
+        "import contextlib as _contextlib",
+        "import math as _math",
+        "",
+        "import torch",
+        "",
+        _constants(
+            PROBLEM=dataclasses.asdict(problem), CONFIG=dict(config),
+            _SPLIT=split, _UPCAST_DOTS=switches["UPCAST_DOTS"],
+            _PARTITIONS=-(-problem.max_context // config["PARTITION_SIZE"]) if split else 1,
+            _SHAPE_CONSTEXPRS=dict(PAGE_SIZE=problem.page_size, HEAD_DIM=problem.head_dim, GROUP=problem.group,
+                                   NUM_QUERIES=problem.num_queries, ROWS=problem.rows),
+            _BLOCK_N=config["BLOCK_N"], _PARTITION_SIZE=config["PARTITION_SIZE"],
+            _NUM_WARPS=config["num_warps"], _NUM_STAGES=config["num_stages"],
+        ),
+        _PAGED_BODY,
+    ])
+
+
+def _paged_interpreter_switches(problem) -> dict:
+    # NOTE: Triton 3.6's interpreter computes bf16 tl.dot wrongly (see PagedFamily.launch); upcast the operands.
+    return {"UPCAST_DOTS": "bf16" in (problem.dtype, problem.kv_dtype)}
+
+
+# NOTE: the checks and the workspace layout below are copies of autotile/runtime/ops_paged.py
+# (_check_layout, _scale_tensor, _problem) and PagedFamily.launch: the written module must not import autotile.
+_PAGED_BODY = '''_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp8": getattr(torch, "float8_e4m3fn", None)}
+
+
+def _check_shapes(q4, k_cache, v_cache, block_table, context_lens):
+    """Shapes, dtypes, devices and strides against the tuned problem; no values read."""
+    p = PROBLEM
+    want_q = (p["batch"], p["num_queries"], p["num_q_heads"], p["head_dim"])
+    if tuple(q4.shape) != want_q or q4.dtype != _DTYPES[p["dtype"]]:
+        raise ValueError(f"q must be {want_q} (or {want_q[:1] + want_q[2:]} for one query token) of "
+                         f"{_DTYPES[p['dtype']]} for this kernel, got {tuple(q4.shape)} {q4.dtype}")
+    for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
+        want = (p["page_size"], p["num_kv_heads"], p["head_dim"])
+        if cache.dim() != 4 or tuple(cache.shape[1:]) != want or cache.dtype != _DTYPES[p["kv_dtype"]]:
+            raise ValueError(f"{name} must be (num_pages, {', '.join(map(str, want))}) of {_DTYPES[p['kv_dtype']]} "
+                             f"for this kernel, got {tuple(cache.shape)} {cache.dtype}")
+        if cache.stride(-1) != 1:
+            raise ValueError(f"{name} must have unit stride along the head dim (pages may be strided otherwise)")
+    if k_cache.shape != v_cache.shape:
+        raise ValueError(f"k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} must have one shape")
+    if block_table.dim() != 2 or block_table.shape[0] != p["batch"] or block_table.dtype != torch.int32:
+        raise ValueError(f"block_table must be ({p['batch']}, max_pages) int32, "
+                         f"got {tuple(block_table.shape)} {block_table.dtype}")
+    if tuple(context_lens.shape) != (p["batch"],) or context_lens.dtype != torch.int32:
+        raise ValueError(f"context_lens must be ({p['batch']},) int32, "
+                         f"got {tuple(context_lens.shape)} {context_lens.dtype}")
+    devices = {t.device for t in (q4, k_cache, v_cache, block_table, context_lens)}
+    if len(devices) != 1:
+        raise ValueError(f"q, caches, block_table and context_lens are on {sorted(map(str, devices))}: use one device")
+    if q4.device.type == "cpu" and "bf16" in (p["dtype"], p["kv_dtype"]) and not _UPCAST_DOTS:
+        raise ValueError("this kernel was exported for a GPU; Triton's CPU interpreter computes its bf16 dots "
+                         "wrongly: export with --gpu interpret to run it on CPU tensors")
+
+
+def _check_contexts(block_table, context_lens, num_pages):
+    """Context lengths within the tuned maximum and the table, pages in the cache (one device sync)."""
+    p = PROBLEM
+    pages_in_use = (torch.arange(block_table.shape[1], device=block_table.device)[None, :]
+                    < (context_lens[:, None] + p["page_size"] - 1) // p["page_size"])
+    used = torch.where(pages_in_use, block_table, 0)
+    longest, shortest, top_page, bottom_page = torch.stack(
+        [context_lens.max(), context_lens.min(), used.max(), used.min()]).tolist()
+    if shortest < p["num_queries"]:
+        raise ValueError(f"every context must hold its {p['num_queries']} query token(s); the shortest is {shortest}")
+    if longest > p["max_context"]:
+        raise ValueError(f"this kernel was tuned for contexts of at most {p['max_context']} tokens, got {longest}")
+    if longest > block_table.shape[1] * p["page_size"]:
+        raise ValueError(f"a context of {longest} tokens needs more than block_table's {block_table.shape[1]} pages")
+    if bottom_page < 0 or top_page >= num_pages:
+        raise ValueError(f"block_table points at page {top_page if top_page >= num_pages else bottom_page} within "
+                         f"the contexts, outside the cache's {num_pages} pages")
+
+
+def _fp8_scale(scale, name, device):
+    """None, or a float / 1-element / (Hkv,) tensor -> (Hkv,) float32 on the device, for fp8 caches only."""
+    heads = PROBLEM["num_kv_heads"]
+    if (scale is not None) != (PROBLEM["kv_dtype"] == "fp8"):
+        raise ValueError(f"pass {name} exactly when the caches are fp8 (stored values times the scale are K and V)")
+    if scale is None:
+        return None
+    t = torch.as_tensor(scale, dtype=torch.float32, device=device).reshape(-1)
+    if t.numel() not in (1, heads):
+        raise ValueError(f"{name} must hold one value or one per KV head ({heads}), got {t.numel()}")
+    return t.expand(heads).contiguous()
+
+
+def paged_attention(q, k_cache, v_cache, block_table, context_lens, scale=None, k_scale=None, v_scale=None):
+    """Decode attention over a paged KV cache for the one problem this kernel was tuned for (see PROBLEM).
+
+    As autotile.paged_attention: q (B, Hq, D), or (B, Q, Hq, D) whose Q queries are the last Q positions
+    of each context; k_cache, v_cache (num_pages, page_size, Hkv, D); block_table (B, max_pages) int32;
+    context_lens (B,) int32, at most PROBLEM["max_context"]; k_scale, v_scale (a float or one per KV
+    head) for fp8 caches; scale defaults to 1/sqrt(D). Returns a tensor shaped and typed like q.
+    """
+    if q.dim() not in (3, 4) or (q.dim() == 3 and PROBLEM["num_queries"] != 1):
+        plain = " or (B, Hq, D)" if PROBLEM["num_queries"] == 1 else ""
+        raise ValueError(f"q must be (B, {PROBLEM['num_queries']}, Hq, D){plain} for this kernel, got {tuple(q.shape)}")
+    q4 = q if q.dim() == 4 else q.unsqueeze(1)
+    _check_shapes(q4, k_cache, v_cache, block_table, context_lens)
+    k_scale, v_scale = _fp8_scale(k_scale, "k_scale", q.device), _fp8_scale(v_scale, "v_scale", q.device)
+    q4 = q4 if q4.stride(-1) == 1 else q4.contiguous()
+    block_table = block_table if block_table.stride(-1) == 1 else block_table.contiguous()
+    context_lens = context_lens.contiguous()
+    _check_contexts(block_table, context_lens, k_cache.shape[0])
+    scale = 1.0 / _math.sqrt(PROBLEM["head_dim"]) if scale is None else float(scale)
+    out = torch.empty(q4.shape, dtype=q4.dtype, device=q4.device)
+    batch, heads_kv, rows = PROBLEM["batch"], PROBLEM["num_kv_heads"], _SHAPE_CONSTEXPRS["ROWS"]
+    if _SPLIT:
+        # Workspace (B, Hkv, partitions, ROWS[, HEAD_DIM]) fp32: each partition's max, sum and accumulator.
+        cut = batch * heads_kv * _PARTITIONS * rows
+        ws = torch.empty(cut * (PROBLEM["head_dim"] + 2), dtype=torch.float32, device=q4.device)
+        ws_max, ws_sum, ws_acc = ws[:cut], ws[cut:2 * cut], ws[2 * cut:]
+    else:
+        ws_max = ws_sum = ws_acc = out  # unused pointers still need a tensor
+    on_device = torch.cuda.device(q4.device) if q4.is_cuda else _contextlib.nullcontext()
+    with on_device:
+        paged_attention_kernel[(heads_kv, batch, _PARTITIONS)](
+            q4, k_cache, v_cache, out, block_table, context_lens,
+            k_scale if k_scale is not None else out, v_scale if v_scale is not None else out,
+            ws_acc, ws_max, ws_sum, scale, _PARTITIONS,
+            q4.stride(0), q4.stride(1), q4.stride(2), out.stride(0), out.stride(1), out.stride(2),
+            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+            v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_table.stride(0),
+            **_SHAPE_CONSTEXPRS, BLOCK_N=_BLOCK_N, PARTITION_SIZE=_PARTITION_SIZE,
+            num_warps=_NUM_WARPS, num_stages=_NUM_STAGES,
+        )
+        if _SPLIT:
+            paged_attention_reduce[(heads_kv, batch)](
+                out, context_lens, ws_acc, ws_max, ws_sum, _PARTITIONS,
+                out.stride(0), out.stride(1), out.stride(2),
+                HEAD_DIM=PROBLEM["head_dim"], GROUP=_SHAPE_CONSTEXPRS["GROUP"], ROWS=rows,
+                NUM_QUERIES=PROBLEM["num_queries"], PARTITION_SIZE=_PARTITION_SIZE, num_warps=4,
+            )
+    return out if q.dim() == 4 else out.squeeze(1)
+'''
+
+
+LAUNCHER_WRITERS = {
+    "gemm": LauncherWriter("matmul", _gemm_launcher),
+    "elementwise": LauncherWriter("fused", _elementwise_launcher, _elementwise_interpreter_switches),
+    "paged": LauncherWriter("paged_attention", _paged_launcher, _paged_interpreter_switches),
+}
