@@ -22,7 +22,8 @@ from autotile.store.db import open_engine
 from autotile.store.repo import Store
 from autotile.tune.cluster import recorded_trials
 from autotile.tune.driver import study_name, tune_problem
-from autotile.tune.workers import reproduce_command
+from autotile.bench import Status
+from autotile.tune.workers import IsolatedEvaluator, reproduce_command
 
 sys.path.insert(0, str(Path(__file__).parent / "helpers"))
 from crashing_family import EXIT_CODE, CrashingGemm  # noqa: E402
@@ -42,7 +43,7 @@ def _kill_when_pidfile_appears(pidfile: Path, killed: list, deadline_s: float = 
         time.sleep(0.1)
 
 
-def test_crash_kill_and_hang_cost_one_trial_each(tmp_path, monkeypatch):
+def test_crash_and_outside_kill_cost_one_trial_each(tmp_path, monkeypatch):
     pidfile = tmp_path / "worker.pid"
     monkeypatch.setenv("AUTOTILE_TEST_PIDFILE", str(pidfile))
     killed: list[int] = []
@@ -50,31 +51,46 @@ def test_crash_kill_and_hang_cost_one_trial_each(tmp_path, monkeypatch):
     killer.start()
     family = CrashingGemm()
     url = f"sqlite:///{tmp_path / 'w.sqlite'}"
-    result = tune_problem(family, PROBLEM, CPU, trials=5, db_url=url, isolate=True, trial_timeout=6.0,
+    # Trials: the default (ok), then the seed configs EXIT and KILLED (see crashing_family).
+    result = tune_problem(family, PROBLEM, CPU, trials=3, db_url=url, isolate=True, trial_timeout=300.0,
                           retime_rounds=0)
     killer.join(1)
     assert killed, "the worker never reached the trial the test kills"
-    assert sum(result.statuses.values()) == 5 and result.trials_this_run == 5
-    assert result.statuses["crash"] == 2 and result.statuses["timeout"] == 1 and result.statuses["ok"] >= 1
-    assert result.winner is not None
+    assert result.statuses == {"ok": 1, "crash": 2} and result.trials_this_run == 3
+    assert result.winner == family.default_config(PROBLEM, CPU)
     special = {name: c.to_json() for name, c in family.special_configs(PROBLEM, CPU).items()}
     by_config = {json.dumps(t["config"], sort_keys=True, separators=(",", ":")): t
                  for t in Store(open_engine(url)).trials("gemm")}
-    exited, outside, hung = by_config[special["exit"]], by_config[special["killed"]], by_config[special["hang"]]
-    assert exited["status"] == "crash" and f"exited with code {EXIT_CODE}" in exited["error"]
+    exited, outside = by_config[special["exit"]], by_config[special["killed"]]
+    assert f"exited with code {EXIT_CODE}" in exited["error"]
     assert "about to exit on purpose" in exited["error"]  # the worker's last output comes along
-    assert outside["status"] == "crash" and "killed by signal SIGKILL" in outside["error"]
-    assert hung["status"] == "timeout" and "no result within 6 s" in hung["error"]
-    # The reproduce command renders the very candidate.
-    repro = hung["error"].split("reproduce: ", 1)[1].strip()
-    assert repro == reproduce_command(family, PROBLEM, family.special_configs(PROBLEM, CPU)["hang"], CPU)
+    assert "killed by signal SIGKILL" in outside["error"]
+    for trial in (exited, outside):
+        assert "reproduce: autotile render gemm --m 24 --n 32 --k 64" in trial["error"]
+
+
+def test_hang_is_a_timeout_with_a_command_that_renders_it():
+    family = CrashingGemm()
+    hang = family.special_configs(PROBLEM, CPU)["hang"]
+    evaluator = IsolatedEvaluator(family, PROBLEM, CPU, seed=0, trial_timeout=3.0)
+    try:
+        outcome = evaluator.evaluate(0, hang)
+        assert outcome.status is Status.TIMEOUT and "no result within 3 s; the worker was killed" in outcome.error
+        assert evaluator.worker_pid() is None  # killed; the next trial starts a new worker
+        evaluator.trial_timeout = 300.0  # a first trial on a busy machine may well take more than 3 s
+        assert evaluator.evaluate(1, family.default_config(PROBLEM, CPU)).status is Status.OK
+        assert evaluator.workers_started == 2
+    finally:
+        evaluator.close()
+    repro = outcome.error.split("reproduce: ", 1)[1].strip()
+    assert repro == reproduce_command(family, PROBLEM, hang, CPU)
     from cli.main import cli
 
     args = shlex.split(repro)
     assert args[:3] == ["autotile", "render", "gemm"]
     out = CliRunner().invoke(cli, args[1:])
     assert out.exit_code == 0, out.output
-    assert f"# config:  {special['hang']}" in out.output and "@triton.jit" in out.output
+    assert f"# config:  {hang.to_json()}" in out.output and "@triton.jit" in out.output
 
 
 def test_killed_tuner_resumes_to_the_exact_count(tmp_path):
@@ -141,3 +157,26 @@ def test_cli_runs_two_searches_and_rejects_a_bad_gpu_list(tmp_path):
     assert out.exit_code == 0, out.output
     rows = recorded_trials(open_engine(f"sqlite:///{db}"), study_name(GemmFamily(), PROBLEM, CPU))
     assert len(rows) == 3 and len(set(rows.values())) == 3
+
+
+def test_compile_ahead_pool_compiles_in_other_processes(tmp_path, monkeypatch):
+    from recording_compile import record_compile
+
+    from autotile.tune.compile_ahead import CompileAhead, NoCompileAhead, start_compile_ahead
+
+    monkeypatch.setenv("AUTOTILE_TEST_COMPILE_LOG", str(tmp_path))
+    family = GemmFamily()
+    assert isinstance(start_compile_ahead(family, PROBLEM, CPU, 0, enabled=True), NoCompileAhead)  # interpreter
+    configs = list(family.space(PROBLEM, CPU).feasible())[:3]
+    pool = CompileAhead(family, PROBLEM, CPU, 0, processes=2, compile_fn=record_compile)
+    try:
+        pool.submit(configs)
+        pool.submit(configs[:1])  # already submitted: not compiled twice
+        for config in configs:
+            pool.wait_for(config, limit_s=60)
+    finally:
+        pool.close()
+    logs = [p.read_text().split(" ", 1) for p in tmp_path.iterdir()]
+    assert sorted(text for _, text in logs) == sorted(c.to_json() for c in configs)
+    assert all(int(pid) != os.getpid() for pid, _ in logs)
+    assert pool.compiled + pool.dropped == 3 and pool.compiled >= 1

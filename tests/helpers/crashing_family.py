@@ -1,10 +1,11 @@
 """A GEMM family whose chosen configs kill or hang the process that runs them (for the worker tests).
 
 The configs are the feasible points right after the default, enqueued as seed
-configs, so the first trials of a study hit them in a known order:
-the default (ok), EXIT (the process exits with code 3), KILLED (writes its pid
-to $AUTOTILE_TEST_PIDFILE and waits to be killed from outside), HANG (never
-returns), then ordinary trials.
+configs, so the first trials of a study hit them in a known order: the
+default (ok), EXIT (the process exits with code 3), KILLED (writes its pid to
+$AUTOTILE_TEST_PIDFILE and waits to be killed from outside), HANG (never
+returns), then ordinary trials. The worker process imports this module by
+name (tests/helpers is on sys.path, which spawn hands down).
 """
 from __future__ import annotations
 
