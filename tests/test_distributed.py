@@ -28,15 +28,15 @@ from autotile.tune.driver import study_name
 
 CPU = interpret_device()
 PROBLEM = contiguous_problem(24, 32, 64, "fp16", "fp16")
-TRIALS = 10
+TRIALS = 8
 _WORKER = textwrap.dedent("""
     import json, sys
     from autotile.device import interpret_device
     from autotile.families.gemm import FAMILY, contiguous_problem
     from autotile.tune.driver import tune_problem
-    url = sys.argv[1]
+    db_url, storage_url = sys.argv[1], sys.argv[2]
     result = tune_problem(FAMILY, contiguous_problem(24, 32, 64, "fp16", "fp16"), interpret_device(),
-                          trials={trials}, db_url=url, storage_url=url, retime_rounds=0, lookahead=1)
+                          trials={trials}, db_url=db_url, storage_url=storage_url, retime_rounds=0, lookahead=1)
     print("RESULT " + json.dumps({{"this_run": result.trials_this_run}}))
 """).format(trials=TRIALS)
 
@@ -73,14 +73,7 @@ def test_two_workers_share_one_study(backend, request):
     # Both tuners find the schema in place: created once, as the README tells a cluster to do first.
     open_engine(url)
     optuna.storages.RDBStorage(url)
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    workers = [subprocess.Popen([sys.executable, "-c", _WORKER, url], env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True) for _ in range(2)]
-    outputs = [w.communicate(timeout=300) for w in workers]
-    for worker, (out, err) in zip(workers, outputs):
-        assert worker.returncode == 0, err[-3000:]
-    this_run = [json.loads(out.split("RESULT ", 1)[1])["this_run"] for out, _ in outputs]
-    assert sum(this_run) == TRIALS  # no trial run twice, none missing
+    this_run = _run_two_workers([(url, url), (url, url)])
 
     name = study_name(GemmFamily(), PROBLEM, CPU)
     rows = recorded_trials(open_engine(url), name)
@@ -92,6 +85,32 @@ def test_two_workers_share_one_study(backend, request):
     owners = {by_number[n].user_attrs[OWNER_ATTR].split(":")[1] for n in rows}
     assert len(owners) == 2 and min(this_run) >= 1  # both processes ran trials
     assert sum(Store(open_engine(url)).status_counts(*_ids(url)).values()) == TRIALS
+
+
+def test_hosts_sharing_only_the_optuna_storage_split_the_trials(tmp_path):
+    storage = f"sqlite:///{tmp_path / 'optuna.sqlite'}"
+    own_dbs = [f"sqlite:///{tmp_path / f'host{i}.sqlite'}" for i in range(2)]
+    optuna.storages.RDBStorage(storage)
+    this_run = _run_two_workers([(db, storage) for db in own_dbs])
+    name = study_name(GemmFamily(), PROBLEM, CPU)
+    rows = [recorded_trials(open_engine(db), name) for db in own_dbs]
+    assert [len(r) for r in rows] == this_run
+    numbers = set(rows[0]) | set(rows[1])
+    hashes = set(rows[0].values()) | set(rows[1].values())
+    assert len(numbers) == len(hashes) == TRIALS  # each host ran its own trials: none twice, none lost
+
+
+def _run_two_workers(urls: list[tuple[str, str]]) -> list[int]:
+    """Two tuner processes, each with its (db URL, storage URL); returns the trials each ran."""
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    workers = [subprocess.Popen([sys.executable, "-c", _WORKER, db, storage], env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True) for db, storage in urls]
+    outputs = [w.communicate(timeout=300) for w in workers]
+    for worker, (out, err) in zip(workers, outputs):
+        assert worker.returncode == 0, err[-3000:]
+    this_run = [json.loads(out.split("RESULT ", 1)[1])["this_run"] for out, _ in outputs]
+    assert sum(this_run) == TRIALS  # together they stop at the target
+    return this_run
 
 
 def _ids(url: str) -> tuple[int, int]:

@@ -12,7 +12,8 @@ twice; when both see each other both withdraw and retry after a random pause.
 
 The count of evaluated trials comes from autotile's own table (one row per
 trial, written in one transaction), so a process killed between writing that
-row and telling Optuna still counts exactly once.
+row and telling Optuna still counts exactly once; trials other hosts told
+Optuna count too, for hosts that share only the Optuna storage.
 
 A trial left RUNNING by a killed process is stale: on this host when its
 owner's pid is gone, anywhere when its heartbeat (refreshed by a thread
@@ -80,6 +81,20 @@ def recorded_trials(engine, study: str) -> dict[int, str]:
     with Session(engine) as session:
         rows = session.execute(select(TrialRow.number, TrialRow.config_hash).where(TrialRow.study == study)).all()
     return {int(number): config_hash for number, config_hash in rows}
+
+
+def evaluated_trials(engine, study: optuna.Study, name: str) -> dict[int, str]:
+    """Trial number -> config hash of every evaluated trial of the study.
+
+    autotile's rows are the record (one transaction per trial); trials other hosts told Optuna are added,
+    for hosts that share only the Optuna storage (`--storage`) and keep their rows in their own databases.
+    """
+    evaluated = recorded_trials(engine, name)
+    finished = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL)
+    for trial in study.get_trials(deepcopy=False, states=finished):
+        if "status" in trial.user_attrs and "config_hash" in trial.user_attrs:
+            evaluated.setdefault(trial.number, trial.user_attrs["config_hash"])
+    return evaluated
 
 
 def _is_stale(trial: optuna.trial.FrozenTrial, now: float, stale_after_s: float) -> bool:

@@ -24,7 +24,7 @@ from autotile.families.base import Family
 from autotile.space import Config, Space
 from autotile.store.repo import Store
 from autotile.tune.cluster import (
-    CLAIM_ATTR, OWNER_ATTR, Heartbeat, fail_stale_trials, live_claims, new_owner, recorded_trials,
+    CLAIM_ATTR, OWNER_ATTR, Heartbeat, evaluated_trials, fail_stale_trials, live_claims, new_owner,
 )
 from autotile.tune.compile_ahead import DEFAULT_COMPILE_PROCESSES, NoCompileAhead, start_compile_ahead
 from autotile.tune.workers import InProcessEvaluator, IsolatedEvaluator, WorkerSetupError
@@ -198,7 +198,7 @@ class _Search:
                 self._stop(f"timeout after {plan.timeout:.0f} s")
                 return
             self._fail_stale_now_and_then()
-            recorded = recorded_trials(plan.engine, plan.name)
+            recorded = evaluated_trials(plan.engine, self.study, plan.name)
             if len(recorded) >= plan.trials:
                 return
             claims = live_claims(self.study, recorded, self.owner)
@@ -260,7 +260,7 @@ class _Search:
         """Claim `trial`; withdraw (and return False) when another search's claim makes it one too many or a repeat."""
         plan = self.plan
         trial.set_user_attr(CLAIM_ATTR, config.hash)
-        recorded = recorded_trials(plan.engine, plan.name)
+        recorded = evaluated_trials(plan.engine, self.study, plan.name)
         others = live_claims(self.study, recorded, self.owner)
         over = len(recorded) + len(others) >= plan.trials
         repeat = config.hash in set(others.values()) or config.hash in set(recorded.values())
