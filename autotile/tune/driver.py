@@ -181,8 +181,15 @@ def tune_problem(
         threads = [threading.Thread(target=s.run, name=f"autotile-search-{s.gpu}") for s in searches]
         for thread in threads:
             thread.start()
-        for thread in threads:
-            thread.join()
+        try:
+            for thread in threads:
+                thread.join()
+        except KeyboardInterrupt:
+            # Ctrl-C reaches this thread only: the searches stop after their current trial, then we stop too.
+            shared.stop.set()
+            for thread in threads:
+                thread.join()
+            raise
     if shared.error is not None:
         raise shared.error
 
