@@ -138,6 +138,51 @@ cli.add_command(FamilyGroup(name="render", factory=_make_render_command,
                              help="Render a family's template for a config, without running it."))
 
 
+def _make_bench_command(name: str):
+    from autotile.families import get_family
+
+    family = get_family(name)
+
+    @click.command(name=name, help=f"Time the {name} config autotile serves beside its baseline (no tuning).")
+    @family_options(family)
+    @click.option("--preset", default=None, help="a named problem list: " + ", ".join(family.presets()))
+    @click.option("--gpu", default="auto", show_default=True, help="GPU profile (h200, ...), auto, or interpret")
+    @click.option("--rounds", default=5, show_default=True, type=click.IntRange(1), help="interleaved timing rounds")
+    @friendly_errors
+    def command(preset, gpu, rounds, **options):
+        from rich.console import Console
+        from rich.table import Table
+
+        from autotile.benchmark import bench_problem
+        from autotile.device import resolve_gpu
+
+        device = resolve_gpu(gpu)
+        label = " (interpreter timings)" if device.interpret else ""
+        table = Table(title=f"autotile bench {name} on {device.name}{label}")
+        for col in ("problem", "config from", "autotile ms", "spread", "TFLOP/s", "TB/s", "baseline", "baseline ms",
+                    "speedup"):
+            table.add_column(col)
+        for problem in _problems(family, preset, options):
+            row = bench_problem(family, problem, device, rounds=rounds)
+            source = f"{row.resolution.source} ({row.resolution.match})"
+            if row.ours is None:
+                table.add_row(_short_key(vars(problem)), source, row.status.value, "", "", "", "",
+                              "", row.error.splitlines()[0][:80] if row.error else "")
+                continue
+            ms = row.ours.median_ms
+            table.add_row(_short_key(vars(problem)), source, f"{ms:.4f}", f"{row.ours.spread:.1%}",
+                          f"{row.flops / ms / 1e9:.1f}", f"{row.bytes / ms / 1e9:.3f}", row.baseline_name or "-",
+                          f"{row.baseline.median_ms:.4f}" if row.baseline else "-",
+                          f"{row.speedup:.2f}x" if row.speedup else "-")
+        Console(width=220).print(table)
+
+    return command
+
+
+cli.add_command(FamilyGroup(name="bench", factory=_make_bench_command,
+                            help="Time the configs autotile serves beside their baselines on this device."))
+
+
 # --- reading the database --------------------------------------------------------------------
 
 

@@ -62,3 +62,20 @@ def test_env_reports_versions_and_paths(run):
     result = run("env")
     info = json.loads(result.output)
     assert info["triton"] == "3.6.0" and "kernel_cache" in info and "database" in info
+
+
+def test_bench_times_the_served_config_beside_the_baseline(run):
+    result = run("bench", "gemm", "--m", "20", "--n", "24", "--k", "40", "--dtype", "fp16", "--gpu", "interpret",
+                 "--rounds", "1")
+    assert result.exit_code == 0, result.output
+    assert "interpreter timings" in result.output and "torch.matmul (CPU)" in result.output
+    assert "default (default)" in result.output
+
+
+def test_every_designed_command_exists(run):
+    listing = run("--help").output
+    for command in ("tune", "list", "show", "bench", "report", "render", "db", "export-kernel", "env"):
+        assert f"  {command} " in listing, command
+    db_help = run("db", "--help").output
+    for sub in ("export", "import", "merge", "verify", "upgrade"):
+        assert f"  {sub} " in db_help, sub
