@@ -82,6 +82,12 @@ def render_source(template: str, **switches) -> str:
     return source
 
 
+@functools.lru_cache(maxsize=None)
+def template_sha(template: str) -> str:
+    """Hash of a template file's text: timings measured with another version of it are not comparable."""
+    return hashlib.sha256((templates_dir() / template).read_bytes()).hexdigest()[:12]
+
+
 def source_sha(source: str) -> str:
     return hashlib.sha256(source.encode()).hexdigest()[:20]
 

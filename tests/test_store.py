@@ -101,3 +101,15 @@ def test_rerun_resumes_the_study(tmp_path):
     trials = Store(open_engine(url)).trials("gemm")
     assert len(trials) == 3 and len({(t["study"], t["number"]) for t in trials}) == 3
     assert trials[0]["config"] == dict(FAMILY.default_config(PROBLEM, CPU))  # the default config goes first
+
+
+def test_a_changed_template_starts_a_new_study(tmp_path, monkeypatch):
+    from autotile import render
+
+    url = f"sqlite:///{tmp_path / 'template.sqlite'}"
+    first = tune_problem(FAMILY, PROBLEM, CPU, trials=2, db_url=url, retime_rounds=1)
+    monkeypatch.setattr(render, "template_sha", lambda template: "0123456789ab")
+    second = tune_problem(FAMILY, PROBLEM, CPU, trials=2, db_url=url, retime_rounds=1)
+    assert second.study != first.study and second.study.endswith(":t0123456789ab")
+    assert second.trials_this_run == 2  # the old kernels' timings are not reused
+    assert len(Store(open_engine(url)).trials("gemm")) == 4  # and not lost either

@@ -91,14 +91,18 @@ class Store:
         with Session(self.engine) as session:
             return set(session.execute(select(Trial.number).where(Trial.study == study)).scalars())
 
-    def best_configs(self, problem_id: int, device_id: int, top_k: int) -> list[tuple[str, float]]:
-        """The top_k distinct ok configs by their best median on this exact device: (config JSON, ms)."""
+    def best_configs(self, problem_id: int, device_id: int, top_k: int,
+                     study: str | None = None) -> list[tuple[str, float]]:
+        """The top_k distinct ok configs by their best median on this exact device: (config JSON, ms).
+
+        `study` keeps only that study's trials (the current template version's).
+        """
+        query = (select(Trial.config, func.min(Trial.median_ms).label("best"))
+                 .where(Trial.problem_id == problem_id, Trial.device_id == device_id, Trial.status == "ok"))
+        if study is not None:
+            query = query.where(Trial.study == study)
         with Session(self.engine) as session:
-            rows = session.execute(
-                select(Trial.config, func.min(Trial.median_ms).label("best"))
-                .where(Trial.problem_id == problem_id, Trial.device_id == device_id, Trial.status == "ok")
-                .group_by(Trial.config).order_by("best").limit(top_k)
-            ).all()
+            rows = session.execute(query.group_by(Trial.config).order_by("best").limit(top_k)).all()
         return [(r[0], float(r[1])) for r in rows]
 
     def status_counts(self, problem_id: int, device_id: int) -> dict[str, int]:

@@ -62,8 +62,15 @@ class TuneResult:
 
 
 def study_name(family: Family, problem, device: DeviceInfo) -> str:
+    """One study per family, device, problem and template version.
+
+    The template's hash is part of the name: after a template changes, the same command starts a new
+    study, and the winner is picked from trials of the current kernels only (older trials stay stored).
+    """
+    from autotile.render import template_sha
+
     digest = hashlib.sha256(family.problem_key(problem).encode()).hexdigest()[:16]
-    return f"autotile:{family.name}:{device.key}:{digest}"
+    return f"autotile:{family.name}:{device.key}:{digest}:t{template_sha(family.template)}"
 
 
 def _optuna_storage(url: str) -> optuna.storages.RDBStorage:
@@ -216,7 +223,7 @@ def _pick_winner(family: Family, problem, device: DeviceInfo, store: Store, prob
     """Re-time the best few configs and the baseline in turns; the fastest median wins."""
     result = TuneResult(family.name, family.problem_key(problem), device.key, name, None, None,
                         interpreted=device.interpret)
-    finalists = [Config(json.loads(text)) for text, _ in store.best_configs(problem_id, device_id, top_k)]
+    finalists = [Config(json.loads(text)) for text, _ in store.best_configs(problem_id, device_id, top_k, study=name)]
     if not finalists:
         return result
     if crashed:
@@ -242,7 +249,7 @@ def _pick_winner(family: Family, problem, device: DeviceInfo, store: Store, prob
         runner_up = timings[ranked[1].hash].median_ms if len(ranked) > 1 else None
         baseline_ms = timings["baseline"].median_ms if "baseline" in timings else None
     else:
-        trial_ms = dict(store.best_configs(problem_id, device_id, top_k))
+        trial_ms = dict(store.best_configs(problem_id, device_id, top_k, study=name))
         ranked = finalists
         ms = trial_ms[ranked[0].to_json()]
         from autotile.bench import Timing
