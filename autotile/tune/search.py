@@ -101,12 +101,17 @@ def _record(store: Store, trial, study, outcome: TrialOutcome, config: Config, n
         q80_ms=timing.q80_ms if timing else None, interpreted=int(bool(timing and timing.interpreted)),
         max_abs_error=outcome.max_abs_error, error=outcome.error,
     )
-    trial.set_user_attr("status", outcome.status.value)
-    trial.set_user_attr("config_hash", config.hash)
-    if outcome.status is Status.OK:
-        study.tell(trial, outcome.timing.median_ms)
-    else:
-        study.tell(trial, state=optuna.trial.TrialState.FAIL)
+    try:
+        trial.set_user_attr("status", outcome.status.value)
+        trial.set_user_attr("config_hash", config.hash)
+        if outcome.status is Status.OK:
+            study.tell(trial, outcome.timing.median_ms)
+        else:
+            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+    except optuna.exceptions.UpdateFinishedTrialError:
+        # Another search took this trial for stale and failed it (a machine so loaded that its heartbeat
+        # lapsed). The row above is what counts; Optuna's sampler only loses this one observation.
+        log.warning("trial %d of %s was finished by another search before it was told", trial.number, name)
 
 
 @dataclass
