@@ -103,3 +103,15 @@ def test_corrupt_user_db_falls_back_with_a_warning(databases, tmp_path, monkeypa
     problem = GemmProblem(64, 64, 64, "fp32", "fp32")
     assert dispatch.resolve(FAMILY, problem, CPU).source == "default"
     assert "not a SQLite database" in caplog.text
+
+
+def test_running_tuned_ops_imports_neither_optuna_nor_alembic():
+    import subprocess
+    import sys
+
+    script = ("import sys, torch, autotile\n"
+              "a = torch.randn(8, 8); autotile.matmul(a, a); autotile.fuse('x * 2')(x=a)\n"
+              "print(sorted(m for m in ('optuna', 'alembic') if m in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]"
