@@ -9,6 +9,7 @@ launcher text: the written module must run without autotile.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -142,6 +143,7 @@ def matmul(a, b, bias=None, scale_a=None, scale_b=None):
 
 def _elementwise_launcher(problem, config: Config, switches: dict) -> str:
     from autotile.expr import DTYPE_NAMES
+    from autotile.families import elementwise as elementwise_family
     from autotile.families.elementwise import FAMILY
 
     plan = FAMILY.plan(problem)
@@ -167,7 +169,9 @@ def _elementwise_launcher(problem, config: Config, switches: dict) -> str:
             _BLOCK_SIZE=config["BLOCK_SIZE"], _NUM_WARPS=config["num_warps"], _NUM_STAGES=config["num_stages"],
             _PERSISTENT=config["PERSISTENT"], _PROGRAMS_PER_SM=config["PROGRAMS_PER_SM"],
         ),
-        _ELEMENTWISE_BODY,
+        # The family's own _collapse, so the written module lays out dimensions exactly as autotile does.
+        _ELEMENTWISE_BODY.replace("# <collapse>\n", "from collections.abc import Sequence\n\n\n"
+                                  + inspect.getsource(elementwise_family._collapse)),
     ])
 
 
@@ -176,8 +180,9 @@ def _elementwise_interpreter_switches(problem) -> dict:
     return {"INTERPRETED": True}
 
 
-# NOTE: _collapse, the slack and the persistent grid below are copies of autotile/families/elementwise.py
-# (_collapse, _INT32_SLACK, _INTERPRET_SMS, launch_plan, run): the written module must not import autotile.
+# NOTE: the slack and the persistent grid below are copies of autotile/families/elementwise.py
+# (_INT32_SLACK, _INTERPRET_SMS, launch_plan, run): the written module must not import autotile.
+# _collapse is the family's own function, inserted as source at the marker.
 _ELEMENTWISE_BODY = '''# Offsets stay 32-bit while every reachable offset, plus one grid-stride step past the end, is
 # below 2^31.
 _INT32_SLACK = 2**25
@@ -188,21 +193,7 @@ _DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16,
 _SCALAR_TYPES = {"bool": bool, "int": int, "float": float}
 
 
-def _collapse(shape, strides):
-    """Drop size-1 dims and merge neighbours that are contiguous in every tensor: (sizes, strides per tensor)."""
-    sizes, merged = [], [[] for _ in strides]
-    for d in (d for d in range(len(shape)) if shape[d] != 1):
-        if sizes and all(st[-1] == s[d] * shape[d] for st, s in zip(merged, strides)):
-            sizes[-1] *= shape[d]
-            for st, s in zip(merged, strides):
-                st[-1] = s[d]
-        else:
-            sizes.append(shape[d])
-            for st, s in zip(merged, strides):
-                st.append(s[d])
-    if not sizes:
-        return (1,), tuple((0,) for _ in strides)
-    return tuple(sizes), tuple(tuple(st) for st in merged)
+# <collapse>
 
 
 def _checked_inputs(values):

@@ -6,14 +6,11 @@ torch result (eager torch for elementwise, the family's float32 reference for pa
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import re
 
 import pytest
 import torch
-from click.testing import CliRunner
 
-from autotile.cli.export_kernel import export_kernel_command
 from autotile.device import interpret_device
 from autotile.expr import parse
 from autotile.export_kernel import export_kernel, write_kernel
@@ -21,22 +18,12 @@ from autotile.families.elementwise import FAMILY as ELEMENTWISE
 from autotile.families.paged import FAMILY as PAGED
 from autotile.families.paged import PagedProblem
 from autotile.space import Config
+from test_export_kernel import load, run  # the CLI runner and the module loader both files use
 
 CPU = interpret_device()
 # A GPU profile, to export a kernel rendered for the compiler (without the interpreter's workarounds).
 H200 = dataclasses.replace(CPU, profile="h200", name="NVIDIA H200", compute_capability=(9, 0), sm_count=132,
                            interpret=False)
-
-
-def run(*args):
-    return CliRunner().invoke(export_kernel_command, [str(a) for a in args], catch_exceptions=False)
-
-
-def load(path, name):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def assert_standalone(source: str) -> None:
