@@ -28,7 +28,7 @@ import triton
 import triton.testing
 
 from autotile.device import cuda_device
-from autotile.families.paged import FAMILY, PagedProblem, cdiv
+from autotile.families.paged import FAMILY, PagedProblem
 from autotile.space import Config
 
 # The decode rows of shared/anchors/README.md: (B, Hq, Hkv, context), bf16, D=128, pages of 16.

@@ -343,7 +343,7 @@ class ElementwiseFamily(Family):
 
     cli_options = (
         ProblemOption("expr", str, "expression over input names, e.g. 'sin(x)**2 + cos(x)**2' (quote it)", multiple=True),
-        ProblemOption("numel", int, f"elements of each (contiguous) input and output; default 2^28", multiple=True),
+        ProblemOption("numel", int, "elements of each (contiguous) input and output; default 2^28", multiple=True),
         ProblemOption("dtype", str, "dtype of every input", default="fp32", choices=TUNE_DTYPES, multiple=True),
     )
 

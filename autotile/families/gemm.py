@@ -18,7 +18,7 @@ from autotile.dtypes import canonical_dtype_name, element_size, torch_dtype
 from autotile.errors import BadInputError, ShapeMismatchError, UnsupportedDtypeError
 from autotile.families.base import Baseline, Cost, Family, ProblemOption, Tensors, Tolerance, next_pow2
 from autotile.render import launching, load_kernel_module
-from autotile.space import Axis, AxisKind, Config, Constraint, Space, split_config
+from autotile.space import Axis, AxisKind, Config, Constraint, Space
 
 OPERAND_DTYPES = ("fp32", "fp16", "bf16", "fp8")
 OUTPUT_DTYPES = ("fp32", "fp16", "bf16")
