@@ -165,11 +165,3 @@ class Space:
             "axes": {a.name: {"kind": a.kind.value, "choices": list(a.choices)} for a in self.axes},
             "constraints": [c.name for c in self.constraints],
         }
-
-
-def split_config(space: Space, config: Mapping[str, Value]) -> tuple[dict, dict, dict]:
-    """(render switches, constexpr launch arguments, Triton launch options) of a config."""
-    render = {n: config[n] for n in space.names(AxisKind.RENDER)}
-    launch = {n: config[n] for n in space.names(AxisKind.LAUNCH)}
-    meta = {n: config[n] for n in space.names(AxisKind.META)}
-    return render, launch, meta
