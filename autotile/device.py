@@ -85,6 +85,7 @@ class DeviceInfo:
         }
 
 
+@functools.lru_cache(maxsize=None)
 def interpret_device() -> DeviceInfo:
     return DeviceInfo("interpret", "Triton CPU interpreter", (0, 0), os.cpu_count() or 1, 0,
                       HOPPER_SMEM_PER_BLOCK, "none", interpret=True)

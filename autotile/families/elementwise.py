@@ -27,6 +27,7 @@ from autotile.errors import BadInputError, ShapeMismatchError
 from autotile.expr import (DTYPE_NAMES, DTYPES_BY_NAME, Expression, ExpressionError, InputSpec, Node, Typing, ValueType,
                            default_dtype, evaluate, evaluate_nodes, infer_types, parse)
 from autotile.families.base import Baseline, CheckResult, Cost, Family, ProblemOption, Tensors, Tolerance, next_pow2
+from autotile.launch import launch as launch_kernel
 from autotile.render import interpreter_mode, load_kernel_module
 from autotile.space import Axis, AxisKind, Config, Constraint, Space
 
@@ -324,13 +325,16 @@ class LaunchPlan:
     interpret: bool
 
 
+# Elements per thread (BLOCK_SIZE / (32 * num_warps)) is the axis that matters most: 8 suits both memory-bound
+# chains and chains heavy in libdevice math (sin/cos: 16-32 per thread ran 1.5x slower on the H200, 2026-11-29,
+# benchmarks/results/elementwise_*.md), wide blocks with streaming loads suit the purely memory-bound ones.
 _SEED_CONFIGS = (
+    dict(BLOCK_SIZE=2048, num_warps=8, num_stages=1, PERSISTENT=False, PROGRAMS_PER_SM=1, STREAMING=False),
+    dict(BLOCK_SIZE=512, num_warps=2, num_stages=1, PERSISTENT=False, PROGRAMS_PER_SM=1, STREAMING=False),
+    dict(BLOCK_SIZE=1024, num_warps=8, num_stages=1, PERSISTENT=False, PROGRAMS_PER_SM=1, STREAMING=False),
     dict(BLOCK_SIZE=4096, num_warps=8, num_stages=1, PERSISTENT=False, PROGRAMS_PER_SM=1, STREAMING=False),
-    dict(BLOCK_SIZE=8192, num_warps=8, num_stages=1, PERSISTENT=False, PROGRAMS_PER_SM=1, STREAMING=False),
     dict(BLOCK_SIZE=8192, num_warps=16, num_stages=1, PERSISTENT=False, PROGRAMS_PER_SM=1, STREAMING=True),
-    dict(BLOCK_SIZE=16384, num_warps=16, num_stages=1, PERSISTENT=False, PROGRAMS_PER_SM=1, STREAMING=False),
     dict(BLOCK_SIZE=4096, num_warps=8, num_stages=3, PERSISTENT=True, PROGRAMS_PER_SM=4, STREAMING=True),
-    dict(BLOCK_SIZE=2048, num_warps=4, num_stages=1, PERSISTENT=False, PROGRAMS_PER_SM=1, STREAMING=False),
 )
 
 
@@ -455,7 +459,9 @@ class ElementwiseFamily(Family):
         return [Config(w) for w in _SEED_CONFIGS if space.is_feasible(w)]
 
     def default_config(self, problem: ElementwiseProblem, device: DeviceInfo) -> Config:
-        preferred = dict(BLOCK_SIZE=4096, num_warps=8, num_stages=1, PERSISTENT=False, PROGRAMS_PER_SM=1,
+        # 8 elements per thread, as Inductor's pointwise default: 0.99x torch.compile on the sin/cos chain where
+        # 4096 x 8 warps (16 per thread) ran 0.67x (H200, 2026-11-29).
+        preferred = dict(BLOCK_SIZE=1024, num_warps=4, num_stages=1, PERSISTENT=False, PROGRAMS_PER_SM=1,
                          STREAMING=False)
         return self.first_feasible(problem, device, preferred)
 
@@ -674,7 +680,7 @@ class ElementwiseFamily(Family):
             scalars.append(_fp64_bits(value) if bits_of.get(i) else int(value) if isinstance(value, bool) else value)
         args = [inputs[n] for n in plan.tensor_names] + scalars + list(outputs) + list(launch.geometry_args)
         with interpreter_mode(launch.interpret):
-            launch.kernel[launch.grid](*args, **launch.meta)
+            launch_kernel(launch.kernel, launch.grid, *args, **launch.meta)
 
     def launch(self, problem: ElementwiseProblem, config: Config, inputs: Tensors, outputs: Tensors) -> None:
         plan = self.plan(problem)

@@ -24,6 +24,7 @@ from autotile.errors import BadInputError, ShapeMismatchError, UnsupportedDtypeE
 from autotile.families.base import (Baseline, CheckResult, Cost, Family, ProblemOption, Tensors, Tolerance,
                                     next_pow2)
 from autotile.families.checks import compare
+from autotile.launch import launch as launch_kernel
 from autotile.render import interpreter_mode, load_kernel_module
 from autotile.space import Axis, AxisKind, Config, Constraint, Space
 
@@ -642,8 +643,8 @@ class FlashFamily(Family):
 
             ensure_triton_allocator()
         grid = (_cdiv(p.seq_q, config["BLOCK_M"]), p.batch * p.heads_q)
-        module.attn_fwd[grid](
-            q, k, v, o, lse, inputs.get("descale", lse),
+        launch_kernel(
+            module.attn_fwd, grid, q, k, v, o, lse, inputs.get("descale", lse),
             *_strides(q), *_strides(k), *_strides(v), *_strides(o),
             p.batch, p.heads_q, p.heads_kv, p.seq_q, p.seq_k, scale,
             BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"], WARP_SPECIALIZE=config["WARP_SPECIALIZE"],
@@ -657,16 +658,16 @@ class FlashFamily(Family):
         dq, dk, dv = outputs["dq"], outputs["dk"], outputs["dv"]
         delta = torch.empty_like(lse)  # (B, Hq, Sq) fp32: rowsum(dO * O)
         rows_grid = (_cdiv(p.seq_q, config["BLOCK_M2"]), p.batch * p.heads_q)
-        module.attn_bwd_preprocess[rows_grid](
-            o, do, delta, *_strides(o), *_strides(do), p.heads_q, p.seq_q, BLOCK_M=config["BLOCK_M2"], **dims, **meta)
-        module.attn_bwd_dkdv[(_cdiv(p.seq_k, config["BLOCK_N1"]), p.batch * p.heads_kv)](
-            q, k, v, do, dk, dv, lse, delta,
+        launch_kernel(
+            module.attn_bwd_preprocess, rows_grid, o, do, delta, *_strides(o), *_strides(do), p.heads_q, p.seq_q, BLOCK_M=config["BLOCK_M2"], **dims, **meta)
+        launch_kernel(
+            module.attn_bwd_dkdv, (_cdiv(p.seq_k, config["BLOCK_N1"]), p.batch * p.heads_kv), q, k, v, do, dk, dv, lse, delta,
             *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dk), *_strides(dv),
             p.heads_q, p.heads_kv, p.seq_q, p.seq_k, scale,
             BLOCK_M1=config["BLOCK_M1"], BLOCK_N1=config["BLOCK_N1"], **dims, **meta,
         )
-        module.attn_bwd_dq[rows_grid](
-            q, k, v, do, dq, lse, delta,
+        launch_kernel(
+            module.attn_bwd_dq, rows_grid, q, k, v, do, dq, lse, delta,
             *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dq),
             p.heads_q, p.heads_kv, p.seq_q, p.seq_k, scale,
             BLOCK_M2=config["BLOCK_M2"], BLOCK_N2=config["BLOCK_N2"], **dims, **meta,

@@ -17,6 +17,7 @@ from autotile.device import DeviceInfo, ensure_triton_allocator
 from autotile.dtypes import canonical_dtype_name, element_size, torch_dtype
 from autotile.errors import BadInputError, ShapeMismatchError, UnsupportedDtypeError
 from autotile.families.base import Baseline, Cost, Family, ProblemOption, Tensors, Tolerance, next_pow2
+from autotile.launch import launch as launch_kernel
 from autotile.render import launching, load_kernel_module
 from autotile.space import Axis, AxisKind, Config, Constraint, Space
 
@@ -366,15 +367,15 @@ class GemmFamily(Family):
         m, n, k = problem.m, problem.n, problem.k
         ws = torch.empty(plan.split_k, m, n, dtype=torch.float32, device=a.device) if plan.split_k > 1 else c
         with launching(plan.interpret):
-            plan.kernel[plan.grid](
-                a, b, c, ws, bias, scale_a, scale_b, m, n, k,
+            launch_kernel(
+                plan.kernel, plan.grid, a, b, c, ws, bias, scale_a, scale_b, m, n, k,
                 a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
                 **plan.constexprs,
             )
             if plan.split_k > 1:
                 bm, bn = _REDUCE_BLOCK
-                plan.reduce[(triton_cdiv(m, bm), triton_cdiv(n, bn))](
-                    ws, c, bias, scale_a, scale_b, m, n, c.stride(0), c.stride(1),
+                launch_kernel(
+                    plan.reduce, (triton_cdiv(m, bm), triton_cdiv(n, bn)), ws, c, bias, scale_a, scale_b, m, n, c.stride(0), c.stride(1),
                     SPLIT_K=plan.split_k, BLOCK_M=bm, BLOCK_N=bn, num_warps=4,
                 )
 

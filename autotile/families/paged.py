@@ -27,6 +27,7 @@ from autotile.device import DeviceInfo
 from autotile.dtypes import element_size, torch_dtype
 from autotile.errors import BadInputError, ShapeMismatchError, UnsupportedDtypeError
 from autotile.families.base import Baseline, Cost, Family, ProblemOption, Tensors, Tolerance, next_pow2
+from autotile.launch import launch as launch_kernel
 from autotile.render import interpreter_mode, load_kernel_module
 from autotile.space import Axis, AxisKind, Config, Constraint, Space
 
@@ -322,8 +323,8 @@ class PagedFamily(Family):
         scale = float(inputs["scale"])
         shape = dict(PAGE_SIZE=p.page_size, HEAD_DIM=p.head_dim, GROUP=p.group, NUM_QUERIES=p.num_queries, ROWS=rows)
         with interpreter_mode(interpret):
-            module.paged_attention_kernel[(p.num_kv_heads, p.batch, partitions)](
-                q, k_cache, v_cache, out, block_table, context_lens, k_scale, v_scale,
+            launch_kernel(
+                module.paged_attention_kernel, (p.num_kv_heads, p.batch, partitions), q, k_cache, v_cache, out, block_table, context_lens, k_scale, v_scale,
                 ws_acc, ws_max, ws_sum,
                 scale, partitions,
                 q.stride(0), q.stride(1), q.stride(2),
@@ -335,8 +336,8 @@ class PagedFamily(Family):
                 num_warps=config["num_warps"], num_stages=config["num_stages"],
             )
             if split:
-                module.paged_attention_reduce[(p.num_kv_heads, p.batch)](
-                    out, context_lens, ws_acc, ws_max, ws_sum, partitions,
+                launch_kernel(
+                    module.paged_attention_reduce, (p.num_kv_heads, p.batch), out, context_lens, ws_acc, ws_max, ws_sum, partitions,
                     out.stride(0), out.stride(1), out.stride(2),
                     HEAD_DIM=p.head_dim, GROUP=p.group, NUM_QUERIES=p.num_queries, ROWS=rows,
                     PARTITION_SIZE=config["PARTITION_SIZE"], num_warps=4,

@@ -16,6 +16,7 @@ from autotile.device import DeviceInfo, current_device
 from autotile.errors import BadInputError, ShapeMismatchError, UnsupportedDtypeError
 from autotile.families.flash import FAMILY, FlashFamily, FlashProblem, default_scale
 from autotile.runtime.dispatch import resolve
+from autotile.runtime.eager import direct_call_ok
 from autotile.space import Config
 
 
@@ -122,6 +123,8 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
     problem = FAMILY.check_tensors(q, k, v, causal=causal)
     if problem.dtype == "fp8" and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
         raise UnsupportedDtypeError("the fp8 path is forward only: call it under torch.no_grad(), or train in bf16")
+    if direct_call_ok(q, k, v):  # inference: no autograd graph to record, skip the dispatcher
+        return _run("fwd", {"q": q, "k": k, "v": v}, bool(causal), scale)["o"]
     o, _ = torch.ops.autotile.flash_attention_fwd(q, k, v, bool(causal), scale)
     return o
 

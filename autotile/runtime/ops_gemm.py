@@ -10,6 +10,7 @@ from autotile.dtypes import canonical_dtype_name
 from autotile.errors import BadInputError
 from autotile.families.gemm import FAMILY
 from autotile.runtime.dispatch import resolve
+from autotile.runtime.eager import direct_call_ok
 
 
 def _inputs(a, b, bias, scale_a, scale_b) -> dict:
@@ -31,19 +32,23 @@ def problem_for(a, b, *, bias=None, activation=None, out_dtype=None, scale_a=Non
     return FAMILY, problem, current_device(a.device)
 
 
+def _run(problem, device, a, b, bias, scale_a, scale_b) -> torch.Tensor:
+    config = resolve(FAMILY, problem, device).config
+    inputs = _inputs(a, b, bias, scale_a, scale_b)
+    outputs = FAMILY.allocate_outputs(problem, inputs)
+    if a.is_cuda and a.device.index != torch.cuda.current_device():
+        with torch.cuda.device(a.device):
+            FAMILY.launch(problem, config, inputs, outputs)
+    else:
+        FAMILY.launch(problem, config, inputs, outputs)
+    return outputs["c"]
+
+
 @torch.library.custom_op("autotile::matmul", mutates_args=())
 def _matmul_op(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor], scale_a: Optional[torch.Tensor],
                scale_b: Optional[torch.Tensor], activation: str, out_dtype: str) -> torch.Tensor:
-    family, problem, device = problem_for(a, b, bias=bias, activation=activation, out_dtype=out_dtype or None)
-    config = resolve(family, problem, device).config
-    inputs = _inputs(a, b, bias, scale_a, scale_b)
-    outputs = family.allocate_outputs(problem, inputs)
-    if a.is_cuda:
-        with torch.cuda.device(a.device):
-            family.launch(problem, config, inputs, outputs)
-    else:
-        family.launch(problem, config, inputs, outputs)
-    return outputs["c"]
+    _, problem, device = problem_for(a, b, bias=bias, activation=activation, out_dtype=out_dtype or None)
+    return _run(problem, device, a, b, bias, scale_a, scale_b)
 
 
 @_matmul_op.register_fake
@@ -72,6 +77,9 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None
     if not torch.compiler.is_compiling():
         # Eager calls get bad input reported here, before the op; traced calls meet the same checks
         # when the op runs (the fake implementation only gives shapes).
-        problem_for(a, b, bias=bias, activation=activation, out_dtype=out_dtype, scale_a=scale_a, scale_b=scale_b)
+        _, problem, device = problem_for(a, b, bias=bias, activation=activation, out_dtype=out_dtype,
+                                         scale_a=scale_a, scale_b=scale_b)
+        if direct_call_ok(a, b, bias, scale_a, scale_b):
+            return _run(problem, device, a, b, bias, scale_a, scale_b)
     out = canonical_dtype_name(out_dtype) if out_dtype is not None else ""
     return _matmul_op(a, b, bias, scale_a, scale_b, activation or "none", out)

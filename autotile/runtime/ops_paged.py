@@ -26,6 +26,7 @@ from autotile.device import DeviceInfo, current_device
 from autotile.dtypes import canonical_dtype_name
 from autotile.errors import BadInputError, ShapeMismatchError, UnsupportedDtypeError
 from autotile.families.paged import CACHE_DTYPES, FAMILY, QUERY_DTYPES, PagedFamily, PagedProblem, cdiv, context_bucket
+from autotile.runtime.eager import direct_call_ok
 
 __all__ = ["paged_attention", "problem_for"]
 
@@ -141,10 +142,7 @@ def _resolve_config(problem: PagedProblem, device: DeviceInfo):
     return resolve(FAMILY, problem, device).config
 
 
-@torch.library.custom_op("autotile::paged_attention", mutates_args=())
-def _paged_attention_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
-                        context_lens: torch.Tensor, scale: float, k_scale: torch.Tensor | None,
-                        v_scale: torch.Tensor | None) -> torch.Tensor:
+def _execute(q, k_cache, v_cache, block_table, context_lens, scale: float, k_scale, v_scale) -> torch.Tensor:
     # q: (B, Q, Hq, D) here; the public function adds and removes the Q axis of plain decode.
     q = q if q.stride(-1) == 1 else q.contiguous()
     block_table = block_table if block_table.stride(-1) == 1 else block_table.contiguous()
@@ -158,6 +156,13 @@ def _paged_attention_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
     outputs = FAMILY.allocate_outputs(problem, inputs)
     FAMILY.launch(problem, _resolve_config(problem, device), inputs, outputs)
     return outputs["out"]
+
+
+@torch.library.custom_op("autotile::paged_attention", mutates_args=())
+def _paged_attention_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
+                        context_lens: torch.Tensor, scale: float, k_scale: torch.Tensor | None,
+                        v_scale: torch.Tensor | None) -> torch.Tensor:
+    return _execute(q, k_cache, v_cache, block_table, context_lens, scale, k_scale, v_scale)
 
 
 @_paged_attention_op.register_fake
@@ -181,5 +186,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     k_scale_t, v_scale_t = _fp8_scales(k_cache, k_scale, v_scale)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     q4 = q if q.dim() == 4 else q.unsqueeze(1)
-    out = _paged_attention_op(q4, k_cache, v_cache, block_table, context_lens, scale, k_scale_t, v_scale_t)
+    args = (q4, k_cache, v_cache, block_table, context_lens, scale, k_scale_t, v_scale_t)
+    # Eager calls of plain tensors skip the dispatcher (decode steps are short kernels).
+    out = _execute(*args) if direct_call_ok(q, k_cache, v_cache) else _paged_attention_op(*args)
     return out if q.dim() == 4 else out.squeeze(1)

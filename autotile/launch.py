@@ -1,0 +1,123 @@
+"""Launching a compiled Triton kernel with less host work than `kernel[grid](...)`.
+
+Triton 3.6's `JITFunction.run` binds the arguments, computes the specialisation key,
+looks the compiled kernel up and builds launch metadata on every call: 22 µs of host
+time per GEMM launch on the H200 machine (benchmarks/results/launch_overhead_*.md),
+against 25-30 µs of GPU time of a 2048^3 bf16 GEMM. Short kernels became host-bound.
+
+`launch(kernel, grid, *args, **kwargs)` does what `kernel[grid](*args, **kwargs)` does.
+The first call of a (kernel, device, keyword arguments, argument signature) goes
+through Triton and keeps the CompiledKernel it returns; later calls hand the arguments
+straight to that kernel's C launcher. The argument signature is at least as fine as
+Triton's specialisation (dtype and 16-byte alignment of each tensor; for each integer,
+whether it is 1, a multiple of 16, and its width), so a cached kernel is only reused
+where Triton would pick the same one.
+
+Triton's own path is kept for the interpreter, for argument types not recognised here,
+while launch hooks are registered (profilers read their metadata), and while compiling
+only (`compile_ahead.compile_only`).
+"""
+from __future__ import annotations
+
+import threading
+
+import torch
+
+_compiled: dict[tuple, tuple] = {}  # key -> (CompiledKernel, trailing arguments)
+_lock = threading.Lock()
+_state = threading.local()  # .slow: Triton's own path for this thread (compile-only blocks)
+_driver_calls = None  # (get_current_device, get_current_stream) of Triton's active driver, bound once
+
+
+class _Unknown(Exception):
+    """An argument whose specialisation this module does not reproduce: Triton's path handles it."""
+
+
+def _arg_key(value):
+    if isinstance(value, torch.Tensor):
+        return (value.dtype, value.data_ptr() % 16 == 0)
+    if isinstance(value, bool):  # before int: bools are int1, never specialised on value
+        return bool
+    if isinstance(value, int):
+        return (value == 1, value % 16 == 0, -2**31 <= value < 2**31, value < 2**63)
+    if isinstance(value, float):
+        return float
+    if value is None:
+        return None
+    raise _Unknown
+
+
+def _hooks_registered() -> bool:
+    from triton import knobs
+
+    for hook in (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook):
+        if hook is not None and getattr(hook, "calls", True):
+            return True
+    return False
+
+
+class slow_path:
+    """Within this block, this thread launches through Triton's own `kernel[grid](...)`."""
+
+    def __enter__(self):
+        self._before = getattr(_state, "slow", False)
+        _state.slow = True
+        return self
+
+    def __exit__(self, *exc):
+        _state.slow = self._before
+
+
+def launch(kernel, grid: tuple, *args, **kwargs) -> None:
+    """`kernel[grid](*args, **kwargs)`, with the compiled kernel reused from the second call of a signature on.
+
+    Positional arguments are the kernel's leading parameters; keyword arguments are its constexpr
+    parameters and Triton's launch options (num_warps, num_stages, ...).
+    """
+    from triton.runtime.jit import JITFunction
+
+    if not isinstance(kernel, JITFunction) or getattr(_state, "slow", False) or _hooks_registered():
+        kernel[grid](*args, **kwargs)
+        return
+    global _driver_calls
+    if _driver_calls is None:
+        from triton.runtime import driver
+
+        _driver_calls = (driver.active.get_current_device, driver.active.get_current_stream)
+    get_device, get_stream = _driver_calls
+    device = get_device()
+    try:
+        key = (kernel, device, tuple(kwargs.items()), tuple(_arg_key(a) for a in args))
+        entry = _compiled.get(key)
+    except (_Unknown, TypeError):  # TypeError: an unhashable keyword value
+        kernel[grid](*args, **kwargs)
+        return
+    if entry is None:
+        compiled = kernel[grid](*args, **kwargs)
+        if compiled is not None and hasattr(compiled, "packed_metadata"):
+            with _lock:
+                _compiled[key] = (compiled, _trailing_args(kernel, len(args), kwargs))
+        return
+    compiled, trailing = entry
+    grid_y = grid[1] if len(grid) > 1 else 1
+    grid_z = grid[2] if len(grid) > 2 else 1
+    # The launcher takes every parameter in order, constexprs included (it skips those itself).
+    compiled.run(grid[0], grid_y, grid_z, get_stream(device), compiled.function, compiled.packed_metadata,
+                 None, None, None, *args, *trailing)
+
+
+def _trailing_args(kernel, positional: int, kwargs: dict) -> tuple:
+    """The values of the kernel's parameters after the positional ones: keyword values, else defaults."""
+    values = []
+    for param in kernel.params[positional:]:
+        if param.name in kwargs:
+            values.append(kwargs[param.name])
+        else:
+            values.append(param.default)
+    return tuple(values)
+
+
+def clear() -> None:
+    """Forget the kept compiled kernels (tests; a changed kernel cache)."""
+    with _lock:
+        _compiled.clear()

@@ -1,0 +1,85 @@
+"""The short launch path (autotile.launch) and the eager bypass of the dispatcher (autotile.runtime.eager)."""
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+import triton.language as tl
+from torch._subclasses.fake_tensor import FakeTensorMode
+from triton._C.libtriton import native_specialize_impl
+from triton.backends.nvidia.compiler import CUDABackend
+from triton.runtime.jit import JITFunction
+
+from autotile import launch
+from autotile.runtime.eager import direct_call_ok
+
+INTS = [0, 1, 2, 15, 16, 17, 32, 48, -1, -16, 2**31 - 16, 2**31 - 1, 2**31, 2**31 + 16, -2**31, -2**31 - 1,
+        2**40, 2**63 - 16, 2**63, 2**64 - 16]
+
+
+def _triton_key(value):
+    return native_specialize_impl(CUDABackend, value, False, True, True)
+
+
+def test_argument_key_separates_whatever_triton_specialises_on():
+    # Two arguments with one key must get one Triton specialisation, or a kept kernel would be reused wrongly.
+    storage = torch.zeros(64, dtype=torch.float32)
+    half = torch.zeros(64, dtype=torch.float16)
+    values = INTS + [True, False, 1.0, 0.5, None, storage, storage[1:], storage[4:], half, half[8:], half[1:]]
+    for x, y in itertools.combinations(values, 2):
+        if launch._arg_key(x) == launch._arg_key(y) and type(x) is type(y):
+            assert _triton_key(x) == _triton_key(y), (x, y)
+
+
+def test_argument_key_of_unknown_types_falls_back_to_triton():
+    with pytest.raises(launch._Unknown):
+        launch._arg_key("text")
+
+
+def _signature_only(x_ptr, n, BLOCK: tl.constexpr, EXTRA: tl.constexpr = 7):
+    pass
+
+
+def test_trailing_arguments_follow_the_signature():
+    # JITFunction directly: under the interpreter (the tests' default) triton.jit gives an InterpretedFunction.
+    kernel = JITFunction(_signature_only)
+    assert launch._trailing_args(kernel, 2, {"BLOCK": 64, "num_warps": 4}) == (64, 7)
+    assert launch._trailing_args(kernel, 1, {"n": 5, "BLOCK": 64, "EXTRA": 3}) == (5, 64, 3)
+
+
+def test_direct_calls_only_for_plain_tensors_without_autograd():
+    plain = torch.ones(3)
+    leaf = torch.ones(3, requires_grad=True)
+    assert direct_call_ok(plain, None, 1.5)
+    assert not direct_call_ok(plain, leaf)
+    with torch.no_grad():
+        assert direct_call_ok(plain, leaf)
+    assert not direct_call_ok(torch.ones(3, device="meta"))
+    with FakeTensorMode():
+        assert not direct_call_ok(torch.ones(3))
+
+
+def test_matmul_on_fake_tensors_still_gives_shapes():
+    import autotile
+
+    with FakeTensorMode():
+        a, b = torch.empty(5, 7), torch.empty(7, 3)
+        assert autotile.matmul(a, b).shape == (5, 3)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the short path launches compiled kernels: GPU only")
+def test_kept_kernels_give_the_results_of_fresh_launches():
+    from autotile.device import cuda_device
+    from autotile.families.gemm import FAMILY, contiguous_problem
+
+    device = cuda_device(0)
+    problem = contiguous_problem(100, 72, 40, "fp16", "fp16")
+    config = FAMILY.default_config(problem, device)
+    base = torch.randn(200 * 40 + 8, device="cuda", dtype=torch.float16)
+    b = torch.randn(40, 72, device="cuda", dtype=torch.float16)
+    for offset in (0, 0, 1, 8, 1):  # aligned, again (kept kernel), unaligned, aligned, unaligned again
+        a = base[offset:offset + 100 * 40].view(100, 40)
+        out = FAMILY.allocate_outputs(problem, {"a": a, "b": b})
+        FAMILY.launch(problem, config, {"a": a, "b": b}, out)
+        torch.testing.assert_close(out["c"].float(), a.float() @ b.float(), atol=0.05, rtol=0.01)
