@@ -273,11 +273,20 @@ def anchor_problems() -> list[FlashProblem]:
     return problems
 
 
+# --only groups: the shapes behind one target each.
+GROUPS = {
+    "bwd": lambda p: p.direction == "bwd",
+    "cudnn": lambda p: p.direction == "fwd" and p.head_dim == 128 and p.seq_q >= 4096,
+    "fwd": lambda p: p.direction == "fwd",
+}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--budget-s", type=float, default=300.0, help="wall-clock budget of the whole run")
     parser.add_argument("--out", type=Path, default=Path("."), help="folder for flash.sqlite and flash_bench.md")
     parser.add_argument("--skip-checks", action="store_true", help="go straight to tuning and timing")
+    parser.add_argument("--only", default="", help=f"comma-separated groups of shapes to run, of {sorted(GROUPS)}")
     args = parser.parse_args()
     start = time.time()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -290,6 +299,9 @@ def main() -> None:
 
     rows = []
     problems = anchor_problems()
+    if args.only:
+        groups = [GROUPS[g] for g in args.only.split(",")]
+        problems = [p for p in problems if any(g(p) for g in groups)]
     for index, problem in enumerate(problems):
         left = args.budget_s - (time.time() - start)
         shapes_left = len(problems) - index
