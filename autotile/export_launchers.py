@@ -286,7 +286,7 @@ def fused(**values):
         with on_device:
             elementwise_kernel[(max(programs, 1),)](
                 *tensors.values(), *scalars, *outputs, *geometry,
-                BLOCK_SIZE=_BLOCK_SIZE, num_warps=_NUM_WARPS, num_stages=_NUM_STAGES,
+                BLOCK_SIZE=_BLOCK_SIZE, EVEN=numel % _BLOCK_SIZE == 0, num_warps=_NUM_WARPS, num_stages=_NUM_STAGES,
             )
     return outputs[0] if _BARE else tuple(outputs)
 '''

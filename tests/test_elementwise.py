@@ -349,3 +349,18 @@ def test_cost_counts_broadcast_inputs_once():
     assert FAMILY.cost(a).bytes == (64 + 32 + 64 * 32) * 4
     b = FAMILY.problem_for_expression("sin(x)**2 + cos(x)**2", "bf16", 1000)
     assert FAMILY.cost(b).bytes == 1000 * 2 * 2
+
+
+@pytest.mark.parametrize("numel", [4096, 4097, 1024 * 3])
+@pytest.mark.parametrize("persistent", [False, True])
+def test_whole_blocks_run_unmasked_and_ragged_ones_masked(numel, persistent):
+    # numel a multiple of BLOCK_SIZE launches the EVEN (unpredicated) kernel; every element must still be written.
+    x = torch.randn(numel)
+    problem = FAMILY.problem_from_values(parse("x * 2 + 1"), {"x": x})
+    config = FAMILY.space(problem, DEVICE).validate(dict(BLOCK_SIZE=1024, num_warps=4, num_stages=1,
+                                                         PERSISTENT=persistent, PROGRAMS_PER_SM=1, STREAMING=False))
+    outputs = FAMILY.allocate_outputs(problem, {"x": x})
+    outputs["out"].fill_(math.nan)
+    FAMILY.launch(problem, config, {"x": x}, outputs)
+    assert FAMILY.launch_plan(problem, config, {"x": x}).meta["EVEN"] == (numel % 1024 == 0)
+    torch.testing.assert_close(outputs["out"], x * 2 + 1, rtol=0, atol=0)

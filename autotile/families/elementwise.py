@@ -664,8 +664,8 @@ class ElementwiseFamily(Family):
         if strided:
             geometry_args += geometry.sizes + tuple(v for st in geometry.strides for v in st)
         return LaunchPlan(module.elementwise_kernel, (max(blocks, 1),), geometry_args,
-                          {"BLOCK_SIZE": config["BLOCK_SIZE"], "num_warps": config["num_warps"],
-                           "num_stages": config["num_stages"]},
+                          {"BLOCK_SIZE": config["BLOCK_SIZE"], "EVEN": geometry.numel % config["BLOCK_SIZE"] == 0,
+                           "num_warps": config["num_warps"], "num_stages": config["num_stages"]},
                           tuple(s["bits"] for s in plan.steps if s["op"] == "scalar"), interpret)
 
     def run(self, plan: Plan, launch: LaunchPlan, inputs: Mapping[str, object], outputs: Sequence[torch.Tensor]) -> None:
