@@ -1,9 +1,10 @@
 """Launching a compiled Triton kernel with less host work than `kernel[grid](...)`.
 
 Triton 3.6's `JITFunction.run` binds the arguments, computes the specialisation key,
-looks the compiled kernel up and builds launch metadata on every call: 22 µs of host
-time per GEMM launch on the H200 machine (benchmarks/results/launch_overhead_*.md),
-against 25-30 µs of GPU time of a 2048^3 bf16 GEMM. Short kernels became host-bound.
+looks the compiled kernel up and builds launch metadata on every call: 24-49 µs of host
+time per GEMM launch on the H200 machines (benchmarks/results/launch_overhead_2026-11-29.md),
+against 25-37 µs of GPU time of a 2048^3 or 16x8192x8192 bf16 GEMM: short kernels were
+host-bound. Through this module the same launches took 19-31 µs, as cuBLAS's 13-21 µs.
 
 `launch(kernel, grid, *args, **kwargs)` does what `kernel[grid](*args, **kwargs)` does.
 The first call of a (kernel, device, keyword arguments, argument signature) goes

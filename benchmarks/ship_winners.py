@@ -11,6 +11,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from autotile.resources import shipped_db_path, shipped_dump_path  # noqa: E402
+from autotile.store.db import open_engine  # noqa: E402
 from autotile.store.ship import copy_winners, write_dump  # noqa: E402
 
 
@@ -19,7 +20,9 @@ def main(paths: list[str]) -> int:
     for path in paths:
         n = copy_winners(f"sqlite:///{Path(path).resolve()}", f"sqlite:///{target}")
         print(f"{path}: {n} winners")
-    # The shipped file is opened read-only and immutable: keep it in rollback-journal mode, one file.
+    # The shipped file is opened read-only and immutable: keep it in rollback-journal mode, one file
+    # (which needs the pooled connections of the copy closed first).
+    open_engine(f"sqlite:///{target}", create=False).dispose()
     with sqlite3.connect(target) as conn:
         conn.execute("PRAGMA journal_mode=DELETE")
     write_dump(target, shipped_dump_path())
