@@ -36,7 +36,10 @@ def family_options(family):
                                   help=opt.help)(fn)
             else:
                 kind = click.Choice(opt.choices) if opt.choices else opt.type
-                fn = click.option(flag, opt.name, type=kind, default=opt.default, help=opt.help,
+                default = opt.default
+                if opt.multiple and default is not None and not isinstance(default, (tuple, list)):
+                    default = (default,)  # click takes the default of a repeatable option as a sequence
+                fn = click.option(flag, opt.name, type=kind, default=default, help=opt.help,
                                   multiple=opt.multiple, show_default=opt.default is not None)(fn)
         return fn
 

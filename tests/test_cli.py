@@ -44,6 +44,13 @@ def test_render_refuses_a_config_outside_the_space(run):
     assert result.exit_code == 1 and "outside the search space" in result.output and "BLOCK_M=7" in result.output
 
 
+def test_repeatable_options_take_their_default(run):
+    # elementwise's --dtype is repeatable with default fp32: leaving it out renders the fp32 kernel.
+    result = run("render", "elementwise", "--expr", "x * 2 + 1", "--numel", "1000")
+    assert result.exit_code == 0, result.output
+    assert "def elementwise_kernel(" in result.output
+
+
 def test_bad_input_gets_a_clear_error(run, tmp_path):
     bad_dtype = run("tune", "gemm", "--m", "8", "--n", "8", "--k", "8", "--dtype", "int8", "--gpu", "interpret")
     assert bad_dtype.exit_code == 1 and "unknown dtype 'int8'" in bad_dtype.output
