@@ -658,10 +658,11 @@ class FlashFamily(Family):
         dq, dk, dv = outputs["dq"], outputs["dk"], outputs["dv"]
         delta = torch.empty_like(lse)  # (B, Hq, Sq) fp32: rowsum(dO * O)
         rows_grid = (_cdiv(p.seq_q, config["BLOCK_M2"]), p.batch * p.heads_q)
+        launch_kernel(module.attn_bwd_preprocess, rows_grid, o, do, delta, *_strides(o), *_strides(do),
+                      p.heads_q, p.seq_q, BLOCK_M=config["BLOCK_M2"], **dims, **meta)
         launch_kernel(
-            module.attn_bwd_preprocess, rows_grid, o, do, delta, *_strides(o), *_strides(do), p.heads_q, p.seq_q, BLOCK_M=config["BLOCK_M2"], **dims, **meta)
-        launch_kernel(
-            module.attn_bwd_dkdv, (_cdiv(p.seq_k, config["BLOCK_N1"]), p.batch * p.heads_kv), q, k, v, do, dk, dv, lse, delta,
+            module.attn_bwd_dkdv, (_cdiv(p.seq_k, config["BLOCK_N1"]), p.batch * p.heads_kv),
+            q, k, v, do, dk, dv, lse, delta,
             *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dk), *_strides(dv),
             p.heads_q, p.heads_kv, p.seq_q, p.seq_k, scale,
             BLOCK_M1=config["BLOCK_M1"], BLOCK_N1=config["BLOCK_N1"], **dims, **meta,

@@ -375,7 +375,8 @@ class GemmFamily(Family):
             if plan.split_k > 1:
                 bm, bn = _REDUCE_BLOCK
                 launch_kernel(
-                    plan.reduce, (triton_cdiv(m, bm), triton_cdiv(n, bn)), ws, c, bias, scale_a, scale_b, m, n, c.stride(0), c.stride(1),
+                    plan.reduce, (triton_cdiv(m, bm), triton_cdiv(n, bn)),
+                    ws, c, bias, scale_a, scale_b, m, n, c.stride(0), c.stride(1),
                     SPLIT_K=plan.split_k, BLOCK_M=bm, BLOCK_N=bn, num_warps=4,
                 )
 

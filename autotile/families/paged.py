@@ -324,7 +324,8 @@ class PagedFamily(Family):
         shape = dict(PAGE_SIZE=p.page_size, HEAD_DIM=p.head_dim, GROUP=p.group, NUM_QUERIES=p.num_queries, ROWS=rows)
         with interpreter_mode(interpret):
             launch_kernel(
-                module.paged_attention_kernel, (p.num_kv_heads, p.batch, partitions), q, k_cache, v_cache, out, block_table, context_lens, k_scale, v_scale,
+                module.paged_attention_kernel, (p.num_kv_heads, p.batch, partitions),
+                q, k_cache, v_cache, out, block_table, context_lens, k_scale, v_scale,
                 ws_acc, ws_max, ws_sum,
                 scale, partitions,
                 q.stride(0), q.stride(1), q.stride(2),
@@ -337,7 +338,8 @@ class PagedFamily(Family):
             )
             if split:
                 launch_kernel(
-                    module.paged_attention_reduce, (p.num_kv_heads, p.batch), out, context_lens, ws_acc, ws_max, ws_sum, partitions,
+                    module.paged_attention_reduce, (p.num_kv_heads, p.batch),
+                    out, context_lens, ws_acc, ws_max, ws_sum, partitions,
                     out.stride(0), out.stride(1), out.stride(2),
                     HEAD_DIM=p.head_dim, GROUP=p.group, NUM_QUERIES=p.num_queries, ROWS=rows,
                     PARTITION_SIZE=config["PARTITION_SIZE"], num_warps=4,

@@ -25,6 +25,7 @@ from autotile.errors import BadInputError, ShapeMismatchError
 from autotile.expr import Expression, InputSpec, infer_types, parse
 from autotile.families.elementwise import FAMILY, LaunchPlan, Plan
 from autotile.runtime.dispatch import on_clear, resolve
+from autotile.runtime.eager import direct_call_ok
 
 
 @functools.lru_cache(maxsize=1024)
@@ -174,12 +175,13 @@ class FusedExpression:
         if args:
             raise BadInputError(f"pass inputs by name, e.g. fuse(...)({', '.join(f'{n}=...' for n in self.expression.inputs)})")
         _check_names(self.expression, values)
-        if torch.compiler.is_compiling():
-            results = _fuse_op(self.canonical, *_split(values))
-        else:
+        if not torch.compiler.is_compiling():
             if torch.is_grad_enabled() and any(isinstance(v, torch.Tensor) and v.requires_grad for v in values.values()):
                 raise BadInputError("fuse has no backward; detach the inputs or call it under torch.no_grad()")
+        if direct_call_ok(*values.values()):
             results = _execute(self.expression, values)
+        else:  # traced, fake or subclass tensors: the op's registrations handle them
+            results = _fuse_op(self.canonical, *_split(values))
         if self.expression.bare:
             return results[0]
         return tuple(results)

@@ -188,5 +188,5 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     q4 = q if q.dim() == 4 else q.unsqueeze(1)
     args = (q4, k_cache, v_cache, block_table, context_lens, scale, k_scale_t, v_scale_t)
     # Eager calls of plain tensors skip the dispatcher (decode steps are short kernels).
-    out = _execute(*args) if direct_call_ok(q, k_cache, v_cache) else _paged_attention_op(*args)
+    out = _execute(*args) if direct_call_ok(*args) else _paged_attention_op(*args)
     return out if q.dim() == 4 else out.squeeze(1)
