@@ -23,7 +23,7 @@ from autotile.device import interpret_device
 from autotile.families.gemm import GemmFamily, contiguous_problem
 from autotile.store.db import open_engine
 from autotile.store.repo import Store
-from autotile.tune.cluster import OWNER_ATTR, recorded_trials
+from autotile.tune.cluster import CLAIM_ATTR, OWNER_ATTR, census, recorded_trials
 from autotile.tune.driver import study_name
 
 CPU = interpret_device()
@@ -98,6 +98,32 @@ def test_hosts_sharing_only_the_optuna_storage_split_the_trials(tmp_path):
     numbers = set(rows[0]) | set(rows[1])
     hashes = set(rows[0].values()) | set(rows[1].values())
     assert len(numbers) == len(hashes) == TRIALS  # each host ran its own trials: none twice, none lost
+
+
+def test_census_counts_a_trial_that_finishes_between_its_reads(tmp_path):
+    """A trial another search finishes while the count is being read is counted once, never missed."""
+    url = f"sqlite:///{tmp_path / 'one.sqlite'}"
+    engine = open_engine(url)
+    study = optuna.create_study(study_name="race", storage=url)
+    theirs = study.ask()
+    theirs.set_user_attr(OWNER_ATTR, "elsewhere:1:other")
+    theirs.set_user_attr(CLAIM_ATTR, "cfg-a")
+    read_trials = study.get_trials
+    reads = []
+
+    def read_then_they_finish(*args, **kwargs):
+        snapshot = read_trials(*args, **kwargs)
+        if not reads:  # the other search records and tells its trial right after our first read
+            theirs.set_user_attr("status", "ok")
+            theirs.set_user_attr("config_hash", "cfg-a")
+            study.tell(theirs, 1.0)
+        reads.append(kwargs.get("states"))
+        return snapshot
+
+    study.get_trials = read_then_they_finish
+    evaluated, claims = census(engine, study, "race", owner="here:2:mine")
+    assert len(reads) == 2
+    assert {**evaluated, **claims} == {theirs.number: "cfg-a"} and len(evaluated) + len(claims) == 1
 
 
 def _run_two_workers(urls: list[tuple[str, str]]) -> list[int]:

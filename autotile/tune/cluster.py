@@ -125,14 +125,21 @@ def fail_stale_trials(study: optuna.Study, stale_after_s: float = STALE_AFTER_S)
     return failed
 
 
-def live_claims(study: optuna.Study, recorded: dict[int, str], owner: str) -> dict[int, str]:
-    """Trial number -> config hash of other searches' claimed trials not yet recorded."""
+def census(engine, study: optuna.Study, name: str, owner: str) -> tuple[dict[int, str], dict[int, str]]:
+    """(evaluated, others' live claims): trial number -> config hash of each, as one consistent count.
+
+    A trial moves claimed (RUNNING) -> row written -> told finished, so the claims are read first: a trial
+    that finishes between the two reads then shows up in the second. Read the other way round, it would be
+    in neither, and two searches could both run the last trial of the target.
+    """
+    running = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+    evaluated = evaluated_trials(engine, study, name)
     claims = {}
-    for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+    for trial in running:
         claimed = trial.user_attrs.get(CLAIM_ATTR)
-        if claimed and trial.number not in recorded and trial.user_attrs.get(OWNER_ATTR) != owner:
+        if claimed and trial.number not in evaluated and trial.user_attrs.get(OWNER_ATTR) != owner:
             claims[trial.number] = claimed
-    return claims
+    return evaluated, claims
 
 
 class Heartbeat:

@@ -24,7 +24,7 @@ from autotile.families.base import Family
 from autotile.space import Config, Space
 from autotile.store.repo import Store
 from autotile.tune.cluster import (
-    CLAIM_ATTR, OWNER_ATTR, Heartbeat, evaluated_trials, fail_stale_trials, live_claims, new_owner,
+    CLAIM_ATTR, OWNER_ATTR, Heartbeat, census, fail_stale_trials, new_owner,
 )
 from autotile.tune.compile_ahead import DEFAULT_COMPILE_PROCESSES, NoCompileAhead, start_compile_ahead
 from autotile.tune.workers import InProcessEvaluator, IsolatedEvaluator, WorkerSetupError
@@ -203,10 +203,9 @@ class _Search:
                 self._stop(f"timeout after {plan.timeout:.0f} s")
                 return
             self._fail_stale_now_and_then()
-            recorded = evaluated_trials(plan.engine, self.study, plan.name)
+            recorded, claims = census(plan.engine, self.study, plan.name, self.owner)
             if len(recorded) >= plan.trials:
                 return
-            claims = live_claims(self.study, recorded, self.owner)
             if len(recorded) + len(claims) >= plan.trials:
                 time.sleep(self._rng.uniform(*_WAIT_FOR_OTHERS_S))  # the others' trials finish the target
                 continue
@@ -265,8 +264,7 @@ class _Search:
         """Claim `trial`; withdraw (and return False) when another search's claim makes it one too many or a repeat."""
         plan = self.plan
         trial.set_user_attr(CLAIM_ATTR, config.hash)
-        recorded = evaluated_trials(plan.engine, self.study, plan.name)
-        others = live_claims(self.study, recorded, self.owner)
+        recorded, others = census(plan.engine, self.study, plan.name, self.owner)
         over = len(recorded) + len(others) >= plan.trials
         repeat = config.hash in set(others.values()) or config.hash in set(recorded.values())
         if not over and not repeat:
