@@ -172,6 +172,8 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True, help="folder for the table, raw rows and the winners database")
     parser.add_argument("--retime-rounds", type=int, default=2, help="interleaved re-timing rounds of the tuner's finalists")
     parser.add_argument("--skip-correctness", action="store_true")
+    parser.add_argument("--only", default="", help="time only the chains whose expression contains this text")
+    parser.add_argument("--dtypes", default="fp32,bf16", help="input dtypes of the timed chains, comma-separated")
     args = parser.parse_args()
     started = time.monotonic()
     deadline = started + args.budget_s
@@ -191,7 +193,8 @@ def main() -> int:
     copy_tbps = copy_bandwidth(dev)
     log(f"copy bandwidth: {copy_tbps:.2f} TB/s (read + write, fp32, 2^28 elements)")
 
-    chains = [(expr, dtype) for expr in ANCHOR_CHAINS + (THREE_INPUT_CHAIN,) for dtype in ("fp32", "bf16")]
+    chains = [(expr, dtype) for expr in ANCHOR_CHAINS + (THREE_INPUT_CHAIN,) if args.only in expr
+              for dtype in args.dtypes.split(",")]
     problems = [FAMILY.problem_for_expression(expr, dtype) for expr, dtype in chains]
     # Each problem's final comparison (three compiles of a 2^28 chain and the interleaved rounds) takes
     # about 10 s; what is left before that is shared by the tuning of every problem.

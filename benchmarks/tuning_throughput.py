@@ -111,6 +111,9 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None, help="folder for tuning_throughput.md and .json")
     parser.add_argument("--interpret", action="store_true", help="check the script on the CPU interpreter")
+    parser.add_argument("--runs", default="off,on,2gpu",
+                        help="which runs, comma-separated: off (1 GPU, compile-ahead off), on (1 GPU, compile-ahead "
+                             "on), 2gpu (GPUs 0 and 1, compile-ahead on; skipped with fewer than two GPUs)")
     args = parser.parse_args()
 
     import torch
@@ -124,9 +127,10 @@ def main() -> int:
             return 1
         device, problem = resolve_gpu("auto"), contiguous_problem(args.size, args.size, args.size, "bf16", "bf16")
         gpu_counts = [1, 2] if torch.cuda.device_count() >= 2 else [1]
-    plans = [("1 GPU, compile-ahead off", [0], False), ("1 GPU, compile-ahead on", [0], True)]
-    if 2 in gpu_counts:
-        plans.append(("2 GPUs (0,1), compile-ahead on", [0, 1], True))
+    wanted = set(args.runs.split(","))
+    plans = [(label, gpus, ahead) for key, label, gpus, ahead in (
+        ("off", "1 GPU, compile-ahead off", [0], False), ("on", "1 GPU, compile-ahead on", [0], True),
+        ("2gpu", "2 GPUs (0,1), compile-ahead on", [0, 1], True)) if key in wanted and len(gpus) in gpu_counts]
     rows = []
     with tempfile.TemporaryDirectory(prefix="autotile-throughput-") as scratch:
         for label, gpus, ahead in plans:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import sqlite3
+from pathlib import Path
 
 import optuna
 import pytest
@@ -55,6 +56,25 @@ def test_round_trip_of_trials_and_winners(tmp_path):
     assert winner.toolchain["triton"] == "3.6.0"
 
 
+def test_opening_a_database_leaves_its_file_to_sqlite(tmp_path, monkeypatch):
+    """No open()/close() of the file from Python: a close drops the SQLite locks of this process's connections."""
+    import builtins
+
+    from autotile.store import db
+
+    path = tmp_path / "held.sqlite"
+    open_engine(f"sqlite:///{path}")
+    real_open = builtins.open
+
+    def refuse_the_database(file, *args, **kwargs):
+        assert not (isinstance(file, (str, Path)) and Path(file) == path), "opened the database file directly"
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", refuse_the_database)
+    db._engine.cache_clear()
+    open_engine(f"sqlite:///{path}")
+
+
 def test_foreign_corrupt_and_newer_databases_are_refused(tmp_path):
     foreign = tmp_path / "foreign.sqlite"
     with sqlite3.connect(foreign) as conn:
@@ -68,6 +88,7 @@ def test_foreign_corrupt_and_newer_databases_are_refused(tmp_path):
     corrupt.write_bytes(b"this is not a database at all" * 10)
     with pytest.raises(DatabaseError, match="not a SQLite database"):
         open_engine(f"sqlite:///{corrupt}")
+    assert corrupt.read_bytes() == b"this is not a database at all" * 10
 
     newer = tmp_path / "newer.sqlite"
     engine = open_engine(f"sqlite:///{newer}")

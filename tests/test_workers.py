@@ -20,8 +20,8 @@ from autotile.device import interpret_device
 from autotile.families.gemm import GemmFamily, contiguous_problem
 from autotile.store.db import open_engine
 from autotile.store.repo import Store
-from autotile.tune.cluster import recorded_trials
-from autotile.tune.driver import study_name, tune_problem
+from autotile.tune.cluster import OWNER_ATTR, recorded_trials
+from autotile.tune.driver import TuneError, study_name, tune_problem
 from autotile.bench import Status
 from autotile.tune.workers import IsolatedEvaluator, reproduce_command
 
@@ -136,12 +136,82 @@ def test_killed_tuner_resumes_to_the_exact_count(tmp_path):
 
 @pytest.mark.parametrize("searches", [2])
 def test_parallel_searches_share_one_study(tmp_path, searches):
-    url = f"sqlite:///{tmp_path / 'g.sqlite'}"
+    url = f"sqlite:///{tmp_path / 'g (1).sqlite'}"  # a path that URL rendering would escape
     result = tune_problem(GemmFamily(), PROBLEM, CPU, trials=7, db_url=url, gpus=list(range(searches)),
                           retime_rounds=0, lookahead=1)
     rows = recorded_trials(open_engine(url), study_name(GemmFamily(), PROBLEM, CPU))
     assert len(rows) == 7 and len(set(rows.values())) == 7
     assert result.trials_this_run == 7 and sum(result.statuses.values()) == 7
+    pids = _owner_pids(url, study_name(GemmFamily(), PROBLEM, CPU), rows)
+    assert len(pids) == searches and os.getpid() not in pids  # a process per search, each ran trials
+
+
+def _owner_pids(url: str, name: str, numbers) -> set[int]:
+    """The pids of the searches that ran the given trials (owners are host:pid:token)."""
+    trials = {t.number: t for t in optuna.load_study(study_name=name, storage=url).trials}
+    return {int(trials[n].user_attrs[OWNER_ATTR].split(":")[1]) for n in numbers}
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has exited
+    except OSError:
+        return False
+
+
+def test_killed_multi_search_tuner_stops_its_searches_and_resumes(tmp_path):
+    url = f"sqlite:///{tmp_path / 'm.sqlite'}"
+    script = textwrap.dedent(f"""
+        from autotile.device import interpret_device
+        from autotile.families.gemm import FAMILY, contiguous_problem
+        from autotile.tune.driver import tune_problem
+        tune_problem(FAMILY, contiguous_problem(24, 32, 64, "fp16", "fp16"), interpret_device(), trials=40,
+                     db_url={url!r}, retime_rounds=0, gpus=[0, 1], lookahead=1)
+    """)
+    open_engine(url)
+    name = study_name(GemmFamily(), PROBLEM, CPU)
+    tuner = subprocess.Popen([sys.executable, "-c", script], env={**os.environ, "TRITON_INTERPRET": "1"})
+    engine = open_engine(url)
+    try:
+        deadline = time.monotonic() + 120
+        while len(recorded_trials(engine, name)) < 4 and time.monotonic() < deadline and tuner.poll() is None:
+            time.sleep(0.05)
+        assert tuner.poll() is None, "the tuner ended before it could be killed"
+        tuner.send_signal(signal.SIGKILL)
+    finally:
+        tuner.wait(30)
+    searches = _owner_pids(url, name, recorded_trials(engine, name))
+    assert len(searches) == 2
+    deadline = time.monotonic() + 120  # each finishes the trial it is in, then sees its tuner gone
+    while any(_running(pid) for pid in searches) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(_running(pid) for pid in searches), "a search process outlived its killed tuner"
+    before = len(recorded_trials(engine, name))
+    assert 4 <= before < 12
+    result = tune_problem(GemmFamily(), PROBLEM, CPU, trials=12, db_url=url, retime_rounds=0, gpus=[0, 1],
+                          lookahead=1)
+    rows = recorded_trials(engine, name)
+    assert result.trials_this_run == 12 - before and len(rows) == 12 and len(set(rows.values())) == 12
+
+
+def test_tuning_refuses_an_in_memory_database():
+    for gpus in (None, [0, 1]):
+        with pytest.raises(TuneError, match="not an in-memory database"):
+            tune_problem(GemmFamily(), PROBLEM, CPU, trials=2, db_url="sqlite:///:memory:", gpus=gpus)
+
+
+def test_a_search_process_error_reaches_the_tuner():
+    from autotile.tune.processes import _error_from, _error_to
+
+    class Unpicklable(RuntimeError):
+        def __reduce__(self):
+            raise TypeError("no")
+
+    assert isinstance(_error_from(_error_to(TuneError("bad shape"))), TuneError)
+    assert str(_error_from(_error_to(TuneError("bad shape")))) == "bad shape"
+    travelled = _error_from(_error_to(Unpicklable("lost the GPU")))
+    assert isinstance(travelled, TuneError) and "lost the GPU" in str(travelled)
 
 
 def test_cli_runs_two_searches_and_rejects_a_bad_gpu_list(tmp_path):

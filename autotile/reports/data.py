@@ -18,7 +18,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from autotile.device import PROFILES
-from autotile.store.db import open_engine
+from autotile.store.db import default_db_url, normalise_url, open_engine
 from autotile.store.models import Device, Problem, Trial
 from autotile.store.repo import Store, WinnerView
 
@@ -330,7 +330,7 @@ def build_report(db_url: str | None = None, *, family: str | None = None, device
     [('m=512 n=512 k=512', 0.0123)]
     """
     engine = open_engine(db_url, create=False)
-    url = engine.url.render_as_string(hide_password=False)
+    url = normalise_url(db_url) if db_url else default_db_url()  # as given: rendering escapes '(' in paths
     winners: dict[tuple[str, str], WinnerView] = {
         (w.problem_key, w.device_key): w for w in Store(engine).winners(family, device)}
     trials = _trials_by_problem(engine, family, device)

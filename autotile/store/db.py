@@ -78,6 +78,12 @@ def check_schema(engine: Engine, url: str) -> str:
     try:
         tables = set(inspect(engine).get_table_names())
     except (SADatabaseError, OperationalError) as exc:
+        # NOTE: SQLite itself tells a foreign file apart. Reading its header with open() here would, on
+        # close(), drop every POSIX lock this process's SQLite connections hold on the file; another
+        # process then takes itself for the last connection and resets the write-ahead log under them
+        # ("database disk image is malformed", https://www.sqlite.org/howtocorrupt.html section 2.2).
+        if "file is not a database" in str(exc.orig):
+            raise DatabaseError(f"{url} is not a SQLite database; point --db/AUTOTILE_DB at another file") from None
         raise DatabaseError(f"{url} is not a readable database ({exc.orig}); point --db/AUTOTILE_DB at another file "
                             "or move this one away") from None
     ours = {t for t in tables if t.startswith("autotile_")}
@@ -111,10 +117,6 @@ def inspect_database(url: str | None = None, *, create: bool = True) -> tuple[En
     if path is not None and "mode=ro" not in url:
         if not path.exists() and not create:
             raise DatabaseError(f"no autotile database at {path}")
-        if path.exists() and path.stat().st_size > 0:
-            with open(path, "rb") as handle:
-                if handle.read(16) != b"SQLite format 3\x00":
-                    raise DatabaseError(f"{path} is not a SQLite database; point --db/AUTOTILE_DB at another file")
         if create:
             path.parent.mkdir(parents=True, exist_ok=True)
     engine = _engine(url)

@@ -63,7 +63,16 @@ def _pid_alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    return True
+    return not _is_zombie(pid)
+
+
+def _is_zombie(pid: int) -> bool:
+    """Whether `pid` has exited and waits to be reaped (in a container whose init reaps nobody, for good)."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):  # no /proc (not Linux) or gone meanwhile
+        return False
 
 
 def owner_is_gone(owner: str) -> bool:

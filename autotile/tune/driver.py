@@ -10,20 +10,22 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import optuna
+from sqlalchemy.engine import make_url
 
 from autotile.bench import retime_interleaved
 from autotile.device import DeviceInfo, cuda_device
 from autotile.families.base import Family
 from autotile.space import Config
-from autotile.store.db import open_engine
+from autotile.store.db import default_db_url, normalise_url, open_engine
 from autotile.store.repo import Store
 from autotile.tune.cluster import fail_stale_trials
+from autotile.tune.processes import run_search_processes
+from autotile.tune.storage import optuna_storage
 from autotile.tune.search import Progress, TuneError, _Search, _SearchPlan, _SharedState  # noqa: F401 - re-exported
 from autotile.tune.workers import default_trial_timeout
 
@@ -73,44 +75,6 @@ def study_name(family: Family, problem, device: DeviceInfo) -> str:
     return f"autotile:{family.name}:{device.key}:{digest}:t{template_sha(family.template)}"
 
 
-def _optuna_storage(url: str) -> optuna.storages.RDBStorage:
-    engine_kwargs = {"connect_args": {"timeout": 30}} if url.startswith("sqlite") else {"pool_pre_ping": True}
-    storage = optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
-    if url.startswith("sqlite"):
-        _serialise_sqlite_transactions(storage.engine)
-    return storage
-
-
-def _serialise_sqlite_transactions(engine) -> None:
-    """Make every transaction on `engine` take SQLite's write lock when it begins.
-
-    NOTE: Optuna hands out a waiting (enqueued) trial by reading it `FOR UPDATE` and then marking it
-    running. SQLite ignores FOR UPDATE and pysqlite begins transactions only at the first write, so two
-    searches (threads or processes) could both read the trial as waiting and both run it. BEGIN
-    IMMEDIATE (SQLAlchemy's recipe for SQLite transactions) makes the read and the write one step.
-    PostgreSQL honours FOR UPDATE and needs nothing.
-    """
-    from sqlalchemy import event
-
-    @event.listens_for(engine, "connect")
-    def _driver_leaves_transactions_to_us(dbapi_conn, _record):
-        dbapi_conn.isolation_level = None
-        # Optuna commits once per suggested parameter: without an fsync each (see autotile.store.db).
-        dbapi_conn.execute("PRAGMA journal_mode=WAL")
-        dbapi_conn.execute("PRAGMA synchronous=NORMAL")
-
-    @event.listens_for(engine, "begin")
-    def _begin_immediate(conn):
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
-
-    engine.dispose()  # connections opened before the listeners would keep pysqlite's own handling
-
-
-def _evaluated_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
-    states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL)
-    return [t for t in study.get_trials(deepcopy=False, states=states) if "status" in t.user_attrs]
-
-
 def tune_problem(
     family: Family,
     problem,
@@ -135,8 +99,8 @@ def tune_problem(
     Resumes a study of the same name (trials a killed run left RUNNING are failed first); records every
     trial; re-times the best `top_k` configs interleaved with the baseline and stores the winner.
 
-    `gpus` runs one search per listed CUDA device on the same study (under the interpreter, as many
-    searches on the CPU); several processes (hosts) with the same `storage_url` share one study the
+    `gpus` runs one search process per listed CUDA device on the same study (under the interpreter, as
+    many search processes on the CPU; see autotile.tune.processes); several processes (hosts) with the same `storage_url` share one study the
     same way, and together stop at `trials`.
     `isolate` runs each trial in a worker process that a crash or a hang (past `trial_timeout`
     seconds) costs one trial; the default is on for GPUs and off under the interpreter.
@@ -146,12 +110,16 @@ def tune_problem(
     >>> from autotile.families.gemm import FAMILY, GemmProblem
     >>> from autotile.device import interpret_device
     >>> r = tune_problem(FAMILY, GemmProblem(16, 32, 32, "fp32", "fp32"), interpret_device(),
-    ...                  trials=2, db_url="sqlite:///:memory:")  # doctest: +SKIP
+    ...                  trials=2, db_url="sqlite:////tmp/tuning.sqlite")  # doctest: +SKIP
     """
     started = time.monotonic()
+    for url in (db_url, storage_url):
+        if url and _in_memory(url):
+            raise TuneError(f"{url}: a study lives in a database its searches and reruns can reopen; give --db "
+                            "(and --storage) a SQLite file or a server URL, not an in-memory database")
     engine = open_engine(db_url, create=True)
     store = Store(engine)
-    storage = _optuna_storage(storage_url or str(engine.url.render_as_string(hide_password=False)))
+    storage = optuna_storage(storage_url or (normalise_url(db_url) if db_url else default_db_url()))
     device_id = store.ensure_device(device)
     toolchain_id = store.ensure_toolchain()
     problem_id = store.ensure_problem(family, problem)
@@ -183,23 +151,13 @@ def tune_problem(
         targets = [(None, device) for _ in gpus]
     else:
         targets = [(g, _device_for_gpu(device, g)) for g in gpus]
-    shared = _SharedState()
-    searches = [_Search(plan, slot, gpu, dev, shared) for slot, (gpu, dev) in enumerate(targets)]
-    if len(searches) == 1:
-        searches[0].run()
+    if len(targets) == 1:
+        shared = _SharedState()
+        _Search(plan, 0, *targets[0], shared).run()
     else:
-        threads = [threading.Thread(target=s.run, name=f"autotile-search-{s.gpu}") for s in searches]
-        for thread in threads:
-            thread.start()
-        try:
-            for thread in threads:
-                thread.join()
-        except KeyboardInterrupt:
-            # Ctrl-C reaches this thread only: the searches stop after their current trial, then we stop too.
-            shared.stop.set()
-            for thread in threads:
-                thread.join()
-            raise
+        # The URL as given: a rendered engine URL escapes characters of file paths, e.g. '(' as %28.
+        db_url = normalise_url(db_url) if db_url else default_db_url()
+        shared = run_search_processes(plan, targets, db_url, storage_url or db_url)
     if shared.error is not None:
         raise shared.error
 
@@ -210,6 +168,13 @@ def tune_problem(
     result.seconds = time.monotonic() - started
     result.stopped_early = shared.stopped
     return result
+
+
+def _in_memory(url: str) -> bool:
+    parsed = make_url(normalise_url(url))
+    if parsed.get_backend_name() != "sqlite":
+        return False
+    return parsed.database in (None, "", ":memory:") or "mode=memory" in url
 
 
 def _device_for_gpu(device: DeviceInfo, gpu: int) -> DeviceInfo:

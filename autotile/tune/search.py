@@ -1,7 +1,7 @@
 """One search: ask Optuna for configs, claim them, run them where a crash costs one trial, record them.
 
-`tune_problem` (autotile.tune.driver) runs one `_Search` per device (a thread
-each for `--gpus`); several processes with one storage run one each. They
+`tune_problem` (autotile.tune.driver) runs one `_Search` per device (a process
+each for `--gpus`, autotile.tune.processes); several hosts with one storage run one each. They
 coordinate through the study itself (autotile.tune.cluster): claims before a
 config runs, counts taken from autotile's trial rows.
 """
