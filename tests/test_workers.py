@@ -23,7 +23,7 @@ from autotile.store.repo import Store
 from autotile.tune.cluster import OWNER_ATTR, recorded_trials
 from autotile.tune.driver import TuneError, study_name, tune_problem
 from autotile.bench import Status
-from autotile.tune.workers import IsolatedEvaluator, reproduce_command
+from autotile.tune.workers import InProcessEvaluator, IsolatedEvaluator, reproduce_command
 
 sys.path.insert(0, str(Path(__file__).parent / "helpers"))
 from crashing_family import EXIT_CODE, CrashingGemm  # noqa: E402
@@ -135,15 +135,19 @@ def test_killed_tuner_resumes_to_the_exact_count(tmp_path):
 
 
 @pytest.mark.parametrize("searches", [2])
-def test_parallel_searches_share_one_study(tmp_path, searches):
+def test_parallel_searches_share_one_study(tmp_path, searches, monkeypatch):
+    from wait_for_peer import hold_local_search
+
     url = f"sqlite:///{tmp_path / 'g (1).sqlite'}"  # a path that URL rendering would escape
+    monkeypatch.setattr(InProcessEvaluator, "evaluate", InProcessEvaluator.evaluate)  # undone after the test
+    hold_local_search(url)
     result = tune_problem(GemmFamily(), PROBLEM, CPU, trials=7, db_url=url, gpus=list(range(searches)),
                           retime_rounds=0, lookahead=1)
     rows = recorded_trials(open_engine(url), study_name(GemmFamily(), PROBLEM, CPU))
     assert len(rows) == 7 and len(set(rows.values())) == 7
     assert result.trials_this_run == 7 and sum(result.statuses.values()) == 7
     pids = _owner_pids(url, study_name(GemmFamily(), PROBLEM, CPU), rows)
-    assert len(pids) == searches and os.getpid() not in pids  # a process per search, each ran trials
+    assert len(pids) == searches and os.getpid() in pids  # the first search here, each other in its own process
 
 
 def _owner_pids(url: str, name: str, numbers) -> set[int]:
@@ -163,11 +167,16 @@ def _running(pid: int) -> bool:
 def test_killed_multi_search_tuner_stops_its_searches_and_resumes(tmp_path):
     url = f"sqlite:///{tmp_path / 'm.sqlite'}"
     script = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(Path(__file__).parent / "helpers")!r})
+        from wait_for_peer import hold_local_search
         from autotile.device import interpret_device
         from autotile.families.gemm import FAMILY, contiguous_problem
         from autotile.tune.driver import tune_problem
-        tune_problem(FAMILY, contiguous_problem(24, 32, 64, "fp16", "fp16"), interpret_device(), trials=40,
-                     db_url={url!r}, retime_rounds=0, gpus=[0, 1], lookahead=1)
+        if __name__ == "__main__":
+            hold_local_search({url!r})
+            tune_problem(FAMILY, contiguous_problem(24, 32, 64, "fp16", "fp16"), interpret_device(), trials=40,
+                         db_url={url!r}, retime_rounds=0, gpus=[0, 1], lookahead=1)
     """)
     open_engine(url)
     name = study_name(GemmFamily(), PROBLEM, CPU)

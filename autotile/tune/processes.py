@@ -3,10 +3,11 @@
 As threads of one process the searches took turns under the GIL: each trial
 costs its search 0.2-0.3 s of Python (Optuna's ask and tell, the claims),
 about as long as a short GEMM trial, and two H200s tuned only 1.09x as fast
-as one (benchmarks/RESULTS.md). Each search process rebuilds its plan from
+as one (benchmarks/RESULTS.md). The first search runs in the tuner's own
+process; each other one in a search process that rebuilds its plan from
 plain data (database URLs, a family reference, the problem as a dict), runs
 one `_Search` on the shared study, and sends its progress and result to the
-parent on a queue. The parent draws the progress, sums the results, and on
+tuner on a queue. The tuner draws the progress, sums the results, and on
 Ctrl-C tells every search to stop after its current trial.
 
 Search processes ignore SIGINT (the terminal sends it to the whole process
@@ -62,31 +63,39 @@ _PLAIN_FIELDS = ("name", "ids", "trials", "timeout", "seed", "isolate", "trial_t
 
 def run_search_processes(plan: _SearchPlan, targets: Sequence[tuple[int | None, DeviceInfo]], db_url: str,
                          storage_url: str) -> _SharedState:
-    """Run one search process per (gpu, device) target on `plan`'s study; returns their combined state."""
+    """Run one search per (gpu, device) target on `plan`'s study; returns their combined state.
+
+    The first target's search runs in this process (a thread beside the one relaying reports, which
+    mostly waits), so it starts at once; every other target gets a search process.
+    """
     context = multiprocessing.get_context("spawn")
     reports = context.Queue()
     stop = context.Event()
     seconds_left = None if plan.deadline is None else max(0.0, plan.deadline - time.monotonic())
     plain = {name: getattr(plan, name) for name in _PLAIN_FIELDS}
-    processes = []
-    for slot, (gpu, device) in enumerate(targets):
+    processes = {}
+    for slot, (gpu, device) in enumerate(targets[1:], start=1):
         spec = _SearchSpec(family_ref(plan.family), dataclasses.asdict(plan.problem), db_url, storage_url, plain,
                            seconds_left, slot, gpu, device, os.getpid())
         # Not daemonic: a search process starts trial workers and compile processes of its own.
         process = context.Process(target=_search_process_main, args=(spec, reports, stop),
                                   name=f"autotile-search-{gpu if gpu is not None else slot}")
         process.start()
-        processes.append(process)
-    shared = _SharedState()
+        processes[slot] = process
+    shared = _SharedState(stop=stop)
+    local = threading.Thread(target=_Search(plan, 0, *targets[0], shared).run, name="autotile-search-0")
+    local.start()
     try:
         _collect(processes, reports, shared, plan)
+        local.join()
     except KeyboardInterrupt:
-        # The searches stop after their current trial; every finished trial is stored by then.
+        # Every search stops after its current trial; every finished trial is stored by then.
         stop.set()
         _collect(processes, reports, shared, plan)
+        local.join()
         raise
     finally:
-        for process in processes:
+        for process in processes.values():
             process.join(_DRAIN_AFTER_EXIT_S)
             if process.is_alive():
                 process.kill()
@@ -94,7 +103,7 @@ def run_search_processes(plan: _SearchPlan, targets: Sequence[tuple[int | None, 
     return shared
 
 
-def _collect(processes: list, reports, shared: _SharedState, plan: _SearchPlan) -> None:
+def _collect(processes: dict, reports, shared: _SharedState, plan: _SearchPlan) -> None:
     """Forward progress and gather results until every search process has reported or died."""
     done: set[int] = set()
     exited_at: dict[int, float] = {}
@@ -103,7 +112,7 @@ def _collect(processes: list, reports, shared: _SharedState, plan: _SearchPlan) 
             slot, kind, data = reports.get(timeout=_POLL_S)
         except queue.Empty:
             now = time.monotonic()
-            for slot, process in enumerate(processes):
+            for slot, process in processes.items():
                 if slot in done or process.is_alive():
                     continue
                 exited_at.setdefault(slot, now)
