@@ -11,7 +11,7 @@ from autotile.device import interpret_device
 from autotile.errors import BadInputError, ShapeMismatchError, UnsupportedDtypeError
 from autotile.expr import ExpressionError, parse
 from autotile.families.checks import compare
-from autotile.families.elementwise import FAMILY, ElementwiseProblem, geometry_of
+from autotile.families.elementwise import FAMILY, ElementwiseProblem, geometry_of, triton_cdiv
 from autotile.space import Config
 
 DEVICE = interpret_device()
@@ -364,3 +364,146 @@ def test_whole_blocks_run_unmasked_and_ragged_ones_masked(numel, persistent):
     FAMILY.launch(problem, config, {"x": x}, outputs)
     assert FAMILY.launch_plan(problem, config, {"x": x}).meta["EVEN"] == (numel % 1024 == 0)
     torch.testing.assert_close(outputs["out"], x * 2 + 1, rtol=0, atol=0)
+
+
+# --- sin and cos of one argument: one "sincos" step ----------------------------------------------
+
+SINCOS_BOUND = 105615.0  # templates/elementwise.py.j2: a block holding a larger |x| takes tl.sin/tl.cos
+
+
+def _ops(expr: str, dtype: str = "fp32") -> list[str]:
+    return [s["op"] for s in FAMILY.plan(FAMILY.problem_for_expression(expr, dtype, 1000)).steps]
+
+
+@pytest.mark.parametrize("expr, dtype", [
+    ("sin(x)**2 + cos(x)**2", "fp32"),
+    ("a = sin(x); b = cos(x)*y", "fp32"),  # several outputs
+    ("sin(x)**2 + cos(x)**2", "bf16"),
+    ("sin(x)**2 + cos(x)**2", "fp16"),
+    ("sin(2*x) * cos(x*2)", "fp32"),  # one argument, spelled two ways
+    ("sin(i) - cos(i)", "i32"),  # computed in fp32 from one cast
+])
+def test_sin_and_cos_of_one_argument_are_one_step(expr, dtype):
+    ops = _ops(expr, dtype)
+    assert ops.count("sincos") == 1 and "sin" not in ops and "cos" not in ops, ops
+
+
+@pytest.mark.parametrize("expr, dtype", [
+    ("sin(x) + cos(y)", "fp32"),  # different arguments
+    ("sin(x) * cos(x + 1)", "fp32"),
+    ("sin(x) * x", "fp32"),  # sin alone
+    ("sin(x)**2 + cos(x)**2", "fp64"),  # fp64 keeps libdevice
+])
+def test_sin_and_cos_of_other_arguments_or_precisions_stay_separate(expr, dtype):
+    ops = _ops(expr, dtype)
+    assert "sincos" not in ops and "sin" in ops, ops
+
+
+def test_sin_and_cos_of_a_value_uniform_over_the_block_stay_separate():
+    # sin and cos of a scalar, a 0-d or a one-element tensor are 0-d values computed once per block: no sharing
+    x = torch.randn(300)
+    expr = "x * cos(s) - sin(s)"
+    for s in (0.75, torch.tensor(0.75), torch.tensor([0.75])):
+        problem = FAMILY.problem_from_values(parse(expr), {"x": x, "s": s})
+        assert "sincos" not in [step["op"] for step in FAMILY.plan(problem).steps]
+        got = autotile.fuse(expr)(x=x, s=s)
+        _assert_matches(expr, got, x.double() * math.cos(0.75) - math.sin(0.75), {"x": x, "s": s})
+
+
+def _launch(expr: str, values: dict, monkeypatch, block_size: int = 1024, num_warps: int = 4) -> tuple:
+    """One launch with a fixed block size (the fast-path test is made per block): (problem, outputs, and the
+    number of blocks that took the shared reduction, the template's _sincos_f32_reduced, not tl.sin/tl.cos)."""
+    problem = FAMILY.problem_from_values(parse(expr), values)
+    config = FAMILY.space(problem, DEVICE).validate(dict(BLOCK_SIZE=block_size, num_warps=num_warps, num_stages=1,
+                                                         PERSISTENT=False, PROGRAMS_PER_SM=1, STREAMING=False))
+    helpers = FAMILY.launch_plan(problem, config, values).kernel.fn.__globals__  # the module the interpreter runs
+    reduced, fast_blocks = helpers["_sincos_f32_reduced"], []
+    monkeypatch.setitem(helpers, "_sincos_f32_reduced", lambda x: fast_blocks.append(x) or reduced(x))
+    outputs = FAMILY.allocate_outputs(problem, values)
+    for out in outputs.values():
+        out.fill_(math.nan)
+    FAMILY.launch(problem, config, values, outputs)
+    return problem, outputs, len(fast_blocks)
+
+
+def _log_uniform(n: int, gen: torch.Generator, high: float = 1e5) -> torch.Tensor:
+    """n float64 values of magnitude log-uniform in [1e-30, high], either sign."""
+    magnitude = torch.exp(torch.empty(n, dtype=torch.float64).uniform_(math.log(1e-30), math.log(high), generator=gen))
+    return torch.where(torch.rand(n, generator=gen) < 0.5, -magnitude, magnitude)
+
+
+def _near_multiples_of_half_pi(ks: torch.Tensor, spread: int) -> torch.Tensor:
+    """The fp32 values within `spread` ulps of k pi/2: where the reduction cancels most, r down to 2^-27.8."""
+    nearest = (ks.double() * (math.pi / 2)).float()
+    values, up, down = [nearest], nearest, nearest
+    for _ in range(spread):
+        up, down = torch.nextafter(up, torch.tensor(math.inf)), torch.nextafter(down, torch.tensor(0.0))
+        values += [up, down]
+    near = torch.cat(values)
+    return torch.cat([near, -near])
+
+
+SINCOS_SPECIALS = [0.0, -0.0, 1e-30, -1e-30, 1e-37, 1e-40, math.nan, 1e5, -1e5, SINCOS_BOUND, -SINCOS_BOUND] + [
+    k * math.pi / 4 for k in range(-12, 13)]
+JUST_BEYOND_BOUND = [105616.0, -105616.0, 2e5, 1e6]  # 2e5: bf16 rounds 105616 down into the bound
+FAR_BEYOND_BOUND = [1e30, -1e30, 3e38, math.inf, -math.inf, math.nan]
+
+
+def _fast_then_fallback_blocks(dtype: torch.dtype, block: int = 1024) -> torch.Tensor:
+    """Block 0: specials, arguments near k pi/2 and log-uniform ones, all within the fast range of `dtype`;
+    blocks 1 and 2 (one element short): log-uniform arguments and ones beyond SINCOS_BOUND, just and far,
+    so that both take tl.sin/tl.cos."""
+    gen = torch.Generator().manual_seed(5)
+    top = min(1e5, torch.finfo(dtype).max)
+    hard = _near_multiples_of_half_pi(torch.tensor([1, 3, 6, 161, 322, 644, 33433, 66866]), 1).double()
+    first = torch.cat([torch.tensor(SINCOS_SPECIALS, dtype=torch.float64), hard])
+    first = first[~(first.abs() > top)]  # keeps NaN
+    blocks = [torch.cat([first, _log_uniform(block - first.numel(), gen, top)])]
+    for beyond, size in ((JUST_BEYOND_BOUND, block), (FAR_BEYOND_BOUND, block - 1)):
+        beyond = torch.tensor(beyond, dtype=torch.float64)
+        blocks.append(torch.cat([beyond, _log_uniform(size - beyond.numel(), gen, top)]))
+    return torch.cat(blocks).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("expr", ["a = sin(x); b = cos(x)", "sin(x)**2 + cos(x)**2"])
+def test_sincos_matches_float64_in_and_beyond_the_fast_range(expr, dtype, monkeypatch):
+    x = _fast_then_fallback_blocks(dtype)
+    problem, outputs, fast_blocks = _launch(expr, {"x": x}, monkeypatch)
+    assert fast_blocks == 1
+    result = FAMILY.check(problem, {"x": x}, outputs, FAMILY.reference(problem, {"x": x}))
+    assert result.ok, result.message
+
+
+def _ulps(got: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
+    """|got - want| in fp32 ulps at the float64 reference (2^-149 below the normal range); NaN for NaN is 0."""
+    _, exponent = torch.frexp(want)
+    ulp = torch.exp2((exponent - 24).clamp(min=-149).double())
+    err = (got.double() - want).abs() / ulp
+    return torch.where(torch.isnan(want) & torch.isnan(got), 0.0, err)
+
+
+def _worst(name: str, x: torch.Tensor, got: torch.Tensor, want: torch.Tensor) -> tuple[float, str]:
+    ulps = _ulps(got, want)
+    i = int(torch.nan_to_num(ulps, nan=math.inf).argmax())
+    return float(ulps[i]), f"{name}({x[i].item()!r}) = {got[i].item()!r}, float64 {want[i].item()!r}: {ulps[i]:.2f} ulp"
+
+
+def test_sincos_fast_path_is_within_2_ulp(monkeypatch):
+    # libdevice's sinf/cosf are documented at 2 ulp; the shared reduction must do as well over its range:
+    # every fp32 near k pi/2 for all k below the bound, 2^18 log-uniform arguments and the specials.
+    gen = torch.Generator().manual_seed(11)
+    x = torch.cat([
+        torch.tensor(SINCOS_SPECIALS, dtype=torch.float32),
+        _near_multiples_of_half_pi(torch.arange(1, int(SINCOS_BOUND / (math.pi / 2)) + 1), 1),
+        _log_uniform(2**18, gen).float(),
+    ])
+    x = x[~(x.abs() > SINCOS_BOUND)]
+    _, outputs, fast_blocks = _launch("a = sin(x); b = cos(x)", {"x": x}, monkeypatch, block_size=16384, num_warps=16)
+    assert fast_blocks == triton_cdiv(x.numel(), 16384)
+    sin, cos = outputs["a"], outputs["b"]
+    for name, got, want in (("sin", sin, torch.sin(x.double())), ("cos", cos, torch.cos(x.double()))):
+        worst, where = _worst(name, x, got, want)
+        assert worst <= 2.0, where
+    assert torch.equal(torch.signbit(sin[:2]), torch.tensor([False, True]))  # sin(0) = 0, sin(-0) = -0
+    assert sin[x.isnan()].isnan().all() and cos[x.isnan()].isnan().all()

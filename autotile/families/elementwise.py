@@ -10,6 +10,7 @@ layout class (never searched):
     decomposed over the broadcast shape, after merging dimensions that are contiguous
     in every input, and each input has its own strides (0 on broadcast dimensions).
 Outputs are always allocated contiguous, with torch's broadcast shape and result dtype.
+sin and cos of one fp32 value are lowered to one "sincos" step, which shares the range reduction.
 """
 from __future__ import annotations
 
@@ -147,17 +148,40 @@ def compute_type(vt: ValueType, weak_float: str) -> str:
     return "i64" if vt.weak else DTYPE_NAMES[vt.dtype]
 
 
-class _Lowering:
-    """Emits the steps of one op tree: each {"dst", "op", "args", "type"} plus "value"/"index"/"bits"."""
+def _sincos_arguments(expression: Expression, typing: Typing, weak_float: str, uniform_inputs: frozenset[str]
+                      ) -> frozenset[str]:
+    """Argument nodes (by canonical text) of which the tree takes both sin and cos, in fp32 and per element.
 
-    def __init__(self, typing: Typing, weak_float: str):
+    Those become one "sincos" step (one range reduction for both). A value uniform over the block
+    (constants, scalars, one-element inputs and ops of those alone) is a 0-d value computed once per
+    block: it keeps tl.sin/tl.cos (nothing to share per element, and the template's block-wide range
+    test needs a block), and so does fp64.
+    """
+    uniform: set[str] = set()
+    taken: dict[str, set[str]] = {}
+    for node in expression.nodes():
+        if (node.kind == "const" or (node.kind == "input" and node.name in uniform_inputs)
+                or (node.kind == "op" and all(a.text in uniform for a in node.args))):
+            uniform.add(node.text)
+        elif node.kind == "op" and node.name in ("sin", "cos") and compute_type(typing.of(node), weak_float) == "fp32":
+            taken.setdefault(node.args[0].text, set()).add(node.name)
+    return frozenset(arg for arg, names in taken.items() if len(names) == 2)
+
+
+class _Lowering:
+    """Emits the steps of one op tree: each {"dst", "op", "args", "type"} plus "value"/"index"/"bits", and
+    "cos" on "sincos" steps (which define two values: sin in "dst", cos in "cos")."""
+
+    def __init__(self, typing: Typing, weak_float: str, sincos_arguments: frozenset[str]):
         self.typing = typing
         self.weak_float = weak_float
+        self.sincos_arguments = sincos_arguments  # node texts: see _sincos_arguments
         self.steps: list[dict] = []
         self.dst: dict[str, str] = {}  # node text -> value name
         self.type_of: dict[str, str] = {}  # value name -> compute type
         self.const_of: dict[str, object] = {}  # value name -> constant value, for constants
         self.casts: dict[tuple[str, str], str] = {}
+        self.sincos: dict[str, tuple[str, str]] = {}  # argument value name -> (sin, cos) value names
 
     def emit(self, op: str, type_: str, args: Sequence[str] = (), **extra) -> str:
         dst = f"t{len(self.steps)}"
@@ -202,7 +226,18 @@ class _Lowering:
             return self.emit("where", out_t, [cond] + [self.as_type(a, out_t) for a in args[1:]])
         if name == "pow":
             return self.pow(node, [self.as_type(a, out_t) for a in args], out_t)
+        if name in ("sin", "cos") and node.args[0].text in self.sincos_arguments:
+            return self.sin_cos(name, self.as_type(args[0], out_t))
         return self.emit(name, out_t, [self.as_type(a, out_t) for a in args])
+
+    def sin_cos(self, name: str, arg: str) -> str:
+        """sin or cos of an fp32 value the tree takes both of: the first of them emits the sincos step."""
+        if arg not in self.sincos:
+            sin = self.emit("sincos", "fp32", [arg])
+            cos = self.steps[-1]["cos"] = f"{sin}_cos"
+            self.type_of[cos] = "fp32"
+            self.sincos[arg] = (sin, cos)
+        return self.sincos[arg][name == "cos"]
 
     def pow(self, node: Node, args: list[str], out_t: str) -> str:
         base, exponent_node = args[0], node.args[1]
@@ -259,17 +294,24 @@ class Plan:
 
     @property
     def arithmetic_steps(self) -> int:
-        return sum(1 for s in self.steps if s["op"] not in _VALUE_STEPS)
+        """Values computed by ops (a sincos step computes two)."""
+        return sum(_values_of(s) for s in self.steps if s["op"] not in _VALUE_STEPS)
 
     def type_of_output(self, index: int) -> str:
         """The compute dtype of the value output `index` stores."""
-        return next(s["type"] for s in self.steps if s["dst"] == self.output_values[index])
+        value = self.output_values[index]
+        return next(s["type"] for s in self.steps if value in (s["dst"], s.get("cos")))
 
     @property
     def error_ulps(self) -> int:
         """Rounding error the steps may accumulate, in units of the compute dtype's roundoff (see _ULPS_PER_STEP)."""
-        ulps = sum(_ULPS_PER_POW if s["op"] == "pow" else _ULPS_PER_STEP for s in self.steps if s["op"] not in _VALUE_STEPS)
+        ulps = sum(_ULPS_PER_POW if s["op"] == "pow" else _ULPS_PER_STEP * _values_of(s)
+                   for s in self.steps if s["op"] not in _VALUE_STEPS)
         return max(ulps, _ULPS_PER_STEP)
+
+
+def _values_of(step: dict) -> int:
+    return 2 if step["op"] == "sincos" else 1
 
 
 def build_plan(expression: Expression, specs: Mapping[str, InputSpec], one_element: frozenset[str]) -> Plan:
@@ -281,7 +323,8 @@ def build_plan(expression: Expression, specs: Mapping[str, InputSpec], one_eleme
     weak_float = "fp64" if has_fp64 else "fp32"
     tensor_names = tuple(n for n in expression.inputs if specs[n].kind != "scalar")
     scalar_names = tuple(n for n in expression.inputs if specs[n].kind == "scalar")
-    lowering = _Lowering(typing, weak_float)
+    uniform = one_element | frozenset(scalar_names) | frozenset(n for n in tensor_names if specs[n].kind == "zero_dim")
+    lowering = _Lowering(typing, weak_float, _sincos_arguments(expression, typing, weak_float, uniform))
     for node in expression.nodes():
         vt = typing.of(node)
         if node.kind == "input" and specs[node.name].kind == "scalar":
@@ -297,7 +340,7 @@ def build_plan(expression: Expression, specs: Mapping[str, InputSpec], one_eleme
     float_types = {s["type"] for s in lowering.steps if s["type"] in ("fp32", "fp64")}
     return Plan(
         expression=expression, specs=dict(specs), typing=typing, tensor_names=tensor_names, scalar_names=scalar_names,
-        one_element=one_element | frozenset(n for n in tensor_names if specs[n].kind == "zero_dim"),
+        one_element=one_element,
         steps=tuple(lowering.steps), output_values=tuple(lowering.dst[node.text] for _, node in expression.outputs),
         output_dtypes=tuple(typing.outputs[name] for name in expression.output_names), weak_float=weak_float,
         compute_float="fp32" if "fp32" in float_types or not float_types else "fp64",
