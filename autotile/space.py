@@ -60,11 +60,12 @@ class Constraint:
 class Config(Mapping[str, Value]):
     """An immutable, hashable config with a canonical JSON form."""
 
-    __slots__ = ("_items",)
+    __slots__ = ("_items", "_hash")
 
     def __init__(self, values: Mapping[str, Value] | None = None, **kwargs: Value):
         merged = dict(values or {}, **kwargs)
         self._items = tuple(sorted(merged.items()))
+        self._hash: str | None = None  # `hash`, computed once: the search compares thousands of configs by it
 
     def __getitem__(self, key: str) -> Value:
         for k, v in self._items:
@@ -92,7 +93,9 @@ class Config(Mapping[str, Value]):
 
     @property
     def hash(self) -> str:
-        return hashlib.sha256(self.to_json().encode()).hexdigest()[:16]
+        if self._hash is None:
+            self._hash = hashlib.sha256(self.to_json().encode()).hexdigest()[:16]
+        return self._hash
 
     @classmethod
     def from_json(cls, text: str) -> Config:

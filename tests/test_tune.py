@@ -82,3 +82,32 @@ def test_tuning_for_another_gpu_is_refused(bad):
         pytest.skip("checks the message on a machine without that GPU")
     with pytest.raises(DeviceMismatchError, match="--gpu interpret"):
         resolve_gpu(bad)
+
+
+def test_nearest_feasible_is_the_first_config_sharing_the_most_values():
+    import random
+
+    from autotile.device import DeviceInfo
+    from autotile.tune.search import _ConfigSource
+
+    h200 = DeviceInfo("h200", "NVIDIA H200", (9, 0), 132, 150_000_000_000, 232448, "test")
+    space = GemmFamily().space(contiguous_problem(4096, 4096, 4096, "bf16", "bf16"), h200)
+    source = _ConfigSource(space)
+    feasible = source.feasible()
+    rng = random.Random(0)
+
+    def by_loop(wanted, exclude):  # the definition, one config at a time
+        best, best_score = None, -1
+        for config in feasible:
+            score = sum(config[k] == wanted.get(k) for k in config)
+            if config.hash not in exclude and score > best_score:
+                best, best_score = config, score
+        return best
+
+    for _ in range(8):
+        wanted = {axis.name: rng.choice(axis.choices) for axis in space.axes}
+        exclude = {c.hash for c in rng.sample(feasible, 200)}
+        nearest = by_loop(wanted, exclude)
+        exclude.add(nearest.hash if rng.random() < 0.5 else "")  # now and then the best is taken too
+        assert source.nearest_feasible(wanted, exclude) == by_loop(wanted, exclude)
+    assert source.nearest_feasible({}, {c.hash for c in feasible}) is None

@@ -92,13 +92,17 @@ def recorded_trials(engine, study: str) -> dict[int, str]:
     return {int(number): config_hash for number, config_hash in rows}
 
 
-def evaluated_trials(engine, study: optuna.Study, name: str) -> dict[int, str]:
+def evaluated_trials(engine, study: optuna.Study, name: str, rows_complete: bool = False) -> dict[int, str]:
     """Trial number -> config hash of every evaluated trial of the study.
 
     autotile's rows are the record (one transaction per trial); trials other hosts told Optuna are added,
     for hosts that share only the Optuna storage (`--storage`) and keep their rows in their own databases.
+    `rows_complete` (the study lives in the database of the rows) skips that read: every search there
+    writes its row before it tells Optuna.
     """
     evaluated = recorded_trials(engine, name)
+    if rows_complete:
+        return evaluated
     finished = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL)
     for trial in study.get_trials(deepcopy=False, states=finished):
         if "status" in trial.user_attrs and "config_hash" in trial.user_attrs:
@@ -134,7 +138,8 @@ def fail_stale_trials(study: optuna.Study, stale_after_s: float = STALE_AFTER_S)
     return failed
 
 
-def census(engine, study: optuna.Study, name: str, owner: str) -> tuple[dict[int, str], dict[int, str]]:
+def census(engine, study: optuna.Study, name: str, owner: str, rows_complete: bool = False
+           ) -> tuple[dict[int, str], dict[int, str]]:
     """(evaluated, others' live claims): trial number -> config hash of each, as one consistent count.
 
     A trial moves claimed (RUNNING) -> row written -> told finished, so the claims are read first: a trial
@@ -142,7 +147,7 @@ def census(engine, study: optuna.Study, name: str, owner: str) -> tuple[dict[int
     in neither, and two searches could both run the last trial of the target.
     """
     running = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
-    evaluated = evaluated_trials(engine, study, name)
+    evaluated = evaluated_trials(engine, study, name, rows_complete)
     claims = {}
     for trial in running:
         claimed = trial.user_attrs.get(CLAIM_ATTR)

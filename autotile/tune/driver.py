@@ -119,7 +119,7 @@ def tune_problem(
                             "(and --storage) a SQLite file or a server URL, not an in-memory database")
     engine = open_engine(db_url, create=True)
     store = Store(engine)
-    storage = optuna_storage(storage_url or (normalise_url(db_url) if db_url else default_db_url()))
+    storage = optuna_storage(storage_url or _given_url(db_url))
     device_id = store.ensure_device(device)
     toolchain_id = store.ensure_toolchain()
     problem_id = store.ensure_problem(family, problem)
@@ -144,6 +144,7 @@ def tune_problem(
         deadline=None if timeout is None else started + timeout, timeout=timeout, seed=seed, isolate=isolate,
         trial_timeout=trial_timeout or default_trial_timeout(device), compile_ahead=compile_ahead,
         lookahead=lookahead, distributed=storage_url is not None, progress=progress,
+        rows_complete=storage_url is None or normalise_url(storage_url) == _given_url(db_url),
     )
     if not gpus:
         targets = [(None, device)]
@@ -155,9 +156,7 @@ def tune_problem(
         shared = _SharedState()
         _Search(plan, 0, *targets[0], shared).run()
     else:
-        # The URL as given: a rendered engine URL escapes characters of file paths, e.g. '(' as %28.
-        db_url = normalise_url(db_url) if db_url else default_db_url()
-        shared = run_search_processes(plan, targets, db_url, storage_url or db_url)
+        shared = run_search_processes(plan, targets, _given_url(db_url), storage_url or _given_url(db_url))
     if shared.error is not None:
         raise shared.error
 
@@ -168,6 +167,11 @@ def tune_problem(
     result.seconds = time.monotonic() - started
     result.stopped_early = shared.stopped
     return result
+
+
+def _given_url(db_url: str | None) -> str:
+    # The URL as given, not the engine's: rendering one escapes characters of file paths, e.g. '(' as %28.
+    return normalise_url(db_url) if db_url else default_db_url()
 
 
 def _in_memory(url: str) -> bool:

@@ -58,7 +58,7 @@ class _SearchSpec:
 
 
 _PLAIN_FIELDS = ("name", "ids", "trials", "timeout", "seed", "isolate", "trial_timeout", "compile_ahead",
-                 "lookahead", "distributed")
+                 "lookahead", "distributed", "rows_complete")
 
 
 def run_search_processes(plan: _SearchPlan, targets: Sequence[tuple[int | None, DeviceInfo]], db_url: str,

@@ -15,6 +15,7 @@ from collections.abc import Callable
 import logging
 from dataclasses import dataclass, field
 
+import numpy as np
 import optuna
 
 from autotile.bench import Status, TrialOutcome, cuda_context_alive
@@ -71,24 +72,58 @@ class _ConfigSource:
     def __init__(self, space: Space):
         self.space = space
         self._feasible: list[Config] | None = None
+        self._codes: np.ndarray | None = None  # (feasible config, axis) -> index of its value in the axis' choices
+        self._index_of: dict[str, int] = {}  # config hash -> row
+        self._lock = threading.Lock()
+
+    def prepare_in_background(self) -> None:
+        """Enumerate the feasible configs in a thread (a second or so) while the trial worker starts."""
+        threading.Thread(target=self._table, name="autotile-feasible", daemon=True).start()
 
     def feasible(self) -> list[Config]:
-        if self._feasible is None:
-            self._feasible = list(self.space.feasible())
-        return self._feasible
+        with self._lock:
+            if self._feasible is None:
+                self._feasible = list(self.space.feasible())
+            return self._feasible
+
+    def _table(self) -> np.ndarray:
+        # NOTE: a feasible set has 10^3-10^4 configs; scoring them in Python cost ~0.5 s per replaced
+        # suggestion, as much as a GPU trial. As a table of value codes it is one comparison.
+        configs = self.feasible()
+        with self._lock:
+            if self._codes is None:
+                self._codes = self._codes_of(configs)
+                self._index_of = {config.hash: row for row, config in enumerate(configs)}
+            return self._codes
+
+    def _codes_of(self, configs: list[Config]) -> np.ndarray:
+        axes = self.space.axes
+        choice_index = [{value: i for i, value in enumerate(axis.choices)} for axis in axes]
+        return np.array([[index[config[axis.name]] for axis, index in zip(axes, choice_index)]
+                         for config in configs], dtype=np.int16).reshape(len(configs), len(axes))
 
     def nearest_feasible(self, wanted: dict, exclude: set[str]) -> Config | None:
-        best, best_score = None, -1
-        for config in self.feasible():
-            if config.hash in exclude:
-                continue
-            score = sum(config[k] == wanted.get(k) for k in config)
-            if score > best_score:
-                best, best_score = config, score
-        return best
+        """The feasible config sharing the most axis values with `wanted` (the first such), not in `exclude`."""
+        codes = self._table()
+        if not len(codes):
+            return None
+        target = np.array([_code(axis.choices, wanted.get(axis.name)) for axis in self.space.axes], dtype=np.int16)
+        score = (codes == target).sum(axis=1, dtype=np.int32)
+        rows = [self._index_of[h] for h in exclude if h in self._index_of]
+        score[rows] = -1
+        best = int(score.argmax())
+        return None if score[best] < 0 else self.feasible()[best]
 
     def suggest(self, trial: optuna.trial.Trial) -> dict:
         return {axis.name: trial.suggest_categorical(axis.name, list(axis.choices)) for axis in self.space.axes}
+
+
+def _code(choices: tuple, value) -> int:
+    """The index of `value` among an axis' choices; -1 (matching nothing) for a value outside them."""
+    for i, choice in enumerate(choices):
+        if choice == value and type(choice) is type(value):
+            return i
+    return -1
 
 
 def _record(store: Store, trial, study, outcome: TrialOutcome, config: Config, name: str,
@@ -135,6 +170,7 @@ class _SearchPlan:
     compile_ahead: bool
     lookahead: int | None
     distributed: bool
+    rows_complete: bool  # the study lives in the rows' database: rows alone count the evaluated trials
     progress: Callable[[Progress], None] | None
 
 
@@ -177,6 +213,8 @@ class _Search:
                                           gpu=self.gpu)
         else:
             evaluator = InProcessEvaluator(plan.family, plan.problem, self.device, plan.seed)
+        evaluator.prestart()
+        self.source.prepare_in_background()
         compiler = start_compile_ahead(plan.family, plan.problem, self.device, plan.seed, plan.compile_ahead,
                                        gpu=self.gpu)
         if plan.lookahead is not None:
@@ -203,7 +241,7 @@ class _Search:
                 self._stop(f"timeout after {plan.timeout:.0f} s")
                 return
             self._fail_stale_now_and_then()
-            recorded, claims = census(plan.engine, self.study, plan.name, self.owner)
+            recorded, claims = census(plan.engine, self.study, plan.name, self.owner, plan.rows_complete)
             if len(recorded) >= plan.trials:
                 return
             if len(recorded) + len(claims) >= plan.trials:
@@ -264,7 +302,7 @@ class _Search:
         """Claim `trial`; withdraw (and return False) when another search's claim makes it one too many or a repeat."""
         plan = self.plan
         trial.set_user_attr(CLAIM_ATTR, config.hash)
-        recorded, others = census(plan.engine, self.study, plan.name, self.owner)
+        recorded, others = census(plan.engine, self.study, plan.name, self.owner, plan.rows_complete)
         over = len(recorded) + len(others) >= plan.trials
         repeat = config.hash in set(others.values()) or config.hash in set(recorded.values())
         if not over and not repeat:

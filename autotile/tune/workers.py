@@ -135,6 +135,9 @@ class InProcessEvaluator:
         self.family, self.problem, self.device, self.seed = family, problem, device, seed
         self._inputs = _InputSets(family, problem, device, seed)
 
+    def prestart(self) -> None:
+        pass
+
     def evaluate(self, number: int, config: Config) -> TrialOutcome:
         from autotile.bench import evaluate
 
@@ -218,12 +221,24 @@ class IsolatedEvaluator:
         self._log_dir = Path(tempfile.mkdtemp(prefix="autotile-worker-"))
         self._process = None
         self._conn = None
+        self._ready = False  # the running worker has reported ready
         self._log_path: Path | None = None
         self.workers_started = 0
         self.last_exit_code: int | None = None
 
     # --- the worker's life ----------------------------------------------------------------
+    def prestart(self) -> None:
+        """Start the worker now, without waiting for it: it imports torch and builds its inputs while the
+        search asks for configs and the compile-ahead pool starts, instead of after them."""
+        if self._process is None:
+            self._launch()
+
     def _start(self) -> None:
+        if self._process is None:
+            self._launch()
+        self._await_ready()
+
+    def _launch(self) -> None:
         context = multiprocessing.get_context("spawn")
         parent_conn, child_conn = context.Pipe()
         self.workers_started += 1
@@ -246,13 +261,18 @@ class IsolatedEvaluator:
                     else:
                         os.environ["CUDA_VISIBLE_DEVICES"] = before
         child_conn.close()
-        self._process, self._conn = process, parent_conn
+        self._process, self._conn, self._ready = process, parent_conn, False
+
+    def _await_ready(self) -> None:
+        if self._ready:
+            return
         reply = self._receive(_WORKER_START_LIMIT_S)
         if reply[0] != "ready":
             self._stop_worker()
             text = reply[1] if reply[0] == "setup_error" else (
                 f"{_describe_exit(self.last_exit_code)}\n{_tail(self._log_path, 0)}")
             raise WorkerSetupError(f"the trial worker for {self.family.name} did not start:\n{text}")
+        self._ready = True
 
     def _receive(self, limit: float):
         """The worker's next message; ("_died",) when it is gone, ("_timed_out",) when `limit` seconds passed."""
@@ -284,8 +304,7 @@ class IsolatedEvaluator:
 
     # --- trials -------------------------------------------------------------------------------
     def evaluate(self, number: int, config: Config) -> TrialOutcome:
-        if self._process is None:
-            self._start()
+        self._start()
         offset = self._log_path.stat().st_size if self._log_path.exists() else 0
         try:
             self._conn.send(("trial", number, config.to_json()))
