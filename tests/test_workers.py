@@ -93,6 +93,18 @@ def test_hang_is_a_timeout_with_a_command_that_renders_it():
     assert f"# config:  {hang.to_json()}" in out.output and "@triton.jit" in out.output
 
 
+def _kill_after(tuner: subprocess.Popen, engine, name: str, recorded: int) -> None:
+    """SIGKILL the tuner once `recorded` trials of study `name` are stored: mid-run, wherever it is."""
+    try:
+        deadline = time.monotonic() + 120
+        while len(recorded_trials(engine, name)) < recorded and time.monotonic() < deadline and tuner.poll() is None:
+            time.sleep(0.05)
+        assert tuner.poll() is None, "the tuner ended before it could be killed"
+        tuner.send_signal(signal.SIGKILL)
+    finally:
+        tuner.wait(30)
+
+
 def test_killed_tuner_resumes_to_the_exact_count(tmp_path):
     url = f"sqlite:///{tmp_path / 'k.sqlite'}"
     script = textwrap.dedent(f"""
@@ -107,14 +119,7 @@ def test_killed_tuner_resumes_to_the_exact_count(tmp_path):
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     tuner = subprocess.Popen([sys.executable, "-c", script], env=env)
     engine = open_engine(url)
-    try:
-        deadline = time.monotonic() + 120
-        while len(recorded_trials(engine, name)) < 3 and time.monotonic() < deadline and tuner.poll() is None:
-            time.sleep(0.05)
-        assert tuner.poll() is None, "the tuner ended before it could be killed"
-        tuner.send_signal(signal.SIGKILL)  # mid-run: between or inside trials, wherever it is
-    finally:
-        tuner.wait(30)
+    _kill_after(tuner, engine, name, recorded=3)
     before = len(recorded_trials(engine, name))
     assert 3 <= before < 8
     result = tune_problem(GemmFamily(), PROBLEM, CPU, trials=8, db_url=url, retime_rounds=0)
@@ -182,14 +187,7 @@ def test_killed_multi_search_tuner_stops_its_searches_and_resumes(tmp_path):
     name = study_name(GemmFamily(), PROBLEM, CPU)
     tuner = subprocess.Popen([sys.executable, "-c", script], env={**os.environ, "TRITON_INTERPRET": "1"})
     engine = open_engine(url)
-    try:
-        deadline = time.monotonic() + 120
-        while len(recorded_trials(engine, name)) < 4 and time.monotonic() < deadline and tuner.poll() is None:
-            time.sleep(0.05)
-        assert tuner.poll() is None, "the tuner ended before it could be killed"
-        tuner.send_signal(signal.SIGKILL)
-    finally:
-        tuner.wait(30)
+    _kill_after(tuner, engine, name, recorded=4)
     searches = _owner_pids(url, name, recorded_trials(engine, name))
     assert len(searches) == 2
     deadline = time.monotonic() + 120  # each finishes the trial it is in, then sees its tuner gone
