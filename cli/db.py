@@ -10,6 +10,16 @@ from autotile.cli.common import db_option, friendly_errors
 _POLICIES = ("keep", "faster", "replace")
 
 
+def _conflict_options(default: str):
+    """--on-conflict (with its default) and --dry-run, shared by import and merge."""
+    def decorate(command):
+        command = click.option("--dry-run", is_flag=True, help="validate and report, write nothing")(command)
+        return click.option("--on-conflict", type=click.Choice(_POLICIES), default=default, show_default=True,
+                            help="a stored winner of the same problem and device: keep it, keep the faster, "
+                                 "or replace it")(command)
+    return decorate
+
+
 @click.group("db")
 def db_group() -> None:
     """Move, check and migrate the tuning database."""
@@ -46,9 +56,7 @@ def _print_import(report) -> None:
 
 @db_group.command("import")
 @click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--on-conflict", type=click.Choice(_POLICIES), default="keep", show_default=True,
-              help="a stored winner of the same problem and device: keep it, keep the faster, or replace it")
-@click.option("--dry-run", is_flag=True, help="validate and report, write nothing")
+@_conflict_options(default="keep")
 @db_option
 @friendly_errors
 def import_command(file, on_conflict, dry_run, db_url):
@@ -60,9 +68,7 @@ def import_command(file, on_conflict, dry_run, db_url):
 
 @db_group.command("merge")
 @click.argument("sources", nargs=-1, required=True)
-@click.option("--on-conflict", type=click.Choice(_POLICIES), default="faster", show_default=True,
-              help="a stored winner of the same problem and device: keep it, keep the faster, or replace it")
-@click.option("--dry-run", is_flag=True, help="validate and report, write nothing")
+@_conflict_options(default="faster")
 @db_option
 @friendly_errors
 def merge_command(sources, on_conflict, dry_run, db_url):

@@ -6,8 +6,8 @@ from html import escape
 
 from autotile.reports import svg
 from autotile.reports.data import DeviceSummary, ProblemReport, Report
-from autotile.reports.summary import (INTERPRETER_LABEL, SUMMARY_COLUMNS, anchor, config_text, headline,
-                                      param_columns, pct, statuses_text, summary_row)
+from autotile.reports.summary import (INTERPRETER_LABEL, NO_PROFILE_TEXT, SUMMARY_COLUMNS, anchor, ceilings_text,
+                                      config_text, headline, param_columns, pct, statuses_text, summary_row)
 
 # Speedup bars switch to a log scale when the largest speedup is this many times the smallest.
 _LOG_SPEEDUP_RATIO = 4.0
@@ -71,11 +71,9 @@ def _devices(devices: list[DeviceSummary]) -> str:
         if d.interpret:
             ceilings = f'<span class="interp">{INTERPRETER_LABEL}s</span>: CPU timings, no ceilings apply'
         elif d.ceilings is None:
-            ceilings = "no GPU profile: no ceilings"
+            ceilings = NO_PROFILE_TEXT
         else:
-            peaks = ", ".join(f"{k} {v:g} TFLOP/s" for k, v in d.ceilings.peak_tflops.items())
-            ceilings = escape(f"{peaks}; copy {d.ceilings.copy_tbps:g} TB/s") + \
-                f'<br><span class="muted">{escape(d.ceilings.note)}</span>'
+            ceilings = escape(ceilings_text(d.ceilings)) + f'<br><span class="muted">{escape(d.ceilings.note)}</span>'
         rows.append([f"<code>{escape(d.key)}</code>", escape(d.name), ceilings])
     return "<h2>Devices</h2>" + _table(["device", "name", "ceilings (profile)"], rows)
 

@@ -5,8 +5,8 @@ Plots are not inlined (code hosts strip inline SVG); the HTML report has them.
 from __future__ import annotations
 
 from autotile.reports.data import ProblemReport, Report
-from autotile.reports.summary import (INTERPRETER_LABEL, SUMMARY_COLUMNS, config_text, headline, param_columns,
-                                      statuses_text, summary_row)
+from autotile.reports.summary import (INTERPRETER_LABEL, NO_PROFILE_TEXT, SUMMARY_COLUMNS, ceilings_text,
+                                      config_text, headline, param_columns, statuses_text, summary_row)
 
 # Parameters named in a problem's importance line.
 _IMPORTANCE_SHOWN = 4
@@ -53,10 +53,9 @@ def render_markdown(report: Report) -> str:
         if d.interpret:
             ceilings = f"{INTERPRETER_LABEL}s (CPU): no ceilings"
         elif d.ceilings is None:
-            ceilings = "no GPU profile: no ceilings"
+            ceilings = NO_PROFILE_TEXT
         else:
-            peaks = ", ".join(f"{k} {v:g} TFLOP/s" for k, v in d.ceilings.peak_tflops.items())
-            ceilings = f"{peaks}; copy {d.ceilings.copy_tbps:g} TB/s ({d.ceilings.note})"
+            ceilings = f"{ceilings_text(d.ceilings)} ({d.ceilings.note})"
         rows.append([f"`{d.key}`", d.name, ceilings])
     out += [table(["device", "name", "ceilings"], rows), "", "## Winners", ""]
     out.append(table(list(SUMMARY_COLUMNS), [list(summary_row(p).values()) for p in report.problems]))

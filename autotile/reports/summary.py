@@ -37,6 +37,15 @@ def statuses_text(statuses: dict[str, int]) -> str:
     return ", ".join(f"{status} {count}" for status, count in statuses.items()) or "no trials"
 
 
+NO_PROFILE_TEXT = "no GPU profile: no ceilings"
+
+
+def ceilings_text(ceilings) -> str:
+    """A device profile's roofline ceilings in one line: peak TFLOP/s per dtype and the copy bandwidth."""
+    peaks = ", ".join(f"{k} {v:g} TFLOP/s" for k, v in ceilings.peak_tflops.items())
+    return f"{peaks}; copy {ceilings.copy_tbps:g} TB/s"
+
+
 def config_text(config: dict) -> str:
     return json.dumps(config, sort_keys=True, separators=(", ", ": "))
 

@@ -117,9 +117,11 @@ def tune_problem(
         if url and _in_memory(url):
             raise TuneError(f"{url}: a study lives in a database its searches and reruns can reopen; give --db "
                             "(and --storage) a SQLite file or a server URL, not an in-memory database")
+    db_url = _given_url(db_url)
+    study_url = storage_url or db_url  # where the Optuna study lives
     engine = open_engine(db_url, create=True)
     store = Store(engine)
-    storage = optuna_storage(storage_url or _given_url(db_url))
+    storage = optuna_storage(study_url)
     device_id = store.ensure_device(device)
     toolchain_id = store.ensure_toolchain()
     problem_id = store.ensure_problem(family, problem)
@@ -144,7 +146,7 @@ def tune_problem(
         deadline=None if timeout is None else started + timeout, timeout=timeout, seed=seed, isolate=isolate,
         trial_timeout=trial_timeout or default_trial_timeout(device), compile_ahead=compile_ahead,
         lookahead=lookahead, distributed=storage_url is not None, progress=progress,
-        rows_complete=storage_url is None or normalise_url(storage_url) == _given_url(db_url),
+        rows_complete=normalise_url(study_url) == db_url,
     )
     if not gpus:
         targets = [(None, device)]
@@ -156,7 +158,7 @@ def tune_problem(
         shared = _SharedState()
         _Search(plan, 0, *targets[0], shared).run()
     else:
-        shared = run_search_processes(plan, targets, _given_url(db_url), storage_url or _given_url(db_url))
+        shared = run_search_processes(plan, targets, db_url, study_url)
     if shared.error is not None:
         raise shared.error
 
