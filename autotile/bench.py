@@ -120,7 +120,7 @@ def run_checked(family: Family, problem, config: Config, device: DeviceInfo, see
         inputs, expected = prepared if prepared is not None else prepare(family, problem, device, seed)
         outputs = family.allocate_outputs(problem, inputs)
         poison(outputs)
-        family.launch(problem, config, inputs, outputs)
+        family.run_config(problem, config, inputs, outputs)
         if not device.interpret:
             torch.cuda.synchronize()
         result = family.check(problem, inputs, outputs, expected)
@@ -139,7 +139,7 @@ def evaluate(family: Family, problem, config: Config, device: DeviceInfo, seed: 
         return outcome
     outputs = family.allocate_outputs(problem, inputs)
     try:
-        timing = time_fn(lambda: family.launch(problem, config, inputs, outputs), device)
+        timing = time_fn(family.timed_call(problem, config, inputs, outputs), device)
     except Exception as exc:  # noqa: BLE001
         return TrialOutcome(classify_exception(exc), error=_error_text(exc))
     return TrialOutcome(Status.OK, timing, max_abs_error=outcome.max_abs_error)

@@ -49,7 +49,7 @@ def bench_problem(family: Family, problem, device: DeviceInfo, rounds: int = 5, 
     if outcome.status is not Status.OK:
         return BenchRow(problem, resolution, outcome.status, outcome.error, flops=cost.flops, bytes=cost.bytes)
     outputs = family.allocate_outputs(problem, inputs)
-    fns = {"autotile": lambda: family.launch(problem, resolution.config, inputs, outputs)}
+    fns = {"autotile": family.timed_call(problem, resolution.config, inputs, outputs)}
     baseline = family.baseline(problem, inputs)
     if baseline is not None:
         fns["baseline"] = baseline.run

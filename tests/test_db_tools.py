@@ -70,13 +70,15 @@ def test_upgrade_keeps_the_rows_of_a_first_schema_database(tmp_path):
 
     result = run("upgrade", "--db", url)
     assert result.exit_code == 0, result.output + result.stderr
-    assert "schema version 1 -> 2" in result.output and "revision 0001 -> 0002" in result.output
+    assert "schema version 1 -> 3" in result.output and "revision 0001 -> 0003" in result.output
     assert (tmp_path / "v1.sqlite.schema1.bak").exists()
     columns = {c["name"] for c in inspect(open_engine(url, create=False)).get_columns("autotile_winners")}
-    assert {"stale", "verified_at", "verified_ms", "verify_status", "regression"} <= columns
+    assert {"stale", "verified_at", "verified_ms", "verify_status", "regression", "verified_range", "kernel_config",
+            "kernel_ms"} <= columns
     (winner,) = Store(open_engine(url, create=False)).winners()
     assert (winner.median_ms, winner.trials_run, winner.provenance, winner.driver) == (0.5, 7, "first schema", "580.1")
     assert winner.stale is False and winner.verify_status == "" and winner.regression is None
+    assert winner.verified_range is None and winner.kernel_config is None
     again = run("upgrade", "--db", url)
     assert again.exit_code == 0 and "nothing to do" in again.output
 
@@ -95,7 +97,7 @@ def test_export_then_import_reproduces_the_winners(tuned_copy, tmp_path):
     assert result.exit_code == 0 and "exported 1 winner" in result.output
     lines = out.read_text().splitlines()
     header, record, end = (json.loads(line) for line in lines)
-    assert header["format"] == "autotile-db" and header["format_version"] == 1 and header["schema_version"] == 2
+    assert header["format"] == "autotile-db" and header["format_version"] == 1 and header["schema_version"] == 3
     assert record["family"] == "gemm" and record["device"]["key"] == "interpret" and end == {"count": 1, "record": "end"}
     assert record["problem"] == json.loads(FAMILY.problem_key(PROBLEM))
 
@@ -161,7 +163,7 @@ def test_foreign_and_newer_files_are_refused_whole(tmp_path):
     newer = _write_lines(tmp_path / "newer.jsonl", [json.dumps({"format": "autotile-db", "format_version": 1,
                                                                 "schema_version": 99})])
     result = run("import", newer, "--db", target)
-    assert result.exit_code == 1 and "schema version 99, newer than this autotile's 2" in result.stderr
+    assert result.exit_code == 1 and "schema version 99, newer than this autotile's 3" in result.stderr
     assert not target.exists() or Store(open_engine(f"sqlite:///{target}", create=False)).winners() == []
 
 

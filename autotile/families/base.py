@@ -78,6 +78,30 @@ def next_pow2(n: int) -> int:
     return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
 
 
+# A vendor config has this one key, naming the library call (e.g. {"VENDOR": "cublas"}). It is a
+# config of the search like any other: checked, timed beside the generated kernels, stored as the
+# winner when it is fastest, and served by calling the library.
+VENDOR_KEY = "VENDOR"
+
+
+def is_vendor(config: Mapping) -> bool:
+    """True for a config that runs the vendor library (cuBLAS, SDPA) instead of a generated kernel."""
+    return VENDOR_KEY in config
+
+
+def vendor_enabled() -> bool:
+    """`AUTOTILE_VENDOR=0` serves generated kernels only (to measure them on their own); default on."""
+    import os
+
+    return os.environ.get("AUTOTILE_VENDOR", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def pow2_bucket(value: int) -> tuple[int, int]:
+    """The power-of-two bucket (lo, hi] of a size as inclusive bounds: 1 -> (1, 1), 3 -> (3, 4), 100 -> (65, 128)."""
+    hi = next_pow2(value)
+    return (hi // 2 + 1 if hi > 1 else 1), hi
+
+
 def log2_distance(a: int, b: int) -> float:
     return abs(math.log2(max(a, 1)) - math.log2(max(b, 1)))
 
@@ -91,6 +115,10 @@ class Family(abc.ABC):
     # Fields of the problem that are shapes: nearest-bucket lookup measures distance over these
     # and requires every other field to match.
     shape_fields: ClassVar[tuple[str, ...]] = ()
+    # Fields that vary from call to call of one layer of a model (gemm: m, the tokens; flash: batch and
+    # sequence lengths). A winner is verified across the bucket of these fields when it is stored, and
+    # served for any call inside the range it was verified on. Families with a vendor op set them.
+    serving_fields: ClassVar[tuple[str, ...]] = ()
 
     # --- problems -----------------------------------------------------------------
     def problem_key(self, problem) -> str:
@@ -159,6 +187,88 @@ class Family(abc.ABC):
         if best is None:
             raise RuntimeError(f"{self.name}: the search space for {problem} has no feasible config")
         return best
+
+    # --- the vendor op ------------------------------------------------------------------
+    def vendor_configs(self, problem, device: DeviceInfo) -> list[Config]:
+        """The vendor library's ways to compute `problem` (cuBLAS, SDPA's backends), each a config {VENDOR: name}.
+
+        Empty when the family has no vendor op or the library cannot compute this problem.
+        """
+        return []
+
+    def vendor_run(self, problem, config: Config, inputs: Tensors) -> Tensors:
+        """Run a vendor config on `inputs`; returns the outputs as allocate_outputs names them (the library allocates)."""
+        raise NotImplementedError(f"{self.name} has no vendor op")
+
+    def validate_config(self, problem, device: DeviceInfo, config) -> Config:
+        """`config` as a Config if `problem` can run it on `device` (a vendor config of the problem, or a point of
+        the space); ConfigOutsideSpaceError otherwise. Every config read from a database passes through here."""
+        from autotile.errors import ConfigOutsideSpaceError
+
+        if is_vendor(config):
+            if Config(config) in self.vendor_configs(problem, device):
+                return Config(config)
+            raise ConfigOutsideSpaceError(f"{dict(config)} is not a vendor op of this {self.name} problem")
+        return self.space(problem, device).validate(config)
+
+    def run_config(self, problem, config: Config, inputs: Tensors, outputs: Tensors) -> None:
+        """Run any config of the problem into `outputs`: a vendor config or a generated kernel (`launch`)."""
+        if is_vendor(config):
+            for name, value in self.vendor_run(problem, config, inputs).items():
+                outputs[name].copy_(value)
+        else:
+            self.launch(problem, config, inputs, outputs)
+
+    def timed_call(self, problem, config: Config, inputs: Tensors, outputs: Tensors) -> Callable[[], Any]:
+        """What timing a config runs: the vendor call as a user makes it (no copy), or the kernel launch."""
+        if is_vendor(config):
+            return lambda: self.vendor_run(problem, config, inputs)
+        return lambda: self.launch(problem, config, inputs, outputs)
+
+    # --- serving ranges -----------------------------------------------------------------
+    def serving_bucket(self, field: str, value: int) -> tuple[int, int]:
+        """Inclusive (lo, hi) of the bucket `value` of a serving field falls in: powers of two by default."""
+        return pow2_bucket(value)
+
+    def serving_range(self, problem) -> dict[str, tuple[int, int]]:
+        """The bucket of each serving field of `problem`: what a winner of it is verified over."""
+        data = problem_to_dict(problem)
+        return {name: self.serving_bucket(name, data[name]) for name in self.serving_fields}
+
+    def range_edges(self, problem) -> list:
+        """The problems at the low and the high corner of `problem`'s serving range (those that differ from it)."""
+        rng = self.serving_range(problem)
+        if not rng:
+            return []
+        edges = []
+        for corner in (0, 1):
+            edge = dataclasses.replace(problem, **{name: bounds[corner] for name, bounds in rng.items()})
+            if edge != problem and edge not in edges:
+                edges.append(edge)
+        return edges
+
+    def in_range(self, problem, tuned, verified_range: Mapping[str, Any] | None) -> bool:
+        """Whether a winner tuned for `tuned`, verified over `verified_range`, may serve `problem`.
+
+        Every field that is not a serving field must match; each serving field must lie in its range.
+        """
+        if not verified_range or not self.serving_fields:
+            return False
+        a, b = problem_to_dict(problem), problem_to_dict(tuned)
+        if any(a[k] != b[k] for k in a if k not in self.serving_fields and k not in self.range_free_fields):
+            return False
+        for name in self.serving_fields:
+            bounds = verified_range.get(name)
+            if not (isinstance(bounds, (list, tuple)) and len(bounds) == 2
+                    and all(isinstance(x, int) and not isinstance(x, bool) for x in bounds)):
+                return False
+            if not bounds[0] <= a[name] <= bounds[1]:
+                return False
+        return True
+
+    # Fields that may differ between a call and the winner serving it (the config is validated against the
+    # call's own space anyway): gemm's TMA alignment.
+    range_free_fields: ClassVar[tuple[str, ...]] = ()
 
     # --- data -----------------------------------------------------------------------
     @abc.abstractmethod

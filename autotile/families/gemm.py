@@ -16,7 +16,7 @@ import torch
 from autotile.device import DeviceInfo, ensure_triton_allocator
 from autotile.dtypes import canonical_dtype_name, element_size, torch_dtype
 from autotile.errors import BadInputError, ShapeMismatchError, UnsupportedDtypeError
-from autotile.families.base import Baseline, Cost, Family, ProblemOption, Tensors, Tolerance, next_pow2
+from autotile.families.base import VENDOR_KEY, Baseline, Cost, Family, ProblemOption, Tensors, Tolerance, next_pow2
 from autotile.launch import launch as launch_kernel
 from autotile.render import launching, load_kernel_module
 from autotile.space import Axis, AxisKind, Config, Constraint, Space
@@ -93,11 +93,34 @@ def _tma_aligned(t: torch.Tensor) -> bool:
     return t.data_ptr() % 16 == 0 and (lead * size) % 16 == 0
 
 
+_ACTIVATIONS_TORCH = {"none": None, "relu": torch.relu, "silu": torch.nn.functional.silu,
+                      "gelu": torch.nn.functional.gelu}
+
+
+def vendor_matmul(kind: str, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, activation: str,
+                  out_dtype: torch.dtype, scale_a: torch.Tensor | None = None,
+                  scale_b: torch.Tensor | None = None) -> torch.Tensor:
+    """What PyTorch runs for this GEMM: cuBLAS through addmm/matmul (`kind` 'cublas'), or torch._scaled_mm for fp8
+    ('scaled_mm'); the activation as a separate op, as a model without autotile applies it."""
+    if kind == "scaled_mm":
+        y = torch._scaled_mm(a, b, scale_a, scale_b, bias=bias, out_dtype=out_dtype)
+    elif bias is None:
+        y = torch.matmul(a, b)
+    else:
+        y = torch.addmm(bias, a, b)
+    act = _ACTIVATIONS_TORCH[activation]
+    return y if act is None else act(y)
+
+
 class GemmFamily(Family):
     name = "gemm"
     template = "gemm.py.j2"
     problem_type = GemmProblem
     shape_fields = ("m", "n", "k")
+    # N, K, dtypes, layouts and the epilogue are fixed by a layer's weight; M (tokens) varies per call.
+    # M is bucketed by powers of two (1, 2, 4, ..., 8192, ...), as vLLM's shipped fused-MoE tables key it.
+    serving_fields = ("m",)
+    range_free_fields = ("aligned",)
 
     # --- problems -----------------------------------------------------------------
     def problem_from_tensors(self, a, b, bias=None, activation=None, out_dtype=None) -> GemmProblem:
@@ -127,6 +150,26 @@ class GemmFamily(Family):
         # Alignment does not change what a config computes, only whether the TMA variant may run;
         # the runtime validates every borrowed config against this problem's space anyway.
         return super().distance(problem, dataclasses.replace(other, aligned=problem.aligned))
+
+    def vendor_configs(self, problem: GemmProblem, device: DeviceInfo) -> list[Config]:
+        # NOTE: none under the interpreter: CPU calls exist to run the generated kernel, and a CPU BLAS
+        # would win every "tuning" run there.
+        if device.interpret:
+            return []
+        p = problem
+        if p.dtype == "fp8":
+            # torch._scaled_mm takes a row-major A, a column-major B and sizes that are multiples of 16.
+            if p.layout_a == "row" and p.layout_b == "col" and p.k % 16 == 0 and p.n % 16 == 0 and hasattr(torch, "_scaled_mm"):
+                return [Config({VENDOR_KEY: "scaled_mm"})]
+            return []
+        if p.out_dtype != p.dtype:
+            return []  # cuBLAS through torch rounds to the operand dtype first: not the same result
+        return [Config({VENDOR_KEY: "cublas"})]
+
+    def vendor_run(self, problem: GemmProblem, config: Config, inputs: Tensors) -> Tensors:
+        return {"c": vendor_matmul(config[VENDOR_KEY], inputs["a"], inputs["b"], inputs.get("bias"),
+                                   problem.activation, torch_dtype(problem.out_dtype), inputs.get("scale_a"),
+                                   inputs.get("scale_b"))}
 
     def default_suite(self) -> list[GemmProblem]:
         return [contiguous_problem(s, s, s, "bf16", "bf16") for s in (1024, 2048, 4096)]
@@ -210,7 +253,7 @@ class GemmFamily(Family):
                        "split-K is implemented by the blocked variant"),
             Constraint("split_k_depth", lambda c: c["SPLIT_K"] == 1 or k_tiles(c) >= 2 * c["SPLIT_K"],
                        "each split needs at least two K tiles"),
-            Constraint("split_k_workspace", lambda c: c["SPLIT_K"] * p.m * p.n <= _SPLIT_K_WORKSPACE_LIMIT,
+            Constraint("split_k_workspace", lambda c: c["SPLIT_K"] == 1 or c["SPLIT_K"] * p.m * p.n <= _SPLIT_K_WORKSPACE_LIMIT,
                        "the split-K workspace would exceed 1 GiB"),
             Constraint("persistent_tma_only", lambda c: c["VARIANT"] == "tma" or not (c["PERSISTENT"] or c["WARP_SPECIALIZE"] or c["FLATTEN"]),
                        "PERSISTENT, WARP_SPECIALIZE and FLATTEN only change the tma variant's tile loop"),

@@ -1,4 +1,15 @@
-"""Problem -> config at run time: user database, then the shipped tuning_db/, exact problem then nearest, then default.
+"""Problem -> config at run time.
+
+Order, for families with a vendor op (gemm: cuBLAS, flash: SDPA) on a GPU:
+1. the user database, then the shipped tuning_db/: the exact problem's winner, then a winner whose
+   verified range holds the call (re-timed beside the vendor op at its bucket's edges when it was
+   stored, so it does not lose there);
+2. the vendor op itself: a shape nobody tuned gets what PyTorch gives for free, never a guess;
+3. the family's default config (no vendor op for this problem, e.g. under the interpreter).
+Families without a vendor op (paged, elementwise), and problems the vendor cannot compute, also take
+a winner of the same bucket, then the nearest tuned problem, before the default.
+A winner may be the vendor op itself ({"VENDOR": ...}). `AUTOTILE_VENDOR=0` serves generated kernels
+only: a vendor winner is replaced by the fastest generated kernel stored with it, else the next source.
 
 Nothing here benchmarks, migrates or imports Optuna/Alembic; every answer is
 memoised, so the call path pays one dict lookup after the first call of a shape.
@@ -13,7 +24,7 @@ from dataclasses import dataclass
 
 from autotile.device import DeviceInfo
 from autotile.errors import AutotileError, ConfigOutsideSpaceError
-from autotile.families.base import Family
+from autotile.families.base import Family, is_vendor, vendor_enabled
 from autotile.space import Config
 
 log = logging.getLogger("autotile.runtime")
@@ -22,11 +33,16 @@ log = logging.getLogger("autotile.runtime")
 @dataclass(frozen=True)
 class Resolution:
     config: Config
-    source: str  # 'user-db' | 'shipped-db' | 'default'
+    source: str  # 'user-db' | 'shipped-db' | 'vendor' | 'default'
     device_key: str
     problem_key: str
-    tuned_for: str | None = None  # the problem key whose winner serves this one (None for default)
-    match: str = "default"  # 'exact' | 'bucket' | 'nearest' | 'default'
+    tuned_for: str | None = None  # the problem key whose winner serves this one (None for vendor and default)
+    match: str = "default"  # 'exact' | 'range' | 'bucket' | 'nearest' | 'vendor' | 'default'
+
+    @property
+    def vendor(self) -> bool:
+        """True when the call runs the vendor library (cuBLAS, SDPA) rather than a generated kernel."""
+        return is_vendor(self.config)
 
 
 _memo: dict[tuple, Resolution] = {}
@@ -74,18 +90,35 @@ def _winners(url: str, family: str, device_key: str) -> list:
 
         try:
             _winner_cache[key] = Store(open_engine(url, create=False)).winners(family, device_key)
-        except AutotileError as exc:
-            log.warning("autotile: not using %s: %s", url, exc)
+        except Exception as exc:  # noqa: BLE001 - a cache problem never takes a model down: serve from the next source
+            _warn_once(url, exc)
             _winner_cache[key] = []
     return _winner_cache[key]
 
 
-def _candidates(family: Family, problem, winners: list) -> list[tuple[str, object]]:
-    """Stored winners that may serve `problem`, best first: exact, then same bucket, then nearest."""
+_warned: set[str] = set()
+
+
+def _warn_once(url: str, exc: BaseException) -> None:
+    """One warning per database and process, naming the file and what to do; the runtime goes on without it."""
+    if url in _warned:
+        return
+    _warned.add(url)
+    reason = str(exc) if isinstance(exc, AutotileError) else f"{type(exc).__name__}: {exc}"
+    log.warning("autotile: not using the tuning database %s (%s); serving from the next source. Fix: run "
+                "`autotile db verify --db %s`, or move the file away (or unset AUTOTILE_DB) to start a new one.",
+                url, reason.splitlines()[0][:300] if reason else "unreadable", url)
+
+
+def _candidates(family: Family, problem, winners: list, strict: bool) -> list[tuple[str, object]]:
+    """Stored winners that may serve `problem`, best first: exact, then those whose verified range holds it.
+
+    Unless `strict` (a vendor op stands behind them), also a winner of the same bucket, then the nearest.
+    """
     key = family.problem_key(problem)
-    bucket = family.bucket(problem)
     exact = [("exact", w) for w in winners if w.problem_key == key]
     ranked = []
+    bucket = None if strict else family.bucket(problem)
     for w in winners:
         if w.problem_key == key:
             continue
@@ -96,7 +129,11 @@ def _candidates(family: Family, problem, winners: list) -> list[tuple[str, objec
         distance = family.distance(problem, other)
         if distance is None:
             continue
-        ranked.append((0 if w.bucket == bucket else 1, distance, "bucket" if w.bucket == bucket else "nearest", w))
+        if family.in_range(problem, other, w.verified_range):
+            ranked.append((0, distance, "range", w))
+        elif not strict:
+            same_bucket = w.bucket == bucket
+            ranked.append((1 if same_bucket else 2, distance, "bucket" if same_bucket else "nearest", w))
     ranked.sort(key=lambda r: (r[0], r[1]))
     return exact + [(match, w) for _, _, match, w in ranked]
 
@@ -105,26 +142,50 @@ def resolve(family: Family, problem, device: DeviceInfo) -> Resolution:
     """The config to run `problem` with on `device`, and where it came from."""
     # Problems are frozen dataclasses: hashing one is far cheaper than building its canonical key,
     # and this lookup is on every call of a tuned op.
-    memo_key = (family.name, problem, device.key, os.environ.get("AUTOTILE_DB"))
+    memo_key = (family.name, problem, device.key, os.environ.get("AUTOTILE_DB"), os.environ.get("AUTOTILE_VENDOR"))
     hit = _memo.get(memo_key)
     if hit is not None:
         return hit
     resolution = _resolve_uncached(family, problem, device)
     with _memo_lock:
         _memo[memo_key] = resolution
+    log_resolution(family, problem, resolution)
     return resolution
 
 
+def _served_config(winner, use_vendor: bool) -> str | None:
+    """The config JSON a stored winner serves: its own, or with the vendor off, the generated kernel kept with it."""
+    if not use_vendor and is_vendor(Config.from_json(winner.config)):
+        return winner.kernel_config
+    return winner.config
+
+
 def _resolve_uncached(family: Family, problem, device: DeviceInfo) -> Resolution:
-    space = family.space(problem, device)
     key = family.problem_key(problem)
+    use_vendor = vendor_enabled()
+    vendor = family.vendor_configs(problem, device)
     for source, url in _sources():
-        for match, winner in _candidates(family, problem, _winners(url, family.name, device.key)):
+        for match, winner in _candidates(family, problem, _winners(url, family.name, device.key), strict=bool(vendor)):
             try:
-                config = space.validate(Config.from_json(winner.config))
+                text = _served_config(winner, use_vendor)
+                if text is None:
+                    continue
+                config = family.validate_config(problem, device, Config.from_json(text))
             except ConfigOutsideSpaceError as exc:
                 if match == "exact":
                     log.warning("autotile: stored winner for %s in %s is outside the space (%s); ignoring it", key, source, exc)
                 continue
             return Resolution(config, source, device.key, key, winner.problem_key, match)
+    if vendor and use_vendor:
+        return Resolution(vendor[0], "vendor", device.key, key, None, "vendor")
     return Resolution(family.default_config(problem, device), "default", device.key, key)
+
+
+def log_resolution(family: Family, problem, resolution: Resolution) -> None:
+    """`AUTOTILE_LOG=1`: one line per new shape, naming what serves it (as TRITON_PRINT_AUTOTUNING does)."""
+    if os.environ.get("AUTOTILE_LOG", "").strip() not in ("", "0"):
+        import sys
+
+        tuned = f" (tuned for {resolution.tuned_for})" if resolution.tuned_for and resolution.match != "exact" else ""
+        print(f"autotile: {family.name} {resolution.problem_key} -> {resolution.config.to_json()} "
+              f"[{resolution.source}, {resolution.match}{tuned}]", file=sys.stderr)

@@ -37,7 +37,7 @@ from autotile.store.repo import Store
 FORMAT = "autotile-db"
 FORMAT_VERSION = 1
 _RECORD_FIELDS = {"record", "schema_version", "family", "problem", "problem_key", "device", "toolchain", "config",
-                  "timings", "provenance", "verification"}
+                  "timings", "provenance", "verification", "serving"}
 _DEVICE_FIELDS = ("key", "profile", "name", "compute_capability", "sm_count", "memory_bytes", "smem_per_block", "driver")
 _TOOLCHAIN_FIELDS = {"torch": 64, "triton": 64, "cuda": 64, "python": 32, "autotile": 32}  # field -> column width
 
@@ -110,6 +110,9 @@ def export_records(engine: Engine, family: str | None = None, device_key: str | 
             "verification": {"stale": bool(w.stale), "verified_at": _iso(w.verified_at),
                              "verified_ms": w.verified_ms, "verify_status": w.verify_status or "",
                              "regression": w.regression},
+            "serving": {"verified_range": w.verified_range if isinstance(w.verified_range, dict) else None,
+                        "kernel_config": json.loads(w.kernel_config) if w.kernel_config else None,
+                        "kernel_ms": w.kernel_ms},
         }
 
 
@@ -300,7 +303,7 @@ def validate_record(record, line: int) -> _Valid:
     device = _device(_object(record, "device"))
     config_data = _object(record, "config")
     try:
-        config = family.space(problem, device).validate(config_data)
+        config = family.validate_config(problem, device, config_data)
     except AutotileError as exc:
         raise _Bad(f"config {json.dumps(config_data, sort_keys=True):.200} on {device.key}: {exc}") from None
     toolchain_data = _object(record, "toolchain")
@@ -331,9 +334,36 @@ def validate_record(record, line: int) -> _Valid:
         "verified_ms": _finite(verification.get("verified_ms"), "verification.verified_ms", optional=True),
         "verify_status": _text(verification.get("verify_status", ""), "verification.verify_status", 32),
         "regression": _finite(verification.get("regression"), "verification.regression", optional=True),
+        **_serving_values(record.get("serving") or {}, family, problem, device),
     }
     return _Valid(line, family_name, family.problem_key(problem), family.bucket(problem),
                   dataclasses.asdict(problem), device, toolchain, config, values)
+
+
+def _serving_values(serving, family, problem, device: DeviceInfo) -> dict:
+    """The record's serving range and kept generated kernel, checked: ranges hold the problem, configs are in its space."""
+    if not isinstance(serving, dict):
+        raise _Bad("serving must be a JSON object")
+    unknown = set(serving) - {"verified_range", "kernel_config", "kernel_ms"}
+    if unknown:
+        raise _Bad(f"serving has unknown fields {sorted(unknown)}")
+    verified_range = serving.get("verified_range")
+    if verified_range is not None:
+        if not isinstance(verified_range, dict) or set(verified_range) != set(family.serving_fields):
+            raise _Bad(f"serving.verified_range must name exactly {list(family.serving_fields)}")
+        if not family.in_range(problem, problem, verified_range):
+            raise _Bad(f"serving.verified_range {json.dumps(verified_range, sort_keys=True):.200} is not a range of "
+                       "integers that holds the record's own problem")
+    kernel_config = serving.get("kernel_config")
+    if kernel_config is not None:
+        if not isinstance(kernel_config, dict):
+            raise _Bad("serving.kernel_config must be a JSON object")
+        try:
+            kernel_config = family.space(problem, device).validate(kernel_config).to_json()
+        except AutotileError as exc:
+            raise _Bad(f"serving.kernel_config: {exc}") from None
+    return {"verified_range": verified_range, "kernel_config": kernel_config,
+            "kernel_ms": _finite(serving.get("kernel_ms"), "serving.kernel_ms", optional=True, positive=True)}
 
 
 # --- writing -------------------------------------------------------------------------------------

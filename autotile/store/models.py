@@ -11,7 +11,7 @@ from sqlalchemy import JSON, BigInteger, DateTime, Float, ForeignKey, Integer, S
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 # Bump with every Alembic revision that changes these tables.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 VERSION_TABLE = "autotile_alembic_version"
 
 
@@ -115,3 +115,7 @@ class Winner(Base):
     verified_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
     verify_status: Mapped[str] = mapped_column(String(32), default="", server_default="")  # VerifyStatus value
     regression: Mapped[float | None] = mapped_column(Float, nullable=True)  # verified_ms / median_ms - 1 when slower
+    # Schema 3 (revision 0003): where the winner may serve, and the best generated kernel when the vendor op won.
+    verified_range: Mapped[dict | None] = mapped_column(JSON, nullable=True)  # {serving field: [lo, hi]}
+    kernel_config: Mapped[str | None] = mapped_column(Text, nullable=True)
+    kernel_ms: Mapped[float | None] = mapped_column(Float, nullable=True)

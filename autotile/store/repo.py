@@ -43,6 +43,9 @@ class WinnerView:
     verified_ms: float | None = None
     regression: float | None = None  # verified_ms / median_ms - 1 when the last verification found it slower
     verified_at: str | None = None
+    verified_range: dict | None = None  # {serving field: [lo, hi]}: calls in it may be served by this winner
+    kernel_config: str | None = None  # the fastest generated kernel when the vendor op won
+    kernel_ms: float | None = None
 
 
 class Store:
@@ -120,7 +123,7 @@ class Store:
         earlier verification.
         """
         values = {"stale": 0, "verified_at": None, "verified_ms": None, "verify_status": "", "regression": None,
-                  **values}
+                  "verified_range": None, "kernel_config": None, "kernel_ms": None, **values}
         with Session(self.engine) as session:
             row = session.execute(
                 select(Winner).where(Winner.problem_id == problem_id, Winner.device_key == device.key)
@@ -152,6 +155,8 @@ class Store:
                 created_at=w.created_at.isoformat(timespec="seconds"), driver=driver, stale=bool(w.stale),
                 verify_status=w.verify_status or "", verified_ms=w.verified_ms, regression=w.regression,
                 verified_at=w.verified_at.isoformat(timespec="seconds") if w.verified_at else None,
+                verified_range=w.verified_range if isinstance(w.verified_range, dict) else None,
+                kernel_config=w.kernel_config, kernel_ms=w.kernel_ms,
             )
             for w, p, t, driver in rows
         ]

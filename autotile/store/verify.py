@@ -65,7 +65,7 @@ def rebuild(family_name: str, params: dict, config_json: str, device: DeviceInfo
         problem = family.problem_from_dict(params)
     except Exception as exc:  # noqa: BLE001 - any failure of a stored problem is reported, not raised
         raise _BadProblem(f"{family_name} problem {json.dumps(params, sort_keys=True)} does not rebuild: {exc}") from None
-    config = family.space(problem, device).validate(Config.from_json(config_json))
+    config = family.validate_config(problem, device, Config.from_json(config_json))
     return family, problem, config
 
 
@@ -112,7 +112,7 @@ def _check_one(family_name: str, params: dict, config_json: str, device: DeviceI
         return VerifyStatus(outcome.status.value), None, outcome.error[:500]
     outputs = family.allocate_outputs(problem, inputs)
     try:
-        timing = retime_interleaved({"winner": lambda: family.launch(problem, config, inputs, outputs)}, device,
+        timing = retime_interleaved({"winner": family.timed_call(problem, config, inputs, outputs)}, device,
                                     rounds=max(1, rounds))["winner"]
     except Exception as exc:  # noqa: BLE001 - a kernel that passed once and fails on re-run is a crash
         return VerifyStatus.CRASH, None, f"{type(exc).__name__}: {exc}"[:500]

@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 import optuna
 from sqlalchemy.engine import make_url
 
-from autotile.bench import retime_interleaved
+from autotile.bench import Status, prepare, retime_interleaved, run_checked
 from autotile.device import DeviceInfo, cuda_device
-from autotile.families.base import Family
+from autotile.families.base import VENDOR_KEY, Family, is_vendor
 from autotile.space import Config
 from autotile.store.db import default_db_url, normalise_url, open_engine
 from autotile.store.repo import Store
@@ -35,6 +35,11 @@ log = logging.getLogger("autotile.tune")
 DEFAULT_TOP_K = 3
 # Rounds of the interleaved re-timing (each times every finalist once).
 DEFAULT_RETIME_ROUNDS = 5
+# Rounds of the re-timing beside the vendor op at each corner of a winner's serving bucket.
+RANGE_ROUNDS = 3
+# A stored winner is replaced only by a config faster than it by more than this fraction, in the same
+# interleaved re-timing (repeated timings of one kernel differ by a percent or two there).
+KEEP_STORED_MARGIN = 0.01
 
 
 @dataclass
@@ -55,6 +60,11 @@ class TuneResult:
     seconds: float = 0.0
     interpreted: bool = False
     stopped_early: str = ""
+    verified_range: dict | None = None  # {serving field: [lo, hi]} the winner was verified over (None: its shape only)
+
+    @property
+    def vendor_won(self) -> bool:
+        return self.winner is not None and is_vendor(self.winner)
 
     @property
     def speedup(self) -> float | None:
@@ -192,56 +202,185 @@ def _device_for_gpu(device: DeviceInfo, gpu: int) -> DeviceInfo:
     return present
 
 
+def vendor_study(name: str) -> str:
+    """The study name under which the vendor op's trial rows are kept (apart from the search's own count)."""
+    return f"{name}:vendor"
+
+
+def _stored_config(store: Store, family: Family, problem, device: DeviceInfo, problem_id: int) -> Config | None:
+    """The config of the winner already stored for this problem on this device key, if it is still valid."""
+    key = family.problem_key(problem)
+    for winner in store.winners(family.name, device.key):
+        if winner.problem_key == key:
+            try:
+                return family.validate_config(problem, device, Config.from_json(winner.config))
+            except Exception:  # noqa: BLE001 - a stored config this version cannot run is simply not a finalist
+                return None
+    return None
+
+
+def _check_vendor(family: Family, problem, device: DeviceInfo, store: Store, ids: tuple[int, int, int], name: str,
+                  prepared) -> list[Config]:
+    """Run each vendor config through the correctness gate, as any candidate; record one row each; the passing ones."""
+    problem_id, device_id, toolchain_id = ids
+    passing = []
+    for number, config in enumerate(family.vendor_configs(problem, device)):
+        outcome, _ = run_checked(family, problem, config, device, seed=0, prepared=prepared)
+        if outcome.status is Status.OK:
+            passing.append(config)
+        else:
+            store.record_trial(problem_id=problem_id, device_id=device_id, toolchain_id=toolchain_id,
+                               study=vendor_study(name), number=number, config=config.to_json(),
+                               config_hash=config.hash, status=outcome.status.value, interpreted=int(device.interpret),
+                               max_abs_error=outcome.max_abs_error, error=outcome.error)
+    return passing
+
+
+def _record_vendor_timings(family: Family, problem, device: DeviceInfo, store: Store, ids: tuple[int, int, int],
+                           name: str, vendor: list[Config], timings: dict) -> None:
+    problem_id, device_id, toolchain_id = ids
+    for number, config in enumerate(family.vendor_configs(problem, device)):
+        timing = timings.get(config.hash)
+        if config in vendor and timing is not None:
+            store.record_trial(problem_id=problem_id, device_id=device_id, toolchain_id=toolchain_id,
+                               study=vendor_study(name), number=number, config=config.to_json(),
+                               config_hash=config.hash, status=Status.OK.value, median_ms=timing.median_ms,
+                               q20_ms=timing.q20_ms, q80_ms=timing.q80_ms, interpreted=int(device.interpret))
+
+
+def verify_range(family: Family, problem, config: Config, vendor: Config, device: DeviceInfo,
+                 rounds: int = RANGE_ROUNDS, seed: int = 0) -> tuple[dict | None, str]:
+    """Re-time `config` beside the vendor op at the corners of `problem`'s serving bucket.
+
+    Returns ({field: [lo, hi]}, note) when the config is correct and at least as fast as the vendor at every
+    corner, else (None, why): the winner then serves its own shape only.
+    """
+    bounds = family.serving_range(problem)
+    if not bounds:
+        return None, "the family has no serving fields"
+    for edge in family.range_edges(problem):
+        try:
+            edge_config = family.validate_config(edge, device, config)
+        except Exception as exc:  # noqa: BLE001
+            return None, f"not a config of {family.problem_key(edge)}: {exc}"
+        try:
+            inputs, expected = prepare(family, edge, device, seed)
+        except Exception as exc:  # noqa: BLE001 - e.g. out of memory at the high corner
+            return None, f"inputs at {family.problem_key(edge)}: {type(exc).__name__}: {exc}"
+        for candidate in (edge_config, vendor):
+            outcome, _ = run_checked(family, edge, candidate, device, seed, (inputs, expected))
+            if outcome.status is not Status.OK:
+                return None, f"{candidate.to_json()} at {family.problem_key(edge)}: {outcome.status.value}"
+        outputs = {c.hash: family.allocate_outputs(edge, inputs) for c in (edge_config, vendor)}
+        fns = {c.hash: family.timed_call(edge, c, inputs, outputs[c.hash]) for c in (edge_config, vendor)}
+        try:
+            timings = retime_interleaved(fns, device, rounds=rounds)
+        except Exception as exc:  # noqa: BLE001
+            return None, f"re-timing at {family.problem_key(edge)} failed: {exc}"
+        ours, theirs = timings[edge_config.hash].median_ms, timings[vendor.hash].median_ms
+        if ours > theirs:
+            return None, f"{ours:.4g} ms against the vendor's {theirs:.4g} ms at {family.problem_key(edge)}"
+    return {name: [lo, hi] for name, (lo, hi) in bounds.items()}, "faster than the vendor op at every corner"
+
+
 def _pick_winner(family: Family, problem, device: DeviceInfo, store: Store, problem_id: int, device_id: int,
                  toolchain_id: int, top_k: int, rounds: int, name: str, seed: int, crashed: bool) -> TuneResult:
-    """Re-time the best few configs and the baseline in turns; the fastest median wins."""
+    """Re-time the best few configs, the stored winner and the vendor op in turns; the fastest median wins.
+
+    The vendor op (cuBLAS, SDPA) is a candidate like any config: checked, timed, stored as the winner when it is
+    fastest. A generated winner is then re-timed beside it at the corners of its serving bucket, and the range
+    it held there is stored with it.
+    """
     result = TuneResult(family.name, family.problem_key(problem), device.key, name, None, None,
                         interpreted=device.interpret)
+    ids = (problem_id, device_id, toolchain_id)
     finalists = [Config(json.loads(text)) for text, _ in store.best_configs(problem_id, device_id, top_k, study=name)]
     if not finalists:
         return result
+    stored = _stored_config(store, family, problem, device, problem_id)
     if crashed:
         rounds = 0  # the CUDA context is gone; keep the trial timings
     timings = {}
     baseline_name = ""
+    vendor: list[Config] = []
     if rounds > 0:
-        inputs = family.make_inputs(problem, device, seed=seed)
-        outputs = {c.hash: family.allocate_outputs(problem, inputs) for c in finalists}
-        fns = {c.hash: (lambda c=c: family.launch(problem, c, inputs, outputs[c.hash])) for c in finalists}
-        baseline = family.baseline(problem, inputs)
-        if baseline is not None:
-            fns["baseline"] = baseline.run
-            baseline_name = baseline.name
         try:
+            prepared = prepare(family, problem, device, seed)
+            vendor = _check_vendor(family, problem, device, store, ids, name, prepared)
+            candidates = list(dict.fromkeys(finalists + ([stored] if stored is not None else []) + vendor))
+            inputs = prepared[0]
+            outputs = {c.hash: family.allocate_outputs(problem, inputs) for c in candidates}
+            fns = {c.hash: family.timed_call(problem, c, inputs, outputs[c.hash]) for c in candidates}
+            baseline = None if vendor else family.baseline(problem, inputs)
+            if baseline is not None:
+                fns["baseline"] = baseline.run
+                baseline_name = baseline.name
             timings = retime_interleaved(fns, device, rounds=rounds)
+            _record_vendor_timings(family, problem, device, store, ids, name, vendor, timings)
         except Exception as exc:  # noqa: BLE001 - a finalist or the baseline failed on re-run
             log.warning("interleaved re-timing failed (%s); using trial timings", exc)
-            timings = {}
+            timings, vendor = {}, []
     if timings:
-        ranked = sorted(finalists, key=lambda c: timings[c.hash].median_ms)
-        win = timings[ranked[0].hash]
-        runner_up = timings[ranked[1].hash].median_ms if len(ranked) > 1 else None
-        baseline_ms = timings["baseline"].median_ms if "baseline" in timings else None
+        ranked = sorted((c for c in timings if c != "baseline"), key=lambda h: timings[h].median_ms)
+        by_hash = {c.hash: c for c in finalists + vendor + ([stored] if stored is not None else [])}
+        best = by_hash[ranked[0]]
+        if stored is not None and best != stored and stored.hash in timings and \
+                timings[best.hash].median_ms > timings[stored.hash].median_ms * (1.0 - KEEP_STORED_MARGIN):
+            best = stored  # not faster beyond the noise: the stored winner stays
+        win = timings[best.hash]
+        others = [timings[h].median_ms for h in ranked if h != best.hash]
+        runner_up = others[0] if others else None
+        kernels = [h for h in ranked if not is_vendor(by_hash[h])]
+        best_kernel = by_hash[kernels[0]] if kernels else None
+        if vendor:
+            fastest_vendor = min(vendor, key=lambda c: timings[c.hash].median_ms)
+            baseline_ms = timings[fastest_vendor.hash].median_ms
+            baseline_name = vendor_label(fastest_vendor)
+        else:
+            fastest_vendor = None
+            baseline_ms = timings["baseline"].median_ms if "baseline" in timings else None
     else:
         trial_ms = dict(store.best_configs(problem_id, device_id, top_k, study=name))
-        ranked = finalists
-        ms = trial_ms[ranked[0].to_json()]
+        best = finalists[0]
+        ms = trial_ms[best.to_json()]
         from autotile.bench import Timing
 
         win = Timing(ms, ms, ms, device.interpret)
-        runner_up = trial_ms.get(ranked[1].to_json()) if len(ranked) > 1 else None
-        baseline_ms = None
-    winner = ranked[0]
+        runner_up = trial_ms.get(finalists[1].to_json()) if len(finalists) > 1 else None
+        baseline_ms, best_kernel, fastest_vendor = None, best, None
+
+    verified_range, range_note = None, ""
+    if fastest_vendor is not None:
+        if is_vendor(best):
+            verified_range = {k: list(v) for k, v in family.serving_range(problem).items()}
+            range_note = "the vendor op serves its whole bucket"
+        else:
+            verified_range, range_note = verify_range(family, problem, best, fastest_vendor, device, seed=seed)
     total = sum(store.status_counts(problem_id, device_id).values())
+    kernel_values = {}
+    if is_vendor(best) and best_kernel is not None:
+        kernel_values = {"kernel_config": best_kernel.to_json(), "kernel_ms": timings[best_kernel.hash].median_ms}
     store.save_winner(
         problem_id=problem_id, device=device, device_id=device_id, toolchain_id=toolchain_id,
-        config=winner.to_json(), config_hash=winner.hash, median_ms=win.median_ms, q20_ms=win.q20_ms,
+        config=best.to_json(), config_hash=best.hash, median_ms=win.median_ms, q20_ms=win.q20_ms,
         q80_ms=win.q80_ms, interpreted=int(device.interpret), runner_up_ms=runner_up,
         margin=(runner_up / win.median_ms - 1.0) if runner_up else None, baseline_name=baseline_name,
-        baseline_ms=baseline_ms, trials_run=total,
-        provenance=f"study {name}: {total} trials; best {len(finalists)} re-timed over {rounds} interleaved rounds",
+        baseline_ms=baseline_ms, trials_run=total, verified_range=verified_range, **kernel_values,
+        provenance=(f"study {name}: {total} trials; best {len(finalists)} re-timed with the vendor op and the stored "
+                    f"winner over {rounds} interleaved rounds" + (f"; range: {range_note}" if range_note else "")),
     )
-    result.winner, result.winner_ms = winner, win.median_ms
+    from autotile.runtime.dispatch import clear_cache
+
+    clear_cache()  # explain() and the ops in this process see the new winner
+    result.winner, result.winner_ms = best, win.median_ms
     result.winner_q20_ms, result.winner_q80_ms = win.q20_ms, win.q80_ms
     result.runner_up_ms, result.baseline_name, result.baseline_ms = runner_up, baseline_name, baseline_ms
+    result.verified_range = verified_range
     return result
+
+
+def vendor_label(config: Config) -> str:
+    """A vendor config as people name it: 'cuBLAS (torch.matmul)', 'SDPA (cudnn)', ..."""
+    kind = str(config.get(VENDOR_KEY, ""))
+    return {"cublas": "cuBLAS (torch.matmul)", "scaled_mm": "torch._scaled_mm"}.get(
+        kind, f"SDPA ({kind.removeprefix('sdpa-')})" if kind.startswith("sdpa") else kind)

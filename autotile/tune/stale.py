@@ -78,12 +78,11 @@ def _revalidate_one(store: Store, winner, problem_row, reasons: tuple[str, ...],
         problem = family.problem_from_dict(problem_row.params)
     except Exception as exc:  # noqa: BLE001 - a row this version of the family cannot read
         return failed(f"the stored problem does not rebuild: {exc}")
-    space = family.space(problem, device)
     texts = [winner.config] + [text for text, _ in store.best_configs_on_key(winner.problem_id, device.key, top_k)]
     configs: dict[str, Config] = {}
     for text in texts:
         try:
-            config = space.validate(Config.from_json(text))
+            config = family.validate_config(problem, device, Config.from_json(text))
         except ConfigOutsideSpaceError:
             continue
         configs.setdefault(config.hash, config)
@@ -107,7 +106,7 @@ def _revalidate_one(store: Store, winner, problem_row, reasons: tuple[str, ...],
 
     inputs = prepared[0]
     outputs = {c.hash: family.allocate_outputs(problem, inputs) for c in passing}
-    fns = {c.hash: (lambda c=c: family.launch(problem, c, inputs, outputs[c.hash])) for c in passing}
+    fns = {c.hash: family.timed_call(problem, c, inputs, outputs[c.hash]) for c in passing}
     baseline = family.baseline(problem, inputs)
     if baseline is not None:
         fns["baseline"] = baseline.run
