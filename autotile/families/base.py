@@ -89,6 +89,13 @@ def is_vendor(config: Mapping) -> bool:
     return VENDOR_KEY in config
 
 
+def vendor_label(config: Mapping) -> str:
+    """A vendor config as people name it: 'cuBLAS (torch.matmul)', 'torch._scaled_mm', 'SDPA (cudnn)', ..."""
+    kind = str(config.get(VENDOR_KEY, ""))
+    names = {"cublas": "cuBLAS (torch.matmul)", "scaled_mm": "torch._scaled_mm"}
+    return names.get(kind, f"SDPA ({kind.removeprefix('sdpa-')})" if kind.startswith("sdpa") else kind)
+
+
 def vendor_enabled() -> bool:
     """`AUTOTILE_VENDOR=0` serves generated kernels only (to measure them on their own); default on."""
     import os

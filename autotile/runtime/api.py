@@ -5,10 +5,12 @@ import dataclasses
 import importlib
 
 from autotile.errors import BadInputError
+from autotile.families.base import vendor_label
 from autotile.runtime.dispatch import resolve
 
 OP_MODULES = {
     "matmul": "autotile.runtime.ops_gemm",
+    "linear": "autotile.runtime.ops_gemm",
     "flash_attention": "autotile.runtime.ops_flash",
     "paged_attention": "autotile.runtime.ops_paged",
     "fuse": "autotile.runtime.ops_elementwise",
@@ -25,6 +27,11 @@ def matmul(a, b, *, bias=None, activation=None, out_dtype=None, scale_a=None, sc
     """See autotile.runtime.ops_gemm.matmul."""
     return _op_module("matmul").matmul(a, b, bias=bias, activation=activation, out_dtype=out_dtype,
                                        scale_a=scale_a, scale_b=scale_b)
+
+
+def linear(x, weight, bias=None, activation=None):
+    """activation(x @ weight.T + bias) as torch.nn.functional.linear. See autotile.runtime.ops_gemm.linear."""
+    return _op_module("linear").linear(x, weight, bias, activation)
 
 
 def flash_attention(q, k, v, *, causal=False, scale=None):
@@ -46,12 +53,18 @@ def fuse(expr: str):
 def explain(op_name: str, *args, **kwargs) -> dict:
     """What a call would run, without running it: family, problem key, config, its source, device.
 
+    `source` is 'user-db' or 'shipped-db' (a stored winner: `match` says 'exact' or 'range'), 'vendor' (a shape
+    nobody tuned, served by the vendor library) or 'default'; `vendor` names the library call when one runs
+    (a stored winner may be the vendor op too).
+
     >>> import torch, autotile
     >>> info = autotile.explain("matmul", torch.randn(8, 4), torch.randn(4, 8))
     >>> info["family"], info["source"] in ("user-db", "shipped-db", "default")
     ('gemm', True)
     """
-    family, problem, device = _op_module(op_name).problem_for(*args, **kwargs)
+    module = _op_module(op_name)
+    problem_for = getattr(module, f"{op_name}_problem_for", None) or module.problem_for
+    family, problem, device = problem_for(*args, **kwargs)
     resolution = resolve(family, problem, device)
     return {
         "op": op_name,
@@ -60,6 +73,7 @@ def explain(op_name: str, *args, **kwargs) -> dict:
         "problem_key": resolution.problem_key,
         "config": dict(resolution.config),
         "source": resolution.source,
+        "vendor": vendor_label(resolution.config) if resolution.vendor else None,
         "match": resolution.match,
         "tuned_for": resolution.tuned_for,
         "device": device.key,

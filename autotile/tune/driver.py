@@ -19,7 +19,7 @@ from sqlalchemy.engine import make_url
 
 from autotile.bench import Status, prepare, retime_interleaved, run_checked
 from autotile.device import DeviceInfo, cuda_device
-from autotile.families.base import VENDOR_KEY, Family, is_vendor
+from autotile.families.base import Family, is_vendor, vendor_label
 from autotile.space import Config
 from autotile.store.db import default_db_url, normalise_url, open_engine
 from autotile.store.repo import Store
@@ -377,10 +377,3 @@ def _pick_winner(family: Family, problem, device: DeviceInfo, store: Store, prob
     result.runner_up_ms, result.baseline_name, result.baseline_ms = runner_up, baseline_name, baseline_ms
     result.verified_range = verified_range
     return result
-
-
-def vendor_label(config: Config) -> str:
-    """A vendor config as people name it: 'cuBLAS (torch.matmul)', 'SDPA (cudnn)', ..."""
-    kind = str(config.get(VENDOR_KEY, ""))
-    return {"cublas": "cuBLAS (torch.matmul)", "scaled_mm": "torch._scaled_mm"}.get(
-        kind, f"SDPA ({kind.removeprefix('sdpa-')})" if kind.startswith("sdpa") else kind)

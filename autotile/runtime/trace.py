@@ -1,0 +1,201 @@
+"""`AUTOTILE_RECORD=trace.jsonl`: which problems a process's ops served, and how often.
+
+Each op keeps one counter per call signature (a one-element list registered here when the signature is
+first seen); the hot path pays one increment. When the process exits (or `flush()` is called) the
+counters are summed per problem and written as JSON lines, merged with the counts already in the file,
+so several runs (or ranks) of a model add up. `autotile tune --from-trace trace.jsonl --budget 10m`
+tunes the recorded problems, most calls first.
+
+The file: a header `{"format": "autotile-trace", "version": 1, ...}`, one line per problem
+`{"family": "gemm", "device": "h200/sm90", "problem": {...}, "calls": 1234}`, and an end record
+`{"record": "end", "count": N}`, so a cut file is recognised.
+
+>>> import json, pathlib, tempfile
+>>> path = pathlib.Path(tempfile.mkdtemp()) / "t.jsonl"
+>>> write_trace(path, [TraceEntry("gemm", "interpret", {"m": 1, "n": 8, "k": 8}, 3)])
+>>> [(e.family, e.calls) for e in read_trace(path)]
+[('gemm', 3)]
+"""
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import datetime as dt
+import json
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from autotile.errors import BadInputError
+
+FORMAT = "autotile-trace"
+VERSION = 1
+# A trace line is a small JSON object; anything longer is not one of ours.
+_MAX_LINE = 65536
+
+_counters: dict[tuple[str, str, str], tuple[dict, list[list[int]]]] = {}
+_lock = threading.Lock()
+_registered_exit = False
+
+
+class TraceFormatError(BadInputError):
+    """A trace file that is malformed, cut short, or written by another version of autotile."""
+
+
+@dataclass(frozen=True)
+class TraceEntry:
+    family: str
+    device: str
+    problem: dict
+    calls: int
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return self.family, self.device, json.dumps(self.problem, sort_keys=True, separators=(",", ":"))
+
+
+def recording_path() -> Path | None:
+    value = os.environ.get("AUTOTILE_RECORD", "").strip()
+    return Path(value).expanduser() if value else None
+
+
+def counter(family, problem, device) -> list[int]:
+    """A new counter for one call signature of `problem`; its increments are recorded under the problem."""
+    global _registered_exit
+    count = [0]
+    key = (family.name, device.key, family.problem_key(problem))
+    with _lock:
+        entry = _counters.get(key)
+        if entry is None:
+            entry = _counters[key] = (dataclasses.asdict(problem), [])
+        entry[1].append(count)
+        if not _registered_exit and recording_path() is not None:
+            atexit.register(_flush_at_exit)
+            _registered_exit = True
+    return count
+
+
+def entries() -> list[TraceEntry]:
+    """This process's problems with their call counts so far (problems never called are left out)."""
+    with _lock:
+        items = [(key, problem, sum(c[0] for c in counts)) for key, (problem, counts) in _counters.items()]
+    return [TraceEntry(key[0], key[1], problem, calls) for key, problem, calls in items if calls > 0]
+
+
+def flush(path: str | os.PathLike | None = None) -> Path | None:
+    """Merge this process's counts into the trace file (AUTOTILE_RECORD, or `path`) and reset them."""
+    target = Path(path) if path is not None else recording_path()
+    if target is None:
+        return None
+    with _lock:
+        current = [TraceEntry(key[0], key[1], problem, sum(c[0] for c in counts))
+                   for key, (problem, counts) in _counters.items()]
+        for _, counts in _counters.values():
+            for c in counts:
+                c[0] = 0
+    merged: dict[tuple, TraceEntry] = {}
+    if target.exists():
+        for entry in read_trace(target):
+            merged[entry.key] = entry
+    for entry in current:
+        if entry.calls <= 0:
+            continue
+        old = merged.get(entry.key)
+        merged[entry.key] = dataclasses.replace(entry, calls=entry.calls + (old.calls if old else 0))
+    write_trace(target, sorted(merged.values(), key=lambda e: (-e.calls, e.key)))
+    return target
+
+
+def _flush_at_exit() -> None:
+    try:
+        flush()
+    except Exception as exc:  # noqa: BLE001 - never turn a model's clean exit into a crash
+        import sys
+
+        print(f"autotile: could not write the trace {recording_path()}: {exc}", file=sys.stderr)
+
+
+def write_trace(path: Path, items: list[TraceEntry]) -> None:
+    """Write a whole trace file (beside it first, then renamed into place: a reader never sees half)."""
+    import autotile
+
+    path = Path(path)
+    header = {"format": FORMAT, "version": VERSION, "autotile": autotile.__version__,
+              "written_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
+    partial = path.with_name(path.name + f".{os.getpid()}.partial")
+    try:
+        with open(partial, "w", encoding="utf-8") as handle:
+            handle.write(json.dumps(header, sort_keys=True) + "\n")
+            for e in items:
+                handle.write(json.dumps({"family": e.family, "device": e.device, "problem": e.problem,
+                                         "calls": e.calls}, sort_keys=True) + "\n")
+            handle.write(json.dumps({"record": "end", "count": len(items)}) + "\n")
+        partial.replace(path)
+    finally:
+        partial.unlink(missing_ok=True)
+
+
+def read_trace(path: str | os.PathLike) -> list[TraceEntry]:
+    """The entries of a trace file; TraceFormatError (naming the line) for anything that is not a whole trace."""
+    path = Path(path)
+    try:
+        handle = open(path, encoding="utf-8")
+    except OSError as exc:
+        raise TraceFormatError(f"cannot read the trace {path}: {exc.strerror}") from None
+    items: list[TraceEntry] = []
+    ended = False
+    with handle:
+        for number, line in enumerate(handle, start=1):
+            if len(line) > _MAX_LINE:
+                raise TraceFormatError(f"{path}:{number}: line longer than {_MAX_LINE} characters: not a trace")
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise TraceFormatError(f"{path}:{number}: not JSON ({exc.msg}); record a new trace with "
+                                       "AUTOTILE_RECORD=FILE") from None
+            if not isinstance(record, dict):
+                raise TraceFormatError(f"{path}:{number}: a trace line must be a JSON object")
+            if number == 1:
+                _check_header(path, record)
+                continue
+            if ended:
+                raise TraceFormatError(f"{path}:{number}: lines after the end record")
+            if record.get("record") == "end":
+                if record.get("count") != len(items):
+                    raise TraceFormatError(f"{path}: the end record counts {record.get('count')!r} problems but "
+                                           f"the file holds {len(items)}: it is damaged")
+                ended = True
+                continue
+            items.append(_entry(path, number, record))
+    if not items and not ended:
+        raise TraceFormatError(f"{path} is empty: not an autotile trace")
+    if not ended:
+        raise TraceFormatError(f"{path} has no end record: it was cut short (the process was killed while writing?)")
+    return items
+
+
+def _check_header(path: Path, record: dict) -> None:
+    if record.get("format") != FORMAT:
+        raise TraceFormatError(f"{path} is not an autotile trace (its first line has no \"format\": \"{FORMAT}\")")
+    version = record.get("version")
+    if version != VERSION:
+        raise TraceFormatError(f"{path} is a trace of format version {version!r}; this autotile reads version "
+                               f"{VERSION}: record it again with this autotile")
+
+
+def _entry(path: Path, number: int, record: dict) -> TraceEntry:
+    unknown = set(record) - {"family", "device", "problem", "calls"}
+    if unknown:
+        raise TraceFormatError(f"{path}:{number}: unknown fields {sorted(unknown)}")
+    family, device, problem, calls = (record.get(k) for k in ("family", "device", "problem", "calls"))
+    if not isinstance(family, str) or not isinstance(device, str) or not isinstance(problem, dict):
+        raise TraceFormatError(f"{path}:{number}: needs a family and a device (strings) and a problem (object)")
+    if isinstance(calls, bool) or not isinstance(calls, int) or not 0 < calls < 2**63:
+        raise TraceFormatError(f"{path}:{number}: calls must be a positive integer, got {calls!r}")
+    return TraceEntry(family, device, problem, calls)
+
+
+__all__ = ["TraceEntry", "TraceFormatError", "counter", "entries", "flush", "read_trace", "write_trace"]

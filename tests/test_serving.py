@@ -1,0 +1,240 @@
+"""Serving real models: the vendor op as a candidate, verified serving ranges, autotile.linear, the served fast path."""
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import pytest
+import torch
+
+import autotile
+from autotile.device import DeviceInfo, interpret_device
+from autotile.errors import BadInputError
+from autotile.families.base import VENDOR_KEY, is_vendor
+from autotile.families.gemm import FAMILY, GemmFamily, contiguous_problem
+from autotile.runtime import dispatch, ops_gemm
+from autotile.space import Config
+from autotile.store.db import open_engine
+from autotile.store.repo import Store
+from autotile.tune.driver import tune_problem, verify_range, vendor_study
+
+CPU = interpret_device()
+# A GPU as the runtime sees one: resolving needs no CUDA, only the device's facts.
+H200 = DeviceInfo("h200", "NVIDIA H200", (9, 0), 132, 150_000_000_000, 232448, "580", interpret=False)
+CUBLAS = Config({VENDOR_KEY: "cublas"})
+
+
+def linear_problem(m: int, n: int = 96, k: int = 64, dtype: str = "bf16"):
+    return contiguous_problem(m, n, k, dtype, dtype, layout_b="col")
+
+
+def save(url: str, problem, device, config: Config, verified_range=None, kernel_config=None, ms: float = 1.0):
+    store = Store(open_engine(url))
+    store.save_winner(problem_id=store.ensure_problem(FAMILY, problem), device=device,
+                      device_id=store.ensure_device(device), toolchain_id=store.ensure_toolchain(),
+                      config=config.to_json(), config_hash=config.hash, median_ms=ms, q20_ms=ms, q80_ms=ms,
+                      interpreted=int(device.interpret), provenance="test", verified_range=verified_range,
+                      kernel_config=kernel_config)
+
+
+@pytest.fixture
+def user_db(tmp_path, monkeypatch):
+    url = f"sqlite:///{tmp_path / 'user.sqlite'}"
+    monkeypatch.setenv("AUTOTILE_DB", url)
+    monkeypatch.setattr("autotile.resources.shipped_db_path", lambda: tmp_path / "no-shipped.sqlite")
+    dispatch.clear_cache()
+    yield url
+    dispatch.clear_cache()
+
+
+def test_untuned_gpu_shapes_get_the_vendor_op_and_the_interpreter_gets_the_kernel(user_db):
+    problem = linear_problem(7)
+    got = dispatch.resolve(FAMILY, problem, H200)
+    assert (got.source, got.match, got.vendor, got.config) == ("vendor", "vendor", True, CUBLAS)
+    on_cpu = dispatch.resolve(FAMILY, problem, CPU)
+    assert on_cpu.source == "default" and not on_cpu.vendor
+
+
+def test_a_winner_serves_the_range_it_was_verified_on_and_nothing_else(user_db):
+    tuned = linear_problem(100)
+    kernel = FAMILY.default_config(tuned, H200)
+    save(user_db, tuned, H200, kernel, verified_range={"m": [65, 128]})
+    for m, source, match in ((100, "user-db", "exact"), (65, "user-db", "range"), (128, "user-db", "range"),
+                             (64, "vendor", "vendor"), (129, "vendor", "vendor")):
+        got = dispatch.resolve(FAMILY, linear_problem(m), H200)
+        assert (m, got.source, got.match) == (m, source, match)
+        assert got.config == (kernel if source == "user-db" else CUBLAS)
+    # Another weight (N) or another layout is another layer: the range does not reach it.
+    assert dispatch.resolve(FAMILY, linear_problem(100, n=128), H200).source == "vendor"
+    row_b = contiguous_problem(100, 96, 64, "bf16", "bf16", layout_b="row")
+    assert dispatch.resolve(FAMILY, row_b, H200).source == "vendor"
+
+
+def test_an_unverified_winner_never_serves_another_shape_where_a_vendor_op_exists(user_db):
+    tuned = linear_problem(100)
+    save(user_db, tuned, H200, FAMILY.default_config(tuned, H200), verified_range=None)
+    assert dispatch.resolve(FAMILY, linear_problem(100), H200).match == "exact"
+    assert dispatch.resolve(FAMILY, linear_problem(99), H200).source == "vendor"
+    # Without a vendor op (the interpreter), the nearest tuned problem is still the best guess.
+    save(user_db, tuned, CPU, FAMILY.default_config(tuned, CPU))
+    dispatch.clear_cache()
+    assert dispatch.resolve(FAMILY, linear_problem(99), CPU).match in ("bucket", "nearest")
+
+
+def test_a_corrupt_range_is_not_served(user_db):
+    tuned = linear_problem(100)
+    for bad in ({"m": [65]}, {"m": ["65", "128"]}, {"m": [True, 200]}, {"n": [1, 10**6]}, {"m": 100}):
+        save(user_db, tuned, H200, FAMILY.default_config(tuned, H200), verified_range=bad)
+        dispatch.clear_cache()
+        assert dispatch.resolve(FAMILY, linear_problem(90), H200).source == "vendor", bad
+
+
+def test_vendor_off_serves_the_kept_kernel_of_a_vendor_winner(user_db, monkeypatch):
+    tuned = linear_problem(100)
+    kernel = FAMILY.default_config(tuned, H200)
+    save(user_db, tuned, H200, CUBLAS, verified_range={"m": [65, 128]}, kernel_config=kernel.to_json())
+    assert dispatch.resolve(FAMILY, linear_problem(70), H200).config == CUBLAS
+    monkeypatch.setenv("AUTOTILE_VENDOR", "0")
+    for m in (100, 70):
+        got = dispatch.resolve(FAMILY, linear_problem(m), H200)
+        assert not got.vendor and got.config == kernel
+    untuned = dispatch.resolve(FAMILY, linear_problem(5), H200)
+    assert untuned.source == "default" and not untuned.vendor
+
+
+class _CpuVendorGemm(GemmFamily):
+    """The gemm family with torch.matmul on the CPU as its vendor op, so the tuner's vendor path runs here."""
+
+    def __init__(self, vendor_delay_s: float = 0.0, kernel_delay_s: float = 0.0):
+        # Delays make the outcome independent of how busy the CPU is.
+        self.vendor_delay_s = vendor_delay_s
+        self.kernel_delay_s = kernel_delay_s
+
+    def launch(self, problem, config, inputs, outputs):
+        if self.kernel_delay_s:
+            time.sleep(self.kernel_delay_s)
+        super().launch(problem, config, inputs, outputs)
+
+    def vendor_configs(self, problem, device):
+        return [CUBLAS] if problem.out_dtype == problem.dtype else []
+
+    def vendor_run(self, problem, config, inputs):
+        if self.vendor_delay_s:
+            time.sleep(self.vendor_delay_s)
+        return super().vendor_run(problem, config, inputs)
+
+
+def test_the_tuner_stores_the_vendor_op_when_it_wins(tmp_path, monkeypatch):
+    monkeypatch.setattr("autotile.resources.shipped_db_path", lambda: tmp_path / "none.sqlite")
+    url = f"sqlite:///{tmp_path / 'tune.sqlite'}"
+    family = _CpuVendorGemm(kernel_delay_s=0.5)
+    problem = contiguous_problem(12, 32, 32, "fp32", "fp32", layout_b="col")
+    result = tune_problem(family, problem, CPU, trials=2, db_url=url, retime_rounds=1)
+    assert result.vendor_won and result.baseline_name == "cuBLAS (torch.matmul)"
+    assert result.verified_range == {"m": [9, 16]}
+    store = Store(open_engine(url, create=False))
+    (winner,) = store.winners()
+    assert is_vendor(Config.from_json(winner.config)) and winner.verified_range == {"m": [9, 16]}
+    assert winner.kernel_config is not None and winner.kernel_ms > 0  # the best generated kernel is kept
+    vendor_rows = [t for t in store.trials() if t["study"] == vendor_study(result.study)]
+    assert [(t["config"], t["status"]) for t in vendor_rows] == [({VENDOR_KEY: "cublas"}, "ok")]
+    # The search's own count holds generated kernels only.
+    assert result.trials_this_run == 2
+
+
+def test_range_verification_needs_the_kernel_to_win_at_both_corners():
+    problem = contiguous_problem(12, 32, 32, "fp32", "fp32", layout_b="col")
+    config = FAMILY.default_config(problem, CPU)
+    slow_vendor = _CpuVendorGemm(vendor_delay_s=2.0)
+    verified, note = verify_range(slow_vendor, problem, config, CUBLAS, CPU, rounds=1)
+    assert verified == {"m": [9, 16]}, note
+    fast_vendor = _CpuVendorGemm(kernel_delay_s=2.0)
+    verified, note = verify_range(fast_vendor, problem, config, CUBLAS, CPU, rounds=1)
+    assert verified is None and "against the vendor" in note
+
+
+def test_range_edges_are_the_bucket_corners():
+    assert [p.m for p in FAMILY.range_edges(linear_problem(100))] == [65, 128]
+    assert [p.m for p in FAMILY.range_edges(linear_problem(128))] == [65]
+    assert FAMILY.range_edges(linear_problem(1)) == []
+    assert FAMILY.serving_range(linear_problem(3)) == {"m": (3, 4)}
+
+
+def test_linear_matches_functional_linear_with_leading_dims_and_bias():
+    torch.manual_seed(0)
+    x, w, b = torch.randn(2, 3, 40), torch.randn(24, 40), torch.randn(24)
+    for activation, act in ((None, lambda y: y), ("gelu", torch.nn.functional.gelu)):
+        got = autotile.linear(x, w, b, activation=activation)
+        want = act(torch.nn.functional.linear(x.double(), w.double(), b.double()))
+        assert got.shape == (2, 3, 24) and torch.allclose(got.double(), want, atol=1e-4, rtol=1e-4)
+    assert autotile.explain("linear", x, w)["problem"]["layout_b"] == "col"
+    with pytest.raises(BadInputError, match="in_features"):
+        autotile.linear(x, torch.randn(24, 41))
+    with pytest.raises(BadInputError, match="bias"):
+        autotile.linear(x, w, torch.randn(23))
+
+
+def test_scales_on_non_fp8_operands_are_refused():
+    a, b = torch.randn(4, 8), torch.randn(8, 4)
+    with pytest.raises(BadInputError, match="float8_e4m3fn operands only"):
+        autotile.matmul(a, b, scale_a=torch.tensor(2.0))
+
+
+def test_a_served_signature_is_worked_out_once(monkeypatch):
+    a, b = torch.randn(9, 16), torch.randn(16, 8)
+    first = autotile.matmul(a, b)
+    calls = []
+    original = FAMILY.problem_from_tensors
+    monkeypatch.setattr(FAMILY, "problem_from_tensors", lambda *args, **kw: calls.append(1) or original(*args, **kw))
+    second = autotile.matmul(a, b)
+    assert calls == [] and torch.equal(first, second)
+    autotile.matmul(a[:, :15], b[:15])  # another signature: worked out again
+    assert calls == [1]
+
+
+def test_the_trace_counts_each_problem_and_reads_back(tmp_path, monkeypatch):
+    from autotile.runtime import trace
+
+    path = tmp_path / "trace.jsonl"
+    monkeypatch.setenv("AUTOTILE_RECORD", str(path))
+    dispatch.clear_cache()
+    a, b = torch.randn(5, 16), torch.randn(16, 8)
+    for _ in range(3):
+        autotile.matmul(a, b)
+    autotile.linear(torch.randn(2, 16), torch.randn(8, 16))
+    trace.flush()
+    entries = {(e.problem["m"], e.problem["layout_b"]): e.calls for e in trace.read_trace(path) if e.family == "gemm"}
+    assert entries[(5, "row")] >= 3 and entries[(2, "col")] >= 1
+    before = entries[(5, "row")]
+    autotile.matmul(a, b)
+    trace.flush()  # merged with what the file holds
+    again = {(e.problem["m"], e.problem["layout_b"]): e.calls for e in trace.read_trace(path) if e.family == "gemm"}
+    assert again[(5, "row")] == before + 1
+
+
+@pytest.mark.parametrize("text, message", [
+    ("", "empty"),
+    ('{"format": "something-else"}\n', "not an autotile trace"),
+    ('{"format": "autotile-trace", "version": 99}\n', "version 99"),
+    ('{"format": "autotile-trace", "version": 1}\n{"family": "gemm"', "not JSON"),
+    ('{"format": "autotile-trace", "version": 1}\n{"family": "gemm", "device": "x", "problem": {}, "calls": 2}\n',
+     "cut short"),
+    ('{"format": "autotile-trace", "version": 1}\n{"family": "gemm", "device": "x", "problem": {}, "calls": -1}\n',
+     "positive integer"),
+])
+def test_bad_trace_files_get_clear_errors(tmp_path, text, message):
+    from autotile.runtime.trace import TraceFormatError, read_trace
+
+    path = tmp_path / "t.jsonl"
+    path.write_text(text)
+    with pytest.raises(TraceFormatError, match=message):
+        read_trace(path)
+
+
+def test_problem_fields_of_a_stored_range_must_match_except_alignment(user_db):
+    tuned = linear_problem(100)
+    save(user_db, tuned, H200, FAMILY.default_config(tuned, H200), verified_range={"m": [65, 128]})
+    unaligned = dataclasses.replace(linear_problem(70), aligned=False)
+    got = dispatch.resolve(FAMILY, unaligned, H200)
+    # The borrowed config is validated against the unaligned problem's own space (no TMA there).
+    assert got.match == "range" or got.source == "vendor"
