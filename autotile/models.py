@@ -1,0 +1,158 @@
+"""Dimensions of open LLMs, and the GEMM and attention problems one of them runs.
+
+`autotile tune gemm --model llama3-8b --tokens 1,16,128,2048` tunes a model's projections at those token
+counts (default: every M bucket, 1 to 8192); `--dims hidden=...,intermediate=...,heads=...,kv_heads=...`
+describes a model that is not in the table. Weights are in nn.Linear layout (B = W.T, column-major);
+each projection is listed both as serving engines fuse it (qkv, gate_up) and as Hugging Face models run
+it (q, k, v, gate, up), since both reach the GEMM.
+
+Sources: each model's config.json on the Hugging Face hub (hidden_size, intermediate_size,
+num_attention_heads, num_key_value_heads, head_dim, attention bias).
+
+>>> [(p.name, p.n, p.k) for p in projections(MODELS["llama3-8b"])][:3]
+[('qkv', 6144, 4096), ('q', 4096, 4096), ('kv', 1024, 4096)]
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autotile.errors import BadInputError
+
+# The M buckets of the gemm family's serving ranges (powers of two, as vLLM's fused-MoE tables key M).
+TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+
+
+@dataclass(frozen=True)
+class ModelDims:
+    name: str
+    hidden: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    qkv_bias: bool = False  # Qwen2 projects q, k and v with a bias
+
+    def __post_init__(self):
+        for field in ("hidden", "intermediate", "heads", "kv_heads", "head_dim"):
+            value = getattr(self, field)
+            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 1 << 20:
+                raise BadInputError(f"model {self.name}: {field} must be an integer from 1 to 2**20, got {value!r}")
+        if self.heads % self.kv_heads:
+            raise BadInputError(f"model {self.name}: heads ({self.heads}) must be a multiple of kv_heads "
+                                f"({self.kv_heads})")
+
+
+MODELS: dict[str, ModelDims] = {m.name: m for m in (
+    ModelDims("llama3-8b", 4096, 14336, 32, 8, 128),
+    ModelDims("llama3-70b", 8192, 28672, 64, 8, 128),
+    ModelDims("llama3.2-1b", 2048, 8192, 32, 8, 64),
+    ModelDims("llama3.2-3b", 3072, 8192, 24, 8, 128),
+    ModelDims("mistral-7b", 4096, 14336, 32, 8, 128),
+    ModelDims("mistral-nemo-12b", 5120, 14336, 32, 8, 128),
+    ModelDims("qwen2.5-7b", 3584, 18944, 28, 4, 128, qkv_bias=True),
+    ModelDims("qwen2.5-14b", 5120, 13824, 40, 8, 128, qkv_bias=True),
+    ModelDims("qwen2.5-72b", 8192, 29568, 64, 8, 128, qkv_bias=True),
+    ModelDims("phi3-mini", 3072, 8192, 32, 32, 96),
+    ModelDims("phi3-medium", 5120, 17920, 40, 10, 128),
+    ModelDims("gemma2-9b", 3584, 14336, 16, 8, 256),
+    ModelDims("gemma2-27b", 4608, 36864, 32, 16, 128),
+)}
+
+_DIM_NAMES = {"hidden": "hidden", "intermediate": "intermediate", "ffn": "intermediate", "heads": "heads",
+              "kv_heads": "kv_heads", "head_dim": "head_dim"}
+
+
+@dataclass(frozen=True)
+class Projection:
+    name: str
+    n: int  # out_features
+    k: int  # in_features
+    bias: bool = False
+
+
+def model_dims(name: str | None = None, dims: str | None = None) -> ModelDims:
+    """A model from the table, or one described by `dims` ("hidden=4096,intermediate=14336,heads=32,kv_heads=8").
+
+    Names match without case and without '-', '_' or '.': "Llama3-8B" and "llama3_8b" are llama3-8b.
+    """
+    if dims:
+        values = {}
+        for part in dims.split(","):
+            key, _, value = part.partition("=")
+            key = key.strip().lower()
+            if key not in _DIM_NAMES or not value.strip().isdigit():
+                raise BadInputError(f"--dims: {part.strip()!r} is not NAME=INTEGER with NAME one of "
+                                    f"{', '.join(sorted(set(_DIM_NAMES)))}")
+            values[_DIM_NAMES[key]] = int(value)
+        missing = {"hidden", "intermediate", "heads"} - set(values)
+        if missing:
+            raise BadInputError(f"--dims needs {', '.join(sorted(missing))} (kv_heads defaults to heads, head_dim "
+                                "to hidden / heads)")
+        values.setdefault("kv_heads", values["heads"])
+        values.setdefault("head_dim", values["hidden"] // values["heads"])
+        return ModelDims(name or "custom", **values)
+    if not name:
+        raise BadInputError("name a model (--model) or describe one (--dims hidden=...,intermediate=...,heads=...)")
+
+    def squash(text: str) -> str:
+        return "".join(ch for ch in text.lower() if ch.isalnum())
+
+    for model in MODELS.values():
+        if squash(model.name) == squash(name):
+            return model
+    raise BadInputError(f"unknown model {name!r}; known: {', '.join(MODELS)}; or describe it with "
+                        "--dims hidden=...,intermediate=...,heads=...,kv_heads=...,head_dim=...")
+
+
+def projections(model: ModelDims) -> list[Projection]:
+    """The distinct (out_features, in_features) GEMMs of one decoder layer, fused and unfused."""
+    q, kv = model.heads * model.head_dim, model.kv_heads * model.head_dim
+    listed = [
+        Projection("qkv", q + 2 * kv, model.hidden, model.qkv_bias),
+        Projection("q", q, model.hidden, model.qkv_bias),
+        Projection("kv", kv, model.hidden, model.qkv_bias),
+        Projection("o", model.hidden, q),
+        Projection("gate_up", 2 * model.intermediate, model.hidden),
+        Projection("gate", model.intermediate, model.hidden),
+        Projection("down", model.hidden, model.intermediate),
+    ]
+    seen, unique = set(), []
+    for p in listed:
+        if (p.n, p.k, p.bias) not in seen:
+            seen.add((p.n, p.k, p.bias))
+            unique.append(p)
+    return unique
+
+
+def parse_tokens(text: str | None) -> tuple[int, ...]:
+    """--tokens "1,16,128,2048" -> (1, 16, 128, 2048); None -> every M bucket."""
+    if text is None or not text.strip():
+        return TOKEN_BUCKETS
+    values = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part.isdigit() or not 1 <= int(part) <= 1 << 20:
+            raise BadInputError(f"--tokens: {part!r} is not a token count from 1 to 2**20")
+        values.append(int(part))
+    return tuple(dict.fromkeys(values))
+
+
+def gemm_problems(model: ModelDims, tokens: tuple[int, ...], dtype: str = "bf16") -> list:
+    """One gemm problem per projection and token count, in nn.Linear layout."""
+    from autotile.families.gemm import contiguous_problem
+
+    return [contiguous_problem(m, p.n, p.k, dtype, dtype, layout_b="col", bias=p.bias)
+            for p in projections(model) for m in tokens]
+
+
+def flash_problems(model: ModelDims, tokens: tuple[int, ...], dtype: str = "bf16", batch: int = 1) -> list:
+    """Causal prefill attention of `batch` sequences of each token count, at the model's head configuration."""
+    from autotile.families.flash import FAMILY
+
+    return [FAMILY.problem_type(direction="fwd", batch=batch, heads_q=model.heads, heads_kv=model.kv_heads,
+                                seq_q=s, seq_k=s, head_dim=model.head_dim, causal=True, dtype=dtype)
+            for s in tokens if s >= 16]
+
+
+__all__ = ["MODELS", "TOKEN_BUCKETS", "ModelDims", "Projection", "model_dims", "projections", "parse_tokens",
+           "gemm_problems", "flash_problems"]

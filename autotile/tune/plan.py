@@ -1,0 +1,158 @@
+"""Tuning what a model runs: problems from a recorded trace or a model's dimensions, tuned within a time budget.
+
+`autotile tune --from-trace trace.jsonl --budget 10m` groups the recorded problems by serving bucket (calls
+of one layer whose tokens fall in one M bucket share a winner, verified over the bucket), then tunes the
+groups with the most calls first; each gets an equal share of the budget that is left. What the budget does
+not reach is reported, not dropped silently.
+
+>>> parse_budget("10m"), parse_budget("90s"), parse_budget("1h30m"), parse_budget("45")
+(600.0, 90.0, 5400.0, 45.0)
+"""
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from autotile.errors import BadInputError
+from autotile.families import family_names, get_family
+from autotile.families.base import Family, problem_to_dict
+
+# Seconds a problem needs at the least to be worth starting: the vendor check, a few trials, the re-timing.
+MIN_PROBLEM_S = 8.0
+# Trials a problem may take when the budget allows more.
+MAX_TRIALS = 40
+
+
+@dataclass(frozen=True)
+class PlannedProblem:
+    family: Family
+    problem: object
+    calls: int  # calls recorded for the problems of this group (0 for a model table)
+    covers: int = 1  # recorded problems this one stands for (one serving bucket)
+
+
+@dataclass
+class PlanOutcome:
+    tuned: list = field(default_factory=list)  # TuneResult of each tuned problem, in order
+    skipped: list[PlannedProblem] = field(default_factory=list)  # the budget ran out before these
+    failed: list[tuple[PlannedProblem, str]] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def parse_budget(text: str) -> float:
+    """'10m', '90s', '1h30m' or plain seconds -> seconds."""
+    text = str(text).strip().lower()
+    if re.fullmatch(r"\d+(\.\d+)?", text):
+        seconds = float(text)
+    else:
+        parts = re.fullmatch(r"(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?", text)
+        if not text or parts is None or not any(parts.groups()):
+            raise BadInputError(f"--budget {text!r}: give a duration like 10m, 90s, 1h30m or seconds")
+        h, m, s = (int(g) if g else 0 for g in parts.groups())
+        seconds = float(3600 * h + 60 * m + s)
+    if seconds <= 0:
+        raise BadInputError("--budget must be positive")
+    return seconds
+
+
+def _group_key(family: Family, problem) -> tuple:
+    """Problems that one winner serves once verified: every non-serving field equal, serving fields in one bucket."""
+    data = problem_to_dict(problem)
+    for name in family.serving_fields:
+        data[name] = family.serving_bucket(name, data[name])
+    for name in family.range_free_fields:
+        data.pop(name, None)
+    return family.name, tuple(sorted(data.items()))
+
+
+def plan_from_trace(entries: Sequence, families: Sequence[str] | None = None) -> tuple[list[PlannedProblem], list[str]]:
+    """Planned problems (most calls first) and notes on entries that were left out, from trace entries."""
+    notes: list[str] = []
+    groups: dict[tuple, list[tuple[object, int]]] = {}
+    family_of: dict[tuple, Family] = {}
+    for entry in entries:
+        if entry.family not in family_names():
+            notes.append(f"unknown family {entry.family!r}: skipped")
+            continue
+        if families and entry.family not in families:
+            continue
+        family = get_family(entry.family)
+        try:
+            problem = family.problem_from_dict(entry.problem)
+        except Exception as exc:  # noqa: BLE001 - a problem from another version of the family
+            notes.append(f"{entry.family} problem {entry.problem} does not rebuild ({exc}): skipped")
+            continue
+        key = _group_key(family, problem)
+        groups.setdefault(key, []).append((problem, entry.calls))
+        family_of[key] = family
+    planned = []
+    for key, members in groups.items():
+        members.sort(key=lambda pc: -pc[1])
+        calls = sum(c for _, c in members)
+        planned.append(PlannedProblem(family_of[key], members[0][0], calls, covers=len(members)))
+    planned.sort(key=lambda p: -p.calls)
+    return planned, notes
+
+
+def tune_planned(planned: Sequence[PlannedProblem], device, *, budget_s: float | None, db_url: str | None,
+                 trials: int = MAX_TRIALS, seed: int = 0, tune: Callable | None = None,
+                 report: Callable[[str], None] = lambda line: None, **tune_kwargs) -> PlanOutcome:
+    """Tune each planned problem in order, sharing what is left of the budget equally among those still to go.
+
+    `tune(family, problem, device, trials=..., timeout=..., db_url=..., seed=..., **tune_kwargs)` defaults to
+    autotile.tune.driver.tune_problem.
+    """
+    if tune is None:
+        from autotile.tune.driver import tune_problem as tune
+    outcome = PlanOutcome()
+    started = time.monotonic()
+    overhead = 0.0  # seconds a problem took beyond its search (vendor check, re-timing, range verification)
+    for index, item in enumerate(planned):
+        timeout = None
+        if budget_s is not None:
+            left = budget_s - (time.monotonic() - started)
+            share = left / (len(planned) - index)
+            timeout = share - overhead
+            if left < MIN_PROBLEM_S or timeout < MIN_PROBLEM_S / 2:
+                outcome.skipped.extend(planned[index:])
+                report(f"budget spent: {len(planned) - index} problem(s) not tuned")
+                break
+        label = f"[{index + 1}/{len(planned)}] {item.family.name} {item.family.problem_key(item.problem)}"
+        report(f"{label}: {item.calls} calls" + (f", {timeout:.0f} s" if timeout is not None else ""))
+        begun = time.monotonic()
+        try:
+            result = tune(item.family, item.problem, device, trials=trials, timeout=timeout, db_url=db_url,
+                          seed=seed, **tune_kwargs)
+        except KeyboardInterrupt:
+            raise
+        except Exception as exc:  # noqa: BLE001 - one problem's failure does not stop the others
+            outcome.failed.append((item, f"{type(exc).__name__}: {exc}"))
+            report(f"{label}: failed: {exc}")
+            continue
+        took = time.monotonic() - begun
+        if timeout is not None:
+            overhead = max(overhead * 0.5, took - timeout) if took > timeout else overhead * 0.5
+        outcome.tuned.append(result)
+    outcome.seconds = time.monotonic() - started
+    return outcome
+
+
+def model_problems(family_name: str, model, tokens: tuple[int, ...], dtype: str) -> list[PlannedProblem]:
+    """A model's problems for `autotile tune FAMILY --model`: gemm projections or flash prefill, fewest tokens first
+    (decode steps are the calls a served model makes most often)."""
+    from autotile.models import flash_problems, gemm_problems
+
+    family = get_family(family_name)
+    if family_name == "gemm":
+        problems = gemm_problems(model, tokens, dtype)
+    elif family_name == "flash":
+        problems = flash_problems(model, tokens, dtype)
+    else:
+        raise BadInputError(f"--model applies to gemm and flash, not {family_name}")
+    problems.sort(key=lambda p: family.cost(p).flops)
+    return [PlannedProblem(family, p, 0) for p in problems]
+
+
+__all__ = ["PlannedProblem", "PlanOutcome", "parse_budget", "plan_from_trace", "tune_planned", "model_problems"]

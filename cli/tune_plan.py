@@ -1,0 +1,119 @@
+"""`autotile tune --from-trace FILE --budget 10m` and `autotile tune gemm --model NAME --tokens ...`."""
+from __future__ import annotations
+
+import click
+
+from autotile.cli.common import FamilyGroup, db_option, friendly_errors
+
+# Families whose problems a model's dimensions describe.
+MODEL_FAMILIES = ("gemm", "flash")
+
+
+def model_options(family):
+    """--model/--tokens/--dims (and --budget) for the families a model table describes; others get none."""
+
+    def decorate(fn):
+        if family.name not in MODEL_FAMILIES:
+            return fn
+        fn = click.option("--budget", default=None, metavar="DURATION",
+                          help="time for the whole --model run, e.g. 10m (default: --trials per problem)")(fn)
+        fn = click.option("--dims", default=None, metavar="hidden=N,intermediate=N,heads=N,kv_heads=N,head_dim=N",
+                          help="a model that is not in the table")(fn)
+        fn = click.option("--tokens", default=None, metavar="1,16,128,2048",
+                          help="token counts (M) to tune with --model (default: every bucket 1..8192)")(fn)
+        fn = click.option("--model", default=None,
+                          help="tune a model's projections (gemm) or prefill attention (flash); see autotile.models")(fn)
+        return fn
+
+    return decorate
+
+
+def take_model_options(options: dict) -> dict:
+    """Remove the model options from a tune command's options; what is left describes one problem."""
+    return {name: options.pop(name, None) for name in ("model", "tokens", "dims", "budget")}
+
+
+def tune_model(family, model_opts: dict, shape_options: dict, device, db_url, trials, seed, **tune_kwargs) -> None:
+    from autotile.models import model_dims, parse_tokens
+    from autotile.tune.plan import model_problems, parse_budget
+
+    given = [name for name in ("m", "n", "k", "batch", "seq_q", "seq_k", "heads", "seq") if shape_options.get(name)]
+    if given:
+        raise click.UsageError(f"--model describes the shapes; drop {', '.join('--' + g for g in given)}")
+    model = model_dims(model_opts["model"], model_opts["dims"])
+    dtype = _dtype(shape_options.get("dtype"))
+    planned = model_problems(family.name, model, parse_tokens(model_opts["tokens"]), dtype)
+    budget = parse_budget(model_opts["budget"]) if model_opts["budget"] else None
+    click.echo(f"{model.name}: {len(planned)} {family.name} problems"
+               + (f" within {budget:.0f} s" if budget else f", {trials} trials each"))
+    _run(planned, device, budget, db_url, trials, seed, **tune_kwargs)
+
+
+def _dtype(value) -> str:
+    from autotile.dtypes import canonical_dtype_name
+
+    if isinstance(value, (tuple, list)):
+        value = value[0] if value else None
+    return canonical_dtype_name(value) if value else "bf16"
+
+
+def _run(planned, device, budget, db_url, trials, seed, **tune_kwargs) -> None:
+    from autotile.tune.plan import tune_planned
+
+    outcome = tune_planned(planned, device, budget_s=budget, db_url=db_url, trials=trials, seed=seed,
+                           report=lambda line: click.echo(line), **tune_kwargs)
+    vendor = sum(1 for r in outcome.tuned if r.vendor_won)
+    ranged = sum(1 for r in outcome.tuned if r.verified_range and not r.vendor_won)
+    click.echo(f"tuned {len(outcome.tuned)} problem(s) in {outcome.seconds:.0f} s: {vendor} served by the vendor op, "
+               f"{ranged} generated winners verified over their bucket; {len(outcome.skipped)} left for a later run, "
+               f"{len(outcome.failed)} failed")
+    for item, reason in outcome.failed:
+        click.echo(f"  failed: {item.family.name} {item.family.problem_key(item.problem)}: {reason}", err=True)
+    if planned and not outcome.tuned:
+        raise click.ClickException("no problem was tuned" + (": the budget is too small" if outcome.skipped else ""))
+
+
+def tune_group(factory) -> click.Group:
+    """The `tune` group: one subcommand per family, plus `--from-trace FILE` for what a model ran."""
+
+    @click.option("--from-trace", "trace_path", default=None, type=click.Path(dir_okay=False),
+                  help="tune the problems recorded with AUTOTILE_RECORD=FILE, most calls first")
+    @click.option("--budget", default=None, metavar="DURATION", help="time for the whole --from-trace run, e.g. 10m")
+    @click.option("--gpu", default="auto", show_default=True, help="GPU profile to tune for (with --from-trace)")
+    @click.option("--trials", default=40, show_default=True, type=click.IntRange(1),
+                  help="most trials per problem (with --from-trace)")
+    @click.option("--family", "families", multiple=True, help="only these families of the trace (repeatable)")
+    @click.option("--seed", default=0, show_default=True, type=int)
+    @db_option
+    @click.pass_context
+    @friendly_errors
+    def callback(ctx, trace_path, budget, gpu, trials, families, seed, db_url):
+        if ctx.invoked_subcommand is not None:
+            if trace_path:
+                raise click.UsageError("--from-trace tunes what the trace holds; give it without a family")
+            return
+        if not trace_path:
+            click.echo(ctx.get_help())
+            return
+        from autotile.device import resolve_gpu
+        from autotile.runtime.trace import read_trace
+        from autotile.tune.plan import parse_budget, plan_from_trace
+
+        seconds = parse_budget(budget) if budget else None
+        entries = read_trace(trace_path)
+        device = resolve_gpu(gpu)
+        planned, notes = plan_from_trace(entries, families or None)
+        for note in notes:
+            click.echo(f"note: {note}", err=True)
+        others = sorted({e.device for e in entries} - {device.key})
+        if others:
+            click.echo(f"note: the trace was recorded on {', '.join(others)}; tuning for {device.key}", err=True)
+        click.echo(f"{trace_path}: {len(entries)} recorded problem(s) -> {len(planned)} to tune"
+                   + (f" within {seconds:.0f} s" if seconds else ""))
+        _run(planned, device, seconds, db_url, trials, seed)
+
+    group = FamilyGroup(name="tune", factory=factory, invoke_without_command=True, callback=callback,
+                        params=list(reversed(getattr(callback, "__click_params__", []))),
+                        help="Search a family's tuning space on this GPU and store the winner; "
+                             "`autotile tune --from-trace FILE` tunes what a model ran.")
+    return group

@@ -1,0 +1,150 @@
+"""Tuning what a model runs: the model table, traces, `tune --from-trace` and `tune gemm --model`."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+import autotile
+from autotile.cli.main import cli
+from autotile.errors import BadInputError
+from autotile.models import MODELS, TOKEN_BUCKETS, model_dims, parse_tokens, projections
+from autotile.runtime.trace import TraceEntry
+from autotile.store.db import open_engine
+from autotile.store.repo import Store
+from autotile.tune.plan import PlannedProblem, parse_budget, plan_from_trace, tune_planned
+
+TINY_DIMS = "hidden=32,intermediate=48,heads=2,kv_heads=1,head_dim=16"
+
+
+def test_model_table_describes_the_layers_of_known_models():
+    llama = model_dims("Llama3-8B")
+    # q and o are both 4096 x 4096 in Llama-3-8B: one problem
+    assert {(p.n, p.k) for p in projections(llama)} == {(6144, 4096), (4096, 4096), (1024, 4096), (28672, 4096),
+                                                        (14336, 4096), (4096, 14336)}
+    qwen = {(p.name, p.n, p.k, p.bias) for p in projections(MODELS["qwen2.5-7b"])}
+    assert ("qkv", 4608, 3584, True) in qwen and ("down", 3584, 18944, False) in qwen
+    gemma = {p.name: (p.n, p.k) for p in projections(MODELS["gemma2-9b"])}
+    assert gemma["q"] == (4096, 3584) and gemma["o"] == (3584, 4096)  # 16 heads of 256 exceed the hidden size
+    custom = model_dims(None, "hidden=64,intermediate=96,heads=4")
+    assert (custom.kv_heads, custom.head_dim) == (4, 16)
+
+
+@pytest.mark.parametrize("name, dims, message", [
+    ("gpt-17", None, "unknown model"), (None, "hidden=64", "needs heads, intermediate"),
+    (None, "hidden=64,intermediate=x,heads=2", "NAME=INTEGER"), (None, "hidden=64,intermediate=96,heads=3,kv_heads=2",
+                                                                 "multiple of kv_heads"),
+])
+def test_bad_model_descriptions_are_refused_clearly(name, dims, message):
+    with pytest.raises(BadInputError, match=message):
+        model_dims(name, dims)
+
+
+def test_tokens_and_budgets_parse_or_say_why_not():
+    assert parse_tokens(None) == TOKEN_BUCKETS and parse_tokens("1, 16,16,128") == (1, 16, 128)
+    with pytest.raises(BadInputError):
+        parse_tokens("1,x")
+    assert parse_budget("2m30s") == 150.0
+    for bad in ("soon", "0", "-5m", ""):
+        with pytest.raises(BadInputError):
+            parse_budget(bad)
+
+
+def _entry(m: int, calls: int, n: int = 32, k: int = 32) -> TraceEntry:
+    return TraceEntry("gemm", "interpret", {"m": m, "n": n, "k": k, "dtype": "fp32", "out_dtype": "fp32",
+                                            "layout_a": "row", "layout_b": "col", "bias": False,
+                                            "activation": "none", "tf32": False, "aligned": True}, calls)
+
+
+def test_a_trace_plan_merges_one_bucket_and_puts_most_calls_first():
+    entries = [_entry(3, 5), _entry(4, 7), _entry(100, 2), _entry(4, 50, n=64),
+               TraceEntry("nope", "interpret", {}, 1000)]
+    planned, notes = plan_from_trace(entries)
+    assert [(p.problem.m, p.problem.n, p.calls, p.covers) for p in planned] == [(4, 64, 50, 1), (4, 32, 12, 2),
+                                                                                (100, 32, 2, 1)]
+    assert any("unknown family" in n for n in notes)
+
+
+def test_the_budget_is_shared_and_what_it_misses_is_reported():
+    from autotile.families.gemm import contiguous_problem
+
+    planned = [PlannedProblem(autotile_family(), contiguous_problem(m, 32, 32), c) for m, c in ((1, 9), (2, 8), (3, 7))]
+    seen = []
+
+    def fake_tune(family, problem, device, *, trials, timeout, db_url, seed):
+        seen.append(timeout)
+        import time
+
+        time.sleep(0.3)
+        return problem
+
+    outcome = tune_planned(planned, None, budget_s=20.0, db_url=None, tune=fake_tune)
+    assert len(outcome.tuned) == 3 and seen[0] == pytest.approx(20.0 / 3, rel=0.05)
+    outcome = tune_planned(planned, None, budget_s=9.0, db_url=None, tune=fake_tune)
+    assert len(outcome.tuned) + len(outcome.skipped) == 3 and outcome.skipped  # 9 s cannot hold three problems
+
+
+def autotile_family():
+    from autotile.families.gemm import FAMILY
+
+    return FAMILY
+
+
+def test_recorded_trace_is_tuned_from_the_cli_and_its_winners_are_served(tmp_path):
+    trace = tmp_path / "trace.jsonl"
+    db = tmp_path / "tuned.sqlite"
+    script = (
+        "import torch, autotile\n"
+        "x, w = torch.randn(3, 32), torch.randn(40, 32)\n"
+        "for _ in range(5): autotile.linear(x, w)\n"
+        "autotile.matmul(torch.randn(6, 24), torch.randn(24, 16))\n"
+    )
+    env = {"AUTOTILE_RECORD": str(trace), "TRITON_INTERPRET": "1", "AUTOTILE_DB": f"sqlite:///{tmp_path / 'u.sqlite'}"}
+    import os
+
+    done = subprocess.run([sys.executable, "-c", script], env={**os.environ, **env}, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    lines = [json.loads(line) for line in trace.read_text().splitlines()]
+    assert lines[0]["format"] == "autotile-trace" and lines[-1] == {"record": "end", "count": 2}
+    assert lines[1]["calls"] == 5 and lines[1]["problem"]["layout_b"] == "col"
+
+    result = CliRunner().invoke(cli, ["tune", "--from-trace", str(trace), "--gpu", "interpret", "--trials", "2",
+                                      "--db", str(db)])
+    assert result.exit_code == 0, result.output
+    assert "2 recorded problem(s) -> 2 to tune" in result.output and "tuned 2 problem(s)" in result.output
+    keys = {w.params["m"] for w in Store(open_engine(f"sqlite:///{db}", create=False)).winners("gemm")}
+    assert keys == {3, 6}
+
+
+def test_from_trace_refuses_bad_files_in_one_line(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"format": "autotile-trace", "version": 7}\n')
+    result = CliRunner().invoke(cli, ["tune", "--from-trace", str(bad), "--gpu", "interpret"])
+    assert result.exit_code == 1 and "version 7" in result.output and "Traceback" not in result.output
+
+
+def test_tune_gemm_for_a_described_model(tmp_path):
+    db = tmp_path / "model.sqlite"
+    result = CliRunner().invoke(cli, ["tune", "gemm", "--dims", TINY_DIMS, "--tokens", "2", "--dtype", "fp32",
+                                      "--gpu", "interpret", "--trials", "1", "--db", str(db)])
+    assert result.exit_code == 0, result.output
+    winners = Store(open_engine(f"sqlite:///{db}", create=False)).winners("gemm")
+    # qkv 64x32, q 32x32, kv 16x32, o 32x32 (same as q), gate_up 96x32, gate 48x32, down 32x48
+    assert sorted((w.params["n"], w.params["k"]) for w in winners) == [(16, 32), (32, 32), (32, 48), (48, 32),
+                                                                       (64, 32), (96, 32)]
+    assert all(w.params["layout_b"] == "col" and w.params["m"] == 2 for w in winners)
+    unknown = CliRunner().invoke(cli, ["tune", "gemm", "--model", "gpt-17", "--gpu", "interpret"])
+    assert unknown.exit_code == 1 and "unknown model" in unknown.output
+    mixed = CliRunner().invoke(cli, ["tune", "gemm", "--model", "llama3-8b", "--m", "4", "--gpu", "interpret"])
+    assert mixed.exit_code != 0 and "--model describes the shapes" in mixed.output
+
+
+def test_linear_on_cpu_runs_the_generated_kernel():
+    x, w = torch.randn(3, 32), torch.randn(40, 32)
+    info = autotile.explain("linear", x, w)
+    assert info["source"] != "vendor" and info["vendor"] is None
