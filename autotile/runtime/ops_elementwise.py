@@ -24,6 +24,7 @@ from autotile.device import current_device
 from autotile.errors import BadInputError, ShapeMismatchError
 from autotile.expr import Expression, InputSpec, infer_types, parse
 from autotile.families.elementwise import FAMILY, LaunchPlan, Plan
+from autotile.runtime import trace
 from autotile.runtime.dispatch import on_clear, resolve
 from autotile.runtime.eager import direct_call_ok
 
@@ -63,12 +64,17 @@ def _on_one_device(values: dict) -> tuple[dict, torch.device]:
 
 @dataclass(frozen=True)
 class _Prepared:
-    """What a call with one signature (dtypes, shapes, strides, device) needs: memoised per signature."""
+    """What a call with one signature (dtypes, shapes, strides, device) needs: memoised per signature.
+
+    `calls` counts the calls of the signature (AUTOTILE_RECORD, autotile.runtime.trace).
+    """
 
     plan: Plan
     launch: LaunchPlan
     shape: tuple[int, ...]
     device: torch.device
+    calls: list
+    same_device: bool  # a CUDA device that is the current one (or the CPU): no device switch around the launch
 
 
 _prepared: dict[tuple, _Prepared] = {}
@@ -109,8 +115,11 @@ def _prepare(expression: Expression, values: dict) -> _Prepared:
     problem, device_info, values = problem_from(expression, values)
     config = resolve(FAMILY, problem, device_info).config
     tensors = [values[n] for n in FAMILY.plan(problem).tensor_names]
+    device = tensors[0].device
     prepared = _Prepared(FAMILY.plan(problem), FAMILY.launch_plan(problem, config, values),
-                         tuple(torch.broadcast_shapes(*(t.shape for t in tensors))), tensors[0].device)
+                         tuple(torch.broadcast_shapes(*(t.shape for t in tensors))), device,
+                         trace.counter(FAMILY, problem, device_info),
+                         device.type == "cpu" or device.index == torch.cuda.current_device())
     with _prepared_lock:
         _prepared[key] = prepared
     return prepared
@@ -119,13 +128,17 @@ def _prepare(expression: Expression, values: dict) -> _Prepared:
 def _execute(expression: Expression, values: dict) -> list[torch.Tensor]:
     _check_names(expression, values)
     values, _ = _on_one_device(values)
-    prepared = _prepare(expression, values)
+    return _launch(_prepare(expression, values), values)
+
+
+def _launch(prepared: _Prepared, values: dict) -> list[torch.Tensor]:
+    prepared.calls[0] += 1
     outputs = [torch.empty(prepared.shape, dtype=d, device=prepared.device) for d in prepared.plan.output_dtypes]
-    if prepared.device.type == "cuda":
+    if prepared.same_device:
+        FAMILY.run(prepared.plan, prepared.launch, values, outputs)
+    else:
         with torch.cuda.device(prepared.device):
             FAMILY.run(prepared.plan, prepared.launch, values, outputs)
-    else:
-        FAMILY.run(prepared.plan, prepared.launch, values, outputs)
     return outputs
 
 
@@ -167,11 +180,36 @@ class FusedExpression:
     def __init__(self, expr: str):
         self.expression = parse(expr)
         self.canonical = self.expression.canonical
+        self._names = tuple(sorted(self.expression.inputs))
 
     def __repr__(self) -> str:
         return f"autotile.fuse({self.canonical!r})"
 
+    def _fast(self, values: dict) -> _Prepared | None:
+        """The prepared launch of a call whose signature was seen before, or None (then the full path runs).
+
+        Only plain tensors of one device that need no autograd take this path; a signature is only ever
+        prepared by the full path, which checked it.
+        """
+        if len(values) != len(self._names):
+            return None
+        parts = [self.canonical]
+        for name in self._names:
+            v = values.get(name)
+            if type(v) is torch.Tensor:
+                if v.requires_grad and torch.is_grad_enabled():
+                    return None
+                parts.append((name, v.dtype, tuple(v.shape), v.stride(), v.device))
+            else:
+                parts.append((name, type(v)))
+        return _prepared.get(tuple(parts))
+
     def __call__(self, *args, **values):
+        if not args and direct_call_ok():
+            prepared = self._fast(values)
+            if prepared is not None:
+                results = _launch(prepared, values)
+                return results[0] if self.expression.bare else tuple(results)
         if args:
             raise BadInputError(f"pass inputs by name, e.g. fuse(...)({', '.join(f'{n}=...' for n in self.expression.inputs)})")
         _check_names(self.expression, values)
