@@ -1,0 +1,342 @@
+"""Real model shapes through the public ops, beside the vendor op, in one run (GPU).
+
+What a user who imports autotile into a model gets: `autotile.linear(x, w)` beside `F.linear(x, w)` on the
+projection GEMMs of Llama, Qwen, Mistral, Phi and Gemma at token counts 1..8192, and
+`autotile.flash_attention(q, k, v, causal=True)` beside SDPA's fastest backend for the call on their prefill
+attention. Every shape is checked against the vendor's result first, then both are timed in turns
+(interleaved rounds of do_bench medians, L2 flushed). Also: host microseconds per call with 2000 calls
+queued, and CUDA-graph capture of each op under torch.cuda.set_sync_debug_mode("error").
+
+    python benchmarks/serve_bench.py --out OUT [--db URL] [--quick] [--record trace.jsonl]
+
+With no --db the user database is a new empty file, so only the shipped tuning_db/ serves (a fresh install).
+--record runs every shape once with AUTOTILE_RECORD (a trace for `autotile tune --from-trace`) and exits.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+GEMM_MODELS = ("llama3-8b", "qwen2.5-7b", "mistral-nemo-12b", "phi3-mini", "gemma2-9b", "llama3-70b")
+GEMM_TOKENS = (1, 4, 16, 64, 256, 1024, 2048, 8192)
+QUICK_GEMM_MODELS = ("llama3-8b", "qwen2.5-7b", "phi3-mini")
+QUICK_GEMM_TOKENS = (1, 16, 128, 2048)
+# (batch, sequence) of causal prefill.
+PREFILL = ((1, 4096), (4, 2048), (16, 512), (1, 1000))
+FLASH_MODELS = ("llama3-8b", "qwen2.5-7b", "phi3-mini", "gemma2-9b", "mistral-nemo-12b")
+
+
+def _timed_pair(ours, theirs, rounds: int) -> tuple[float, float]:
+    import triton.testing
+
+    a, b = [], []
+    for _ in range(rounds):
+        a.append(triton.testing.do_bench(ours, warmup=10, rep=40))
+        b.append(triton.testing.do_bench(theirs, warmup=10, rep=40))
+    return statistics.median(a), statistics.median(b)
+
+
+def gemm_rows(models, tokens, rounds: int) -> list[dict]:
+    import torch
+    import torch.nn.functional as F
+
+    import autotile
+    from autotile.models import MODELS, projections
+
+    rows = []
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    for name in models:
+        model = MODELS[name]
+        for proj in projections(model):
+            w = torch.randn(proj.n, proj.k, device="cuda", generator=gen, dtype=torch.bfloat16) / math.sqrt(proj.k)
+            bias = torch.randn(proj.n, device="cuda", generator=gen, dtype=torch.bfloat16) if proj.bias else None
+            for m in tokens:
+                x = torch.randn(m, proj.k, device="cuda", generator=gen, dtype=torch.bfloat16)
+                try:
+                    rows.append(_gemm_row(name, proj, m, x, w, bias, rounds))
+                except Exception as exc:  # noqa: BLE001 - the table says what failed
+                    rows.append({"model": name, "proj": proj.name, "m": m, "n": proj.n, "k": proj.k,
+                                 "error": f"{type(exc).__name__}: {exc}"[:300]})
+                print(f"gemm {name:16s} {proj.name:8s} M={m:5d} N={proj.n:6d} K={proj.k:6d} {_describe(rows[-1])}",
+                      flush=True)
+            del w
+    return rows
+
+
+def _describe(row: dict) -> str:
+    if "error" in row:
+        return f"FAILED {row['error']}"
+    return (f"ours {row['ours_ms'] * 1e3:8.1f} us  vendor {row['vendor_ms'] * 1e3:8.1f} us  {row['ratio']:5.2f}x  "
+            f"{row['served']}" + ("  WRONG RESULT" if row.get("wrong") else ""))
+
+
+def _gemm_row(name, proj, m, x, w, bias, rounds) -> dict:
+    import torch.nn.functional as F
+
+    import autotile
+
+    want = F.linear(x, w, bias)
+    got = autotile.linear(x, w, bias)
+    err = (got.float() - want.float()).abs().max().item()
+    scale = want.float().abs().max().item() + 1e-6
+    info = autotile.explain("linear", x, w, bias)
+    ours, theirs = _timed_pair(lambda: autotile.linear(x, w, bias), lambda: F.linear(x, w, bias), rounds)
+    # bf16 outputs of two different summation orders: a few units of bf16 roundoff of the largest value.
+    return {"model": name, "proj": proj.name, "m": m, "n": proj.n, "k": proj.k, "ours_ms": ours,
+            "vendor_ms": theirs, "ratio": theirs / ours, "rel_err": err / scale, "wrong": err / scale > 2e-2,
+            "served": info["vendor"] or f"{info['source']}/{info['match']}",
+            "weight_tbps": proj.n * proj.k * 2 / (ours * 1e-3) / 1e12}
+
+
+def _sdpa_best(q, k, v, rounds: int) -> tuple[str, float, object]:
+    """SDPA's fastest backend for this call (each backend that accepts it, timed)."""
+    import torch
+    import triton.testing
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    best = None
+    gqa = q.shape[1] != k.shape[1]
+    for backend in (None, SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION):
+        def fn(backend=backend):
+            if backend is None:  # SDPA's own choice, without the cost of the context manager
+                return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+            with sdpa_kernel([backend]):
+                return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+        try:
+            fn()
+            ms = triton.testing.do_bench(fn, warmup=10, rep=40)
+        except RuntimeError:
+            continue
+        if best is None or ms < best[1]:
+            best = (backend.name.lower() if backend is not None else "default", ms, fn)
+    return best
+
+
+def flash_rows(models, shapes, rounds: int) -> list[dict]:
+    import torch
+
+    import autotile
+    from autotile.models import MODELS
+
+    rows = []
+    for name in models:
+        model = MODELS[name]
+        for batch, seq in shapes:
+            q = torch.randn(batch, model.heads, seq, model.head_dim, device="cuda", dtype=torch.bfloat16)
+            k = torch.randn(batch, model.kv_heads, seq, model.head_dim, device="cuda", dtype=torch.bfloat16)
+            v = torch.randn_like(k)
+            best = _sdpa_best(q, k, v, rounds)
+            if best is None:
+                print(f"flash {name} {batch}x{seq}: no SDPA backend takes it", flush=True)
+                continue
+            try:
+                rows.append(_flash_row(name, model, batch, seq, q, k, v, best, rounds))
+            except Exception as exc:  # noqa: BLE001 - the table says what failed
+                rows.append({"model": name, "batch": batch, "seq": seq, "heads": f"{model.heads}/{model.kv_heads}",
+                             "d": model.head_dim, "error": f"{type(exc).__name__}: {exc}"[:300]})
+            print(f"flash {name:16s} {batch:3d}x{seq:5d} D={model.head_dim:3d} {_describe(rows[-1])}", flush=True)
+    return rows
+
+
+def _flash_row(name, model, batch, seq, q, k, v, best, rounds) -> dict:
+    import autotile
+
+    backend, _, sdpa = best
+    want = sdpa()
+    got = autotile.flash_attention(q, k, v, causal=True)
+    err = (got.float() - want.float()).abs().max().item()
+    info = autotile.explain("flash_attention", q, k, v, causal=True)
+    ours, theirs = _timed_pair(lambda: autotile.flash_attention(q, k, v, causal=True), sdpa, rounds)
+    flops = 4 * batch * model.heads * seq * seq * model.head_dim / 2
+    # bf16 attention outputs (|o| < ~1 for N(0, 1) inputs): differences above 2e-2 mean a wrong result.
+    return {"model": name, "batch": batch, "seq": seq, "heads": f"{model.heads}/{model.kv_heads}",
+            "d": model.head_dim, "ours_ms": ours, "vendor_ms": theirs, "ratio": theirs / ours,
+            "backend": backend, "abs_err": err, "wrong": err > 2e-2, "tflops": flops / (ours * 1e-3) / 1e12,
+            "served": info.get("vendor") or f"{info['source']}/{info['match']}"}
+
+
+def host_overhead(calls: int = 2000) -> list[dict]:
+    """Host us per call with `calls` calls queued (GPU work far shorter than the host's), ours and the vendor's."""
+    import torch
+    import torch.nn.functional as F
+
+    import autotile
+
+    a, b = torch.randn(64, 64, device="cuda", dtype=torch.bfloat16), torch.randn(64, 64, device="cuda",
+                                                                                dtype=torch.bfloat16)
+    w = torch.randn(64, 64, device="cuda", dtype=torch.bfloat16)
+    q = torch.randn(1, 4, 64, 64, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(4096, device="cuda")
+    sincos = autotile.fuse("sin(x)**2 + cos(x)**2")
+    cases = {
+        "matmul": (lambda: autotile.matmul(a, b), lambda: torch.matmul(a, b)),
+        "linear": (lambda: autotile.linear(a, w), lambda: F.linear(a, w)),
+        "flash_attention": (lambda: autotile.flash_attention(q, q, q, causal=True),
+                            lambda: F.scaled_dot_product_attention(q, q, q, is_causal=True)),
+        "fuse": (lambda: sincos(x=x), lambda: torch.sin(x)),
+    }
+    rows = []
+    for name, (ours, theirs) in cases.items():
+        per = {}
+        for label, fn in (("ours", ours), ("vendor", theirs)):
+            samples = []
+            for _ in range(5):
+                fn()
+                torch.cuda.synchronize()
+                start = time.perf_counter()
+                for _ in range(calls):
+                    fn()
+                samples.append((time.perf_counter() - start) / calls * 1e6)
+                torch.cuda.synchronize()
+            per[label] = statistics.median(samples)
+        rows.append({"op": name, "ours_us": per["ours"], "vendor_us": per["vendor"],
+                     "extra_us": per["ours"] - per["vendor"]})
+        print(f"host {name:16s} ours {per['ours']:6.1f} us  vendor {per['vendor']:6.1f} us  "
+              f"+{per['ours'] - per['vendor']:5.1f} us", flush=True)
+    return rows
+
+
+def graph_capture() -> list[dict]:
+    """Each op captured in a CUDA graph with sync debugging on, replayed on new inputs, compared with eager."""
+    import torch
+
+    import autotile
+
+    rows = []
+    a = torch.randn(16, 512, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(1024, 512, device="cuda", dtype=torch.bfloat16)
+    q = torch.randn(2, 8, 256, 64, device="cuda", dtype=torch.bfloat16)
+    kv = torch.randn(2, 2, 256, 64, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(10000, device="cuda")
+    sincos = autotile.fuse("sin(x)*2 + x")
+    cases = {
+        "linear": (lambda: autotile.linear(a, w), [a]),
+        "matmul": (lambda: autotile.matmul(a, w.t()), [a]),
+        "flash_attention": (lambda: autotile.flash_attention(q, kv, kv, causal=True), [q]),
+        "fuse": (lambda: sincos(x=x), [x]),
+    }
+    for name, (fn, inputs) in cases.items():
+        try:
+            fn()  # first call of the signature: resolution, compilation (outside the graph, as engines warm up)
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                with torch.cuda.graph(graph):
+                    out = fn()
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+            for t in inputs:
+                t.copy_(torch.randn_like(t))
+            graph.replay()
+            torch.cuda.synchronize()
+            want = fn()
+            same = torch.allclose(out.float(), want.float(), atol=1e-2, rtol=1e-2)
+            rows.append({"op": name, "captured": True, "replay_matches_eager": bool(same), "error": ""})
+        except Exception as exc:  # noqa: BLE001 - the table says what failed
+            rows.append({"op": name, "captured": False, "replay_matches_eager": False,
+                         "error": f"{type(exc).__name__}: {exc}"[:200]})
+        print(f"graph {name}: {rows[-1]}", flush=True)
+    return rows
+
+
+def geomean(values) -> float:
+    values = [v for v in values if v > 0]
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
+
+
+def markdown(gemm, flash, host, graphs, header: str) -> str:
+    lines = [header, ""]
+    wrong = [r for r in gemm + flash if r.get("wrong")]
+    failed = [r for r in gemm + flash if "error" in r]
+    lines.append(f"Checked against the vendor's output first: {len(wrong)} wrong result(s), {len(failed)} failure(s).")
+    if gemm:
+        lines += ["## Projection GEMMs: autotile.linear vs F.linear (bf16)", "",
+                  "| model | proj | M | N | K | autotile us | F.linear us | ratio | served by | weight TB/s |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        for r in gemm:
+            if "error" in r:
+                lines.append(f"| {r['model']} | {r['proj']} | {r['m']} | {r['n']} | {r['k']} | failed: {r['error']} |")
+                continue
+            lines.append(f"| {r['model']} | {r['proj']} | {r['m']} | {r['n']} | {r['k']} | {r['ours_ms'] * 1e3:.1f} | "
+                         f"{r['vendor_ms'] * 1e3:.1f} | {r['ratio']:.3f} | {r['served']} | {r['weight_tbps']:.2f} |")
+        for label, pick in (("all", lambda r: True), ("M <= 16", lambda r: r["m"] <= 16),
+                            ("32 <= M <= 512", lambda r: 32 <= r["m"] <= 512), ("M >= 1024", lambda r: r["m"] >= 1024)):
+            sel = [r["ratio"] for r in gemm if "error" not in r and pick(r)]
+            if sel:
+                lines.append(f"\n{label}: geometric mean {geomean(sel):.3f}x, min {min(sel):.3f}x over {len(sel)} shapes")
+    if flash:
+        lines += ["", "## Prefill attention: autotile.flash_attention vs SDPA's best backend (bf16, causal)", "",
+                  "| model | B x S | heads | D | autotile ms | SDPA ms | SDPA backend | ratio | served by | TFLOP/s |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        for r in flash:
+            if "error" in r:
+                lines.append(f"| {r['model']} | {r['batch']} x {r['seq']} | {r['heads']} | {r['d']} | failed: {r['error']} |")
+                continue
+            lines.append(f"| {r['model']} | {r['batch']} x {r['seq']} | {r['heads']} | {r['d']} | {r['ours_ms']:.3f} | "
+                         f"{r['vendor_ms']:.3f} | {r['backend']} | {r['ratio']:.3f} | {r['served']} | {r['tflops']:.0f} |")
+        sel = [r["ratio"] for r in flash if "error" not in r] or [float("nan")]
+        lines.append(f"\ngeometric mean {geomean(sel):.3f}x, min {min(sel):.3f}x over {len(sel)} shapes")
+    if host:
+        lines += ["", "## Host overhead (us per call, 2000 calls queued)", "",
+                  "| op | autotile | vendor | extra |", "|---|---|---|---|"]
+        lines += [f"| {r['op']} | {r['ours_us']:.1f} | {r['vendor_us']:.1f} | {r['extra_us']:+.1f} |" for r in host]
+    if graphs:
+        lines += ["", "## CUDA-graph capture (sync debug mode 'error')", "", "| op | captured | replay = eager | error |",
+                  "|---|---|---|---|"]
+        lines += [f"| {r['op']} | {r['captured']} | {r['replay_matches_eager']} | {r['error']} |" for r in graphs]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", required=True, type=Path)
+    parser.add_argument("--db", default=None, help="user database (default: a new empty one: shipped winners only)")
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--only", default="gemm,flash,host,graph", help="comma-separated parts")
+    parser.add_argument("--models", default=None, help="comma-separated gemm models (default: a spread)")
+    parser.add_argument("--record", default=None, help="write an AUTOTILE_RECORD trace of the shapes and exit")
+    parser.add_argument("--name", default="serve_bench")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    os.environ["AUTOTILE_DB"] = args.db or f"sqlite:///{tempfile.mkdtemp()}/empty.sqlite"
+    if args.record:
+        os.environ["AUTOTILE_RECORD"] = args.record
+    import torch
+    import triton
+
+    models = args.models.split(",") if args.models else (QUICK_GEMM_MODELS if args.quick else GEMM_MODELS)
+    tokens = QUICK_GEMM_TOKENS if args.quick else GEMM_TOKENS
+    parts = set(args.only.split(","))
+    if args.record:
+        from autotile.runtime import trace
+
+        gemm_rows(models, tokens, rounds=1)
+        print(f"trace written to {trace.flush()}")
+        return
+    gemm = gemm_rows(models, tokens, args.rounds) if "gemm" in parts else []
+    flash = flash_rows(FLASH_MODELS[:3] if args.quick else FLASH_MODELS, PREFILL, args.rounds) if "flash" in parts else []
+    host = host_overhead() if "host" in parts else []
+    graphs = graph_capture() if "graph" in parts else []
+    props = torch.cuda.get_device_properties(0)
+    header = (f"# {args.name}: public ops vs the vendor op\n\n{props.name} ({props.multi_processor_count} SMs), "
+              f"torch {torch.__version__}, triton {triton.__version__}, {datetime.date.today()}; user database: "
+              f"{'given' if args.db else 'empty (shipped winners only)'}; medians of {args.rounds} interleaved rounds. "
+              "Ratio = vendor time / autotile time (above 1: autotile is faster).")
+    text = markdown(gemm, flash, host, graphs, header)
+    (args.out / f"{args.name}.md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
