@@ -16,7 +16,7 @@ from autotile.device import DeviceInfo
 from autotile.errors import AutotileError, ConfigOutsideSpaceError, DatabaseError
 from autotile.export_launchers import LAUNCHER_WRITERS
 from autotile.families import get_family
-from autotile.families.base import Family
+from autotile.families.base import Family, is_vendor
 from autotile.render import render_source
 from autotile.space import Config
 
@@ -66,7 +66,7 @@ def _stored_winner(family: Family, problem, device: DeviceInfo, db_url: str | No
     key = family.problem_key(problem)
     for url in sources:
         try:
-            winners = Store(open_engine(url, create=False)).winners(family.name, device.key)
+            winners = Store(open_engine(url, create=False, read_only=True)).winners(family.name, device.key)
         except DatabaseError:
             continue
         ranked = []
@@ -81,13 +81,19 @@ def _stored_winner(family: Family, problem, device: DeviceInfo, db_url: str | No
             if distance is not None:
                 ranked.append((distance, w))
         for distance, w in sorted(ranked, key=lambda r: r[0]):
+            # A module holds a generated kernel: where the vendor op won, the fastest kernel kept beside it.
+            text, ms, kept = w.config, w.median_ms, ""
+            if is_vendor(Config.from_json(w.config)):
+                if not w.kernel_config:
+                    continue
+                text, ms, kept = w.kernel_config, w.kernel_ms, " (the vendor op won there; its fastest kernel)"
             try:
-                config = space.validate(Config.from_json(w.config))
+                config = space.validate(Config.from_json(text))
             except ConfigOutsideSpaceError:
                 continue
             where = "shipped tuning_db" if "mode=ro" in url else url
             origin = f"exact winner in {where}" if distance < 0 else f"nearest winner (tuned for {w.problem_key}) in {where}"
-            return config, origin, w.median_ms
+            return config, origin + kept, ms
     return None
 
 
