@@ -1,0 +1,81 @@
+"""On a GPU: the served ops run without host syncs, capture in CUDA graphs, and give the vendor's results."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import autotile
+from autotile.runtime import dispatch
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+
+@pytest.fixture(autouse=True)
+def empty_user_db(tmp_path, monkeypatch):
+    monkeypatch.setenv("AUTOTILE_DB", f"sqlite:///{tmp_path / 'empty.sqlite'}")
+    dispatch.clear_cache()
+    yield
+    dispatch.clear_cache()
+
+
+def _linear_inputs(m=16, n=1024, k=512, bias=False):
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5
+    b = torch.randn(n, device="cuda", dtype=torch.bfloat16) if bias else None
+    return x, w, b
+
+
+@pytest.mark.parametrize("vendor", ["1", "0"])
+def test_linear_and_matmul_capture_in_a_graph_without_syncs(monkeypatch, vendor):
+    monkeypatch.setenv("AUTOTILE_VENDOR", vendor)
+    x, w, b = _linear_inputs(bias=True)
+    ops = [lambda: autotile.linear(x, w, b, activation="silu"), lambda: autotile.matmul(x, w.t())]
+    for op in ops:
+        op()  # first call of the signature: resolution and compilation happen outside the graph
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            op()  # a served call does no host sync
+            with torch.cuda.graph(graph):
+                out = op()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(out, op(), atol=2e-2, rtol=2e-2)
+
+
+def test_untuned_shapes_are_served_by_the_vendor_and_match_it():
+    x, w, b = _linear_inputs(m=37, n=3000, k=777, bias=True)
+    info = autotile.explain("linear", x, w, b)
+    assert info["source"] == "vendor" and info["vendor"] == "cuBLAS (torch.matmul)"
+    torch.testing.assert_close(autotile.linear(x, w, b), torch.nn.functional.linear(x, w, b), atol=0, rtol=0)
+
+
+def test_vendor_off_runs_the_generated_kernel_correctly(monkeypatch):
+    monkeypatch.setenv("AUTOTILE_VENDOR", "0")
+    for m in (1, 5, 16, 300):
+        x, w, b = _linear_inputs(m=m, n=520, k=1000, bias=True)
+        info = autotile.explain("linear", x, w, b)
+        assert info["vendor"] is None
+        want = torch.nn.functional.linear(x.double(), w.double(), b.double())
+        torch.testing.assert_close(autotile.linear(x, w, b).double(), want, atol=3e-2, rtol=2e-2)
+
+
+def test_fuse_captures_in_a_graph_without_syncs():
+    f = autotile.fuse("sin(x)**2 + cos(x)*y")
+    x, y = torch.randn(10_000, device="cuda"), torch.randn(10_000, device="cuda")
+    f(x=x, y=y)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with torch.cuda.graph(graph):
+            out = f(x=x, y=y)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    torch.testing.assert_close(out, torch.sin(x) ** 2 + torch.cos(x) * y, atol=1e-5, rtol=1e-5)
