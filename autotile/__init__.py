@@ -15,7 +15,8 @@ if not (_Path(__file__).parent / "cli").is_dir() and (_checkout_root / "cli" / "
 
 __version__ = "0.1.0"
 
-__all__ = ["matmul", "linear", "flash_attention", "paged_attention", "fuse", "explain", "__version__"]
+__all__ = ["matmul", "linear", "flash_attention", "paged_attention", "paged_prefill", "plan_paged_attention",
+           "plan_paged_prefill", "fuse", "explain", "__version__"]
 
 # Public name -> (module, attribute). The ops are imported on first use, so `import autotile` stays
 # cheap (no torch.library registration, no database) for tools that only need the CLI or a family.
@@ -24,6 +25,9 @@ _PUBLIC = {
     "linear": ("autotile.runtime.ops_gemm", "linear"),
     "flash_attention": ("autotile.runtime.ops_flash", "flash_attention"),
     "paged_attention": ("autotile.runtime.ops_paged", "paged_attention"),
+    "paged_prefill": ("autotile.runtime.ops_paged", "paged_prefill"),
+    "plan_paged_attention": ("autotile.runtime.paged_plan", "plan_paged_attention"),
+    "plan_paged_prefill": ("autotile.runtime.paged_plan", "plan_paged_prefill"),
     "fuse": ("autotile.runtime.ops_elementwise", "fuse"),
     "explain": ("autotile.runtime.api", "explain"),
 }

@@ -1,4 +1,4 @@
-"""Copy the winners of GPU tuning runs into tuning_db/ and rewrite its text dump.
+"""Copy the winners and tuned policies of GPU tuning runs into tuning_db/ and rewrite its text dump.
 
     python benchmarks/ship_winners.py results/gemm/gemm.sqlite results/flash/flash.sqlite ...
 """
@@ -12,14 +12,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from autotile.resources import shipped_db_path, shipped_dump_path  # noqa: E402
 from autotile.store.db import open_engine  # noqa: E402
-from autotile.store.ship import copy_winners, write_dump  # noqa: E402
+from autotile.store.ship import copy_policies, copy_winners, write_dump  # noqa: E402
 
 
 def main(paths: list[str]) -> int:
     target = shipped_db_path()
     for path in paths:
         n = copy_winners(f"sqlite:///{Path(path).resolve()}", f"sqlite:///{target}")
-        print(f"{path}: {n} winners")
+        policies = copy_policies(f"sqlite:///{Path(path).resolve()}", f"sqlite:///{target}")
+        print(f"{path}: {n} winners, {policies} policies")
     # The shipped file is opened read-only and immutable: keep it in rollback-journal mode, one file
     # (which needs the pooled connections of the copy closed first).
     open_engine(f"sqlite:///{target}", create=False).dispose()

@@ -15,6 +15,10 @@ def model_options(family):
     def decorate(fn):
         if family.name not in MODEL_FAMILIES:
             return fn
+        fn = click.option("--policy", is_flag=True,
+                          help="with --model NAME[,NAME...]: verify the family's default config against the vendor op "
+                               "on every projection of these models per M bucket, and store a policy where it wins "
+                               "everywhere (it then serves untuned shapes in that range)")(fn)
         fn = click.option("--budget", default=None, metavar="DURATION",
                           help="time for the whole --model run, e.g. 10m (default: --trials per problem)")(fn)
         fn = click.option("--dims", default=None, metavar="hidden=N,intermediate=N,heads=N,kv_heads=N,head_dim=N",
@@ -30,7 +34,7 @@ def model_options(family):
 
 def take_model_options(options: dict) -> dict:
     """Remove the model options from a tune command's options; what is left describes one problem."""
-    return {name: options.pop(name, None) for name in ("model", "tokens", "dims", "budget")}
+    return {name: options.pop(name, None) for name in ("model", "tokens", "dims", "budget", "policy")}
 
 
 def tune_model(family, model_opts: dict, shape_options: dict, device, db_url, trials, seed, **tune_kwargs) -> None:
@@ -40,13 +44,32 @@ def tune_model(family, model_opts: dict, shape_options: dict, device, db_url, tr
     given = [name for name in ("m", "n", "k", "batch", "seq_q", "seq_k", "heads", "seq") if shape_options.get(name)]
     if given:
         raise click.UsageError(f"--model describes the shapes; drop {', '.join('--' + g for g in given)}")
-    model = model_dims(model_opts["model"], model_opts["dims"])
     dtype = _dtype(shape_options.get("dtype"))
+    if model_opts["policy"]:
+        _tune_policy(family, model_opts, dtype, device, db_url, seed)
+        return
+    model = model_dims(model_opts["model"], model_opts["dims"])
     planned = model_problems(family.name, model, parse_tokens(model_opts["tokens"]), dtype)
     budget = parse_budget(model_opts["budget"]) if model_opts["budget"] else None
     click.echo(f"{model.name}: {len(planned)} {family.name} problems"
                + (f" within {budget:.0f} s" if budget else f", {trials} trials each"))
     _run(planned, device, budget, db_url, trials, seed, **tune_kwargs)
+
+
+def _tune_policy(family, model_opts: dict, dtype: str, device, db_url, seed) -> None:
+    from autotile.models import model_dims, parse_tokens
+    from autotile.tune.plan import model_problems
+    from autotile.tune.policy import tune_policy
+
+    names = [n.strip() for n in (model_opts["model"] or "").split(",") if n.strip()]
+    models = [model_dims(n) for n in names] + ([model_dims(None, model_opts["dims"])] if model_opts["dims"] else [])
+    if not models:
+        raise click.UsageError("--policy needs the models to sample: --model NAME[,NAME...] or --dims")
+    tokens = parse_tokens(model_opts["tokens"])
+    problems = [p.problem for m in models for p in model_problems(family.name, m, tokens, dtype)]
+    click.echo(f"policy: {len(problems)} {family.name} shapes of {', '.join(m.name for m in models)}")
+    outcomes = tune_policy(family, problems, device, db_url=db_url, seed=seed, report=lambda line: click.echo(line))
+    click.echo(f"{sum(o.stored for o in outcomes)} of {len(outcomes)} groups won by the default config everywhere")
 
 
 def _dtype(value) -> str:

@@ -87,6 +87,25 @@ def test_two_workers_share_one_study(backend, request):
     assert sum(Store(open_engine(url)).status_counts(*_ids(url)).values()) == TRIALS
 
 
+def test_two_tuners_share_a_study_in_a_journal_file(tmp_path):
+    """Optuna's JournalFileBackend, which its FAQ recommends for several processes of one host."""
+    from autotile.tune.storage import is_journal, journal_path, optuna_storage
+
+    url = f"sqlite:///{tmp_path / 'rows.sqlite'}"
+    journal = f"journal:{tmp_path / 'study.journal'}"
+    assert is_journal(journal) and is_journal(str(tmp_path / "x.journal")) and not is_journal(url)
+    open_engine(url)
+    this_run = _run_two_workers([(url, journal), (url, journal)])
+    name = study_name(GemmFamily(), PROBLEM, CPU)
+    rows = recorded_trials(open_engine(url), name)
+    assert len(rows) == TRIALS and len(set(rows.values())) == TRIALS and min(this_run) >= 1
+    assert journal_path(journal).stat().st_size > 0
+    study = optuna.load_study(study_name=name, storage=optuna_storage(journal))
+    assert not study.get_trials(states=(optuna.trial.TrialState.RUNNING,))
+    told = {t.number for t in study.trials if "status" in t.user_attrs}
+    assert told == set(rows)
+
+
 def test_hosts_sharing_only_the_optuna_storage_split_the_trials(tmp_path):
     storage = f"sqlite:///{tmp_path / 'optuna.sqlite'}"
     own_dbs = [f"sqlite:///{tmp_path / f'host{i}.sqlite'}" for i in range(2)]

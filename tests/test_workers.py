@@ -23,6 +23,7 @@ from autotile.store.repo import Store
 from autotile.tune.cluster import OWNER_ATTR, recorded_trials
 from autotile.tune.driver import TuneError, study_name, tune_problem
 from autotile.bench import Status
+from autotile.tune.storage import journal_beside, journal_path, optuna_storage
 from autotile.tune.workers import InProcessEvaluator, IsolatedEvaluator, reproduce_command
 
 sys.path.insert(0, str(Path(__file__).parent / "helpers"))
@@ -145,19 +146,21 @@ def test_parallel_searches_share_one_study(tmp_path, searches, monkeypatch):
 
     url = f"sqlite:///{tmp_path / 'g (1).sqlite'}"  # a path that URL rendering would escape
     monkeypatch.setattr(InProcessEvaluator, "evaluate", InProcessEvaluator.evaluate)  # undone after the test
-    hold_local_search(url)
+    journal = journal_beside(url)  # several searches of one host keep their study in a journal file
+    hold_local_search(journal)
     result = tune_problem(GemmFamily(), PROBLEM, CPU, trials=7, db_url=url, gpus=list(range(searches)),
                           retime_rounds=0, lookahead=1)
     rows = recorded_trials(open_engine(url), study_name(GemmFamily(), PROBLEM, CPU))
     assert len(rows) == 7 and len(set(rows.values())) == 7
     assert result.trials_this_run == 7 and sum(result.statuses.values()) == 7
-    pids = _owner_pids(url, study_name(GemmFamily(), PROBLEM, CPU), rows)
+    assert journal_path(journal).exists()
+    pids = _owner_pids(journal, study_name(GemmFamily(), PROBLEM, CPU), rows)
     assert len(pids) == searches and os.getpid() in pids  # the first search here, each other in its own process
 
 
 def _owner_pids(url: str, name: str, numbers) -> set[int]:
     """The pids of the searches that ran the given trials (owners are host:pid:token)."""
-    trials = {t.number: t for t in optuna.load_study(study_name=name, storage=url).trials}
+    trials = {t.number: t for t in optuna.load_study(study_name=name, storage=optuna_storage(url)).trials}
     return {int(trials[n].user_attrs[OWNER_ATTR].split(":")[1]) for n in numbers}
 
 
@@ -179,7 +182,7 @@ def test_killed_multi_search_tuner_stops_its_searches_and_resumes(tmp_path):
         from autotile.families.gemm import FAMILY, contiguous_problem
         from autotile.tune.driver import tune_problem
         if __name__ == "__main__":
-            hold_local_search({url!r})
+            hold_local_search({journal_beside(url)!r})
             tune_problem(FAMILY, contiguous_problem(24, 32, 64, "fp16", "fp16"), interpret_device(), trials=40,
                          db_url={url!r}, retime_rounds=0, gpus=[0, 1], lookahead=1)
     """)
@@ -188,7 +191,7 @@ def test_killed_multi_search_tuner_stops_its_searches_and_resumes(tmp_path):
     tuner = subprocess.Popen([sys.executable, "-c", script], env={**os.environ, "TRITON_INTERPRET": "1"})
     engine = open_engine(url)
     _kill_after(tuner, engine, name, recorded=4)
-    searches = _owner_pids(url, name, recorded_trials(engine, name))
+    searches = _owner_pids(journal_beside(url), name, recorded_trials(engine, name))
     assert len(searches) == 2
     deadline = time.monotonic() + 120  # each finishes the trial it is in, then sees its tuner gone
     while any(_running(pid) for pid in searches) and time.monotonic() < deadline:

@@ -84,6 +84,13 @@ def next_pow2(n: int) -> int:
 VENDOR_KEY = "VENDOR"
 
 
+# A policy config stands for the family's own choice for each shape: {"POLICY": "default"} is whatever
+# `default_config(problem, device)` gives the call. Stored with a verified range over several shape
+# fields, it says "across these shapes the family's default beats the vendor op" (a tuned policy).
+POLICY_KEY = "POLICY"
+POLICY_DEFAULT = "default"
+
+
 def is_vendor(config: Mapping) -> bool:
     """True for a config that runs the vendor library (cuBLAS, SDPA) instead of a generated kernel."""
     return VENDOR_KEY in config
@@ -216,6 +223,10 @@ class Family(abc.ABC):
             if Config(config) in self.vendor_configs(problem, device):
                 return Config(config)
             raise ConfigOutsideSpaceError(f"{dict(config)} is not a vendor op of this {self.name} problem")
+        if POLICY_KEY in config:
+            if dict(config) != {POLICY_KEY: POLICY_DEFAULT}:
+                raise ConfigOutsideSpaceError(f"{dict(config)}: the only policy is {{{POLICY_KEY!r}: {POLICY_DEFAULT!r}}}")
+            return self.default_config(problem, device)
         return self.space(problem, device).validate(config)
 
     def run_config(self, problem, config: Config, inputs: Tensors, outputs: Tensors) -> None:
@@ -261,10 +272,14 @@ class Family(abc.ABC):
         """
         if not verified_range or not self.serving_fields:
             return False
-        a, b = problem_to_dict(problem), problem_to_dict(tuned)
-        if any(a[k] != b[k] for k in a if k not in self.serving_fields and k not in self.range_free_fields):
+        # A range names every serving field, and may name other shape fields too (a tuned policy's range).
+        ranged = set(verified_range)
+        if not set(self.serving_fields) <= ranged or not ranged <= set(self.serving_fields) | set(self.shape_fields):
             return False
-        for name in self.serving_fields:
+        a, b = problem_to_dict(problem), problem_to_dict(tuned)
+        if any(a[k] != b[k] for k in a if k not in ranged and k not in self.range_free_fields):
+            return False
+        for name in ranged:
             bounds = verified_range.get(name)
             if not (isinstance(bounds, (list, tuple)) and len(bounds) == 2
                     and all(isinstance(x, int) and not isinstance(x, bool) for x in bounds)):

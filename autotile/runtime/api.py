@@ -45,6 +45,12 @@ def paged_attention(q, k_cache, v_cache, block_table, context_lens, *, scale=Non
                                                          scale=scale, **kwargs)
 
 
+def paged_prefill(q, k_cache, v_cache, block_table, cu_seqlens_q, context_lens, **kwargs):
+    """Chunked prefill over a paged KV cache (packed queries). See autotile.runtime.ops_paged.paged_prefill."""
+    return _op_module("paged_attention").paged_prefill(q, k_cache, v_cache, block_table, cu_seqlens_q, context_lens,
+                                                       **kwargs)
+
+
 def fuse(expr: str):
     """One kernel for an elementwise expression: autotile.fuse("sin(x)**2 + cos(x)**2")(x=t)."""
     return _op_module("fuse").fuse(expr)

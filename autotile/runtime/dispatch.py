@@ -4,8 +4,10 @@ Order, for families with a vendor op (gemm: cuBLAS, flash: SDPA) on a GPU:
 1. the user database, then the shipped tuning_db/: the exact problem's winner, then a winner whose
    verified range holds the call (re-timed beside the vendor op at its bucket's edges when it was
    stored, so it does not lose there);
-2. the vendor op itself: a shape nobody tuned gets what PyTorch gives for free, never a guess;
-3. the family's default config (no vendor op for this problem, e.g. under the interpreter).
+2. a tuned policy whose verified range holds the call (the family's default config beat the vendor op on
+   every shape it was re-timed on across that range: autotile.tune.policy);
+3. the vendor op itself: a shape nobody tuned gets what PyTorch gives for free, never a guess;
+4. the family's default config (no vendor op for this problem, e.g. under the interpreter).
 Families without a vendor op (paged, elementwise), and problems the vendor cannot compute, also take
 a winner of the same bucket, then the nearest tuned problem, before the default.
 A winner may be the vendor op itself ({"VENDOR": ...}). `AUTOTILE_VENDOR=0` serves generated kernels
@@ -37,7 +39,7 @@ class Resolution:
     device_key: str
     problem_key: str
     tuned_for: str | None = None  # the problem key whose winner serves this one (None for vendor and default)
-    match: str = "default"  # 'exact' | 'range' | 'bucket' | 'nearest' | 'vendor' | 'default'
+    match: str = "default"  # 'exact' | 'range' | 'bucket' | 'nearest' | 'policy' | 'vendor' | 'default'
 
     @property
     def vendor(self) -> bool:
@@ -89,7 +91,7 @@ def _winners(url: str, family: str, device_key: str) -> list:
         from autotile.store.repo import Store
 
         try:
-            _winner_cache[key] = Store(open_engine(url, create=False)).winners(family, device_key)
+            _winner_cache[key] = Store(open_engine(url, create=False, read_only=True)).winners(family, device_key)
         except Exception as exc:  # noqa: BLE001 - a cache problem never takes a model down: serve from the next source
             _warn_once(url, exc)
             _winner_cache[key] = []
@@ -160,22 +162,56 @@ def _served_config(winner, use_vendor: bool) -> str | None:
     return winner.config
 
 
+def _policies(url: str, family: str, device_key: str) -> list:
+    key = ("policies", url, family, device_key)
+    if key not in _winner_cache:
+        from autotile.store.db import open_engine
+        from autotile.store.repo import Store
+
+        try:
+            _winner_cache[key] = Store(open_engine(url, create=False, read_only=True)).policies(family, device_key)
+        except Exception as exc:  # noqa: BLE001 - as for winners: the next source serves
+            _warn_once(url, exc)
+            _winner_cache[key] = []
+    return _winner_cache[key]
+
+
+def _policy_config(family: Family, problem, device: DeviceInfo, policy) -> Config | None:
+    """The config a tuned policy gives `problem`, or None when the call is outside what the policy was verified on."""
+    try:
+        bounds = policy.verified_range
+        tuned = family.problem_from_dict({**policy.params, **{name: lo for name, (lo, _) in bounds.items()}})
+        if not family.in_range(problem, tuned, bounds):
+            return None
+        return family.validate_config(problem, device, Config.from_json(policy.config))
+    except Exception:  # noqa: BLE001 - a policy row this version cannot read never serves
+        return None
+
+
 def _resolve_uncached(family: Family, problem, device: DeviceInfo) -> Resolution:
     key = family.problem_key(problem)
     use_vendor = vendor_enabled()
     vendor = family.vendor_configs(problem, device)
-    for source, url in _sources():
+    sources = _sources()
+    for source, url in sources:
         for match, winner in _candidates(family, problem, _winners(url, family.name, device.key), strict=bool(vendor)):
             try:
                 text = _served_config(winner, use_vendor)
                 if text is None:
                     continue
                 config = family.validate_config(problem, device, Config.from_json(text))
-            except ConfigOutsideSpaceError as exc:
+            except Exception as exc:  # noqa: BLE001 - a stored config this version cannot run is skipped
                 if match == "exact":
-                    log.warning("autotile: stored winner for %s in %s is outside the space (%s); ignoring it", key, source, exc)
+                    log.warning("autotile: stored winner for %s in %s cannot serve it (%s); ignoring it", key, source, exc)
                 continue
             return Resolution(config, source, device.key, key, winner.problem_key, match)
+    if vendor and use_vendor:
+        # A tuned policy: across the shapes it was verified on, the family's own choice beat the vendor op.
+        for source, url in sources:
+            for policy in _policies(url, family.name, device.key):
+                config = _policy_config(family, problem, device, policy)
+                if config is not None:
+                    return Resolution(config, source, device.key, key, None, "policy")
     if vendor and use_vendor:
         return Resolution(vendor[0], "vendor", device.key, key, None, "vendor")
     return Resolution(family.default_config(problem, device), "default", device.key, key)

@@ -119,3 +119,32 @@ class Winner(Base):
     verified_range: Mapped[dict | None] = mapped_column(JSON, nullable=True)  # {serving field: [lo, hi]}
     kernel_config: Mapped[str | None] = mapped_column(Text, nullable=True)
     kernel_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class Policy(Base):
+    """A tuned policy (schema 3): across a verified range of shapes the family's own choice beats the vendor op.
+
+    `key` is the canonical JSON of the problem fields the policy holds fixed (dtype, layouts, epilogue);
+    `verified_range` is {shape field: [lo, hi]} over which every sampled shape was re-timed beside the vendor
+    op and won by at least the stored `min_ratio`. `config` is {"POLICY": "default"} (the family's
+    default_config for each call) or a fixed config of the space.
+    """
+
+    __tablename__ = "autotile_policies"
+    __table_args__ = (UniqueConstraint("family", "device_key", "key", "range_key", name="uq_policy"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    family: Mapped[str] = mapped_column(String(32), index=True)
+    device_key: Mapped[str] = mapped_column(String(64), index=True)
+    device_id: Mapped[int] = mapped_column(ForeignKey("autotile_devices.id"))
+    toolchain_id: Mapped[int] = mapped_column(ForeignKey("autotile_toolchains.id"))
+    key: Mapped[str] = mapped_column(Text)  # canonical JSON of the fixed problem fields
+    range_key: Mapped[str] = mapped_column(String(256))  # canonical JSON of verified_range (part of the identity)
+    params: Mapped[dict] = mapped_column(JSON)  # the fixed fields
+    verified_range: Mapped[dict] = mapped_column(JSON)
+    config: Mapped[str] = mapped_column(Text)
+    samples: Mapped[int] = mapped_column(Integer)  # shapes re-timed beside the vendor op
+    min_ratio: Mapped[float] = mapped_column(Float)  # smallest vendor_ms / ours over the samples
+    geomean_ratio: Mapped[float] = mapped_column(Float)
+    provenance: Mapped[str] = mapped_column(Text, default="")
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=_now)
+

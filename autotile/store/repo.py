@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 
 from autotile.device import DeviceInfo
 from autotile.store.fingerprint import device_fingerprint, toolchain_versions
-from autotile.store.models import Device, Problem, Toolchain, Trial, Winner
+from autotile.store.models import Device, Policy, Problem, Toolchain, Trial, Winner
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,21 @@ class WinnerView:
     verified_range: dict | None = None  # {serving field: [lo, hi]}: calls in it may be served by this winner
     kernel_config: str | None = None  # the fastest generated kernel when the vendor op won
     kernel_ms: float | None = None
+
+
+@dataclass(frozen=True)
+class PolicyView:
+    family: str
+    device_key: str
+    params: dict  # the problem fields the policy holds fixed
+    verified_range: dict  # {shape field: [lo, hi]}
+    config: str
+    samples: int
+    min_ratio: float
+    geomean_ratio: float
+    provenance: str
+    toolchain: dict
+    created_at: str
 
 
 class Store:
@@ -206,4 +221,55 @@ class Store:
              "status": t.status, "median_ms": t.median_ms, "q20_ms": t.q20_ms, "q80_ms": t.q80_ms,
              "interpreted": bool(t.interpreted), "error": t.error}
             for t, fam, key in rows
+        ]
+
+    def save_policy(self, *, family: str, device, device_id: int, toolchain_id: int, params: dict,
+                    verified_range: dict, config: str, samples: int, min_ratio: float, geomean_ratio: float,
+                    provenance: str) -> None:
+        """Insert or replace the policy of (family, device key, fixed fields, range)."""
+        key = json.dumps(params, sort_keys=True, separators=(",", ":"))
+        range_key = json.dumps(verified_range, sort_keys=True, separators=(",", ":"))
+        with Session(self.engine) as session:
+            row = session.execute(select(Policy).where(
+                Policy.family == family, Policy.device_key == device.key, Policy.key == key,
+                Policy.range_key == range_key)).scalar_one_or_none()
+            if row is None:
+                row = Policy(family=family, device_key=device.key, key=key, range_key=range_key)
+                session.add(row)
+            row.device_id, row.toolchain_id, row.params, row.verified_range = device_id, toolchain_id, params, verified_range
+            row.config, row.samples, row.min_ratio, row.geomean_ratio = config, samples, min_ratio, geomean_ratio
+            row.provenance = provenance
+            session.commit()
+
+    def delete_policy(self, *, family: str, device_key: str, params: dict, verified_range: dict) -> bool:
+        """Remove a policy that no longer wins (a re-tune found the vendor op faster somewhere in its range)."""
+        key = json.dumps(params, sort_keys=True, separators=(",", ":"))
+        range_key = json.dumps(verified_range, sort_keys=True, separators=(",", ":"))
+        with Session(self.engine) as session:
+            row = session.execute(select(Policy).where(
+                Policy.family == family, Policy.device_key == device_key, Policy.key == key,
+                Policy.range_key == range_key)).scalar_one_or_none()
+            if row is None:
+                return False
+            session.delete(row)
+            session.commit()
+            return True
+
+    def policies(self, family: str | None = None, device_key: str | None = None) -> list[PolicyView]:
+        query = select(Policy, Toolchain).join(Toolchain, Policy.toolchain_id == Toolchain.id)
+        if family:
+            query = query.where(Policy.family == family)
+        if device_key:
+            query = query.where(Policy.device_key == device_key)
+        with Session(self.engine) as session:
+            rows = session.execute(query.order_by(Policy.family, Policy.key, Policy.range_key)).all()
+        return [
+            PolicyView(family=p.family, device_key=p.device_key, params=dict(p.params),
+                       verified_range=dict(p.verified_range) if isinstance(p.verified_range, dict) else {},
+                       config=p.config, samples=p.samples, min_ratio=p.min_ratio, geomean_ratio=p.geomean_ratio,
+                       provenance=p.provenance,
+                       toolchain={"torch": t.torch, "triton": t.triton, "cuda": t.cuda, "python": t.python,
+                                  "autotile": t.autotile},
+                       created_at=p.created_at.isoformat(timespec="seconds") if p.created_at else "")
+            for p, t in rows
         ]

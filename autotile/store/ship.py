@@ -1,8 +1,8 @@
 """The shipped tuning database: winners copied out of tuning runs, and a sorted text dump of them.
 
-`tuning_db/winners.sqlite` holds winners only (no trials); `tuning_db/winners.txt`
-is its sorted, line-per-winner dump, so a pull request shows what changed and CI
-can check that the two agree.
+`tuning_db/winners.sqlite` holds winners and tuned policies only (no trials);
+`tuning_db/winners.txt` is its sorted, line-per-record dump, so a pull request
+shows what changed and CI can check that the two agree.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
 from autotile.store.db import open_engine
-from autotile.store.models import Device, Problem, Toolchain, Winner
+from autotile.store.models import Device, Policy, Problem, Toolchain, Winner
 
 
 def dump_winners(engine: Engine) -> str:
@@ -31,6 +31,16 @@ def dump_winners(engine: Engine) -> str:
                 "baseline_ms": round(w.baseline_ms, 6) if w.baseline_ms else None, "trials": w.trials_run,
                 "toolchain": f"torch {t.torch}, triton {t.triton}, cuda {t.cuda}",
             }
+            if w.verified_range:
+                record["verified_range"] = w.verified_range
+            if w.kernel_config:
+                record["kernel_config"], record["kernel_ms"] = json.loads(w.kernel_config), w.kernel_ms
+            lines.append(json.dumps(record, sort_keys=True, separators=(",", ":")))
+        for p, t in session.execute(select(Policy, Toolchain).join(Toolchain, Policy.toolchain_id == Toolchain.id)).all():
+            record = {"policy": p.family, "device": p.device_key, "fixed": p.params, "verified_range": p.verified_range,
+                      "config": json.loads(p.config), "samples": p.samples, "min_ratio": round(p.min_ratio, 4),
+                      "geomean_ratio": round(p.geomean_ratio, 4),
+                      "toolchain": f"torch {t.torch}, triton {t.triton}, cuda {t.cuda}"}
             lines.append(json.dumps(record, sort_keys=True, separators=(",", ":")))
     return "\n".join(sorted(lines)) + "\n"
 
@@ -72,6 +82,34 @@ def copy_winners(source_url: str, target_url: str) -> int:
                     dst.flush()
                 dst.add(Winner(**_copy(src, Winner, w, problem_id=problem_id, device_id=device_id,
                                        toolchain_id=toolchain_id)))
+                dst.commit()
+            copied += 1
+    return copied
+
+
+def copy_policies(source_url: str, target_url: str) -> int:
+    """Copy every tuned policy of `source_url` into `target_url` (replacing one of the same identity)."""
+    from autotile.store.repo import Store
+
+    source = open_engine(source_url, create=False)
+    target = Store(open_engine(target_url, create=True))
+    copied = 0
+    with Session(source) as src:
+        for p, d, t in src.execute(select(Policy, Device, Toolchain).join(Device, Policy.device_id == Device.id)
+                                   .join(Toolchain, Policy.toolchain_id == Toolchain.id)).all():
+            device_values = _copy(src, Device, d)
+            device_values.pop("fingerprint")
+            device_id = target._get_or_create(Device, {"fingerprint": d.fingerprint}, device_values)
+            toolchain_id = target._get_or_create(
+                Toolchain, {c: getattr(t, c) for c in ("torch", "triton", "cuda", "python", "autotile")}, {})
+            with Session(target.engine) as dst:
+                existing = dst.execute(select(Policy).where(
+                    Policy.family == p.family, Policy.device_key == p.device_key, Policy.key == p.key,
+                    Policy.range_key == p.range_key)).scalar_one_or_none()
+                if existing is not None:
+                    dst.delete(existing)
+                    dst.flush()
+                dst.add(Policy(**_copy(src, Policy, p, device_id=device_id, toolchain_id=toolchain_id)))
                 dst.commit()
             copied += 1
     return copied

@@ -25,7 +25,7 @@ from autotile.store.db import default_db_url, normalise_url, open_engine
 from autotile.store.repo import Store
 from autotile.tune.cluster import fail_stale_trials
 from autotile.tune.processes import run_search_processes
-from autotile.tune.storage import optuna_storage
+from autotile.tune.storage import is_journal, journal_beside, optuna_storage
 from autotile.tune.search import Progress, TuneError, _Search, _SearchPlan, _SharedState  # noqa: F401 - re-exported
 from autotile.tune.workers import default_trial_timeout
 
@@ -61,6 +61,10 @@ class TuneResult:
     interpreted: bool = False
     stopped_early: str = ""
     verified_range: dict | None = None  # {serving field: [lo, hi]} the winner was verified over (None: its shape only)
+    pruned: int = 0  # proposals the roofline model dropped before compiling (this run, this process)
+    never_measured: int = 0  # simulation: proposals the table has no timing of (replaced by measured ones)
+    warm_start: str = ""  # where the warm-start configs came from ('' when the study was not new)
+    simulated: bool = False  # every trial was answered from a timing table
 
     @property
     def vendor_won(self) -> bool:
@@ -103,6 +107,14 @@ def tune_problem(
     trial_timeout: float | None = None,
     compile_ahead: bool = True,
     lookahead: int | None = None,
+    warm_start: bool = True,
+    prune: bool = True,
+    patience: int | None = None,
+    simulate=None,
+    _table=None,  # the rest are set by the simulation (_simulate) only
+    _space=None,
+    _warm_source: str | None = None,
+    _vendor_ms: float | None = None,
 ) -> TuneResult:
     """Search `family`'s space for `problem` on `device` until the study holds `trials` evaluated trials.
 
@@ -116,6 +128,12 @@ def tune_problem(
     seconds) costs one trial; the default is on for GPUs and off under the interpreter.
     `compile_ahead` compiles the next `lookahead` asked configs in a pool of CPU processes while the
     GPU times the current one (a no-op under the interpreter).
+    `warm_start` starts a new study from the winners and best configs of the nearest tuned problems in the
+    database (autotile.tune.warmstart). `prune` skips configs the roofline model rules out once a few trials
+    are in (autotile.tune.prune; GPUs with a profile only). `patience` stops the search after that many
+    evaluated trials without improvement once the vendor op is beaten or out of reach.
+    `simulate` (a simulate.TimingTable, or a database or table file holding one) replays stored timings
+    instead of running anything (autotile.tune.simulate); the study then lives in a throwaway database.
 
     >>> from autotile.families.gemm import FAMILY, GemmProblem
     >>> from autotile.device import interpret_device
@@ -123,12 +141,20 @@ def tune_problem(
     ...                  trials=2, db_url="sqlite:////tmp/tuning.sqlite")  # doctest: +SKIP
     """
     started = time.monotonic()
+    table, space, warm_source, vendor_ms = _table, _space, _warm_source, _vendor_ms
+    if simulate is not None:
+        return _simulate(family, problem, device, simulate, trials=trials, timeout=timeout, seed=seed,
+                         warm_start=warm_start, prune=prune, patience=patience, progress=progress)
     for url in (db_url, storage_url):
-        if url and _in_memory(url):
+        if url and not is_journal(url) and _in_memory(url):
             raise TuneError(f"{url}: a study lives in a database its searches and reruns can reopen; give --db "
                             "(and --storage) a SQLite file or a server URL, not an in-memory database")
     db_url = _given_url(db_url)
     study_url = storage_url or db_url  # where the Optuna study lives
+    rows_complete = normalise_url(study_url) == db_url
+    if storage_url is None and gpus and len(gpus) > 1 and journal_beside(db_url):
+        # Several searches of one host: Optuna's journal file beside the database (see autotile.tune.storage).
+        study_url, rows_complete = journal_beside(db_url), True
     engine = open_engine(db_url, create=True)
     store = Store(engine)
     storage = optuna_storage(study_url)
@@ -141,8 +167,14 @@ def tune_problem(
     study = optuna.create_study(study_name=name, storage=storage, direction="minimize", load_if_exists=True)
     study.set_user_attr("family", family.name)
     study.set_user_attr("problem_key", family.problem_key(problem))
+    space = space if space is not None else family.space(problem, device)
+    warm = None
     if not study.trials:
         study.enqueue_trial(dict(family.default_config(problem, device)), skip_if_exists=True)
+        if warm_start:
+            warm = _warm_start(warm_source or engine, family, problem, device, space)
+            for config in warm.configs:
+                study.enqueue_trial(dict(config), skip_if_exists=True)
         for config in family.seed_configs(problem, device):
             study.enqueue_trial(dict(config), skip_if_exists=True)
     failed = fail_stale_trials(study)
@@ -150,13 +182,15 @@ def tune_problem(
         log.info("%s: %d trials a stopped run left running were marked failed", name, len(failed))
 
     isolate = (not device.interpret) if isolate is None else isolate
+    if patience and vendor_ms is None and table is None and not device.interpret:
+        vendor_ms = time_vendor(family, problem, device, seed)
     plan = _SearchPlan(
-        family=family, problem=problem, space=family.space(problem, device), engine=engine, store=store,
+        family=family, problem=problem, space=space, engine=engine, store=store,
         storage=storage, name=name, ids=(problem_id, device_id, toolchain_id), trials=trials,
         deadline=None if timeout is None else started + timeout, timeout=timeout, seed=seed, isolate=isolate,
         trial_timeout=trial_timeout or default_trial_timeout(device), compile_ahead=compile_ahead,
         lookahead=lookahead, distributed=storage_url is not None, progress=progress,
-        rows_complete=normalise_url(study_url) == db_url,
+        rows_complete=rows_complete, prune=prune, patience=patience, vendor_ms=vendor_ms, table=table,
     )
     if not gpus:
         targets = [(None, device)]
@@ -178,6 +212,59 @@ def tune_problem(
     result.trials_this_run = shared.this_run
     result.seconds = time.monotonic() - started
     result.stopped_early = shared.stopped
+    result.pruned, result.never_measured = shared.pruned, shared.never_measured
+    result.warm_start = warm.describe(family) if warm is not None else ""
+    if shared.pruned:
+        log.info("%s: the roofline model dropped %d proposals before compiling", name, shared.pruned)
+    return result
+
+
+def _warm_start(source, family: Family, problem, device: DeviceInfo, space):
+    """Warm-start configs from a database engine, or (simulation) from a table source."""
+    from autotile.tune.warmstart import warm_start as from_database
+
+    if isinstance(source, str):
+        from autotile.tune.simulate import warm_start_from_tables
+
+        return warm_start_from_tables(source, family, problem, device, space)
+    return from_database(source, family, problem, device, space)
+
+
+def time_vendor(family: Family, problem, device: DeviceInfo, seed: int = 0) -> float | None:
+    """The fastest vendor config's median time (ms), timed once here; None when the family has none or all fail."""
+    from autotile.bench import evaluate
+
+    best = None
+    for config in family.vendor_configs(problem, device):
+        try:
+            outcome = evaluate(family, problem, config, device, seed)
+        except Exception as exc:  # noqa: BLE001 - without the vendor's time the search only loses its early stop
+            log.warning("timing the vendor op %s failed: %s", config.to_json(), exc)
+            continue
+        if outcome.status is Status.OK and (best is None or outcome.timing.median_ms < best):
+            best = outcome.timing.median_ms
+    return best
+
+
+def _simulate(family: Family, problem, device: DeviceInfo, source, *, trials: int, timeout: float | None, seed: int,
+              warm_start: bool, prune: bool, patience: int | None, progress) -> TuneResult:
+    """tune_problem on a timing table: the same search, every trial answered from the table (see simulate.py)."""
+    import tempfile
+
+    from autotile.tune.simulate import TimingTable, load_table, simulated_space
+
+    table = source if isinstance(source, TimingTable) else load_table(source, family, problem,
+                                                                       None if device.interpret else device.key)
+    warm_source = table.source or None
+    device = table.device
+    space = simulated_space(family.space(problem, device), table)
+    with tempfile.TemporaryDirectory(prefix="autotile-simulate-") as scratch:
+        result = tune_problem(
+            family, problem, device, trials=trials, timeout=timeout, db_url=f"sqlite:///{scratch}/simulated.sqlite",
+            seed=seed, retime_rounds=0, progress=progress, isolate=False, compile_ahead=False, lookahead=0,
+            warm_start=warm_start and warm_source is not None, prune=prune, patience=patience,
+            _table=table, _space=space, _warm_source=warm_source, _vendor_ms=table.best_vendor_ms)
+    result.simulated = True
     return result
 
 

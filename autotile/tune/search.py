@@ -36,6 +36,16 @@ log = logging.getLogger("autotile.tune")
 TPE_STARTUP_TRIALS = 8
 # The sampler gives up proposing new configs after this many repeats in a row: the space is exhausted.
 _MAX_REPEATS_IN_A_ROW = 60
+MAX_REPEATS_IN_A_ROW = _MAX_REPEATS_IN_A_ROW
+# Early stop: a trial improves on the best so far only when faster by more than this fraction (repeated
+# timings of one kernel differ by a percent or two).
+MIN_IMPROVEMENT = 0.01
+# Early stop: the vendor op "cannot be beaten" when it runs within this fraction of the pruning model's floor
+# (the lower bound on every config of the space).
+VENDOR_AT_FLOOR = 0.05
+# Early stop: with the vendor op ahead (and not at the floor), the search stops after this many times the
+# patience without improvement: the vendor serves the problem either way.
+VENDOR_AHEAD_PATIENCE = 2
 # Seconds between looks for trials that killed processes left running.
 _STALE_CHECK_S = 10.0
 # A search that finds the rest of the target claimed by others waits this long between looks.
@@ -61,6 +71,13 @@ class TuneError(AutotileError):
     """The study could not run at all (bad problem, unusable storage)."""
 
 
+def make_sampler(seed: int) -> optuna.samplers.TPESampler:
+    """The tuner's sampler: multivariate TPE, with constant_liar so that concurrent searches (and a search's own
+    compile-ahead queue) do not propose configs already running."""
+    return optuna.samplers.TPESampler(seed=seed % 2**32, n_startup_trials=TPE_STARTUP_TRIALS, multivariate=True,
+                                      constant_liar=True)
+
+
 class _ConfigSource:
     """Turns Optuna's per-axis suggestions into feasible configs.
 
@@ -69,8 +86,9 @@ class _ConfigSource:
     the nearest feasible config, by values shared, is enqueued in its place.
     """
 
-    def __init__(self, space: Space):
+    def __init__(self, space: Space, candidates: list[Config] | None = None):
         self.space = space
+        self._candidates = candidates
         self._feasible: list[Config] | None = None
         self._codes: np.ndarray | None = None  # (feasible config, axis) -> index of its value in the axis' choices
         self._index_of: dict[str, int] = {}  # config hash -> row
@@ -82,9 +100,16 @@ class _ConfigSource:
 
     def feasible(self) -> list[Config]:
         with self._lock:
-            if self._feasible is None:
+            if self._feasible is None and self._candidates is not None:
+                # Only these can be feasible (a simulation's table): no need to walk the whole grid.
+                keep = [Config(c) for c in self._candidates if self.space.is_feasible(c)]
+                self._feasible = sorted(keep, key=self._grid_position)  # the order space.feasible() yields
+            elif self._feasible is None:
                 self._feasible = list(self.space.feasible())
             return self._feasible
+
+    def _grid_position(self, config: Config) -> tuple:
+        return tuple(axis.choices.index(config[axis.name]) for axis in self.space.axes)
 
     def _table(self) -> np.ndarray:
         # NOTE: a feasible set has 10^3-10^4 configs; scoring them in Python cost ~0.5 s per replaced
@@ -102,8 +127,11 @@ class _ConfigSource:
         return np.array([[index[config[axis.name]] for axis, index in zip(axes, choice_index)]
                          for config in configs], dtype=np.int16).reshape(len(configs), len(axes))
 
-    def nearest_feasible(self, wanted: dict, exclude: set[str]) -> Config | None:
-        """The feasible config sharing the most axis values with `wanted` (the first such), not in `exclude`."""
+    def nearest_feasible(self, wanted: dict, exclude: set[str], allowed: np.ndarray | None = None) -> Config | None:
+        """The feasible config sharing the most axis values with `wanted` (the first such), not in `exclude`.
+
+        `allowed` (a mask over `feasible()`, e.g. the configs the pruning model keeps) leaves out the others.
+        """
         codes = self._table()
         if not len(codes):
             return None
@@ -111,6 +139,8 @@ class _ConfigSource:
         score = (codes == target).sum(axis=1, dtype=np.int32)
         rows = [self._index_of[h] for h in exclude if h in self._index_of]
         score[rows] = -1
+        if allowed is not None:
+            score[~allowed] = -1
         best = int(score.argmax())
         return None if score[best] < 0 else self.feasible()[best]
 
@@ -149,6 +179,36 @@ def _record(store: Store, trial, study, outcome: TrialOutcome, config: Config, n
         log.warning("trial %d of %s was finished by another search before it was told", trial.number, name)
 
 
+def trial_history(engine, name: str) -> list[float | None]:
+    """The median time of every evaluated trial of study `name` in the order they were recorded (None: failed)."""
+    from sqlalchemy import select
+    from sqlalchemy.orm import Session
+
+    from autotile.store.models import Trial
+
+    with Session(engine) as session:
+        rows = session.execute(select(Trial.status, Trial.median_ms).where(Trial.study == name)
+                               .order_by(Trial.id)).all()
+    return [ms if status == Status.OK.value else None for status, ms in rows]
+
+
+def stagnation(times: list[float | None], min_improvement: float = MIN_IMPROVEMENT) -> tuple[float | None, int]:
+    """(best time, evaluated trials since the last one that improved on the best by more than `min_improvement`).
+
+    >>> stagnation([None, 2.0, 1.5, 1.495, 1.6, None])
+    (1.495, 3)
+    """
+    best, mark, since = None, None, 0
+    for ms in times:
+        since += 1
+        if ms is None:
+            continue
+        if mark is None or ms < mark * (1.0 - min_improvement):
+            mark, since = ms, 0
+        best = ms if best is None else min(best, ms)
+    return best, since
+
+
 @dataclass
 class _SearchPlan:
     """What every search of one tune_problem call shares."""
@@ -158,7 +218,7 @@ class _SearchPlan:
     space: Space
     engine: object
     store: Store
-    storage: optuna.storages.RDBStorage
+    storage: optuna.storages.BaseStorage
     name: str
     ids: tuple[int, int, int]  # problem, device, toolchain
     trials: int
@@ -172,6 +232,10 @@ class _SearchPlan:
     distributed: bool
     rows_complete: bool  # the study lives in the rows' database: rows alone count the evaluated trials
     progress: Callable[[Progress], None] | None
+    prune: bool = False  # drop configs the roofline model rules out (autotile.tune.prune)
+    patience: int | None = None  # early stop after this many evaluated trials without improvement
+    vendor_ms: float | None = None  # the vendor op's time, timed when the run started (early stop)
+    table: object = None  # a simulate.TimingTable: trials return its stored outcomes instead of running
 
 
 @dataclass
@@ -185,6 +249,8 @@ class _SharedState:
     context_lost: bool = False
     error: BaseException | None = None
     stop: threading.Event = field(default_factory=threading.Event)
+    pruned: int = 0  # proposals the pruning model dropped before compiling
+    never_measured: int = 0  # simulation: proposals the table holds no timing of
 
 
 class _Search:
@@ -193,30 +259,35 @@ class _Search:
     def __init__(self, plan: _SearchPlan, slot: int, gpu: int | None, device: DeviceInfo, shared: _SharedState):
         self.plan, self.slot, self.gpu, self.device, self.shared = plan, slot, gpu, device, shared
         self.owner = new_owner()
-        self.source = _ConfigSource(plan.space)
+        table = plan.table
+        self.source = _ConfigSource(plan.space, None if table is None else [r.config for r in table.rows.values()])
         sampler_seed = plan.seed + _SEED_STEP * slot
         if plan.distributed:
             # Hosts run the same command (same --seed): their samplers must still differ.
             sampler_seed += random.SystemRandom().randrange(1, 2**20) * _SEED_STEP
         sampler_seed %= 2**32
-        sampler = optuna.samplers.TPESampler(seed=sampler_seed, n_startup_trials=TPE_STARTUP_TRIALS,
-                                             multivariate=True, constant_liar=True)
-        self.study = optuna.load_study(study_name=plan.name, storage=plan.storage, sampler=sampler)
+        self.study = optuna.load_study(study_name=plan.name, storage=plan.storage, sampler=make_sampler(sampler_seed))
         self.queue: collections.deque = collections.deque()  # (trial, config dict) asked but not run yet
         self._next_stale_check = time.monotonic() + _STALE_CHECK_S
         self._rng = random.Random(sampler_seed)
+        self._pruner = None  # built on first use, once the feasible configs are enumerated
+        self._pruner_built = False
 
     def run(self) -> None:
         plan = self.plan
-        if plan.isolate:
+        if plan.table is not None:
+            from autotile.tune.simulate import SimulatedEvaluator
+
+            evaluator = SimulatedEvaluator(plan.table)
+        elif plan.isolate:
             evaluator = IsolatedEvaluator(plan.family, plan.problem, self.device, plan.seed, plan.trial_timeout,
                                           gpu=self.gpu)
         else:
             evaluator = InProcessEvaluator(plan.family, plan.problem, self.device, plan.seed)
         evaluator.prestart()
         self.source.prepare_in_background()
-        compiler = start_compile_ahead(plan.family, plan.problem, self.device, plan.seed, plan.compile_ahead,
-                                       gpu=self.gpu)
+        compiler = start_compile_ahead(plan.family, plan.problem, self.device, plan.seed,
+                                       plan.compile_ahead and plan.table is None, gpu=self.gpu)
         if plan.lookahead is not None:
             ahead = plan.lookahead
         else:  # keep every compile process busy; with nothing compiling ahead, ask one trial at a time
@@ -250,7 +321,9 @@ class _Search:
             taken = set(recorded.values()) | set(claims.values())
             candidate = self._next_candidate(taken, heartbeat, queue_length)
             if candidate is None:
-                self._stop("every feasible config has been evaluated")
+                pruning = plan.prune and self.pruner() is not None and self.pruner().active
+                self._stop("every config the pruning model keeps has been evaluated" if pruning
+                           else "every feasible config has been evaluated")
                 return
             trial, config = candidate
             if not self._claim(trial, config, heartbeat):
@@ -265,8 +338,15 @@ class _Search:
             _record(plan.store, trial, self.study, outcome, config, plan.name, *plan.ids)
             heartbeat.release(trial)
             self._report(outcome, config, len(recorded) + 1)
+            if outcome.status is Status.OK and self.pruner() is not None:
+                self.pruner().observe(config, outcome.timing.median_ms)
+            if plan.patience:
+                reason = self._early_stop_reason()
+                if reason:
+                    self._stop(reason)
+                    return
             if (outcome.status is Status.CRASH and not evaluator.isolated and not self.device.interpret
-                    and not cuda_context_alive()):
+                    and plan.table is None and not cuda_context_alive()):
                 with self.shared.lock:
                     self.shared.context_lost = True
                 self._stop("a candidate crashed the CUDA context; every finished trial is stored - "
@@ -286,17 +366,24 @@ class _Search:
             config = Config(wanted)
             queued = {Config(w).hash for _, w in self.queue}
             violations = self.plan.space.violations(config)
-            if not violations and config.hash not in taken and config.hash not in queued:
+            dropped = "" if violations else self._dropped_by_model(config)
+            if not violations and not dropped and config.hash not in taken and config.hash not in queued:
                 return trial, config
-            # Infeasible or already measured: prune without compiling and put a new feasible config in its place.
+            # Infeasible, ruled out by the model or already measured: prune without compiling and put a new
+            # feasible config in its place.
             heartbeat.release(trial)
-            trial.set_user_attr("pruned_because", violations[0] if violations else "already evaluated")
+            trial.set_user_attr("pruned_because", violations[0] if violations else dropped or "already evaluated")
+            self._count_pruned(violations, dropped)
             self.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-            repeats = repeats + 1 if not violations else repeats
-            replacement = self.source.nearest_feasible(wanted, exclude=taken | queued)
+            repeats = repeats + 1 if not violations and not dropped else repeats
+            allowed = self.pruner().alive() if self.plan.prune and self.pruner() is not None else None
+            replacement = self.source.nearest_feasible(wanted, exclude=taken | queued, allowed=allowed)
             if replacement is None or repeats > _MAX_REPEATS_IN_A_ROW:
                 return None
-            self.study.enqueue_trial(dict(replacement), skip_if_exists=True)
+            # NOTE: not skip_if_exists: Optuna's check compares the params of every trial of the study (~80 ms a
+            # call at 60 trials); the replacement is neither evaluated nor queued, and a duplicate enqueued while
+            # others wait ahead of it is pruned as "already evaluated" when its turn comes.
+            self.study.enqueue_trial(dict(replacement))
 
     def _claim(self, trial, config: Config, heartbeat: Heartbeat) -> bool:
         """Claim `trial`; withdraw (and return False) when another search's claim makes it one too many or a repeat."""
@@ -311,6 +398,58 @@ class _Search:
         trial.set_user_attr("pruned_because", "claimed by another search" if repeat else "target reached by others")
         self.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
         return False
+
+    # --- pruning and early stop -------------------------------------------------------------------
+    def pruner(self):
+        """The roofline model of this problem (autotile.tune.prune), when the search prunes or stops early and the
+        family and device have one; calibrated on the study's trials so far."""
+        plan = self.plan
+        if not self._pruner_built and (plan.prune or plan.patience):
+            from autotile.tune.prune import Pruner
+
+            self._pruner_built = True
+            self._pruner = Pruner.for_problem(plan.family, plan.problem, self.device, self.source.feasible())
+            if self._pruner is not None:
+                problem_id, device_id, _ = plan.ids
+                for text, ms in plan.store.best_configs(problem_id, device_id, len(self.source.feasible()),
+                                                        study=plan.name):
+                    self._pruner.observe(Config.from_json(text), ms)
+        return self._pruner
+
+    def _dropped_by_model(self, config: Config) -> str:
+        if not self.plan.prune or self.pruner() is None:
+            return ""
+        return self.pruner().reason(config)
+
+    def _count_pruned(self, violations: list[str], dropped: str) -> None:
+        from autotile.tune.simulate import MEASURED
+
+        with self.shared.lock:
+            if dropped:
+                self.shared.pruned += 1
+            elif violations and violations[0].startswith(MEASURED + ":"):
+                self.shared.never_measured += 1
+
+    def _early_stop_reason(self) -> str:
+        """Why to stop now ('' to go on): no improvement for `patience` evaluated trials, and the vendor op beaten
+        or out of reach."""
+        plan = self.plan
+        best, since = stagnation(trial_history(plan.engine, plan.name))
+        if best is None or since < plan.patience:
+            return ""
+        quiet = f"no improvement in {since} trials (best {best:.4g} ms)"
+        vendor = plan.vendor_ms
+        if vendor is None:
+            return quiet
+        if best <= vendor:
+            return f"{quiet}, faster than the vendor op ({vendor:.4g} ms)"
+        pruner = self.pruner()
+        if pruner is not None and vendor <= pruner.floor_ms() * (1.0 + VENDOR_AT_FLOOR):
+            return (f"{quiet}; the vendor op ({vendor:.4g} ms) runs at the roofline floor of this space "
+                    f"({pruner.floor_ms():.4g} ms): no config can beat it")
+        if since >= VENDOR_AHEAD_PATIENCE * plan.patience:
+            return f"{quiet}; the vendor op stays ahead ({vendor:.4g} ms) and will serve this problem"
+        return ""
 
     # --- bookkeeping ------------------------------------------------------------------------------
     def _fail_stale_now_and_then(self) -> None:

@@ -32,7 +32,9 @@ def hold_local_search(url: str, limit_s: float = 120.0) -> None:
 
 
 def _peer_claimed(url: str) -> bool:
-    storage = optuna.storages.RDBStorage(url)
+    from autotile.tune.storage import optuna_storage
+
+    storage = optuna_storage(url)  # the study's storage: a database, or (--gpus) the journal beside it
     try:
         for summary in optuna.get_all_study_summaries(storage):
             for trial in optuna.load_study(study_name=summary.study_name, storage=storage).trials:
@@ -41,4 +43,5 @@ def _peer_claimed(url: str) -> bool:
                     return True
         return False
     finally:
-        storage.engine.dispose()
+        if hasattr(storage, "engine"):
+            storage.engine.dispose()

@@ -1,4 +1,6 @@
-"""Serving ranges and the vendor op as a candidate: verified_range, kernel_config, kernel_ms (schema_version 3).
+"""Serving ranges, the vendor op as a candidate, tuned policies (schema_version 3).
+
+Winners gain verified_range, kernel_config and kernel_ms; the new table autotile_policies holds tuned policies.
 
 Revision ID: 0003
 Revises: 0002
@@ -21,10 +23,30 @@ def upgrade() -> None:
         # The fastest generated kernel's config and time, kept when the vendor op won (AUTOTILE_VENDOR=0 serves it).
         batch.add_column(sa.Column("kernel_config", sa.Text, nullable=True))
         batch.add_column(sa.Column("kernel_ms", sa.Float, nullable=True))
+    op.create_table(
+        "autotile_policies",
+        sa.Column("id", sa.Integer, primary_key=True),
+        sa.Column("family", sa.String(32), nullable=False, index=True),
+        sa.Column("device_key", sa.String(64), nullable=False, index=True),
+        sa.Column("device_id", sa.Integer, sa.ForeignKey("autotile_devices.id"), nullable=False),
+        sa.Column("toolchain_id", sa.Integer, sa.ForeignKey("autotile_toolchains.id"), nullable=False),
+        sa.Column("key", sa.Text, nullable=False),
+        sa.Column("range_key", sa.String(256), nullable=False),
+        sa.Column("params", sa.JSON, nullable=False),
+        sa.Column("verified_range", sa.JSON, nullable=False),
+        sa.Column("config", sa.Text, nullable=False),
+        sa.Column("samples", sa.Integer, nullable=False),
+        sa.Column("min_ratio", sa.Float, nullable=False),
+        sa.Column("geomean_ratio", sa.Float, nullable=False),
+        sa.Column("provenance", sa.Text, nullable=False, server_default=""),
+        sa.Column("created_at", sa.DateTime),
+        sa.UniqueConstraint("family", "device_key", "key", "range_key", name="uq_policy"),
+    )
     op.execute(_meta.update().where(_meta.c.key == "schema_version").values(value="3"))
 
 
 def downgrade() -> None:
+    op.drop_table("autotile_policies")
     with op.batch_alter_table("autotile_winners") as batch:
         for name in ("kernel_ms", "kernel_config", "verified_range"):
             batch.drop_column(name)

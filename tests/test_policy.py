@@ -1,0 +1,92 @@
+"""Tuned policies: the family's default serves untuned shapes only inside a range where it beat the vendor op."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from autotile.device import DeviceInfo, interpret_device
+from autotile.families.base import POLICY_KEY, VENDOR_KEY
+from autotile.families.gemm import FAMILY, GemmFamily, contiguous_problem
+from autotile.runtime import dispatch
+from autotile.space import Config
+from autotile.store.db import open_engine
+from autotile.store.repo import Store
+from autotile.tune.policy import group_samples, tune_policy
+
+CPU = interpret_device()
+H200 = DeviceInfo("h200", "NVIDIA H200", (9, 0), 132, 150_000_000_000, 232448, "580", interpret=False)
+
+
+def linear(m: int, n: int, k: int):
+    return contiguous_problem(m, n, k, "fp32", "fp32", layout_b="col")
+
+
+class _DelayedVendorGemm(GemmFamily):
+    """torch.matmul on the CPU as the vendor op, slowed or not, so the outcome does not depend on CPU load."""
+
+    def __init__(self, vendor_delay_s: float, kernel_delay_s: float = 0.0):
+        self.vendor_delay_s, self.kernel_delay_s = vendor_delay_s, kernel_delay_s
+
+    def vendor_configs(self, problem, device):
+        return [Config({VENDOR_KEY: "cublas"})]
+
+    def vendor_run(self, problem, config, inputs):
+        time.sleep(self.vendor_delay_s)
+        return super().vendor_run(problem, config, inputs)
+
+    def launch(self, problem, config, inputs, outputs):
+        time.sleep(self.kernel_delay_s)
+        super().launch(problem, config, inputs, outputs)
+
+
+@pytest.fixture
+def db(tmp_path, monkeypatch):
+    url = f"sqlite:///{tmp_path / 'policy.sqlite'}"
+    monkeypatch.setenv("AUTOTILE_DB", url)
+    monkeypatch.setattr("autotile.resources.shipped_db_path", lambda: tmp_path / "none.sqlite")
+    dispatch.clear_cache()
+    yield url
+    dispatch.clear_cache()
+
+
+def test_samples_group_by_fixed_fields_and_m_bucket():
+    problems = [linear(3, 32, 16), linear(4, 48, 32), linear(5, 32, 16), contiguous_problem(3, 32, 16, "fp32", "fp32")]
+    groups = group_samples(FAMILY, problems)
+    assert sorted(len(g) for g in groups.values()) == [1, 1, 2]  # (3, 4) share bucket 3..4; 5 is in 5..8; row B apart
+
+
+def test_a_policy_that_wins_everywhere_is_stored_and_serves_its_range_only(db):
+    family = _DelayedVendorGemm(vendor_delay_s=0.3)
+    outcomes = tune_policy(family, [linear(4, 32, 16), linear(3, 48, 32)], CPU, db_url=db, rounds=1)
+    (outcome,) = outcomes
+    assert outcome.stored and outcome.verified_range == {"m": [3, 4], "n": [32, 48], "k": [16, 32]}
+    (policy,) = Store(open_engine(db, create=False)).policies("gemm")
+    assert Config.from_json(policy.config) == Config({POLICY_KEY: "default"}) and policy.samples == 4  # each sample at M = 3 and 4
+    # Store it for the GPU's key too, and resolve there: inside the range the family's default serves.
+    store = Store(open_engine(db))
+    store.save_policy(family="gemm", device=H200, device_id=store.ensure_device(H200),
+                      toolchain_id=store.ensure_toolchain(), params=policy.params,
+                      verified_range=policy.verified_range, config=policy.config, samples=3, min_ratio=1.5,
+                      geomean_ratio=2.0, provenance="test")
+    dispatch.clear_cache()
+    inside = dispatch.resolve(FAMILY, linear(3, 40, 24), H200)
+    assert inside.match == "policy" and inside.config == FAMILY.default_config(linear(3, 40, 24), H200)
+    for outside in (linear(5, 40, 24), linear(3, 64, 24), linear(3, 40, 8), contiguous_problem(3, 40, 24, "fp32", "fp32")):
+        assert dispatch.resolve(FAMILY, outside, H200).source == "vendor", outside
+
+
+def test_a_policy_that_loses_once_is_not_stored_and_an_old_one_is_removed(db):
+    samples = [linear(4, 32, 16), linear(3, 48, 32)]
+    assert tune_policy(_DelayedVendorGemm(vendor_delay_s=0.3), samples, CPU, db_url=db, rounds=1)[0].stored
+    outcome = tune_policy(_DelayedVendorGemm(vendor_delay_s=0.0, kernel_delay_s=0.3), samples, CPU, db_url=db,
+                          rounds=1)[0]
+    assert not outcome.stored and outcome.min_ratio < 1.0
+    assert Store(open_engine(db, create=False)).policies("gemm") == []
+
+
+def test_policy_configs_are_validated_like_any_stored_config():
+    problem = linear(3, 40, 24)
+    assert FAMILY.validate_config(problem, H200, {POLICY_KEY: "default"}) == FAMILY.default_config(problem, H200)
+    with pytest.raises(Exception, match="the only policy"):
+        FAMILY.validate_config(problem, H200, {POLICY_KEY: "fastest"})

@@ -1,0 +1,204 @@
+"""Offline simulation: tables from files and databases, the tuner's loop on stored timings, replays, early stop."""
+from __future__ import annotations
+
+import random
+
+import pytest
+from click.testing import CliRunner
+
+from autotile.bench import Timing
+from autotile.device import interpret_device
+from autotile.families.gemm import GemmFamily, contiguous_problem
+from autotile.space import Config
+from autotile.store.db import open_engine
+from autotile.store.repo import Store
+from autotile.tune.driver import tune_problem
+from autotile.tune.simulate import (
+    SYNTHETIC_NOTE, SimulationError, Strategy, TimingTable, load_table, replay, row_record, summarise,
+    synthetic_device, synthetic_table, table_header, write_rows,
+)
+
+CPU = interpret_device()
+H200 = synthetic_device()
+PROBLEM = contiguous_problem(1024, 1024, 1024, "bf16", "bf16")
+
+
+class NeverRuns(GemmFamily):
+    """A gemm family whose kernels must not run: a simulation answers every trial from its table."""
+
+    def launch(self, problem, config, inputs, outputs):
+        raise AssertionError("a simulated trial ran a kernel")
+
+    def make_inputs(self, problem, device, seed=0):
+        raise AssertionError("a simulated trial built inputs")
+
+
+FAMILY = NeverRuns()
+
+
+@pytest.fixture(scope="module")
+def table() -> TimingTable:
+    """A sampled, synthesised H200 table of PROBLEM: 300 configs plus the default and the seed configs."""
+    space = FAMILY.space(PROBLEM, H200)
+    configs = random.Random(0).sample(list(space.feasible()), 300)
+    configs += [FAMILY.default_config(PROBLEM, H200), *FAMILY.seed_configs(PROBLEM, H200)]
+    return synthetic_table(FAMILY, PROBLEM, H200, list(dict.fromkeys(configs)))
+
+
+def _write(path, table: TimingTable, extra: list[dict] = ()) -> None:
+    header = table_header(FAMILY, PROBLEM, table.device, table.space_size, table.note)
+    records = [row_record(r.config, r.status, Timing(r.median_ms, r.q20_ms, r.q80_ms) if r.median_ms else None,
+                          r.error) for r in table.rows.values()]
+    write_rows(path, header, records + list(extra))
+
+
+def test_jsonl_round_trip_running_rows_vendor_and_a_cut_last_line(tmp_path, table):
+    path = tmp_path / "t.jsonl"
+    died = next(iter(table.rows.values())).config
+    _write(path, table, [{"config": dict(died), "status": "running"},
+                         {"config": {"VENDOR": "cublas"}, "status": "ok", "median_ms": 0.05}])
+    with path.open("a") as handle:
+        handle.write('{"config": {"BLOCK_M": 1')  # a writer killed mid-line
+    loaded = load_table(path, FAMILY, PROBLEM)
+    assert len(loaded) == len(table) and loaded.device.key == "h200/sm90" and loaded.source == str(path)
+    assert loaded.lookup(died).status == "crash"  # the measuring process died on it
+    assert loaded.vendor_ms == {'{"VENDOR":"cublas"}': 0.05} and loaded.best_vendor_ms == 0.05
+    other = next(h for h in table.rows if table.rows[h].config != died and table.rows[h].status == "ok")
+    assert loaded.rows[other].median_ms == table.rows[other].median_ms
+    assert SYNTHETIC_NOTE in loaded.note
+    with pytest.raises(SimulationError, match="not gemm"):
+        load_table(path, FAMILY, contiguous_problem(64, 64, 64, "bf16", "bf16"))
+    with pytest.raises(SimulationError, match="measured on h200/sm90, not a100"):
+        load_table(path, FAMILY, PROBLEM, "a100")
+    assert load_table(tmp_path, FAMILY, PROBLEM).source == str(tmp_path)  # a folder: the matching table
+
+
+def test_table_from_an_autotile_database(tmp_path):
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    store = Store(open_engine(url))
+    problem_id, device_id, toolchain_id = (store.ensure_problem(FAMILY, PROBLEM), store.ensure_device(H200),
+                                           store.ensure_toolchain())
+    a, b = FAMILY.default_config(PROBLEM, H200), FAMILY.seed_configs(PROBLEM, H200)[0]
+    rows = [("s", 0, a, "ok", 0.5), ("s", 1, b, "wrong_result", None), ("t", 0, a, "ok", 0.4),
+            ("s:vendor", 0, Config(VENDOR="cublas"), "ok", 0.3)]
+    for study, number, config, status, ms in rows:
+        store.record_trial(problem_id=problem_id, device_id=device_id, toolchain_id=toolchain_id, study=study,
+                           number=number, config=config.to_json(), config_hash=config.hash, status=status,
+                           median_ms=ms, q20_ms=ms, q80_ms=ms, error="" if ms else "mismatch")
+    loaded = load_table(tmp_path / "db.sqlite", FAMILY, PROBLEM)
+    assert loaded.lookup(a).median_ms == 0.4  # the best of its trials
+    assert loaded.lookup(b).status == "wrong_result" and len(loaded) == 2
+    assert loaded.best_vendor_ms == 0.3 and loaded.device.key == "h200/sm90" and loaded.device.sm_count == 132
+    with pytest.raises(SimulationError, match="no trials"):
+        load_table(tmp_path / "db.sqlite", FAMILY, contiguous_problem(8, 8, 8, "bf16", "bf16"))
+
+
+def test_the_tuner_runs_on_stored_timings_only(table):
+    """Every trial is answered from the table (the family cannot run a kernel); the winner is the best evaluated."""
+    evaluated = []
+    result = tune_problem(FAMILY, PROBLEM, H200, trials=25, seed=1, simulate=table, warm_start=False,
+                          progress=lambda p: evaluated.append(p.last_config))
+    assert result.simulated and sum(result.statuses.values()) == 25 == len(evaluated)
+    assert len({c.hash for c in evaluated}) == 25 and all(table.lookup(c) is not None for c in evaluated)
+    ok = [table.lookup(c).median_ms for c in evaluated if table.lookup(c).status == "ok"]
+    assert result.winner_ms == min(ok)
+    assert evaluated[0] == FAMILY.default_config(PROBLEM, H200)  # the default config goes first, as in any study
+    # The table holds 300 of the ~thousands of configs: TPE proposed others, which were replaced and counted.
+    assert result.never_measured > 0
+
+
+def test_replay_runs_the_tuners_search(table):
+    """The in-memory replay proposes exactly the configs the tuner's own loop evaluates, seed for seed."""
+    for seed in (0, 5):
+        evaluated = []
+        tune_problem(FAMILY, PROBLEM, H200, trials=20, seed=seed, simulate=table, warm_start=False,
+                     progress=lambda p: evaluated.append(p.last_config.hash))
+        replayed = replay(FAMILY, PROBLEM, table, Strategy.TPE, seed, 20, prune=True)
+        assert replayed.evaluated == evaluated
+
+
+def test_replay_strategies_and_summary(table):
+    best = table.best_ms
+    randoms = [replay(FAMILY, PROBLEM, table, Strategy.RANDOM, seed, 40) for seed in range(3)]
+    assert all(len(set(r.evaluated)) == 40 for r in randoms)  # without replacement
+    assert randoms[0].evaluated != randoms[1].evaluated
+    everything = replay(FAMILY, PROBLEM, table, Strategy.RANDOM, 0, 10_000)
+    assert len(everything.evaluated) == len(table) and min(t for t in everything.times if t) == best
+    assert everything.evaluations_to(best) == everything.times.index(best) + 1
+    warm = sorted(table.ok_rows(), key=lambda r: r.median_ms)[0].config  # as if a neighbour's winner were this one
+    warmed = replay(FAMILY, PROBLEM, table, Strategy.TPE_WARM, 0, 5, warm=[warm])
+    assert warmed.evaluated[:2] == [FAMILY.default_config(PROBLEM, H200).hash, warm.hash]
+    assert warmed.evaluations_to(best) == 2
+    summary = summarise([warmed, everything], best)
+    assert summary[0.99]["median"] == pytest.approx((2 + everything.evaluations_to(best / 0.99)) / 2)
+    assert summary[0.99]["missed"] == 0
+    assert summarise([randoms[0]], best / 10)[0.95]["missed"] == 1  # an unreachable target is missed, not reached
+    with pytest.raises(SimulationError, match="unknown strategy"):
+        replay(FAMILY, PROBLEM, table, "grid", 0, 3)
+
+
+def test_warm_start_in_a_simulation_comes_from_the_other_tables_of_the_folder(tmp_path, table):
+    """A folder of tables is a database of problems: a simulated study warm-starts from its neighbours' bests."""
+    neighbour = contiguous_problem(2048, 1024, 1024, "bf16", "bf16")
+    theirs = synthetic_table(FAMILY, neighbour, H200, [r.config for r in table.rows.values()])
+    write_rows(tmp_path / "neighbour.jsonl", table_header(FAMILY, neighbour, H200, None, theirs.note),
+               [row_record(r.config, r.status, Timing(r.median_ms, r.q20_ms, r.q80_ms) if r.median_ms else None)
+                for r in theirs.rows.values()])
+    _write(tmp_path / "mine.jsonl", table)
+    their_best = sorted(theirs.ok_rows(), key=lambda r: r.median_ms)[0].config
+    evaluated = []
+    result = tune_problem(FAMILY, PROBLEM, H200, trials=3, simulate=load_table(tmp_path, FAMILY, PROBLEM),
+                          progress=lambda p: evaluated.append(p.last_config))
+    assert evaluated[1] == their_best and "2048x1024x1024" in result.warm_start
+
+
+def _flat_table(ms_by_rank: list[float], vendor_ms: float | None) -> TimingTable:
+    """A table where the i-th config of the space (in the order the search meets them) takes ms_by_rank[i]."""
+    configs = [FAMILY.default_config(PROBLEM, H200)] + [c for c in FAMILY.space(PROBLEM, H200).feasible()][:200]
+    configs = list(dict.fromkeys(configs))
+    rows = {}
+    from autotile.tune.simulate import TableRow
+
+    for i, config in enumerate(configs):
+        ms = ms_by_rank[i] if i < len(ms_by_rank) else ms_by_rank[-1] * (1.5 + 0.001 * i)
+        rows[config.hash] = TableRow(config, "ok", ms, ms, ms)
+    return TimingTable("gemm", {}, H200, rows, {'{"VENDOR":"cublas"}': vendor_ms} if vendor_ms else {})
+
+
+@pytest.mark.parametrize("vendor, evaluations, why", [
+    (None, 5, "no improvement in 4 trials"), (2.0, 5, "faster than the vendor op"),
+    ("floor", 5, "no config can beat it"), (0.5, 9, "stays ahead")])
+def test_early_stop_waits_for_the_vendor_op(vendor, evaluations, why):
+    """Patience 4, and the default config (evaluated first) is the best of the table: the best stops improving at
+    once. No vendor op, one slower than the best, or one at the roofline floor (nothing can beat it): stop after 4
+    more trials. A vendor faster than anything yet but not at the floor: go on to twice the patience."""
+    from autotile.tune.prune import Pruner
+
+    if vendor == "floor":
+        configs = list(FAMILY.space(PROBLEM, H200).feasible())
+        vendor = Pruner.for_problem(FAMILY, PROBLEM, H200, configs).floor_ms()
+    table = _flat_table([1.0], vendor)
+    result = tune_problem(FAMILY, PROBLEM, H200, trials=60, simulate=table, patience=4, prune=False,
+                          warm_start=False)
+    assert sum(result.statuses.values()) == evaluations and why in result.stopped_early
+    assert result.winner_ms == 1.0
+
+
+def test_no_early_stop_without_patience():
+    result = tune_problem(FAMILY, PROBLEM, H200, trials=12, simulate=_flat_table([1.0], None), prune=False,
+                          warm_start=False)
+    assert sum(result.statuses.values()) == 12 and result.stopped_early == ""
+
+
+def test_simulate_command(tmp_path, table):
+    from autotile.cli.main import cli
+
+    path = tmp_path / "t.jsonl"
+    _write(path, table)
+    out = CliRunner().invoke(cli, ["tune", "gemm", "--m", "1024", "--n", "1024", "--k", "1024", "--dtype", "bf16",
+                                   "--trials", "12", "--simulate", str(path), "--patience", "50"])
+    assert out.exit_code == 0, out.output
+    assert "12 evaluations reached" in out.output and "of the table's best" in out.output
+    assert "SYNTHESISED" in out.output and "h200/sm90" in out.output
+    missing = CliRunner().invoke(cli, ["tune", "gemm", "--m", "8", "--n", "8", "--k", "8", "--simulate", str(path)])
+    assert missing.exit_code != 0 and "holds gemm" in missing.output
