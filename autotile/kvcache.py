@@ -164,13 +164,17 @@ class PagedKVCache:
         """
         if num_tokens < 0:
             raise BadInputError(f"num_tokens must be >= 0, got {num_tokens}")
-        seq = self._seq(seq_id)
         needed = self.pages_needed(seq_id, num_tokens)
         if needed > len(self._free):
             raise OutOfPagesError(
                 f"sequence {seq_id!r} needs {needed} more page(s) of {self.page_size} tokens but only "
                 f"{len(self._free)} of {self.num_pages} are free; free finished sequences, preempt one, "
                 "or build the cache with more pages")
+        return torch.tensor(self._reserve_slots(seq_id, num_tokens), dtype=torch.int64, device=self.device)
+
+    def _reserve_slots(self, seq_id: Hashable, num_tokens: int) -> list[int]:
+        """Takes the pages (copying a shared last page first) and returns the flat slots; the caller checked room."""
+        seq = self._seq(seq_id)
         if num_tokens and seq.length % self.page_size and self._refcount[seq.pages[-1]] > 1:
             seq.pages[-1] = self._copy_page(seq.pages[-1])
         slots = []
@@ -182,7 +186,7 @@ class PagedKVCache:
             self._filled[page] = offset + 1
             slots.append(page * self.page_size + offset)
         seq.length += num_tokens
-        return torch.tensor(slots, dtype=torch.int64, device=self.device)
+        return slots
 
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store K and V (num_tokens, num_kv_heads, head_dim) of one layer into reserved slots."""
@@ -215,19 +219,65 @@ class PagedKVCache:
         return slots
 
     # --- reading --------------------------------------------------------------------
-    def block_table(self, seq_ids: Sequence[Hashable], max_pages: int | None = None) -> torch.Tensor:
-        """(len(seq_ids), max_pages) int32 on the cache's device; entries past a sequence's pages are 0."""
+    def block_table(self, seq_ids: Sequence[Hashable], max_pages: int | None = None, *,
+                    out: torch.Tensor | None = None) -> torch.Tensor:
+        """(len(seq_ids), max_pages) int32 on the cache's device; entries past a sequence's pages are 0.
+
+        `out` (rows >= len(seq_ids), int32, on the device) is filled instead, its width the table's
+        and its extra rows 0: the padded, fixed buffers a CUDA graph replays with.
+        """
         seqs = [self._seq(s) for s in seq_ids]
+        if out is not None:
+            if out.dim() != 2 or out.shape[0] < len(seqs) or out.dtype != torch.int32:
+                raise ShapeMismatchError(f"out must be (>= {len(seqs)}, max_pages) int32, got {tuple(out.shape)} {out.dtype}")
+            max_pages = out.shape[1]
         width = max([len(s.pages) for s in seqs] + [1]) if max_pages is None else max_pages
-        table = torch.zeros(len(seqs), width, dtype=torch.int32)
-        for row, seq in enumerate(seqs):
+        rows = []
+        for seq in seqs:
             if len(seq.pages) > width:
                 raise ShapeMismatchError(f"a sequence holds {len(seq.pages)} pages, more than max_pages={width}")
-            table[row, :len(seq.pages)] = torch.tensor(seq.pages, dtype=torch.int32)
-        return table.to(self.device)
+            rows.append(seq.pages + [0] * (width - len(seq.pages)))
+        rows += [[0] * width] * ((out.shape[0] if out is not None else 0) - len(seqs))
+        table = torch.tensor(rows, dtype=torch.int32).reshape(len(rows), width)
+        if out is None:
+            return table.to(self.device)
+        out.copy_(table)
+        return out
 
-    def context_lens(self, seq_ids: Sequence[Hashable]) -> torch.Tensor:
-        return torch.tensor([self._seq(s).length for s in seq_ids], dtype=torch.int32, device=self.device)
+    def context_lens(self, seq_ids: Sequence[Hashable], *, out: torch.Tensor | None = None) -> torch.Tensor:
+        """(len(seq_ids),) int32 on the cache's device; `out` (>= len(seq_ids),) is filled instead, extra entries 0
+        (padding rows of a CUDA graph's fixed batch: a length of 0 makes paged attention skip the row)."""
+        lengths = [self._seq(s).length for s in seq_ids]
+        if out is None:
+            return torch.tensor(lengths, dtype=torch.int32, device=self.device)
+        if out.dim() != 1 or out.shape[0] < len(lengths) or out.dtype != torch.int32:
+            raise ShapeMismatchError(f"out must be (>= {len(lengths)},) int32, got {tuple(out.shape)} {out.dtype}")
+        out.copy_(torch.tensor(lengths + [0] * (out.shape[0] - len(lengths)), dtype=torch.int32))
+        return out
+
+    def reserve_many(self, seq_ids: Sequence[Hashable], num_tokens: Sequence[int] | int = 1) -> torch.Tensor:
+        """`reserve` for several sequences at once (a decode step: one token each): their slots, concatenated in
+        order, as one int64 tensor on the device (one copy to the device instead of one per sequence).
+
+        Raises OutOfPagesError, changing nothing, when the pool may not hold them all (counting a
+        copy-on-write for every sequence whose last page is shared, which can ask for one page more
+        than needed when forks of one parent grow in the same step).
+        """
+        counts = [num_tokens] * len(seq_ids) if isinstance(num_tokens, int) else list(num_tokens)
+        if len(counts) != len(seq_ids) or any(n < 0 for n in counts):
+            raise BadInputError(f"num_tokens must be one count >= 0 per sequence ({len(seq_ids)}), got {num_tokens}")
+        if len(set(seq_ids)) != len(seq_ids):
+            raise BadInputError("reserve_many takes each sequence once; sum the tokens of a sequence instead")
+        needed = sum(self.pages_needed(s, n) for s, n in zip(seq_ids, counts))
+        if needed > len(self._free):
+            raise OutOfPagesError(
+                f"these {len(seq_ids)} sequences need up to {needed} more page(s) of {self.page_size} tokens but only "
+                f"{len(self._free)} of {self.num_pages} are free; free finished sequences, preempt one, "
+                "or build the cache with more pages")
+        slots: list[int] = []
+        for seq_id, n in zip(seq_ids, counts):
+            slots += self._reserve_slots(seq_id, n)
+        return torch.tensor(slots, dtype=torch.int64, device=self.device)
 
     def gather(self, seq_id: Hashable, layer: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """One sequence's K and V as contiguous (length, Hkv, D) tensors in the pool's dtype."""

@@ -197,8 +197,10 @@ def test_default_configs_are_feasible_and_split_few_long_sequences():
         assert FAMILY.space(problem, H200).is_feasible(config)
     long_few = PagedProblem(8, 64, 8, 128, 16, 32768)
     many_short = PagedProblem(256, 32, 8, 128, 16, 1024)
-    assert FAMILY.default_config(long_few, H200)["VARIANT"] == "split"
+    assert FAMILY.default_config(long_few, H200)["VARIANT"] == "balanced"
     assert FAMILY.default_config(many_short, H200)["VARIANT"] == "whole"
+    chunk = PagedProblem(4, 32, 8, 128, 16, 4096, num_queries=512)
+    assert FAMILY.default_config(chunk, H200)["VARIANT"] == "prefill"
 
 
 def test_space_prunes_infeasible_configs_with_named_reasons():
@@ -262,7 +264,7 @@ def _good_args():
     (3, torch.tensor([[0], [5]], dtype=torch.int32), ShapeMismatchError, "widen the table"),
     (3, torch.tensor([[0, 8], [5, 1]], dtype=torch.int32), BadInputError, "page 8 within the contexts"),
     (3, torch.tensor([[0, 3], [-1, 1]], dtype=torch.int32), BadInputError, "page -1 within the contexts"),
-    (4, torch.tensor([20, 0], dtype=torch.int32), ShapeMismatchError, "query token"),
+    (4, torch.tensor([20, -1], dtype=torch.int32), ShapeMismatchError, "negative length"),
     (4, torch.tensor([20, 9, 3], dtype=torch.int32), ShapeMismatchError, "context_lens must be"),
 ])
 def test_bad_input_raises_autotile_errors(position, bad, error, message):
@@ -284,8 +286,9 @@ def test_fp8_cache_needs_scales():
 
 def test_registered_op_traces_with_fake_tensors():
     q, k, v, table, lens = _good_args()
-    args = (q.unsqueeze(1), k, v, table, lens, 0.125, None, None)
-    torch.library.opcheck(torch.ops.autotile.paged_attention.default, args,
-                          test_utils=("test_schema", "test_faketensor"))
+    for max_context, return_lse in ((None, False), (32, True)):
+        args = (q.unsqueeze(1), k, v, table, lens, 0.125, None, None, max_context, return_lse)
+        torch.library.opcheck(torch.ops.autotile.paged_attention.default, args,
+                              test_utils=("test_schema", "test_faketensor"))
     explained = autotile.explain("paged_attention", q, k, v, table, lens)
     assert explained["family"] == "paged" and explained["source"] in ("user-db", "shipped-db", "default")

@@ -1,11 +1,22 @@
-"""Paged decode attention: one (or a few speculative) query tokens per sequence over a block-table KV cache.
+"""Attention over a paged KV cache: decode (one or a few query tokens per sequence) and chunked prefill.
 
 Decode is memory-bound: every step reads each sequence's whole K and V once and
-does ~1 FLOP per byte. The kernel therefore works on all G = Hq / Hkv query
+does ~1 FLOP per byte. The kernels therefore work on all G = Hq / Hkv query
 heads of one KV head in one program (each K/V page is read once, GQA and MQA
-alike), loads BLOCK_N tokens of K and V per step with num_stages steps in
-flight, and, for few long sequences, splits the context into partitions that
-separate programs walk before a reduce kernel combines them (VARIANT 'split').
+alike) and load BLOCK_N tokens of K and V per step with num_stages steps in
+flight. Variants (templates/paged_attention.py.j2 describes them in full):
+
+- 'whole': one program per (sequence, KV head);
+- 'split': fixed partitions of PARTITION_SIZE tokens, a reduce kernel merges them;
+- 'balanced': the kernel reads the lengths on the device and cuts contexts into
+  chunks so that the launch fills the GPU for any mix of lengths (one 32k sequence
+  or 256 short ones); a combine kernel merges the sequences it split. The grid
+  depends on host integers only, so a CUDA graph captures it once per batch size;
+- 'prefill': packed query blocks (cu_seqlens_q) on tensor cores, each token
+  attending causally to its sequence's whole paged context.
+
+`PagedLaunch` holds one problem's kernels and workspace; the runtime's plans
+(autotile/runtime/paged_plan.py) keep one per decode step shape and only launch.
 
 >>> from autotile.device import interpret_device
 >>> p = PagedProblem(batch=2, num_q_heads=4, num_kv_heads=2, head_dim=64, page_size=16, max_context=40)
@@ -17,27 +28,37 @@ True
 """
 from __future__ import annotations
 
+import collections
 import functools
 import math
+import threading
 from dataclasses import dataclass
 
 import torch
 
-from autotile.device import DeviceInfo
+from autotile.device import DeviceInfo, interpret_device
 from autotile.dtypes import element_size, torch_dtype
 from autotile.errors import BadInputError, ShapeMismatchError, UnsupportedDtypeError
-from autotile.families.base import Baseline, Cost, Family, ProblemOption, Tensors, Tolerance, next_pow2
+from autotile.families.base import Baseline, Cost, Family, ProblemOption, Tensors, Tolerance, is_vendor, next_pow2
 from autotile.launch import launch as launch_kernel
-from autotile.render import interpreter_mode, load_kernel_module
+from autotile.render import launching, load_kernel_module
 from autotile.space import Axis, AxisKind, Config, Constraint, Space
 
 QUERY_DTYPES = ("fp16", "bf16")
 CACHE_DTYPES = ("fp16", "bf16", "fp8")
-VARIANTS = ("whole", "split")
+VARIANTS = ("whole", "split", "balanced", "prefill")
+DECODE_VARIANTS = ("whole", "split", "balanced")
+SPLITTING_VARIANTS = ("split", "balanced")
 BLOCK_N_CHOICES = (16, 32, 64, 128, 256)
 PARTITION_CHOICES = (256, 512, 1024, 2048, 4096)
+# Query rows of a prefill program (tokens x the heads of a KV group); decode variants keep the first.
+BLOCK_M_CHOICES = (16, 32, 64, 128)
 # tl.dot needs every dimension >= 16; the query rows of a KV group are padded up to it.
 MIN_ROWS = 16
+# Decode programs hold G * Q query rows at once; more than this is a prefill-sized tile.
+MAX_DECODE_ROWS = 64
+# Query tokens per sequence from which the default is the prefill variant (tensor-core query blocks).
+PREFILL_MIN_QUERIES = 16
 # Unit roundoff (half an ulp at 1.0) of the dtype the attention weights and the output are rounded to.
 _UNIT_ROUNDOFF = {"fp16": 2.0**-11, "bf16": 2.0**-8}
 # e4m3's largest finite value: per-head scales map each head's amax onto it.
@@ -47,11 +68,29 @@ _WORKSPACE_LIMIT = 2**28
 # Registers a thread may spend on one step's K and V tiles (16-bit halves packed two a register)
 # before Triton spills; Hopper gives a thread at most 255.
 _TILE_REGISTER_BUDGET = 128
+# fp32 registers a thread may spend on the accumulator and the logits tile together (flash's
+# widest default, BLOCK_M 64 x D 256 on 4 warps, takes 160).
+_ACCUMULATOR_REGISTER_BUDGET = 160
+
+# The balanced variant's scheduler (templates/paged_attention.py.j2, _chunk_schedule). These are a
+# cost model's parameters, not measurements: an item (one chunk of one KV head) costs its tokens
+# plus SPLIT_OVERHEAD_TOKENS (its query load, partial write and merge read: ~2 * ROWS tokens' worth
+# of bytes at ROWS=16, plus a pipeline start of about one 64-token tile each for K and V); a split
+# must beat no split by SPLIT_MARGIN_PCT - 100 percent (it costs a combine launch); chunk sizes are
+# PARTITION_SIZE << 0..SPLIT_CANDIDATES - 2; the grid holds B + SPLIT_ITEMS_PER_SM * SMs / Hkv chunks.
+SPLIT_CANDIDATES = 8
+SPLIT_OVERHEAD_TOKENS = 128
+SPLIT_MARGIN_PCT = 110
+SPLIT_ITEMS_PER_SM = 8
 
 
 @dataclass(frozen=True)
 class PagedProblem:
-    """One decode step's shape. Context lengths enter as their max and mean (runtime calls bucket them)."""
+    """One step's shape. Context lengths enter as their max and mean (runtime calls bucket them).
+
+    `num_queries` query tokens per sequence are the last positions of its context: 1 for decode,
+    a few for speculative decoding, many for a chunk of prefill.
+    """
 
     batch: int
     num_q_heads: int
@@ -73,8 +112,7 @@ class PagedProblem:
             raise ShapeMismatchError(
                 f"{self.num_q_heads} query heads cannot share {self.num_kv_heads} KV heads evenly; "
                 "Hq must be a multiple of Hkv")
-        if self.head_dim not in (16, 32, 64, 128, 256):
-            raise ShapeMismatchError(f"head_dim must be a power of two from 16 to 256, got {self.head_dim}")
+        check_head_dim(self.head_dim)
         if self.page_size & (self.page_size - 1) or not 1 <= self.page_size <= 256:
             raise ShapeMismatchError(f"page_size must be a power of two up to 256, got {self.page_size}")
         if not self.num_queries <= self.mean_context <= self.max_context:
@@ -95,8 +133,20 @@ class PagedProblem:
 
     @property
     def rows(self) -> int:
-        """Query rows one program holds: the G heads of a KV group times the query tokens, padded."""
+        """Query rows one decode program holds: the G heads of a KV group times the query tokens, padded."""
         return max(MIN_ROWS, next_pow2(self.group * self.num_queries))
+
+    @property
+    def head_dim_pad(self) -> int:
+        """The tile width along D: the next power of two (80, 96, 112 -> 128); loads and stores are masked."""
+        return next_pow2(self.head_dim)
+
+
+def check_head_dim(head_dim: int) -> None:
+    """Head dims the kernels take: multiples of 8 (16-byte rows) from 16 to 256."""
+    if head_dim % 8 or not 16 <= head_dim <= 256:
+        raise ShapeMismatchError(
+            f"head_dim must be a multiple of 8 from 16 to 256 (64, 80, 96, 112, 128, 256, ...), got {head_dim}")
 
 
 def context_bucket(tokens: int) -> int:
@@ -108,13 +158,64 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def balanced_max_chunks(batch: int, num_kv_heads: int, num_sms: int) -> int:
+    """The balanced variant's grid: the most chunks its scheduler may cut a batch into."""
+    return batch + cdiv(SPLIT_ITEMS_PER_SM * num_sms, num_kv_heads)
+
+
+def balanced_schedule(context_lens: list[int], num_kv_heads: int, num_sms: int, partition_size: int) -> list[int]:
+    """The chunk count of each sequence that the balanced kernels choose for these lengths.
+
+    The same integer arithmetic as `_chunk_schedule` in the template, for tests and benchmark
+    reports (the kernels compute it on the device; nothing calls this on the hot path).
+    >>> balanced_schedule([32768], num_kv_heads=8, num_sms=132, partition_size=256)
+    [64]
+    >>> balanced_schedule([4096] * 64, num_kv_heads=8, num_sms=132, partition_size=256) == [1] * 64
+    True
+    """
+    max_chunks = balanced_max_chunks(len(context_lens), num_kv_heads, num_sms)
+    total, longest = sum(context_lens), max(max(context_lens, default=0), 1)
+    best_cost, best_size = None, longest
+    for index in range(SPLIT_CANDIDATES):
+        size = longest if index == 0 else partition_size << (SPLIT_CANDIDATES - 1 - index)
+        chunks = sum(max(cdiv(n, size), 1) for n in context_lens)
+        work = 2 * num_kv_heads * (total + SPLIT_OVERHEAD_TOKENS * chunks) + num_sms * (
+            min(size, longest) + SPLIT_OVERHEAD_TOKENS)
+        cost = work * (100 if index == 0 else SPLIT_MARGIN_PCT)
+        if chunks <= max_chunks and (best_cost is None or cost < best_cost):
+            best_cost, best_size = cost, size
+    return [max(cdiv(n, best_size), 1) for n in context_lens]
+
+
+def _with_block_m(config):
+    if "BLOCK_M" in config or is_vendor(config):
+        return config
+    return {**dict(config), "BLOCK_M": BLOCK_M_CHOICES[0]}
+
+
+class _PagedSpace(Space):
+    """The family's space. NOTE: configs written before BLOCK_M was an axis (shipped and user winners,
+    exported kernels, scripts) lack it; all of them are decode variants, whose BLOCK_M is fixed at the
+    first choice, so it is filled in rather than the config refused."""
+
+    def violations(self, config):
+        return super().violations(_with_block_m(config))
+
+    def validate(self, config) -> Config:
+        return super().validate(_with_block_m(config))
+
+
 _SEED_CONFIGS = (
-    dict(VARIANT="whole", BLOCK_N=64, PARTITION_SIZE=256, num_warps=4, num_stages=3),
-    dict(VARIANT="whole", BLOCK_N=128, PARTITION_SIZE=256, num_warps=8, num_stages=3),
-    dict(VARIANT="whole", BLOCK_N=32, PARTITION_SIZE=256, num_warps=4, num_stages=4),
-    dict(VARIANT="split", BLOCK_N=64, PARTITION_SIZE=1024, num_warps=4, num_stages=3),
-    dict(VARIANT="split", BLOCK_N=128, PARTITION_SIZE=2048, num_warps=8, num_stages=3),
-    dict(VARIANT="split", BLOCK_N=64, PARTITION_SIZE=512, num_warps=4, num_stages=4),
+    dict(VARIANT="whole", BLOCK_N=64, PARTITION_SIZE=256, BLOCK_M=16, num_warps=4, num_stages=3),
+    dict(VARIANT="whole", BLOCK_N=128, PARTITION_SIZE=256, BLOCK_M=16, num_warps=8, num_stages=3),
+    dict(VARIANT="whole", BLOCK_N=32, PARTITION_SIZE=256, BLOCK_M=16, num_warps=4, num_stages=4),
+    dict(VARIANT="balanced", BLOCK_N=64, PARTITION_SIZE=256, BLOCK_M=16, num_warps=4, num_stages=3),
+    dict(VARIANT="balanced", BLOCK_N=64, PARTITION_SIZE=512, BLOCK_M=16, num_warps=4, num_stages=2),
+    dict(VARIANT="split", BLOCK_N=64, PARTITION_SIZE=1024, BLOCK_M=16, num_warps=4, num_stages=3),
+    dict(VARIANT="split", BLOCK_N=128, PARTITION_SIZE=2048, BLOCK_M=16, num_warps=8, num_stages=3),
+    dict(VARIANT="prefill", BLOCK_N=64, PARTITION_SIZE=256, BLOCK_M=128, num_warps=8, num_stages=3),
+    dict(VARIANT="prefill", BLOCK_N=64, PARTITION_SIZE=256, BLOCK_M=64, num_warps=4, num_stages=3),
+    dict(VARIANT="prefill", BLOCK_N=32, PARTITION_SIZE=256, BLOCK_M=64, num_warps=4, num_stages=2),
 )
 
 
@@ -130,9 +231,10 @@ class PagedFamily(Family):
         ProblemOption("mean_context", int, "mean context length of a ragged batch (default: all equal)"),
         ProblemOption("q_heads", int, "query heads", default=32),
         ProblemOption("kv_heads", int, "KV heads (GQA/MQA when fewer than query heads)", default=8),
-        ProblemOption("head_dim", int, "head dimension", default=128),
+        ProblemOption("head_dim", int, "head dimension (a multiple of 8 up to 256)", default=128),
         ProblemOption("page_size", int, "tokens per cache page", default=16),
-        ProblemOption("num_queries", int, "query tokens per sequence (speculative decoding when > 1)", default=1),
+        ProblemOption("num_queries", int, "query tokens per sequence (speculative decoding when a few, "
+                      "chunked prefill when many)", default=1),
         ProblemOption("dtype", str, "query dtype", default="bf16", choices=QUERY_DTYPES),
         ProblemOption("kv_dtype", str, "cache dtype (default: the query dtype)", choices=CACHE_DTYPES),
     )
@@ -157,12 +259,20 @@ class PagedFamily(Family):
     # --- the search -----------------------------------------------------------------
     def space(self, problem: PagedProblem, device: DeviceInfo) -> Space:
         p = problem
+        dim = p.head_dim_pad
         tile_size = max(element_size(p.kv_dtype), element_size(p.dtype))  # fp8 tiles are widened before the dots
         partitions = lambda c: cdiv(p.max_context, c["PARTITION_SIZE"])  # noqa: E731
+        prefill = lambda c: c["VARIANT"] == "prefill"  # noqa: E731
+        query_rows = lambda c: c["BLOCK_M"] if prefill(c) else p.rows  # noqa: E731
 
         def smem_bytes(c) -> int:
-            # num_stages K and V tiles in flight, plus the weights tile handed to the second dot.
-            return 2 * c["BLOCK_N"] * p.head_dim * tile_size * c["num_stages"] + p.rows * c["BLOCK_N"] * 2
+            # num_stages K and V tiles in flight, the weights tile handed to the second dot, and a
+            # prefill block's query tile.
+            kv = 2 * c["BLOCK_N"] * dim * tile_size * c["num_stages"]
+            return kv + query_rows(c) * c["BLOCK_N"] * 2 + (c["BLOCK_M"] * dim * 2 if prefill(c) else 0)
+
+        def accumulator_registers(c) -> float:
+            return query_rows(c) * (dim + c["BLOCK_N"]) / (32 * c["num_warps"])
 
         def workspace(c) -> int:
             return p.batch * p.num_kv_heads * partitions(c) * p.rows * (p.head_dim + 2)
@@ -171,49 +281,74 @@ class PagedFamily(Family):
             Axis("VARIANT", VARIANTS, AxisKind.RENDER),
             Axis("BLOCK_N", BLOCK_N_CHOICES),
             Axis("PARTITION_SIZE", PARTITION_CHOICES),
+            Axis("BLOCK_M", BLOCK_M_CHOICES),
             Axis("num_warps", (2, 4, 8)),
             Axis("num_stages", (1, 2, 3, 4)),
         ]
+        splitting = lambda c: c["VARIANT"] in SPLITTING_VARIANTS  # noqa: E731
         constraints = [
             Constraint("shared_memory", lambda c: smem_bytes(c) <= device.smem_per_block,
                        lambda c: f"needs {smem_bytes(c)} B of shared memory, the device allows {device.smem_per_block} B"),
             Constraint("tile_registers",
-                       lambda c: c["BLOCK_N"] * p.head_dim <= _TILE_REGISTER_BUDGET * 32 * c["num_warps"],
+                       lambda c: c["BLOCK_N"] * dim <= _TILE_REGISTER_BUDGET * 32 * c["num_warps"],
                        f"the K and V tiles would need more than {_TILE_REGISTER_BUDGET} registers a thread"),
-            Constraint("work_per_warp", lambda c: c["BLOCK_N"] * p.head_dim >= 8 * 32 * c["num_warps"],
+            Constraint("accumulator_registers",
+                       lambda c: accumulator_registers(c) <= _ACCUMULATOR_REGISTER_BUDGET,
+                       f"the accumulator and logits would need more than {_ACCUMULATOR_REGISTER_BUDGET} "
+                       "fp32 registers a thread"),
+            Constraint("work_per_warp", lambda c: c["BLOCK_N"] * dim >= 8 * 32 * c["num_warps"],
                        "a tile must give every thread at least one 16-byte vector of K"),
             Constraint("tile_within_context", lambda c: c["BLOCK_N"] <= max(16, next_pow2(p.max_context)),
                        "a token tile longer than the next power of two of the context only loads padding"),
             Constraint("partition_split_only",
-                       lambda c: c["VARIANT"] == "split" or c["PARTITION_SIZE"] == PARTITION_CHOICES[0],
-                       "PARTITION_SIZE only shapes the split variant; the whole variant keeps the first choice"),
-            Constraint("partition_holds_tiles", lambda c: c["VARIANT"] == "whole" or c["PARTITION_SIZE"] >= c["BLOCK_N"],
+                       lambda c: splitting(c) or c["PARTITION_SIZE"] == PARTITION_CHOICES[0],
+                       "PARTITION_SIZE only shapes the split and balanced variants; the others keep the first choice"),
+            Constraint("partition_holds_tiles", lambda c: not splitting(c) or c["PARTITION_SIZE"] >= c["BLOCK_N"],
                        "a partition must hold whole token tiles"),
-            Constraint("split_has_partitions", lambda c: c["VARIANT"] == "whole" or partitions(c) >= 2,
+            Constraint("split_has_partitions", lambda c: not splitting(c) or partitions(c) >= 2,
                        "splitting needs at least two partitions of the longest context"),
-            Constraint("split_workspace", lambda c: c["VARIANT"] == "whole" or workspace(c) <= _WORKSPACE_LIMIT,
+            Constraint("split_workspace", lambda c: c["VARIANT"] != "split" or workspace(c) <= _WORKSPACE_LIMIT,
                        "the split workspace would exceed 1 GiB"),
+            Constraint("block_m_prefill_only", lambda c: prefill(c) or c["BLOCK_M"] == BLOCK_M_CHOICES[0],
+                       "BLOCK_M only shapes the prefill variant; decode variants keep the first choice"),
+            Constraint("decode_rows", lambda c: prefill(c) or p.rows <= MAX_DECODE_ROWS,
+                       f"decode programs hold G x Q = {p.group * p.num_queries} query rows, more than "
+                       f"{MAX_DECODE_ROWS}: use the prefill variant"),
+            Constraint("prefill_has_queries", lambda c: not prefill(c) or p.num_queries >= 2,
+                       "the prefill variant is for several query tokens per sequence"),
+            Constraint("block_holds_group", lambda c: not prefill(c) or c["BLOCK_M"] >= p.group,
+                       "a prefill block must hold at least one token's group of query heads"),
+            Constraint("block_within_queries",
+                       lambda c: not prefill(c) or c["BLOCK_M"] // p.group <= max(1, next_pow2(p.num_queries)),
+                       "a prefill block longer than the query tokens only computes padding"),
         ]
-        return Space(axes, constraints)
+        return _PagedSpace(axes, constraints)
 
     def seed_configs(self, problem: PagedProblem, device: DeviceInfo) -> list[Config]:
         """Shapes fast decode kernels use on Hopper, tried right after the default: wide token tiles,
-        a few stages in flight, and split contexts for few long sequences."""
+        a few stages in flight, split contexts for few long sequences, and flash-like prefill blocks."""
         space = self.space(problem, device)
         return [Config(w) for w in _SEED_CONFIGS if space.is_feasible(w)]
 
     def default_config(self, problem: PagedProblem, device: DeviceInfo) -> Config:
         p = problem
-        programs = p.batch * p.num_kv_heads
-        preferred = dict(VARIANT="whole", BLOCK_N=64 if p.head_dim <= 128 else 32, PARTITION_SIZE=PARTITION_CHOICES[0],
-                         num_warps=4, num_stages=3)
-        if programs < 2 * device.sm_count and p.max_context >= 2 * PARTITION_CHOICES[0]:
-            # Too few (sequence, KV head) pairs to fill the device: split so there are ~4 programs a core.
-            wanted = 4 * device.sm_count
-            size = PARTITION_CHOICES[-1]
-            while size > PARTITION_CHOICES[0] and programs * cdiv(p.max_context, size) < wanted:
-                size //= 2
-            preferred.update(VARIANT="split", PARTITION_SIZE=size)
+        if p.num_queries >= PREFILL_MIN_QUERIES or p.rows > MAX_DECODE_ROWS:
+            return self.prefill_config(problem, device)
+        preferred = dict(VARIANT="whole", BLOCK_N=64 if p.head_dim_pad <= 128 else 32,
+                         PARTITION_SIZE=PARTITION_CHOICES[0], BLOCK_M=BLOCK_M_CHOICES[0], num_warps=4, num_stages=3)
+        if p.batch * p.num_kv_heads < 4 * device.sm_count and p.max_context >= 2 * PARTITION_CHOICES[0]:
+            # Too few (sequence, KV head) pairs to be sure of filling the device whatever the lengths:
+            # the balanced kernel splits long contexts when (and only when) its cost model says so.
+            preferred.update(VARIANT="balanced")
+        return self.first_feasible(problem, device, preferred)
+
+    def prefill_config(self, problem: PagedProblem, device: DeviceInfo) -> Config:
+        """The default prefill-variant config: flash's forward defaults (BLOCK_M 128 x BLOCK_N 64, 8 warps,
+        3 stages at D <= 128; 64 x 64, 4 warps, 2 stages at D 256), adapted by first_feasible."""
+        dim = problem.head_dim_pad
+        preferred = dict(VARIANT="prefill", BLOCK_N=64, PARTITION_SIZE=PARTITION_CHOICES[0],
+                         BLOCK_M=64 if dim >= 256 else 128, num_warps=4 if dim >= 256 or dim <= 64 else 8,
+                         num_stages=2 if dim >= 256 else 3)
         return self.first_feasible(problem, device, preferred)
 
     # --- data -----------------------------------------------------------------------
@@ -292,64 +427,178 @@ class PagedFamily(Family):
         return Cost(flops=4.0 * tokens * p.num_q_heads * p.num_queries * p.head_dim,
                     bytes=float(kv_bytes + q_bytes + table_bytes))
 
+
     def baseline(self, problem: PagedProblem, inputs: Tensors) -> Baseline | None:
         return Baseline("gather + SDPA", gather_sdpa(problem, inputs))
 
     # --- running --------------------------------------------------------------------
     def render_switches(self, problem: PagedProblem, config: Config) -> dict:
-        return dict(VARIANT=config["VARIANT"], FP8_SCALES=problem.kv_dtype == "fp8", UPCAST_DOTS=False)
+        return dict(VARIANT=config["VARIANT"], FP8_SCALES=problem.kv_dtype == "fp8", UPCAST_DOTS=False, WRITE_LSE=False)
 
     def launch(self, problem: PagedProblem, config: Config, inputs: Tensors, outputs: Tensors) -> None:
-        p = problem
-        q, k_cache, v_cache, out = inputs["q"], inputs["k_cache"], inputs["v_cache"], outputs["out"]
-        interpret = q.device.type == "cpu"
-        switches = self.render_switches(p, config)
-        # NOTE: Triton 3.6's interpreter computes bf16 tl.dot wrongly; CPU runs upcast the dot operands.
-        switches["UPCAST_DOTS"] = interpret and "bf16" in (p.dtype, p.kv_dtype)
-        module = _kernel_module(self.template, interpret, tuple(sorted(switches.items())))
-        split = config["VARIANT"] == "split"
-        partitions = cdiv(p.max_context, config["PARTITION_SIZE"]) if split else 1
-        rows = p.rows
-        if split:
-            ws = torch.empty(p.batch * p.num_kv_heads * partitions * rows * (p.head_dim + 2),
-                             dtype=torch.float32, device=q.device)
-            cut = p.batch * p.num_kv_heads * partitions * rows
-            ws_max, ws_sum, ws_acc = ws[:cut], ws[cut:2 * cut], ws[2 * cut:]
-        else:
-            ws_max = ws_sum = ws_acc = out  # unused pointers still need a tensor
-        k_scale = inputs.get("k_scale", out)
-        v_scale = inputs.get("v_scale", out)
-        block_table, context_lens = inputs["block_table"], inputs["context_lens"]
-        scale = float(inputs["scale"])
-        shape = dict(PAGE_SIZE=p.page_size, HEAD_DIM=p.head_dim, GROUP=p.group, NUM_QUERIES=p.num_queries, ROWS=rows)
-        with interpreter_mode(interpret):
-            launch_kernel(
-                module.paged_attention_kernel, (p.num_kv_heads, p.batch, partitions),
-                q, k_cache, v_cache, out, block_table, context_lens, k_scale, v_scale,
-                ws_acc, ws_max, ws_sum,
-                scale, partitions,
-                q.stride(0), q.stride(1), q.stride(2),
-                out.stride(0), out.stride(1), out.stride(2),
-                k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-                v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-                block_table.stride(0),
-                **shape, BLOCK_N=config["BLOCK_N"], PARTITION_SIZE=config["PARTITION_SIZE"],
-                num_warps=config["num_warps"], num_stages=config["num_stages"],
-            )
-            if split:
-                launch_kernel(
-                    module.paged_attention_reduce, (p.num_kv_heads, p.batch),
-                    out, context_lens, ws_acc, ws_max, ws_sum, partitions,
-                    out.stride(0), out.stride(1), out.stride(2),
-                    HEAD_DIM=p.head_dim, GROUP=p.group, NUM_QUERIES=p.num_queries, ROWS=rows,
-                    PARTITION_SIZE=config["PARTITION_SIZE"], num_warps=4,
-                )
+        q, out = inputs["q"], outputs["out"]
+        paged_launch(problem, config, q.device).decode_or_prefill(
+            q, inputs["k_cache"], inputs["v_cache"], inputs["block_table"], inputs["context_lens"], out,
+            scale=float(inputs["scale"]), k_scale=inputs.get("k_scale"), v_scale=inputs.get("v_scale"))
 
 
 @functools.lru_cache(maxsize=None)
 def _kernel_module(template: str, interpret: bool, switches: tuple):
     """Rendered and imported once per structure: decode steps are short, re-rendering is not free."""
     return load_kernel_module(template, interpret=interpret, **dict(switches))
+
+
+@functools.lru_cache(maxsize=None)
+def device_sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors the balanced scheduler fills (the interpreter: the CPU count)."""
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return torch.cuda.get_device_properties(index).multi_processor_count
+    return interpret_device().sm_count
+
+
+class PagedLaunch:
+    """One problem's kernels, launch constants and workspace, ready to launch.
+
+    Built on the host from the problem, the config and the device alone (no tensor value is read);
+    calling it launches kernels and nothing else: no allocation, no copy, no synchronisation, so a
+    CUDA graph can capture it. Its workspace serves one launch at a time (one stream).
+    `num_sms` is what the balanced variant fills (the device's SM count by default).
+    """
+
+    def __init__(self, problem: PagedProblem, config: Config, device: torch.device, *,
+                 return_lse: bool = False, num_sms: int | None = None):
+        p = problem
+        self.problem, self.config, self.return_lse = p, config, return_lse
+        self.variant = config["VARIANT"]
+        self.device = torch.device(device)
+        self.interpret = self.device.type == "cpu"
+        self.num_sms = int(num_sms) if num_sms is not None else device_sm_count(self.device)
+        switches = dict(VARIANT=self.variant, FP8_SCALES=p.kv_dtype == "fp8", WRITE_LSE=return_lse,
+                        # NOTE: Triton 3.6's interpreter computes bf16 tl.dot wrongly; CPU runs upcast the dot operands.
+                        UPCAST_DOTS=self.interpret and "bf16" in (p.dtype, p.kv_dtype))
+        self.module = _kernel_module(FAMILY.template, self.interpret, tuple(sorted(switches.items())))
+        self.options = dict(BLOCK_N=config["BLOCK_N"], num_warps=config["num_warps"], num_stages=config["num_stages"])
+        self.batch_pad = next_pow2(p.batch)
+        self.partitions = cdiv(p.max_context, config["PARTITION_SIZE"]) if self.variant == "split" else 1
+        self.max_chunks = balanced_max_chunks(p.batch, p.num_kv_heads, self.num_sms)
+        slots = {"split": p.batch * p.num_kv_heads * self.partitions,
+                 "balanced": self.max_chunks * p.num_kv_heads}.get(self.variant, 0)
+        self.workspace = None
+        if slots:
+            # (slots, ROWS[, HEAD_DIM]) fp32 maxima, sums and accumulators of partial results.
+            cut = slots * p.rows
+            self.workspace = torch.empty(cut * (p.head_dim + 2), dtype=torch.float32, device=self.device)
+            self._ws = (self.workspace[2 * cut:], self.workspace[:cut], self.workspace[cut:2 * cut])
+        self._uniform_cu_seqlens = None
+        self.split_constants = dict(SPLIT_CANDIDATES=SPLIT_CANDIDATES, SPLIT_OVERHEAD=SPLIT_OVERHEAD_TOKENS,
+                                    SPLIT_MARGIN_PCT=SPLIT_MARGIN_PCT)
+
+    @property
+    def workspace_bytes(self) -> int:
+        return 0 if self.workspace is None else self.workspace.numel() * 4
+
+    def decode_or_prefill(self, q4, k_cache, v_cache, block_table, context_lens, out4, *, scale: float,
+                          k_scale=None, v_scale=None, lse=None) -> None:
+        """The family's uniform form: q4/out4 (B, Q, Hq, D), lse (B, Q, Hq); prefill sees them packed."""
+        if self.variant != "prefill":
+            self.decode(q4, k_cache, v_cache, block_table, context_lens, out4, scale=scale, k_scale=k_scale,
+                        v_scale=v_scale, lse=lse)
+            return
+        p = self.problem
+        if self._uniform_cu_seqlens is None:
+            self._uniform_cu_seqlens = torch.arange(0, (p.batch + 1) * p.num_queries, p.num_queries,
+                                                    dtype=torch.int32, device=self.device)
+        packed = lambda t: t.reshape(p.batch * p.num_queries, *t.shape[2:])  # noqa: E731 - views of contiguous rows
+        self.prefill(packed(q4), k_cache, v_cache, block_table, self._uniform_cu_seqlens, context_lens, packed(out4),
+                     scale=scale, k_scale=k_scale, v_scale=v_scale, lse=None if lse is None else packed(lse))
+
+    def _common(self, q, out, k_cache, v_cache, k_scale, v_scale, lse) -> tuple:
+        k_scale = out if k_scale is None else k_scale  # unused pointers still need a tensor
+        v_scale = out if v_scale is None else v_scale
+        lse_args = ()
+        if self.return_lse:
+            strides = lse.stride()
+            lse_args = (lse, strides[0], strides[1], strides[2] if lse.dim() > 2 else 1)
+        caches = (k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+                  v_cache.stride(0), v_cache.stride(1), v_cache.stride(2))
+        return k_scale, v_scale, lse_args, caches
+
+    def decode(self, q, k_cache, v_cache, block_table, context_lens, out, *, scale: float,
+               k_scale=None, v_scale=None, lse=None) -> None:
+        """q, out (B, Q, Hq, D); lse (B, Q, Hq) fp32 when built with return_lse."""
+        p, variant, module = self.problem, self.variant, self.module
+        k_scale, v_scale, lse_args, caches = self._common(q, out, k_cache, v_cache, k_scale, v_scale, lse)
+        ws_acc, ws_max, ws_sum = self._ws if self.workspace is not None else (out, out, out)
+        shape = dict(PAGE_SIZE=p.page_size, HEAD_DIM=p.head_dim, GROUP=p.group, NUM_QUERIES=p.num_queries, ROWS=p.rows)
+        q_strides = (q.stride(0), q.stride(1), q.stride(2))
+        o_strides = (out.stride(0), out.stride(1), out.stride(2))
+        size = self.config["PARTITION_SIZE"]
+        with launching(self.interpret):
+            if variant in ("whole", "split"):
+                launch_kernel(
+                    module.paged_attention_kernel, (p.num_kv_heads, p.batch, self.partitions),
+                    q, k_cache, v_cache, out, block_table, context_lens, k_scale, v_scale, ws_acc, ws_max, ws_sum,
+                    *lse_args, scale, self.partitions, *q_strides, *o_strides, *caches, block_table.stride(0),
+                    **shape, PARTITION_SIZE=size, **self.options)
+                if variant == "split":
+                    launch_kernel(
+                        module.paged_attention_reduce, (p.num_kv_heads, p.batch),
+                        out, context_lens, ws_acc, ws_max, ws_sum, *lse_args, self.partitions, *o_strides,
+                        HEAD_DIM=p.head_dim, GROUP=p.group, NUM_QUERIES=p.num_queries, ROWS=p.rows,
+                        PARTITION_SIZE=size, num_warps=4)
+                return
+            launch_kernel(
+                module.paged_attention_balanced, (self.max_chunks, p.num_kv_heads),
+                q, k_cache, v_cache, out, block_table, context_lens, k_scale, v_scale, ws_acc, ws_max, ws_sum,
+                *lse_args, scale, p.batch, self.num_sms, self.max_chunks, *q_strides, *o_strides, *caches,
+                block_table.stride(0), **shape, PARTITION_SIZE=size, BATCH_PAD=self.batch_pad,
+                **self.split_constants, **self.options)
+            launch_kernel(
+                module.paged_attention_combine, (p.batch, p.num_kv_heads),
+                out, context_lens, ws_acc, ws_max, ws_sum, *lse_args, p.batch, self.num_sms, self.max_chunks,
+                *o_strides, HEAD_DIM=p.head_dim, GROUP=p.group, NUM_QUERIES=p.num_queries, ROWS=p.rows,
+                PARTITION_SIZE=size, BATCH_PAD=self.batch_pad, **self.split_constants, num_warps=4)
+
+    def prefill(self, q, k_cache, v_cache, block_table, cu_seqlens_q, context_lens, out, *, scale: float,
+                k_scale=None, v_scale=None, lse=None) -> None:
+        """q, out (T, Hq, D) packed by cu_seqlens_q (B + 1,) int32; lse (T, Hq) fp32 when built with return_lse."""
+        p = self.problem
+        k_scale, v_scale, lse_args, caches = self._common(q, out, k_cache, v_cache, k_scale, v_scale, lse)
+        block_m = self.config["BLOCK_M"]
+        tokens_per_block = block_m // p.group
+        # Sequences of q_len tokens take cdiv(q_len, tokens_per_block) blocks: at most this many in all.
+        num_blocks = cdiv(q.shape[0], tokens_per_block) + p.batch
+        with launching(self.interpret):
+            launch_kernel(
+                self.module.paged_prefill_kernel, (num_blocks, p.num_kv_heads),
+                q, k_cache, v_cache, out, block_table, context_lens, cu_seqlens_q, k_scale, v_scale, *lse_args,
+                scale, p.batch, num_blocks, q.stride(0), q.stride(1), out.stride(0), out.stride(1), *caches,
+                block_table.stride(0), PAGE_SIZE=p.page_size, HEAD_DIM=p.head_dim, GROUP=p.group,
+                BLOCK_M=block_m, BATCH_PAD=self.batch_pad, **self.options)
+
+
+_LAUNCH_CACHE_SIZE = 16
+_launches: collections.OrderedDict = collections.OrderedDict()
+_launches_lock = threading.Lock()
+
+
+def paged_launch(problem: PagedProblem, config: Config, device: torch.device, *, return_lse: bool = False,
+                 num_sms: int | None = None) -> PagedLaunch:
+    """A PagedLaunch kept for reuse (the most recent few), so repeated launches of one problem (the tuner's
+    timing loop) allocate nothing."""
+    key = (problem, config, str(device), return_lse, num_sms)
+    with _launches_lock:
+        found = _launches.get(key)
+        if found is not None:
+            _launches.move_to_end(key)
+            return found
+    made = PagedLaunch(problem, config, torch.device(device), return_lse=return_lse, num_sms=num_sms)
+    with _launches_lock:
+        _launches[key] = made
+        while len(_launches) > _LAUNCH_CACHE_SIZE:
+            _launches.popitem(last=False)
+    return made
 
 
 def dense_kv(problem: PagedProblem, inputs: Tensors, seq: int, name: str) -> torch.Tensor:
@@ -362,15 +611,17 @@ def dense_kv(problem: PagedProblem, inputs: Tensors, seq: int, name: str) -> tor
     return dense
 
 
-def dense_reference(problem: PagedProblem, inputs: Tensors) -> torch.Tensor:
-    """Plain float32 attention, one sequence at a time, over de-paged contiguous K and V.
+def dense_attention(problem: PagedProblem, inputs: Tensors) -> tuple[torch.Tensor, torch.Tensor]:
+    """Plain float32 attention, one sequence at a time, over de-paged contiguous K and V: (out, lse).
 
-    Query j of Q sits at position context - Q + j and sees positions 0..itself.
+    Query j of Q sits at position context - Q + j and sees positions 0..itself. out is (B, Q, Hq, D),
+    lse (B, Q, Hq) the natural-log log-sum-exp of each query row's scaled logits.
     """
     p = problem
     scale = float(inputs["scale"])
     q = inputs["q"].float()  # (B, Q, Hq, D)
     out = torch.empty_like(q)
+    lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
     for b in range(p.batch):
         k = dense_kv(p, inputs, b, "k")  # (context, Hkv, D)
         v = dense_kv(p, inputs, b, "v")
@@ -381,7 +632,13 @@ def dense_reference(problem: PagedProblem, inputs: Tensors) -> torch.Tensor:
         logits = logits.masked_fill(positions[None, :] > last[:, None], float("-inf"))
         attended = torch.einsum("hgqk,khd->qhgd", torch.softmax(logits, dim=-1), v)  # (Q, Hkv, G, D)
         out[b] = attended.reshape(p.num_queries, p.num_q_heads, p.head_dim)
-    return out
+        lse[b] = torch.logsumexp(logits, dim=-1).permute(2, 0, 1).reshape(p.num_queries, p.num_q_heads)
+    return out, lse
+
+
+def dense_reference(problem: PagedProblem, inputs: Tensors) -> torch.Tensor:
+    """The output of dense_attention: (B, Q, Hq, D) float32."""
+    return dense_attention(problem, inputs)[0]
 
 
 def gather_sdpa(problem: PagedProblem, inputs: Tensors):

@@ -1,0 +1,485 @@
+"""Plans for paged attention: the host decides once per step, the run only launches.
+
+A serving engine makes one plan per decode step shape (batch size, an upper bound on the
+context length, page size, heads, head dim, dtypes: host integers it already has) and calls
+`plan.run(...)` once per layer, as FlashInfer's `plan()`/`run()` and vLLM's attention
+metadata split the work. The plan picks the config (the tuned winner through
+`autotile.runtime.dispatch.resolve`, memoised), the split-KV strategy and the workspace; the
+run launches the kernels and nothing else.
+
+The run's contract (checked only where it costs no device read; the rest under AUTOTILE_CHECKS=1):
+
+- `q` (B, Hq, D), or (B, Q, Hq, D) for plans made with num_queries=Q, in the planned dtype,
+  unit stride along D; B is the planned batch (pad a smaller batch with rows of length 0).
+- `k_cache`, `v_cache` (num_pages, page_size, Hkv, D), unit stride along D; fp8 (e4m3) caches
+  need `k_scale`/`v_scale` as (Hkv,) float32 tensors on the device.
+- `block_table` (B, max_pages) int32, unit stride along pages: the first cdiv(context_lens[b],
+  page_size) entries of row b are page ids in [0, num_pages); later entries are never read.
+- `context_lens` (B,) int32, contiguous: 0 <= context_lens[b] <= max_context, and >= Q unless 0.
+  A length of 0 marks a padding row: its output is 0 and its LSE -inf.
+- `out` (optional) like q; `lse` (optional, return_lse plans) (B, Q, Hq) float32, or (B, Hq)
+  for 3-D q. Given both, the run allocates nothing.
+Breaking the value rules (a page id out of range, a context longer than the table or than
+max_context) reads memory out of bounds, as in FlashInfer and vLLM. `AUTOTILE_CHECKS=1` (or
+`checks=True`) checks every run's values first, at the cost of one device-to-host read (not
+allowed while a CUDA graph is being captured).
+
+A run does no device-to-host copy, no synchronisation and, given `out` (and `lse`), no
+allocation: it can be captured in a CUDA graph and replayed with new queries, block tables and
+lengths written into the same tensors. A plan's workspace serves one run at a time (one stream).
+
+>>> import torch
+>>> from autotile.kvcache import PagedKVCache
+>>> cache = PagedKVCache(num_layers=1, num_pages=8, page_size=16, num_kv_heads=1, head_dim=64)
+>>> for seq, n in (("a", 20), ("b", 37)):
+...     cache.allocate(seq)
+...     _ = cache.append(seq, torch.randn(n, 1, 64), torch.randn(n, 1, 64))
+>>> plan = plan_paged_attention(batch=2, num_q_heads=4, num_kv_heads=1, head_dim=64, page_size=16,
+...                             max_context=64, dtype=torch.float16, device="cpu")
+>>> q = torch.randn(2, 4, 64, dtype=torch.float16)
+>>> out = plan.run(q, cache.k_pools[0], cache.v_pools[0], cache.block_table(["a", "b"]), cache.context_lens(["a", "b"]))
+>>> out.shape
+torch.Size([2, 4, 64])
+"""
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+
+from autotile.device import DeviceInfo, cuda_device, interpret_device
+from autotile.dtypes import canonical_dtype_name
+from autotile.errors import BadInputError, ShapeMismatchError, UnsupportedDtypeError
+from autotile.families.paged import (
+    CACHE_DTYPES, FAMILY, QUERY_DTYPES, PagedLaunch, PagedProblem, cdiv, check_head_dim, context_bucket,
+)
+from autotile.space import Config
+
+__all__ = ["PagedAttentionPlan", "PagedPrefillPlan", "plan_paged_attention", "plan_paged_prefill",
+           "merge_attention_states", "checks_enabled"]
+
+
+def checks_enabled() -> bool:
+    """`AUTOTILE_CHECKS=1`: every run reads its lengths and page ids back and checks them (a debug mode)."""
+    return os.environ.get("AUTOTILE_CHECKS", "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def finite_scale(scale, head_dim: int) -> float:
+    """The softmax scale as a float: 1/sqrt(D) by default; NaN and infinities are refused."""
+    if scale is None:
+        return 1.0 / math.sqrt(head_dim)
+    if isinstance(scale, torch.Tensor):
+        raise BadInputError("scale must be a Python number (reading a tensor would synchronise the device); "
+                            "pass float(scale) once, outside the step")
+    value = float(scale)
+    if not math.isfinite(value):
+        raise BadInputError(f"scale must be a finite number, got {value}; the default is 1/sqrt(head_dim)")
+    return value
+
+
+def _dtype(value) -> torch.dtype:
+    if isinstance(value, torch.dtype):
+        return value
+    from autotile.dtypes import torch_dtype
+
+    return torch_dtype(str(value))
+
+
+def _device_info(device: torch.device) -> DeviceInfo:
+    if device.type == "cuda":
+        return cuda_device(device.index if device.index is not None else torch.cuda.current_device())
+    if device.type == "cpu":
+        return interpret_device()
+    raise BadInputError(f"paged attention runs on CUDA devices or (interpreted) on the CPU, not {device}")
+
+
+def _resolve(problem: PagedProblem, info: DeviceInfo):
+    from autotile.runtime.dispatch import resolve
+
+    return resolve(FAMILY, problem, info)
+
+
+def _shape_dtypes(num_q_heads: int, num_kv_heads: int, head_dim: int, page_size: int, dtype, kv_dtype) -> tuple:
+    dtype = _dtype(dtype)
+    kv_dtype = dtype if kv_dtype is None else _dtype(kv_dtype)
+    q_name, kv_name = canonical_dtype_name(dtype), canonical_dtype_name(kv_dtype)
+    if q_name not in QUERY_DTYPES:
+        raise UnsupportedDtypeError(f"queries must be one of {QUERY_DTYPES}, got {dtype}")
+    if kv_name not in CACHE_DTYPES or (kv_name != "fp8" and kv_dtype != dtype):
+        raise UnsupportedDtypeError(f"caches must be in the query dtype ({dtype}) or float8_e4m3fn, got {kv_dtype}")
+    if min(num_q_heads, num_kv_heads, page_size) < 1 or num_q_heads % num_kv_heads:
+        raise ShapeMismatchError(f"need Hq a multiple of Hkv >= 1 and page_size >= 1, got Hq={num_q_heads}, "
+                                 f"Hkv={num_kv_heads}, page_size={page_size}")
+    check_head_dim(head_dim)
+    return dtype, kv_dtype, q_name, kv_name
+
+
+class _PlanBase:
+    """What decode and prefill plans share: the shapes they were made for and the checks of a run's tensors."""
+
+    def _init_shapes(self, *, batch, num_q_heads, num_kv_heads, head_dim, page_size, max_context, dtype, kv_dtype,
+                     device, return_lse, checks):
+        if batch < 0 or max_context < 1:
+            raise BadInputError(f"need batch >= 0 and max_context >= 1, got batch={batch}, max_context={max_context}")
+        self.dtype, self.kv_dtype, self.dtype_name, self.kv_dtype_name = _shape_dtypes(
+            num_q_heads, num_kv_heads, head_dim, page_size, dtype, kv_dtype)
+        self.batch, self.num_q_heads, self.num_kv_heads = int(batch), int(num_q_heads), int(num_kv_heads)
+        self.head_dim, self.page_size, self.max_context = int(head_dim), int(page_size), int(max_context)
+        self.device = torch.device(device)
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.return_lse = bool(return_lse)
+        self.checks = checks_enabled() if checks is None else bool(checks)
+        self.fp8 = self.kv_dtype_name == "fp8"
+        self._cache_tail = (self.page_size, self.num_kv_heads, self.head_dim)
+
+    def _check_common(self, k_cache, v_cache, block_table, context_lens, k_scale, v_scale) -> None:
+        for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
+            if cache.dim() != 4 or tuple(cache.shape[1:]) != self._cache_tail or cache.dtype != self.kv_dtype:
+                raise ShapeMismatchError(
+                    f"{name} must be (num_pages, {', '.join(map(str, self._cache_tail))}) {self.kv_dtype} as planned, "
+                    f"got {tuple(cache.shape)} {cache.dtype}")
+            if cache.stride(-1) != 1 or cache.device != self.device:
+                raise BadInputError(f"{name} must be on {self.device} with unit stride along the head dim")
+        if k_cache.shape[0] != v_cache.shape[0]:
+            raise ShapeMismatchError(f"k_cache has {k_cache.shape[0]} pages and v_cache {v_cache.shape[0]}")
+        if (block_table.dim() != 2 or block_table.shape[0] != self.batch or block_table.shape[1] < 1
+                or block_table.dtype != torch.int32 or block_table.stride(1) != 1 or block_table.device != self.device):
+            raise ShapeMismatchError(
+                f"block_table must be ({self.batch}, max_pages >= 1) int32 on {self.device} with unit stride along "
+                f"pages, got {tuple(block_table.shape)} {block_table.dtype} on {block_table.device}")
+        if (tuple(context_lens.shape) != (self.batch,) or context_lens.dtype != torch.int32
+                or context_lens.stride(0) != 1 or context_lens.device != self.device):
+            raise ShapeMismatchError(f"context_lens must be ({self.batch},) int32, contiguous, on {self.device}, got "
+                                     f"{tuple(context_lens.shape)} {context_lens.dtype} on {context_lens.device}")
+        if self.fp8:
+            for name, t in (("k_scale", k_scale), ("v_scale", v_scale)):
+                if (not isinstance(t, torch.Tensor) or tuple(t.shape) != (self.num_kv_heads,)
+                        or t.dtype != torch.float32 or t.stride(0) != 1 or t.device != self.device):
+                    raise BadInputError(
+                        f"an fp8 cache needs {name} as a ({self.num_kv_heads},) float32 tensor on {self.device} "
+                        "(stored values times the scale are the real K and V); PagedKVCache.k_scale/v_scale are such")
+        elif k_scale is not None or v_scale is not None:
+            raise BadInputError(f"k_scale/v_scale apply to fp8 caches only; these caches are {self.kv_dtype}")
+
+    def _check_output(self, name: str, t, shape: tuple, dtype: torch.dtype) -> None:
+        if t is not None and (tuple(t.shape) != shape or t.dtype != dtype or t.device != self.device):
+            raise ShapeMismatchError(f"{name} must be {shape} {dtype} on {self.device}, got "
+                                     f"{tuple(t.shape)} {t.dtype} on {t.device}")
+
+
+class PagedAttentionPlan(_PlanBase):
+    """Decode attention over a paged KV cache for one step shape; see the module docstring for the run's contract.
+
+    Make it with `plan_paged_attention(...)` once per step shape (or once per padded batch size
+    for CUDA graphs) and call `run(...)` for every layer.
+    """
+
+    def __init__(self, *, batch: int, num_q_heads: int, num_kv_heads: int, head_dim: int, page_size: int,
+                 max_context: int, dtype=torch.bfloat16, kv_dtype=None, num_queries: int = 1,
+                 device="cuda", return_lse: bool = False, mean_context: int | None = None,
+                 config: Config | dict | None = None, num_sms: int | None = None, checks: bool | None = None):
+        self._init_shapes(batch=batch, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
+                          page_size=page_size, max_context=max_context, dtype=dtype, kv_dtype=kv_dtype,
+                          device=device, return_lse=return_lse, checks=checks)
+        if num_queries < 1 or num_queries > max_context:
+            raise BadInputError(f"num_queries must be from 1 to max_context ({max_context}), got {num_queries}")
+        self.num_queries = int(num_queries)
+        self.problem = self.launch = self.source = None
+        self.config = None
+        if self.batch == 0:
+            return  # an empty step: run returns empty outputs
+        bound = context_bucket(max(self.max_context, self.num_queries))
+        mean = bound if mean_context is None else min(context_bucket(max(mean_context, self.num_queries)), bound)
+        self.problem = PagedProblem(self.batch, self.num_q_heads, self.num_kv_heads, self.head_dim, self.page_size,
+                                    bound, mean, self.num_queries, self.dtype_name, self.kv_dtype_name)
+        info = _device_info(self.device)
+        if config is not None:
+            self.config, self.source = FAMILY.validate_config(self.problem, info, Config(config)), "given"
+        else:
+            resolution = _resolve(self.problem, info)
+            self.config, self.source = resolution.config, resolution.source
+        if self.config["VARIANT"] == "prefill":
+            raise BadInputError(f"{self.config.to_json()} is a prefill config; decode plans need a decode variant")
+        self.launch = PagedLaunch(self.problem, self.config, self.device, return_lse=self.return_lse, num_sms=num_sms)
+
+    def __repr__(self) -> str:
+        return (f"PagedAttentionPlan(batch={self.batch}, heads={self.num_q_heads}/{self.num_kv_heads}, "
+                f"head_dim={self.head_dim}, page_size={self.page_size}, max_context={self.max_context}, "
+                f"num_queries={self.num_queries}, config={None if self.config is None else self.config.to_json()}, "
+                f"source={self.source})")
+
+    def run(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
+            context_lens: torch.Tensor, *, scale: float | None = None, k_scale: torch.Tensor | None = None,
+            v_scale: torch.Tensor | None = None, out: torch.Tensor | None = None, lse: torch.Tensor | None = None):
+        """Attention of this step's queries; returns out (shaped like q), or (out, lse) for return_lse plans.
+
+        No device-to-host copy, no synchronisation; no allocation when `out` (and `lse`) are given.
+        """
+        scale = finite_scale(scale, self.head_dim)
+        three_d = q.dim() == 3
+        q_shape = ((self.batch, self.num_q_heads, self.head_dim) if three_d and self.num_queries == 1
+                   else (self.batch, self.num_queries, self.num_q_heads, self.head_dim))
+        if tuple(q.shape) != q_shape or q.dtype != self.dtype or q.device != self.device or q.stride(-1) != 1:
+            raise ShapeMismatchError(f"q must be {q_shape} {self.dtype} on {self.device} with unit stride along D, "
+                                     f"got {tuple(q.shape)} {q.dtype} on {q.device}")
+        lse_shape = q_shape[:-1]
+        self._check_output("out", out, q_shape, self.dtype)
+        self._check_output("lse", lse, lse_shape, torch.float32)
+        if lse is not None and not self.return_lse:
+            raise BadInputError("lse= was given to a plan made without return_lse=True")
+        if self.batch == 0:
+            out = torch.empty(q_shape, dtype=self.dtype, device=self.device) if out is None else out
+            lse = torch.empty(lse_shape, dtype=torch.float32, device=self.device) if lse is None else lse
+            return (out, lse) if self.return_lse else out
+        self._check_common(k_cache, v_cache, block_table, context_lens, k_scale, v_scale)
+        if self.checks:
+            check_decode_values(block_table, context_lens, k_cache.shape[0], self.page_size, self.max_context,
+                                self.num_queries)
+        if out is None:
+            out = torch.empty(q_shape, dtype=self.dtype, device=self.device)
+        if self.return_lse and lse is None:
+            lse = torch.empty(lse_shape, dtype=torch.float32, device=self.device)
+        q4, out4 = (q.unsqueeze(1), out.unsqueeze(1)) if three_d else (q, out)
+        lse4 = lse.unsqueeze(1) if lse is not None and three_d else lse
+        self.launch.decode(q4, k_cache, v_cache, block_table, context_lens, out4, scale=scale,
+                           k_scale=k_scale, v_scale=v_scale, lse=lse4)
+        return (out, lse) if self.return_lse else out
+
+
+def plan_paged_attention(*, batch: int, num_q_heads: int, num_kv_heads: int, head_dim: int, page_size: int,
+                         max_context: int, dtype=torch.bfloat16, kv_dtype=None, num_queries: int = 1, device="cuda",
+                         return_lse: bool = False, mean_context: int | None = None, config=None,
+                         num_sms: int | None = None, checks: bool | None = None) -> PagedAttentionPlan:
+    """A decode plan from host integers: choose the config and the split-KV strategy, allocate the workspace.
+
+    `max_context` is an upper bound on this step's context lengths (the engine's max model length
+    works: one plan, and one CUDA graph, serves every step of a padded batch size); it picks the
+    tuned config and sizes the 'split' variant. `mean_context` optionally narrows the config's
+    bucket. `config` overrides the tuned config; `num_sms` the SM count the balanced variant fills;
+    `checks` the AUTOTILE_CHECKS switch. See the module docstring for an example and the contract.
+    """
+    return PagedAttentionPlan(batch=batch, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
+                              page_size=page_size, max_context=max_context, dtype=dtype, kv_dtype=kv_dtype,
+                              num_queries=num_queries, device=device, return_lse=return_lse,
+                              mean_context=mean_context, config=config, num_sms=num_sms, checks=checks)
+
+
+class PagedPrefillPlan(_PlanBase):
+    """Chunked prefill over a paged KV cache: packed queries (cu_seqlens_q), each token attending causally to
+    its sequence's whole context (the cached prefix and the new tokens); made by `plan_paged_prefill`.
+
+    Run contract, beyond the module docstring's: q (T, Hq, D) for any T (the grid is sized from
+    q.shape[0], a host integer; num_tokens only picks the config); cu_seqlens_q (B + 1,) int32 with
+    cu_seqlens_q[0] = 0, non-decreasing, cu_seqlens_q[B] = T; sequence b's new tokens are its last
+    q_len_b = cu_seqlens_q[b+1] - cu_seqlens_q[b] context positions, so q_len_b <= context_lens[b];
+    their K and V must be in the pages when the kernel runs: pass k_new, v_new (T, Hkv, D) and
+    slot_mapping (T,) int64 (PagedKVCache.reserve gives the slots) and the run writes them first.
+    lse, when planned, is (T, Hq) float32.
+    """
+
+    def __init__(self, *, batch: int, num_tokens: int, num_q_heads: int, num_kv_heads: int, head_dim: int,
+                 page_size: int, max_context: int, dtype=torch.bfloat16, kv_dtype=None, device="cuda",
+                 return_lse: bool = False, config: Config | dict | None = None, checks: bool | None = None):
+        self._init_shapes(batch=batch, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
+                          page_size=page_size, max_context=max_context, dtype=dtype, kv_dtype=kv_dtype,
+                          device=device, return_lse=return_lse, checks=checks)
+        self.num_tokens = int(num_tokens)
+        self.problem = self.launch = self.config = self.source = None
+        if self.batch == 0:
+            return
+        bound = context_bucket(self.max_context)
+        # The config is keyed by the mean query tokens per sequence (at least 2: the prefill variant's problems).
+        queries = min(max(2, context_bucket(cdiv(max(self.num_tokens, 1), self.batch))), bound)
+        self.problem = PagedProblem(self.batch, self.num_q_heads, self.num_kv_heads, self.head_dim, self.page_size,
+                                    bound, bound, queries, self.dtype_name, self.kv_dtype_name)
+        info = _device_info(self.device)
+        if config is not None:
+            self.config, self.source = FAMILY.validate_config(self.problem, info, Config(config)), "given"
+        else:
+            resolution = _resolve(self.problem, info)
+            self.config, self.source = resolution.config, resolution.source
+            if self.config["VARIANT"] != "prefill":
+                self.config, self.source = FAMILY.prefill_config(self.problem, info), "default"
+        if self.config["VARIANT"] != "prefill":
+            raise BadInputError(f"{self.config.to_json()} is not a prefill config (VARIANT must be 'prefill')")
+        self.launch = PagedLaunch(self.problem, self.config, self.device, return_lse=self.return_lse)
+
+    def run(self, q, k_cache, v_cache, block_table, cu_seqlens_q, context_lens, *, k_new=None, v_new=None,
+            slot_mapping=None, scale=None, k_scale=None, v_scale=None, out=None, lse=None):
+        """Writes k_new/v_new (when given) into their slots, then attends; returns out (T, Hq, D), or (out, lse)."""
+        scale = finite_scale(scale, self.head_dim)
+        if (q.dim() != 3 or tuple(q.shape[1:]) != (self.num_q_heads, self.head_dim) or q.dtype != self.dtype
+                or q.device != self.device or q.stride(-1) != 1):
+            raise ShapeMismatchError(f"q must be (T, {self.num_q_heads}, {self.head_dim}) {self.dtype} on {self.device} "
+                                     f"with unit stride along D, got {tuple(q.shape)} {q.dtype} on {q.device}")
+        tokens = q.shape[0]
+        self._check_output("out", out, tuple(q.shape), self.dtype)
+        self._check_output("lse", lse, (tokens, self.num_q_heads), torch.float32)
+        if self.batch == 0 or tokens == 0:
+            out = torch.empty(q.shape, dtype=self.dtype, device=self.device) if out is None else out
+            lse = torch.empty((tokens, self.num_q_heads), dtype=torch.float32, device=self.device) if lse is None else lse
+            return (out, lse) if self.return_lse else out
+        self._check_common(k_cache, v_cache, block_table, context_lens, k_scale, v_scale)
+        if (tuple(cu_seqlens_q.shape) != (self.batch + 1,) or cu_seqlens_q.dtype != torch.int32
+                or cu_seqlens_q.stride(0) != 1 or cu_seqlens_q.device != self.device):
+            raise ShapeMismatchError(f"cu_seqlens_q must be ({self.batch + 1},) int32, contiguous, on {self.device}, "
+                                     f"got {tuple(cu_seqlens_q.shape)} {cu_seqlens_q.dtype}")
+        if (k_new is None) != (v_new is None) or (k_new is None) != (slot_mapping is None):
+            raise BadInputError("pass k_new, v_new and slot_mapping together (the new tokens' K, V and their slots), "
+                                "or none of them when the pages already hold the new tokens")
+        if self.checks:
+            check_prefill_values(block_table, cu_seqlens_q, context_lens, k_cache.shape[0], self.page_size,
+                                 self.max_context, tokens, slot_mapping)
+        if k_new is not None:
+            write_kv(k_cache, v_cache, slot_mapping, k_new, v_new, k_scale, v_scale)
+        out = torch.empty(q.shape, dtype=self.dtype, device=self.device) if out is None else out
+        if self.return_lse and lse is None:
+            lse = torch.empty((tokens, self.num_q_heads), dtype=torch.float32, device=self.device)
+        self.launch.prefill(q, k_cache, v_cache, block_table, cu_seqlens_q, context_lens, out, scale=scale,
+                            k_scale=k_scale, v_scale=v_scale, lse=lse)
+        return (out, lse) if self.return_lse else out
+
+
+def plan_paged_prefill(*, batch: int, num_tokens: int, num_q_heads: int, num_kv_heads: int, head_dim: int,
+                       page_size: int, max_context: int, dtype=torch.bfloat16, kv_dtype=None, device="cuda",
+                       return_lse: bool = False, config=None, checks: bool | None = None) -> PagedPrefillPlan:
+    """A chunked-prefill plan from host integers: B sequences, `num_tokens` new tokens in all (it picks the
+    tuned config; runs may pack any number), contexts up to `max_context`. See PagedPrefillPlan.
+
+    >>> import torch
+    >>> from autotile.kvcache import PagedKVCache
+    >>> cache = PagedKVCache(num_layers=1, num_pages=8, page_size=16, num_kv_heads=2, head_dim=64)
+    >>> cache.allocate("a"); _ = cache.append("a", torch.randn(30, 2, 64), torch.randn(30, 2, 64))  # cached prefix
+    >>> slots = cache.reserve("a", 5)  # five new tokens
+    >>> plan = plan_paged_prefill(batch=1, num_tokens=5, num_q_heads=4, num_kv_heads=2, head_dim=64, page_size=16,
+    ...                           max_context=64, dtype=torch.float16, device="cpu")
+    >>> q = torch.randn(5, 4, 64, dtype=torch.float16)
+    >>> out = plan.run(q, cache.k_pools[0], cache.v_pools[0], cache.block_table(["a"]),
+    ...                torch.tensor([0, 5], dtype=torch.int32), cache.context_lens(["a"]),
+    ...                k_new=torch.randn(5, 2, 64).half(), v_new=torch.randn(5, 2, 64).half(), slot_mapping=slots)
+    >>> out.shape
+    torch.Size([5, 4, 64])
+    """
+    return PagedPrefillPlan(batch=batch, num_tokens=num_tokens, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
+                            head_dim=head_dim, page_size=page_size, max_context=max_context, dtype=dtype,
+                            kv_dtype=kv_dtype, device=device, return_lse=return_lse, config=config, checks=checks)
+
+
+# --- writing new tokens --------------------------------------------------------------------------
+
+FP8_MAX = 448.0  # e4m3's largest finite value: values are divided by the scale and clamped to it
+
+
+def write_kv(k_cache, v_cache, slot_mapping, k_new, v_new, k_scale=None, v_scale=None) -> None:
+    """Store K and V (T, Hkv, D) at flat slots (page * page_size + offset), fp8 caches divided by their scales.
+
+    Device work only (an index_put per cache): no synchronisation, so it can sit in a CUDA graph.
+    """
+    heads, dim = k_cache.shape[2], k_cache.shape[3]
+    want = (slot_mapping.shape[0], heads, dim)
+    if slot_mapping.dim() != 1 or slot_mapping.dtype not in (torch.int64, torch.int32):
+        raise ShapeMismatchError(f"slot_mapping must be (T,) int64, got {tuple(slot_mapping.shape)} {slot_mapping.dtype}")
+    for name, t in (("k_new", k_new), ("v_new", v_new)):
+        if tuple(t.shape) != want:
+            raise ShapeMismatchError(f"{name} must be {want} (tokens, KV heads, head dim), got {tuple(t.shape)}")
+    page_size = k_cache.shape[1]
+    for cache, values, scale in ((k_cache, k_new, k_scale), (v_cache, v_new, v_scale)):
+        if scale is not None:
+            values = (values.float() / scale[None, :, None]).clamp(-FP8_MAX, FP8_MAX)
+        values = values.to(cache.dtype)
+        if cache.is_contiguous():
+            cache.view(-1, heads, dim)[slot_mapping] = values
+        else:
+            cache[slot_mapping // page_size, slot_mapping % page_size] = values
+
+
+# --- value checks (AUTOTILE_CHECKS=1, and the one-call op when it reads the lengths anyway) --------
+
+def context_facts(block_table: torch.Tensor, context_lens: torch.Tensor, page_size: int) -> tuple[int, ...]:
+    """(longest, shortest, shortest non-zero (0 if none), total, highest page, lowest page) over the pages
+    within the contexts: one device-to-host read."""
+    lens = context_lens.long()
+    pages_in_use = (torch.arange(block_table.shape[1], device=block_table.device)[None, :]
+                    < (lens[:, None] + page_size - 1) // page_size)
+    used = torch.where(pages_in_use, block_table, 0)
+    positive = torch.where(lens > 0, lens, torch.iinfo(torch.int64).max).min()
+    stats = torch.stack([lens.max(), lens.min(), torch.where(lens.max() > 0, positive, 0), lens.sum(),
+                         used.max().long(), used.min().long()])
+    return tuple(int(x) for x in stats.tolist())
+
+
+def check_context_facts(facts: tuple[int, ...], *, table_width: int, num_pages: int, page_size: int,
+                        num_queries: int, max_context: int | None) -> None:
+    longest, shortest, shortest_used, _, top_page, bottom_page = facts
+    if shortest < 0:
+        raise ShapeMismatchError(f"context_lens holds a negative length ({shortest}); 0 marks a padding row")
+    if 0 < shortest_used < num_queries:
+        raise ShapeMismatchError(
+            f"every context must hold its {num_queries} query tokens (the queries are its last positions), "
+            f"or be 0 for a padding row; the shortest context_lens entry is {shortest_used}")
+    if longest > table_width * page_size:
+        raise ShapeMismatchError(
+            f"a context of {longest} tokens needs {cdiv(longest, page_size)} pages but block_table has "
+            f"{table_width} columns of {page_size}-token pages; widen the table")
+    if max_context is not None and longest > max_context:
+        raise ShapeMismatchError(f"a context of {longest} tokens is longer than the planned max_context={max_context}; "
+                                 "plan with a larger bound")
+    if bottom_page < 0 or top_page >= num_pages:
+        raise BadInputError(
+            f"block_table points at page {top_page if top_page >= num_pages else bottom_page} within the "
+            f"contexts, outside the cache's {num_pages} pages")
+
+
+def check_decode_values(block_table, context_lens, num_pages: int, page_size: int, max_context: int | None,
+                        num_queries: int) -> tuple[int, ...]:
+    """Reads the lengths and page ids back (one sync) and raises on anything that breaks the run's contract."""
+    facts = context_facts(block_table, context_lens, page_size)
+    check_context_facts(facts, table_width=block_table.shape[1], num_pages=num_pages, page_size=page_size,
+                        num_queries=num_queries, max_context=max_context)
+    return facts
+
+
+def check_prefill_values(block_table, cu_seqlens_q, context_lens, num_pages: int, page_size: int,
+                         max_context: int | None, tokens: int, slot_mapping=None) -> tuple[int, ...]:
+    """As check_decode_values, and cu_seqlens_q and the slots of the new tokens too; returns the context facts."""
+    facts = context_facts(block_table, context_lens, page_size)
+    check_context_facts(facts, table_width=block_table.shape[1], num_pages=num_pages, page_size=page_size,
+                        num_queries=1, max_context=max_context)
+    starts = cu_seqlens_q.tolist()
+    lengths = context_lens.tolist()
+    if starts[0] != 0 or starts[-1] != tokens or any(b < a for a, b in zip(starts, starts[1:])):
+        raise ShapeMismatchError(f"cu_seqlens_q must start at 0, never decrease and end at T={tokens}, got {starts}")
+    for b, (a, e) in enumerate(zip(starts, starts[1:])):
+        if e - a > lengths[b]:
+            raise ShapeMismatchError(f"sequence {b} has {e - a} new tokens but a context of {lengths[b]}: the context "
+                                     "counts the new tokens too")
+    if slot_mapping is not None and slot_mapping.numel() and not (
+            0 <= int(slot_mapping.min()) and int(slot_mapping.max()) < num_pages * page_size):
+        raise BadInputError(f"slot_mapping points outside the cache's {num_pages * page_size} slots")
+    return facts
+
+
+# --- merging partial results -------------------------------------------------------------------
+
+def merge_attention_states(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor
+                           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention over the union of two disjoint key sets from the results over each: (out, lse).
+
+    out_* (..., D) and lse_* (...) natural-log log-sum-exps, as return_lse runs give them (a shared
+    prefix attended once and each sequence's own suffix, as cascade attention splits them). Rows
+    that saw no key (lse -inf) contribute nothing. Plain torch, computed in float32.
+
+    >>> import torch
+    >>> o, l = merge_attention_states(torch.ones(2, 4), torch.zeros(2), torch.zeros(2, 4), torch.zeros(2))
+    >>> o[0].tolist(), round(float(l[0]), 4)
+    ([0.5, 0.5, 0.5, 0.5], 0.6931)
+    """
+    lse = torch.logaddexp(lse_a.float(), lse_b.float())
+    finite = torch.isfinite(lse)
+    safe = torch.where(finite, lse, torch.zeros_like(lse))
+    weight_a = torch.where(finite, torch.exp(lse_a.float() - safe), torch.zeros_like(lse))
+    weight_b = torch.where(finite, torch.exp(lse_b.float() - safe), torch.zeros_like(lse))
+    out = out_a.float() * weight_a[..., None] + out_b.float() * weight_b[..., None]
+    return out.to(out_a.dtype), lse
