@@ -127,7 +127,7 @@ class _CpuVendorGemm(GemmFamily):
 def test_the_tuner_stores_the_vendor_op_when_it_wins(tmp_path, monkeypatch):
     monkeypatch.setattr("autotile.resources.shipped_db_path", lambda: tmp_path / "none.sqlite")
     url = f"sqlite:///{tmp_path / 'tune.sqlite'}"
-    family = _CpuVendorGemm(kernel_delay_s=0.5)
+    family = _CpuVendorGemm(kernel_delay_s=0.3)
     problem = contiguous_problem(12, 32, 32, "fp32", "fp32", layout_b="col")
     result = tune_problem(family, problem, CPU, trials=2, db_url=url, retime_rounds=1)
     assert result.vendor_won and result.baseline_name == "cuBLAS (torch.matmul)"
@@ -145,10 +145,10 @@ def test_the_tuner_stores_the_vendor_op_when_it_wins(tmp_path, monkeypatch):
 def test_range_verification_needs_the_kernel_to_win_at_both_corners():
     problem = contiguous_problem(12, 32, 32, "fp32", "fp32", layout_b="col")
     config = FAMILY.default_config(problem, CPU)
-    slow_vendor = _CpuVendorGemm(vendor_delay_s=2.0)
+    slow_vendor = _CpuVendorGemm(vendor_delay_s=0.5)
     verified, note = verify_range(slow_vendor, problem, config, CUBLAS, CPU, rounds=1)
     assert verified == {"m": [9, 16]}, note
-    fast_vendor = _CpuVendorGemm(kernel_delay_s=2.0)
+    fast_vendor = _CpuVendorGemm(kernel_delay_s=0.5)
     verified, note = verify_range(fast_vendor, problem, config, CUBLAS, CPU, rounds=1)
     assert verified is None and "against the vendor" in note
 

@@ -164,7 +164,7 @@ def read_db_table(url: str, family: Family, problem, device_key: str | None = No
     from autotile.store.db import open_engine
     from autotile.store.models import Device, Problem, Trial
 
-    engine = open_engine(url, create=False, read_only=True)
+    engine = open_engine(url, create=False)
     key = family.problem_key(problem)
     with Session(engine) as session:
         problem_id = session.execute(select(Problem.id).where(Problem.family == family.name, Problem.key == key)
@@ -573,7 +573,7 @@ def warm_start_from_tables(source: str, family: Family, problem, device: DeviceI
     from autotile.store.db import open_engine
     from autotile.tune.warmstart import warm_start
 
-    return warm_start(open_engine(source, create=False, read_only=True), family, problem, device, space)
+    return warm_start(open_engine(source, create=False), family, problem, device, space)
 
 
 def vendor_label_of(table: TimingTable) -> str:
