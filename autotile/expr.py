@@ -46,6 +46,12 @@ from autotile.errors import BadInputError, UnsupportedDtypeError
 # canonical string (which repeats shared subtrees) short.
 MAX_TEXT_CHARS = 4000
 MAX_NODES = 256
+# Deepest nesting accepted (ops, unary signs, calls): a tree of MAX_NODES nodes is at most this deep, and
+# the parser recurses once per level, well inside Python's recursion limit.
+MAX_DEPTH = MAX_NODES
+# Integer constants must fit the int64 scalars kernels take; a larger literal or folded result is refused
+# (before it is computed: 9**9**9 would take Python hours).
+INT_LIMIT = 2**63
 
 
 class ExpressionError(BadInputError):
@@ -251,11 +257,16 @@ class _Builder:
     def const(self, value: Number, where: ast.AST) -> Node:
         if isinstance(value, float) and not math.isfinite(value):
             raise _fail(where, f"constant {value!r} is not finite; pass inf or nan as a scalar input instead")
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= INT_LIMIT:
+            raise _fail(where, f"integer constant of {len(str(abs(value)))} digits does not fit 64 bits; "
+                               "write it as a float (e.g. 1e30) or pass it as a scalar input")
         return self.make(Node("const", value=value))
 
 
 def _fold(name: str, values: list[Number], where: ast.AST) -> Number:
     """Constant arithmetic with Python's rules, as Python evaluates it before torch sees a scalar."""
+    if name == "pow" and _int_pow_too_large(*values):
+        raise _fail(where, f"constant arithmetic {values[0]!r}**{values[1]!r} overflows 64-bit integers")
     try:
         result = _FOLDABLE[name](*values)
     except (ZeroDivisionError, OverflowError) as exc:
@@ -265,6 +276,30 @@ def _fold(name: str, values: list[Number], where: ast.AST) -> Number:
     if isinstance(result, int) and not isinstance(result, bool) and abs(result) >= 2**63:
         raise _fail(where, "constant arithmetic overflows 64-bit integers")
     return result
+
+
+def _int_pow_too_large(base: Number, exponent: Number) -> bool:
+    """Whether integer `base ** exponent` has more than 64 bits, decided without computing it.
+
+    >>> _int_pow_too_large(9, 387420489), _int_pow_too_large(2, 62), _int_pow_too_large(-1, 10**18)
+    (True, False, False)
+    """
+    if not (isinstance(base, int) and isinstance(exponent, int)) or exponent < 0 or abs(base) < 2:
+        return False  # floats overflow to an error at once; negative exponents give floats; 0, 1, -1 stay small
+    return (abs(base).bit_length() - 1) * exponent >= 64
+
+
+def _depth(tree: ast.AST, limit: int) -> int:
+    """The nesting depth of a syntax tree, measured without recursion (counting stops past `limit`)."""
+    deepest, stack = 0, [(tree, 1)]
+    while stack:
+        node, depth = stack.pop()
+        deepest = max(deepest, depth)
+        if depth > limit:
+            break
+        stack.extend((child, depth + 1) for child in ast.iter_child_nodes(node)
+                     if not isinstance(child, (ast.expr_context, ast.operator, ast.unaryop, ast.cmpop)))
+    return deepest
 
 
 def parse(text: str) -> Expression:
@@ -281,6 +316,11 @@ def parse(text: str) -> Expression:
         module = ast.parse(text.strip(), mode="exec")
     except SyntaxError as exc:
         raise ExpressionError(f"expression is not valid Python syntax: {exc.msg} (column {exc.offset})") from None
+    except (RecursionError, MemoryError):  # Python's own parser gives up on very deep nesting
+        raise ExpressionError(f"expression is nested too deeply (more than {MAX_DEPTH} levels)") from None
+    if _depth(module, MAX_DEPTH + 2) > MAX_DEPTH + 2:  # + the module and statement levels
+        raise ExpressionError(f"expression is nested more than {MAX_DEPTH} levels deep (ops, signs and calls "
+                              "inside one another); split it into temporaries, e.g. '_t = ...; out = f(_t)'")
     body = module.body
     if not body:
         raise ExpressionError("expression is empty")

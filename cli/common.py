@@ -1,6 +1,7 @@
 """Pieces every `autotile` command shares: error reporting, the --db option, family problem options."""
 from __future__ import annotations
 
+import errno
 import functools
 
 import click
@@ -9,7 +10,8 @@ from autotile.errors import AutotileError
 
 
 def friendly_errors(fn):
-    """AutotileError -> a one-line message and exit status 1, never a traceback."""
+    """AutotileError, a failing database (damaged, full, read-only, busy, a row it cannot read) and a full
+    disk -> a one-line message and exit status 1, never a traceback."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -17,6 +19,15 @@ def friendly_errors(fn):
             return fn(*args, **kwargs)
         except AutotileError as exc:
             raise click.ClickException(str(exc)) from None
+        except Exception as exc:  # noqa: BLE001 - re-raised unless it is a database or disk failure
+            from autotile.store.db import database_failure
+
+            line = database_failure(exc, kwargs.get("db_url"))
+            if line is None and isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                line = f"no space left to write {exc.filename or 'a file'}: free some space and run the command again"
+            if line is None:
+                raise
+            raise click.ClickException(line) from None
 
     return wrapper
 
@@ -25,22 +36,99 @@ db_option = click.option("--db", "db_url", default=None, envvar="AUTOTILE_DB",
                          help="SQLAlchemy URL or SQLite file of the tuning database (default: the user cache dir).")
 
 
+# One spelling of each head option across families; the earlier per-family spellings stay as aliases.
+FLAG_NAMES = {
+    "heads": ("--heads", "--q-heads"), "q_heads": ("--heads", "--q-heads"),
+    "heads_kv": ("--kv-heads", "--heads-kv"), "kv_heads": ("--kv-heads", "--heads-kv"),
+}
+
+
+def flags_of(option_name: str) -> tuple[str, ...]:
+    """The command-line flags of a family option: its preferred spelling first, then any alias."""
+    return FLAG_NAMES.get(option_name, ("--" + option_name.replace("_", "-"),))
+
+
+class DtypeChoice(click.ParamType):
+    """A dtype among `choices`, by its short or its torch name (bf16 / bfloat16 / torch.bfloat16)."""
+
+    name = "dtype"
+
+    def __init__(self, choices):
+        self.choices = tuple(choices)
+
+    def get_metavar(self, param, ctx=None) -> str:
+        return "[" + "|".join(self.choices) + "]"
+
+    def convert(self, value, param, ctx):
+        from autotile.dtypes import canonical_dtype_name
+
+        try:
+            name = canonical_dtype_name(value)
+        except AutotileError:
+            name = None
+        if name not in self.choices:
+            self.fail(f"{value!r} is not one of {', '.join(self.choices)} (torch names such as bfloat16 work too)",
+                      param, ctx)
+        return name
+
+
+class CommaList(click.ParamType):
+    """One or several values of `item` separated by commas: `--seq 64,128` is `--seq 64 --seq 128`."""
+
+    def __init__(self, item):
+        self.item = item
+        self.name = f"{getattr(item, 'name', 'value')}[,...]"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, tuple):
+            return value
+        parts = [p.strip() for p in str(value).split(",")]
+        if not all(parts):
+            self.fail(f"{value!r}: give values separated by commas, e.g. 64,128", param, ctx)
+        return tuple(self.item.convert(p, param, ctx) for p in parts)
+
+
+def _flatten(ctx, param, value):
+    return tuple(v for group in value for v in (group if isinstance(group, tuple) else (group,))) if value else value
+
+
+def _is_dtype_choice(option) -> bool:
+    from autotile.dtypes import canonical_dtype_name
+
+    try:
+        return bool(option.choices) and all(canonical_dtype_name(c) == c for c in option.choices)
+    except AutotileError:
+        return False
+
+
 def family_options(family):
-    """Click options built from a family's problem options (`Family.cli_options`)."""
+    """Click options built from a family's problem options (`Family.cli_options`).
+
+    Dtype options take torch names too; repeatable numeric and choice options take comma-separated
+    values; head options are spelled --heads / --kv-heads in every family (older spellings still work).
+    """
 
     def decorate(fn):
         for opt in reversed(family.cli_options):
-            flag = "--" + opt.name.replace("_", "-")
+            flags = flags_of(opt.name)
             if opt.type is bool:
-                fn = click.option(flag + "/--no-" + opt.name.replace("_", "-"), opt.name, default=bool(opt.default),
-                                  help=opt.help)(fn)
+                negative = "--no-" + flags[0].removeprefix("--")
+                fn = click.option(flags[0] + "/" + negative, opt.name, default=bool(opt.default), help=opt.help)(fn)
+                continue
+            if _is_dtype_choice(opt):
+                kind = DtypeChoice(opt.choices)
             else:
-                kind = click.Choice(opt.choices) if opt.choices else opt.type
-                default = opt.default
-                if opt.multiple and default is not None and not isinstance(default, (tuple, list)):
+                kind = click.Choice(opt.choices) if opt.choices else click.types.convert_type(opt.type)
+            default = opt.default
+            callback = None
+            if opt.multiple:
+                if default is not None and not isinstance(default, (tuple, list)):
                     default = (default,)  # click takes the default of a repeatable option as a sequence
-                fn = click.option(flag, opt.name, type=kind, default=default, help=opt.help,
-                                  multiple=opt.multiple, show_default=opt.default is not None)(fn)
+                if opt.type is not str or opt.choices:  # free text (expressions) may hold commas itself
+                    kind, callback = CommaList(kind), _flatten
+            help_text = opt.help + (" (comma-separated or repeated)" if callback else "")
+            fn = click.option(*flags, opt.name, type=kind, default=default, help=help_text, multiple=opt.multiple,
+                              show_default=opt.default is not None, callback=callback)(fn)
         return fn
 
     return decorate
@@ -49,14 +137,15 @@ def family_options(family):
 class FamilyGroup(click.Group):
     """A group whose subcommands are the families present, built on first use by `factory(name)`."""
 
-    def __init__(self, *args, factory, **kwargs):
+    def __init__(self, *args, factory, listed=None, **kwargs):
         super().__init__(*args, **kwargs)
         self._factory = factory
+        self._listed = listed  # which families --help lists (default: all); the others still explain themselves
 
     def list_commands(self, ctx):
         from autotile.families import family_names
 
-        return family_names()
+        return [name for name in family_names() if self._listed is None or self._listed(name)]
 
     def get_command(self, ctx, name):
         from autotile.families import family_names

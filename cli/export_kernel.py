@@ -46,7 +46,13 @@ def _make_export_command(name: str):
     return command
 
 
+def _exportable(name: str) -> bool:
+    from autotile.export_kernel import export_not_supported_reason
+
+    return export_not_supported_reason(name) is None
+
+
 export_kernel_command = FamilyGroup(
-    name="export-kernel", factory=_make_export_command,
+    name="export-kernel", factory=_make_export_command, listed=_exportable,
     help="Write a tuned kernel as a standalone Triton module (config baked in, small launcher; "
          "gemm, elementwise and paged).")

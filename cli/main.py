@@ -7,6 +7,7 @@ import sys
 import click
 
 from autotile.cli.common import FamilyGroup, db_option, family_options, friendly_errors
+from autotile.cli.tune_run import interpreter_defaults, suite_note, tune_each
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -28,8 +29,22 @@ def _problems(family, preset: str | None, options: dict) -> list:
         if preset not in presets:
             raise click.BadParameter(f"unknown preset {preset!r}; {family.name} has {', '.join(presets)}",
                                      param_hint="--preset")
+        mixed = _given_options(options)
+        if mixed:
+            flags = ", ".join("--" + name.replace("_", "-") for name in mixed)
+            raise click.UsageError(f"--preset {preset} names its own problems, so {flags} would be ignored: "
+                                   "give either --preset or the shape options, not both")
         return presets[preset]
     return family.problems_from_cli(**options)
+
+
+def _given_options(options: dict) -> list[str]:
+    """The family options given on the command line (or by environment), not left at their defaults."""
+    from click.core import ParameterSource
+
+    ctx = click.get_current_context()
+    return [name for name in options
+            if ctx.get_parameter_source(name) not in (None, ParameterSource.DEFAULT, ParameterSource.DEFAULT_MAP)]
 
 
 def _make_tune_command(name: str):
@@ -69,14 +84,16 @@ def _make_tune_command(name: str):
         if stale:
             _revalidate_stale(db_url, device, family.name)
             return
+        if device.interpret:
+            options = interpreter_defaults(family, options, _given_options(options))
         problems = _problems(family, preset, options)
         if device.interpret:
             click.echo("note: --gpu interpret runs on Triton's CPU interpreter; its timings are CPU timings.", err=True)
-        for problem in problems:
-            result = tune_with_progress(family, problem, device, trials=trials, timeout=timeout, db_url=db_url,
-                                        storage_url=storage, seed=seed, gpus=gpu_list, trial_timeout=trial_timeout,
-                                        compile_ahead=compile_ahead)
-            _print_result(result)
+            if not preset and not _given_options(options) and len(problems) > 1:
+                click.echo(suite_note(family, problems, trials), err=True)
+        tune_each(problems, lambda problem: tune_with_progress(
+            family, problem, device, trials=trials, timeout=timeout, db_url=db_url, storage_url=storage, seed=seed,
+            gpus=gpu_list, trial_timeout=trial_timeout, compile_ahead=compile_ahead))
 
     return command
 
@@ -92,18 +109,6 @@ def _revalidate_stale(db_url, device, family_name: str) -> None:
         click.echo(f"{r.status}: {r.family} {r.problem_key} ({'; '.join(r.reasons)}) {timing}")
 
 
-def _print_result(result) -> None:
-    label = " (interpret)" if result.interpreted else ""
-    if result.winner is None:
-        click.echo(f"{result.family}: no config passed the correctness check; statuses {result.statuses}")
-        return
-    speed = f", {result.speedup:.2f}x {result.baseline_name}" if result.speedup else ""
-    click.echo(f"winner{label}: {result.winner_ms:.4f} ms{speed}; trials {result.statuses}; "
-               f"{result.seconds:.1f} s\n  config {result.winner.to_json()}")
-    if result.stopped_early:
-        click.echo(f"  stopped early: {result.stopped_early}")
-
-
 cli.add_command(FamilyGroup(name="tune", factory=_make_tune_command,
                              help="Search a family's tuning space on this GPU and store the winner."))
 
@@ -115,7 +120,8 @@ def _make_render_command(name: str):
 
     @click.command(name=name, help=f"Print the Triton source a {name} config renders to.")
     @family_options(family)
-    @click.option("--config", "config_json", default=None, help="config JSON (default: the family's default config)")
+    @click.option("--config", "config_json", default=None,
+                  help="config JSON; axes it leaves out take the default config's values (default: the default config)")
     @click.option("--gpu", default="interpret", show_default=True, help="device whose limits the config is checked against")
     @friendly_errors
     def command(config_json, gpu, **options):
@@ -127,7 +133,9 @@ def _make_render_command(name: str):
         problems = family.problems_from_cli(**options)
         problem = problems[0]
         space = family.space(problem, device)
-        config = space.validate(Config.from_json(config_json)) if config_json else family.default_config(problem, device)
+        config = family.default_config(problem, device)
+        if config_json:
+            config = space.validate(Config({**config, **Config.from_json(config_json)}))
         click.echo(f"# problem: {family.problem_key(problem)}\n# config:  {config.to_json()}")
         click.echo(render_source(family.template, **family.render_switches(problem, config)))
 
@@ -148,14 +156,20 @@ def _make_bench_command(name: str):
     @click.option("--preset", default=None, help="a named problem list: " + ", ".join(family.presets()))
     @click.option("--gpu", default="auto", show_default=True, help="GPU profile (h200, ...), auto, or interpret")
     @click.option("--rounds", default=5, show_default=True, type=click.IntRange(1), help="interleaved timing rounds")
+    @db_option
     @friendly_errors
-    def command(preset, gpu, rounds, **options):
+    def command(preset, gpu, rounds, db_url, **options):
+        import os
+
         from rich.console import Console
         from rich.table import Table
 
         from autotile.benchmark import bench_problem
         from autotile.device import resolve_gpu
+        from autotile.store.db import normalise_url
 
+        if db_url:
+            os.environ["AUTOTILE_DB"] = normalise_url(db_url)  # the database the runtime serves from
         device = resolve_gpu(gpu)
         label = " (interpreter timings)" if device.interpret else ""
         table = Table(title=f"autotile bench {name} on {device.name}{label}")
@@ -174,7 +188,7 @@ def _make_bench_command(name: str):
                           f"{row.flops / ms / 1e9:.1f}", f"{row.bytes / ms / 1e9:.3f}", row.baseline_name or "-",
                           f"{row.baseline.median_ms:.4f}" if row.baseline else "-",
                           f"{row.speedup:.2f}x" if row.speedup else "-")
-        Console(width=220).print(table)
+        _console(220).print(table)
 
     return command
 
@@ -186,20 +200,38 @@ cli.add_command(FamilyGroup(name="bench", factory=_make_bench_command,
 # --- reading the database --------------------------------------------------------------------
 
 
+def _known_family(ctx, param, value):
+    """Click callback: a family name autotile has (None passes), else a usage error listing them."""
+    from autotile.families import family_names
+
+    if value is not None and value not in family_names():
+        raise click.BadParameter(f"unknown family {value!r}; autotile has {', '.join(family_names())}")
+    return value
+
+
+def _read_store(db_url):
+    """The Store of a database opened for reading only (a read-only file or folder works)."""
+    from autotile.store.db import open_engine
+    from autotile.store.repo import Store
+
+    return Store(open_engine(db_url, create=False, read_only=True))
+
+
 @cli.command("list")
-@click.option("--family", default=None)
+@click.option("--family", default=None, callback=_known_family, help="only this family's winners")
 @click.option("--device", "device_key", default=None, help="device key, e.g. h200/sm90 or interpret")
 @db_option
 @friendly_errors
 def list_command(family, device_key, db_url):
     """List the stored winners."""
-    from rich.console import Console
     from rich.table import Table
 
-    from autotile.store.db import open_engine
-    from autotile.store.repo import Store
+    from autotile.families.base import is_vendor, vendor_label
+    from autotile.space import Config
+    from autotile.store.db import reading
 
-    winners = Store(open_engine(db_url, create=False)).winners(family, device_key)
+    with reading(db_url):
+        winners = _read_store(db_url).winners(family, device_key)
     if not winners:
         click.echo("no winners stored yet: run `autotile tune FAMILY`")
         return
@@ -209,9 +241,21 @@ def list_command(family, device_key, db_url):
     for w in winners:
         speed = f"{w.baseline_ms / w.median_ms:.2f}x {w.baseline_name}" if w.baseline_ms else "-"
         spread = f"{(w.q80_ms - w.q20_ms) / w.median_ms:.1%}" if w.median_ms else "-"
-        table.add_row(w.family, w.device_key + (" (interpret)" if w.interpreted else ""), _short_key(w.params),
-                      f"{w.median_ms:.4f}", spread, speed, str(w.trials_run))
-    Console(width=200).print(table)
+        config = Config.from_json(w.config)
+        served = f" [{vendor_label(config)}]" if is_vendor(config) else ""
+        table.add_row(w.family, w.device_key + (" (interpret)" if w.interpreted else ""),
+                      _short_key(w.params) + served, f"{w.median_ms:.4f}", spread, speed, str(w.trials_run))
+    _console(200).print(table)
+
+
+def _console(log_width: int):
+    """A console as wide as the terminal; in a log or a pipe, `log_width` columns, so rows are not wrapped."""
+    from rich.console import Console
+
+    console = Console()
+    if not console.is_terminal:
+        console.width = log_width
+    return console
 
 
 def _short_key(params: dict) -> str:
@@ -219,7 +263,7 @@ def _short_key(params: dict) -> str:
 
 
 @cli.command("show")
-@click.argument("family")
+@click.argument("family", callback=_known_family)
 @click.option("--match", "match", default="", help="only problems whose key contains this text")
 @click.option("--errors/--no-errors", default=False, help="print the error text of failed trials")
 @db_option
@@ -228,12 +272,12 @@ def show_command(family, match, errors, db_url):
     """Show a family's problems: the winner, its provenance, and every trial's status."""
     from collections import Counter
 
-    from autotile.store.db import open_engine
-    from autotile.store.repo import Store
+    from autotile.store.db import reading
 
-    store = Store(open_engine(db_url, create=False))
-    winners = {(w.problem_key, w.device_key): w for w in store.winners(family)}
-    trials = [t for t in store.trials(family) if match in t["problem_key"]]
+    with reading(db_url):
+        store = _read_store(db_url)
+        winners = {(w.problem_key, w.device_key): w for w in store.winners(family)}
+        trials = [t for t in store.trials(family) if match in t["problem_key"]]
     if not trials:
         click.echo(f"no trials stored for {family}" + (f" matching {match!r}" if match else ""))
         return

@@ -99,7 +99,7 @@ def test_export_then_import_reproduces_the_winners(tuned_copy, tmp_path):
     header, record, end = (json.loads(line) for line in lines)
     assert header["format"] == "autotile-db" and header["format_version"] == 1 and header["schema_version"] == 3
     assert record["family"] == "gemm" and record["device"]["key"] == "interpret" and end == {"count": 1, "record": "end"}
-    assert record["problem"] == json.loads(FAMILY.problem_key(PROBLEM))
+    assert FAMILY.problem_key(FAMILY.problem_from_dict(record["problem"])) == FAMILY.problem_key(PROBLEM)
 
     target = f"sqlite:///{tmp_path / 'target.sqlite'}"
     first = run("import", out, "--db", target)

@@ -1,4 +1,7 @@
 """The expression parser (whitelist, canonical form, sharing) and typing against eager torch."""
+import re
+import time
+
 import pytest
 import torch
 
@@ -169,3 +172,39 @@ def test_default_dtype_is_restored():
             assert torch.get_default_dtype() == torch.float64
             raise RuntimeError("boom")
     assert torch.get_default_dtype() == before
+
+
+@pytest.mark.parametrize("text, words", [
+    ("x + 9**9**9", "9**387420489 overflows 64-bit integers"),  # was a hang: Python computing 9**387420489
+    ("x * 7**100000", "overflows 64-bit integers"),
+    ("x + 2**63", "overflows 64-bit integers"),
+    ("x + " + "9" * 3000, "integer constant of 3000 digits does not fit 64 bits"),  # was OverflowError later
+    ("-" * 1000 + "x", "nested more than 256 levels"),  # was RecursionError
+    ("x" + "+x" * 1999, "nested more than 256 levels"),
+    ("-" * 3000 + "x", "nested"),  # Python's own parser gives up first
+    ("x + 2.0**5000", "constant arithmetic fails"),
+], ids=["power tower", "large power", "2**63", "3000 digits", "1000 signs", "long sum", "3000 signs", "float power"])
+def test_hostile_constants_and_nesting_fail_fast_and_clearly(text, words):
+    started = time.monotonic()
+    with pytest.raises(ExpressionError, match=re.escape(words)):
+        parse(text)
+    assert time.monotonic() - started < 2.0
+
+
+def test_limits_leave_room_for_real_expressions():
+    assert parse("x + 2**62").canonical == "add(4611686018427387904,x)"
+    assert parse("x * (-1)**(10**18)").canonical == "mul(1,x)"
+    assert parse("x + 10**-400").canonical == "add(0.0,x)"
+    assert parse("-" * 200 + "x").canonical.count("neg(") == 200
+    assert parse("sin(" * 100 + "x" + ")" * 100).inputs == ("x",)
+
+
+def test_render_elementwise_refuses_a_runaway_constant_at_once():
+    from click.testing import CliRunner
+
+    from autotile.cli.main import cli
+
+    started = time.monotonic()
+    result = CliRunner().invoke(cli, ["render", "elementwise", "--expr", "x + 9**9**9", "--numel", "64"])
+    assert result.exit_code == 1 and "overflows 64-bit integers" in result.output and "Traceback" not in result.output
+    assert time.monotonic() - started < 10.0

@@ -6,11 +6,16 @@ through `autotile.store.migrate`.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+import urllib.parse
+import zlib
+from collections.abc import Iterator
 from pathlib import Path
 
-from sqlalchemy import Engine, create_engine, event, inspect, select
+from sqlalchemy import Engine, create_engine, event, inspect, make_url, select, text
+from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SQLAlchemyError
 from sqlalchemy.exc import DatabaseError as SADatabaseError
 from sqlalchemy.exc import OperationalError
 
@@ -44,9 +49,12 @@ def normalise_url(url_or_path: str) -> str:
 
 
 def sqlite_path(url: str) -> Path | None:
+    """The file a SQLite URL names (also one written as a `file:` URI); None for servers and memory."""
     if not url.startswith("sqlite:///"):
         return None
     raw = url.removeprefix("sqlite:///").split("?")[0]
+    if raw.startswith("file:"):  # sqlite:///file:<percent-encoded path>?mode=ro&uri=true
+        raw = urllib.parse.unquote(urllib.parse.unquote(make_url(url).database.removeprefix("file:")))
     return None if raw in ("", ":memory:") else Path(raw)
 
 
@@ -67,10 +75,25 @@ def _configure_sqlite(engine: Engine, read_only: bool) -> None:
 
 @functools.lru_cache(maxsize=32)
 def _engine(url: str) -> Engine:
-    engine = create_engine(url, future=True)
+    try:
+        engine = create_engine(url, future=True)
+    except (ModuleNotFoundError, NoSuchModuleError) as exc:
+        raise DatabaseError(f"{_safe(url)} needs a database driver that is not installed ({exc}); for PostgreSQL "
+                            "run `pip install 'autotile[postgres]'` and write the URL as postgresql+psycopg://...") from None
+    except ArgumentError as exc:
+        raise DatabaseError(f"{_safe(url)} is not a database URL SQLAlchemy understands ({exc}); give a SQLite file "
+                            "path or a URL such as postgresql+psycopg://user@host/db") from None
     if url.startswith("sqlite"):
         _configure_sqlite(engine, read_only="mode=ro" in url)
     return engine
+
+
+def _safe(url: str) -> str:
+    """A URL fit for messages: its password hidden."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # noqa: BLE001 - not even a URL: say it as given
+        return url
 
 
 def check_schema(engine: Engine, url: str) -> str:
@@ -84,7 +107,11 @@ def check_schema(engine: Engine, url: str) -> str:
         # ("database disk image is malformed", https://www.sqlite.org/howtocorrupt.html section 2.2).
         if "file is not a database" in str(exc.orig):
             raise DatabaseError(f"{url} is not a SQLite database; point --db/AUTOTILE_DB at another file") from None
-        raise DatabaseError(f"{url} is not a readable database ({exc.orig}); point --db/AUTOTILE_DB at another file "
+        reason = (str(exc.orig).strip().splitlines() or [type(exc.orig).__name__])[0]
+        if sqlite_path(url) is None:
+            raise DatabaseError(f"cannot read the database {_safe(url)} ({reason}); check that the server is up and "
+                                "the URL right, or point --db/AUTOTILE_DB elsewhere") from None
+        raise DatabaseError(f"{url} is not a readable database ({reason}); point --db/AUTOTILE_DB at another file "
                             "or move this one away") from None
     ours = {t for t in tables if t.startswith("autotile_")}
     foreign = tables - ours - OPTUNA_TABLES
@@ -107,19 +134,24 @@ def check_schema(engine: Engine, url: str) -> str:
     return "ok" if version == SCHEMA_VERSION else "old"
 
 
-def inspect_database(url: str | None = None, *, create: bool = True) -> tuple[Engine, str]:
+def inspect_database(url: str | None = None, *, create: bool = True, read_only: bool = False) -> tuple[Engine, str]:
     """An engine on `url` and its state ('empty', 'ok' or 'old'), after refusing foreign, corrupt or newer files.
 
     Nothing is created or migrated here; `create` only allows a SQLite file that does not exist yet.
+    `read_only` opens a SQLite file so that nothing is written to it or beside it where that cannot be done
+    (a read-only file, folder or file system); see `read_only_url`.
     """
     url = normalise_url(url) if url else default_db_url()
     path = sqlite_path(url)
+    engine_url = url
     if path is not None and "mode=ro" not in url:
-        if not path.exists() and not create:
+        if not path.exists() and (read_only or not create):
             raise DatabaseError(f"no autotile database at {path}")
-        if create:
+        if read_only:
+            engine_url = read_only_url(path)
+        elif create:
             path.parent.mkdir(parents=True, exist_ok=True)
-    engine = _engine(url)
+    engine = _engine(engine_url)
     return engine, check_schema(engine, url)
 
 
@@ -130,35 +162,175 @@ def stored_schema_version(engine: Engine) -> int | None:
     return int(row) if row is not None and row.isdigit() else None
 
 
-def open_engine(url: str | None = None, *, create: bool = True) -> Engine:
-    """An engine on a checked autotile database. `create` makes (and migrates) it when it is new."""
+def open_engine(url: str | None = None, *, create: bool = True, read_only: bool = False) -> Engine:
+    """An engine on a checked autotile database.
+
+    `create` makes (and migrates) it when it is new or older, one process at a time (`schema_lock`).
+    `read_only` is for readers (list, show, report, export, the runtime): nothing is created, migrated or
+    written, and a file on a read-only folder or file system can be read.
+
+    >>> engine = open_engine("sqlite:////tmp/tuning.sqlite", create=False, read_only=True)  # doctest: +SKIP
+    """
     url = normalise_url(url) if url else default_db_url()
-    engine, state = inspect_database(url, create=create)
-    if state == "empty" and create:
-        from autotile.store.migrate import upgrade_to_head
-
-        upgrade_to_head(engine)
-    elif state == "old":
-        if not create:
-            raise DatabaseError(f"{url} has an older schema; run `autotile db upgrade --db {url}`")
-        from autotile.store.migrate import upgrade_to_head
-
-        upgrade_to_head(engine)
-    elif state == "empty":
+    create = create and not read_only
+    engine, state = inspect_database(url, create=create, read_only=read_only)
+    if state == "old" and not create:
+        raise DatabaseError(f"{url} has an older schema; run `autotile db upgrade --db {url}`")
+    if state == "empty" and not create:
         raise DatabaseError(f"{url} holds no autotile tables")
+    if state != "ok":
+        from autotile.store.migrate import upgrade_to_head
+
+        with schema_lock(url):
+            if check_schema(engine, url) != "ok":  # another process may have made it meanwhile
+                upgrade_to_head(engine)
     return engine
 
 
 def read_only_url(path: Path) -> str:
-    """SQLite URL that opens a file read-only (the shipped database may live in a read-only site-packages).
+    """SQLite URL that opens a file read-only, without the WAL pragma or any other write.
 
-    A file shipped in rollback-journal mode is opened immutable, so SQLite needs no -wal/-shm files
-    beside it (a read-only folder could not hold them); one with a write-ahead log still beside it is
-    read through that log.
+    In a folder this process may write, SQLite's own read-only mode (it takes read locks and sees every
+    commit of a tuner writing the file at the time). In a read-only folder (the shipped database in
+    site-packages, a container image, a shared mount) a file with its -wal and -shm beside it is read
+    through them; otherwise it is opened immutable, as SQLite could not create them.
     """
-    if Path(f"{path}-wal").exists():
-        return f"sqlite:///file:{path}?mode=ro&uri=true"
-    return f"sqlite:///file:{path}?mode=ro&immutable=1&uri=true"
+    wal, shm = Path(f"{path}-wal"), Path(f"{path}-shm")
+    if os.access(path.parent, os.W_OK) or (wal.exists() and shm.exists()):
+        return _file_uri(path, "mode=ro")
+    # NOTE: immutable: SQLite takes no locks and reads no -wal. Right for a read-only folder, where no
+    # process with our rights writes; commits still in a -wal there without its -shm are not seen.
+    return _file_uri(path, "mode=ro&immutable=1")
 
 
-__all__ = ["open_engine", "inspect_database", "stored_schema_version", "default_db_url", "normalise_url", "read_only_url", "check_schema", "VERSION_TABLE"]
+def _file_uri(path: Path, params: str) -> str:
+    # Quoted twice: SQLAlchemy unquotes the database part of a URL once, and SQLite decodes its URI once.
+    quoted = urllib.parse.quote(urllib.parse.quote(str(path), safe="/"), safe="/")
+    return f"sqlite:///file:{quoted}?{params}&uri=true"
+
+
+# pg_advisory_xact_lock key of autotile's schema work (any 64-bit number other programs are unlikely to use).
+_PG_SCHEMA_LOCK_KEY = zlib.crc32(b"autotile schema") << 16
+
+
+@contextlib.contextmanager
+def schema_lock(url: str) -> Iterator[None]:
+    """Hold a lock that serialises creating and migrating tables on the database `url`, across processes.
+
+    Several tuners starting on a new database at once (one search process per GPU, several hosts) would
+    race in `CREATE TABLE` and Alembic's version row. SQLite: an exclusive flock on `<file>.lock` beside the
+    file. PostgreSQL: a transaction-scoped advisory lock, held by a transaction open for the block. Other
+    servers: no lock. Used for autotile's migrations and for Optuna's table creation (autotile.tune.storage).
+    """
+    path = sqlite_path(url)
+    if path is not None:
+        try:
+            import fcntl
+        except ImportError:  # NOTE: not POSIX (Windows): no lock; start the first tuner alone there
+            yield
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # NOTE: a lock on a file of its own: a lock taken (or a file closed) on the database itself would
+        # drop SQLite's POSIX locks on it (see check_schema).
+        with open(path.with_name(path.name + ".lock"), "a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+        return
+    if make_url(url).get_backend_name() == "postgresql":
+        with _engine(url).begin() as conn:
+            conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _PG_SCHEMA_LOCK_KEY})
+            yield
+        return
+    yield
+
+
+# What a database failure's text says is wrong, and what to do about it (first match wins).
+_FAILURES = (
+    (("malformed", "not a database", "disk image"), "the file is damaged",
+     "move it away (tuning starts a new one), or recover what is left with `sqlite3 FILE .recover | sqlite3 NEW`"),
+    (("database or disk is full", "disk i/o error", "no space left"), "the disk is full (or failed)",
+     "free some space and run the command again; everything committed before is kept"),
+    (("readonly database", "read-only"), "the database is read-only",
+     "this command writes to it: point --db/AUTOTILE_DB at a writable copy"),
+    (("database is locked",), "another process held the database's write lock too long",
+     "run the command again when the other tuner is done or idle"),
+    (("unable to open database file",), "the file cannot be opened",
+     "check the path, and that its folder exists and may be read"),
+)
+
+
+def database_failure(exc: BaseException, url: str | None = None) -> str | None:
+    """One line naming the database, what is wrong with it and what to do, when `exc` is a failure of the
+    database (damaged, full, read-only, busy, a row it cannot read); None when `exc` is something else.
+
+    >>> from sqlalchemy.exc import OperationalError
+    >>> database_failure(OperationalError("SELECT 1", {}, Exception("database disk image is malformed")),
+    ...                  "sqlite:////tmp/a.sqlite")[:53]
+    'database sqlite:////tmp/a.sqlite: the file is damaged'
+    """
+    cause = _database_cause(exc)
+    if cause is None:
+        return None
+    detail = str(getattr(cause, "orig", None) or cause).strip().splitlines()
+    detail_line = detail[0][:300] if detail else type(cause).__name__
+    where = _safe(normalise_url(url) if url else default_db_url())
+    for needles, what, fix in _FAILURES:
+        if any(n in detail_line.lower() for n in needles):
+            return f"database {where}: {what} ({detail_line}); {fix}"
+    if not isinstance(cause, (SQLAlchemyError, _sqlite3_error())):
+        return (f"database {where} holds a row autotile cannot read ({type(cause).__name__}: {detail_line}): it was "
+                "edited by hand or damaged; re-import the winners from an export, or move the file away")
+    return f"database {where}: {type(cause).__name__}: {detail_line}"
+
+
+def _sqlite3_error() -> type:
+    import sqlite3
+
+    return sqlite3.Error
+
+
+def _database_cause(exc: BaseException) -> BaseException | None:
+    """The database error behind `exc` (Optuna wraps SQLAlchemy's), or an error raised while reading a row."""
+    seen = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, (SQLAlchemyError, _sqlite3_error())):
+            return current
+        current = current.__cause__ or current.__context__
+    if isinstance(exc, (ValueError, TypeError, KeyError, OverflowError)) and _raised_in_sqlalchemy(exc):
+        return exc  # e.g. a JSON column holding text that is not JSON
+    return None
+
+
+def _raised_in_sqlalchemy(exc: BaseException) -> bool:
+    tb = exc.__traceback__
+    while tb is not None:
+        if f"{os.sep}sqlalchemy{os.sep}" in tb.tb_frame.f_code.co_filename:
+            return True
+        tb = tb.tb_next
+    return False
+
+
+@contextlib.contextmanager
+def reading(url: str | None) -> Iterator[None]:
+    """Within this block, a database that fails to be read (damaged pages, a hand-edited row) raises
+    DatabaseError with one line naming the file and the fix, never a raw driver or JSON error."""
+    try:
+        yield
+    except DatabaseError:
+        raise
+    except (SQLAlchemyError, _sqlite3_error(), ValueError, TypeError, KeyError, OverflowError) as exc:
+        line = database_failure(exc, url)
+        if line is None:
+            where = _safe(normalise_url(url) if url else default_db_url())
+            line = (f"database {where} holds a row autotile cannot read ({type(exc).__name__}: {exc}): it was edited "
+                    "by hand or damaged; re-import the winners from an export, or move the file away")
+        raise DatabaseError(line) from None
+
+
+__all__ = ["open_engine", "inspect_database", "stored_schema_version", "default_db_url", "normalise_url", "read_only_url",
+           "check_schema", "schema_lock", "database_failure", "reading", "VERSION_TABLE"]

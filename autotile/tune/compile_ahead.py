@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable
 from autotile.device import DeviceInfo
 from autotile.families.base import Family
 from autotile.space import Config
-from autotile.tune.workers import family_ref, resolve_family
+from autotile.tune.workers import born_ignoring_ctrl_c, family_ref, ignore_ctrl_c, resolve_family
 
 # Pool processes compiling ahead (each holds a CUDA context and one set of inputs).
 DEFAULT_COMPILE_PROCESSES = max(1, min(4, (os.cpu_count() or 2) // 2))
@@ -60,6 +60,8 @@ def compile_only():
 
 
 def _init_pool_process(ref: str, problem_data: dict, device: DeviceInfo, seed: int, gpu: int | None) -> None:
+    # Ctrl-C is the tuner's to handle (it shuts this pool down); here it would only break the pool mid-compile.
+    ignore_ctrl_c()
     if gpu is not None:
         # Before the first CUDA call of this process: the pool compiles for (and allocates on) that GPU only.
         os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu)
@@ -107,7 +109,8 @@ class CompileAhead:
     def submit(self, configs: Iterable[Config]) -> None:
         for config in configs:
             if config.hash not in self._futures:
-                self._futures[config.hash] = self._pool.submit(self._compile_fn, config.to_json())
+                with born_ignoring_ctrl_c():  # the pool starts its processes on a submit
+                    self._futures[config.hash] = self._pool.submit(self._compile_fn, config.to_json())
 
     def wait_for(self, config: Config, limit_s: float) -> None:
         future = self._futures.pop(config.hash, None)

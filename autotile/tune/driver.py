@@ -23,8 +23,8 @@ from autotile.families.base import Family, is_vendor, vendor_label
 from autotile.space import Config
 from autotile.store.db import default_db_url, normalise_url, open_engine
 from autotile.store.repo import Store
-from autotile.tune.cluster import fail_stale_trials
-from autotile.tune.processes import run_search_processes
+from autotile.tune.cluster import evaluated_trials, fail_stale_trials
+from autotile.tune.processes import CtrlC, run_search_processes
 from autotile.tune.storage import is_journal, journal_beside, optuna_storage
 from autotile.tune.search import Progress, TuneError, _Search, _SearchPlan, _SharedState  # noqa: F401 - re-exported
 from autotile.tune.workers import default_trial_timeout
@@ -61,6 +61,8 @@ class TuneResult:
     interpreted: bool = False
     stopped_early: str = ""
     verified_range: dict | None = None  # {serving field: [lo, hi]} the winner was verified over (None: its shape only)
+    already_complete: bool = False  # the study held `trials` evaluated trials already: nothing was run
+    interrupted: bool = False  # Ctrl-C stopped the search; the winner is the best of the trials run so far
     pruned: int = 0  # proposals the roofline model dropped before compiling (this run, this process)
     never_measured: int = 0  # simulation: proposals the table has no timing of (replaced by measured ones)
     warm_start: str = ""  # where the warm-start configs came from ('' when the study was not new)
@@ -198,20 +200,27 @@ def tune_problem(
         targets = [(None, device) for _ in gpus]
     else:
         targets = [(g, _device_for_gpu(device, g)) for g in gpus]
-    if len(targets) == 1:
-        shared = _SharedState()
-        _Search(plan, 0, *targets[0], shared).run()
-    else:
-        shared = run_search_processes(plan, targets, db_url, study_url)
+    # A study that already holds the target starts nothing (no search, worker, pool or thread): it only re-times.
+    already_complete = len(evaluated_trials(engine, study, name, plan.rows_complete)) >= trials
+    # Ctrl-C, like --timeout, ends the search, not the run: the best of the trials so far is re-timed and stored.
+    shared = _SharedState()
+    with CtrlC() as ctrl_c:
+        ctrl_c.stops(shared.stop)
+        if not already_complete and len(targets) == 1:
+            _Search(plan, 0, *targets[0], shared).run()
+        elif not already_complete:
+            shared = run_search_processes(plan, targets, db_url, study_url, ctrl_c)
     if shared.error is not None:
-        raise shared.error
+        raise shared.error  # a second Ctrl-C raises its KeyboardInterrupt here: stop at once, store nothing
+    interrupted = ctrl_c.pressed
 
     result = _pick_winner(family, problem, device, store, problem_id, device_id, toolchain_id, top_k, retime_rounds,
                           name, seed, crashed=shared.context_lost)
     result.statuses = store.status_counts(problem_id, device_id)
     result.trials_this_run = shared.this_run
     result.seconds = time.monotonic() - started
-    result.stopped_early = shared.stopped
+    result.stopped_early = "interrupted (Ctrl-C)" if interrupted else shared.stopped
+    result.already_complete, result.interrupted = already_complete, interrupted
     result.pruned, result.never_measured = shared.pruned, shared.never_measured
     result.warm_start = warm.describe(family) if warm is not None else ""
     if shared.pruned:

@@ -21,6 +21,7 @@ import json
 import multiprocessing
 import os
 import pickle
+import logging
 import queue
 import signal
 import threading
@@ -31,7 +32,9 @@ from collections.abc import Sequence
 from autotile.device import DeviceInfo
 from autotile.space import Config
 from autotile.tune.search import Progress, TuneError, _Search, _SearchPlan, _SharedState
-from autotile.tune.workers import family_ref, resolve_family
+from autotile.tune.workers import born_ignoring_ctrl_c, family_ref, ignore_ctrl_c, resolve_family
+
+log = logging.getLogger("autotile.tune")
 
 # Seconds between a search process's looks at whether its parent is still there.
 _PARENT_CHECK_S = 1.0
@@ -61,9 +64,53 @@ _PLAIN_FIELDS = ("name", "ids", "trials", "timeout", "seed", "isolate", "trial_t
                  "lookahead", "distributed", "rows_complete")
 
 
+class CtrlC:
+    """Within this block the first Ctrl-C asks the searches to stop after their current trial; a second one
+    raises KeyboardInterrupt at once.
+
+    NOTE: a KeyboardInterrupt raised wherever the tuner happens to be can cut a database transaction short
+    and leave its connection holding SQLite's write lock; storing the best so far afterwards then waited 30 s
+    and failed ("database is locked"). A stop request ends the search between trials, where nothing is open.
+    Only the main thread can take signals: elsewhere the block does nothing.
+    """
+
+    def __init__(self):
+        self.pressed = False
+        self._events: list = []
+        self._previous = None
+
+    def stops(self, event) -> None:
+        """Set `event` (a threading or multiprocessing Event) on the first Ctrl-C."""
+        self._events.append(event)
+        if self.pressed:
+            event.set()
+
+    def _handler(self, signum, frame) -> None:
+        if self.pressed:
+            raise KeyboardInterrupt
+        self.pressed = True
+        log.warning("autotile: Ctrl-C: stopping after the current trial, then storing the best so far "
+                    "(Ctrl-C again stops at once)")
+        for event in self._events:
+            event.set()
+
+    def __enter__(self) -> CtrlC:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handler)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+            self._previous = None
+
+
 def run_search_processes(plan: _SearchPlan, targets: Sequence[tuple[int | None, DeviceInfo]], db_url: str,
-                         storage_url: str) -> _SharedState:
+                         storage_url: str, ctrl_c: CtrlC | None = None) -> _SharedState:
     """Run one search per (gpu, device) target on `plan`'s study; returns their combined state.
+
+    `ctrl_c` (the caller's CtrlC block) stops every search after its current trial; a KeyboardInterrupt
+    (a second Ctrl-C) stops them too and comes back in `.error`.
 
     The first target's search runs in this process (a thread beside the one relaying reports, which
     mostly waits), so it starts at once; every other target gets a search process.
@@ -71,6 +118,8 @@ def run_search_processes(plan: _SearchPlan, targets: Sequence[tuple[int | None, 
     context = multiprocessing.get_context("spawn")
     reports = context.Queue()
     stop = context.Event()
+    if ctrl_c is not None:
+        ctrl_c.stops(stop)
     seconds_left = None if plan.deadline is None else max(0.0, plan.deadline - time.monotonic())
     plain = {name: getattr(plan, name) for name in _PLAIN_FIELDS}
     processes = {}
@@ -80,7 +129,8 @@ def run_search_processes(plan: _SearchPlan, targets: Sequence[tuple[int | None, 
         # Not daemonic: a search process starts trial workers and compile processes of its own.
         process = context.Process(target=_search_process_main, args=(spec, reports, stop),
                                   name=f"autotile-search-{gpu if gpu is not None else slot}")
-        process.start()
+        with born_ignoring_ctrl_c():
+            process.start()
         processes[slot] = process
     shared = _SharedState(stop=stop)
     local = threading.Thread(target=_Search(plan, 0, *targets[0], shared).run, name="autotile-search-0")
@@ -93,7 +143,8 @@ def run_search_processes(plan: _SearchPlan, targets: Sequence[tuple[int | None, 
         stop.set()
         _collect(processes, reports, shared, plan)
         local.join()
-        raise
+        with shared.lock:
+            shared.error = shared.error or KeyboardInterrupt()
     finally:
         for process in processes.values():
             process.join(_DRAIN_AFTER_EXIT_S)
@@ -144,7 +195,7 @@ def _merge(shared: _SharedState, result: dict) -> None:
 
 # --- the search process ----------------------------------------------------------------------------
 def _search_process_main(spec: _SearchSpec, reports, stop) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and sets `stop`
+    ignore_ctrl_c()  # the parent handles Ctrl-C and sets `stop`
     threading.Thread(target=_stop_when_orphaned, args=(spec.parent_pid, stop), daemon=True).start()
     shared = _SharedState(stop=stop)
     try:

@@ -93,10 +93,21 @@ class _ConfigSource:
         self._codes: np.ndarray | None = None  # (feasible config, axis) -> index of its value in the axis' choices
         self._index_of: dict[str, int] = {}  # config hash -> row
         self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
 
     def prepare_in_background(self) -> None:
         """Enumerate the feasible configs in a thread (a second or so) while the trial worker starts."""
-        threading.Thread(target=self._table, name="autotile-feasible", daemon=True).start()
+        self._thread = threading.Thread(target=self._table, name="autotile-feasible", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        """Wait for the background enumeration.
+
+        NOTE: a daemon thread still running at interpreter exit is stopped inside whatever C++ code it is in
+        (numpy's array building here), and the process aborts ("terminate called without an active exception").
+        """
+        if self._thread is not None:
+            self._thread.join()
 
     def feasible(self) -> list[Config]:
         with self._lock:
@@ -286,8 +297,16 @@ class _Search:
             evaluator = InProcessEvaluator(plan.family, plan.problem, self.device, plan.seed)
         evaluator.prestart()
         self.source.prepare_in_background()
-        compiler = start_compile_ahead(plan.family, plan.problem, self.device, plan.seed,
-                                       plan.compile_ahead and plan.table is None, gpu=self.gpu)
+        try:
+            compiler = start_compile_ahead(plan.family, plan.problem, self.device, plan.seed,
+                                           plan.compile_ahead and plan.table is None, gpu=self.gpu)
+        except BaseException as exc:  # noqa: BLE001 - as an error of the loop: nothing started is left running
+            evaluator.close()
+            self.source.close()
+            with self.shared.lock:
+                self.shared.error = self.shared.error or exc
+            self.shared.stop.set()
+            return
         if plan.lookahead is not None:
             ahead = plan.lookahead
         else:  # keep every compile process busy; with nothing compiling ahead, ask one trial at a time
@@ -303,6 +322,7 @@ class _Search:
             self._release_queue("not needed: the search stopped")
             evaluator.close()
             compiler.close()
+            self.source.close()
 
     # --- the loop -------------------------------------------------------------------------------
     def _loop(self, evaluator, compiler, heartbeat: Heartbeat, queue_length: int) -> None:

@@ -21,6 +21,8 @@ from pathlib import Path
 import optuna
 from sqlalchemy import event
 
+from autotile.store.db import schema_lock
+
 JOURNAL_PREFIX = "journal:"
 JOURNAL_SUFFIX = ".journal"
 
@@ -66,7 +68,8 @@ def optuna_storage(url: str) -> optuna.storages.BaseStorage:
     if is_journal(url):
         return journal_storage(url)
     engine_kwargs = {"connect_args": {"timeout": 30}} if url.startswith("sqlite") else {"pool_pre_ping": True}
-    storage = optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
+    with schema_lock(url):  # Optuna creates its tables on first use: one process at a time, as autotile's
+        storage = optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
     if url.startswith("sqlite"):
         _serialise_sqlite_transactions(storage.engine)
     return storage

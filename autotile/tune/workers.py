@@ -15,6 +15,7 @@ the device, a seed and config JSON; it answers with the TrialOutcome as a dict.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import json
@@ -26,6 +27,7 @@ import tempfile
 import threading
 import time
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
 
 from autotile.bench import Status, Timing, TrialOutcome
@@ -45,6 +47,32 @@ _WORKER_START_LIMIT_S = 300.0
 _STDERR_TAIL_LINES = 20
 # Serialises the environment swap around starting a worker (threads of --gpus start workers at once).
 _SPAWN_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def born_ignoring_ctrl_c() -> Iterator[None]:
+    """Processes started within this block cannot be stopped by Ctrl-C while they start up.
+
+    Ctrl-C reaches the whole process group; the tuner decides what stops (see `ignore_ctrl_c`). A child
+    sets SIGINT to ignored first thing in its main function, but spawn imports torch before that, and a
+    Ctrl-C then killed it ("exited with code -2 before it reported"). NOTE: the signal mask survives fork
+    and exec, so SIGINT blocked here around the start stays blocked in the child until `ignore_ctrl_c`.
+    """
+    if not hasattr(signal, "pthread_sigmask"):  # not POSIX
+        yield
+        return
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
+def ignore_ctrl_c() -> None:
+    """In a worker, compile or search process: ignore SIGINT (dropping one that came while it started)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 class WorkerSetupError(RuntimeError):
@@ -150,6 +178,9 @@ class InProcessEvaluator:
 
 def _worker_main(conn, ref: str, problem_data: dict, device: DeviceInfo, seed: int, log_path: str) -> None:
     """The worker process: load the family once, then answer trial requests until told to stop."""
+    # Ctrl-C reaches the whole process group: the tuner decides (it stops the search and closes this worker),
+    # so a trial is never cut short and filed as a crash.
+    ignore_ctrl_c()
     log_fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     os.dup2(log_fd, 1)
     os.dup2(log_fd, 2)
@@ -253,7 +284,8 @@ class IsolatedEvaluator:
             if self.gpu is not None:
                 os.environ["CUDA_VISIBLE_DEVICES"] = str(self.gpu)
             try:
-                process.start()
+                with born_ignoring_ctrl_c():
+                    process.start()
             finally:
                 if self.gpu is not None:
                     if before is None:

@@ -1,0 +1,193 @@
+"""`autotile tune` on every exit path: a rerun of a finished study, kill -9 and resume, Ctrl-C, an error.
+
+Each leaves no thread or process of the tuner running, and the CLI's exit status says what happened
+(issue 19: a rerun of a finished study aborted at interpreter exit, status 134, from a daemon thread
+still enumerating the feasible configs).
+"""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from autotile.device import interpret_device
+from autotile.families.elementwise import FAMILY as ELEMENTWISE
+from autotile.store.db import open_engine
+from autotile.store.repo import Store
+from autotile.tune import search
+from autotile.tune.cluster import recorded_trials
+from autotile.tune.driver import study_name, tune_problem
+from autotile.tune.workers import InProcessEvaluator
+
+CPU = interpret_device()
+EXPR, NUMEL = "x * 2 + 1", 1000
+PROBLEM = ELEMENTWISE.problems_from_cli(expr=EXPR, numel=(NUMEL,), dtype=("fp32",))[0]
+ENV = {**os.environ, "TRITON_INTERPRET": "1"}
+
+
+def _cli(db: str, trials: int, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "autotile.cli.main", "tune", "elementwise", "--expr", EXPR, "--numel", str(NUMEL),
+            "--gpu", "interpret", "--trials", str(trials), "--db", db, *extra]
+
+
+def _run(args: list[str], timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(args, env=ENV, capture_output=True, text=True, timeout=timeout)
+
+
+def _rows(db: str) -> dict[int, str]:
+    return recorded_trials(open_engine(db, create=False), study_name(ELEMENTWISE, PROBLEM, CPU))
+
+
+def _wait_for_rows(db: str, process: subprocess.Popen, count: int, limit_s: float = 240.0) -> None:
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline and process.poll() is None:
+        try:
+            if len(_rows(db)) >= count:
+                return
+        except Exception:  # noqa: BLE001 - the tuner has not created the database yet
+            pass
+        time.sleep(0.05)
+    raise AssertionError(f"the tuner stored fewer than {count} trials (exit status {process.poll()})")
+
+
+def test_rerun_of_a_finished_study_exits_0_and_says_so(tmp_path):
+    db = str(tmp_path / "rerun.sqlite")
+    first = _run(_cli(db, 3))
+    assert first.returncode == 0, first.stderr[-2000:]
+    # Not a terminal: one line per trial on stderr, so a long run in a log shows it is alive.
+    assert all(f"trial {n}/3:" in first.stderr for n in (1, 2, 3)), first.stderr
+    second = _run(_cli(db, 3))
+    assert second.returncode == 0, second.stderr[-2000:]  # was 134: aborted at exit
+    assert sum("study already complete" in line for line in second.stdout.splitlines()) == 1, second.stdout
+    assert "trial " not in second.stderr and len(_rows(db)) == 3
+
+
+def test_killed_tuner_resumes_and_its_rerun_exits_cleanly(tmp_path):
+    db = str(tmp_path / "killed.sqlite")
+    tuner = subprocess.Popen(_cli(db, 6), env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        _wait_for_rows(db, tuner, 2)
+        tuner.send_signal(signal.SIGKILL)
+    finally:
+        tuner.wait(30)
+    assert tuner.returncode == -signal.SIGKILL and 2 <= len(_rows(db)) < 6
+    resumed = _run(_cli(db, 6))
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    rows = _rows(db)
+    assert len(rows) == 6 and len(set(rows.values())) == 6
+    again = _run(_cli(db, 6))
+    assert again.returncode == 0 and "study already complete" in again.stdout, again.stderr[-2000:]
+
+
+@pytest.mark.parametrize("searches", [(), ("--gpus", "0,1")], ids=["one search", "search processes"])
+def test_ctrl_c_stores_the_best_so_far_and_exits_130(tmp_path, searches):
+    db = str(tmp_path / "interrupted.sqlite")
+    tuner = subprocess.Popen(_cli(db, 40, *searches), env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, start_new_session=True)
+    try:
+        _wait_for_rows(db, tuner, 2)
+        os.killpg(tuner.pid, signal.SIGINT)  # as a terminal's Ctrl-C: to the tuner and every process it started
+        out, err = tuner.communicate(timeout=240)
+    finally:
+        if tuner.poll() is None:
+            tuner.kill()
+    assert tuner.returncode == 130, err[-2000:]
+    assert "Traceback" not in err and "Aborted!" not in err
+    assert "interrupted: the best so far is stored; run the same command again to resume" in err
+    assert "stopped early: interrupted (Ctrl-C)" in out
+    (winner,) = Store(open_engine(db, create=False)).winners("elementwise")
+    stored = len(_rows(db))
+    assert 2 <= stored < 40 and winner.trials_run >= stored
+
+
+@pytest.fixture
+def no_new_threads():
+    """Fails the test if a thread or child process started during it is still alive at its end."""
+    before = set(threading.enumerate())
+    yield
+    left = [t.name for t in threading.enumerate() if t not in before and t.is_alive()]
+    children = multiprocessing.active_children()
+    assert not left and not children, f"left running: threads {left}, processes {children}"
+
+
+@pytest.fixture
+def slow_enumeration(monkeypatch):
+    """The feasible-config table takes a while to build, as on a busy machine or a large space."""
+    original = search._ConfigSource._codes_of
+
+    def slow(self, configs):
+        time.sleep(3.0)
+        return original(self, configs)
+
+    monkeypatch.setattr(search._ConfigSource, "_codes_of", slow)
+
+
+def test_a_search_stopped_at_once_waits_for_its_enumeration_thread(tmp_path, slow_enumeration, no_new_threads):
+    # timeout=0 stops the search before its first trial, while the background enumeration still runs.
+    result = tune_problem(ELEMENTWISE, PROBLEM, CPU, trials=3, timeout=0, db_url=f"sqlite:///{tmp_path / 't.sqlite'}",
+                          retime_rounds=0)
+    assert result.stopped_early.startswith("timeout") and result.winner is None
+
+
+def test_error_paths_leave_nothing_running(tmp_path, monkeypatch, slow_enumeration, no_new_threads):
+    url = f"sqlite:///{tmp_path / 't.sqlite'}"
+
+    def no_pool(*args, **kwargs):
+        raise OSError("cannot start the compile pool")
+
+    # Fails right after the trial worker (a process) and the enumeration (a thread) were started.
+    start_compile_ahead = search.start_compile_ahead
+    monkeypatch.setattr(search, "start_compile_ahead", no_pool)
+    with pytest.raises(OSError, match="compile pool"):
+        tune_problem(ELEMENTWISE, PROBLEM, CPU, trials=3, db_url=url, retime_rounds=0, isolate=True)
+    monkeypatch.setattr(search, "start_compile_ahead", start_compile_ahead)
+
+    def broken(self, number, config):
+        raise RuntimeError("the storage went away")
+
+    monkeypatch.setattr(InProcessEvaluator, "evaluate", broken)
+    with pytest.raises(RuntimeError, match="storage went away"):
+        tune_problem(ELEMENTWISE, PROBLEM, CPU, trials=3, db_url=url, retime_rounds=0)
+
+
+def test_isolated_run_then_rerun_leave_nothing_running(tmp_path, no_new_threads):
+    url = f"sqlite:///{tmp_path / 't.sqlite'}"
+    first = tune_problem(ELEMENTWISE, PROBLEM, CPU, trials=2, db_url=url, retime_rounds=1, isolate=True)
+    assert first.winner is not None and not first.already_complete and first.trials_this_run == 2
+    again = tune_problem(ELEMENTWISE, PROBLEM, CPU, trials=2, db_url=url, retime_rounds=1, isolate=True)
+    assert again.already_complete and again.trials_this_run == 0 and again.winner is not None
+
+
+def test_ctrl_c_in_process_stops_between_trials_and_names_a_winner(tmp_path, no_new_threads):
+    seen = []
+
+    def ctrl_c_after_two(progress):
+        seen.append(progress.evaluated)
+        if len(seen) == 2:
+            os.kill(os.getpid(), signal.SIGINT)  # as a terminal's Ctrl-C
+
+    url = f"sqlite:///{tmp_path / 't.sqlite'}"
+    result = tune_problem(ELEMENTWISE, PROBLEM, CPU, trials=10, db_url=url, retime_rounds=1,
+                          progress=ctrl_c_after_two)
+    assert result.interrupted and result.stopped_early == "interrupted (Ctrl-C)"
+    assert result.winner is not None and sum(result.statuses.values()) == 2
+    (winner,) = Store(open_engine(url, create=False)).winners("elementwise")
+    assert winner.config == result.winner.to_json()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # Ctrl-C is Python's again
+
+
+def test_second_ctrl_c_stops_at_once(tmp_path, no_new_threads):
+    def ctrl_c_twice(progress):
+        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    url = f"sqlite:///{tmp_path / 't.sqlite'}"
+    with pytest.raises(KeyboardInterrupt):
+        tune_problem(ELEMENTWISE, PROBLEM, CPU, trials=10, db_url=url, retime_rounds=1, progress=ctrl_c_twice)
+    assert Store(open_engine(url, create=False)).winners("elementwise") == []
