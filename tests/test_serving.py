@@ -238,3 +238,9 @@ def test_problem_fields_of_a_stored_range_must_match_except_alignment(user_db):
     got = dispatch.resolve(FAMILY, unaligned, H200)
     # The borrowed config is validated against the unaligned problem's own space (no TMA there).
     assert got.match == "range" or got.source == "vendor"
+
+
+def test_empty_operands_give_empty_results_like_torch():
+    assert autotile.matmul(torch.randn(0, 8), torch.randn(8, 5)).shape == (0, 5)
+    assert autotile.matmul(torch.randn(3, 8), torch.randn(8, 0)).shape == (3, 0)
+    assert autotile.linear(torch.randn(2, 0, 8), torch.randn(5, 8)).shape == (2, 0, 5)

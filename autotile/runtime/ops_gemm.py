@@ -118,6 +118,10 @@ def _served_for(a, b, bias, activation, out_dtype, scale_a, scale_b) -> _Served:
     key = _signature(a, b, bias, activation, out_dtype, scale_a, scale_b)
     served = _served.get(key)
     if served is None:
+        if a.dim() == 2 and b.dim() == 2 and a.shape[1] == b.shape[0] and 0 in (a.shape[0], b.shape[1]):
+            # No rows or no columns: an empty result, as torch.matmul gives (nothing to tune or launch).
+            dtype = out_dtype or (torch.bfloat16 if a.dtype == torch.float8_e4m3fn else a.dtype)
+            return _Served(lambda a, b, *rest: a.new_empty((a.shape[0], b.shape[1]), dtype=dtype), [0])
         _, problem, device = problem_for(a, b, bias=bias, activation=activation, out_dtype=out_dtype,
                                          scale_a=scale_a, scale_b=scale_b)
         served = _serve(problem, device)
@@ -201,18 +205,68 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
     x (..., K) with any leading dims; weight (N, K) as nn.Linear stores it; the GEMM's B operand is
     weight.T, column-major, a first-class layout of the gemm family. Tokens (M = x.numel() / K) vary
-    per call; winners are served across the M bucket they were verified on.
+    per call; winners are served across the M bucket they were verified on. Where the vendor op serves,
+    the call is F.linear itself.
 
     >>> import torch, autotile
     >>> x, w = torch.randn(2, 3, 8), torch.randn(5, 8)
     >>> torch.allclose(autotile.linear(x, w, activation="silu"), torch.nn.functional.silu(x @ w.T), atol=1e-5)
     True
     """
+    if direct_call_ok(x, weight, bias):
+        served = _linear_served.get(_linear_signature(x, weight, bias, activation))
+        if served is None:
+            served = _serve_linear(x, weight, bias, activation)
+        served.calls[0] += 1
+        return served.run(x, weight, bias)
     _check_linear(x, weight, bias)
     lead = x.shape[:-1]
-    a = x.reshape(-1, x.shape[-1])
-    out = matmul(a, weight.t(), bias=bias, activation=activation)
+    out = matmul(x.reshape(-1, x.shape[-1]), weight.t(), bias=bias, activation=activation)
     return out.reshape(*lead, weight.shape[0])
+
+
+_linear_served: dict[tuple, _Served] = {}
+
+
+def _forget_linear() -> None:
+    with _served_lock:
+        _linear_served.clear()
+
+
+on_clear(_forget_linear)
+
+
+def _linear_signature(x, weight, bias, activation) -> tuple:
+    tf32 = x.dtype is torch.float32 and torch.backends.cuda.matmul.allow_tf32
+    return (x.shape, x.stride(), weight.shape, weight.stride(), x.dtype, weight.dtype, x.device, weight.device,
+            not (x.data_ptr() | weight.data_ptr()) & 15,
+            None if bias is None else (bias.shape, bias.dtype, bias.device), activation, tf32)
+
+
+def _serve_linear(x, weight, bias, activation) -> _Served:
+    """What linear calls of this signature run: F.linear itself where the vendor op serves, else the kernel."""
+    _check_linear(x, weight, bias)
+    key = _linear_signature(x, weight, bias, activation)
+    a = x.reshape(-1, x.shape[-1])
+    act = _ACTIVATIONS[activation or "none"]
+    if a.shape[0] == 0:  # no tokens: nothing to tune or launch
+        served = _Served(lambda x, w, b: torch.nn.functional.linear(x, w, b), [0])
+    else:
+        _, problem, device = problem_for(a, weight.t(), bias=bias, activation=activation)
+        resolution = resolve(FAMILY, problem, device)
+        if resolution.vendor and resolution.config[VENDOR_KEY] == "cublas":
+            def run(x, w, b):
+                return torch.nn.functional.linear(x, w, b) if act is None else act(torch.nn.functional.linear(x, w, b))
+        else:
+            inner = (_vendor_runner(problem, resolution.config[VENDOR_KEY]) if resolution.vendor
+                     else _kernel_runner(problem, resolution.config))
+
+            def run(x, w, b):
+                return inner(x.reshape(-1, x.shape[-1]), w.t(), b, None, None).view(*x.shape[:-1], w.shape[0])
+        served = _Served(run, trace.counter(FAMILY, problem, device))
+    with _served_lock:
+        _linear_served[key] = served
+    return served
 
 
 __all__ = ["matmul", "linear", "problem_for", "linear_problem_for"]
