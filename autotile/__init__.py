@@ -15,7 +15,7 @@ if not (_Path(__file__).parent / "cli").is_dir() and (_checkout_root / "cli" / "
 
 __version__ = "0.1.0"
 
-__all__ = ["matmul", "linear", "flash_attention", "paged_attention", "paged_prefill", "plan_paged_attention",
+__all__ = ["matmul", "linear", "flash_attention", "flash_attention_varlen", "paged_attention", "paged_prefill", "plan_paged_attention",
            "plan_paged_prefill", "fuse", "explain", "__version__"]
 
 # Public name -> (module, attribute). The ops are imported on first use, so `import autotile` stays
@@ -24,6 +24,7 @@ _PUBLIC = {
     "matmul": ("autotile.runtime.ops_gemm", "matmul"),
     "linear": ("autotile.runtime.ops_gemm", "linear"),
     "flash_attention": ("autotile.runtime.ops_flash", "flash_attention"),
+    "flash_attention_varlen": ("autotile.runtime.ops_flash_varlen", "flash_attention_varlen"),
     "paged_attention": ("autotile.runtime.ops_paged", "paged_attention"),
     "paged_prefill": ("autotile.runtime.ops_paged", "paged_prefill"),
     "plan_paged_attention": ("autotile.runtime.paged_plan", "plan_paged_attention"),

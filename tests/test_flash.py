@@ -191,15 +191,18 @@ def test_bad_input_says_what_to_do(make, error, words):
         ops_flash.flash_attention(*make())
 
 
-def test_fp8_with_gradients_is_refused():
+def test_fp8_is_refused_on_the_cpu_and_with_gradients():
+    # NOTE: the interpreter rounds fp32 -> e4m3 wrongly, so a CPU result would be wrong: refused, not computed.
     q, k, v = (torch.randn(1, 1, 4, 32).to(torch.float8_e4m3fn) for _ in range(3))
+    with pytest.raises(UnsupportedDtypeError, match="CUDA GPUs only"):
+        ops_flash.flash_attention(q, k, v)
     q.requires_grad_(True)
     with pytest.raises(UnsupportedDtypeError, match="forward only"):
-        ops_flash.flash_attention(q, k, v)
+        ops_flash.check_fp8_grad(q, k, v)
 
 
 def test_chunked_plain_torch_matches_one_piece(monkeypatch):
-    import autotile.families.flash as flash
+    import autotile.families.flash_reference as flash
 
     gen = torch.Generator().manual_seed(9)
     q, do = (torch.randn(2, 6, 7, 8, generator=gen, dtype=torch.float64) for _ in range(2))

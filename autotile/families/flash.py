@@ -6,52 +6,53 @@ tiles from that log-sum-exp: one kernel owns a key block and sums dK/dV over eve
 head of its group, another owns a query block and sums dQ, so no atomics are needed.
 
 Forward and backward are separate problems of one family (`direction`), tuned and looked up
-separately. Causal masks are aligned to the bottom-right (query i sees key j <= i + Sk - Sq),
+separately. Masks are aligned to the bottom-right (query i sees key j <= i + Sk - Sq when causal),
 as SDPA's `causal_lower_right` and FlashAttention do; rows that see no key give O = 0.
+Model features are fields of the problem and switches of the template, so a plain call renders
+none of them: sliding window (window_left/right), logit soft-capping (softcap), ALiBi (alibi),
+packed variable-length sequences (varlen). SDPA's backends are the vendor configs of plain
+problems (autotile/families/flash_vendor.py).
 """
 from __future__ import annotations
 
 import dataclasses
 import math
+import random
 from dataclasses import dataclass
-from functools import partial
 
 import torch
 
 from autotile.device import DeviceInfo
 from autotile.dtypes import element_size, torch_dtype
 from autotile.errors import BadInputError, ShapeMismatchError, UnsupportedDtypeError
-from autotile.families.base import (Baseline, CheckResult, Cost, Family, ProblemOption, Tensors, Tolerance,
-                                    next_pow2)
+from autotile.families import flash_vendor
+from autotile.families.base import (VENDOR_KEY, Baseline, CheckResult, Cost, Family, ProblemOption, Tensors,
+                                    Tolerance, canonical_json, is_vendor, next_pow2, problem_to_dict)
 from autotile.families.checks import compare
-from autotile.launch import launch as launch_kernel
-from autotile.render import interpreter_mode, load_kernel_module
+from autotile.families.flash_launch import backward_plan, forward_plan
+from autotile.families.flash_reference import (LOG2E, Scores, attention_grads, attention_math,  # noqa: F401 - re-exported
+                                               causal_seen, default_scale, fa_rule_check, join_packed, log2_sum_exp,
+                                               map_head_chunks, per_batch_slopes, plain_fp8_forward, seen_pairs,
+                                               split_packed)
+from autotile.render import load_kernel_module
 from autotile.space import Axis, AxisKind, Config, Constraint, Space
 
 DIRECTIONS = ("fwd", "bwd")
 DTYPES = ("fp32", "fp16", "bf16", "fp8")  # fp8 (e4m3 with per-tensor descales): forward only
 MAX_HEAD_DIM = 256
-LOG2E = 1.4426950408889634
-
-# Unit roundoff (half an ulp at 1.0) of the dtype the results are stored in.
-_UNIT_ROUNDOFF = {"fp32": 2.0**-24, "fp16": 2.0**-11, "bf16": 2.0**-8}
-# FlashAttention's test rule (tests/test_flash_attn.py of Dao-AILab/flash-attention): our error against
-# a float64 reference may be at most this multiple of the error plain torch makes at the same dtype ...
-_PLAIN_TORCH_FACTOR = 2.0
-# ... plus a floor of this many roundings of the output at its magnitude (+0.3, as FlashAttention's
-# `out_ref + 0.3 - 0.3` floor), for outputs where torch happens to be almost exact. The rounding
-# counts the fp32 accumulation too: two fp32 sums of n terms taken in different orders (tiles vs
-# torch's blocked matmul) drift apart by ~sqrt(n) * 2^-24 of their size. That term is what is left
-# for fp32 problems, and is negligible next to the storage rounding of fp16/bf16.
-_FLOOR_ROUNDINGS = 2.0
-_FP32_ROUNDOFF = 2.0**-24
+# Problem fields added after the first shipped winners, with the values that mean "off": they are left
+# out of the problem key at these values, so keys stored before they existed still match.
+FEATURE_DEFAULTS = {"window_left": -1, "window_right": -1, "softcap": 0.0, "alibi": False, "varlen": False}
 # A thread holds at most this many fp32 accumulator values before Hopper kernels start to spill
 # (255 registers a thread, minus addresses, masks and the softmax statistics).
 _ACCUMULATOR_REGISTERS = 192
 _BLOCKS = (16, 32, 64, 128)
-# Score elements of one chunk in the plain-torch computations: 2**27 (1 GiB in float64, a few
-# copies alive at once) keeps the references of the 16k-token anchor shapes inside GPU memory.
-_CHUNK_SCORES = 2**27
+# Key blocks of 256 only for head dims <= 64, where a (BLOCK_M, 256) score tile costs what a
+# (BLOCK_M, 128) one does at D = 128 and halves the loop trips of short-head problems.
+_WIDE_BLOCK_N = 256
+# Programs a forward grid should have before its query tiles are split finer: two per SM keeps
+# every SM busy through the tail (132 SMs on the H200).
+_PROGRAMS_PER_SM = 2
 
 
 def _rows_needed(num_warps: int) -> int:
@@ -66,18 +67,27 @@ def _largest_block(seq: int) -> int:
     return max(64, next_pow2(seq))
 
 
+def _cdiv(x: int, y: int) -> int:
+    return (x + y - 1) // y
+
+
 @dataclass(frozen=True)
 class FlashProblem:
     direction: str  # 'fwd' or 'bwd'
-    batch: int
+    batch: int  # varlen: the number of sequences
     heads_q: int
     heads_kv: int
-    seq_q: int
-    seq_k: int
+    seq_q: int  # varlen: the longest query sequence
+    seq_k: int  # varlen: the longest key/value sequence
     head_dim: int
     causal: bool = False
     dtype: str = "bf16"
     aligned: bool = True  # base pointers and row strides are multiples of 16 bytes (TMA-able)
+    window_left: int = -1  # sliding window: keys more than this many positions left of the diagonal are masked
+    window_right: int = -1  # ... right of the diagonal (causal masks everything right of it)
+    softcap: float = 0.0  # > 0: logits x -> softcap * tanh(x / softcap) (Gemma-2)
+    alibi: bool = False  # ALiBi: per-head slopes add -slope * |i + Sk - Sq - j|
+    varlen: bool = False  # packed (total, H, D) sequences with cumulative lengths
 
     def __post_init__(self):
         if self.direction not in DIRECTIONS:
@@ -93,6 +103,19 @@ class FlashProblem:
             raise UnsupportedDtypeError(f"flash attention supports {DTYPES}, got {self.dtype!r}")
         if self.dtype == "fp8" and self.direction == "bwd":
             raise UnsupportedDtypeError("the fp8 path is forward only; train in bf16 or fp16")
+        for name in ("window_left", "window_right"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < -1:
+                raise BadInputError(f"{name} must be an int >= -1 (-1: no limit), got {value!r}")
+        if not (isinstance(self.softcap, (int, float)) and math.isfinite(self.softcap) and self.softcap >= 0):
+            raise BadInputError(f"softcap must be a finite number >= 0 (0: off), got {self.softcap!r}")
+        if self.dtype == "fp8" and (self.has_features or self.varlen):
+            raise UnsupportedDtypeError("the fp8 path computes plain dense attention only (no window, softcap, "
+                                        "ALiBi or packed sequences); cast to bf16 for those")
+        # FlashAttention's rule: causal masks everything right of the diagonal, whatever the window says.
+        if self.causal and self.window_right != -1:
+            object.__setattr__(self, "window_right", -1)
+        object.__setattr__(self, "softcap", float(self.softcap))
 
     @property
     def group(self) -> int:
@@ -107,154 +130,48 @@ class FlashProblem:
         # The head dim padded to a power of two (96 -> 128); tl.dot needs >= 16, fp8 dots >= 32 along K.
         return max(32 if self.dtype == "fp8" else 16, next_pow2(self.head_dim))
 
+    @property
+    def has_features(self) -> bool:
+        """A sliding window, soft-capping or ALiBi (what SDPA cannot express)."""
+        return self.window_left >= 0 or self.window_right >= 0 or self.softcap > 0 or self.alibi
 
-def default_scale(head_dim: int) -> float:
-    return 1.0 / math.sqrt(head_dim)
-
-
-def seen_pairs(seq_q: int, seq_k: int, causal: bool) -> int:
-    """(query, key) pairs that take part: all of them, or those under the bottom-right causal diagonal."""
-    if not causal:
-        return seq_q * seq_k
-    diag = seq_k - seq_q
-    # Row i sees min(Sk, max(0, i + diag + 1)) keys; rows [a, b) see i + diag + 1 of them.
-    a = min(seq_q, max(0, -diag))  # first row that sees a key
-    b = min(seq_q, max(a, seq_k - diag - 1))  # first row that sees every key
-    partial = (b - a) * (a + b - 1) // 2 + (b - a) * (diag + 1)
-    return partial + (seq_q - b) * seq_k
+    @property
+    def scores(self) -> Scores:
+        return Scores(self.causal, self.window_left, self.window_right, self.softcap)
 
 
-# --- plain torch attention (references and the same-dtype comparison) ------------------------------
-def causal_seen(seq_q: int, seq_k: int, device) -> torch.Tensor:
-    """(Sq, Sk) bool: query i sees key j <= i + Sk - Sq."""
-    rows = torch.arange(seq_q, device=device)[:, None]
-    cols = torch.arange(seq_k, device=device)[None, :]
-    return cols <= rows + (seq_k - seq_q)
+def alibi_slopes(heads: int) -> torch.Tensor:
+    """The ALiBi paper's slopes for `heads` heads (geometric, 2^(-8/n) ... 2^-8 for n a power of two), fp32."""
+    def powers(n: int) -> list[float]:
+        start = 2.0 ** (-8.0 / n)
+        return [start ** (i + 1) for i in range(n)]
+
+    nearest = 1 << (heads.bit_length() - 1)
+    slopes = powers(nearest)
+    if nearest < heads:  # the paper's rule for other head counts: every other slope of the next power of two
+        slopes += powers(2 * nearest)[0::2][: heads - nearest]
+    return torch.tensor(slopes, dtype=torch.float32)
 
 
-def attention_math(q, k, v, *, causal: bool, scale: float, dtype: torch.dtype) -> torch.Tensor:
-    """softmax(scale * Q K^T) V in plain torch with matmuls in `dtype` and the softmax in float32 or wider.
-
-    Differentiable; GQA by repeating K/V heads; causal rows that see no key give 0.
-    """
-    group = q.shape[1] // k.shape[1]
-    q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
-    k = k.repeat_interleave(group, dim=1)
-    v = v.repeat_interleave(group, dim=1)
-    soft_dtype = torch.float64 if dtype == torch.float64 else torch.float32
-    scores = (torch.matmul(q, k.transpose(-1, -2)) * scale).to(soft_dtype)  # (B, Hq, Sq, Sk)
-    if causal:
-        seen = causal_seen(q.shape[2], k.shape[2], q.device)
-        empty = ~seen.any(dim=1, keepdim=True)  # (Sq, 1)
-        # Empty rows softmax over zeros instead of all -inf (no NaN in values or gradients), then are zeroed.
-        scores = scores.masked_fill(~seen, float("-inf")).masked_fill(empty, 0.0)
-        probs = torch.softmax(scores, dim=-1).masked_fill(~seen, 0.0)
-    else:
-        probs = torch.softmax(scores, dim=-1)
-    return torch.matmul(probs.to(dtype), v)
+def packed_lengths(problem: FlashProblem) -> tuple[list[int], list[int]]:
+    """Query and key lengths of the sequences a varlen problem's inputs pack: the first is the longest,
+    the others drawn (deterministically) between a quarter and all of it; keys keep Sk - Sq over queries."""
+    p = problem
+    gen = random.Random(f"{p.batch}:{p.seq_q}:{p.seq_k}")
+    lens_q = [p.seq_q] + [gen.randint(max(1, p.seq_q // 4), p.seq_q) for _ in range(p.batch - 1)]
+    lens_k = [p.seq_k] + [max(1, min(p.seq_k, n + p.seq_k - p.seq_q)) for n in lens_q[1:]]
+    return lens_q, lens_k
 
 
-def log2_sum_exp(q, k, *, causal: bool, scale: float) -> torch.Tensor:
-    """(B, Hq, Sq) float32 (float64 for float64 inputs) log2-domain log-sum-exp of the scaled scores; +inf for rows that see no key."""
-    group = q.shape[1] // k.shape[1]
-    wide = torch.float64 if q.dtype == torch.float64 else torch.float32
-    k = k.to(wide).repeat_interleave(group, dim=1)
-    scores = torch.matmul(q.to(wide), k.transpose(-1, -2)) * scale
-    if causal:
-        scores = scores.masked_fill(~causal_seen(q.shape[2], k.shape[2], q.device), float("-inf"))
-    lse = torch.logsumexp(scores, dim=-1) * LOG2E
-    return torch.where(torch.isneginf(lse), torch.full_like(lse, float("inf")), lse)
+def cumulative(lengths: list[int]) -> torch.Tensor:
+    return torch.tensor([0] + list(_running_sum(lengths)), dtype=torch.int32)
 
 
-def map_head_chunks(fn, q, k, v, *q_side):
-    """`fn(q, k, v, *q_side)` over chunks of (one batch entry, a run of key/value heads with their query heads).
-
-    Every result of `fn` (a tensor or a tuple of them, with heads along dim 1) is stitched back
-    together, so plain-torch attention of the 16k-token anchor shapes fits in an H200's memory.
-    """
-    group = q.shape[1] // k.shape[1]
-    per_chunk = max(1, _CHUNK_SCORES // (group * q.shape[2] * k.shape[2]))
-    rows = []
-    for b in range(q.shape[0]):
-        parts = []
-        for h0 in range(0, k.shape[1], per_chunk):
-            kv = slice(h0, min(h0 + per_chunk, k.shape[1]))
-            qh = slice(kv.start * group, kv.stop * group)
-            result = fn(q[b:b + 1, qh], k[b:b + 1, kv], v[b:b + 1, kv], *(t[b:b + 1, qh] for t in q_side))
-            parts.append(result if isinstance(result, tuple) else (result,))
-        rows.append(tuple(torch.cat(column, dim=1) for column in zip(*parts)))
-    stitched = tuple(torch.cat(column, dim=0) for column in zip(*rows))
-    return stitched if len(stitched) > 1 else stitched[0]
-
-
-def attention_grads(q, k, v, do, *, causal: bool, scale: float, dtype: torch.dtype):
-    """dq, dk, dv of attention_math at `dtype`, by autograd, chunk by chunk."""
-    def one_chunk(q, k, v, do):
-        q, k, v = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
-        with torch.enable_grad():
-            o = attention_math(q, k, v, causal=causal, scale=scale, dtype=dtype)
-            return torch.autograd.grad(o, (q, k, v), do.to(o.dtype))
-    return map_head_chunks(one_chunk, q, k, v, do)
-
-
-def _plain_torch_fp8_forward(inputs: Tensors, causal: bool, scale: float) -> torch.Tensor:
-    """What fp8 attention does in plain torch: dequantised Q/K/V, unnormalised P rounded to e4m3 for P V."""
-    descale = inputs["descale"].double()
-
-    def one_chunk(q8, k8, v8):
-        group = q8.shape[1] // k8.shape[1]
-        q = q8.double() * descale[0]
-        k = k8.double().repeat_interleave(group, dim=1) * descale[1]
-        v = v8.double().repeat_interleave(group, dim=1)
-        scores = torch.matmul(q, k.transpose(-1, -2)) * scale
-        if causal:
-            scores = scores.masked_fill(~causal_seen(q.shape[2], k.shape[2], q.device), float("-inf"))
-        row_max = scores.amax(dim=-1, keepdim=True).nan_to_num(0.0, neginf=0.0)
-        p = torch.exp(scores - row_max)  # (B, Hq, Sq, Sk) in [0, 1]
-        l = p.sum(dim=-1, keepdim=True)
-        out = torch.matmul(p.to(torch.float8_e4m3fn).double(), v) * descale[2]
-        return torch.where(l > 0, out / l.clamp_min(1e-300), torch.zeros_like(out))
-    return map_head_chunks(one_chunk, inputs["q"], inputs["k"], inputs["v"])
-
-
-def fa_rule_check(name: str, got: torch.Tensor, want: torch.Tensor, plain: torch.Tensor, out_dtype: str,
-                  reduction: int) -> CheckResult:
-    """FlashAttention's rule: max|got - want| <= 2 * max|plain - want| + 2 roundings at max|want| + 0.3.
-
-    `reduction`: how many terms each output element sums (Sk for O and dQ, group * Sq for dK and dV).
-    """
-    g = got.detach().to(torch.float64)
-    w = want.detach().to(device=g.device, dtype=torch.float64)
-    pl = plain.detach().to(device=g.device, dtype=torch.float64)
-    if g.shape != w.shape:
-        return CheckResult(False, f"{name}: shape {tuple(g.shape)} != reference {tuple(w.shape)}")
-    nan = torch.isnan(g)
-    if nan.any():
-        idx = tuple(int(i) for i in nan.nonzero()[0])
-        return CheckResult(False, f"{name}: {int(nan.sum())} element(s) NaN or never written, first at {idx} "
-                                  f"(reference {w[idx].item():.6g})", float("nan"))
-    err = (g - w).abs()
-    plain_err = float((pl - w).abs().max()) if w.numel() else 0.0
-    rounding = _UNIT_ROUNDOFF[out_dtype] + math.sqrt(reduction) * _FP32_ROUNDOFF
-    floor = _FLOOR_ROUNDINGS * rounding * (float(w.abs().max()) + 0.3) if w.numel() else 0.0
-    allowed = _PLAIN_TORCH_FACTOR * plain_err + floor
-    worst = float(err.max()) if err.numel() else 0.0
-    if not worst <= allowed:
-        idx = tuple(int(i) for i in torch.unravel_index(err.argmax(), err.shape))
-        return CheckResult(
-            False,
-            f"{name}: max |err| {worst:.3g} > allowed {allowed:.3g} ({_PLAIN_TORCH_FACTOR:g} x plain torch "
-            f"{out_dtype} error {plain_err:.3g} + floor {floor:.3g}); worst at {idx}: got {g[idx].item():.6g}, "
-            f"expected {w[idx].item():.6g}, plain torch {pl[idx].item():.6g}", worst)
-    return CheckResult(True, f"{name}: ok, max |err| {worst:.3g} (plain torch {plain_err:.3g})", worst)
-
-
-def _cdiv(x: int, y: int) -> int:
-    return (x + y - 1) // y
-
-
-def _strides(t: torch.Tensor) -> tuple[int, int, int]:
-    return t.stride(0), t.stride(1), t.stride(2)
+def _running_sum(values):
+    total = 0
+    for value in values:
+        total += value
+        yield total
 
 
 # Known-good starting points (Triton's fused-attention tutorial on Hopper; the forward ones measured
@@ -278,6 +195,9 @@ class FlashFamily(Family):
     template = "flash_attention.py.j2"
     problem_type = FlashProblem
     shape_fields = ("batch", "heads_q", "heads_kv", "seq_q", "seq_k")
+    # A model layer keeps its heads, head dim, dtype and features; batch and lengths vary per call.
+    serving_fields = ("batch", "seq_q", "seq_k")
+    range_free_fields = ("aligned",)
 
     cli_options = (
         ProblemOption("batch", int, "batch size (default: tokens per batch kept near 8k)"),
@@ -292,13 +212,19 @@ class FlashFamily(Family):
     )
 
     # --- problems -----------------------------------------------------------------
-    def check_tensors(self, q, k, v, *, causal: bool = False, direction: str = "fwd") -> FlashProblem:
+    def problem_key(self, problem: FlashProblem) -> str:
+        data = problem_to_dict(problem)
+        for name, off in FEATURE_DEFAULTS.items():
+            if data[name] == off:
+                del data[name]
+        return canonical_json(data)
+
+    def check_tensors(self, q, k, v, *, causal: bool = False, direction: str = "fwd", window: tuple = (-1, -1),
+                      softcap: float = 0.0, alibi_slopes=None) -> FlashProblem:
         """Shapes, dtypes and devices of q, k, v, without reading their data (so fake tensors pass too).
 
         Returns the problem as if aligned; `problem_from_tensors` looks at the pointers.
         """
-        from autotile.dtypes import canonical_dtype_name
-
         for name, t in (("q", q), ("k", k), ("v", v)):
             if t.dim() != 4:
                 raise ShapeMismatchError(
@@ -308,25 +234,48 @@ class FlashFamily(Family):
         if q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]:
             raise ShapeMismatchError(
                 f"q {tuple(q.shape)} and k {tuple(k.shape)} must agree in batch (dim 0) and head dim (dim 3)")
-        if not (q.device == k.device == v.device):
-            raise BadInputError(f"q, k, v are on {q.device}, {k.device}, {v.device}: move them to one device")
-        if not (q.dtype == k.dtype == v.dtype):
-            raise UnsupportedDtypeError(f"q, k, v are {q.dtype}, {k.dtype}, {v.dtype}: cast them to one dtype")
-        try:
-            dtype = canonical_dtype_name(q.dtype)
-        except UnsupportedDtypeError:
-            dtype = str(q.dtype)
-        if dtype not in DTYPES:
-            raise UnsupportedDtypeError(
-                f"flash attention takes fp16, bf16 or fp32 tensors (fp8 e4m3 forward only), got {q.dtype}; cast with .to(torch.bfloat16)")
+        dtype = _common_dtype(q, k, v)
+        _check_alibi(alibi_slopes, q.shape[0], q.shape[1], q.device)
+        left, right = window_pair(window)
         return FlashProblem(direction, q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2], q.shape[3],
-                            bool(causal), dtype, True)
+                            bool(causal), dtype, True, left, right, float(softcap), alibi_slopes is not None)
 
-    def problem_from_tensors(self, q, k, v, *, causal: bool = False, direction: str = "fwd") -> FlashProblem:
-        problem = self.check_tensors(q, k, v, causal=causal, direction=direction)
-        aligned = all(t.data_ptr() % 16 == 0 and all((s * t.element_size()) % 16 == 0 for s in t.stride()[:3])
-                      for t in (q, k, v))
-        return dataclasses.replace(problem, aligned=aligned)
+    def problem_from_tensors(self, q, k, v, *, causal: bool = False, direction: str = "fwd", **features) -> FlashProblem:
+        problem = self.check_tensors(q, k, v, causal=causal, direction=direction, **features)
+        return dataclasses.replace(problem, aligned=all(_aligned(t, 3) for t in (q, k, v)))
+
+    def check_packed(self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int, *,
+                     causal: bool = False, direction: str = "fwd", window: tuple = (-1, -1), softcap: float = 0.0,
+                     alibi_slopes=None) -> FlashProblem:
+        """The varlen problem of packed q (total_q, Hq, D), k/v (total_k, Hkv, D) and cumulative lengths (B + 1,) int32."""
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            if t.dim() != 3:
+                raise ShapeMismatchError(
+                    f"{name} must be 3-D (total_tokens, heads, head_dim) as in FlashAttention's varlen API, "
+                    f"got shape {tuple(t.shape)}")
+        if k.shape != v.shape:
+            raise ShapeMismatchError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must have the same shape")
+        if q.shape[2] != k.shape[2]:
+            raise ShapeMismatchError(f"q {tuple(q.shape)} and k {tuple(k.shape)} must agree in head dim (dim 2)")
+        for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+            if not isinstance(cu, torch.Tensor) or cu.dim() != 1 or cu.dtype != torch.int32 or cu.shape[0] < 2:
+                raise BadInputError(f"{name} must be a 1-D int32 tensor of B + 1 cumulative lengths (starting at 0), "
+                                    f"got {getattr(cu, 'dtype', type(cu).__name__)} of shape {tuple(getattr(cu, 'shape', ()))}")
+            if cu.device != q.device:
+                raise BadInputError(f"{name} is on {cu.device}, q on {q.device}: move it to q's device")
+        if cu_seqlens_q.shape != cu_seqlens_k.shape:
+            raise ShapeMismatchError(f"cu_seqlens_q {tuple(cu_seqlens_q.shape)} and cu_seqlens_k "
+                                     f"{tuple(cu_seqlens_k.shape)} must describe the same number of sequences")
+        for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise BadInputError(f"{name} must be a positive int (the longest sequence), got {value!r}")
+        dtype = _common_dtype(q, k, v)
+        batch = cu_seqlens_q.shape[0] - 1
+        _check_alibi(alibi_slopes, batch, q.shape[1], q.device)
+        left, right = window_pair(window)
+        return FlashProblem(direction, batch, q.shape[1], k.shape[1], max_seqlen_q, max_seqlen_k, q.shape[2],
+                            bool(causal), dtype, all(_aligned(t, 2) for t in (q, k, v)), left, right, float(softcap),
+                            alibi_slopes is not None, True)
 
     def default_suite(self) -> list[FlashProblem]:
         problems = []
@@ -389,7 +338,7 @@ class FlashFamily(Family):
         axes = [
             Axis("LOADS", ("pointer", "tma"), AxisKind.RENDER),
             Axis("BLOCK_M", _BLOCKS),
-            Axis("BLOCK_N", _BLOCKS),
+            Axis("BLOCK_N", _BLOCKS + (_WIDE_BLOCK_N,)),
             Axis("WARP_SPECIALIZE", (False, True)),
             Axis("num_warps", (1, 2, 4, 8)),
             Axis("num_stages", (2, 3, 4)),
@@ -404,6 +353,8 @@ class FlashFamily(Family):
             Constraint("tile_within_problem",
                        lambda c: c["BLOCK_M"] <= _largest_block(p.seq_q) and c["BLOCK_N"] <= _largest_block(p.seq_k),
                        "a block larger than the next power of two of its sequence only computes padding"),
+            Constraint("wide_key_blocks", lambda c: c["BLOCK_N"] != _WIDE_BLOCK_N or bd <= 64,
+                       f"{_WIDE_BLOCK_N}-key blocks are for head dims <= 64"),
             Constraint("fp8_block_n", lambda c: p.dtype != "fp8" or c["BLOCK_N"] >= 32,
                        "fp8 P V dots need at least 32 keys along K"),
             Constraint("tma_alignment", lambda c: c["LOADS"] != "tma" or (p.aligned and (p.head_dim * size) % 16 == 0),
@@ -457,6 +408,7 @@ class FlashFamily(Family):
         ]
         return Space(axes, constraints)
 
+
     def seed_configs(self, problem: FlashProblem, device: DeviceInfo) -> list[Config]:
         """Hopper configs of Triton's fused-attention tutorial, tried right after the default."""
         wanted = _SEED_FORWARD if problem.direction == "fwd" else _SEED_BACKWARD
@@ -466,15 +418,45 @@ class FlashFamily(Family):
     def default_config(self, problem: FlashProblem, device: DeviceInfo) -> Config:
         # Starting points of Triton's fused-attention tutorial on H100, narrowed by head dim so the
         # accumulators fit in registers; first_feasible adapts them to short sequences.
-        if problem.direction == "fwd":
-            wide = problem.block_d >= 256
-            preferred = dict(LOADS="pointer", BLOCK_M=64 if wide else 128, BLOCK_N=64, WARP_SPECIALIZE=False,
-                             num_warps=4 if wide or problem.block_d <= 64 else 8, num_stages=2 if wide else 3)
+        p = problem
+        wide = p.block_d >= 256
+        if p.direction == "fwd":
+            block_m = 64 if wide else 128
+            # Short sequences and small batches (16 x 512, 3 x 12 x 2000): finer query tiles, so that the
+            # grid has programs for every SM.
+            if _cdiv(p.seq_q, block_m) * p.batch * p.heads_q < _PROGRAMS_PER_SM * device.sm_count:
+                block_m = 64
+            preferred = dict(LOADS="pointer", BLOCK_M=block_m, BLOCK_N=64, WARP_SPECIALIZE=False,
+                             num_warps=4 if wide or block_m == 64 or p.block_d <= 64 else 8,
+                             num_stages=2 if wide else 3)
         else:
-            wide = problem.block_d >= 256
             preferred = dict(BLOCK_M1=32, BLOCK_N1=64 if wide else 128, BLOCK_M2=64 if wide else 128, BLOCK_N2=32,
-                             num_warps=8 if problem.block_d >= 128 else 4, num_stages=2)
+                             num_warps=8 if p.block_d >= 128 else 4, num_stages=2)
         return self.first_feasible(problem, device, preferred)
+
+    # --- the vendor op: SDPA's backends ------------------------------------------------
+    def vendor_configs(self, problem: FlashProblem, device: DeviceInfo) -> list[Config]:
+        # NOTE: none under the interpreter (CPU calls exist to run the generated kernel), none for fp8,
+        # packed sequences or the model features, which SDPA does not express.
+        return [Config({VENDOR_KEY: name}) for name in flash_vendor.backends_for(problem, device)]
+
+    def vendor_run(self, problem: FlashProblem, config: Config, inputs: Tensors) -> Tensors:
+        p, backend, scale = problem, config[VENDOR_KEY], default_scale(problem.head_dim)
+        q, k, v = inputs["q"], inputs["k"], inputs["v"]
+        if p.direction == "fwd":
+            o, lse = flash_vendor.forward(backend, q, k, v, causal=p.causal, scale=scale, need_lse=True)
+            return {"o": o, "lse": lse}
+        dq, dk, dv = flash_vendor.backward(backend, inputs["do"], q, k, v, inputs["o"], inputs["lse"],
+                                           causal=p.causal, scale=scale)
+        return {"dq": dq, "dk": dk, "dv": dv}
+
+    def timed_call(self, problem: FlashProblem, config: Config, inputs: Tensors, outputs: Tensors):
+        if is_vendor(config) and problem.direction == "fwd":
+            # As a user calls it to infer: no log-sum-exp asked for.
+            q, k, v, backend = inputs["q"], inputs["k"], inputs["v"], config[VENDOR_KEY]
+            scale, causal = default_scale(problem.head_dim), problem.causal
+            return lambda: flash_vendor.forward(backend, q, k, v, causal=causal, scale=scale, need_lse=False)
+        return super().timed_call(problem, config, inputs, outputs)
 
     # --- data -----------------------------------------------------------------------
     def make_inputs(self, problem: FlashProblem, device: DeviceInfo, seed: int = 0) -> Tensors:
@@ -482,43 +464,87 @@ class FlashFamily(Family):
         gen = torch.Generator(device="cpu").manual_seed(seed)
         dev = device.torch_device
         pad = 0 if p.aligned else 1  # unaligned problems start one element into their storage
+        if p.varlen:
+            lens_q, lens_k = packed_lengths(p)
+            shapes = {"q": (sum(lens_q), p.heads_q, p.head_dim), "k": (sum(lens_k), p.heads_kv, p.head_dim)}
+        else:
+            shapes = {"q": (p.batch, p.heads_q, p.seq_q, p.head_dim), "k": (p.batch, p.heads_kv, p.seq_k, p.head_dim)}
+        shapes["v"] = shapes["k"]
 
-        def tensor(heads: int, seq: int, values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-            numel = p.batch * heads * seq * p.head_dim
-            t = torch.empty(numel + pad, dtype=dtype, device=dev)[pad:].view(p.batch, heads, seq, p.head_dim)
+        def tensor(shape: tuple, values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+            t = torch.empty(math.prod(shape) + pad, dtype=dtype, device=dev)[pad:].view(shape)
             t.copy_(values.to(dtype).to(dev))
             return t
 
-        shapes = {"q": (p.heads_q, p.seq_q), "k": (p.heads_kv, p.seq_k), "v": (p.heads_kv, p.seq_k)}
-        raw = {n: torch.randn(p.batch, h, s, p.head_dim, generator=gen) for n, (h, s) in shapes.items()}
+        raw = {n: torch.randn(shapes[n], generator=gen) for n in "qkv"}
         if p.dtype == "fp8":
             # Per-tensor scaling as fp8 recipes do: amax maps to e4m3's largest value, 448.
             scales = torch.stack([raw[n].abs().max() / 448.0 for n in "qkv"]).float()
-            inputs = {n: tensor(*shapes[n], raw[n] / scales[i], torch.float8_e4m3fn) for i, n in enumerate("qkv")}
+            inputs = {n: tensor(shapes[n], raw[n] / scales[i], torch.float8_e4m3fn) for i, n in enumerate("qkv")}
             inputs["descale"] = scales.to(dev)
             return inputs
         dtype = torch_dtype(p.dtype)
-        inputs = {n: tensor(*shapes[n], raw[n], dtype) for n in "qkv"}
+        inputs = {n: tensor(shapes[n], raw[n], dtype) for n in "qkv"}
+        if p.alibi:
+            inputs["alibi"] = alibi_slopes(p.heads_q).to(dev)
+        if p.varlen:
+            inputs["cu_seqlens_q"], inputs["cu_seqlens_k"] = cumulative(lens_q).to(dev), cumulative(lens_k).to(dev)
         if p.direction == "bwd":
             # O and LSE come from plain torch, so timing and checking the backward needs no forward kernel.
-            scale = default_scale(p.head_dim)
             with torch.no_grad():
-                o = map_head_chunks(partial(attention_math, causal=p.causal, scale=scale, dtype=torch.float32),
-                                    inputs["q"], inputs["k"], inputs["v"])
-                inputs["o"] = tensor(p.heads_q, p.seq_q, o, dtype)
-                inputs["lse"] = map_head_chunks(lambda q, k, v: log2_sum_exp(q, k, causal=p.causal, scale=scale),
-                                                inputs["q"], inputs["k"], inputs["v"]).contiguous()
-            inputs["do"] = tensor(p.heads_q, p.seq_q, torch.randn(p.batch, p.heads_q, p.seq_q, p.head_dim, generator=gen), dtype)
+                o, lse = self._attend(p, inputs, inputs["q"], inputs["k"], inputs["v"], dtype=torch.float32, lse=True)
+            inputs["o"] = tensor(shapes["q"], o, dtype)
+            inputs["lse"] = lse.float().contiguous()
+            inputs["do"] = tensor(shapes["q"], torch.randn(shapes["q"], generator=gen), dtype)
         return inputs
 
     def allocate_outputs(self, problem: FlashProblem, inputs: Tensors) -> Tensors:
         q = inputs["q"]
         if problem.direction == "fwd":
+            stats = (q.shape[1], q.shape[0]) if problem.varlen else q.shape[:3]
             return {"o": torch.empty(q.shape, dtype=torch_dtype(problem.out_dtype), device=q.device),
-                    "lse": torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)}
+                    "lse": torch.empty(stats, dtype=torch.float32, device=q.device)}
         # Contiguous whatever the inputs' strides, as the op's fake implementation promises torch.compile.
         return {name: torch.empty(inputs[src].shape, dtype=inputs[src].dtype, device=q.device)
                 for name, src in (("dq", "q"), ("dk", "k"), ("dv", "v"))}
+
+    # --- references ---------------------------------------------------------------------
+    def _attend(self, p: FlashProblem, inputs: Tensors, q, k, v, *, dtype: torch.dtype, lse: bool, scale=None):
+        """Plain-torch attention of the problem at `dtype` over dense or packed q, k, v: o, or (o, lse)."""
+        scale = default_scale(p.head_dim) if scale is None else scale
+        slopes = inputs.get("alibi")
+
+        def dense(q, k, v, slopes):
+            side = [] if slopes is None else [per_batch_slopes(slopes.double(), q.shape[0])]
+
+            def chunk(q, k, v, *s):
+                a = s[0] if s else None
+                o = attention_math(q, k, v, scale=scale, dtype=dtype, scores=p.scores, alibi_slopes=a)
+                if not lse:
+                    return o
+                return o, log2_sum_exp(q, k, scale=scale, scores=p.scores, alibi_slopes=a).to(o.dtype)
+            return map_head_chunks(chunk, q, k, v, *side)
+        if not p.varlen:
+            return dense(q, k, v, slopes)
+        parts = []
+        for b, (qb, kb, vb) in enumerate(zip(*(split_packed(t, inputs[c]) for t, c in
+                                              ((q, "cu_seqlens_q"), (k, "cu_seqlens_k"), (v, "cu_seqlens_k"))))):
+            parts.append(dense(qb, kb, vb, None if slopes is None else (slopes if slopes.dim() == 1 else slopes[b])))
+        if not lse:
+            return join_packed(parts)
+        return join_packed([o for o, _ in parts]), torch.cat([s for _, s in parts], dim=2)[0]
+
+    def _grads(self, p: FlashProblem, inputs: Tensors, q, k, v, do, *, dtype: torch.dtype):
+        scale, slopes = default_scale(p.head_dim), inputs.get("alibi")
+        if not p.varlen:
+            return attention_grads(q, k, v, do, scale=scale, dtype=dtype, scores=p.scores, alibi_slopes=slopes)
+        grads = []
+        split = [split_packed(t, inputs[c]) for t, c in
+                 ((q, "cu_seqlens_q"), (k, "cu_seqlens_k"), (v, "cu_seqlens_k"), (do, "cu_seqlens_q"))]
+        for b, (qb, kb, vb, dob) in enumerate(zip(*split)):
+            row = None if slopes is None else (slopes if slopes.dim() == 1 else slopes[b])
+            grads.append(attention_grads(qb, kb, vb, dob, scale=scale, dtype=dtype, scores=p.scores, alibi_slopes=row))
+        return tuple(join_packed(list(g)) for g in zip(*grads))
 
     def _dequantised(self, problem: FlashProblem, inputs: Tensors) -> tuple[torch.Tensor, ...]:
         if problem.dtype != "fp8":
@@ -527,26 +553,25 @@ class FlashFamily(Family):
         return tuple(inputs[n].double() * descale[i] for i, n in enumerate("qkv"))
 
     def reference(self, problem: FlashProblem, inputs: Tensors) -> Tensors:
-        p, scale = problem, default_scale(problem.head_dim)
+        p = problem
         q, k, v = (t.detach().double() for t in self._dequantised(p, inputs))
         if p.direction == "fwd":
-            o, lse = map_head_chunks(lambda q, k, v: (attention_math(q, k, v, causal=p.causal, scale=scale, dtype=torch.float64),
-                                                      log2_sum_exp(q, k, causal=p.causal, scale=scale).double()), q, k, v)
+            o, lse = self._attend(p, inputs, q, k, v, dtype=torch.float64, lse=True)
             return {"o": o, "lse": lse}
-        dq, dk, dv = attention_grads(q, k, v, inputs["do"].double(), causal=p.causal, scale=scale, dtype=torch.float64)
+        dq, dk, dv = self._grads(p, inputs, q, k, v, inputs["do"].double(), dtype=torch.float64)
         return {"dq": dq, "dk": dk, "dv": dv}
 
     def plain_torch(self, problem: FlashProblem, inputs: Tensors) -> Tensors:
         """The same computation in plain torch at the problem's dtype: the yardstick of the FA rule."""
-        p, scale = problem, default_scale(problem.head_dim)
+        p = problem
         if p.dtype == "fp8":
-            return {"o": _plain_torch_fp8_forward(inputs, p.causal, scale)}
+            return {"o": plain_fp8_forward(inputs["q"], inputs["k"], inputs["v"], inputs["descale"], p.causal,
+                                           default_scale(p.head_dim))}
         dtype = torch_dtype(p.dtype)
         if p.direction == "fwd":
             with torch.no_grad():
-                return {"o": map_head_chunks(partial(attention_math, causal=p.causal, scale=scale, dtype=dtype),
-                                             inputs["q"], inputs["k"], inputs["v"])}
-        dq, dk, dv = attention_grads(inputs["q"], inputs["k"], inputs["v"], inputs["do"], causal=p.causal, scale=scale, dtype=dtype)
+                return {"o": self._attend(p, inputs, inputs["q"], inputs["k"], inputs["v"], dtype=dtype, lse=False)}
+        dq, dk, dv = self._grads(p, inputs, inputs["q"], inputs["k"], inputs["v"], inputs["do"], dtype=dtype)
         return {"dq": dq, "dk": dk, "dv": dv}
 
     def tolerance(self, problem: FlashProblem) -> Tolerance:
@@ -557,11 +582,15 @@ class FlashFamily(Family):
         # fp8 scores come from Hopper's fp8 tensor cores, which accumulate in ~14 bits (DeepSeek-V3
         # report, sec. 3.3.2): D unit-size terms whose partial sums grow like sqrt(D) make an error of
         # ~ D * 2^-14 before the 1/sqrt(D) scale, ~ sqrt(D) * 2^-14 in the scores; the log-sum-exp
-        # moves by at most the largest score error.
+        # moves by at most the largest score error. ALiBi biases reach slope * (Sq + Sk) (slopes <= 1),
+        # and their fp32 products round by 2^-24 of that; soft-capping's tanh (from exp2 and a
+        # division) is off by a few 2^-23 of the cap.
         p = problem
         fp8_scores = math.sqrt(p.head_dim) * 2.0**-14 if p.dtype == "fp8" else 0.0
-        return Tolerance(atol=4.0 * (p.seq_k * 2.0**-24 + 2.0**-22 + p.head_dim * 2.0**-24 + fp8_scores) / math.log(2.0)
-                         + 1e-6, rtol=2.0**-20)
+        alibi = (p.seq_q + p.seq_k) * 2.0**-24 if p.alibi else 0.0
+        softcap = p.softcap * 4 * 2.0**-23
+        return Tolerance(atol=4.0 * (p.seq_k * 2.0**-24 + 2.0**-22 + p.head_dim * 2.0**-24 + fp8_scores + alibi + softcap)
+                         / math.log(2.0) + 1e-6, rtol=2.0**-20)
 
     def check(self, problem: FlashProblem, inputs: Tensors, outputs: Tensors, expected: Tensors) -> CheckResult:
         plain = self.plain_torch(problem, inputs)
@@ -579,12 +608,16 @@ class FlashFamily(Family):
 
     def cost(self, problem: FlashProblem) -> Cost:
         p = problem
-        pairs = seen_pairs(p.seq_q, p.seq_k, p.causal)
-        forward = 4.0 * p.batch * p.heads_q * pairs * p.head_dim  # Q K^T and P V
+        lengths = zip(*packed_lengths(p)) if p.varlen else [(p.seq_q, p.seq_k)] * p.batch
+        pairs = 0
+        for seq_q, seq_k in lengths:
+            pairs += seen_pairs(seq_q, seq_k, p.causal, p.window_left, p.window_right)
+        tokens_q, tokens_k = (sum(x) for x in packed_lengths(p)) if p.varlen else (p.batch * p.seq_q, p.batch * p.seq_k)
+        forward = 4.0 * p.heads_q * pairs * p.head_dim  # Q K^T and P V
         size, out_size = element_size(p.dtype), element_size(p.out_dtype)
-        q_elems = p.batch * p.heads_q * p.seq_q * p.head_dim
-        kv_elems = p.batch * p.heads_kv * p.seq_k * p.head_dim
-        rows = p.batch * p.heads_q * p.seq_q
+        q_elems = tokens_q * p.heads_q * p.head_dim
+        kv_elems = tokens_k * p.heads_kv * p.head_dim
+        rows = tokens_q * p.heads_q
         if p.direction == "fwd":
             return Cost(forward, float(q_elems * size + 2 * kv_elems * size + q_elems * out_size + 4 * rows))
         # Backward: Q K^T recomputed, dV, dP, dQ, dK: 5 matmuls against the forward's 2, as SDPA counts.
@@ -592,9 +625,9 @@ class FlashFamily(Family):
         return Cost(2.5 * forward, float(moved))
 
     def baseline(self, problem: FlashProblem, inputs: Tensors) -> Baseline | None:
-        if problem.dtype == "fp8":
-            return None  # SDPA has no fp8 path
         p = problem
+        if p.dtype == "fp8" or p.varlen or p.has_features:
+            return None  # SDPA has no fp8 path, no packed sequences, windows, soft-capping or ALiBi
         f = torch.nn.functional
         kwargs = dict(scale=default_scale(p.head_dim), enable_gqa=p.heads_q != p.heads_kv)
         if p.causal and p.seq_q == p.seq_k:
@@ -613,66 +646,95 @@ class FlashFamily(Family):
 
     # --- running --------------------------------------------------------------------
     def render_switches(self, problem: FlashProblem, config: Config) -> dict:
+        p = problem
         return dict(
-            CAUSAL=problem.causal, HEAD_PADDED=problem.block_d != problem.head_dim, FP8=problem.dtype == "fp8",
-            LOADS=config["LOADS"] if problem.direction == "fwd" else "pointer",
-            INPUT_PRECISION="ieee" if problem.dtype == "fp32" else "",
+            RIGHT_BOUND=p.causal or p.window_right >= 0, LEFT_BOUND=p.window_left >= 0, SOFTCAP=p.softcap > 0,
+            ALIBI=p.alibi, VARLEN=p.varlen, HEAD_PADDED=p.block_d != p.head_dim, FP8=p.dtype == "fp8",
+            LOADS=config["LOADS"] if p.direction == "fwd" else "pointer",
+            INPUT_PRECISION="ieee" if p.dtype == "fp32" else "", UPCAST_DOTS=False,
         )
+
+    def kernel_module(self, problem: FlashProblem, config: Config, interpret: bool):
+        switches = self.render_switches(problem, config)
+        # NOTE: Triton 3.6's interpreter computes bf16 tl.dot wrongly; CPU runs upcast the dot operands.
+        switches["UPCAST_DOTS"] = interpret and problem.dtype == "bf16"
+        return load_kernel_module(self.template, interpret=interpret, **switches)
 
     def launch(self, problem: FlashProblem, config: Config, inputs: Tensors, outputs: Tensors) -> None:
         self.run(problem, config, inputs, outputs, scale=default_scale(problem.head_dim))
 
+    def plan(self, problem: FlashProblem, config: Config, inputs: Tensors, outputs: Tensors, *, scale: float):
+        """The launch plan of `config` for tensors shaped and strided as these (see flash_launch)."""
+        interpret = inputs["q"].device.type == "cpu"
+        module = self.kernel_module(problem, config, interpret)
+        alibi = inputs.get("alibi")
+        if problem.direction == "fwd":
+            return forward_plan(module, problem, config, scale, inputs["q"], inputs["k"], inputs["v"], outputs["o"],
+                                outputs["lse"], alibi, interpret)
+        return backward_plan(module, problem, config, scale, inputs["q"], inputs["k"], inputs["v"], inputs["o"],
+                             inputs["do"], inputs["lse"], outputs["dq"], outputs["dk"], outputs["dv"], alibi, interpret)
+
     def run(self, problem: FlashProblem, config: Config, inputs: Tensors, outputs: Tensors, *, scale: float) -> None:
         """`launch` with the softmax scale given (the runtime op passes the user's)."""
-        interpret = inputs["q"].device.type == "cpu"
-        module = load_kernel_module(self.template, interpret=interpret, **self.render_switches(problem, config))
-        meta = {"num_warps": config["num_warps"], "num_stages": config["num_stages"]}
-        dims = {"HEAD_DIM": problem.head_dim, "BLOCK_D": problem.block_d}
-        with interpreter_mode(interpret):
-            if problem.direction == "fwd":
-                self._forward(module, problem, config, inputs, outputs, scale, interpret, dims, meta)
-            else:
-                self._backward(module, problem, config, inputs, outputs, scale, dims, meta)
+        plan = self.plan(problem, config, inputs, outputs, scale=scale)
+        lse = inputs["lse"] if problem.direction == "bwd" else outputs["lse"]
+        alibi = inputs.get("alibi", lse)
+        cu_q, cu_k = inputs.get("cu_seqlens_q", lse), inputs.get("cu_seqlens_k", lse)
+        if problem.direction == "fwd":
+            plan(inputs["q"], inputs["k"], inputs["v"], outputs["o"], lse, inputs.get("descale", lse), alibi, cu_q, cu_k)
+        else:
+            delta = torch.empty_like(lse)  # rowsum(dO * O), laid out as lse
+            plan(inputs["q"], inputs["k"], inputs["v"], inputs["o"], inputs["do"], lse, delta, outputs["dq"],
+                 outputs["dk"], outputs["dv"], alibi, cu_q, cu_k)
 
-    @staticmethod
-    def _forward(module, p: FlashProblem, config: Config, inputs: Tensors, outputs: Tensors, scale: float,
-                 interpret: bool, dims: dict, meta: dict) -> None:
-        q, k, v, o, lse = inputs["q"], inputs["k"], inputs["v"], outputs["o"], outputs["lse"]
-        if config["LOADS"] == "tma" and not interpret:
-            from autotile.device import ensure_triton_allocator
 
-            ensure_triton_allocator()
-        grid = (_cdiv(p.seq_q, config["BLOCK_M"]), p.batch * p.heads_q)
-        launch_kernel(
-            module.attn_fwd, grid, q, k, v, o, lse, inputs.get("descale", lse),
-            *_strides(q), *_strides(k), *_strides(v), *_strides(o),
-            p.batch, p.heads_q, p.heads_kv, p.seq_q, p.seq_k, scale,
-            BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"], WARP_SPECIALIZE=config["WARP_SPECIALIZE"],
-            **dims, **meta,
-        )
+def _common_dtype(q, k, v) -> str:
+    from autotile.dtypes import canonical_dtype_name
 
-    @staticmethod
-    def _backward(module, p: FlashProblem, config: Config, inputs: Tensors, outputs: Tensors, scale: float,
-                  dims: dict, meta: dict) -> None:
-        q, k, v, o, do, lse = (inputs[n] for n in ("q", "k", "v", "o", "do", "lse"))
-        dq, dk, dv = outputs["dq"], outputs["dk"], outputs["dv"]
-        delta = torch.empty_like(lse)  # (B, Hq, Sq) fp32: rowsum(dO * O)
-        rows_grid = (_cdiv(p.seq_q, config["BLOCK_M2"]), p.batch * p.heads_q)
-        launch_kernel(module.attn_bwd_preprocess, rows_grid, o, do, delta, *_strides(o), *_strides(do),
-                      p.heads_q, p.seq_q, BLOCK_M=config["BLOCK_M2"], **dims, **meta)
-        launch_kernel(
-            module.attn_bwd_dkdv, (_cdiv(p.seq_k, config["BLOCK_N1"]), p.batch * p.heads_kv),
-            q, k, v, do, dk, dv, lse, delta,
-            *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dk), *_strides(dv),
-            p.heads_q, p.heads_kv, p.seq_q, p.seq_k, scale,
-            BLOCK_M1=config["BLOCK_M1"], BLOCK_N1=config["BLOCK_N1"], **dims, **meta,
-        )
-        launch_kernel(
-            module.attn_bwd_dq, rows_grid, q, k, v, do, dq, lse, delta,
-            *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dq),
-            p.heads_q, p.heads_kv, p.seq_q, p.seq_k, scale,
-            BLOCK_M2=config["BLOCK_M2"], BLOCK_N2=config["BLOCK_N2"], **dims, **meta,
-        )
+    if not (q.device == k.device == v.device):
+        raise BadInputError(f"q, k, v are on {q.device}, {k.device}, {v.device}: move them to one device")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise UnsupportedDtypeError(f"q, k, v are {q.dtype}, {k.dtype}, {v.dtype}: cast them to one dtype")
+    try:
+        dtype = canonical_dtype_name(q.dtype)
+    except UnsupportedDtypeError:
+        dtype = str(q.dtype)
+    if dtype not in DTYPES:
+        raise UnsupportedDtypeError(
+            f"flash attention takes fp16, bf16 or fp32 tensors (fp8 e4m3 forward only), got {q.dtype}; cast with .to(torch.bfloat16)")
+    return dtype
+
+
+def window_pair(window) -> tuple[int, int]:
+    """FlashAttention's window_size=(left, right), -1 for an unbounded side; None means (-1, -1)."""
+    if window is None:
+        return -1, -1
+    try:
+        left, right = window
+    except (TypeError, ValueError):
+        raise BadInputError(f"window must be a pair (left, right) of ints, -1 for no limit, got {window!r}") from None
+    for value in (left, right):
+        if isinstance(value, bool) or not isinstance(value, int) or value < -1:
+            raise BadInputError(f"window must be a pair (left, right) of ints >= -1 (-1: no limit), got {window!r}")
+    return left, right
+
+
+def _check_alibi(slopes, batch: int, heads_q: int, device) -> None:
+    if slopes is None:
+        return
+    if not isinstance(slopes, torch.Tensor) or slopes.dtype != torch.float32 or slopes.shape not in (
+            (heads_q,), (batch, heads_q)):
+        raise BadInputError(f"alibi_slopes must be a float32 tensor of shape ({heads_q},) or ({batch}, {heads_q}), got "
+                            f"{getattr(slopes, 'dtype', type(slopes).__name__)} {tuple(getattr(slopes, 'shape', ()))}")
+    if slopes.stride(-1) != 1:
+        raise BadInputError("alibi_slopes must have unit stride along heads: pass alibi_slopes.contiguous()")
+    if slopes.device != device:
+        raise BadInputError(f"alibi_slopes is on {slopes.device}, q on {device}: move it to q's device")
+
+
+def _aligned(t: torch.Tensor, dims: int) -> bool:
+    """Base pointer and the leading `dims` strides are multiples of 16 bytes (what TMA descriptors need)."""
+    return t.data_ptr() % 16 == 0 and all((s * t.element_size()) % 16 == 0 for s in t.stride()[:dims])
 
 
 FAMILY = FlashFamily()

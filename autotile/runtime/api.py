@@ -12,6 +12,7 @@ OP_MODULES = {
     "matmul": "autotile.runtime.ops_gemm",
     "linear": "autotile.runtime.ops_gemm",
     "flash_attention": "autotile.runtime.ops_flash",
+    "flash_attention_varlen": "autotile.runtime.ops_flash_varlen",
     "paged_attention": "autotile.runtime.ops_paged",
     "fuse": "autotile.runtime.ops_elementwise",
 }
@@ -34,9 +35,16 @@ def linear(x, weight, bias=None, activation=None):
     return _op_module("linear").linear(x, weight, bias, activation)
 
 
-def flash_attention(q, k, v, *, causal=False, scale=None):
+def flash_attention(q, k, v, *, causal=False, scale=None, **features):
     """FlashAttention over (B, H, S, D) tensors; differentiable. See autotile.runtime.ops_flash."""
-    return _op_module("flash_attention").flash_attention(q, k, v, causal=causal, scale=scale)
+    return _op_module("flash_attention").flash_attention(q, k, v, causal=causal, scale=scale, **features)
+
+
+def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal=False,
+                           scale=None, **features):
+    """FlashAttention over packed variable-length sequences; differentiable. See autotile.runtime.ops_flash_varlen."""
+    return _op_module("flash_attention_varlen").flash_attention_varlen(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal, scale=scale, **features)
 
 
 def paged_attention(q, k_cache, v_cache, block_table, context_lens, *, scale=None, **kwargs):

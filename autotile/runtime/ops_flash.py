@@ -2,26 +2,69 @@
 
 Two ops, `autotile::flash_attention_fwd` (q, k, v -> o, lse) and `autotile::flash_attention_bwd`
 (do, q, k, v, o, lse -> dq, dk, dv), each with a fake implementation so torch.compile can trace
-them, joined by `register_autograd`. Each looks up its own tuned config (forward and backward
-are separate problems of the flash family). CPU tensors run the same kernels under Triton's
-interpreter.
+them, joined by `register_autograd`. Forward and backward are separate problems of the flash family,
+each served by what `dispatch.resolve` picks: a stored winner, SDPA's backend for shapes nobody
+tuned (on a GPU), or a generated kernel.
+
+What a call signature (shapes, strides, dtypes, device, alignment, mask, scale, features) runs is
+worked out once and kept (`_Served`): later calls pay a dict lookup, a counter increment
+(AUTOTILE_RECORD) and the launch of a prepared plan, or the SDPA backend's ATen op. Nothing on that
+path syncs with the GPU or allocates outside torch's caching allocator, so it can be captured in a
+CUDA graph. Eager calls that need no autograd skip the dispatcher; eager calls served by SDPA that do
+need it call SDPA's differentiable op, so SDPA's own backward runs. CPU tensors run the generated
+kernels under Triton's interpreter.
 """
 from __future__ import annotations
 
 import math
+import threading
+from typing import Optional
 
 import torch
 
 from autotile.device import DeviceInfo, current_device
-from autotile.errors import BadInputError, ShapeMismatchError, UnsupportedDtypeError
-from autotile.families.flash import FAMILY, FlashFamily, FlashProblem, default_scale
-from autotile.runtime.dispatch import resolve
+from autotile.dtypes import torch_dtype
+from autotile.errors import BadInputError, UnsupportedDtypeError
+from autotile.families import flash_vendor
+from autotile.families.base import VENDOR_KEY
+from autotile.families.flash import FAMILY, FlashFamily, FlashProblem, default_scale, window_pair
+from autotile.runtime import trace
+from autotile.runtime.dispatch import on_clear, resolve
 from autotile.runtime.eager import direct_call_ok
-from autotile.space import Config
+
+LN2 = math.log(2.0)
 
 
-def _config_for(problem: FlashProblem, device: DeviceInfo) -> Config:
-    return resolve(FAMILY, problem, device).config
+class _Served:
+    """What calls of one signature run, worked out once; `calls` counts them for AUTOTILE_RECORD."""
+
+    __slots__ = ("run", "calls", "vendor")
+
+    def __init__(self, run, calls: list, vendor: bool):
+        self.run = run
+        self.calls = calls
+        self.vendor = vendor
+
+
+_served: dict[tuple, _Served] = {}
+_served_lock = threading.Lock()
+
+
+def _forget_served() -> None:
+    with _served_lock:
+        _served.clear()
+
+
+on_clear(_forget_served)
+
+
+def _keep(key: tuple, build) -> _Served:
+    served = _served.get(key)
+    if served is None:
+        served = build()
+        with _served_lock:
+            _served[key] = served
+    return served
 
 
 def _unit_stride(t: torch.Tensor) -> torch.Tensor:
@@ -29,84 +72,209 @@ def _unit_stride(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
-def _check_args(q, k, v, scale) -> None:
+def check_args(q, k, v, scale, softcap) -> None:
+    """What the family's shape checks do not cover: tensor types, the scale, fp8 on the CPU."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise BadInputError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() != 4:
-            raise ShapeMismatchError(
-                f"{name} must be 4-D (batch, heads, seq, head_dim) as in SDPA, got shape {tuple(t.shape)}")
     if scale is not None and not math.isfinite(float(scale)):
         raise BadInputError(f"scale must be a finite number, got {scale!r}")
+    if softcap is not None and not (math.isfinite(float(softcap)) and float(softcap) >= 0):
+        raise BadInputError(f"softcap must be a finite number >= 0 (0 or None: off), got {softcap!r}")
+    if q.dtype == torch.float8_e4m3fn and q.device.type == "cpu":
+        # NOTE: Triton 3.6's interpreter rounds fp32 -> e4m3 wrongly (errors of 0.25 on [0, 1]); a wrong
+        # result is worse than none.
+        raise UnsupportedDtypeError("fp8 attention runs on CUDA GPUs only (the CPU interpreter rounds to e4m3 "
+                                    "wrongly); on the CPU, cast q, k, v to bfloat16 or float32")
 
 
-def _run(direction: str, tensors: dict, causal: bool, scale: float) -> dict:
-    problem = FAMILY.problem_from_tensors(tensors["q"], tensors["k"], tensors["v"], causal=causal, direction=direction)
-    device = current_device(tensors["q"].device)
-    config = _config_for(problem, device)
-    inputs = dict(tensors)
-    if problem.dtype == "fp8":
-        # fp8 tensors passed by users carry their values as they are: unit descales.
-        inputs["descale"] = torch.ones(3, dtype=torch.float32, device=tensors["q"].device)
-    outputs = FAMILY.allocate_outputs(problem, inputs)
-    FAMILY.run(problem, config, inputs, outputs, scale=scale)
-    return outputs
+def check_fp8_grad(q, k, v) -> None:
+    if q.dtype == torch.float8_e4m3fn and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        raise UnsupportedDtypeError("the fp8 path is forward only: call it under torch.no_grad(), or train in bf16")
 
 
+# --- serving one problem ----------------------------------------------------------------------------
+def _on_device(device: torch.device, fn, *args):
+    """Run `fn` with the tensors' GPU current (Triton launches on the current device)."""
+    if device.type == "cuda" and device.index != torch.cuda.current_device():
+        with torch.cuda.device(device):
+            return fn(*args)
+    return fn(*args)
+
+
+def serve_forward(problem: FlashProblem, device: DeviceInfo, scale: float, sample: dict) -> _Served:
+    """The forward runner of `problem`: run(q, k, v, alibi, cu_q, cu_k, need_lse) -> (o, lse or None).
+
+    lse is (B, Hq, Sq) (packed: (Hq, total_q)) fp32 in log2 units. `sample` holds tensors shaped and
+    strided as every call of this runner will pass them.
+    """
+    resolution = resolve(FAMILY, problem, device)
+    calls = trace.counter(FAMILY, problem, device)
+    if resolution.vendor:
+        backend, causal = resolution.config[VENDOR_KEY], problem.causal
+
+        def run_vendor(q, k, v, alibi, cu_q, cu_k, need_lse):
+            return flash_vendor.forward(backend, q, k, v, causal=causal, scale=scale, need_lse=need_lse)
+        return _Served(run_vendor, calls, True)
+    q = sample["q"]
+    outputs = FAMILY.allocate_outputs(problem, {"q": q})
+    plan = FAMILY.plan(problem, resolution.config, sample, outputs, scale=scale)
+    o_shape, o_dtype, lse_shape, dev = q.shape, torch_dtype(problem.out_dtype), outputs["lse"].shape, q.device
+    # fp8 tensors passed by users carry their values as they are: unit descales.
+    descale = torch.ones(3, dtype=torch.float32, device=dev) if problem.dtype == "fp8" else None
+
+    def launch(q, k, v, o, lse, alibi, cu_q, cu_k):
+        plan(q, k, v, o, lse, lse if descale is None else descale, lse if alibi is None else alibi,
+             lse if cu_q is None else cu_q, lse if cu_k is None else cu_k)
+
+    def run_kernel(q, k, v, alibi, cu_q, cu_k, need_lse):
+        o = torch.empty(o_shape, dtype=o_dtype, device=dev)
+        lse = torch.empty(lse_shape, dtype=torch.float32, device=dev)
+        _on_device(dev, launch, q, k, v, o, lse, alibi, cu_q, cu_k)
+        return o, lse
+    return _Served(run_kernel, calls, False)
+
+
+def serve_backward(problem: FlashProblem, device: DeviceInfo, scale: float, sample: dict, has_dlse: bool) -> _Served:
+    """The backward runner: run(q, k, v, o, do, lse, alibi, cu_q, cu_k, dlse) -> (dq, dk, dv)."""
+    resolution = resolve(FAMILY, problem, device)
+    calls = trace.counter(FAMILY, problem, device)
+    config = resolution.config
+    if resolution.vendor:
+        if not has_dlse:
+            backend, causal = config[VENDOR_KEY], problem.causal
+
+            def run_vendor(q, k, v, o, do, lse, alibi, cu_q, cu_k, dlse):
+                return flash_vendor.backward(backend, do, q, k, v, o, lse, causal=causal, scale=scale)
+            return _Served(run_vendor, calls, True)
+        # SDPA's backward takes no gradient of the log-sum-exp: the generated kernel computes this one.
+        config = FAMILY.default_config(problem, device)
+    q, k, v = sample["q"], sample["k"], sample["v"]
+    outputs = FAMILY.allocate_outputs(problem, sample)
+    plan = FAMILY.plan(problem, config, sample, outputs, scale=scale)
+    dev = q.device
+
+    def launch(q, k, v, o, do, lse, alibi, cu_q, cu_k, dlse, dq, dk, dv):
+        delta = torch.empty_like(lse)  # rowsum(dO * O), laid out as lse
+        plan(q, k, v, o, do, lse, delta, dq, dk, dv, lse if alibi is None else alibi, lse if cu_q is None else cu_q,
+             lse if cu_k is None else cu_k, dlse)
+
+    def run_kernel(q, k, v, o, do, lse, alibi, cu_q, cu_k, dlse):
+        # Contiguous whatever the inputs' strides, as the fake implementations promise torch.compile.
+        dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=dev) for t in (q, k, v))
+        _on_device(dev, launch, q, k, v, o, do, lse, alibi, cu_q, cu_k, dlse, dq, dk, dv)
+        return dq, dk, dv
+    return _Served(run_kernel, calls, False)
+
+
+def _layout(t: torch.Tensor | None) -> tuple | None:
+    return None if t is None else (t.shape, t.stride(), t.dtype, t.device)
+
+
+def _forward_key(q, k, v, causal, scale, window, softcap, alibi) -> tuple:
+    # Everything the problem, its served config and the plan's arguments depend on (~1 us to build).
+    return (_layout(q), _layout(k), _layout(v), not (q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15,
+            causal, scale, window, softcap, _layout(alibi))
+
+
+def _served_forward(q, k, v, causal: bool, scale: float, window: tuple, softcap: float, alibi) -> _Served:
+    def build():
+        problem = FAMILY.problem_from_tensors(q, k, v, causal=causal, window=window, softcap=softcap,
+                                              alibi_slopes=alibi)
+        return serve_forward(problem, current_device(q.device), scale, {"q": q, "k": k, "v": v, "alibi": alibi})
+    return _keep(("fwd",) + _forward_key(q, k, v, causal, scale, window, softcap, alibi), build)
+
+
+def _served_backward(q, k, v, o, do, lse, causal, scale, window, softcap, alibi, dlse) -> _Served:
+    def build():
+        problem = FAMILY.problem_from_tensors(q, k, v, causal=causal, direction="bwd", window=window,
+                                              softcap=softcap, alibi_slopes=alibi)
+        sample = {"q": q, "k": k, "v": v, "o": o, "do": do, "lse": lse, "alibi": alibi}
+        return serve_backward(problem, current_device(q.device), scale, sample, dlse is not None)
+    key = ("bwd",) + _forward_key(q, k, v, causal, scale, window, softcap, alibi) + (
+        _layout(o), _layout(do), _layout(lse), dlse is not None)
+    return _keep(key, build)
+
+
+# --- the custom ops ---------------------------------------------------------------------------------
 @torch.library.custom_op("autotile::flash_attention_fwd", mutates_args=())
-def flash_attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-                        scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+def flash_attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
+                        window_left: int = -1, window_right: int = -1, softcap: float = 0.0,
+                        alibi_slopes: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """o (B, Hq, Sq, D) and lse (B, Hq, Sq) fp32, log2 domain (+inf for rows that see no key)."""
-    out = _run("fwd", {"q": q, "k": k, "v": v}, causal, scale)
-    return out["o"], out["lse"]
+    served = _served_forward(q, k, v, causal, scale, (window_left, window_right), softcap, alibi_slopes)
+    served.calls[0] += 1
+    return served.run(q, k, v, alibi_slopes, None, None, True)
 
 
 @flash_attention_fwd.register_fake
-def _flash_attention_fwd_fake(q, k, v, causal, scale):
+def _flash_attention_fwd_fake(q, k, v, causal, scale, window_left=-1, window_right=-1, softcap=0.0,
+                              alibi_slopes=None):
     out_dtype = torch.bfloat16 if q.dtype == torch.float8_e4m3fn else q.dtype
     return q.new_empty(q.shape, dtype=out_dtype), q.new_empty(q.shape[:3], dtype=torch.float32)
 
 
 @torch.library.custom_op("autotile::flash_attention_bwd", mutates_args=())
 def flash_attention_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
-                        lse: torch.Tensor, causal: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """dq, dk, dv of the forward above, recomputed from its o and lse."""
-    out = _run("bwd", {"q": q, "k": k, "v": v, "o": o, "do": _unit_stride(do), "lse": lse.contiguous()}, causal, scale)
-    return out["dq"], out["dk"], out["dv"]
+                        lse: torch.Tensor, causal: bool, scale: float, window_left: int = -1, window_right: int = -1,
+                        softcap: float = 0.0, alibi_slopes: Optional[torch.Tensor] = None,
+                        dlse: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dq, dk, dv of the forward above, recomputed from its o and lse (and the gradient of lse, when given)."""
+    do, lse = _unit_stride(do), lse.contiguous()
+    served = _served_backward(q, k, v, o, do, lse, causal, scale, (window_left, window_right), softcap,
+                              alibi_slopes, dlse)
+    served.calls[0] += 1
+    return served.run(q, k, v, o, do, lse, alibi_slopes, None, None, dlse)
 
 
 @flash_attention_bwd.register_fake
-def _flash_attention_bwd_fake(do, q, k, v, o, lse, causal, scale):
+def _flash_attention_bwd_fake(do, q, k, v, o, lse, causal, scale, window_left=-1, window_right=-1, softcap=0.0,
+                              alibi_slopes=None, dlse=None):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, causal, scale = inputs
+    q, k, v, causal, scale, window_left, window_right, softcap, alibi_slopes = inputs
     o, lse = output
-    ctx.save_for_backward(q, k, v, o, lse)
-    ctx.causal, ctx.scale = causal, scale
-    ctx.mark_non_differentiable(lse)
+    ctx.save_for_backward(q, k, v, o, lse, alibi_slopes)
+    ctx.args = (causal, scale, window_left, window_right, softcap)
 
 
-def _backward(ctx, do, _dlse):
-    q, k, v, o, lse = ctx.saved_tensors
+def _backward(ctx, do, dlse):
+    q, k, v, o, lse, alibi_slopes = ctx.saved_tensors
     if do is None:
         do = torch.zeros_like(o)
-    dq, dk, dv = flash_attention_bwd(do, q, k, v, o, lse, ctx.causal, ctx.scale)
-    return dq, dk, dv, None, None
+    dq, dk, dv = flash_attention_bwd(do, q, k, v, o, lse, *ctx.args, alibi_slopes, dlse)
+    return dq, dk, dv, None, None, None, None, None, None
 
 
 torch.library.register_autograd("autotile::flash_attention_fwd", _backward, setup_context=_setup_context)
 
 
+# --- the public function ----------------------------------------------------------------------------
+def _normalise(q, k, v, scale, window, softcap):
+    check_args(q, k, v, scale, softcap)
+    scale = default_scale(q.shape[-1]) if scale is None else float(scale)
+    if window is not None and not (isinstance(window, tuple) and len(window) == 2):
+        window = window_pair(window)  # a list, or something to refuse with a clear message
+    return _unit_stride(q), _unit_stride(k), _unit_stride(v), scale, window or (-1, -1), float(softcap or 0.0)
+
+
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
-                    scale: float | None = None) -> torch.Tensor:
+                    scale: float | None = None, window: tuple[int, int] | None = None, softcap: float | None = None,
+                    alibi_slopes: torch.Tensor | None = None, return_lse: bool = False):
     """softmax(scale * q k^T) v with SDPA's layout, differentiable.
 
     q is (B, Hq, Sq, D) and k, v are (B, Hkv, Sk, D) with Hq a multiple of Hkv (MHA, GQA, MQA);
-    fp16, bf16 and fp32 train, fp8 e4m3 runs forward only (output bf16). `causal` masks
-    key j from query i unless j <= i + Sk - Sq (bottom-right aligned, as SDPA's
-    causal_lower_right); rows that see no key return 0. `scale` defaults to 1/sqrt(D).
+    fp16, bf16 and fp32 train, fp8 e4m3 runs forward only (on a GPU; output bf16). Masks are
+    bottom-right aligned, as SDPA's causal_lower_right and FlashAttention: `causal` masks key j from
+    query i unless j <= i + Sk - Sq; `window=(left, right)` keeps keys j with
+    i + Sk - Sq - left <= j <= i + Sk - Sq + right (-1: no limit on that side; causal sets right to 0).
+    Rows that see no key return 0. `scale` defaults to 1/sqrt(D) and may be any finite number.
+    `softcap` > 0 maps the scaled logits x to softcap * tanh(x / softcap) (Gemma-2); `alibi_slopes`
+    (Hq,) or (B, Hq) fp32 add -slope * |i + Sk - Sq - j| to head h's logits. With `return_lse` the
+    result is (o, lse), lse (B, Hq, Sq) fp32 the natural-log log-sum-exp of each row's logits
+    (+inf for rows that see no key), differentiable too.
 
     >>> import torch, autotile
     >>> q, k, v = (torch.randn(1, 2, 5, 16, requires_grad=True) for _ in range(3))
@@ -117,20 +285,24 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
     >>> out.sum().backward(); q.grad.shape
     torch.Size([1, 2, 5, 16])
     """
-    _check_args(q, k, v, scale)
-    scale = default_scale(q.shape[-1]) if scale is None else float(scale)
-    q, k, v = _unit_stride(q), _unit_stride(k), _unit_stride(v)
-    problem = FAMILY.check_tensors(q, k, v, causal=causal)
-    if problem.dtype == "fp8" and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
-        raise UnsupportedDtypeError("the fp8 path is forward only: call it under torch.no_grad(), or train in bf16")
-    if direct_call_ok(q, k, v):  # inference: no autograd graph to record, skip the dispatcher
-        return _run("fwd", {"q": q, "k": k, "v": v}, bool(causal), scale)["o"]
-    o, _ = torch.ops.autotile.flash_attention_fwd(q, k, v, bool(causal), scale)
-    return o
+    q, k, v, scale, window, softcap = _normalise(q, k, v, scale, window, softcap)
+    causal = bool(causal)
+    if not torch.compiler.is_compiling():
+        check_fp8_grad(q, k, v)
+        served = _served_forward(q, k, v, causal, scale, window, softcap, alibi_slopes)
+        if direct_call_ok(q, k, v, alibi_slopes) or (served.vendor and not return_lse):
+            # No autograd graph to record (skip the dispatcher), or SDPA serves it: its op records its own backward.
+            served.calls[0] += 1
+            o, lse = served.run(q, k, v, alibi_slopes, None, None, return_lse)
+            return (o, lse * LN2) if return_lse else o
+    o, lse = torch.ops.autotile.flash_attention_fwd(q, k, v, causal, scale, window[0], window[1], softcap, alibi_slopes)
+    return (o, lse * LN2) if return_lse else o
 
 
-def problem_for(q, k, v, *, causal: bool = False, scale: float | None = None) -> tuple[FlashFamily, FlashProblem, DeviceInfo]:
+def problem_for(q, k, v, *, causal: bool = False, scale: float | None = None, window=None, softcap=None,
+                alibi_slopes=None, return_lse: bool = False) -> tuple[FlashFamily, FlashProblem, DeviceInfo]:
     """(family, forward problem, device) that `flash_attention(q, k, v, ...)` runs, for autotile.explain."""
-    _check_args(q, k, v, scale)
-    q, k, v = _unit_stride(q), _unit_stride(k), _unit_stride(v)
-    return FAMILY, FAMILY.problem_from_tensors(q, k, v, causal=causal, direction="fwd"), current_device(q.device)
+    q, k, v, scale, window, softcap = _normalise(q, k, v, scale, window, softcap)
+    problem = FAMILY.problem_from_tensors(q, k, v, causal=causal, window=window, softcap=softcap,
+                                          alibi_slopes=alibi_slopes)
+    return FAMILY, problem, current_device(q.device)

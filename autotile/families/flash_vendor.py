@@ -1,0 +1,177 @@
+"""SDPA's backends as vendor configs of the flash family: which can compute a problem, and calling them.
+
+A backend is listed for a problem only when it computes exactly what autotile.flash_attention
+defines (bottom-right causal mask for Sq != Sk, rows that see no key give 0, GQA, any scale) and
+torch says it can run there. The backends are called through their ATen ops, not through
+F.scaled_dot_product_attention: that skips SDPA's backend selection on every call (host time), and
+the flash op is the only way to get FlashAttention-2's bottom-right causal mask for Sq != Sk.
+
+- sdpa-cudnn: cuDNN's fused attention; causal only for Sq == Sk (its causal mask is top-left).
+- sdpa-flash: FlashAttention-2 (bottom-right causal, GQA, empty rows 0 and lse +inf, as here).
+- sdpa-efficient: the memory-efficient (CUTLASS) kernel; one key/value head per query head, causal
+  only for Sq == Sk.
+- sdpa-math: plain ATen ops; any dtype and shape; bottom-right masks as an additive -inf mask
+  (its softmax gives 0 for rows that see no key).
+Forward outputs come with the log-sum-exp in the family's convention (log2 domain, (B, Hq, Sq)).
+Backward configs: sdpa-flash runs FlashAttention-2's backward on the given O and log-sum-exp;
+the others recompute the forward under autograd and differentiate it (their backward ops take
+their own forward's statistics, in layouts this module does not rely on).
+"""
+from __future__ import annotations
+
+import math
+import threading
+
+import torch
+
+from autotile.families.flash_reference import LOG2E, causal_seen, log2_sum_exp, map_head_chunks
+
+CUDNN, FLASH, EFFICIENT, MATH = "sdpa-cudnn", "sdpa-flash", "sdpa-efficient", "sdpa-math"
+# Usually fastest first on Hopper (SDPA's own order there since torch 2.9: cuDNN, then FlashAttention-2,
+# then the memory-efficient kernel, then math); the first listed is what an untuned shape gets.
+BACKENDS = (CUDNN, FLASH, EFFICIENT, MATH)
+LN2 = math.log(2.0)
+
+_HALF = ("fp16", "bf16")
+# Sequence lengths of the probe tensors torch's capability checks run on: every length threshold in
+# those checks (cuDNN's s_q >= 64, s_k != 1, multiples of 64) is at or below 64.
+_PROBE_SEQ = 64
+
+_allowed: dict[tuple, bool] = {}
+_allowed_lock = threading.Lock()
+_rng_placeholders: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def expresses(backend: str, problem) -> bool:
+    """Whether `backend` computes exactly this problem as the flash family defines it (not whether it can run here)."""
+    p = problem
+    square_or_full = not p.causal or p.seq_q == p.seq_k
+    if backend == MATH:
+        return p.dtype in _HALF + ("fp32",)
+    # The fused kernels take fp16/bf16 with the head dim a multiple of 8 (SDPA pads other sizes with a copy).
+    if p.dtype not in _HALF or p.head_dim % 8:
+        return False
+    if backend == CUDNN:
+        return square_or_full and p.seq_k > 1
+    if backend == FLASH:
+        return True
+    if backend == EFFICIENT:
+        return square_or_full and p.heads_q == p.heads_kv
+    return False
+
+
+def _torch_allows(backend: str, problem, device_index: int) -> bool:
+    """torch's own checks (hardware, build, head dim limits, backends switched off by the user) on small probes."""
+    p = problem
+    if backend == MATH:
+        return torch.backends.cuda.math_sdp_enabled()
+    checks = {CUDNN: "can_use_cudnn_attention", FLASH: "can_use_flash_attention", EFFICIENT: "can_use_efficient_attention"}
+    check = getattr(torch.backends.cuda, checks[backend], None)
+    if check is None:
+        return False
+    key = (backend, p.dtype, p.heads_q, p.heads_kv, min(p.seq_q, _PROBE_SEQ), min(p.seq_k, _PROBE_SEQ), p.head_dim,
+           p.direction, device_index, torch.backends.cuda.cudnn_sdp_enabled(), torch.backends.cuda.flash_sdp_enabled(),
+           torch.backends.cuda.mem_efficient_sdp_enabled())
+    hit = _allowed.get(key)
+    if hit is not None:
+        return hit
+    from autotile.dtypes import torch_dtype
+
+    dtype, dev = torch_dtype(p.dtype), torch.device("cuda", device_index)
+    grad = p.direction == "bwd"
+
+    def probe(heads: int, seq: int) -> torch.Tensor:
+        return torch.empty(1, heads, min(seq, _PROBE_SEQ), p.head_dim, dtype=dtype, device=dev, requires_grad=grad)
+
+    q, k, v = probe(p.heads_q, p.seq_q), probe(p.heads_kv, p.seq_k), probe(p.heads_kv, p.seq_k)
+    # is_causal=False: SDPA refuses flash for causal Sq != Sk because of its top-left convention, but the
+    # flash ATen op called here masks bottom-right, as this family does; causal support is `expresses`'s job.
+    params = torch.backends.cuda.SDPAParams(q, k, v, None, 0.0, False, p.heads_q != p.heads_kv)
+    try:
+        allowed = bool(check(params, False))
+    except Exception:  # noqa: BLE001 - a torch without this backend on this device
+        allowed = False
+    with _allowed_lock:
+        _allowed[key] = allowed
+    return allowed
+
+
+def backends_for(problem, device) -> list[str]:
+    """SDPA's backends that compute `problem` exactly and can run on `device`, usually fastest first."""
+    p = problem
+    if device.interpret or p.dtype == "fp8" or p.varlen or p.has_features:
+        return []
+    return [b for b in BACKENDS if expresses(b, p) and _torch_allows(b, p, device.index)]
+
+
+# --- calling them ------------------------------------------------------------------------------------
+def _bottom_right_mask(seq_q: int, seq_k: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """(Sq, Sk) additive mask: 0 where query i sees key j <= i + Sk - Sq, -inf elsewhere."""
+    seen = causal_seen(seq_q, seq_k, device)
+    return torch.zeros(seq_q, seq_k, dtype=dtype, device=device).masked_fill_(~seen, float("-inf"))
+
+
+def _math(q, k, v, causal: bool, scale: float) -> torch.Tensor:
+    seq_q, seq_k = q.shape[2], k.shape[2]
+    mask = _bottom_right_mask(seq_q, seq_k, q.dtype, q.device) if causal and seq_q != seq_k else None
+    return torch.ops.aten._scaled_dot_product_attention_math(
+        q, k, v, mask, 0.0, causal and seq_q == seq_k, None, scale=scale, enable_gqa=q.shape[1] != k.shape[1])[0]
+
+
+def _log2_lse_from(lse: torch.Tensor, seq_q: int) -> torch.Tensor:
+    """A backend's natural-log log-sum-exp ((B, H, Sq), (B, H, Sq, 1), or padded along Sq) in the family's log2 units."""
+    if lse.dim() == 4:
+        lse = lse[..., 0]
+    return lse[..., :seq_q] * LOG2E
+
+
+def forward(backend: str, q, k, v, *, causal: bool, scale: float, need_lse: bool):
+    """(o, lse or None): o (B, Hq, Sq, D) like q, lse (B, Hq, Sq) fp32 in log2 units (+inf for rows that see no key).
+
+    Differentiable (through the backend's own backward) when the inputs require grad.
+    """
+    grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    if backend == FLASH:
+        out = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal, False, scale=scale)
+        return out[0], (_log2_lse_from(out[1], q.shape[2]) if need_lse else None)
+    if backend == CUDNN:
+        out = torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, None, need_lse or grad, 0.0, causal, False,
+                                                                 scale=scale)
+        return out[0], (_log2_lse_from(out[1], q.shape[2]) if need_lse else None)
+    if backend == EFFICIENT:
+        out = torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, None, need_lse or grad, 0.0, causal,
+                                                                     scale=scale)
+        return out[0], (_log2_lse_from(out[1], q.shape[2]) if need_lse else None)
+    if backend == MATH:
+        o = _math(q, k, v, causal, scale)
+        lse = None
+        if need_lse:
+            with torch.no_grad():
+                lse = map_head_chunks(lambda q, k, v: log2_sum_exp(q, k, causal=causal, scale=scale).float(), q, k, v)
+        return o, lse
+    raise ValueError(f"unknown SDPA backend {backend!r}; known: {', '.join(BACKENDS)}")
+
+
+def _rng_placeholder(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """FlashAttention-2's backward takes its forward's dropout RNG state; without dropout it is never read."""
+    hit = _rng_placeholders.get(device)
+    if hit is None:
+        hit = _rng_placeholders[device] = (torch.zeros(2, dtype=torch.uint64, device=device),
+                                           torch.zeros((), dtype=torch.uint64, device=device))
+    return hit
+
+
+def backward(backend: str, do, q, k, v, o, lse, *, causal: bool, scale: float):
+    """(dq, dk, dv) of the forward whose output is `o` and log2 log-sum-exp is `lse` (B, Hq, Sq)."""
+    if backend == FLASH:
+        seed, offset = _rng_placeholder(q.device)
+        # FlashAttention-2 wants the natural-log log-sum-exp; rows that see no key keep +inf (P = 0 there).
+        lse_nat = (lse * LN2).contiguous()
+        return torch.ops.aten._scaled_dot_product_flash_attention_backward(
+            do, q, k, v, o, lse_nat, None, None, q.shape[2], k.shape[2], 0.0, causal, seed, offset, scale=scale)
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown SDPA backend {backend!r}; known: {', '.join(BACKENDS)}")
+    leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
+    with torch.enable_grad():
+        out, _ = forward(backend, *leaves, causal=causal, scale=scale, need_lse=False)
+        return torch.autograd.grad(out, leaves, do)

@@ -1,0 +1,152 @@
+"""`autotile.flash_attention_varlen`: attention over packed variable-length sequences, differentiable.
+
+The layout of FlashAttention's varlen API: q (total_q, Hq, D) and k, v (total_k, Hkv, D) hold the
+sequences one after another; cu_seqlens_q / cu_seqlens_k (B + 1,) int32 are their cumulative
+lengths, and max_seqlen_q / max_seqlen_k (Python ints) the longest of each, which size the grid, so
+nothing is read back from the GPU. A batch of prompts of different lengths runs with no padding.
+Custom ops `autotile::flash_attention_varlen_fwd` / `_bwd` joined by register_autograd, served as
+`autotile.flash_attention` is (ops_flash): a prepared generated kernel per call signature. SDPA has
+no packed layout, so no vendor config takes these problems.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from autotile.device import DeviceInfo, current_device
+from autotile.families.flash import FAMILY, FlashFamily, FlashProblem
+from autotile.runtime.eager import direct_call_ok
+from autotile.runtime.ops_flash import (LN2, _keep, _layout, _normalise, _unit_stride, check_fp8_grad, serve_backward,
+                                        serve_forward)
+
+
+def _key(direction, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, window, softcap, alibi) -> tuple:
+    return (direction, "varlen", _layout(q), _layout(k), _layout(v), _layout(cu_q), _layout(cu_k), max_q, max_k,
+            not (q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15, causal, scale, window, softcap, _layout(alibi))
+
+
+def _problem(q, k, v, cu_q, cu_k, max_q, max_k, causal, window, softcap, alibi, direction="fwd") -> FlashProblem:
+    return FAMILY.check_packed(q, k, v, cu_q, cu_k, max_q, max_k, causal=causal, direction=direction, window=window,
+                               softcap=softcap, alibi_slopes=alibi)
+
+
+def _served_forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, window, softcap, alibi):
+    def build():
+        problem = _problem(q, k, v, cu_q, cu_k, max_q, max_k, causal, window, softcap, alibi)
+        sample = {"q": q, "k": k, "v": v, "alibi": alibi, "cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k}
+        return serve_forward(problem, current_device(q.device), scale, sample)
+    return _keep(_key("fwd", q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, window, softcap, alibi), build)
+
+
+@torch.library.custom_op("autotile::flash_attention_varlen_fwd", mutates_args=())
+def flash_attention_varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                               cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: bool,
+                               scale: float, window_left: int = -1, window_right: int = -1, softcap: float = 0.0,
+                               alibi_slopes: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """o (total_q, Hq, D) and lse (Hq, total_q) fp32, log2 domain (+inf for rows that see no key)."""
+    served = _served_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale,
+                             (window_left, window_right), softcap, alibi_slopes)
+    served.calls[0] += 1
+    return served.run(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, True)
+
+
+@flash_attention_varlen_fwd.register_fake
+def _varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, window_left=-1,
+                     window_right=-1, softcap=0.0, alibi_slopes=None):
+    return q.new_empty(q.shape), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+
+
+@torch.library.custom_op("autotile::flash_attention_varlen_bwd", mutates_args=())
+def flash_attention_varlen_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+                               lse: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
+                               max_seqlen_q: int, max_seqlen_k: int, causal: bool, scale: float, window_left: int = -1,
+                               window_right: int = -1, softcap: float = 0.0,
+                               alibi_slopes: Optional[torch.Tensor] = None,
+                               dlse: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dq, dk, dv of the varlen forward, recomputed from its o and lse."""
+    do, lse = _unit_stride(do), lse.contiguous()
+    window = (window_left, window_right)
+    cu_q, cu_k = cu_seqlens_q, cu_seqlens_k
+
+    def build():
+        problem = _problem(q, k, v, cu_q, cu_k, max_seqlen_q, max_seqlen_k, causal, window, softcap, alibi_slopes, "bwd")
+        sample = {"q": q, "k": k, "v": v, "o": o, "do": do, "lse": lse, "alibi": alibi_slopes,
+                  "cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k}
+        return serve_backward(problem, current_device(q.device), scale, sample, dlse is not None)
+    key = _key("bwd", q, k, v, cu_q, cu_k, max_seqlen_q, max_seqlen_k, causal, scale, window, softcap, alibi_slopes) + (
+        _layout(o), _layout(do), _layout(lse), dlse is not None)
+    served = _keep(key, build)
+    served.calls[0] += 1
+    return served.run(q, k, v, o, do, lse, alibi_slopes, cu_q, cu_k, dlse)
+
+
+@flash_attention_varlen_bwd.register_fake
+def _varlen_bwd_fake(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale,
+                     window_left=-1, window_right=-1, softcap=0.0, alibi_slopes=None, dlse=None):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _setup_context(ctx, inputs, output):
+    (q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, window_left, window_right, softcap, alibi_slopes) = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse, cu_q, cu_k, alibi_slopes)
+    ctx.args = (max_q, max_k, causal, scale, window_left, window_right, softcap)
+
+
+def _backward(ctx, do, dlse):
+    q, k, v, o, lse, cu_q, cu_k, alibi_slopes = ctx.saved_tensors
+    if do is None:
+        do = torch.zeros_like(o)
+    dq, dk, dv = flash_attention_varlen_bwd(do, q, k, v, o, lse, cu_q, cu_k, *ctx.args, alibi_slopes, dlse)
+    return (dq, dk, dv) + (None,) * 10
+
+
+torch.library.register_autograd("autotile::flash_attention_varlen_fwd", _backward, setup_context=_setup_context)
+
+
+def flash_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                           cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, *, causal: bool = False,
+                           scale: float | None = None, window: tuple[int, int] | None = None,
+                           softcap: float | None = None, alibi_slopes: torch.Tensor | None = None,
+                           return_lse: bool = False):
+    """Attention of each packed sequence with itself, as FlashAttention's flash_attn_varlen_func; differentiable.
+
+    q (total_q, Hq, D), k and v (total_k, Hkv, D), Hq a multiple of Hkv; sequence b is rows
+    cu_seqlens_q[b]:cu_seqlens_q[b+1] of q and cu_seqlens_k[b]:cu_seqlens_k[b+1] of k and v
+    (int32, B + 1 entries from 0). Masks, `scale`, `window`, `softcap` and `alibi_slopes` ((Hq,) or
+    (B, Hq)) act per sequence as in autotile.flash_attention. With `return_lse` the result is
+    (o, lse), lse (Hq, total_q) fp32 natural-log log-sum-exp.
+
+    >>> import torch, autotile
+    >>> cu = torch.tensor([0, 3, 8], dtype=torch.int32)
+    >>> q, k, v = (torch.randn(8, 2, 16) for _ in range(3))
+    >>> out = autotile.flash_attention_varlen(q, k, v, cu, cu, 5, 5, causal=True)
+    >>> first = torch.nn.functional.scaled_dot_product_attention(
+    ...     *(t[:3].transpose(0, 1) for t in (q, k, v)), is_causal=True).transpose(0, 1)
+    >>> bool((out[:3] - first).abs().max() < 1e-5)
+    True
+    """
+    q, k, v, scale, window, softcap = _normalise(q, k, v, scale, window, softcap)
+    causal = bool(causal)
+    args = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    if not torch.compiler.is_compiling():
+        check_fp8_grad(q, k, v)
+        served = _served_forward(q, k, v, *args, causal, scale, window, softcap, alibi_slopes)
+        if direct_call_ok(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k):
+            served.calls[0] += 1
+            o, lse = served.run(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, return_lse)
+            return (o, lse * LN2) if return_lse else o
+    o, lse = torch.ops.autotile.flash_attention_varlen_fwd(q, k, v, *args, causal, scale, window[0], window[1],
+                                                           softcap, alibi_slopes)
+    return (o, lse * LN2) if return_lse else o
+
+
+def problem_for(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal: bool = False,
+                scale=None, window=None, softcap=None, alibi_slopes=None,
+                return_lse: bool = False) -> tuple[FlashFamily, FlashProblem, DeviceInfo]:
+    """(family, forward problem, device) that `flash_attention_varlen(...)` runs, for autotile.explain."""
+    q, k, v, scale, window, softcap = _normalise(q, k, v, scale, window, softcap)
+    problem = _problem(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, window, softcap,
+                       alibi_slopes)
+    return FAMILY, problem, current_device(q.device)

@@ -1,0 +1,126 @@
+"""Every flash kernel variant compiles for the GPUs it is meant for, checked on the CPU.
+
+Triton compiles for an explicit target with the ptxas it ships, so GPU compile errors (layouts, shared
+memory, warp specialisation, TMA descriptors) show up here without a GPU: sm90 for every variant,
+sm80 for the pointer-load ones (TMA and warp specialisation are Hopper's). The compiles run in one
+child process: this test process set TRITON_INTERPRET=1 before Triton was imported, and Triton fixes
+at import whether its own language helpers are compiled or interpreted.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from autotile.device import DeviceInfo
+from autotile.families.flash import FAMILY, FlashProblem
+from autotile.space import Config
+
+# The H200's limits as cuda_device() reports them, for the feasibility check.
+_H200 = DeviceInfo("h200", "NVIDIA H200", (9, 0), 132, 150_000_000_000, 232448, "test")
+_POINTER = {"fp16": "*fp16", "bf16": "*bf16", "fp32": "*fp32", "fp8": "*fp8e4nv"}
+
+
+def _argument_type(problem: FlashProblem, name: str) -> str:
+    if name in ("q_ptr", "k_ptr", "v_ptr"):
+        return _POINTER[problem.dtype]
+    if name in ("o_ptr", "do_ptr", "dq_ptr", "dk_ptr", "dv_ptr"):
+        return _POINTER[problem.out_dtype]
+    if name in ("lse_ptr", "delta_ptr", "descale_ptr", "alibi_ptr"):
+        return "*fp32"
+    if name in ("cu_q_ptr", "cu_k_ptr"):
+        return "*i32" if problem.varlen else "*fp32"
+    if name in ("sm_scale", "softcap"):
+        return "fp32"
+    return "i32"
+
+
+def compile_for(problem: FlashProblem, config: Config, arch: int) -> None:
+    """Compile each kernel `config` launches for `problem` (as a CUDA run would render it) for sm`arch`."""
+    module = FAMILY.kernel_module(problem, config, interpret=False)
+    dims = dict(HEAD_DIM=problem.head_dim, BLOCK_D=problem.block_d)
+    if problem.direction == "fwd":
+        kernels = [("attn_fwd", dict(BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"],
+                                     WARP_SPECIALIZE=config["WARP_SPECIALIZE"]))]
+    else:
+        kernels = [("attn_bwd_preprocess", dict(BLOCK_M=config["BLOCK_M2"])),
+                   ("attn_bwd_dkdv", dict(BLOCK_M1=config["BLOCK_M1"], BLOCK_N1=config["BLOCK_N1"])),
+                   ("attn_bwd_dq", dict(BLOCK_M2=config["BLOCK_M2"], BLOCK_N2=config["BLOCK_N2"]))]
+    for name, constants in kernels:
+        fn = getattr(module, name)
+        constants = dict(constants, **dims)
+        signature = {arg: "constexpr" if arg in constants else _argument_type(problem, arg) for arg in fn.arg_names}
+        source = ASTSource(fn=fn, signature=signature,
+                           constexprs={(fn.arg_names.index(arg),): value for arg, value in constants.items()})
+        triton.compile(source, target=GPUTarget("cuda", arch, 32),
+                       options={"num_warps": config["num_warps"], "num_stages": config["num_stages"]})
+
+
+def _fwd(loads="pointer", block_m=128, block_n=64, ws=False, warps=8, stages=3) -> Config:
+    return Config(LOADS=loads, BLOCK_M=block_m, BLOCK_N=block_n, WARP_SPECIALIZE=ws, num_warps=warps,
+                  num_stages=stages)
+
+
+BWD = Config(BLOCK_M1=64, BLOCK_N1=128, BLOCK_M2=128, BLOCK_N2=64, num_warps=8, num_stages=2)
+
+# Each compile takes 3-30 s on a CI core (the backward's three kernels the longest), so sm80 is checked
+# on one pointer-load variant; every Hopper-only path (TMA, warp specialisation, 256-key blocks) on sm90.
+VARIANTS = [
+    # (id, problem, config, archs)
+    ("plain-tma-ws-d128", FlashProblem("fwd", 2, 32, 8, 4096, 4096, 128, causal=True), _fwd("tma", 128, 128, True, 8, 2), (90,)),
+    ("plain-pointer-d96", FlashProblem("fwd", 1, 32, 32, 4096, 4096, 96, causal=True), _fwd(), (80,)),
+    ("d64-wide-key-blocks", FlashProblem("fwd", 3, 12, 12, 2000, 2000, 64, causal=True), _fwd("tma", 128, 256, False, 8, 2), (90,)),
+    ("d256-tma", FlashProblem("fwd", 1, 16, 8, 8192, 8192, 256, causal=True), _fwd("tma", 64, 64, False, 4, 2), (90,)),
+    ("features-pointer", FlashProblem("fwd", 2, 16, 8, 4096, 4096, 128, causal=True, window_left=1024, softcap=50.0,
+                                      alibi=True), _fwd(), (90,)),
+    ("varlen-tma-ws", FlashProblem("fwd", 8, 32, 8, 2048, 2048, 128, causal=True, varlen=True),
+     _fwd("tma", 128, 128, True, 8, 2), (90,)),
+    ("fp8-tma", FlashProblem("fwd", 2, 32, 32, 4096, 4096, 128, causal=True, dtype="fp8"), _fwd("tma", 128, 128, False, 8, 2), (90,)),
+    ("bwd-plain-d128", FlashProblem("bwd", 2, 32, 8, 4096, 4096, 128, causal=True), BWD, (90,)),
+    ("bwd-varlen-features", FlashProblem("bwd", 4, 16, 8, 2048, 2048, 128, causal=True, window_left=512, softcap=30.0,
+                                         alibi=True, varlen=True), BWD, (90,)),
+]
+
+
+def _compile_all() -> dict[str, str]:
+    """{variant id: "ok" or the compile error}, compiling every variant for each of its archs."""
+    results = {}
+    for name, problem, config, archs in VARIANTS:
+        try:
+            for arch in archs:
+                compile_for(problem, config, arch)
+            results[name] = "ok"
+        except Exception as exc:  # noqa: BLE001 - reported per variant by the tests
+            results[name] = f"{type(exc).__name__}: {str(exc)[-2000:]}"
+    return results
+
+
+@pytest.fixture(scope="module")
+def compiled() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = Path(__file__).resolve().parent.parent
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
+    done = subprocess.run([sys.executable, __file__], env=env, cwd=root, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("problem, config, archs", [v[1:] for v in VARIANTS], ids=[v[0] for v in VARIANTS])
+def test_variant_is_in_the_space(problem, config, archs):
+    assert FAMILY.space(problem, _H200).is_feasible(config), FAMILY.space(problem, _H200).violations(config)
+
+
+@pytest.mark.parametrize("name", [v[0] for v in VARIANTS])
+def test_variant_compiles_for_the_gpu(compiled, name):
+    assert compiled[name] == "ok", compiled[name]
+
+
+if __name__ == "__main__":
+    print(json.dumps(_compile_all()))

@@ -1,0 +1,232 @@
+"""SDPA's backends as the flash family's vendor configs, and how the op serves each call signature.
+
+On the CPU only SDPA's math backend runs, and the family lists no vendor config under the
+interpreter; the serving tests list sdpa-math for CPU problems (monkeypatched) to run the whole
+vendor path: resolve, explain, the op's forward, SDPA's own backward, our backward beside SDPA's
+forward, AUTOTILE_VENDOR=0. The fused backends, CUDA-graph capture and sync-freedom run in the
+gpu-marked tests at the end.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+import autotile
+from autotile.device import DeviceInfo, interpret_device
+from autotile.errors import ConfigOutsideSpaceError
+from autotile.families import flash_vendor
+from autotile.families.base import VENDOR_KEY
+from autotile.families.flash import FAMILY, FlashProblem
+from autotile.families.flash_reference import attention_grads, attention_math, default_scale, log2_sum_exp
+from autotile.runtime import dispatch, ops_flash
+from autotile.space import Config
+
+INTERPRET = interpret_device()
+H200 = DeviceInfo("h200", "NVIDIA H200", (9, 0), 132, 150_000_000_000, 232448, "test")
+MATH = Config({VENDOR_KEY: "sdpa-math"})
+
+
+def test_which_backends_compute_the_problem_as_defined():
+    plain = FlashProblem("fwd", 2, 32, 8, 1000, 1000, 128, causal=True, dtype="bf16")
+    assert [b for b in flash_vendor.BACKENDS if flash_vendor.expresses(b, plain)] == list(flash_vendor.BACKENDS[:2]) + [
+        "sdpa-math"]  # GQA: the memory-efficient kernel takes one key/value head per query head
+    # Causal with Sq != Sk: cuDNN's and the efficient kernel's causal masks are top-left; FlashAttention-2's
+    # op is bottom-right (and gives 0 for rows that see no key), as is the math backend's additive mask.
+    for sq, sk in ((300, 1000), (1000, 300)):
+        p = dataclasses.replace(plain, seq_q=sq, seq_k=sk, heads_kv=32)
+        assert [b for b in flash_vendor.BACKENDS if flash_vendor.expresses(b, p)] == ["sdpa-flash", "sdpa-math"]
+    full = dataclasses.replace(plain, causal=False, seq_q=300, heads_kv=32)
+    assert [b for b in flash_vendor.BACKENDS if flash_vendor.expresses(b, full)] == list(flash_vendor.BACKENDS)
+    fp32 = dataclasses.replace(plain, dtype="fp32")
+    assert [b for b in flash_vendor.BACKENDS if flash_vendor.expresses(b, fp32)] == ["sdpa-math"]
+    odd_head = dataclasses.replace(plain, head_dim=100)  # fused kernels want multiples of 8 (SDPA pads with a copy)
+    assert [b for b in flash_vendor.BACKENDS if flash_vendor.expresses(b, odd_head)] == ["sdpa-math"]
+
+
+@pytest.mark.parametrize("change", [dict(window_left=16), dict(softcap=30.0), dict(alibi=True), dict(varlen=True),
+                                    dict(dtype="fp8")])
+def test_no_vendor_for_what_sdpa_cannot_express(change):
+    problem = dataclasses.replace(FlashProblem("fwd", 2, 8, 8, 512, 512, 64, causal=True, dtype="bf16"), **change)
+    assert flash_vendor.backends_for(problem, H200) == []
+
+
+def test_no_vendor_under_the_interpreter():
+    assert FAMILY.vendor_configs(FlashProblem("fwd", 1, 2, 2, 64, 64, 64, dtype="fp16"), INTERPRET) == []
+
+
+def test_vendor_configs_are_ordered_and_validated(monkeypatch):
+    monkeypatch.setattr(flash_vendor, "_torch_allows", lambda backend, problem, index: True)
+    problem = FlashProblem("fwd", 2, 32, 32, 4096, 4096, 128, causal=True, dtype="bf16")
+    configs = FAMILY.vendor_configs(problem, H200)
+    assert [c[VENDOR_KEY] for c in configs] == ["sdpa-cudnn", "sdpa-flash", "sdpa-efficient", "sdpa-math"]
+    assert FAMILY.validate_config(problem, H200, configs[0]) == configs[0]
+    skewed = dataclasses.replace(problem, seq_q=1000)
+    with pytest.raises(ConfigOutsideSpaceError, match="not a vendor op"):
+        FAMILY.validate_config(skewed, H200, configs[0])  # cuDNN's causal mask is top-left: not this problem's
+
+
+def test_problem_keys_of_plain_problems_are_unchanged():
+    # Stored winners are keyed by these strings; the feature fields are left out at their "off" values.
+    problem = FlashProblem("fwd", 2, 32, 32, 4096, 4096, 128, True, "bf16", True)
+    assert FAMILY.problem_key(problem) == ('{"aligned":true,"batch":2,"causal":true,"direction":"fwd","dtype":"bf16",'
+                                           '"head_dim":128,"heads_kv":32,"heads_q":32,"seq_k":4096,"seq_q":4096}')
+    windowed = dataclasses.replace(problem, window_left=256)
+    assert '"window_left":256' in FAMILY.problem_key(windowed)
+    assert FAMILY.problem_from_dict(dataclasses.asdict(windowed)) == windowed
+
+
+def test_serving_range_spans_batch_and_lengths():
+    problem = FlashProblem("fwd", 4, 32, 8, 2000, 2000, 128, causal=True)
+    assert FAMILY.serving_range(problem) == {"batch": (3, 4), "seq_q": (1025, 2048), "seq_k": (1025, 2048)}
+    other = dataclasses.replace(problem, batch=3, seq_q=1500, seq_k=1500, aligned=False)
+    assert FAMILY.in_range(other, problem, {"batch": [3, 4], "seq_q": [1025, 2048], "seq_k": [1025, 2048]})
+    assert not FAMILY.in_range(dataclasses.replace(other, head_dim=64), problem,
+                               {"batch": [3, 4], "seq_q": [1025, 2048], "seq_k": [1025, 2048]})
+
+
+# --- serving through the op, with sdpa-math standing in for SDPA on the CPU --------------------------
+@pytest.fixture
+def math_vendor(monkeypatch):
+    """List SDPA's math backend for plain CPU problems, as the fused backends are listed on a GPU."""
+    monkeypatch.setattr(flash_vendor, "backends_for",
+                        lambda p, d: [] if p.dtype == "fp8" or p.varlen or p.has_features else ["sdpa-math"])
+    monkeypatch.delenv("AUTOTILE_VENDOR", raising=False)
+    dispatch.clear_cache()
+    yield
+    dispatch.clear_cache()
+
+
+def _qkv(gen, b, hq, hkv, sq, sk, d, dtype=torch.float32, grad=False):
+    shapes = ((b, hq, sq, d), (b, hkv, sk, d), (b, hkv, sk, d))
+    return [torch.randn(s, generator=gen, dtype=dtype).requires_grad_(grad) for s in shapes]
+
+
+def test_untuned_shapes_are_served_by_the_vendor_and_explained(math_vendor):
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = _qkv(gen, 1, 4, 2, 9, 14, 16)
+    info = autotile.explain("flash_attention", q, k, v, causal=True)
+    assert info["config"] == {VENDOR_KEY: "sdpa-math"} and info["source"] == "vendor"
+    out = autotile.flash_attention(q, k, v, causal=True)
+    want = attention_math(q.double(), k.double(), v.double(), causal=True, scale=0.25, dtype=torch.float64)
+    assert (out.double() - want).abs().max() < 1e-5
+
+
+def test_vendor_off_serves_the_generated_kernel(math_vendor, monkeypatch):
+    monkeypatch.setenv("AUTOTILE_VENDOR", "0")
+    dispatch.clear_cache()
+    q, k, v = _qkv(torch.Generator().manual_seed(0), 1, 2, 2, 9, 9, 16)
+    info = autotile.explain("flash_attention", q, k, v)
+    assert info["source"] == "default" and VENDOR_KEY not in info["config"]
+    calls = []
+    monkeypatch.setattr(flash_vendor, "forward", lambda *a, **kw: calls.append(a))
+    out = autotile.flash_attention(q, k, v)
+    assert not calls and torch.isfinite(out).all()
+
+
+def test_training_through_the_vendor_uses_sdpas_backward(math_vendor, monkeypatch):
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = _qkv(gen, 2, 4, 1, 11, 7, 16, grad=True)  # MQA, Sq > Sk: rows that see no key
+    kernels = []
+    monkeypatch.setattr(ops_flash, "serve_backward", lambda *a, **kw: kernels.append(a))
+    out = autotile.flash_attention(q, k, v, causal=True)
+    do = torch.randn(out.shape, generator=gen)
+    got = torch.autograd.grad(out, (q, k, v), do)
+    assert not kernels  # SDPA's own autograd ran, not the family's backward
+    want = attention_grads(*(t.detach().double() for t in (q, k, v)), do.double(), causal=True, scale=0.25,
+                           dtype=torch.float64)
+    for g, w in zip(got, want):
+        assert (g.double() - w).abs().max() < 1e-5
+
+
+def test_our_backward_beside_the_vendors_forward(math_vendor):
+    # return_lse goes through the custom op: SDPA (math) serves the forward and its log-sum-exp, the
+    # backward problem is served on its own (here the vendor again, but with dlse: the generated kernel).
+    gen = torch.Generator().manual_seed(2)
+    q, k, v = _qkv(gen, 1, 2, 2, 13, 10, 16, grad=True)
+    out, lse = autotile.flash_attention(q, k, v, causal=True, return_lse=True)
+    want_lse = log2_sum_exp(q.detach().double(), k.detach().double(), causal=True, scale=0.25) * 0.6931471805599453
+    seen = torch.isfinite(want_lse)
+    assert torch.allclose(lse[seen].double(), want_lse[seen], atol=1e-5) and torch.isinf(lse[~seen]).all()
+    do = torch.randn(out.shape, generator=gen)
+    got = torch.autograd.grad(out, (q, k, v), do)  # no lse gradient: the vendor's backward may serve it
+    want = attention_grads(*(t.detach().double() for t in (q, k, v)), do.double(), causal=True, scale=0.25,
+                           dtype=torch.float64)
+    for g, w in zip(got, want):
+        assert (g.double() - w).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("direction", ["fwd", "bwd"])
+def test_vendor_run_passes_the_family_check(direction):
+    # The tuner checks a vendor config like any candidate: outputs (and the forward's log-sum-exp) vs float64.
+    problem = FlashProblem(direction, 1, 4, 2, 19, 33, 16, causal=True, dtype="fp32")
+    inputs = FAMILY.make_inputs(problem, INTERPRET)
+    outputs = FAMILY.allocate_outputs(problem, inputs)
+    FAMILY.run_config(problem, MATH, inputs, outputs)
+    result = FAMILY.check(problem, inputs, outputs, FAMILY.reference(problem, inputs))
+    assert result.ok, result.message
+    FAMILY.timed_call(problem, MATH, inputs, outputs)()
+
+
+def test_a_cached_call_repeats_no_resolution(monkeypatch):
+    dispatch.clear_cache()
+    q, k, v = _qkv(torch.Generator().manual_seed(3), 1, 2, 2, 5, 5, 16)
+    autotile.flash_attention(q, k, v)
+    resolved, real = [], ops_flash.resolve
+    monkeypatch.setattr(ops_flash, "resolve", lambda *a: resolved.append(a) or real(*a))
+    for _ in range(3):
+        autotile.flash_attention(q, k, v)
+    assert not resolved
+    autotile.flash_attention(q, k, v, scale=0.3)  # a new signature is resolved once
+    autotile.flash_attention(q, k, v, scale=0.3)
+    assert len(resolved) == 1
+
+
+# --- on the GPU -------------------------------------------------------------------------------------
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("direction", ["fwd", "bwd"])
+@pytest.mark.parametrize("shape, causal", [((2, 8, 2, 300, 555, 128), True), ((1, 4, 4, 555, 300, 64), True),
+                                           ((2, 4, 4, 257, 257, 96), True), ((1, 8, 8, 129, 700, 128), False)])
+def test_gpu_every_vendor_config_is_right(direction, shape, causal):
+    from autotile.device import cuda_device
+
+    device = cuda_device()
+    for dtype in ("bf16", "fp16"):
+        problem = FlashProblem(direction, *shape, causal=causal, dtype=dtype)
+        inputs = FAMILY.make_inputs(problem, device, seed=5)
+        expected = FAMILY.reference(problem, inputs)
+        for config in FAMILY.vendor_configs(problem, device):
+            outputs = FAMILY.allocate_outputs(problem, inputs)
+            FAMILY.run_config(problem, config, inputs, outputs)
+            result = FAMILY.check(problem, inputs, outputs, expected)
+            assert result.ok, f"{config.to_json()} {problem}: {result.message}"
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("vendor", ["1", "0"], ids=["vendor", "kernels"])
+def test_gpu_cuda_graph_capture_without_syncs(vendor, monkeypatch):
+    monkeypatch.setenv("AUTOTILE_VENDOR", vendor)
+    dispatch.clear_cache()
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(2, h, 512, 128, device="cuda", generator=gen).bfloat16() for h in (32, 8, 8))
+    expected = autotile.flash_attention(q, k, v, causal=True)  # first call: resolves, compiles
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with torch.cuda.graph(graph):
+            out = autotile.flash_attention(q, k, v, causal=True)
+        for _ in range(3):
+            autotile.flash_attention(q, k, v, causal=True)  # eager calls: no sync either
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, expected)
+    dispatch.clear_cache()
