@@ -39,19 +39,27 @@ _LAUNCHER_RULE = "# --- launcher: the tuned config, baked in " + "-" * 55
 # --- gemm -------------------------------------------------------------------------------
 
 def _gemm_launcher(problem, config: Config, switches: dict) -> str:
-    from autotile.families.gemm import _REDUCE_BLOCK
+    from autotile.device import interpret_device
+    from autotile.families.gemm_launch import INTERPRETER_PROGRAMS
+    from autotile.families.gemm_space import programs_per_sm, upgrade_config
 
-    # NOTE: _REDUCE_BLOCK is private to families/gemm.py; the launcher must use the reduce tile the
-    # family launches with, so it is read from there rather than copied.
-    constexprs = {n: config[n] for n in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "SPLIT_K", "WARP_SPECIALIZE",
-                                         "FLATTEN")}
+    # The rendered kernel's module carries its own host side (launch_geometry, kernel_args), so the
+    # launcher computes no schedule of its own; programs per SM is the family's estimate for Hopper.
+    config = Config(upgrade_config(problem, config))
+    constexprs = {n: config.get(n, 1) for n in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "SPLIT_K", "PROMOTE_TILES",
+                                                "WARP_SPECIALIZE", "FLATTEN")}
     params = dataclasses.asdict(problem)
     return _GEMM_LAUNCHER.format(
         problem=json.dumps(params, sort_keys=True), config=repr(dict(config)), constexprs=repr(constexprs),
         num_warps=config["num_warps"], num_stages=config["num_stages"], variant=repr(config["VARIANT"]),
-        persistent=bool(config["PERSISTENT"]), reduce_block=repr(tuple(_REDUCE_BLOCK)),
-        m=problem.m, n=problem.n, k=problem.k,
+        persistent=bool(config["PERSISTENT"]), per_sm=programs_per_sm(problem, config, interpret_device()),
+        cpu_programs=INTERPRETER_PROGRAMS, m=problem.m, n=problem.n, k=problem.k,
     )
+
+
+def _gemm_interpreter_switches(problem) -> dict:
+    # NOTE: Triton 3.6's interpreter computes bf16 tl.dot wrongly (see autotile/families/gemm_launch.py).
+    return {"UPCAST_DOTS": problem.dtype in ("bf16", "fp16", "fp8")}
 
 
 _GEMM_LAUNCHER = '''# --- launcher: the tuned config, baked in -------------------------------------------------------
@@ -66,14 +74,11 @@ _NUM_WARPS = {num_warps}
 _NUM_STAGES = {num_stages}
 _VARIANT = {variant}
 _PERSISTENT = {persistent}
-_REDUCE_BLOCK = {reduce_block}  # (BLOCK_M, BLOCK_N) of the split-K reduction
+_PROGRAMS_PER_SM = {per_sm}  # programs of this config one Hopper SM holds at once
+_CPU_PROGRAMS = {cpu_programs}  # programs the interpreter pretends run at once
 _DTYPES = {{"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16,
            "fp8": getattr(torch, "float8_e4m3fn", None)}}
 _allocator_set = False
-
-
-def _cdiv(x, y):
-    return (x + y - 1) // y
 
 
 def _layout(t):
@@ -93,11 +98,13 @@ def _check(name, t, shape, dtype, layout):
         raise ValueError(f"{{name}}: the TMA kernel needs 16-byte aligned base pointers and leading strides")
 
 
-def matmul(a, b, bias=None, scale_a=None, scale_b=None):
-    """C = act(scale_a * scale_b * (a @ b) + bias) for the one problem this kernel was tuned for (see PROBLEM).
+def matmul(a, b, bias=None, scale_a=None, scale_b=None, residual=None):
+    """C = act(scales * (a @ b) + bias) + residual for the one problem this kernel was tuned for (see PROBLEM).
 
     a ({m}, {k}) and b ({k}, {n}) of PROBLEM["dtype"] in PROBLEM's layouts; bias ({n},) when PROBLEM["bias"];
-    scale_a, scale_b (1,) float32 for fp8. Returns C ({m}, {n}) of PROBLEM["out_dtype"].
+    residual ({m}, {n}) when PROBLEM["residual"]; float32 scale_a, scale_b for fp8 as PROBLEM["scale_mode"] says
+    (tensor: one value each; row: ({m}, 1) and (1, {n}); block: per 1 x 128 group of a and 128 x 128 block of b).
+    Returns C ({m}, {n}) of PROBLEM["out_dtype"].
     """
     m, n, k = PROBLEM["m"], PROBLEM["n"], PROBLEM["k"]
     operand = _DTYPES[PROBLEM["dtype"]]
@@ -105,35 +112,27 @@ def matmul(a, b, bias=None, scale_a=None, scale_b=None):
     _check("b", b, (k, n), operand, None if PROBLEM["layout_b"] == "strided" else PROBLEM["layout_b"])
     if (bias is not None) != PROBLEM["bias"]:
         raise ValueError("this kernel was rendered " + ("with" if PROBLEM["bias"] else "without") + " a bias")
+    if (residual is not None) != PROBLEM.get("residual", False):
+        raise ValueError("this kernel was rendered " + ("with" if PROBLEM.get("residual") else "without") + " a residual")
     if (PROBLEM["dtype"] == "fp8") != (scale_a is not None and scale_b is not None):
         raise ValueError("pass scale_a and scale_b exactly when the operands are fp8")
     c = torch.empty(m, n, dtype=_DTYPES[PROBLEM["out_dtype"]], device=a.device)
-    split = _CONSTEXPRS["SPLIT_K"]
-    ws = torch.empty(split, m, n, dtype=torch.float32, device=a.device) if split > 1 else c
-    bias_arg = bias if bias is not None else c  # unused pointers still need a tensor
-    scale_a_arg = scale_a if scale_a is not None else c
-    scale_b_arg = scale_b if scale_b is not None else c
-    tiles = _cdiv(m, _CONSTEXPRS["BLOCK_M"]) * _cdiv(n, _CONSTEXPRS["BLOCK_N"])
+    if a.is_cuda:
+        programs = torch.cuda.get_device_properties(a.device).multi_processor_count * _PROGRAMS_PER_SM
+    else:
+        programs = _CPU_PROGRAMS
+    grid, workspace, counters, stream_k = launch_geometry(
+        m, n, k, _CONSTEXPRS["BLOCK_M"], _CONSTEXPRS["BLOCK_N"], _CONSTEXPRS["BLOCK_K"], _CONSTEXPRS["SPLIT_K"],
+        _PERSISTENT, programs)
+    ws = torch.empty(workspace, dtype=torch.float32, device=a.device) if workspace else None
+    tile_counters = torch.zeros(counters, dtype=torch.int32, device=a.device) if counters else None
     if _VARIANT == "tma":
-        sms = torch.cuda.get_device_properties(a.device).multi_processor_count if a.is_cuda else 4
-        grid = (min(tiles, sms) if _PERSISTENT else tiles,)
         global _allocator_set
         if a.is_cuda and not _allocator_set:  # TMA descriptors built on the device need scratch memory
             triton.set_allocator(lambda size, alignment, stream: torch.empty(size, device="cuda", dtype=torch.int8))
             _allocator_set = True
-    else:
-        grid = (tiles, split)
-    gemm_kernel[grid](
-        a, b, c, ws, bias_arg, scale_a_arg, scale_b_arg, m, n, k,
-        a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
-        **_CONSTEXPRS, num_warps=_NUM_WARPS, num_stages=_NUM_STAGES,
-    )
-    if split > 1:
-        bm, bn = _REDUCE_BLOCK
-        gemm_splitk_reduce[(_cdiv(m, bm), _cdiv(n, bn))](
-            ws, c, bias_arg, scale_a_arg, scale_b_arg, m, n, c.stride(0), c.stride(1),
-            SPLIT_K=split, BLOCK_M=bm, BLOCK_N=bn, num_warps=4,
-        )
+    args = kernel_args(a, b, c, bias, residual, scale_a, scale_b, ws, tile_counters, stream_k)
+    gemm_kernel[grid](*args, **_CONSTEXPRS, num_warps=_NUM_WARPS, num_stages=_NUM_STAGES)
     return c
 '''
 
@@ -440,7 +439,7 @@ def paged_attention(q, k_cache, v_cache, block_table, context_lens, scale=None, 
 
 
 LAUNCHER_WRITERS = {
-    "gemm": LauncherWriter("matmul", _gemm_launcher),
+    "gemm": LauncherWriter("matmul", _gemm_launcher, _gemm_interpreter_switches),
     "elementwise": LauncherWriter("fused", _elementwise_launcher, _elementwise_interpreter_switches),
     "paged": LauncherWriter("paged_attention", _paged_launcher, _paged_interpreter_switches),
 }

@@ -18,11 +18,11 @@ CPU = interpret_device()
 
 
 def configs_for(problem, extra: int = 2, seed: int = 0) -> list[Config]:
-    """The default config, every variant the space allows, and a few random feasible ones."""
+    """The default config, one config of each variant and schedule the space allows, and a few random ones."""
     feasible = list(FAMILY.space(problem, CPU).feasible())
     chosen = [FAMILY.default_config(problem, CPU)]
     for want in ({"VARIANT": "tma", "PERSISTENT": True}, {"VARIANT": "tma", "PERSISTENT": False},
-                 {"SPLIT_K": 2}, {"SPLIT_K": 4}):
+                 {"SCHEDULE": "split_k"}, {"SCHEDULE": "stream_k"}, {"SWAP_AB": True}):
         match = [c for c in feasible if all(c[k] == v for k, v in want.items())]
         if match:
             chosen.append(random.Random(seed).choice(match))
@@ -39,10 +39,16 @@ CASES = [
     contiguous_problem(40, 64, 128, "fp8", "bf16", layout_b="col", bias=True, activation="relu"),
     contiguous_problem(33, 32, 64, "fp8", "fp32"),
     GemmProblem(48, 40, 64, "fp16", "fp16", aligned=False),  # storage offset by one element
+    contiguous_problem(1, 80, 200, "bf16", "bf16", layout_b="col", residual=True),  # decode, nn.Linear layout
+    contiguous_problem(29, 96, 136, "bf16", "fp32", layout_b="col", bias=True, activation="silu", residual=True),
+    contiguous_problem(24, 144, 320, "fp8", "bf16", layout_b="col", scale_mode="row", bias=True),
+    contiguous_problem(24, 144, 320, "fp8", "bf16", layout_b="col", scale_mode="block", residual=True),
+    contiguous_problem(24, 144, 320, "fp8", "bf16", layout_b="col", fp8_fast_accum=True, activation="gelu"),
 ]
 
 
-@pytest.mark.parametrize("problem", CASES, ids=lambda p: f"{p.m}x{p.n}x{p.k}-{p.dtype}-{p.layout_a}{p.layout_b}-{p.activation}")
+@pytest.mark.parametrize("problem", CASES, ids=lambda p: f"{p.m}x{p.n}x{p.k}-{p.dtype}-{p.layout_a}{p.layout_b}-{p.activation}"
+                         f"{'-residual' if p.residual else ''}-{p.scale_mode}{'-fast' if p.fp8_fast_accum else ''}")
 def test_template_matches_reference(problem):
     for config in configs_for(problem):
         outcome, _ = run_checked(FAMILY, problem, config, CPU, seed=3)
@@ -113,3 +119,63 @@ def test_cost_counts_flops_and_fewest_bytes():
     cost = FAMILY.cost(contiguous_problem(128, 256, 64, "bf16", "bf16", bias=True))
     assert cost.flops == 2 * 128 * 256 * 64
     assert cost.bytes == (128 * 64 + 64 * 256) * 2 + 128 * 256 * 2 + 256 * 2
+
+
+def test_bf16_and_fp16_on_the_cpu_match_float64():
+    # Triton 3.6's interpreter computes bf16 tl.dot wrongly (errors of 1e10 and more); the CPU path upcasts.
+    gen = torch.Generator().manual_seed(5)
+    for dtype in (torch.bfloat16, torch.float16):
+        a = torch.randn(33, 70, generator=gen).to(dtype)
+        b = torch.randn(41, 70, generator=gen).to(dtype).t()  # nn.Linear layout
+        out = autotile.matmul(a, b)
+        want = a.double() @ b.double()
+        problem = FAMILY.problem_from_tensors(a, b)
+        result = compare("c", out, want, FAMILY.tolerance(problem))
+        assert result.ok, f"{dtype}: {result.message}"
+
+
+def test_problem_fields_are_checked_and_named():
+    with pytest.raises(BadInputError, match="fp8 operands only"):
+        GemmProblem(8, 8, 8, "bf16", "bf16", scale_mode="row")
+    with pytest.raises(BadInputError, match="fp8 operands only"):
+        GemmProblem(8, 8, 8, "bf16", "bf16", fp8_fast_accum=True)
+    with pytest.raises(BadInputError, match="block scales"):
+        GemmProblem(8, 8, 8, "fp8", "bf16", scale_mode="block", fp8_fast_accum=True)
+    with pytest.raises(BadInputError, match="scale_mode must be one of"):
+        GemmProblem(8, 8, 8, "fp8", "bf16", scale_mode="channel")
+
+
+def test_scale_modes_follow_the_scale_shapes():
+    a = torch.randn(4, 300).to(torch.float8_e4m3fn)
+    b = torch.randn(200, 300).to(torch.float8_e4m3fn).t()  # (K, N) = (300, 200)
+
+    def mode(sa, sb):
+        return FAMILY.problem_from_tensors(a, b, scale_a=sa, scale_b=sb).scale_mode
+
+    assert mode(None, None) == "tensor" and mode(torch.ones(1), torch.ones(())) == "tensor"
+    assert mode(torch.ones(4, 1), torch.ones(1, 200)) == "row" and mode(torch.ones(4), torch.ones(200)) == "row"
+    assert mode(torch.ones(4, 3), torch.ones(3, 2)) == "block"  # ceil(300/128) = 3 K groups, ceil(200/128) = 2
+    with pytest.raises(ShapeMismatchError, match=r"\(4, 3\) and \(3, 2\) \(1 x 128 groups"):
+        mode(torch.ones(4, 2), torch.ones(2, 2))
+    with pytest.raises(BadInputError, match="float32"):
+        mode(torch.ones(4, 1, dtype=torch.float16), torch.ones(1, 200))
+    with pytest.raises(BadInputError, match="fp8|float8"):
+        FAMILY.problem_from_tensors(torch.randn(4, 8), torch.randn(8, 2), scale_a=torch.ones(1))
+    with pytest.raises(ShapeMismatchError, match="residual must have the output's shape"):
+        FAMILY.problem_from_tensors(torch.randn(4, 8), torch.randn(8, 2), residual=torch.randn(2, 4))
+
+
+def test_keys_of_problems_without_the_later_fields_are_unchanged():
+    # Winners stored before residual / scale_mode / fp8_fast_accum existed keep matching their problems.
+    problem = contiguous_problem(16, 8192, 8192, "bf16", "bf16")
+    key = FAMILY.problem_key(problem)
+    assert "residual" not in key and "scale_mode" not in key and "fp8_fast_accum" not in key
+    assert FAMILY.problem_from_dict(__import__("json").loads(key)) == problem
+    assert "residual" in FAMILY.problem_key(contiguous_problem(16, 64, 64, residual=True))
+    assert FAMILY.bucket(contiguous_problem(9, 64, 64)) == FAMILY.bucket(contiguous_problem(16, 64, 64))
+
+
+def test_cost_counts_the_residual():
+    plain = FAMILY.cost(contiguous_problem(128, 256, 64, "bf16", "bf16"))
+    with_residual = FAMILY.cost(contiguous_problem(128, 256, 64, "bf16", "bf16", residual=True))
+    assert with_residual.bytes - plain.bytes == 128 * 256 * 2

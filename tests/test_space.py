@@ -64,3 +64,35 @@ def test_default_and_seed_configs_are_in_the_space():
         assert space.is_feasible(FAMILY.default_config(problem, interpret_device()))
         for config in FAMILY.seed_configs(problem, interpret_device()):
             assert space.is_feasible(config)
+
+
+def test_staged_enumeration_equals_filtering_the_grid():
+    import random
+
+    from autotile.families.gemm_space import StagedSpace, rule
+
+    rng = random.Random(3)
+    axes = [Axis("A", (1, 2, 3, 4)), Axis("B", (True, False)), Axis("C", ("x", "y", "z")), Axis("D", (8, 16, 32))]
+    for _ in range(20):
+        limit, pick, cap = rng.randint(2, 6), rng.choice("xyz"), rng.choice((8, 16, 32))
+        rules = [rule("a_b", ("A", "B"), lambda c, limit=limit: c["A"] + int(c["B"]) <= limit, "A + B"),
+                 rule("c_d", ("C", "D"), lambda c, pick=pick, cap=cap: c["C"] != pick or c["D"] < cap, "C, D"),
+                 rule("a_d", ("D", "A"), lambda c: c["A"] * c["D"] <= 64, "A * D")]
+        staged = StagedSpace(axes, rules)
+        plain = Space(axes, [r.constraint for r in rules])
+        assert list(staged.feasible()) == list(plain.feasible())
+
+
+def test_configs_stored_before_the_schedule_axes_still_validate():
+    # Winners stored before SCHEDULE, SWAP_AB and PROMOTE_TILES existed name the same kernels today.
+    legacy = dict(VARIANT="blocked", BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, SPLIT_K=2, PERSISTENT=False,
+                  WARP_SPECIALIZE=False, FLATTEN=False, num_warps=4, num_stages=3)
+    problem = contiguous_problem(128, 4096, 4096, "bf16", "bf16")
+    config = FAMILY.space(problem, interpret_device()).validate(legacy)
+    assert config["SCHEDULE"] == "split_k" and config["SWAP_AB"] is False
+    fp8 = contiguous_problem(4096, 4096, 4096, "fp8", "bf16", layout_b="col")
+    legacy_fp8 = dict(legacy, VARIANT="tma", BLOCK_M=128, BLOCK_K=128, SPLIT_K=1, PERSISTENT=True, num_warps=8, num_stages=4)
+    config = FAMILY.space(fp8, interpret_device()).validate(legacy_fp8)
+    assert config["SCHEDULE"] == "data_parallel" and config["PROMOTE_TILES"] == 1  # promoted every K tile, as then
+    with pytest.raises(ConfigOutsideSpaceError, match="missing axes"):
+        FAMILY.space(problem, interpret_device()).validate({k: v for k, v in legacy.items() if k != "GROUP_M"})

@@ -1,30 +1,46 @@
-"""Tiled GEMM: C = act(A @ B * scales + bias), fp32/tf32, fp16, bf16 and fp8 e4m3 operands.
+"""Tiled GEMM: C = act(scales * (A @ B) + bias) + residual; fp32/tf32, fp16, bf16 and fp8 e4m3 operands.
 
 The point of tiling is reuse: each (BLOCK_M x BLOCK_K) tile of A and
 (BLOCK_K x BLOCK_N) tile of B is read from HBM once per output tile and used
-BLOCK_N (resp. BLOCK_M) times from shared memory and registers.
+BLOCK_N (resp. BLOCK_M) times from shared memory and registers. Where the tiles
+do not fill the GPU (decode-sized M, long K, tile counts that leave the last
+wave mostly empty) the work of a tile is split over several programs, by equal
+K shares (split-K) or by an even share of all K iterations (stream-K), and
+finished deterministically in the same launch (templates/gemm.py.j2).
+
+Modules: gemm_space.py (axes, constraints, resource estimates), gemm_policy.py
+(the config of an untuned shape and the seeds of a search, per regime),
+gemm_launch.py (launch plans, the workspace and the tile counters).
 """
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from dataclasses import dataclass
 
 import torch
 
-from autotile.device import DeviceInfo, ensure_triton_allocator
+from autotile.device import DeviceInfo
 from autotile.dtypes import canonical_dtype_name, element_size, torch_dtype
 from autotile.errors import BadInputError, ShapeMismatchError, UnsupportedDtypeError
-from autotile.families.base import VENDOR_KEY, Baseline, Cost, Family, ProblemOption, Tensors, Tolerance, next_pow2
-from autotile.launch import launch as launch_kernel
-from autotile.render import launching, load_kernel_module
-from autotile.space import Axis, AxisKind, Config, Constraint, Space
+from autotile.families.base import (
+    VENDOR_KEY, Baseline, Cost, Family, ProblemOption, Tensors, Tolerance, canonical_json, next_pow2,
+)
+from autotile.families.gemm_launch import launch_plan, run_plan
+from autotile.families.gemm_policy import preferred_config, seed_variations
+from autotile.families.gemm_space import FP8_PRECISE_INTERVAL, SCALE_BLOCK, gemm_space
+from autotile.space import Config, Space
 
 OPERAND_DTYPES = ("fp32", "fp16", "bf16", "fp8")
 OUTPUT_DTYPES = ("fp32", "fp16", "bf16")
 ACTIVATIONS = ("none", "relu", "gelu", "silu")
 LAYOUTS = ("row", "col", "strided")  # unit stride along the last dim / the first dim / neither
+# fp8 scales: one per operand, one per row of A and per column of B (C's rows and columns), or one per
+# 1 x 128 group of A's K and per 128 x 128 block of B (DeepSeek-V3's recipe for fp8 LLM weights).
+SCALE_MODES = ("tensor", "row", "block")
+# Problem fields added after winners were first stored: a problem's key leaves them out while they hold
+# these defaults, so keys (and stored winners) of problems that do not use them stay what they were.
+_LATER_FIELDS = {"residual": False, "scale_mode": "tensor", "fp8_fast_accum": False}
 
 # Unit roundoff of each output dtype (half an ulp at 1.0).
 _UNIT_ROUNDOFF = {"fp32": 2.0**-24, "fp16": 2.0**-11, "bf16": 2.0**-8}
@@ -32,14 +48,11 @@ _UNIT_ROUNDOFF = {"fp32": 2.0**-24, "fp16": 2.0**-11, "bf16": 2.0**-8}
 # than round the other 13: a one-sided relative error of up to 2^-10 per operand.
 _TF32_TRUNCATION = 2.0**-10
 # Hopper's fp8 tensor cores accumulate in about 14 significant bits (DeepSeek-V3 report, sec. 3.3.2,
-# which promotes to fp32 every 128 products); the kernel promotes once per K tile, at most every
-# _FP8_MAX_BLOCK_K products.
+# which promotes to fp32 every 128 products). Precise mode promotes at least every
+# FP8_PRECISE_INTERVAL products, block scales every SCALE_BLOCK; fast accumulation never does.
 _FP8_ACC_ROUNDOFF = 2.0**-14
-_FP8_MAX_BLOCK_K = 256
-# Workspace elements a split-K run may use (fp32): 2**28 is 1 GiB.
-_SPLIT_K_WORKSPACE_LIMIT = 2**28
-# Tile of the split-K reduction kernel: memory-bound and small, so not tuned.
-_REDUCE_BLOCK = (32, 128)
+# e4m3's largest finite value: scales map each group's largest magnitude onto it.
+_E4M3_MAX = 448.0
 
 
 @dataclass(frozen=True)
@@ -47,7 +60,7 @@ class GemmProblem:
     m: int
     n: int
     k: int
-    dtype: str = "bf16"  # operand dtype: fp32, fp16, bf16, fp8 (e4m3, with per-tensor scales)
+    dtype: str = "bf16"  # operand dtype: fp32, fp16, bf16, fp8 (e4m3, with scales as scale_mode says)
     out_dtype: str = "bf16"
     layout_a: str = "row"
     layout_b: str = "row"
@@ -55,6 +68,9 @@ class GemmProblem:
     activation: str = "none"
     tf32: bool = False  # fp32 operands only: tensor cores in tf32
     aligned: bool = True  # base pointers and leading strides are multiples of 16 bytes (TMA-able)
+    residual: bool = False  # add a residual (M, N) tensor after the activation
+    scale_mode: str = "tensor"  # fp8 scales: 'tensor', 'row' or 'block' (see SCALE_MODES); 'tensor' otherwise
+    fp8_fast_accum: bool = False  # fp8: never promote the tensor cores' partial sums (_scaled_mm's use_fast_accum)
 
     def __post_init__(self):
         if min(self.m, self.n, self.k) < 1:
@@ -67,6 +83,14 @@ class GemmProblem:
             raise BadInputError(f"activation must be one of {ACTIVATIONS}, got {self.activation!r}")
         if self.layout_a not in LAYOUTS or self.layout_b not in LAYOUTS:
             raise BadInputError(f"layouts must be one of {LAYOUTS}")
+        if self.scale_mode not in SCALE_MODES:
+            raise BadInputError(f"scale_mode must be one of {SCALE_MODES}, got {self.scale_mode!r}")
+        if self.dtype != "fp8" and (self.scale_mode != "tensor" or self.fp8_fast_accum):
+            raise BadInputError(f"scale_mode and fp8_fast_accum apply to fp8 operands only, not {self.dtype}: "
+                                "leave them at their defaults")
+        if self.scale_mode == "block" and self.fp8_fast_accum:
+            raise BadInputError("block scales are applied to each 128-wide K group's sum, which promotes it to fp32 "
+                                "there: fp8_fast_accum does not apply to them; leave it False")
 
 
 def contiguous_problem(m: int, n: int, k: int, dtype: str = "bf16", out_dtype: str = "bf16", layout_a: str = "row",
@@ -85,6 +109,37 @@ def layout_of(t: torch.Tensor) -> str:
     if t.stride(0) == 1 or t.shape[0] == 1:
         return "col"
     return "strided"
+
+
+def _key_fields(problem: GemmProblem) -> dict:
+    """The problem's fields for its key: those added later are left out while they hold their defaults."""
+    data = dataclasses.asdict(problem)
+    for name, default in _LATER_FIELDS.items():
+        if data[name] == default:
+            del data[name]
+    return data
+
+
+def scale_mode_of(m: int, n: int, k: int, scale_a, scale_b, device) -> str:
+    """'tensor', 'row' or 'block' from the shapes of fp8 scales (None counts as a per-tensor scale of 1)."""
+    groups_k, groups_n = math.ceil(k / SCALE_BLOCK), math.ceil(n / SCALE_BLOCK)
+    for name, scale in (("scale_a", scale_a), ("scale_b", scale_b)):
+        if scale is not None and (not isinstance(scale, torch.Tensor) or scale.dtype != torch.float32
+                                  or scale.device != device):
+            raise BadInputError(f"{name} must be a float32 tensor on {device}")
+    shape_a = (1,) if scale_a is None else tuple(scale_a.shape)
+    shape_b = (1,) if scale_b is None else tuple(scale_b.shape)
+    if math.prod(shape_a) == 1 and math.prod(shape_b) == 1:
+        return "tensor"
+    if shape_a in ((m, 1), (m,)) and shape_b in ((1, n), (n,)):
+        return "row"
+    if shape_a == (m, groups_k) and shape_b == (groups_k, groups_n):
+        return "block"
+    raise ShapeMismatchError(
+        f"fp8 scales of shapes {shape_a} and {shape_b} fit no scaling of this ({m} x {k}) @ ({k} x {n}) matmul: "
+        f"pass one value each (per tensor), ({m}, 1) and (1, {n}) (per row of A and column of B), or "
+        f"({m}, {groups_k}) and ({groups_k}, {groups_n}) (1 x {SCALE_BLOCK} groups of A, {SCALE_BLOCK} x "
+        f"{SCALE_BLOCK} blocks of B)")
 
 
 def _tma_aligned(t: torch.Tensor) -> bool:
@@ -123,7 +178,21 @@ class GemmFamily(Family):
     range_free_fields = ("aligned",)
 
     # --- problems -----------------------------------------------------------------
-    def problem_from_tensors(self, a, b, bias=None, activation=None, out_dtype=None) -> GemmProblem:
+    def problem_from_tensors(self, a, b, bias=None, activation=None, out_dtype=None, *, residual=None,
+                             scale_a=None, scale_b=None, fp8_fast_accum: bool = False) -> GemmProblem:
+        """The problem of one call: C = act(scales * (a @ b) + bias) + residual.
+
+        fp8 scales (float32): both of one element (per tensor); scale_a (M, 1) and scale_b (1, N) (per row
+        of A and column of B, as torch._scaled_mm's row-wise scaling); or scale_a (M, ceil(K/128)) and
+        scale_b (ceil(K/128), ceil(N/128)) (per 1 x 128 group of A and 128 x 128 block of B: for a weight
+        W (N, K) with block scales S (ceil(N/128), ceil(K/128)), b = W.t() and scale_b = S.t()).
+
+        >>> import torch
+        >>> a = torch.randn(4, 256).to(torch.float8_e4m3fn)
+        >>> w = torch.randn(384, 256).to(torch.float8_e4m3fn)
+        >>> FAMILY.problem_from_tensors(a, w.t(), scale_a=torch.ones(4, 2), scale_b=torch.ones(2, 3)).scale_mode
+        'block'
+        """
         if a.dim() != 2 or b.dim() != 2:
             raise ShapeMismatchError(f"matmul takes 2-D a and b, got a{tuple(a.shape)} and b{tuple(b.shape)}")
         if a.shape[1] != b.shape[0]:
@@ -142,9 +211,31 @@ class GemmFamily(Family):
             raise ShapeMismatchError(f"bias must have shape ({n},), got {tuple(bias.shape)}")
         if bias is not None and bias.device != a.device:
             raise BadInputError(f"bias is on {bias.device}, a on {a.device}")
+        if residual is not None:
+            if tuple(residual.shape) != (m, n):
+                raise ShapeMismatchError(f"residual must have the output's shape ({m}, {n}), got {tuple(residual.shape)}")
+            if residual.device != a.device or not residual.is_floating_point():
+                raise BadInputError(f"residual must be a floating-point tensor on {a.device}, got {residual.dtype} "
+                                    f"on {residual.device}")
+        scale_mode = "tensor"
+        if dtype == "fp8":
+            scale_mode = scale_mode_of(m, n, k, scale_a, scale_b, a.device)
+        elif scale_a is not None or scale_b is not None:
+            raise BadInputError(f"scale_a/scale_b apply to float8_e4m3fn operands only; these are {a.dtype}")
         tf32 = dtype == "fp32" and torch.backends.cuda.matmul.allow_tf32
         return GemmProblem(m, n, k, dtype, out, layout_of(a), layout_of(b), bias is not None,
-                           activation or "none", tf32, _tma_aligned(a) and _tma_aligned(b))
+                           activation or "none", tf32, _tma_aligned(a) and _tma_aligned(b),
+                           residual=residual is not None, scale_mode=scale_mode,
+                           fp8_fast_accum=bool(fp8_fast_accum) and dtype == "fp8")
+
+    def problem_key(self, problem: GemmProblem) -> str:
+        return canonical_json(_key_fields(problem))
+
+    def bucket(self, problem: GemmProblem) -> str:
+        data = _key_fields(problem)
+        for name in self.shape_fields:
+            data[name] = next_pow2(data[name])
+        return canonical_json(data)
 
     def distance(self, problem: GemmProblem, other: GemmProblem) -> float | None:
         # Alignment does not change what a config computes, only whether the TMA variant may run;
@@ -195,10 +286,15 @@ class GemmFamily(Family):
         ProblemOption("bias", bool, "fuse a bias add", False),
         ProblemOption("activation", str, "fused activation", "none", ACTIVATIONS),
         ProblemOption("tf32", bool, "fp32 operands on tensor cores in tf32", False),
+        ProblemOption("residual", bool, "fuse a residual add (after the activation)", False),
+        ProblemOption("scale_mode", str, "fp8 scales: tensor, row (per row of A / column of B), block (1x128 / 128x128)",
+                      "tensor", SCALE_MODES),
+        ProblemOption("fp8_fast_accum", bool, "fp8: accumulate in the tensor cores without promotion", False),
     )
 
     def problems_from_cli(self, m=None, n=None, k=None, dtype="bf16", out_dtype=None, layout_a="row", layout_b="row",
-                          bias=False, activation="none", tf32=False) -> list[GemmProblem]:
+                          bias=False, activation="none", tf32=False, residual=False, scale_mode="tensor",
+                          fp8_fast_accum=False) -> list[GemmProblem]:
         if m is None and n is None and k is None:
             return self.default_suite()
         if None in (m, n, k):
@@ -206,95 +302,32 @@ class GemmFamily(Family):
         dt = canonical_dtype_name(dtype)
         out = canonical_dtype_name(out_dtype) if out_dtype else ("bf16" if dt == "fp8" else dt)
         return [contiguous_problem(m, n, k, dt, out, layout_a, layout_b, bias=bias, activation=activation,
-                                   tf32=tf32 and dt == "fp32")]
+                                   tf32=tf32 and dt == "fp32", residual=residual, scale_mode=scale_mode,
+                                   fp8_fast_accum=fp8_fast_accum)]
 
     # --- the search -----------------------------------------------------------------
     def space(self, problem: GemmProblem, device: DeviceInfo) -> Space:
-        p = problem
-        in_size = element_size(p.dtype)
-        out_size = element_size(p.out_dtype)
-        k_tiles = lambda c: math.ceil(p.k / c["BLOCK_K"])  # noqa: E731
-
-        def smem_bytes(c) -> int:
-            # Pipelined operand tiles, plus the output tile staged for the TMA store.
-            operands = (c["BLOCK_M"] + c["BLOCK_N"]) * c["BLOCK_K"] * in_size * c["num_stages"]
-            staging = c["BLOCK_M"] * c["BLOCK_N"] * out_size if c["VARIANT"] == "tma" else 0
-            return operands + staging
-
-        axes = [
-            Axis("VARIANT", ("blocked", "tma"), AxisKind.RENDER),
-            Axis("BLOCK_M", (16, 32, 64, 128, 256)),
-            Axis("BLOCK_N", (32, 64, 128, 256)),
-            Axis("BLOCK_K", (32, 64, 128, 256)),
-            Axis("GROUP_M", (1, 4, 8, 16)),
-            Axis("SPLIT_K", (1, 2, 4, 8, 16)),
-            Axis("PERSISTENT", (False, True)),
-            Axis("WARP_SPECIALIZE", (False, True)),
-            Axis("FLATTEN", (False, True)),
-            Axis("num_warps", (4, 8)),
-            Axis("num_stages", (2, 3, 4, 5)),
-        ]
-        constraints = [
-            Constraint("shared_memory", lambda c: smem_bytes(c) <= device.smem_per_block,
-                       lambda c: f"needs {smem_bytes(c)} B of shared memory, the device allows {device.smem_per_block} B"),
-            Constraint("accumulator_registers", lambda c: c["BLOCK_M"] * c["BLOCK_N"] <= 128 * 32 * c["num_warps"],
-                       "the fp32 accumulator needs more than 128 registers a thread"),
-            Constraint("work_per_warp", lambda c: c["BLOCK_M"] * c["BLOCK_N"] >= 128 * c["num_warps"],
-                       "tile too small to give every warp a full mma"),
-            Constraint("fp8_block_k", lambda c: p.dtype != "fp8" or c["BLOCK_K"] >= 64,
-                       "fp8 tensor-core tiles need BLOCK_K >= 64 (32 bytes of K at least twice)"),
-            Constraint("tile_within_problem",
-                       lambda c: c["BLOCK_M"] <= max(16, next_pow2(p.m)) and c["BLOCK_N"] <= max(32, next_pow2(p.n))
-                       and c["BLOCK_K"] <= max(32, next_pow2(p.k)),
-                       "a block larger than the next power of two of its dimension only computes padding"),
-            Constraint("tma_alignment", lambda c: c["VARIANT"] != "tma" or self._tma_ok(p),
-                       "TMA needs unit-stride operands with 16-byte aligned rows and base pointers"),
-            Constraint("split_k_blocked_only", lambda c: c["SPLIT_K"] == 1 or c["VARIANT"] == "blocked",
-                       "split-K is implemented by the blocked variant"),
-            Constraint("split_k_depth", lambda c: c["SPLIT_K"] == 1 or k_tiles(c) >= 2 * c["SPLIT_K"],
-                       "each split needs at least two K tiles"),
-            Constraint("split_k_workspace", lambda c: c["SPLIT_K"] == 1 or c["SPLIT_K"] * p.m * p.n <= _SPLIT_K_WORKSPACE_LIMIT,
-                       "the split-K workspace would exceed 1 GiB"),
-            Constraint("persistent_tma_only", lambda c: c["VARIANT"] == "tma" or not (c["PERSISTENT"] or c["WARP_SPECIALIZE"] or c["FLATTEN"]),
-                       "PERSISTENT, WARP_SPECIALIZE and FLATTEN only change the tma variant's tile loop"),
-            Constraint("group_m_useful", lambda c: c["GROUP_M"] == 1 or math.ceil(p.m / c["BLOCK_M"]) > 1,
-                       "grouped ordering needs more than one row of tiles"),
-        ]
-        return Space(axes, constraints)
-
-    @staticmethod
-    def _tma_ok(p: GemmProblem) -> bool:
-        return (p.aligned and p.layout_a != "strided" and p.layout_b != "strided"
-                and (p.n * element_size(p.out_dtype)) % 16 == 0)
+        return gemm_space(problem, device)
 
     def default_config(self, problem: GemmProblem, device: DeviceInfo) -> Config:
-        preferred = dict(VARIANT="blocked", BLOCK_M=min(128, max(16, next_pow2(problem.m))), BLOCK_N=min(128, max(32, next_pow2(problem.n))),
-                         BLOCK_K=64 if problem.k >= 64 else 32, GROUP_M=8 if problem.m > 128 else 1, SPLIT_K=1,
-                         PERSISTENT=False, WARP_SPECIALIZE=False, FLATTEN=False, num_warps=4, num_stages=3)
-        return self.first_feasible(problem, device, preferred)
+        """The policy's config for the problem's regime (gemm_policy.py), or the feasible config nearest to it.
+
+        >>> from autotile.device import interpret_device
+        >>> config = FAMILY.default_config(contiguous_problem(1, 4096, 4096, layout_b="col"), interpret_device())
+        >>> config["SCHEDULE"], config["BLOCK_M"], config["SPLIT_K"]
+        ('split_k', 16, 4)
+        """
+        return self.first_feasible(problem, device, preferred_config(problem, device))
 
     def seed_configs(self, problem: GemmProblem, device: DeviceInfo) -> list[Config]:
-        """Known-good starting points, tried right after the default config.
-
-        From the anchors (shared/anchors, H200 2026-11-29): one fixed 128x256x64 w8 s3 Triton
-        config reaches 614-671 TFLOP/s on large bf16 GEMMs; Triton's persistent TMA tutorial
-        uses 128x{128,256}x{64,128} with 3-4 stages; skinny M wants small BLOCK_M with split-K.
-        """
-        big = dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, SPLIT_K=1, num_warps=8, num_stages=3,
-                   WARP_SPECIALIZE=False, FLATTEN=False)
-        wanted = [
-            dict(big, VARIANT="tma", PERSISTENT=True),
-            dict(big, VARIANT="tma", PERSISTENT=False),
-            dict(big, VARIANT="blocked", PERSISTENT=False),
-            dict(big, VARIANT="tma", PERSISTENT=True, BLOCK_N=128, BLOCK_K=128, num_stages=4),
-            dict(big, VARIANT="tma", PERSISTENT=True, BLOCK_N=128, num_warps=4, num_stages=4),
-            dict(big, VARIANT="blocked", PERSISTENT=False, BLOCK_M=16, BLOCK_N=64, BLOCK_K=256, GROUP_M=1,
-                 SPLIT_K=4, num_warps=4, num_stages=4),
-            dict(big, VARIANT="blocked", PERSISTENT=False, BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, num_warps=4,
-                 num_stages=4),
-        ]
+        """Starting points per regime around the default (gemm_policy.seed_variations), each a point of the space."""
         space = self.space(problem, device)
-        return [Config(w) for w in wanted if space.is_feasible(w)]
+        seeds, seen = [], {self.default_config(problem, device)}
+        for wanted in seed_variations(problem, device):
+            if space.is_feasible(wanted) and Config(wanted) not in seen:
+                seen.add(Config(wanted))
+                seeds.append(Config(wanted))
+        return seeds
 
     # --- data -----------------------------------------------------------------------
     def make_inputs(self, problem: GemmProblem, device: DeviceInfo, seed: int = 0) -> Tensors:
@@ -303,13 +336,13 @@ class GemmFamily(Family):
         # Drawn on the device itself: a fresh 8192 x 8192 operand per trial costs microseconds there.
         gen = torch.Generator(device=dev).manual_seed(seed)
 
-        def operand(rows: int, cols: int, layout: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+        def operand(rows: int, cols: int, layout: str, group: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor | None]:
             values = torch.randn(rows, cols, generator=gen, device=dev)
             scale = None
             if p.dtype == "fp8":
-                # Per-tensor scaling as fp8 training recipes do: amax maps to e4m3's largest value, 448.
-                scale = values.abs().max() / 448.0
-                values = values / scale
+                # Scaling as fp8 recipes do: each group's largest magnitude maps to e4m3's largest value.
+                scale = _group_amax(values, group) / _E4M3_MAX
+                values = values / _expand_scale(scale, rows, cols, group)
             dt = torch_dtype(p.dtype)
             # Unaligned problems get their storage offset by one element, which breaks 16-byte alignment.
             pad = 0 if p.aligned else 1
@@ -320,39 +353,52 @@ class GemmFamily(Family):
             else:  # every other column of a wider matrix: no unit stride anywhere
                 t = torch.empty(rows, 2 * cols, dtype=dt, device=dev)[:, ::2]
             t.copy_(values.to(dt))
-            return t, (scale.reshape(1).float() if scale is not None else None)
+            if scale is not None and p.scale_mode == "tensor":
+                scale = scale.reshape(1)
+            return t, scale
 
-        a, scale_a = operand(p.m, p.k, p.layout_a)
-        b, scale_b = operand(p.k, p.n, p.layout_b)
+        group_a, group_b = _scale_groups(p)
+        a, scale_a = operand(p.m, p.k, p.layout_a, group_a)
+        b, scale_b = operand(p.k, p.n, p.layout_b, group_b)
         inputs: Tensors = {"a": a, "b": b}
         if scale_a is not None:
             inputs["scale_a"], inputs["scale_b"] = scale_a, scale_b
         if p.bias:
             inputs["bias"] = torch.randn(p.n, generator=gen, device=dev).to(torch_dtype(p.out_dtype))
+        if p.residual:
+            inputs["residual"] = torch.randn(p.m, p.n, generator=gen, device=dev).to(torch_dtype(p.out_dtype))
         return inputs
 
     def allocate_outputs(self, problem: GemmProblem, inputs: Tensors) -> Tensors:
         return {"c": torch.empty(problem.m, problem.n, dtype=torch_dtype(problem.out_dtype), device=inputs["a"].device)}
 
     def reference(self, problem: GemmProblem, inputs: Tensors) -> Tensors:
-        acc = inputs["a"].to(torch.float64) @ inputs["b"].to(torch.float64)
+        a, b = inputs["a"].to(torch.float64), inputs["b"].to(torch.float64)
         if "scale_a" in inputs:
-            acc = acc * (inputs["scale_a"].double() * inputs["scale_b"].double())
+            # Dequantise each operand with its own scales (per tensor, row/column or block) before the product.
+            group_a, group_b = _scale_groups(problem)
+            a = a * _expand_scale(inputs["scale_a"].double(), problem.m, problem.k, group_a)
+            b = b * _expand_scale(inputs["scale_b"].double(), problem.k, problem.n, group_b)
+        acc = a @ b
         if "bias" in inputs:
             acc = acc + inputs["bias"].double()
         acc = {"none": lambda x: x, "relu": torch.relu, "silu": torch.nn.functional.silu,
                "gelu": torch.nn.functional.gelu}[problem.activation](acc)
+        if "residual" in inputs:
+            acc = acc + inputs["residual"].double()
         return {"c": acc}
 
     def tolerance(self, problem: GemmProblem) -> Tolerance:
         # The reference uses the same (already rounded) operands in float64, so what is left is
         # (1) rounding the result to out_dtype: rtol = 2 units of roundoff, plus atol for values near 0;
         # (2) fp32 accumulation: partial sums grow like sqrt(K), each of K additions rounds by 2^-24
-        #     of that, ~ K * 2^-24 in a random walk;
+        #     of that, ~ K * 2^-24 in a random walk; split-K and stream-K add a handful of partial sums
+        #     more, which the same bound covers;
         # (3) tf32: truncating both operands biases every product low by up to 2 * 2^-10 relative, so
         #     the result is off by up to that fraction of itself (rtol) plus a random part ~ sqrt(K) * 2^-10;
-        # (4) fp8 on Hopper: each K tile (<= 256 products) is summed in ~14 bits before it joins the
-        #     fp32 sum: ~ sqrt(256) * sqrt(256) * 2^-14 per tile, sqrt(K / 256) tiles.
+        # (4) fp8 on Hopper: runs of I products are summed in ~14 bits before they join the fp32 sum:
+        #     ~ sqrt(I) * sqrt(I) * 2^-14 per run, sqrt(K / I) runs, so sqrt(K * I) * 2^-14 in all, with
+        #     I <= FP8_PRECISE_INTERVAL (precise), I = SCALE_BLOCK (block scales), I = K (fast accumulation).
         # Inputs are N(0, 1) (fp8 ones scaled back to that by their scales); a factor 4 on each
         # random term leaves room for the tails of the distribution over ~1e5 outputs, and no more.
         out = _UNIT_ROUNDOFF[problem.out_dtype]
@@ -363,105 +409,95 @@ class GemmFamily(Family):
             atol += 4.0 * math.sqrt(k) * _TF32_TRUNCATION
             rtol += 2.0 * _TF32_TRUNCATION
         if problem.dtype == "fp8":
-            atol += 4.0 * math.sqrt(k * _FP8_MAX_BLOCK_K) * _FP8_ACC_ROUNDOFF
+            atol += 4.0 * math.sqrt(k * fp8_promotion_interval(problem)) * _FP8_ACC_ROUNDOFF
         return Tolerance(atol=atol, rtol=rtol)
 
     def cost(self, problem: GemmProblem) -> Cost:
         p = problem
         in_size, out_size = element_size(p.dtype), element_size(p.out_dtype)
         moved = (p.m * p.k + p.k * p.n) * in_size + p.m * p.n * out_size + (p.n * out_size if p.bias else 0)
+        if p.residual:
+            moved += p.m * p.n * out_size
         return Cost(flops=2.0 * p.m * p.n * p.k, bytes=float(moved))
 
     def baseline(self, problem: GemmProblem, inputs: Tensors) -> Baseline | None:
         a, b, bias = inputs["a"], inputs["b"], inputs.get("bias")
         act = {"none": None, "relu": torch.relu, "silu": torch.nn.functional.silu, "gelu": torch.nn.functional.gelu}[problem.activation]
+        residual = inputs.get("residual")
         out_dtype = torch_dtype(problem.out_dtype)
         if problem.dtype == "fp8":
-            if not hasattr(torch, "_scaled_mm") or problem.layout_a != "row" or problem.layout_b != "col":
-                return None  # _scaled_mm takes a row-major A and a column-major B only
+            if (not hasattr(torch, "_scaled_mm") or problem.layout_a != "row" or problem.layout_b != "col"
+                    or problem.scale_mode == "block"):
+                return None  # _scaled_mm takes a row-major A and a column-major B, and tensor or row-wise scales
 
             def run():
-                y = torch._scaled_mm(a, b, inputs["scale_a"], inputs["scale_b"], bias=bias, out_dtype=out_dtype)
-                return act(y) if act else y
+                y = torch._scaled_mm(a, b, inputs["scale_a"], inputs["scale_b"], bias=bias, out_dtype=out_dtype,
+                                     use_fast_accum=problem.fp8_fast_accum)
+                y = act(y) if act else y
+                return y if residual is None else y + residual
             return Baseline("torch._scaled_mm", run)
 
         def run():
             y = torch.matmul(a, b) if bias is None else torch.addmm(bias.to(a.dtype), a, b)
             y = act(y) if act else y
+            y = y if residual is None else y + residual
             return y if y.dtype == out_dtype else y.to(out_dtype)
         return Baseline("torch.matmul (cuBLAS)" if a.is_cuda else "torch.matmul (CPU)", run)
 
     # --- running --------------------------------------------------------------------
     def render_switches(self, problem: GemmProblem, config: Config) -> dict:
-        index_64 = max(problem.m * problem.k, problem.k * problem.n, problem.m * problem.n) * 2 >= 2**31
+        p = problem
+        index_64 = max(p.m * p.k, p.k * p.n, p.m * p.n) * 2 >= 2**31
+        blocked = config["VARIANT"] == "blocked"
         return dict(
-            VARIANT=config["VARIANT"], HAS_BIAS=problem.bias, ACTIVATION=problem.activation,
-            SCALED=problem.dtype == "fp8", A_COL=problem.layout_a == "col", B_COL=problem.layout_b == "col",
-            INPUT_PRECISION=("tf32" if problem.tf32 else "ieee") if problem.dtype == "fp32" else "",
-            INDEX_64=index_64, FP8_PROMOTE=problem.dtype == "fp8",
+            VARIANT=config["VARIANT"], SCHEDULE=config["SCHEDULE"], SWAP_AB=config["SWAP_AB"],
+            HAS_BIAS=p.bias, HAS_RESIDUAL=p.residual, ACTIVATION=p.activation,
+            SCALES=p.scale_mode if p.dtype == "fp8" else "none",
+            FP8_PROMOTE=p.dtype == "fp8" and not p.fp8_fast_accum and p.scale_mode != "block",
+            A_COL=p.layout_a == "col", B_COL=p.layout_b == "col",
+            EVEN_N=blocked and p.n % config["BLOCK_N"] == 0, EVEN_K=blocked and p.k % config["BLOCK_K"] == 0,
+            STREAM_B=blocked and math.ceil(p.m / config["BLOCK_M"]) == 1,
+            INPUT_PRECISION=("tf32" if p.tf32 else "ieee") if p.dtype == "fp32" else "",
+            INDEX_64=index_64, UPCAST_DOTS=False,
         )
 
     def launch(self, problem: GemmProblem, config: Config, inputs: Tensors, outputs: Tensors) -> None:
-        a, b, c = inputs["a"], inputs["b"], outputs["c"]
-        plan = _launch_plan(self, problem, config, a.device)
-        bias = inputs.get("bias", c)  # unused pointers still need a tensor
-        scale_a = inputs.get("scale_a", c)
-        scale_b = inputs.get("scale_b", c)
-        m, n, k = problem.m, problem.n, problem.k
-        ws = torch.empty(plan.split_k, m, n, dtype=torch.float32, device=a.device) if plan.split_k > 1 else c
-        with launching(plan.interpret):
-            launch_kernel(
-                plan.kernel, plan.grid, a, b, c, ws, bias, scale_a, scale_b, m, n, k,
-                a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
-                **plan.constexprs,
-            )
-            if plan.split_k > 1:
-                bm, bn = _REDUCE_BLOCK
-                launch_kernel(
-                    plan.reduce, (triton_cdiv(m, bm), triton_cdiv(n, bn)),
-                    ws, c, bias, scale_a, scale_b, m, n, c.stride(0), c.stride(1),
-                    SPLIT_K=plan.split_k, BLOCK_M=bm, BLOCK_N=bn, num_warps=4,
-                )
+        a = inputs["a"]
+        run_plan(launch_plan(self, problem, config, a.device), a, inputs["b"], outputs["c"], inputs)
 
 
-@dataclasses.dataclass(frozen=True)
-class _LaunchPlan:
-    """Everything about one (problem, config) launch that does not depend on the tensors' addresses."""
-
-    kernel: object
-    reduce: object
-    grid: tuple
-    constexprs: dict
-    split_k: int
-    interpret: bool
+def fp8_promotion_interval(problem: GemmProblem) -> int:
+    """Most products the tensor cores sum at their reduced precision before fp32 takes over (the accuracy bound)."""
+    if problem.scale_mode == "block":
+        return SCALE_BLOCK
+    return problem.k if problem.fp8_fast_accum else min(problem.k, FP8_PRECISE_INTERVAL)
 
 
-@functools.lru_cache(maxsize=4096)
-def _launch_plan(family: GemmFamily, problem: GemmProblem, config: Config, dev: torch.device) -> _LaunchPlan:
-    # Worked out once per (problem, config, device): a launch then costs Triton's own launch only.
-    interpret = dev.type == "cpu"
-    module = load_kernel_module(family.template, interpret=interpret, **family.render_switches(problem, config))
-    names = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "SPLIT_K", "WARP_SPECIALIZE", "FLATTEN", "num_warps", "num_stages")
-    tiles = triton_cdiv(problem.m, config["BLOCK_M"]) * triton_cdiv(problem.n, config["BLOCK_N"])
-    if config["VARIANT"] == "tma":
-        grid = (min(tiles, _sm_count(dev)) if config["PERSISTENT"] else tiles,)
-        if not interpret:
-            ensure_triton_allocator()
-    else:
-        grid = (tiles, config["SPLIT_K"])
-    return _LaunchPlan(module.gemm_kernel, getattr(module, "gemm_splitk_reduce", None), grid,
-                       {n: config[n] for n in names}, config["SPLIT_K"], interpret)
+def _scale_groups(problem: GemmProblem) -> tuple[tuple[int, int], tuple[int, int]]:
+    """The (rows, cols) that one scale covers, of A (M, K) and of B (K, N)."""
+    p = problem
+    if p.scale_mode == "row":
+        return (1, p.k), (p.k, 1)
+    if p.scale_mode == "block":
+        return (1, SCALE_BLOCK), (SCALE_BLOCK, SCALE_BLOCK)
+    return (p.m, p.k), (p.k, p.n)
 
 
-def triton_cdiv(x: int, y: int) -> int:
-    return (x + y - 1) // y
+def _group_amax(values: torch.Tensor, group: tuple[int, int]) -> torch.Tensor:
+    """Largest magnitude of each (group[0] x group[1]) block of `values` (edge blocks may be smaller)."""
+    rows, cols = values.shape
+    gr, gc = group
+    padded = torch.zeros(math.ceil(rows / gr) * gr, math.ceil(cols / gc) * gc, device=values.device)
+    padded[:rows, :cols] = values.abs()
+    amax = padded.view(padded.shape[0] // gr, gr, padded.shape[1] // gc, gc).amax(dim=(1, 3))
+    return amax.clamp_min(1e-12)
 
 
-@functools.lru_cache(maxsize=None)
-def _sm_count(dev: torch.device) -> int:
-    if dev.type == "cpu":
-        return 4  # the interpreter runs programs one after another; a few exercise the persistent loop
-    return torch.cuda.get_device_properties(dev).multi_processor_count
+def _expand_scale(scale: torch.Tensor, rows: int, cols: int, group: tuple[int, int]) -> torch.Tensor:
+    """A scale per group (any shape whose elements are the groups, row-major) spread to every element."""
+    gr, gc = group
+    grid = scale.reshape(math.ceil(rows / gr), math.ceil(cols / gc))
+    return grid.repeat_interleave(gr, dim=0)[:rows].repeat_interleave(gc, dim=1)[:, :cols]
 
 
 FAMILY = GemmFamily()

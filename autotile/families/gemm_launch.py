@@ -1,0 +1,122 @@
+"""Launching the GEMM family's kernels: a plan per (problem, config, device), the fp32 workspace of split
+tiles and the tile counters with which the last contributor of a tile finishes it.
+
+The tile counters are zero between launches: the program that completes a tile resets its counter, so
+one buffer serves every launch on a stream without a memset. Buffers are kept per CUDA stream (launches
+on one stream never overlap); a buffer outgrown by a larger launch is kept alive, because a captured
+CUDA graph may still use it; during graph capture a fresh zeroed buffer is made for the call (the graph
+zeroes it again on every replay). A launch that raises drops its stream's buffer, whose counters it
+may have left half counted.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+
+import torch
+
+from autotile.device import current_device, ensure_triton_allocator
+from autotile.families.gemm_space import programs_per_sm, upgrade_config
+from autotile.launch import launch as launch_kernel
+from autotile.render import launching, load_kernel_module
+from autotile.space import Config
+
+# Programs the interpreter pretends run at once (it runs them one after another): an odd number, so
+# that stream-K's shares of K iterations begin and end inside tiles, and persistent loops take turns.
+INTERPRETER_PROGRAMS = 3
+# Operand dtypes whose tl.dot Triton 3.6's interpreter computes wrongly (bf16) or that it may not take:
+# their dot operands are upcast to fp32 on the CPU, which is exact for all three.
+_UPCAST_ON_CPU = ("bf16", "fp16", "fp8")
+_MIN_COUNTERS = 4096
+_CONSTEXPRS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "SPLIT_K", "PROMOTE_TILES", "WARP_SPECIALIZE", "FLATTEN",
+               "num_warps", "num_stages")
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchPlan:
+    """Everything about one (problem, config) launch that does not depend on the tensors' addresses."""
+
+    kernel: object
+    kernel_args: Callable  # the rendered module's kernel_args: gemm_kernel's arguments in order
+    grid: tuple
+    constexprs: dict
+    workspace: int  # fp32 elements of split tiles' partial sums (0: none)
+    counters: int  # tile counters the launch needs (0: none)
+    stream_k: tuple  # (dp_tiles, sk_programs, sk_iters) for the stream_k schedule
+    interpret: bool
+
+
+@functools.lru_cache(maxsize=4096)
+def launch_plan(family, problem, config: Config, dev: torch.device) -> LaunchPlan:
+    """Worked out once per (problem, config, device): a launch then costs an allocation and Triton's launch."""
+    interpret = dev.type == "cpu"
+    config = Config(upgrade_config(problem, config))
+    switches = family.render_switches(problem, config)
+    switches["UPCAST_DOTS"] = interpret and problem.dtype in _UPCAST_ON_CPU
+    module = load_kernel_module(family.template, interpret=interpret, **switches)
+    if interpret:
+        programs = INTERPRETER_PROGRAMS
+    else:
+        device = current_device(dev)
+        programs = device.sm_count * programs_per_sm(problem, config, device)
+        if config["VARIANT"] == "tma":
+            ensure_triton_allocator()
+    grid, workspace, counters, stream_k = module.launch_geometry(
+        problem.m, problem.n, problem.k, config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"], config["SPLIT_K"],
+        config["PERSISTENT"], programs)
+    constexprs = {name: config.get(name, 1) for name in _CONSTEXPRS}  # PROMOTE_TILES is 1 where it is no axis
+    return LaunchPlan(module.gemm_kernel, module.kernel_args, grid, constexprs, workspace, counters, stream_k, interpret)
+
+
+def run_plan(plan: LaunchPlan, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, inputs: dict) -> None:
+    """Launch `plan` on operands a (M, K), b (K, N) into c (M, N); bias, residual and scales come from `inputs`."""
+    ws = torch.empty(plan.workspace, dtype=torch.float32, device=a.device) if plan.workspace else None
+    counters = tile_counters(a.device, plan.counters) if plan.counters else None
+    args = plan.kernel_args(a, b, c, inputs.get("bias"), inputs.get("residual"), inputs.get("scale_a"),
+                            inputs.get("scale_b"), ws, counters, plan.stream_k)
+    try:
+        with launching(plan.interpret):
+            launch_kernel(plan.kernel, plan.grid, *args, **plan.constexprs)
+    except BaseException:
+        if counters is not None:
+            forget_counters(a.device)
+        raise
+
+
+_counters: dict[tuple, torch.Tensor] = {}
+_outgrown: list[torch.Tensor] = []  # replaced by larger buffers, kept: a captured CUDA graph may still use them
+
+
+def _stream_key(dev: torch.device) -> tuple:
+    if dev.type != "cuda":
+        return (dev.type, 0)
+    index = dev.index if dev.index is not None else torch.cuda.current_device()
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    # NOTE: the private raw-stream getter (what Triton's own launcher calls) costs ~0.2 us; the public
+    # current_stream() builds a Stream object (~2 us) on every call of a decode GEMM.
+    stream = raw(index) if raw is not None else torch.cuda.current_stream(index).cuda_stream
+    return ("cuda", index, stream)
+
+
+def tile_counters(dev: torch.device, count: int) -> torch.Tensor:
+    """At least `count` int32 tile counters, all zero, for a launch on the current stream of `dev`."""
+    key = _stream_key(dev)
+    buffer = _counters.get(key)
+    if buffer is not None and buffer.numel() >= count:
+        return buffer
+    if dev.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return torch.zeros(count, dtype=torch.int32, device=dev)
+    if buffer is not None:
+        _outgrown.append(buffer)
+    buffer = torch.zeros(max(count, _MIN_COUNTERS, 2 * (buffer.numel() if buffer is not None else 0)),
+                         dtype=torch.int32, device=dev)
+    _counters[key] = buffer
+    return buffer
+
+
+def forget_counters(dev: torch.device) -> None:
+    """Drop the current stream's counters (after a failed launch): the next launch starts from zeros."""
+    buffer = _counters.pop(_stream_key(dev), None)
+    if buffer is not None:
+        _outgrown.append(buffer)

@@ -1,0 +1,210 @@
+"""Configs for GEMMs nobody tuned, and where a short search starts: a policy per regime, not a list.
+
+The regime follows from M, N, K, the dtypes, the layouts and the GPU's SM count:
+- decode (M <= 16): every weight element is read once, so the kernel streams B: one 16-row tile of A,
+  64-column tiles of B with 128-deep K tiles in a 5-stage pipeline (two programs per SM), B's loads
+  marked evict-first, A and B swapped on Hopper so that B feeds wgmma from shared memory, and split-K
+  until the programs fill the SMs (a split is worth its partial tile's round trip through the
+  workspace). Its ceiling is copy bandwidth over the weight's bytes.
+- mid (16 < M <= 512): 32-128-row tiles of 128 columns.
+- prefill (M > 512): 128 x 256 tiles on TMA loads in a persistent loop (fp8: Triton's persistent TMA
+  tutorial's 128 x 256 x 128 with fast accumulation; 128 x 128 x 128 with two accumulators, promoted
+  every 2 K tiles, for precise accumulation and block scales).
+- irregular (mid and prefill): when whole tiles leave the last wave (or the only one) less than
+  STREAM_K_BELOW busy, stream-K: data-parallel full waves, then the rest spread evenly over the GPU.
+
+The numbers below are starting points from the anchors (shared/anchors, H200 2026-11-29), from
+Triton's tutorials and from ptxas's register counts, not measurements of this policy;
+benchmarks/gemm_kernels_bench.py measures it against cuBLAS.
+"""
+from __future__ import annotations
+
+import math
+
+from autotile.device import DeviceInfo
+from autotile.dtypes import element_size
+from autotile.families.base import next_pow2
+from autotile.families.gemm_space import (
+    FP8_PRECISE_INTERVAL, SPLIT_K_CHOICES, SPLIT_K_MAX_TILES_PER_SM, has_promote_axis, programs_per_sm, sm_count, tile_count, tma_ok,
+)
+
+DECODE_MAX_M = 16
+MID_MAX_M = 512
+# A split's fixed cost (start, pipeline fill, the last contributor's wait) in K tiles of streaming;
+# its partial tile's round trip through the workspace is added in proportion to its bytes.
+SPLIT_FIXED_K_TILES = 1.0
+# The last wave's share of busy programs below which stream-K replaces data-parallel tiles
+# (3000 x 5000 x 1536 with 128 x 256 tiles: 480 tiles on 132 SMs, 3.64 waves, 91%).
+STREAM_K_BELOW = 0.92
+# Beyond this many waves the last one's idle SMs cost too little to pay stream-K's partial tiles.
+STREAM_K_MAX_WAVES = 8
+
+
+def regime(problem) -> str:
+    if problem.m <= DECODE_MAX_M:
+        return "decode"
+    return "mid" if problem.m <= MID_MAX_M else "prefill"
+
+
+def _base(**values) -> dict:
+    config = dict(VARIANT="blocked", SCHEDULE="data_parallel", SPLIT_K=1, PERSISTENT=False, WARP_SPECIALIZE=False,
+                  FLATTEN=False, SWAP_AB=False, GROUP_M=1, num_warps=4, num_stages=3)
+    config.update(values)
+    return config
+
+
+def _fit_blocks(problem, config: dict) -> dict:
+    """Blocks no larger than the next power of two of their dimension (the space's tile_within_problem)."""
+    p = problem
+    config["BLOCK_M"] = min(config["BLOCK_M"], max(16, next_pow2(p.m)))
+    config["BLOCK_N"] = min(config["BLOCK_N"], max(32, next_pow2(p.n)))
+    config["BLOCK_K"] = min(config["BLOCK_K"], max(32 if p.dtype != "fp8" else 64, next_pow2(p.k)))
+    if config["BLOCK_M"] >= 128 and config["BLOCK_N"] >= 128 and p.dtype != "fp32":
+        config["num_warps"] = 8
+    if math.ceil(p.m / config["BLOCK_M"]) == 1:
+        config["GROUP_M"] = 1
+    if p.scale_mode == "block":
+        config["BLOCK_K"] = min(config["BLOCK_K"], 128)
+    if has_promote_axis(p):
+        config.setdefault("PROMOTE_TILES", min(4, max(1, FP8_PRECISE_INTERVAL // config["BLOCK_K"])))
+    return config
+
+
+def programs(problem, config: dict, device: DeviceInfo) -> int:
+    """Programs of `config` the GPU runs at once."""
+    return sm_count(device) * programs_per_sm(problem, config, device)
+
+
+def wave_efficiency(tiles: int, slots: int) -> float:
+    """Busy share of the program slots over all waves of whole tiles."""
+    return tiles / (math.ceil(tiles / slots) * slots)
+
+
+def split_cost(problem, config: dict) -> float:
+    """One more split's cost in K tiles: a fixed part, plus its fp32 partial written and read back,
+    counted against the bytes of A and B one K tile streams (decode GEMMs are memory-bound)."""
+    rows = min(problem.m, config["BLOCK_M"])  # rows past M are neither stored nor read
+    partial = 2 * rows * config["BLOCK_N"] * 4
+    per_k_tile = (rows + config["BLOCK_N"]) * config["BLOCK_K"] * element_size(problem.dtype)
+    return SPLIT_FIXED_K_TILES + partial / per_k_tile
+
+
+def best_split(problem, config: dict, device: DeviceInfo) -> int:
+    """The SPLIT_K minimising waves x (K tiles per split) + the splits' cost (1 when no split pays)."""
+    p = problem
+    tiles = tile_count(p, config["BLOCK_M"], config["BLOCK_N"])
+    k_tiles = math.ceil(p.k / config["BLOCK_K"])
+    slots = programs(p, config, device)
+    if tiles >= SPLIT_K_MAX_TILES_PER_SM * sm_count(device):
+        return 1  # the space's split_k_fills_the_gpu: enough tiles already
+
+    def cost(split: int) -> float:
+        return math.ceil(tiles * split / slots) * math.ceil(k_tiles / split) + split_cost(p, config) * (split - 1)
+
+    usable = [s for s in SPLIT_K_CHOICES if s == 1 or k_tiles >= 2 * s]
+    return min(usable, key=lambda s: (cost(s), s))
+
+
+def _schedule(problem, config: dict, device: DeviceInfo, split: bool = False) -> dict:
+    """Split-K (`split`: decode) or stream-K where `config`'s tiles leave SMs idle, else data-parallel tiles."""
+    if split:
+        split_k = best_split(problem, config, device)
+        return dict(config, SCHEDULE="split_k", SPLIT_K=split_k, PERSISTENT=False) if split_k > 1 else config
+    tiles = tile_count(problem, config["BLOCK_M"], config["BLOCK_N"])
+    slots = programs(problem, config, device)
+    if tiles / slots < STREAM_K_MAX_WAVES and wave_efficiency(tiles, slots) < STREAM_K_BELOW:
+        return dict(config, SCHEDULE="stream_k", SPLIT_K=1, PERSISTENT=False, WARP_SPECIALIZE=False, FLATTEN=False)
+    return config
+
+
+def swap_ab_fits(problem, device: DeviceInfo) -> bool:
+    """Whether the decode kernel computes C^T = B^T A^T: on Hopper this makes B's tile the operand wgmma
+    reads straight from shared memory (m64n16 MMAs, asynchronous), where the plain 16-row tile runs
+    synchronous mma.sync from registers (ptxas, sm90: 48 against 72 registers for 16 x 64 x 128)."""
+    return (problem.dtype != "fp32" or problem.tf32) and (device.interpret or device.compute_capability >= (9, 0))
+
+
+def decode_config(problem, device: DeviceInfo) -> dict:
+    p = problem
+    # Two programs per SM (16 x 64 x 128 tiles, 5 stages: 100 KiB of shared memory each), so one
+    # program's pipeline fill and tail hide behind the other's streaming.
+    config = _fit_blocks(p, _base(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=5))
+    if swap_ab_fits(p, device) and config["BLOCK_N"] >= 64:
+        config["SWAP_AB"] = True
+    return _schedule(p, config, device, split=True)
+
+
+def mid_config(problem, device: DeviceInfo) -> dict:
+    p = problem
+    block_m = 32 if p.m <= 32 else 64 if p.m <= 64 else 128
+    config = _fit_blocks(p, _base(BLOCK_M=block_m, BLOCK_N=128, BLOCK_K=128 if p.dtype == "fp8" else 64,
+                                  GROUP_M=8, num_warps=4, num_stages=4 if block_m <= 64 else 3))
+    return _schedule(p, config, device)
+
+
+def prefill_config(problem, device: DeviceInfo) -> dict:
+    p = problem
+    tma = tma_ok(p) and (device.interpret or device.compute_capability >= (9, 0))
+    if p.dtype == "fp8":
+        if p.fp8_fast_accum:
+            tiles = dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=128, num_stages=3)
+        else:
+            tiles = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=128, num_stages=4)
+    elif p.dtype == "fp32" and not p.tf32:
+        tiles = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, num_stages=3)
+    else:
+        tiles = dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=32 if p.dtype == "fp32" else 64, num_stages=3)
+    config = _fit_blocks(p, _base(VARIANT="tma" if tma else "blocked", PERSISTENT=tma, GROUP_M=8, num_warps=8, **tiles))
+    return _schedule(p, config, device)
+
+
+def preferred_config(problem, device: DeviceInfo) -> dict:
+    """The policy's config for `problem` (the family checks it against the space and takes the nearest feasible)."""
+    if problem.dtype == "fp32" and not problem.tf32:
+        return _schedule(problem, _fit_blocks(problem, _base(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32)), device)
+    return {"decode": decode_config, "mid": mid_config, "prefill": prefill_config}[regime(problem)](problem, device)
+
+
+def _other_schedules(problem, config: dict, device: DeviceInfo) -> list[dict]:
+    """`config`'s tiles under each schedule it does not use (the space drops those that do not apply)."""
+    plain = dict(config, SCHEDULE="data_parallel", SPLIT_K=1)
+    split = best_split(problem, config, device)
+    return [c for c in (
+        plain,
+        dict(plain, SCHEDULE="split_k", SPLIT_K=split if split > 1 else 2, PERSISTENT=False, WARP_SPECIALIZE=False,
+             FLATTEN=False),
+        dict(plain, SCHEDULE="stream_k", PERSISTENT=False, WARP_SPECIALIZE=False, FLATTEN=False),
+    ) if c["SCHEDULE"] != config["SCHEDULE"]]
+
+
+# Tile shapes tried beside the policy's own, per regime (each re-scheduled as the policy would).
+_DECODE_TILES = (dict(BLOCK_N=128, num_stages=4), dict(BLOCK_K=256, num_stages=4), dict(BLOCK_N=32, BLOCK_K=256, SWAP_AB=False),
+                 dict(BLOCK_N=128, num_warps=8, num_stages=4))
+_MID_TILES = (dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=4), dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3),
+              dict(BLOCK_M=128, BLOCK_N=256, num_warps=8, num_stages=3), dict(BLOCK_M=64, BLOCK_N=256, num_warps=8, num_stages=3))
+_PREFILL_TILES = (dict(BLOCK_N=128, num_stages=4), dict(BLOCK_N=128, num_warps=4, num_stages=4),
+                  dict(BLOCK_M=256, BLOCK_N=128, num_stages=3), dict(PERSISTENT=False), dict(WARP_SPECIALIZE=True))
+_FP8_TILES = (dict(BLOCK_N=256, num_stages=3), dict(BLOCK_N=128, num_stages=4), dict(BLOCK_N=128, BLOCK_K=64, num_stages=5),
+              dict(BLOCK_M=64, BLOCK_N=256, num_stages=4), dict(PERSISTENT=False))
+
+
+def seed_variations(problem, device: DeviceInfo) -> list[dict]:
+    """Known-good starting points around the policy's config, per regime (the first is the policy's own)."""
+    p = problem
+    first = preferred_config(p, device)
+    kind = regime(p)
+    shapes = {"decode": _DECODE_TILES, "mid": _MID_TILES}.get(kind, _FP8_TILES if p.dtype == "fp8" else _PREFILL_TILES)
+    wanted = [first]
+    for shape in shapes:
+        config = _fit_blocks(p, dict(first, **shape))
+        wanted.append(_schedule(p, dict(config, SCHEDULE="data_parallel", SPLIT_K=1), device, split=kind == "decode"))
+    wanted += _other_schedules(p, first, device)
+    if kind == "decode":
+        wanted.append(dict(first, SWAP_AB=not first["SWAP_AB"]))
+    if tma_ok(p) and first["VARIANT"] == "blocked":
+        wanted.append(dict(first, VARIANT="tma"))
+    elif first["VARIANT"] == "tma":
+        wanted.append(dict(first, VARIANT="blocked", PERSISTENT=False, WARP_SPECIALIZE=False, FLATTEN=False))
+    if has_promote_axis(p):
+        wanted += [dict(first, PROMOTE_TILES=promote) for promote in (1, 2, 4) if promote != first.get("PROMOTE_TILES")]
+    return wanted

@@ -1,0 +1,250 @@
+"""The GEMM family's search space: axes, the constraints that keep only meaningful combinations, and the
+resource estimates they rest on (shared memory, accumulator registers, programs per SM).
+
+The schedule is an axis: `data_parallel` (one program per C tile, or a persistent loop over tiles),
+`split_k` (SPLIT_K programs per tile) or `stream_k` (whole tiles for the full waves, the rest spread
+evenly over the programs that fill the GPU). SPLIT_K > 1 exactly when the schedule is split_k.
+
+The full grid of the axes has about a million points; `StagedSpace` enumerates the feasible ones by
+binding the axes in order and checking each constraint as soon as the axes it reads are bound, so a
+violated constraint prunes its whole subtree (well under a second per problem instead of tens).
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+
+from autotile.device import DeviceInfo
+from autotile.dtypes import element_size
+from autotile.families.base import next_pow2
+from autotile.space import Axis, AxisKind, Config, Constraint, Space
+
+SCHEDULES = ("data_parallel", "split_k", "stream_k")
+SPLIT_K_CHOICES = (1, 2, 3, 4, 6, 8, 12, 16)
+PROMOTE_CHOICES = (1, 2, 4)
+# Precise fp8 sums at most this many products in the tensor cores' reduced-precision accumulator
+# before adding them to the fp32 one (PROMOTE_TILES x BLOCK_K). DeepSeek-V3 (sec. 3.3.2) promotes every
+# 128; twice that keeps the error bound of `GemmFamily.tolerance` within 1.5x of it.
+FP8_PRECISE_INTERVAL = 256
+# K width of one group of block scales (SCALES == 'block'; the template's SCALE_BLOCK).
+SCALE_BLOCK = 128
+# Workspace elements a split-K run may use (fp32): 2**28 is 1 GiB.
+SPLIT_K_WORKSPACE_LIMIT = 2**28
+# Split-K is for problems whose tiles do not fill the GPU: with at least this many tiles per SM
+# the data-parallel and stream-K schedules already keep every SM busy.
+SPLIT_K_MAX_TILES_PER_SM = 2
+# The interpreter's device reports the host's CPU count: the constraints count an H200's SMs instead,
+# so the same configs are feasible on the CPU as on the GPU the project is tuned on.
+NOMINAL_SMS = 132
+# Hopper (and Ampere) per SM: 64 Ki 32-bit registers, 2048 threads, 1 KiB of shared memory reserved per block.
+REGISTERS_PER_SM = 65536
+THREADS_PER_SM = 2048
+SMEM_RESERVED_PER_BLOCK = 1024
+# Registers a thread needs beside its accumulators (operand fragments, addresses, loop state): an estimate
+# that ptxas -v reports within ~20 registers of for this template's sm90 kernels.
+REGISTERS_BESIDE_ACCUMULATORS = 64
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A named constraint and the axes it reads (it is checked once they are all bound)."""
+
+    reads: tuple[str, ...]
+    constraint: Constraint
+
+
+def rule(name: str, reads: tuple[str, ...], holds: Callable[[Mapping], bool], explain) -> Rule:
+    return Rule(reads, Constraint(name, holds, explain))
+
+
+class StagedSpace(Space):
+    """A Space whose `feasible()` prunes subtrees as soon as a constraint's axes are bound.
+
+    `upgrade` maps a config from an earlier version of the space (fewer axes) onto this one, with the
+    values that reproduce the kernel it named; `violations` and `validate` apply it first.
+
+    >>> space = StagedSpace([Axis("A", (1, 2, 3)), Axis("B", (1, 2))],
+    ...                     [rule("a_small", ("A",), lambda c: c["A"] < 3, "A < 3"),
+    ...                      rule("sum", ("A", "B"), lambda c: c["A"] + c["B"] <= 3, "A + B <= 3")])
+    >>> [dict(c) for c in space.feasible()]
+    [{'A': 1, 'B': 1}, {'A': 1, 'B': 2}, {'A': 2, 'B': 1}]
+    """
+
+    def __init__(self, axes: list[Axis], rules: list[Rule], upgrade: Callable[[Mapping], Mapping] | None = None):
+        super().__init__(axes, [r.constraint for r in rules])
+        position = {a.name: i for i, a in enumerate(self.axes)}
+        self._checks: list[list[Constraint]] = [[] for _ in self.axes]
+        for r in rules:
+            unknown = [n for n in r.reads if n not in position]
+            if unknown or not r.reads:
+                raise ValueError(f"constraint {r.constraint.name} reads {list(r.reads)}: not axes of this space")
+            self._checks[max(position[n] for n in r.reads)].append(r.constraint)
+        self._upgrade = upgrade or (lambda config: config)
+
+    def violations(self, config: Mapping) -> list[str]:
+        return super().violations(self._upgrade(config))
+
+    def validate(self, config: Mapping) -> Config:
+        upgraded = self._upgrade(config)
+        return super().validate(upgraded)
+
+    def feasible(self) -> Iterator[Config]:
+        names = self.names()
+        choices = [a.choices for a in self.axes]
+        bound: dict = {}
+
+        def walk(depth: int) -> Iterator[Config]:
+            if depth == len(names):
+                yield Config(bound)
+                return
+            for value in choices[depth]:
+                bound[names[depth]] = value
+                if all(c.holds(bound) for c in self._checks[depth]):
+                    yield from walk(depth + 1)
+            del bound[names[depth]]
+
+        return walk(0)
+
+
+# --- estimates -------------------------------------------------------------------------------------
+
+def two_level_accumulation(problem) -> bool:
+    """Whether the kernel keeps a second accumulator: fp8 precise promotion or per-group block scales."""
+    return problem.dtype == "fp8" and (problem.scale_mode == "block" or not problem.fp8_fast_accum)
+
+
+def smem_bytes(problem, c: Mapping) -> int:
+    """Pipelined operand tiles, plus the output tile staged for the TMA store."""
+    operands = (c["BLOCK_M"] + c["BLOCK_N"]) * c["BLOCK_K"] * element_size(problem.dtype) * c["num_stages"]
+    staging = c["BLOCK_M"] * c["BLOCK_N"] * element_size(problem.out_dtype) if c["VARIANT"] == "tma" else 0
+    return operands + staging
+
+
+def accumulator_registers(problem, c: Mapping) -> int:
+    """fp32 accumulator registers per thread."""
+    copies = 2 if two_level_accumulation(problem) else 1
+    return copies * c["BLOCK_M"] * c["BLOCK_N"] // (32 * c["num_warps"])
+
+
+def programs_per_sm(problem, c: Mapping, device: DeviceInfo) -> int:
+    """How many programs of config `c` one SM holds at once (by shared memory, registers and threads)."""
+    threads = 32 * c["num_warps"]
+    by_smem = (device.smem_per_block + SMEM_RESERVED_PER_BLOCK) // (smem_bytes(problem, c) + SMEM_RESERVED_PER_BLOCK)
+    registers = min(255, 8 * math.ceil((accumulator_registers(problem, c) + REGISTERS_BESIDE_ACCUMULATORS) / 8))
+    by_registers = REGISTERS_PER_SM // (registers * threads)
+    return max(1, min(by_smem, by_registers, THREADS_PER_SM // threads))
+
+
+def sm_count(device: DeviceInfo) -> int:
+    return NOMINAL_SMS if device.interpret else device.sm_count
+
+
+def tile_count(problem, block_m: int, block_n: int) -> int:
+    return math.ceil(problem.m / block_m) * math.ceil(problem.n / block_n)
+
+
+def tma_ok(problem) -> bool:
+    """TMA needs unit-stride operands with 16-byte aligned rows and base pointers (and so does C's store)."""
+    p = problem
+    return (p.aligned and p.layout_a != "strided" and p.layout_b != "strided"
+            and (p.n * element_size(p.out_dtype)) % 16 == 0)
+
+
+# --- the space -------------------------------------------------------------------------------------
+
+def upgrade_config(problem, config: Mapping) -> Mapping:
+    """A config stored before the schedule, SWAP_AB and PROMOTE_TILES axes existed, as a config of today's space.
+
+    Such a config ran split-K exactly when SPLIT_K > 1, never swapped A and B, and (fp8) promoted the
+    tensor cores' sums once per K tile: the values filled in here run that same kernel.
+    """
+    if "SCHEDULE" in config or "VARIANT" not in config or "BLOCK_M" not in config:
+        return config
+    upgraded = dict(config)
+    split_k = upgraded.get("SPLIT_K", 1)
+    upgraded["SCHEDULE"] = "split_k" if isinstance(split_k, int) and split_k > 1 else "data_parallel"
+    upgraded.setdefault("SWAP_AB", False)
+    if has_promote_axis(problem):
+        upgraded.setdefault("PROMOTE_TILES", 1)
+    return upgraded
+
+
+def has_promote_axis(problem) -> bool:
+    """fp8 precise accumulation with tensor or row scales chooses how many K tiles the tensor cores sum."""
+    return problem.dtype == "fp8" and not problem.fp8_fast_accum and problem.scale_mode != "block"
+
+
+def gemm_space(problem, device: DeviceInfo) -> StagedSpace:
+    p = problem
+    k_tiles = lambda c: math.ceil(p.k / c["BLOCK_K"])  # noqa: E731
+    tiles = lambda c: tile_count(p, c["BLOCK_M"], c["BLOCK_N"])  # noqa: E731
+    tensor_cores = p.dtype != "fp32" or p.tf32
+    sms = sm_count(device)
+
+    axes = [
+        Axis("VARIANT", ("blocked", "tma"), AxisKind.RENDER),
+        Axis("SCHEDULE", SCHEDULES, AxisKind.RENDER),
+        Axis("SPLIT_K", SPLIT_K_CHOICES),
+        Axis("PERSISTENT", (False, True)),
+        Axis("WARP_SPECIALIZE", (False, True)),
+        Axis("FLATTEN", (False, True)),
+        Axis("SWAP_AB", (False, True), AxisKind.RENDER),
+        Axis("BLOCK_M", (16, 32, 64, 128, 256)),
+        Axis("BLOCK_N", (32, 64, 128, 256)),
+        Axis("BLOCK_K", (32, 64, 128, 256)),
+    ]
+    if has_promote_axis(p):
+        axes.append(Axis("PROMOTE_TILES", PROMOTE_CHOICES))
+    axes += [
+        Axis("GROUP_M", (1, 4, 8, 16)),
+        Axis("num_warps", (4, 8), AxisKind.META),
+        Axis("num_stages", (2, 3, 4, 5, 6), AxisKind.META),
+    ]
+    rules = [
+        rule("tma_alignment", ("VARIANT",), lambda c: c["VARIANT"] != "tma" or tma_ok(p),
+             "TMA needs unit-stride operands with 16-byte aligned rows and base pointers"),
+        rule("schedule_split_k", ("SCHEDULE", "SPLIT_K"), lambda c: (c["SCHEDULE"] == "split_k") == (c["SPLIT_K"] > 1),
+             "SPLIT_K > 1 is the split_k schedule, which needs SPLIT_K > 1"),
+        rule("persistent_tma_only", ("VARIANT", "SCHEDULE", "PERSISTENT", "WARP_SPECIALIZE", "FLATTEN"),
+             lambda c: (c["VARIANT"] == "tma" and c["SCHEDULE"] == "data_parallel")
+             or not (c["PERSISTENT"] or c["WARP_SPECIALIZE"] or c["FLATTEN"]),
+             "PERSISTENT, WARP_SPECIALIZE and FLATTEN only change the tma variant's data-parallel tile loop"),
+        rule("swap_ab_for_few_rows", ("SWAP_AB",), lambda c: not c["SWAP_AB"] or (p.m <= 64 and tensor_cores),
+             "SWAP_AB puts N on the tensor cores' M side: for M <= 64 with tensor-core operands"),
+        rule("swap_ab_tiles", ("SWAP_AB", "BLOCK_M", "BLOCK_N"),
+             lambda c: not c["SWAP_AB"] or (c["BLOCK_M"] <= 32 and c["BLOCK_N"] >= 64),
+             "SWAP_AB wants BLOCK_M <= 32 (tokens) and BLOCK_N >= 64 (the MMA's 64-row side)"),
+        rule("tile_within_problem", ("BLOCK_M", "BLOCK_N", "BLOCK_K"),
+             lambda c: c["BLOCK_M"] <= max(16, next_pow2(p.m)) and c["BLOCK_N"] <= max(32, next_pow2(p.n))
+             and c["BLOCK_K"] <= max(32, next_pow2(p.k)),
+             "a block larger than the next power of two of its dimension only computes padding"),
+        rule("fp8_block_k", ("BLOCK_K",), lambda c: p.dtype != "fp8" or c["BLOCK_K"] >= 64,
+             "fp8 tensor-core tiles need BLOCK_K >= 64 (32 bytes of K at least twice)"),
+        rule("block_scale_groups", ("BLOCK_K",), lambda c: p.scale_mode != "block" or SCALE_BLOCK % c["BLOCK_K"] == 0,
+             f"block scales need each K tile inside one {SCALE_BLOCK}-wide scale group: BLOCK_K divides {SCALE_BLOCK}"),
+        rule("split_k_depth", ("SPLIT_K", "BLOCK_K"), lambda c: c["SPLIT_K"] == 1 or k_tiles(c) >= 2 * c["SPLIT_K"],
+             "each split needs at least two K tiles"),
+        rule("split_k_workspace", ("SPLIT_K", "BLOCK_M", "BLOCK_N"),
+             lambda c: c["SPLIT_K"] == 1 or tiles(c) * c["SPLIT_K"] * c["BLOCK_M"] * c["BLOCK_N"] <= SPLIT_K_WORKSPACE_LIMIT,
+             "the split-K workspace would exceed 1 GiB"),
+        rule("split_k_fills_the_gpu", ("SCHEDULE", "BLOCK_M", "BLOCK_N"),
+             lambda c: c["SCHEDULE"] != "split_k" or tiles(c) < SPLIT_K_MAX_TILES_PER_SM * sms,
+             f"split-K is for problems with fewer than {SPLIT_K_MAX_TILES_PER_SM} tiles per SM"),
+        rule("group_m_useful", ("BLOCK_M", "GROUP_M"), lambda c: c["GROUP_M"] == 1 or math.ceil(p.m / c["BLOCK_M"]) > 1,
+             "grouped ordering needs more than one row of tiles"),
+        rule("accumulator_registers", ("BLOCK_M", "BLOCK_N", "num_warps"),
+             lambda c: accumulator_registers(p, c) <= 128,
+             "the fp32 accumulators need more than 128 registers a thread"),
+        rule("work_per_warp", ("BLOCK_M", "BLOCK_N", "num_warps"),
+             lambda c: c["BLOCK_M"] * c["BLOCK_N"] >= 128 * c["num_warps"],
+             "tile too small to give every warp a full mma"),
+        rule("shared_memory", ("VARIANT", "BLOCK_M", "BLOCK_N", "BLOCK_K", "num_stages"),
+             lambda c: smem_bytes(p, c) <= device.smem_per_block,
+             lambda c: f"needs {smem_bytes(p, c)} B of shared memory, the device allows {device.smem_per_block} B"),
+    ]
+    if has_promote_axis(p):
+        rules.append(rule("promote_interval", ("BLOCK_K", "PROMOTE_TILES"),
+                          lambda c: c["BLOCK_K"] * c["PROMOTE_TILES"] <= FP8_PRECISE_INTERVAL,
+                          f"precise fp8 promotes at least every {FP8_PRECISE_INTERVAL} products"))
+    return StagedSpace(axes, rules, upgrade=lambda config: upgrade_config(p, config))

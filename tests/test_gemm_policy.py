@@ -1,0 +1,116 @@
+"""The GEMM policy: every LLM projection gets a feasible default config, each regime gets the kernel it
+should, and the seeds of a search are distinct points of the space around it."""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+
+from autotile.device import HOPPER_SMEM_PER_BLOCK, DeviceInfo, interpret_device
+from autotile.families.gemm import FAMILY, contiguous_problem
+from autotile.families.gemm_policy import programs, regime, wave_efficiency
+from autotile.families.gemm_space import FP8_PRECISE_INTERVAL, SPLIT_K_WORKSPACE_LIMIT, tile_count
+from autotile.models import MODELS, TOKEN_BUCKETS, projections
+
+H200 = DeviceInfo("h200", "NVIDIA H200", (9, 0), 132, 150_000_000_000, HOPPER_SMEM_PER_BLOCK, "test")
+A100 = DeviceInfo("a100", "NVIDIA A100", (8, 0), 108, 80_000_000_000, 166912, "test")
+FP8_MODES = ({}, {"fp8_fast_accum": True}, {"scale_mode": "row"}, {"scale_mode": "block"})
+
+
+def llm_problems(dtype: str, extra: dict, tokens=TOKEN_BUCKETS + (3, 24, 100, 3000)):
+    out = "bf16" if dtype == "fp8" else dtype
+    for model in MODELS.values():
+        for proj in projections(model):
+            for m in tokens:
+                yield contiguous_problem(m, proj.n, proj.k, dtype, out, layout_b="col", bias=proj.bias, **extra)
+
+
+@pytest.mark.parametrize("dtype,extra", [("bf16", {}), ("fp16", {})] + [("fp8", mode) for mode in FP8_MODES],
+                         ids=["bf16", "fp16", "fp8", "fp8-fast", "fp8-row", "fp8-block"])
+def test_every_llm_projection_has_a_feasible_default(dtype, extra):
+    # Llama, Mistral, Qwen, Phi and Gemma projections (fused and not) at every M bucket and a few odd M,
+    # among them 8192 x 57344 x 8192 and 8192 x 37888 x 3584, which once raised "no feasible config".
+    for problem in llm_problems(dtype, extra):
+        for device in (H200, interpret_device()) if dtype == "bf16" else (H200,):
+            config = FAMILY.default_config(problem, device)
+            space = FAMILY.space(problem, device)
+            assert space.is_feasible(config), (problem, space.violations(config))
+            if config["SCHEDULE"] == "split_k":
+                tiles = tile_count(problem, config["BLOCK_M"], config["BLOCK_N"])
+                assert tiles * config["SPLIT_K"] * config["BLOCK_M"] * config["BLOCK_N"] <= SPLIT_K_WORKSPACE_LIMIT
+
+
+@pytest.mark.parametrize("m,n,k", [(8192, 57344, 8192), (8192, 37888, 3584)])
+def test_the_shapes_that_raised_no_feasible_config(m, n, k):
+    for layout_b in ("row", "col"):
+        problem = contiguous_problem(m, n, k, "bf16", "bf16", layout_b=layout_b)
+        for device in (H200, A100, interpret_device()):
+            assert FAMILY.space(problem, device).is_feasible(FAMILY.default_config(problem, device))
+
+
+def test_decode_streams_the_weight_with_split_k():
+    problem = contiguous_problem(1, 4096, 4096, "bf16", "bf16", layout_b="col")
+    assert regime(problem) == "decode"
+    config = FAMILY.default_config(problem, H200)
+    assert config["BLOCK_M"] == 16 and config["SWAP_AB"] and config["SCHEDULE"] == "split_k"
+    tiles = tile_count(problem, config["BLOCK_M"], config["BLOCK_N"])
+    assert tiles * config["SPLIT_K"] >= H200.sm_count, "the splits fill every SM"
+    assert tiles * config["SPLIT_K"] <= programs(problem, config, H200), "in one wave"
+    # Enough tiles already: no split, and no SWAP_AB before Hopper.
+    wide = contiguous_problem(16, 28672, 4096, "bf16", "bf16", layout_b="col")
+    assert FAMILY.default_config(wide, H200)["SCHEDULE"] != "split_k"
+    assert not FAMILY.default_config(problem, A100)["SWAP_AB"]
+
+
+def test_prefill_takes_large_tma_tiles_and_irregular_shapes_stream_k():
+    square = FAMILY.default_config(contiguous_problem(4096, 4096, 4096, "bf16", "bf16", layout_b="col"), H200)
+    assert (square["VARIANT"], square["PERSISTENT"], square["BLOCK_M"], square["BLOCK_N"]) == ("tma", True, 128, 256)
+    irregular = contiguous_problem(3000, 5000, 1536, "bf16", "bf16", layout_b="col")
+    config = FAMILY.default_config(irregular, H200)
+    tiles = tile_count(irregular, config["BLOCK_M"], config["BLOCK_N"])
+    assert wave_efficiency(tiles, programs(irregular, config, H200)) < 0.92
+    assert config["SCHEDULE"] == "stream_k"
+    unaligned = FAMILY.default_config(contiguous_problem(1000, 3000, 777, "bf16", "bf16"), H200)
+    assert unaligned["VARIANT"] == "blocked"
+
+
+def test_fp8_accumulation_modes():
+    precise = contiguous_problem(4096, 4096, 4096, "fp8", "bf16", layout_b="col")
+    config = FAMILY.default_config(precise, H200)
+    assert 1 < config["PROMOTE_TILES"] and config["PROMOTE_TILES"] * config["BLOCK_K"] <= FP8_PRECISE_INTERVAL
+    fast = FAMILY.default_config(dataclasses.replace(precise, fp8_fast_accum=True), H200)
+    assert "PROMOTE_TILES" not in fast and (fast["BLOCK_N"], fast["BLOCK_K"]) == (256, 128)
+    block = FAMILY.default_config(dataclasses.replace(precise, scale_mode="block"), H200)
+    assert 128 % block["BLOCK_K"] == 0 and "PROMOTE_TILES" not in block
+    # Two accumulators (precise, block) must fit the registers: 128 x 256 does not, at 8 warps.
+    space = FAMILY.space(precise, H200)
+    assert any("accumulator_registers" in v for v in space.violations(dict(config, BLOCK_N=256)))
+
+
+@pytest.mark.parametrize("problem", [contiguous_problem(1, 4096, 4096, "bf16", "bf16", layout_b="col"),
+                                     contiguous_problem(64, 6144, 4096, "bf16", "bf16", layout_b="col"),
+                                     contiguous_problem(2048, 4096, 4096, "bf16", "bf16", layout_b="col"),
+                                     contiguous_problem(3000, 5000, 1536, "bf16", "bf16", layout_b="col"),
+                                     contiguous_problem(4096, 4096, 4096, "fp8", "bf16", layout_b="col")],
+                         ids=lambda p: f"{p.m}x{p.n}x{p.k}-{p.dtype}")
+def test_seeds_are_distinct_points_around_the_default(problem):
+    default = FAMILY.default_config(problem, H200)
+    seeds = FAMILY.seed_configs(problem, H200)
+    space = FAMILY.space(problem, H200)
+    assert len(seeds) >= 3 and len(set(seeds)) == len(seeds) and default not in seeds
+    assert all(space.is_feasible(seed) for seed in seeds)
+    # A short search tries the schedules the default did not take.
+    assert {seed["SCHEDULE"] for seed in seeds} - {default["SCHEDULE"]}
+
+
+def test_mid_sized_m_fills_the_gpu():
+    for m in (32, 64, 128, 256, 512):
+        problem = contiguous_problem(m, 4096, 4096, "bf16", "bf16", layout_b="col")
+        config = FAMILY.default_config(problem, H200)
+        tiles = tile_count(problem, config["BLOCK_M"], config["BLOCK_N"])
+        slots = programs(problem, config, H200)
+        if config["SCHEDULE"] == "data_parallel":
+            assert wave_efficiency(tiles, slots) >= 0.92, (m, config)
+        else:
+            assert config["SCHEDULE"] == "stream_k" and math.ceil(tiles / slots) <= 8, (m, config)
