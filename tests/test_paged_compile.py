@@ -1,0 +1,118 @@
+"""Every paged kernel compiles for Hopper (sm90) and Ampere (sm80) with Triton's own ptxas, on a machine without a GPU.
+
+Arguments are specialised as Triton specialises real launches (pointers and strides divisible by 16), so
+the checks also see what the GPU would run: K/V loads pipelined through cp.async, tensor-core dots
+(wgmma on sm90) in the prefill kernel. The compiles run in one child process: the tests' own process has
+triton's language helpers in interpreter mode (TRITON_INTERPRET=1, see conftest.py).
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from autotile.families.paged import (
+    FAMILY, SPLIT_CANDIDATES, SPLIT_MARGIN_PCT, SPLIT_OVERHEAD_TOKENS, _kernel_module,
+)
+
+KERNELS = {
+    "whole": ("paged_attention_kernel",),
+    "split": ("paged_attention_kernel", "paged_attention_reduce"),
+    "balanced": ("paged_attention_balanced", "paged_attention_combine"),
+    "prefill": ("paged_prefill_kernel",),
+}
+
+
+def compile_variant(variant, *, cc=90, dtype="bf16", fp8=False, lse=False, head_dim=128, group=4, queries=1,
+                    block_n=64, block_m=64, num_warps=4, num_stages=3):
+    """Compile every kernel of a variant; returns {kernel name: CompiledKernel}."""
+    switches = dict(VARIANT=variant, FP8_SCALES=fp8, WRITE_LSE=lse, UPCAST_DOTS=False)
+    module = _kernel_module(FAMILY.template, False, tuple(sorted(switches.items())))
+    kv = "fp8e4nv" if fp8 else dtype
+    pointers = dict(q_ptr=dtype, out_ptr=dtype, k_ptr=kv, v_ptr=kv, block_table_ptr="i32", context_lens_ptr="i32",
+                    cu_seqlens_q_ptr="i32")
+    constants = dict(PAGE_SIZE=16, HEAD_DIM=head_dim, GROUP=group, NUM_QUERIES=queries,
+                     ROWS=max(16, triton.next_power_of_2(group * queries)), BLOCK_N=block_n, PARTITION_SIZE=256,
+                     BLOCK_M=block_m, BATCH_PAD=64, SPLIT_CANDIDATES=SPLIT_CANDIDATES,
+                     SPLIT_OVERHEAD=SPLIT_OVERHEAD_TOKENS, SPLIT_MARGIN_PCT=SPLIT_MARGIN_PCT)
+    compiled = {}
+    for name in KERNELS[variant]:
+        kernel = getattr(module, name)
+        signature, attrs = {}, {}
+        for index, param in enumerate(kernel.params):
+            if param.is_constexpr:
+                signature[param.name] = "constexpr"
+            elif param.name.endswith("_ptr"):
+                signature[param.name] = "*" + pointers.get(param.name, "fp32")
+                attrs[(index,)] = [["tt.divisibility", 16]]
+            elif param.name == "scale":
+                signature[param.name] = "fp32"
+            else:
+                signature[param.name] = "i32"
+                if param.name.startswith("stride"):
+                    attrs[(index,)] = [["tt.divisibility", 16]]
+        used = {n: constants[n] for n, kind in signature.items() if kind == "constexpr"}
+        source = ASTSource(fn=kernel, signature=signature, constexprs=used, attrs=attrs)
+        compiled[name] = triton.compile(source, target=GPUTarget("cuda", cc, 32),
+                                        options={"num_warps": num_warps, "num_stages": num_stages})
+    return compiled
+
+
+CASES = {
+    "whole-lse-d96": dict(variant="whole", lse=True, head_dim=96),
+    "split-fp8": dict(variant="split", fp8=True, dtype="fp16"),
+    "balanced-lse-d80-g16": dict(variant="balanced", lse=True, head_dim=80, group=16),
+    "balanced-d256-q4": dict(variant="balanced", head_dim=256, block_n=32, num_stages=2, group=1, queries=4),
+    "prefill-fp8-d96": dict(variant="prefill", head_dim=96, fp8=True, dtype="fp16", block_m=64, block_n=64),
+    "prefill-d128": dict(variant="prefill", block_m=128, num_warps=8),
+    "balanced-sm80": dict(variant="balanced", cc=80),
+    "prefill-sm80": dict(variant="prefill", cc=80, block_m=128, num_warps=8),
+}
+
+
+def compile_cases() -> dict:
+    """{case: {kernel: {shared, ptx features}}}, compiled in this process (which must not be interpreting)."""
+    results = {}
+    for case, options in CASES.items():
+        options = dict(options)
+        variant = options.pop("variant")
+        results[case] = {name: dict(shared=k.metadata.shared, cp_async="cp.async" in k.asm["ptx"],
+                                    wgmma="wgmma" in k.asm["ptx"], mma_sync="mma.sync" in k.asm["ptx"])
+                         for name, k in compile_variant(variant, **options).items()}
+    return results
+
+
+@pytest.fixture(scope="module")
+def compiled() -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, __file__], capture_output=True, text=True, env=env, timeout=600,
+                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_every_kernel_compiles_within_the_shared_memory_of_its_gpu(compiled):
+    assert set(compiled) == set(CASES)
+    for case, kernels in compiled.items():
+        limit = 166912 if CASES[case].get("cc") == 80 else 232448  # A100 163 KiB, H100/H200 227 KiB a block
+        assert set(kernels) == set(KERNELS[CASES[case]["variant"]])
+        for name, facts in kernels.items():
+            assert facts["shared"] <= limit, f"{case} {name} needs {facts['shared']} B of shared memory"
+
+
+def test_the_gpu_code_pipelines_its_loads_and_uses_tensor_cores(compiled):
+    assert compiled["balanced-lse-d80-g16"]["paged_attention_balanced"]["cp_async"], "K/V tiles are not loaded ahead of use"
+    hopper = compiled["prefill-d128"]["paged_prefill_kernel"]
+    assert hopper["wgmma"] and hopper["cp_async"]
+    ampere = compiled["prefill-sm80"]["paged_prefill_kernel"]
+    assert ampere["mma_sync"] and ampere["cp_async"]
+
+
+if __name__ == "__main__":
+    print(json.dumps(compile_cases()))
