@@ -139,10 +139,6 @@ CASES = [
     # (problem, config): GQA/MQA/MHA, head dims 64/128/256, pages 8..128, split with a ragged batch,
     # speculative queries where a query sees nothing of the last partition, fp8, bf16 (upcast on CPU),
     # the balanced variant, and a prefill chunk of 24 query tokens per sequence.
-    (PagedProblem(2, 8, 2, 96, 16, 600, 400, dtype="fp16", kv_dtype="fp16"),
-     dict(VARIANT="balanced", BLOCK_N=32, PARTITION_SIZE=256, num_warps=4, num_stages=2)),
-    (PagedProblem(2, 8, 2, 64, 16, 80, 60, num_queries=24, dtype="fp16", kv_dtype="fp16"),
-     dict(VARIANT="prefill", BLOCK_N=32, PARTITION_SIZE=256, BLOCK_M=32, num_warps=4, num_stages=2)),
     (PagedProblem(3, 8, 2, 64, 16, 70, 40, dtype="fp16", kv_dtype="fp16"),
      dict(VARIANT="whole", BLOCK_N=32, PARTITION_SIZE=256, num_warps=4, num_stages=2)),
     (PagedProblem(2, 8, 1, 64, 8, 600, 300, dtype="fp16", kv_dtype="fp16"),
@@ -155,6 +151,10 @@ CASES = [
      dict(VARIANT="whole", BLOCK_N=32, PARTITION_SIZE=256, num_warps=4, num_stages=3)),
     (PagedProblem(2, 4, 2, 128, 32, 70, 40, dtype="bf16", kv_dtype="bf16"),
      dict(VARIANT="whole", BLOCK_N=64, PARTITION_SIZE=256, num_warps=4, num_stages=3)),
+    (PagedProblem(2, 8, 2, 96, 16, 600, 400, dtype="fp16", kv_dtype="fp16"),
+     dict(VARIANT="balanced", BLOCK_N=32, PARTITION_SIZE=256, num_warps=4, num_stages=2)),
+    (PagedProblem(2, 8, 2, 64, 16, 80, 60, num_queries=24, dtype="fp16", kv_dtype="fp16"),
+     dict(VARIANT="prefill", BLOCK_N=32, PARTITION_SIZE=256, BLOCK_M=32, num_warps=4, num_stages=2)),
 ]
 
 
