@@ -43,12 +43,14 @@ def export_command(out, family, device_key, db_url):
 def _print_import(report) -> None:
     verb = "would keep" if report.dry_run else "kept"
     counts = ", ".join(f"{n} {action}" for action, n in report.counts().items() if action != "skipped" and n)
-    click.echo(f"{report.source}: {verb} {len(report.kept)} record(s) ({counts or 'none'}); "
-               f"skipped {len(report.skipped)}")
+    click.echo(f"{report.source}: {verb} {report.kept_count} record(s) ({counts or 'none'}); "
+               f"skipped {report.skipped_count}")
     for item in report.kept:
         click.echo(f"  line {item.line}: {item.action}  {item.family} {item.device_key} {item.problem_key}")
     for item in report.skipped:
         click.echo(f"  line {item.line}: skipped: {item.reason}", err=True)
+    if report.unlisted:
+        click.echo(f"  ... and {report.unlisted} more record(s), counted above but not listed", err=True)
     if report.truncated:
         click.echo(f"  warning: {report.truncated}; every complete record before that point was checked as above",
                    err=True)

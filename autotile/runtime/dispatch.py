@@ -106,10 +106,13 @@ def _warn_once(url: str, exc: BaseException) -> None:
     if url in _warned:
         return
     _warned.add(url)
-    reason = str(exc) if isinstance(exc, AutotileError) else f"{type(exc).__name__}: {exc}"
+    from autotile.store.db import database_failure, safe_url
+
+    shown = safe_url(url)  # never a password in a log
+    reason = str(exc) if isinstance(exc, AutotileError) else database_failure(exc, url) or f"{type(exc).__name__}: {exc}"
     log.warning("autotile: not using the tuning database %s (%s); serving from the next source. Fix: run "
                 "`autotile db verify --db %s`, or move the file away (or unset AUTOTILE_DB) to start a new one.",
-                url, reason.splitlines()[0][:300] if reason else "unreadable", url)
+                shown, reason.splitlines()[0][:300] if reason else "unreadable", shown)
 
 
 def _candidates(family: Family, problem, winners: list, strict: bool) -> list[tuple[str, object]]:

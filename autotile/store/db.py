@@ -78,17 +78,17 @@ def _engine(url: str) -> Engine:
     try:
         engine = create_engine(url, future=True)
     except (ModuleNotFoundError, NoSuchModuleError) as exc:
-        raise DatabaseError(f"{_safe(url)} needs a database driver that is not installed ({exc}); for PostgreSQL "
+        raise DatabaseError(f"{safe_url(url)} needs a database driver that is not installed ({exc}); for PostgreSQL "
                             "run `pip install 'autotile[postgres]'` and write the URL as postgresql+psycopg://...") from None
     except ArgumentError as exc:
-        raise DatabaseError(f"{_safe(url)} is not a database URL SQLAlchemy understands ({exc}); give a SQLite file "
+        raise DatabaseError(f"{safe_url(url)} is not a database URL SQLAlchemy understands ({exc}); give a SQLite file "
                             "path or a URL such as postgresql+psycopg://user@host/db") from None
     if url.startswith("sqlite"):
         _configure_sqlite(engine, read_only="mode=ro" in url)
     return engine
 
 
-def _safe(url: str) -> str:
+def safe_url(url: str) -> str:
     """A URL fit for messages: its password hidden."""
     try:
         return make_url(url).render_as_string(hide_password=True)
@@ -109,7 +109,7 @@ def check_schema(engine: Engine, url: str) -> str:
             raise DatabaseError(f"{url} is not a SQLite database; point --db/AUTOTILE_DB at another file") from None
         reason = (str(exc.orig).strip().splitlines() or [type(exc.orig).__name__])[0]
         if sqlite_path(url) is None:
-            raise DatabaseError(f"cannot read the database {_safe(url)} ({reason}); check that the server is up and "
+            raise DatabaseError(f"cannot read the database {safe_url(url)} ({reason}); check that the server is up and "
                                 "the URL right, or point --db/AUTOTILE_DB elsewhere") from None
         raise DatabaseError(f"{url} is not a readable database ({reason}); point --db/AUTOTILE_DB at another file "
                             "or move this one away") from None
@@ -276,7 +276,7 @@ def database_failure(exc: BaseException, url: str | None = None) -> str | None:
         return None
     detail = str(getattr(cause, "orig", None) or cause).strip().splitlines()
     detail_line = detail[0][:300] if detail else type(cause).__name__
-    where = _safe(normalise_url(url) if url else default_db_url())
+    where = safe_url(normalise_url(url) if url else default_db_url())
     for needles, what, fix in _FAILURES:
         if any(n in detail_line.lower() for n in needles):
             return f"database {where}: {what} ({detail_line}); {fix}"
@@ -326,11 +326,11 @@ def reading(url: str | None) -> Iterator[None]:
     except (SQLAlchemyError, _sqlite3_error(), ValueError, TypeError, KeyError, OverflowError) as exc:
         line = database_failure(exc, url)
         if line is None:
-            where = _safe(normalise_url(url) if url else default_db_url())
+            where = safe_url(normalise_url(url) if url else default_db_url())
             line = (f"database {where} holds a row autotile cannot read ({type(exc).__name__}: {exc}): it was edited "
                     "by hand or damaged; re-import the winners from an export, or move the file away")
         raise DatabaseError(line) from None
 
 
-__all__ = ["open_engine", "inspect_database", "stored_schema_version", "default_db_url", "normalise_url", "read_only_url",
+__all__ = ["open_engine", "inspect_database", "stored_schema_version", "default_db_url", "normalise_url", "read_only_url", "safe_url",
            "check_schema", "schema_lock", "database_failure", "reading", "VERSION_TABLE"]

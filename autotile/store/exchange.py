@@ -16,6 +16,7 @@ import datetime as dt
 import enum
 import json
 import math
+import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,13 +30,26 @@ from autotile.device import PROFILES, DeviceInfo
 from autotile.errors import AutotileError, DatabaseError
 from autotile.families import family_names, get_family
 from autotile.space import Config
-from autotile.store.db import normalise_url, open_engine
+from autotile.store.db import database_failure, normalise_url, open_engine, reading
 from autotile.store.fingerprint import device_fingerprint
 from autotile.store.models import SCHEMA_VERSION, Device, Problem, Toolchain, Winner
 from autotile.store.repo import Store
 
 FORMAT = "autotile-db"
 FORMAT_VERSION = 1
+# A winner record is a few KB: a longer line is skipped unread, so one huge line cannot fill memory.
+MAX_RECORD_BYTES = 1 << 20
+# Kept and skipped lines an ImportReport lists one by one; past these only its counts grow (bounded memory).
+MAX_LISTED = 10_000
+# Records written between two clearings of the import session (its one transaction stays open).
+_RECORDS_PER_FLUSH = 500
+# Column limits: Integer columns hold int32 in PostgreSQL, BigInteger int64 (SQLite: int64 for both).
+_INT32_MAX = 2**31 - 1
+_INT64_MAX = 2**63 - 1
+# No kernel timing is an hour (interpreter timings included): a larger median is not a measurement.
+MAX_TIMING_MS = 3_600_000.0
+# Text fields of a problem (expressions, shapes, strides) are short; elementwise expressions are at most 4000.
+_MAX_PROBLEM_TEXT = 8192
 _RECORD_FIELDS = {"record", "schema_version", "family", "problem", "problem_key", "device", "toolchain", "config",
                   "timings", "provenance", "verification", "serving"}
 _DEVICE_FIELDS = ("key", "profile", "name", "compute_capability", "sm_count", "memory_bytes", "smem_per_block", "driver")
@@ -71,20 +85,37 @@ class Skipped:
 
 @dataclass
 class ImportReport:
-    """Exactly what an import kept and skipped, line by line."""
+    """What an import kept and skipped, line by line (the first MAX_LISTED of each; the counts are complete)."""
 
     source: str
     kept: list[Kept] = field(default_factory=list)
     skipped: list[Skipped] = field(default_factory=list)
     truncated: str = ""  # why the file looks cut short ('' when it ended with its end record)
     dry_run: bool = False
+    actions: dict[str, int] = field(default_factory=dict)  # action -> records kept with it
+    skipped_count: int = 0
+
+    def keep(self, item: Kept) -> None:
+        self.actions[item.action] = self.actions.get(item.action, 0) + 1
+        if len(self.kept) < MAX_LISTED:
+            self.kept.append(item)
+
+    def skip(self, item: Skipped) -> None:
+        self.skipped_count += 1
+        if len(self.skipped) < MAX_LISTED:
+            self.skipped.append(item)
+
+    @property
+    def kept_count(self) -> int:
+        return sum(self.actions.values())
+
+    @property
+    def unlisted(self) -> int:
+        """Records kept or skipped beyond those listed one by one."""
+        return self.kept_count - len(self.kept) + self.skipped_count - len(self.skipped)
 
     def counts(self) -> dict[str, int]:
-        counts: dict[str, int] = {}
-        for item in self.kept:
-            counts[item.action] = counts.get(item.action, 0) + 1
-        counts["skipped"] = len(self.skipped)
-        return counts
+        return {**self.actions, "skipped": self.skipped_count}
 
 
 # --- export -------------------------------------------------------------------------------------
@@ -124,20 +155,28 @@ def export_database(db_url: str | None, out: Path, family: str | None = None, de
     >>> export_database("sqlite:////tmp/t.sqlite", Path("/tmp/winners.jsonl"))  # doctest: +SKIP
     3
     """
-    engine = open_engine(db_url, create=False)
+    engine = open_engine(db_url, create=False, read_only=True)
     header = {"format": FORMAT, "format_version": FORMAT_VERSION, "schema_version": SCHEMA_VERSION,
               "autotile": autotile.__version__,
               "exported_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
     out = Path(out)
     partial = out.with_name(out.name + ".partial")
     count = 0
-    with open(partial, "w", encoding="utf-8") as handle:
-        handle.write(json.dumps(header, sort_keys=True) + "\n")
-        for record in export_records(engine, family, device_key):
-            handle.write(json.dumps(record, sort_keys=True) + "\n")
-            count += 1
-        handle.write(json.dumps({"record": "end", "count": count}, sort_keys=True) + "\n")
-    partial.replace(out)
+    try:
+        with reading(db_url), open(partial, "w", encoding="utf-8") as handle:
+            handle.write(json.dumps(header, sort_keys=True) + "\n")
+            for record in export_records(engine, family, device_key):
+                handle.write(json.dumps(record, sort_keys=True) + "\n")
+                count += 1
+            handle.write(json.dumps({"record": "end", "count": count}, sort_keys=True) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())  # a full disk shows here, before the rename, not after it
+        partial.replace(out)
+    except BaseException as exc:
+        partial.unlink(missing_ok=True)  # no half-written export is left behind, whatever stopped it
+        if isinstance(exc, OSError):
+            raise ExportFormatError(f"cannot write {out}: {exc.strerror or exc}; nothing was written") from None
+        raise
     return count
 
 
@@ -161,68 +200,137 @@ class _Valid:
     winner_values: dict
 
 
-def read_export(path: Path) -> tuple[dict, list[tuple[int, dict | None, str]], str]:
-    """(header, [(line number, record or None, parse error)], truncation note) of an export file.
+class ExportReader:
+    """An export file read one line at a time (memory bounded by MAX_RECORD_BYTES, whatever the file's size).
 
-    Raises ExportFormatError for a file that is not an autotile export or is newer than this autotile.
+    Opening it reads and checks the header (ExportFormatError for a file that is not an autotile export or
+    is newer than this autotile); iterating yields (line number, record or None, parse error); after the
+    last record `truncated` says why the file looks cut short ('' when it ended with its end record).
     """
-    path = Path(path)
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise ExportFormatError(f"cannot read {path}: {exc.strerror}") from None
-    lines = data.decode("utf-8", errors="replace").split("\n")
-    try:
-        header = json.loads(lines[0]) if lines[0].strip() else None
-    except json.JSONDecodeError:
-        header = None
-    if not isinstance(header, dict) or header.get("format") != FORMAT:
-        raise ExportFormatError(f"{path} is not an autotile export (its first line is not a "
-                                f'{{"format": "{FORMAT}", ...}} header); nothing was imported')
-    version = header.get("format_version")
-    if not isinstance(version, int) or version > FORMAT_VERSION:
-        raise ExportFormatError(f"{path} has export format version {version!r}; this autotile reads version "
-                                f"{FORMAT_VERSION}: upgrade autotile to import it. Nothing was imported")
-    schema = header.get("schema_version")
-    if not isinstance(schema, int) or schema > SCHEMA_VERSION:
-        raise ExportFormatError(f"{path} was written with schema version {schema!r}, newer than this autotile's "
-                                f"{SCHEMA_VERSION}: upgrade autotile to import it. Nothing was imported")
-    records: list[tuple[int, dict | None, str]] = []
-    end = None
-    last_line = max(number for number, text in enumerate(lines, start=1) if text.strip())
-    for number, text in enumerate(lines[1:], start=2):
-        if not text.strip():
-            continue
-        if end is not None:
-            records.append((number, None, "a line after the end record"))
-            continue
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.truncated = ""
         try:
-            record = json.loads(text)
-        except json.JSONDecodeError as exc:
-            cut = " (the file looks truncated)" if number == last_line else ""
-            records.append((number, None, f"not valid JSON{cut}: {exc.msg}"))
-            continue
-        if isinstance(record, dict) and record.get("record") == "end":
-            end = record
-            continue
-        records.append((number, record, ""))
-    if end is None:
-        truncated = "the file has no end record: it was cut short, or is not a complete export"
-    elif end.get("count") != sum(1 for _, _, error in records if error != "a line after the end record"):
-        truncated = f"the end record counts {end.get('count')!r} records but the file holds {len(records)}"
-    else:
-        truncated = ""
-    return header, records, truncated
+            self._handle = open(self.path, "rb")  # noqa: SIM115 - closed when iteration ends
+        except OSError as exc:
+            raise ExportFormatError(f"cannot read {path}: {exc.strerror}") from None
+        first, _ = self._line()
+        try:
+            self.header = json.loads(first) if first and first.strip() else None
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            self.header = None
+        if not isinstance(self.header, dict) or self.header.get("format") != FORMAT:
+            self._handle.close()
+            raise ExportFormatError(f"{path} is not an autotile export (its first line is not a "
+                                    f'{{"format": "{FORMAT}", ...}} header); nothing was imported')
+        version = self.header.get("format_version")
+        schema = self.header.get("schema_version")
+        if not _is_int(version) or version > FORMAT_VERSION:
+            self._handle.close()
+            raise ExportFormatError(f"{path} has export format version {version!r:.40}; this autotile reads version "
+                                    f"{FORMAT_VERSION}: upgrade autotile to import it. Nothing was imported")
+        if not _is_int(schema) or schema > SCHEMA_VERSION:
+            self._handle.close()
+            raise ExportFormatError(f"{path} was written with schema version {schema!r:.40}, newer than this "
+                                    f"autotile's {SCHEMA_VERSION}: upgrade autotile to import it. Nothing was imported")
+
+    def _line(self) -> tuple[bytes | None, bool]:
+        """The next line (None at the end of the file) and whether it was too long to read (then b'')."""
+        data = self._handle.readline(MAX_RECORD_BYTES + 1)
+        if not data:
+            return None, False
+        if len(data) > MAX_RECORD_BYTES and not data.endswith(b"\n"):
+            while data and not data.endswith(b"\n"):  # skip the rest of the line, a block at a time
+                data = self._handle.readline(MAX_RECORD_BYTES)
+            return b"", True
+        return data, False
+
+    def __iter__(self) -> Iterator[tuple[int, dict | None, str]]:
+        end = None
+        records = 0
+        pending: tuple[int, str] | None = None  # a line that did not parse: truncated, if nothing follows it
+        number = 1
+        with self._handle:
+            while True:
+                data, too_long = self._line()
+                if data is None:
+                    break
+                number += 1
+                if too_long:
+                    item = (number, None, f"a line longer than {MAX_RECORD_BYTES} bytes (not read)")
+                elif not data.strip():
+                    continue
+                elif end is not None:
+                    item = (number, None, "a line after the end record")
+                else:
+                    try:
+                        record = json.loads(data)
+                    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                        if pending is not None:
+                            yield pending[0], None, pending[1]
+                        pending = (number, f"not valid JSON: {getattr(exc, 'msg', exc)}")
+                        records += 1
+                        continue
+                    if isinstance(record, dict) and record.get("record") == "end":
+                        end = record
+                        if pending is not None:
+                            yield pending[0], None, pending[1]
+                            pending = None
+                        continue
+                    item = (number, record, "")
+                if pending is not None:
+                    yield pending[0], None, pending[1]
+                    pending = None
+                if item[2] != "a line after the end record":
+                    records += 1
+                yield item
+        if pending is not None:
+            cut = " (the file looks truncated)" if end is None else ""
+            yield pending[0], None, pending[1].replace("not valid JSON", f"not valid JSON{cut}", 1)
+        if end is None:
+            self.truncated = "the file has no end record: it was cut short, or is not a complete export"
+        elif end.get("count") != records:
+            self.truncated = f"the end record counts {end.get('count')!r:.40} records but the file holds {records}"
 
 
-def _finite(value, name: str, *, optional: bool = False, positive: bool = False) -> float | None:
+def read_export(path: Path) -> tuple[dict, list[tuple[int, dict | None, str]], str]:
+    """(header, [(line number, record or None, parse error)], truncation note) of an export file, all in memory.
+
+    For small files and tests; imports stream through ExportReader. Raises ExportFormatError for a file that
+    is not an autotile export or is newer than this autotile.
+    """
+    reader = ExportReader(path)
+    records = list(reader)
+    return reader.header, records, reader.truncated
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _finite(value, name: str, *, optional: bool = False, positive: bool = False,
+            bounds: tuple[float, float] | None = None) -> float | None:
     if value is None and optional:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise _Bad(f"{name} must be a finite number, got {value!r}")
-    if positive and value <= 0:
-        raise _Bad(f"{name} must be positive, got {value!r}")
-    return float(value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _Bad(f"{name} must be a finite number, got {value!r:.80}")
+    try:
+        number = float(value)
+    except OverflowError:  # an integer past a float's range
+        raise _Bad(f"{name} must be a finite number, got an integer of {len(str(value))} digits") from None
+    if not math.isfinite(number):
+        raise _Bad(f"{name} must be a finite number, got {value!r:.80}")
+    if positive and number <= 0:
+        raise _Bad(f"{name} must be positive, got {value!r:.80}")
+    if bounds is not None and not bounds[0] <= number <= bounds[1]:
+        raise _Bad(f"{name} must be within [{bounds[0]:g}, {bounds[1]:g}], got {value!r:.80}")
+    return number
+
+
+def _ms(value, name: str, *, optional: bool = False) -> float | None:
+    """A timing: positive and at most MAX_TIMING_MS."""
+    return _finite(value, name, optional=optional, positive=True, bounds=(0.0, MAX_TIMING_MS))
 
 
 def _text(value, name: str, width: int) -> str:
@@ -231,10 +339,52 @@ def _text(value, name: str, width: int) -> str:
     return value
 
 
-def _count(value, name: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise _Bad(f"{name} must be an integer >= {minimum}, got {value!r}")
+def _count(value, name: str, minimum: int, maximum: int = _INT32_MAX) -> int:
+    if not _is_int(value) or not minimum <= value <= maximum:
+        shown = f"an integer of {len(str(value))} digits" if _is_int(value) else f"{value!r:.80}"
+        raise _Bad(f"{name} must be an integer in [{minimum}, {maximum}], got {shown}")
     return value
+
+
+def _problem(family, data: dict):
+    """The family's problem rebuilt from `data`, every field of the type the problem declares.
+
+    The families' constructors take what they are given (m=64.5, tf32="yes", bias=2 would rebuild); a
+    record's problem must be exactly what autotile writes: ints (shape fields positive), bools, known
+    choices and dtype names, finite floats, short text.
+    """
+    import typing
+
+    hints = typing.get_type_hints(family.problem_type)
+    choices = {o.name: o.choices for o in family.cli_options if o.choices}
+    for name, value in data.items():
+        kind = hints.get(name)
+        if kind is bool and not isinstance(value, bool):
+            raise _Bad(f"problem.{name} must be true or false, got {value!r:.80}")
+        if kind is int:
+            lowest = 1 if name in family.shape_fields else -_INT64_MAX
+            _count(value, f"problem.{name}", lowest, _INT64_MAX)
+        if kind is float:
+            _finite(value, f"problem.{name}")
+        if kind is str:
+            _text(value, f"problem.{name}", _MAX_PROBLEM_TEXT)
+            if name in choices and value not in choices[name]:
+                raise _Bad(f"problem.{name} must be one of {', '.join(choices[name])}, got {value!r:.80}")
+            if name.endswith("dtype") and not _canonical_dtype(value):
+                raise _Bad(f"problem.{name} {value!r:.80} is not a dtype name autotile writes (fp32, fp16, bf16, ...)")
+    try:
+        return family.problem_from_dict(data)
+    except Exception as exc:  # noqa: BLE001 - whatever the family's constructor refuses is reported
+        raise _Bad(f"{family.name} problem does not rebuild: {exc}") from None
+
+
+def _canonical_dtype(name: str) -> bool:
+    from autotile.dtypes import canonical_dtype_name
+
+    try:
+        return canonical_dtype_name(name) == name
+    except AutotileError:
+        return False
 
 
 def _object(record: dict, name: str) -> dict:
@@ -264,7 +414,7 @@ def _device(data: dict) -> DeviceInfo:
             raise _Bad(f"device {key!r} with compute capability {cc_text!r} does not exist: "
                        f"{profile} is {profile}/sm{cc[0]}{cc[1]} (compute capability {cc[0]}.{cc[1]})")
     return DeviceInfo(profile, _text(data["name"], "device name", 128), cc, _count(data["sm_count"], "sm_count", 1),
-                      _count(data["memory_bytes"], "memory_bytes", 0),
+                      _count(data["memory_bytes"], "memory_bytes", 0, _INT64_MAX),
                       _count(data["smem_per_block"], "smem_per_block", 1), _text(data["driver"], "driver", 64),
                       interpret=key == "interpret")
 
@@ -294,12 +444,7 @@ def validate_record(record, line: int) -> _Valid:
     if family_name not in family_names():
         raise _Bad(f"unknown family {family_name!r} (known: {', '.join(family_names())})")
     family = get_family(family_name)
-    try:
-        problem = family.problem_from_dict(_object(record, "problem"))
-    except _Bad:
-        raise
-    except Exception as exc:  # noqa: BLE001 - whatever the family's constructor refuses is reported
-        raise _Bad(f"{family_name} problem does not rebuild: {exc}") from None
+    problem = _problem(family, _object(record, "problem"))
     device = _device(_object(record, "device"))
     config_data = _object(record, "config")
     try:
@@ -318,22 +463,24 @@ def validate_record(record, line: int) -> _Valid:
     if not isinstance(verification, dict):
         raise _Bad("verification must be a JSON object")
     values = {
-        "median_ms": _finite(timings.get("median_ms"), "timings.median_ms", positive=True),
-        "q20_ms": _finite(timings.get("q20_ms"), "timings.q20_ms", positive=True),
-        "q80_ms": _finite(timings.get("q80_ms"), "timings.q80_ms", positive=True),
+        "median_ms": _ms(timings.get("median_ms"), "timings.median_ms"),
+        "q20_ms": _ms(timings.get("q20_ms"), "timings.q20_ms"),
+        "q80_ms": _ms(timings.get("q80_ms"), "timings.q80_ms"),
         "interpreted": int(device.interpret),
-        "runner_up_ms": _finite(timings.get("runner_up_ms"), "timings.runner_up_ms", optional=True),
-        "margin": _finite(timings.get("margin"), "timings.margin", optional=True),
+        "runner_up_ms": _ms(timings.get("runner_up_ms"), "timings.runner_up_ms", optional=True),
+        # margin = runner-up / winner - 1, regression = verified / stored - 1: both above -1
+        "margin": _finite(timings.get("margin"), "timings.margin", optional=True, bounds=(-1.0, 1e6)),
         "baseline_name": _text(timings.get("baseline_name", ""), "timings.baseline_name", 128),
-        "baseline_ms": _finite(timings.get("baseline_ms"), "timings.baseline_ms", optional=True),
+        "baseline_ms": _ms(timings.get("baseline_ms"), "timings.baseline_ms", optional=True),
         "trials_run": _count(provenance.get("trials_run", 0), "provenance.trials_run", 0),
         "provenance": _text(provenance.get("text", ""), "provenance.text", 100_000),
         "created_at": _parse_time(provenance.get("created_at")),
         "stale": int(bool(verification.get("stale", False))),
         "verified_at": _parse_time(verification["verified_at"]) if verification.get("verified_at") else None,
-        "verified_ms": _finite(verification.get("verified_ms"), "verification.verified_ms", optional=True),
+        "verified_ms": _ms(verification.get("verified_ms"), "verification.verified_ms", optional=True),
         "verify_status": _text(verification.get("verify_status", ""), "verification.verify_status", 32),
-        "regression": _finite(verification.get("regression"), "verification.regression", optional=True),
+        "regression": _finite(verification.get("regression"), "verification.regression", optional=True,
+                              bounds=(-1.0, 1e6)),
         **_serving_values(record.get("serving") or {}, family, problem, device),
     }
     return _Valid(line, family_name, family.problem_key(problem), family.bucket(problem),
@@ -363,7 +510,7 @@ def _serving_values(serving, family, problem, device: DeviceInfo) -> dict:
         except AutotileError as exc:
             raise _Bad(f"serving.kernel_config: {exc}") from None
     return {"verified_range": verified_range, "kernel_config": kernel_config,
-            "kernel_ms": _finite(serving.get("kernel_ms"), "serving.kernel_ms", optional=True, positive=True)}
+            "kernel_ms": _ms(serving.get("kernel_ms"), "serving.kernel_ms", optional=True)}
 
 
 # --- writing -------------------------------------------------------------------------------------
@@ -406,45 +553,55 @@ def _write(session: Session, item: _Valid, policy: ConflictPolicy) -> str:
 
 def import_records(target_url: str | None, records: Iterable[tuple[int, dict | None, str]], source: str, *,
                    policy: ConflictPolicy = ConflictPolicy.KEEP, dry_run: bool = False) -> ImportReport:
-    """Validate `records` and write the valid ones into `target_url` in one transaction."""
+    """Validate `records` one at a time and write the valid ones into `target_url` in one transaction.
+
+    Records stream through: memory stays bounded however many there are. A record that fails validation is
+    skipped with its reason; the others are all written, or (a database error) none.
+    """
     report = ImportReport(source, dry_run=dry_run)
-    valid = []
-    for line, record, error in records:
-        if error:
-            report.skipped.append(Skipped(line, error))
-            continue
-        try:
-            valid.append(validate_record(record, line))
-        except _Bad as exc:
-            report.skipped.append(Skipped(line, str(exc)))
     engine = open_engine(target_url, create=not dry_run)
     with Session(engine) as session:
         try:
-            for item in valid:
-                action = _write(session, item, policy)
-                report.kept.append(Kept(item.line, item.family, item.problem_key, item.device.key, action))
+            written = 0
+            for line, record, error in records:
+                if error:
+                    report.skip(Skipped(line, error))
+                    continue
+                try:
+                    item = validate_record(record, line)
+                except _Bad as exc:
+                    report.skip(Skipped(line, str(exc)))
+                    continue
+                report.keep(Kept(item.line, item.family, item.problem_key, item.device.key,
+                                 _write(session, item, policy)))
+                written += 1
+                if written % _RECORDS_PER_FLUSH == 0:
+                    session.flush()
+                    session.expunge_all()  # written in the transaction; the session need not hold them
             if dry_run:
                 session.rollback()
             else:
                 session.commit()
         except SQLAlchemyError as exc:
             session.rollback()
+            reason = database_failure(exc, target_url) or f"{exc.__class__.__name__}: {exc}"
             raise DatabaseError(f"import into {engine.url} failed and was rolled back, nothing was written: "
-                                f"{exc.__class__.__name__}: {exc}") from None
+                                f"{reason}") from None
     return report
 
 
 def import_file(target_url: str | None, path: Path, *, policy: ConflictPolicy = ConflictPolicy.KEEP,
                 dry_run: bool = False) -> ImportReport:
-    """Import an export file into `target_url`; see ImportReport for what was kept and skipped.
+    """Import an export file into `target_url`, reading it one line at a time; see ImportReport for what was
+    kept and skipped.
 
     >>> report = import_file("sqlite:////tmp/t.sqlite", Path("winners.jsonl"))  # doctest: +SKIP
     >>> report.counts()  # doctest: +SKIP
     {'added': 3, 'skipped': 1}
     """
-    _header, records, truncated = read_export(Path(path))
-    report = import_records(target_url, records, str(path), policy=policy, dry_run=dry_run)
-    report.truncated = truncated
+    reader = ExportReader(Path(path))
+    report = import_records(target_url, reader, str(path), policy=policy, dry_run=dry_run)
+    report.truncated = reader.truncated
     return report
 
 
@@ -457,7 +614,8 @@ def merge_databases(target_url: str | None, source_urls: Iterable[str], *,
         url = normalise_url(source)
         if target is not None and url == target:
             raise DatabaseError(f"{source} is the target database itself; name another one to merge from")
-        records = [(number, record, "") for number, record in enumerate(export_records(open_engine(url, create=False)),
-                                                                            start=1)]
-        reports.append(import_records(target_url, records, source, policy=policy, dry_run=dry_run))
+        with reading(url):
+            records = ((number, record, "") for number, record in
+                       enumerate(export_records(open_engine(url, create=False, read_only=True)), start=1))
+            reports.append(import_records(target_url, records, source, policy=policy, dry_run=dry_run))
     return reports

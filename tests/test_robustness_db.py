@@ -1,0 +1,276 @@
+"""A bad cache never takes down inference, and every CLI command says in one line what is wrong with it.
+
+Damaged pages, a hand-edited row, a URL whose driver is missing, a full disk, a read-only file or folder,
+and many processes creating one new database at once.
+"""
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import shutil
+import sqlite3
+import stat
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+from sqlalchemy import Engine, event
+
+import autotile
+from autotile.cli.main import cli
+from autotile.device import interpret_device
+from autotile.families.elementwise import FAMILY as ELEMENTWISE
+from autotile.runtime import dispatch
+from autotile.store import db as store_db
+from autotile.store import exchange
+from autotile.store.db import open_engine
+from autotile.store.repo import Store
+from autotile.tune.driver import tune_problem
+from autotile.tune.storage import optuna_storage
+
+CPU = interpret_device()
+EXPR, NUMEL = "x * 2 + 1", 1000
+PROBLEM = ELEMENTWISE.problems_from_cli(expr=EXPR, numel=(NUMEL,), dtype=("fp32",))[0]
+TUNE = ["tune", "elementwise", "--expr", EXPR, "--numel", str(NUMEL), "--gpu", "interpret", "--trials", "1"]
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory) -> Path:
+    """A database holding one interpreter-tuned elementwise winner (tuned once per module)."""
+    path = tmp_path_factory.mktemp("tuned") / "tuned.sqlite"
+    tune_problem(ELEMENTWISE, PROBLEM, CPU, trials=2, db_url=f"sqlite:///{path}", retime_rounds=1)
+    with sqlite3.connect(path) as conn:  # everything in the file itself, as a copied or shipped file has it
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    return path
+
+
+def _copy(tuned: Path, target: Path) -> Path:
+    with sqlite3.connect(tuned) as src, sqlite3.connect(target) as dst:
+        src.backup(dst)
+    return target
+
+
+def _corrupt(path: Path) -> Path:
+    """Overwrite the first page of the winners' and the problems' tables: the schema still reads, they do not."""
+    with sqlite3.connect(path) as conn:
+        roots = dict(conn.execute("select name, rootpage from sqlite_master where type = 'table'").fetchall())
+        page = conn.execute("pragma page_size").fetchone()[0]
+    store_db._engine.cache_clear()
+    with open(path, "r+b") as handle:  # the test's own file, no SQLite connection open on it
+        for table in ("autotile_winners", "autotile_problems"):
+            handle.seek((roots[table] - 1) * page)
+            handle.write(b"\xff" * 200)
+    return path
+
+
+def _tamper(path: Path) -> Path:
+    with sqlite3.connect(path) as conn:
+        conn.execute("update autotile_problems set params = '{not json'")
+    return path
+
+
+def _damaged(kind: str, tuned: Path, tmp_path: Path) -> str:
+    if kind == "missing driver":
+        return "postgresql+psycopg2://tuner:secret@localhost/autotile"
+    path = _copy(tuned, tmp_path / f"{kind.replace(' ', '-')}.sqlite")
+    return f"sqlite:///{_corrupt(path) if kind == 'damaged pages' else _tamper(path)}"
+
+
+DAMAGE = ["damaged pages", "edited params row", "missing driver"]
+EXPECTED = {"damaged pages": "the file is damaged", "edited params row": "holds a row autotile cannot read",
+            "missing driver": "needs a database driver that is not installed"}
+
+
+@pytest.mark.parametrize("kind", DAMAGE)
+def test_every_command_gives_one_line(kind, tuned, tmp_path):
+    url = _damaged(kind, tuned, tmp_path)
+    commands = [["list"], ["show", "elementwise"], ["report", "--format", "md", "--out", str(tmp_path / "r.md")],
+                ["db", "export", "--out", str(tmp_path / "e.jsonl")], ["db", "verify", "--gpu", "interpret"], TUNE]
+    for command in commands:
+        result = CliRunner().invoke(cli, [*command, "--db", url], catch_exceptions=False)
+        errors = [line for line in result.output.splitlines() if line.startswith("Error:")]
+        assert result.exit_code == 1 and len(errors) == 1, (command, result.output)
+        assert EXPECTED[kind] in errors[0] and "Traceback" not in result.output, (command, result.output)
+        assert "secret" not in result.output  # a password in the URL is never printed
+    assert not (tmp_path / "e.jsonl").exists() and not (tmp_path / "e.jsonl.partial").exists()
+
+
+@pytest.mark.parametrize("kind", DAMAGE)
+def test_the_runtime_serves_from_the_next_source_with_one_warning(kind, tuned, tmp_path, monkeypatch, caplog):
+    url = _damaged(kind, tuned, tmp_path)
+    monkeypatch.setenv("AUTOTILE_DB", url)
+    dispatch.clear_cache()
+    x = torch.randn(NUMEL)
+    try:
+        with caplog.at_level(logging.WARNING, logger="autotile.runtime"):
+            out = autotile.fuse(EXPR)(x=x)
+            again = autotile.fuse(EXPR)(x=x[:NUMEL - 1])  # another shape: the database is read again
+            info = autotile.explain("fuse", EXPR, x=x)
+    finally:
+        dispatch.clear_cache()
+    torch.testing.assert_close(out, x * 2 + 1, rtol=0, atol=0)
+    torch.testing.assert_close(again, x[:NUMEL - 1] * 2 + 1, rtol=0, atol=0)
+    assert info["source"] != "user-db"
+    warnings = [r.getMessage() for r in caplog.records if "not using the tuning database" in r.getMessage()]
+    assert len(warnings) == 1 and "Fix:" in warnings[0], warnings
+    assert "secret" not in warnings[0]
+
+
+def test_a_working_database_is_served(tuned, monkeypatch):
+    monkeypatch.setenv("AUTOTILE_DB", f"sqlite:///{tuned}")
+    dispatch.clear_cache()
+    try:
+        assert autotile.explain("fuse", EXPR, x=torch.randn(NUMEL))["source"] == "user-db"
+    finally:
+        dispatch.clear_cache()
+
+
+# --- read-only files and folders -------------------------------------------------------------------
+
+def _as_another_user() -> list[str] | None:
+    """A command prefix that runs without root's right to write anything (None when that cannot be done)."""
+    if os.geteuid() != 0:
+        return []
+    if shutil.which("unshare") is None:
+        return None
+    probe = subprocess.run(["unshare", "--user", "--map-user=1000", "--map-group=1000", "true"], capture_output=True)
+    return ["unshare", "--user", "--map-user=1000", "--map-group=1000"] if probe.returncode == 0 else None
+
+
+READ_SCRIPT = textwrap.dedent("""
+    import json, sys, torch, autotile
+    from click.testing import CliRunner
+    from autotile.cli.main import cli
+    db, out = sys.argv[1], sys.argv[2]
+    for args in (["list"], ["show", "elementwise"], ["report", "--format", "json", "--out", out + "/r.json"],
+                 ["db", "export", "--out", out + "/e.jsonl"]):
+        result = CliRunner().invoke(cli, [*args, "--db", db])
+        print(json.dumps({"args": args, "code": result.exit_code, "output": result.output[-600:]}))
+    print(json.dumps({"source": autotile.explain("fuse", "x * 2 + 1", x=torch.randn(1000))["source"]}))
+""")
+
+
+@pytest.mark.parametrize("where", ["read-only file", "read-only folder"])
+def test_read_only_databases_are_read(where, tuned, tmp_path):
+    prefix = _as_another_user()
+    if prefix is None:
+        pytest.skip("running as root without user namespaces: nothing is read-only to this process")
+    folder = tmp_path / "shipped"
+    folder.mkdir()
+    path = _copy(tuned, folder / "tuning.sqlite")
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("pragma journal_mode").fetchone()[0] == "wal"  # as the tuner leaves it
+    out = tmp_path / "out"
+    out.mkdir()
+    os.chmod(path, 0o444)
+    if where == "read-only folder":
+        os.chmod(folder, 0o555)
+    before = sorted(p.name for p in folder.iterdir())
+    try:
+        result = subprocess.run([*prefix, sys.executable, "-c", READ_SCRIPT, f"sqlite:///{path}", str(out)],
+                                env={**os.environ, "AUTOTILE_DB": f"sqlite:///{path}", "TRITON_INTERPRET": "1"},
+                                capture_output=True, text=True, timeout=300)
+    finally:
+        os.chmod(folder, 0o755)
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = [__import__("json").loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    for line in lines[:-1]:
+        assert line["code"] == 0, line
+    assert "x:fp32:tensor" in lines[0]["output"] or "numel=1000" in lines[0]["output"], lines[0]
+    assert lines[-1] == {"source": "user-db"}
+    if where == "read-only folder":
+        assert sorted(p.name for p in folder.iterdir()) == before  # no -wal, -shm or lock file could appear
+    assert (out / "r.json").exists() and (out / "e.jsonl").exists()
+
+
+def test_readers_never_switch_the_journal_mode(tuned, tmp_path):
+    """A reader opens the file read-only: no WAL pragma, nothing written (an old rollback-journal file stays so)."""
+    path = _copy(tuned, tmp_path / "delete-mode.sqlite")
+    with sqlite3.connect(path) as conn:
+        conn.execute("pragma journal_mode=delete")
+    before = path.stat().st_mtime_ns
+    result = CliRunner().invoke(cli, ["list", "--db", str(path)], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as conn:
+        assert conn.execute("pragma journal_mode").fetchone()[0] == "delete"
+    assert path.stat().st_mtime_ns == before
+
+
+# --- a full disk -------------------------------------------------------------------------------------
+
+def test_tune_on_a_full_disk_gives_one_line(tmp_path):
+    url = f"sqlite:///{tmp_path / 'full.sqlite'}"
+    open_engine(url)
+    optuna_storage(url)  # every table exists: the disk fills when the tuner writes its first rows
+
+    def disk_full(conn, cursor, statement, parameters, context, executemany):
+        if statement.lstrip().upper().startswith(("INSERT", "UPDATE")):
+            raise sqlite3.OperationalError("database or disk is full")  # SQLITE_FULL, as SQLite reports it
+
+    event.listen(Engine, "before_cursor_execute", disk_full)
+    try:
+        result = CliRunner().invoke(cli, [*TUNE[:-1], "3", "--db", url], catch_exceptions=False)
+    finally:
+        event.remove(Engine, "before_cursor_execute", disk_full)
+    errors = [line for line in result.output.splitlines() if line.startswith("Error:")]
+    assert result.exit_code == 1 and len(errors) == 1, result.output
+    assert "the disk is full" in errors[0] and "StorageInternalError" not in result.output
+    assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("failure", [OSError(errno.ENOSPC, "No space left on device"), KeyboardInterrupt()],
+                         ids=["disk full", "Ctrl-C"])
+def test_export_leaves_no_partial_file(failure, tuned, tmp_path, monkeypatch):
+    out = tmp_path / "winners.jsonl"
+
+    def fail(fd):
+        raise failure
+
+    monkeypatch.setattr(exchange.os, "fsync", fail)
+    if isinstance(failure, OSError):
+        result = CliRunner().invoke(cli, ["db", "export", "--out", str(out), "--db", str(tuned)], catch_exceptions=False)
+        assert result.exit_code == 1 and "No space left on device" in result.output and "Traceback" not in result.output
+    else:
+        with pytest.raises(KeyboardInterrupt):
+            exchange.export_database(f"sqlite:///{tuned}", out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+# --- many processes on a new database ----------------------------------------------------------------
+
+RACE_SCRIPT = textwrap.dedent("""
+    import sys, time
+    from pathlib import Path
+    from autotile.store.db import open_engine
+    from autotile.tune.storage import optuna_storage
+    import optuna
+    url, folder, me = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
+    (folder / f"ready.{me}").touch()
+    while not (folder / "go").exists():
+        time.sleep(0.002)
+    engine = open_engine(url, create=True)
+    optuna.create_study(study_name="race", storage=optuna_storage(url), load_if_exists=True)
+    print("ok")
+""")
+RACERS = 8
+
+
+def test_many_processes_create_one_new_database(tmp_path):
+    """Without the schema lock 4 of 19 such processes crashed in Alembic's or Optuna's CREATE TABLE."""
+    url = f"sqlite:///{tmp_path / 'new.sqlite'}"
+    racers = [subprocess.Popen([sys.executable, "-c", RACE_SCRIPT, url, str(tmp_path), str(i)], text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE) for i in range(RACERS)]
+    deadline = time.monotonic() + 240
+    while len(list(tmp_path.glob("ready.*"))) < RACERS and time.monotonic() < deadline:
+        time.sleep(0.05)
+    (tmp_path / "go").touch()  # every process has imported everything: they start at one moment
+    results = [(r.wait(240), *r.communicate()) for r in racers]
+    failed = [err[-1500:] for code, out, err in results if code != 0 or "ok" not in out]
+    assert not failed, failed[0]
+    assert Store(open_engine(url, create=False)).winners() == []
