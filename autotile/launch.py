@@ -131,6 +131,33 @@ def launch(kernel, grid: tuple, *args, **kwargs) -> None:
                  None, None, None, *args, *trailing)
 
 
+def bind(kernel, grid: tuple, *args, **kwargs):
+    """Launch `kernel[grid](*args, **kwargs)` now, and return a launcher for later calls with the same signature.
+
+    `launcher(*args)` takes new positional arguments that match these in every way Triton specialises on
+    (dtypes, 16-byte alignment of pointers, the integers' classes; the caller guarantees it, e.g. by keying
+    launchers on shapes, strides and alignment) and hands them straight to the compiled kernel's C launcher on
+    the current stream of this device: no signature is computed per call. Returns None where the fast path
+    does not apply (the interpreter, launch hooks, compile-only blocks); the caller then keeps calling `launch`.
+    """
+    jit_function, runtime = _triton_bindings()
+    if not isinstance(kernel, jit_function) or getattr(_state, "slow", False) or _hooks_registered(runtime):
+        kernel[grid](*args, **kwargs)
+        return None
+    compiled = kernel[grid](*args, **kwargs)
+    if compiled is None or not hasattr(compiled, "packed_metadata"):
+        return None
+    get_device, get_stream = _driver_calls()
+    device = get_device()
+    grid_x, grid_y, grid_z = (tuple(grid) + (1, 1))[:3]
+    run, function, metadata = compiled.run, compiled.function, compiled.packed_metadata
+    trailing = _trailing_args(kernel, len(args), kwargs)
+
+    def launcher(*call_args) -> None:
+        run(grid_x, grid_y, grid_z, get_stream(device), function, metadata, None, None, None, *call_args, *trailing)
+    return launcher
+
+
 def _trailing_args(kernel, positional: int, kwargs: dict) -> tuple:
     """The values of the kernel's parameters after the positional ones: keyword values, else defaults."""
     values = []

@@ -651,28 +651,36 @@ class FlashFamily(Family):
             RIGHT_BOUND=p.causal or p.window_right >= 0, LEFT_BOUND=p.window_left >= 0, SOFTCAP=p.softcap > 0,
             ALIBI=p.alibi, VARLEN=p.varlen, HEAD_PADDED=p.block_d != p.head_dim, FP8=p.dtype == "fp8",
             LOADS=config["LOADS"] if p.direction == "fwd" else "pointer",
-            INPUT_PRECISION="ieee" if p.dtype == "fp32" else "", UPCAST_DOTS=False,
+            INPUT_PRECISION="ieee" if p.dtype == "fp32" else "", UPCAST_DOTS=False, STORE_LSE=True,
         )
 
-    def kernel_module(self, problem: FlashProblem, config: Config, interpret: bool):
+    def kernel_module(self, problem: FlashProblem, config: Config, interpret: bool, store_lse: bool = True):
+        """The rendered, imported module; `store_lse=False` renders a forward for inference calls (no LSE written)."""
         switches = self.render_switches(problem, config)
         # NOTE: Triton 3.6's interpreter computes bf16 tl.dot wrongly; CPU runs upcast the dot operands.
         switches["UPCAST_DOTS"] = interpret and problem.dtype == "bf16"
+        switches["STORE_LSE"] = store_lse or problem.direction == "bwd"
         return load_kernel_module(self.template, interpret=interpret, **switches)
 
     def launch(self, problem: FlashProblem, config: Config, inputs: Tensors, outputs: Tensors) -> None:
         self.run(problem, config, inputs, outputs, scale=default_scale(problem.head_dim))
 
-    def plan(self, problem: FlashProblem, config: Config, inputs: Tensors, outputs: Tensors, *, scale: float):
-        """The launch plan of `config` for tensors shaped and strided as these (see flash_launch)."""
+    def plan(self, problem: FlashProblem, config: Config, inputs: Tensors, outputs: Tensors, *, scale: float,
+             keep: bool = False, store_lse: bool = True):
+        """The launch plan of `config` for tensors shaped and strided as these (see flash_launch).
+
+        `keep`: the plan will be called again and again (a runtime op's): its launches bind the compiled kernels.
+        `store_lse=False`: a forward that leaves outputs["lse"] unwritten (any tensor may stand in for it).
+        """
         interpret = inputs["q"].device.type == "cpu"
-        module = self.kernel_module(problem, config, interpret)
+        module = self.kernel_module(problem, config, interpret, store_lse)
         alibi = inputs.get("alibi")
         if problem.direction == "fwd":
             return forward_plan(module, problem, config, scale, inputs["q"], inputs["k"], inputs["v"], outputs["o"],
-                                outputs["lse"], alibi, interpret)
+                                outputs["lse"], alibi, interpret, keep)
         return backward_plan(module, problem, config, scale, inputs["q"], inputs["k"], inputs["v"], inputs["o"],
-                             inputs["do"], inputs["lse"], outputs["dq"], outputs["dk"], outputs["dv"], alibi, interpret)
+                             inputs["do"], inputs["lse"], outputs["dq"], outputs["dk"], outputs["dv"], alibi, interpret,
+                             keep)
 
     def run(self, problem: FlashProblem, config: Config, inputs: Tensors, outputs: Tensors, *, scale: float) -> None:
         """`launch` with the softmax scale given (the runtime op passes the user's)."""

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from autotile.families.flash_reference import LOG2E
-from autotile.launch import launch
+from autotile.launch import bind, launch
 from autotile.render import launching
 
 
@@ -41,25 +41,47 @@ def feature_scalars(problem, scale: float) -> tuple:
     return (float(scale), win_left, win_right, float(p.softcap) if p.softcap > 0 else 1.0)
 
 
+class _Launch:
+    """One kernel launch with everything but the leading tensors fixed.
+
+    A kept launch (`keep=True`: a runtime op's plan, called again and again with tensors of one signature)
+    binds the compiled kernel on its first GPU call and then calls its C launcher directly
+    (autotile.launch.bind); otherwise it goes through autotile.launch.launch.
+    """
+
+    __slots__ = ("kernel", "grid", "scalars", "options", "keep", "bound")
+
+    def __init__(self, kernel, grid: tuple, scalars: tuple, options: dict, keep: bool):
+        self.kernel, self.grid, self.scalars, self.options, self.keep = kernel, grid, scalars, options, keep
+        self.bound = None
+
+    def __call__(self, *tensors) -> None:
+        if self.bound is not None:
+            self.bound(*tensors, *self.scalars)
+        elif self.keep:
+            self.bound = bind(self.kernel, self.grid, *tensors, *self.scalars, **self.options)
+            self.keep = self.bound is not None  # launch hooks or the interpreter: the ordinary path from now on
+        else:
+            launch(self.kernel, self.grid, *tensors, *self.scalars, **self.options)
+
+
 @dataclass
 class ForwardPlan:
     """attn_fwd with every argument but the tensors fixed: call it with (q, k, v, o, lse, descale, alibi, cu_q, cu_k)."""
 
-    kernel: object
-    grid: tuple
-    scalars: tuple
-    options: dict
+    fwd: _Launch
     interpret: bool
 
     def __call__(self, q, k, v, o, lse, descale, alibi, cu_q, cu_k) -> None:
         if self.interpret:
             with launching(True):
-                launch(self.kernel, self.grid, q, k, v, o, lse, descale, alibi, cu_q, cu_k, *self.scalars, **self.options)
+                self.fwd(q, k, v, o, lse, descale, alibi, cu_q, cu_k)
         else:
-            launch(self.kernel, self.grid, q, k, v, o, lse, descale, alibi, cu_q, cu_k, *self.scalars, **self.options)
+            self.fwd(q, k, v, o, lse, descale, alibi, cu_q, cu_k)
 
 
-def forward_plan(module, problem, config, scale: float, q, k, v, o, lse, alibi, interpret: bool) -> ForwardPlan:
+def forward_plan(module, problem, config, scale: float, q, k, v, o, lse, alibi, interpret: bool,
+                 keep: bool = False) -> ForwardPlan:
     p = problem
     if config["LOADS"] == "tma" and not interpret:
         from autotile.device import ensure_triton_allocator
@@ -76,7 +98,7 @@ def forward_plan(module, problem, config, scale: float, q, k, v, o, lse, alibi, 
                    WARP_SPECIALIZE=config["WARP_SPECIALIZE"], num_warps=config["num_warps"],
                    num_stages=config["num_stages"])
     grid = (_cdiv(p.seq_q, config["BLOCK_M"]), p.batch * p.heads_q)
-    return ForwardPlan(module.attn_fwd, grid, scalars, options, interpret)
+    return ForwardPlan(_Launch(module.attn_fwd, grid, scalars, options, keep and not interpret), interpret)
 
 
 @dataclass
@@ -88,27 +110,22 @@ class BackwardPlan:
     through delta: d lse / d x = p / ln 2, so dS = P (dP - delta + dlse * log2(e)).
     """
 
-    kernels: tuple
-    grids: tuple
-    scalars: tuple
-    options: tuple
+    preprocess: _Launch
+    dkdv: _Launch
+    dq: _Launch
     interpret: bool
 
     def __call__(self, q, k, v, o, do, lse, delta, dq, dk, dv, alibi, cu_q, cu_k, dlse=None) -> None:
-        pre, dkdv, dqk = self.kernels
-        pre_grid, dkdv_grid, dq_grid = self.grids
-        pre_s, dkdv_s, dq_s = self.scalars
-        pre_o, dkdv_o, dq_o = self.options
         with launching(self.interpret):
-            launch(pre, pre_grid, o, do, delta, cu_q, *pre_s, **pre_o)
+            self.preprocess(o, do, delta, cu_q)
             if dlse is not None:
                 delta.sub_(dlse, alpha=LOG2E)
-            launch(dkdv, dkdv_grid, q, k, v, do, dk, dv, lse, delta, alibi, cu_q, cu_k, *dkdv_s, **dkdv_o)
-            launch(dqk, dq_grid, q, k, v, do, dq, lse, delta, alibi, cu_q, cu_k, *dq_s, **dq_o)
+            self.dkdv(q, k, v, do, dk, dv, lse, delta, alibi, cu_q, cu_k)
+            self.dq(q, k, v, do, dq, lse, delta, alibi, cu_q, cu_k)
 
 
 def backward_plan(module, problem, config, scale: float, q, k, v, o, do, lse, dq, dk, dv, alibi,
-                  interpret: bool) -> BackwardPlan:
+                  interpret: bool, keep: bool = False) -> BackwardPlan:
     p = problem
     varlen = p.varlen
     seq_q, seq_k = (q.shape[0], k.shape[0]) if varlen else (p.seq_q, p.seq_k)
@@ -123,12 +140,13 @@ def backward_plan(module, problem, config, scale: float, q, k, v, o, do, lse, dq
                     p.heads_q, p.heads_kv, seq_q, seq_k, *features)
     dq_scalars = (*shared, *rows_strides(dq, varlen), *stats, stride_ab, p.heads_q, p.heads_kv, seq_q, seq_k, *features)
     rows_grid = (_cdiv(p.seq_q, config["BLOCK_M2"]), p.batch * p.heads_q)
+    keep = keep and not interpret
     return BackwardPlan(
-        (module.attn_bwd_preprocess, module.attn_bwd_dkdv, module.attn_bwd_dq),
-        (rows_grid, (_cdiv(p.seq_k, config["BLOCK_N1"]), p.batch * p.heads_kv), rows_grid),
-        (pre_scalars, dkdv_scalars, dq_scalars),
-        (dict(BLOCK_M=config["BLOCK_M2"], **dims, **meta),
-         dict(BLOCK_M1=config["BLOCK_M1"], BLOCK_N1=config["BLOCK_N1"], **dims, **meta),
-         dict(BLOCK_M2=config["BLOCK_M2"], BLOCK_N2=config["BLOCK_N2"], **dims, **meta)),
+        _Launch(module.attn_bwd_preprocess, rows_grid, pre_scalars, dict(BLOCK_M=config["BLOCK_M2"], **dims, **meta),
+                keep),
+        _Launch(module.attn_bwd_dkdv, (_cdiv(p.seq_k, config["BLOCK_N1"]), p.batch * p.heads_kv), dkdv_scalars,
+                dict(BLOCK_M1=config["BLOCK_M1"], BLOCK_N1=config["BLOCK_N1"], **dims, **meta), keep),
+        _Launch(module.attn_bwd_dq, rows_grid, dq_scalars,
+                dict(BLOCK_M2=config["BLOCK_M2"], BLOCK_N2=config["BLOCK_N2"], **dims, **meta), keep),
         interpret,
     )

@@ -36,14 +36,20 @@ LN2 = math.log(2.0)
 
 
 class _Served:
-    """What calls of one signature run, worked out once; `calls` counts them for AUTOTILE_RECORD."""
+    """What calls of one signature run, worked out once; `calls` counts them for AUTOTILE_RECORD.
 
-    __slots__ = ("run", "calls", "vendor")
+    `args`: the call's (causal, scale, window, softcap) normalised, for the custom op; `fp8`: the
+    operands are fp8 (forward only: every call checks that no gradient is asked for).
+    """
 
-    def __init__(self, run, calls: list, vendor: bool):
+    __slots__ = ("run", "calls", "vendor", "args", "fp8")
+
+    def __init__(self, run, calls: list, vendor: bool, args: tuple = (), fp8: bool = False):
         self.run = run
         self.calls = calls
         self.vendor = vendor
+        self.args = args
+        self.fp8 = fp8
 
 
 _served: dict[tuple, _Served] = {}
@@ -94,19 +100,26 @@ def check_fp8_grad(q, k, v) -> None:
 
 
 # --- serving one problem ----------------------------------------------------------------------------
-def _on_device(device: torch.device, fn, *args):
-    """Run `fn` with the tensors' GPU current (Triton launches on the current device)."""
-    if device.type == "cuda" and device.index != torch.cuda.current_device():
-        with torch.cuda.device(device):
-            return fn(*args)
-    return fn(*args)
+def _on_device(device: torch.device, launch):
+    """`launch` wrapped to run with the tensors' GPU current (Triton launches on the current device)."""
+    if device.type != "cuda":
+        return launch
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    current = torch.cuda.current_device
+
+    def on_device(*args):
+        if current() == index:
+            return launch(*args)
+        with torch.cuda.device(index):
+            return launch(*args)
+    return on_device
 
 
 def serve_forward(problem: FlashProblem, device: DeviceInfo, scale: float, sample: dict) -> _Served:
     """The forward runner of `problem`: run(q, k, v, alibi, cu_q, cu_k, need_lse) -> (o, lse or None).
 
     lse is (B, Hq, Sq) (packed: (Hq, total_q)) fp32 in log2 units. `sample` holds tensors shaped and
-    strided as every call of this runner will pass them.
+    strided as every call of this runner will pass them (the runner keeps none of them).
     """
     resolution = resolve(FAMILY, problem, device)
     calls = trace.counter(FAMILY, problem, device)
@@ -118,19 +131,26 @@ def serve_forward(problem: FlashProblem, device: DeviceInfo, scale: float, sampl
         return _Served(run_vendor, calls, True)
     q = sample["q"]
     outputs = FAMILY.allocate_outputs(problem, {"q": q})
-    plan = FAMILY.plan(problem, resolution.config, sample, outputs, scale=scale)
+    # Two renders of the forward: one writes the log-sum-exp (autograd, return_lse), one does not (inference).
+    with_lse, without_lse = (FAMILY.plan(problem, resolution.config, sample, outputs, scale=scale, keep=True,
+                                         store_lse=store) for store in (True, False))
     o_shape, o_dtype, lse_shape, dev = q.shape, torch_dtype(problem.out_dtype), outputs["lse"].shape, q.device
     # fp8 tensors passed by users carry their values as they are: unit descales.
     descale = torch.ones(3, dtype=torch.float32, device=dev) if problem.dtype == "fp8" else None
 
-    def launch(q, k, v, o, lse, alibi, cu_q, cu_k):
+    def launch(q, k, v, o, lse, alibi, cu_q, cu_k, plan):
+        # Pointers a render does not read get any tensor (here the output or the lse).
         plan(q, k, v, o, lse, lse if descale is None else descale, lse if alibi is None else alibi,
              lse if cu_q is None else cu_q, lse if cu_k is None else cu_k)
+    launch_here = _on_device(dev, launch)
 
     def run_kernel(q, k, v, alibi, cu_q, cu_k, need_lse):
         o = torch.empty(o_shape, dtype=o_dtype, device=dev)
+        if not need_lse:
+            launch_here(q, k, v, o, o, alibi, cu_q, cu_k, without_lse)
+            return o, None
         lse = torch.empty(lse_shape, dtype=torch.float32, device=dev)
-        _on_device(dev, launch, q, k, v, o, lse, alibi, cu_q, cu_k)
+        launch_here(q, k, v, o, lse, alibi, cu_q, cu_k, with_lse)
         return o, lse
     return _Served(run_kernel, calls, False)
 
@@ -151,7 +171,7 @@ def serve_backward(problem: FlashProblem, device: DeviceInfo, scale: float, samp
         config = FAMILY.default_config(problem, device)
     q, k, v = sample["q"], sample["k"], sample["v"]
     outputs = FAMILY.allocate_outputs(problem, sample)
-    plan = FAMILY.plan(problem, config, sample, outputs, scale=scale)
+    plan = FAMILY.plan(problem, config, sample, outputs, scale=scale, keep=True)
     dev = q.device
 
     def launch(q, k, v, o, do, lse, alibi, cu_q, cu_k, dlse, dq, dk, dv):
@@ -159,10 +179,12 @@ def serve_backward(problem: FlashProblem, device: DeviceInfo, scale: float, samp
         plan(q, k, v, o, do, lse, delta, dq, dk, dv, lse if alibi is None else alibi, lse if cu_q is None else cu_q,
              lse if cu_k is None else cu_k, dlse)
 
+    launch_here = _on_device(dev, launch)
+
     def run_kernel(q, k, v, o, do, lse, alibi, cu_q, cu_k, dlse):
         # Contiguous whatever the inputs' strides, as the fake implementations promise torch.compile.
         dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=dev) for t in (q, k, v))
-        _on_device(dev, launch, q, k, v, o, do, lse, alibi, cu_q, cu_k, dlse, dq, dk, dv)
+        launch_here(q, k, v, o, do, lse, alibi, cu_q, cu_k, dlse, dq, dk, dv)
         return dq, dk, dv
     return _Served(run_kernel, calls, False)
 
@@ -260,6 +282,29 @@ def _normalise(q, k, v, scale, window, softcap):
     return _unit_stride(q), _unit_stride(k), _unit_stride(v), scale, window or (-1, -1), float(softcap or 0.0)
 
 
+def _call_key(q, k, v, causal, scale, window, softcap, alibi) -> tuple:
+    # The raw arguments of a call, so a repeated call is recognised before any checking or normalising:
+    # layouts, each pointer's 16-byte alignment (Triton specialises on it), mask, scale and features.
+    return (q.shape, q.stride(), q.dtype, q.device, k.shape, k.stride(), k.dtype, k.device, v.shape, v.stride(),
+            v.dtype, v.device, not q.data_ptr() & 15, not k.data_ptr() & 15, not v.data_ptr() & 15, causal, scale,
+            window, softcap, None if alibi is None else (_layout(alibi), not alibi.data_ptr() & 15))
+
+
+def _first_call(key: tuple, q, k, v, causal, scale, window, softcap, alibi) -> _Served:
+    """Check and normalise a new call signature, and keep what serves it under its raw key."""
+    qn, kn, vn, scale, window, softcap = _normalise(q, k, v, scale, window, softcap)
+    causal = bool(causal)
+    inner = _served_forward(qn, kn, vn, causal, scale, window, softcap, alibi)
+    run = inner.run
+    if qn is not q or kn is not k or vn is not v:  # a head dim with a stride: copied, as every call of this layout
+        def run(q, k, v, *rest, inner=inner.run):
+            return inner(_unit_stride(q), _unit_stride(k), _unit_stride(v), *rest)
+    served = _Served(run, inner.calls, inner.vendor, (causal, scale, window, softcap), q.dtype == torch.float8_e4m3fn)
+    with _served_lock:
+        _served[key] = served
+    return served
+
+
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
                     scale: float | None = None, window: tuple[int, int] | None = None, softcap: float | None = None,
                     alibi_slopes: torch.Tensor | None = None, return_lse: bool = False):
@@ -285,17 +330,25 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
     >>> out.sum().backward(); q.grad.shape
     torch.Size([1, 2, 5, 16])
     """
-    q, k, v, scale, window, softcap = _normalise(q, k, v, scale, window, softcap)
-    causal = bool(causal)
     if not torch.compiler.is_compiling():
-        check_fp8_grad(q, k, v)
-        served = _served_forward(q, k, v, causal, scale, window, softcap, alibi_slopes)
-        if direct_call_ok(q, k, v, alibi_slopes) or (served.vendor and not return_lse):
-            # No autograd graph to record (skip the dispatcher), or SDPA serves it: its op records its own backward.
-            served.calls[0] += 1
-            o, lse = served.run(q, k, v, alibi_slopes, None, None, return_lse)
-            return (o, lse * LN2) if return_lse else o
-    o, lse = torch.ops.autotile.flash_attention_fwd(q, k, v, causal, scale, window[0], window[1], softcap, alibi_slopes)
+        try:
+            key = _call_key(q, k, v, causal, scale, window, softcap, alibi_slopes)
+            served = _served.get(key)
+        except Exception:  # noqa: BLE001 - not plain tensors, an unhashable window, fake tensors: the op checks them
+            key = served = None
+        if key is not None:
+            if served is None:
+                served = _first_call(key, q, k, v, causal, scale, window, softcap, alibi_slopes)
+            if served.fp8:
+                check_fp8_grad(q, k, v)
+            # SDPA's op records its own backward; plain tensors needing no autograd skip the dispatcher.
+            if (served.vendor and not return_lse) or direct_call_ok(q, k, v, alibi_slopes):
+                served.calls[0] += 1
+                o, lse = served.run(q, k, v, alibi_slopes, None, None, return_lse)
+                return (o, lse * LN2) if return_lse else o
+    q, k, v, scale, window, softcap = _normalise(q, k, v, scale, window, softcap)
+    o, lse = torch.ops.autotile.flash_attention_fwd(q, k, v, bool(causal), scale, window[0], window[1], softcap,
+                                                    alibi_slopes)
     return (o, lse * LN2) if return_lse else o
 
 
