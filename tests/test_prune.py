@@ -91,6 +91,8 @@ def test_no_model_under_the_interpreter_for_backward_flash_or_other_families():
     assert bound_function(FLASH, bwd, H200) is None
     fwd = FlashProblem("fwd", 1, 2, 2, 128, 128, 64, False, "bf16")
     assert bound_function(FLASH, fwd, H200) is not None
+    windowed = FlashProblem("fwd", 1, 2, 2, 128, 128, 64, True, "bf16", window_left=32)
+    assert bound_function(FLASH, windowed, H200) is None  # fewer keys than the bound counts
     from autotile.families import get_family
 
     assert bound_function(get_family("paged"), object(), H200) is None

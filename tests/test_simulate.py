@@ -1,7 +1,9 @@
 """Offline simulation: tables from files and databases, the tuner's loop on stored timings, replays, early stop."""
 from __future__ import annotations
 
+import json
 import random
+import sys
 
 import pytest
 from click.testing import CliRunner
@@ -202,3 +204,38 @@ def test_simulate_command(tmp_path, table):
     assert "SYNTHESISED" in out.output and "h200/sm90" in out.output
     missing = CliRunner().invoke(cli, ["tune", "gemm", "--m", "8", "--n", "8", "--k", "8", "--simulate", str(path)])
     assert missing.exit_code != 0 and "holds gemm" in missing.output
+
+
+def test_search_efficiency_benchmark_measures_resumes_and_simulates(tmp_path, monkeypatch):
+    """benchmarks/search_efficiency.py on the CPU: --measure on the interpreter's tiny problems (resumable; a
+    config the process died on is filed as a crash), then --simulate on those tables and on synthesised ones."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "search_efficiency.py"
+    spec = importlib.util.spec_from_file_location("search_efficiency", path)
+    bench = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, bench)  # its dataclasses look their module up there
+    spec.loader.exec_module(bench)
+    tables = tmp_path / "tables"
+    args = ["--measure", "--interpret", "--sample", "2", "--budget-s", "120", "--tables", str(tables)]
+    assert bench.main(args + ["--out", str(tmp_path / "m.md")]) == 0
+    first = sorted(tables.glob("*.jsonl"))
+    assert len(first) == 2 and "| 0 |" in (tmp_path / "m.md").read_text()  # nothing left of either sample
+    lines = first[0].read_text().splitlines()
+    died = json.loads(lines[-1])["config"]
+    first[0].write_text("\n".join(lines + [json.dumps({"config": died, "status": "running"})]) + "\n")
+    assert bench.main(args + ["--out", str(tmp_path / "again.md")]) == 0
+    assert "| 0 | 0 |" in (tmp_path / "again.md").read_text()  # resumed: nothing measured twice
+    assert load_table(first[0], FAMILY, FAMILY.problem_from_dict(
+        json.loads(lines[0])["problem"])).lookup(Config(died)).status == "crash"
+    out = tmp_path / "sim.md"
+    assert bench.main(["--simulate", "--interpret", "--seeds", "2", "--tables", str(tables), "--out", str(out)]) == 0
+    text = out.read_text()
+    assert "TRITON INTERPRETER" in text and "24x32x64" in text and "No model for this problem" in text
+    assert "| tpe+warm |" in text and "## Target" in text
+    synthetic = tmp_path / "synthetic.md"
+    assert bench.main(["--simulate", "--synthetic", "--seeds", "2", "--sample", "30", "--out", str(synthetic)]) == 0
+    text = synthetic.read_text()
+    assert "SYNTHESISED" in text and text.count("## gemm") == 3 and "## flash" in text
+    assert "ruled out the table's best config before it was evaluated in" in text

@@ -157,7 +157,13 @@ def flash_bound_ms(problem, roof: Roofline, configs: Sequence[Config]) -> np.nda
 
 
 def _flash_model(problem) -> Callable | None:
-    return flash_bound_ms if getattr(problem, "direction", None) == "fwd" else None
+    # Forward only; a sliding window or packed sequences visit fewer keys than the bound counts (it would not
+    # be a lower bound there).
+    if getattr(problem, "direction", None) != "fwd" or getattr(problem, "varlen", False):
+        return None
+    if getattr(problem, "window_left", -1) >= 0 or getattr(problem, "window_right", -1) >= 0:
+        return None
+    return flash_bound_ms
 
 
 # family name -> (problem -> bound function or None)
@@ -261,6 +267,13 @@ class Pruner:
 
     def drops(self, config: Config) -> bool:
         return bool(self.reason(config))
+
+    def would_drop(self, config: Config, best_ms: float) -> bool:
+        """Whether `config` would be dropped, with the calibration as it is, once the best time is `best_ms`."""
+        row = self.index.get(config.hash)
+        if row is None or self.scale is None:
+            return False
+        return bool(self.scale * self.bounds[row] > best_ms * (1.0 + self.margin))
 
     def share_dropped(self) -> float:
         """Fraction of the configs the model drops now."""

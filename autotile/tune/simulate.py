@@ -303,7 +303,7 @@ def synthetic_table(family: Family, problem, device: DeviceInfo | None = None, c
                     seed: int = 0) -> TimingTable:
     """A table synthesised from the roofline model, clearly labelled (`note`), for tests and dry runs on a CPU.
 
-    Each config's time is its roofline lower bound (autotile.tune.prune) times two factors per axis value (one
+    Each config's time is its roofline lower bound (autotile.tune.prune) times two slowdowns per axis value (one
     the same for every problem, so that what is good for one shape is somewhat good for its neighbours, and one
     of this problem's own) times a little noise; a few configs are filed as compile errors. It says nothing
     about a real GPU.
@@ -327,9 +327,9 @@ def synthetic_table(family: Family, problem, device: DeviceInfo | None = None, c
     for config, bound in zip(configs, bounds):
         factor = 1.0
         for name in sorted(config):
-            factor *= _lognormal(f"{seed}:{name}={config[name]!r}", _SYNTHETIC_AXIS_SIGMA)
-            factor *= _lognormal(f"{seed}:{problem_key}:{name}={config[name]!r}", _SYNTHETIC_PROBLEM_AXIS_SIGMA)
-        noise = _lognormal(f"{seed}:{problem_key}:{config.hash}", _SYNTHETIC_NOISE_SIGMA)
+            factor *= _slowdown(f"{seed}:{name}={config[name]!r}", _SYNTHETIC_AXIS_SIGMA)
+            factor *= _slowdown(f"{seed}:{problem_key}:{name}={config[name]!r}", _SYNTHETIC_PROBLEM_AXIS_SIGMA)
+        noise = _slowdown(f"{seed}:{problem_key}:{config.hash}", _SYNTHETIC_NOISE_SIGMA)
         if _unit(f"{seed}:fail:{problem_key}:{config.hash}") < _SYNTHETIC_FAILURES:
             rows[config.hash] = TableRow(config, Status.COMPILE_ERROR.value, error="synthesised failure")
             continue
@@ -346,10 +346,11 @@ def _unit(text: str) -> float:
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") / 2**64
 
 
-def _lognormal(text: str, sigma: float) -> float:
-    # A deterministic normal deviate from two uniform ones (Box-Muller), so tables do not depend on global RNG state.
+def _slowdown(text: str, sigma: float) -> float:
+    """exp(sigma |z|) for a normal deviate z drawn from `text` (Box-Muller): >= 1, so a synthesised time stays
+    above the roofline bound, as a measured one does; no global RNG state involved."""
     u1, u2 = max(_unit(text + "/1"), 1e-12), _unit(text + "/2")
-    return math.exp(sigma * math.sqrt(-2.0 * math.log(u1)) * math.cos(2.0 * math.pi * u2))
+    return math.exp(sigma * abs(math.sqrt(-2.0 * math.log(u1)) * math.cos(2.0 * math.pi * u2)))
 
 
 # --- the simulated space and evaluator ---------------------------------------------------------------
@@ -405,7 +406,8 @@ class Replay:
     evaluated: list[str] = field(default_factory=list)  # config hashes
     times: list[float | None] = field(default_factory=list)  # ms, None for a failed config
     never_measured: int = 0  # proposals outside the table (replaced)
-    pruned: set[str] = field(default_factory=set)  # configs the model dropped
+    pruned: set[str] = field(default_factory=set)  # proposals the model dropped (told pruned, replaced)
+    model_dropped: set[str] = field(default_factory=set)  # every config the model ruled out before it was evaluated
     stopped: str = ""
 
     def best_so_far(self) -> list[float]:
@@ -464,13 +466,18 @@ def replay(family: Family, problem, table: TimingTable, strategy: str, seed: int
         model = table.memo["pruner"]
         pruner = Pruner(model.configs, model.bounds, DEFAULT_MARGIN if margin is None else margin)
 
+    evaluated = np.zeros(len(feasible), dtype=bool)
+    ruled_out = np.zeros(len(feasible), dtype=bool)  # rows the model dropped at some point while unevaluated
+
     def run(config: Config) -> None:
         outcome = SimulatedEvaluator(table).evaluate(0, config)
         result.evaluated.append(config.hash)
         ok = outcome.status is Status.OK
         result.times.append(outcome.timing.median_ms if ok else None)
         if ok and pruner is not None:
+            evaluated[pruner.index[config.hash]] = True
             pruner.observe(config, outcome.timing.median_ms)
+            ruled_out[:] |= ~pruner.alive() & ~evaluated
 
     if strategy == Strategy.RANDOM:
         order = random.Random(seed).sample(range(len(feasible)), k=min(budget, len(feasible)))
@@ -496,6 +503,8 @@ def replay(family: Family, problem, table: TimingTable, strategy: str, seed: int
             study.tell(trial, state=optuna.trial.TrialState.FAIL)
         else:
             study.tell(trial, result.times[-1])
+    if pruner is not None:
+        result.model_dropped = {feasible[row].hash for row in np.flatnonzero(ruled_out)}
     return result
 
 
@@ -528,17 +537,16 @@ def _next_config(study, source, space: Space, taken: set[str], pruner, result: R
 
 
 def summarise(replays: Sequence[Replay], best_ms: float, levels: Sequence[float] = (0.95, 0.98, 0.99)) -> dict:
-    """Evaluations to reach each fraction of the exhaustive best (time <= best / level): median, quartiles, misses."""
+    """Evaluations to reach each fraction of the exhaustive best (time <= best / level): median and quartiles
+    over the replays (a replay that never reached it counts as infinitely many), and how many missed it."""
     out = {}
     for level in levels:
         needed = [r.evaluations_to(best_ms / level) for r in replays]
-        reached = [n for n in needed if n is not None]
-        out[level] = {
-            "median": float(np.median([n if n is not None else math.inf for n in needed])) if needed else math.inf,
-            "q25": float(np.percentile(reached, 25)) if reached else math.inf,
-            "q75": float(np.percentile(reached, 75)) if reached else math.inf,
-            "missed": len(needed) - len(reached),
-        }
+        values = np.array([math.inf if n is None else n for n in needed], dtype=float)
+        quantile = (lambda q: float(np.quantile(values, q, method="inverted_cdf"))) if len(values) else (
+            lambda q: math.inf)
+        out[level] = {"median": float(np.median(values)) if len(values) else math.inf, "q25": quantile(0.25),
+                      "q75": quantile(0.75), "missed": sum(n is None for n in needed)}
     return out
 
 
