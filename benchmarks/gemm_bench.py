@@ -46,6 +46,9 @@ def correctness_sweep(device, configs_per_problem: int = 6) -> list[str]:
         contiguous_problem(128, 256, 512, "fp8", "bf16", layout_b="col", bias=True, activation="relu"),
         contiguous_problem(200, 136, 320, "fp8", "fp16", layout_b="col"),
         contiguous_problem(16, 4096, 4096, "bf16", "bf16", activation="relu"),
+        contiguous_problem(1, 4096, 4104, "bf16", "bf16", layout_b="col", residual=True),
+        contiguous_problem(300, 1040, 1184, "fp8", "bf16", layout_b="col", scale_mode="block"),
+        contiguous_problem(5, 1040, 1184, "fp8", "bf16", layout_b="col", scale_mode="row", fp8_fast_accum=True),
     ]
     failures = []
     rng = random.Random(0)
@@ -60,7 +63,8 @@ def correctness_sweep(device, configs_per_problem: int = 6) -> list[str]:
                 failures.append(f"{outcome.status.value}: {FAMILY.problem_key(problem)} {config.to_json()}: {outcome.error[:300]}")
             print(f"  check {outcome.status.value:16s} {problem.m}x{problem.n}x{problem.k} {problem.dtype} "
                   f"{config['VARIANT']} {config['BLOCK_M']}x{config['BLOCK_N']}x{config['BLOCK_K']} "
-                  f"sk{config['SPLIT_K']} p{int(config['PERSISTENT'])} ws{int(config['WARP_SPECIALIZE'])}", flush=True)
+                  f"{config['SCHEDULE']} sk{config['SPLIT_K']} swap{int(config['SWAP_AB'])} p{int(config['PERSISTENT'])} "
+                  f"ws{int(config['WARP_SPECIALIZE'])}", flush=True)
     return failures
 
 
@@ -145,7 +149,8 @@ def main() -> int:
     lines = []
     for r in table:
         c = r["config"]
-        winner = (f"{c['VARIANT']}{'+persistent' if c['PERSISTENT'] else ''}{'+ws' if c['WARP_SPECIALIZE'] else ''} "
+        winner = (f"{c['VARIANT']}{'+persistent' if c['PERSISTENT'] else ''}{'+ws' if c['WARP_SPECIALIZE'] else ''}"
+                  f"{'+swap' if c.get('SWAP_AB') else ''} {c.get('SCHEDULE', 'data_parallel')} "
                   f"{c['BLOCK_M']}x{c['BLOCK_N']}x{c['BLOCK_K']} g{c['GROUP_M']} sk{c['SPLIT_K']} w{c['num_warps']} s{c['num_stages']}")
         lines.append(f"| {r['shape']} | {r['dtype']} | {r['autotile_tflops']:.0f} | {r['anchor']} | "
                      f"{(r['anchor_tflops'] or 0):.0f} | {(r['ratio'] or 0):.2f}x | {r['op_tflops']:.0f} | {(r['op_ratio'] or 0):.2f}x | {r['spread']:.1%} | {r['tuning_s']:.0f} | "

@@ -1,0 +1,83 @@
+"""GEMM kernels on a GPU: split-K and stream-K against float64 and bit for bit over repeated runs (the order in
+which programs finish varies on a GPU), and launches captured in CUDA graphs without host syncs.
+
+Skipped without a CUDA device; benchmarks/gemm_kernels_bench.py runs the wider sweep and the timings.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from autotile.bench import poison
+from autotile.device import cuda_device
+from autotile.families.gemm import FAMILY, contiguous_problem
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+PROBLEMS = [
+    contiguous_problem(1, 4096, 4104, "bf16", "bf16", layout_b="col", residual=True),
+    contiguous_problem(16, 3584, 18944, "bf16", "bf16", layout_b="col", bias=True),
+    contiguous_problem(3000, 5000, 1536, "bf16", "bf16", layout_b="col", activation="silu"),
+    contiguous_problem(64, 6144, 4096, "fp8", "bf16", layout_b="col", scale_mode="block"),
+    contiguous_problem(2048, 4096, 4096, "fp8", "bf16", layout_b="col", scale_mode="row"),
+]
+
+
+def schedules(problem, device):
+    """The default config and, where the space has them, a split-K and a stream-K config."""
+    configs = [FAMILY.default_config(problem, device)]
+    feasible = list(FAMILY.space(problem, device).feasible())
+    for schedule in ("split_k", "stream_k"):
+        match = [c for c in feasible if c["SCHEDULE"] == schedule]
+        if match and all(c["SCHEDULE"] != schedule for c in configs):
+            configs.append(max(match, key=lambda c: (c["BLOCK_M"] * c["BLOCK_N"], c["num_stages"])))
+    return configs
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view({2: torch.int16, 4: torch.int32}[t.element_size()])
+
+
+@pytest.mark.parametrize("problem", PROBLEMS, ids=lambda p: f"{p.m}x{p.n}x{p.k}-{p.dtype}-{p.scale_mode}")
+def test_split_tiles_match_float64_and_repeat_bit_for_bit(problem):
+    device = cuda_device(0)
+    inputs = FAMILY.make_inputs(problem, device, seed=3)
+    expected = FAMILY.reference(problem, inputs)
+    for config in schedules(problem, device):
+        runs = []
+        for _ in range(6):
+            outputs = FAMILY.allocate_outputs(problem, inputs)
+            poison(outputs)
+            FAMILY.launch(problem, config, inputs, outputs)
+            runs.append(bits(outputs["c"]).clone())
+        torch.cuda.synchronize()
+        result = FAMILY.check(problem, inputs, {"c": runs[0].view(outputs["c"].dtype)}, expected)
+        assert result.ok, f"{config.to_json()}: {result.message}"
+        assert all(torch.equal(runs[0], r) for r in runs[1:]), f"{config.to_json()}: results differ between runs"
+
+
+def test_split_k_and_stream_k_launches_capture_in_cuda_graphs():
+    device = cuda_device(0)
+    problem = contiguous_problem(8, 4096, 4096, "bf16", "bf16", layout_b="col")
+    inputs = FAMILY.make_inputs(problem, device, seed=1)
+    expected = FAMILY.reference(problem, inputs)
+    for config in schedules(problem, device)[:3]:
+        outputs = FAMILY.allocate_outputs(problem, inputs)
+        FAMILY.launch(problem, config, inputs, outputs)  # compile and plan outside the capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            with torch.cuda.graph(graph):
+                FAMILY.launch(problem, config, inputs, outputs)
+            for _ in range(3):
+                outputs["c"].fill_(float("nan"))
+                graph.replay()
+                eager = FAMILY.allocate_outputs(problem, inputs)
+                FAMILY.launch(problem, config, inputs, eager)  # eager launches between replays share nothing
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        torch.cuda.synchronize()
+        for out in (outputs, eager):
+            result = FAMILY.check(problem, inputs, out, expected)
+            assert result.ok, f"{config.to_json()}: {result.message}"
