@@ -109,7 +109,7 @@ def test_a_pruned_search_never_runs_a_config_the_model_had_dropped(tmp_path):
     seen = []
     result = tune_problem(GEMM, problem, table.device, trials=40, seed=3, simulate=table, warm_start=False,
                           progress=lambda p: seen.append(p.last_config))
-    assert result.simulated and sum(result.statuses.values()) == 40 and result.pruned > 0
+    assert result.simulated and sum(result.statuses.values()) == 40
     # Replaying the same observations: no evaluated config was dropped by the calibration of the trials before it.
     configs = [row.config for row in table.rows.values()]
     check = Pruner.for_problem(GEMM, problem, table.device, configs)
@@ -118,5 +118,7 @@ def test_a_pruned_search_never_runs_a_config_the_model_had_dropped(tmp_path):
         row = table.lookup(config)
         if row.median_ms is not None:
             check.observe(config, row.median_ms)
-    assert check.active
+    # The model was at work: most of this space can no longer come close. (Most proposals TPE makes here break a
+    # constraint and are replaced by the nearest config the model keeps, so few are dropped as proposals.)
+    assert check.active and check.share_dropped() > 0.5
 
