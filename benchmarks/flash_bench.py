@@ -1,19 +1,29 @@
-"""FlashAttention on the GPU: correctness first, then the anchor shapes side by side.
+"""FlashAttention on the GPU: correctness first, then the family's kernels and the public op beside SDPA.
 
-    PYTHONPATH=. python benchmarks/flash_bench.py --budget-s 300 --out OUT
+    PYTHONPATH=. python benchmarks/flash_bench.py --out OUT [--quick] [--budget-s 600] [--only GROUPS]
 
-1. Checks the family on the GPU against float64 torch with FlashAttention's rule: forward and
-   dQ/dK/dV, bf16 and fp16, 1x1, 113x203, 799x3, GQA 8:2, MQA, causal with Sq != Sk both ways,
-   head dims 64/96/128/256, the pointer and TMA (+ warp specialised) forward variants, the fp8
-   forward; then the public op under autograd and under torch.compile.
-2. Tunes each anchor shape of shared/anchors/README.md (forward at five shapes, backward at
-   B=2, H=32, S=4096, D=128; causal and not; bf16) with autotile.tune.driver.tune_problem into
-   OUT/flash.sqlite, the trials sized so the whole run ends inside --budget-s.
-3. Times the winner beside SDPA's flash backend, SDPA's cuDNN backend and FlexAttention
-   (torch.compile), interleaved, medians of triton.testing.do_bench on random data; prints a
-   markdown table last and writes it to OUT/flash_bench.md. TFLOP/s count 4*B*H*S*S*D for the
-   forward, half of it when causal, and 2.5 times the forward for the backward.
-A failing check or shape is reported and the run goes on.
+--quick (~3 minutes on an H200, most of it compiling): bf16 checks of every variant and feature, six
+shapes, no tuning. The full run takes --budget-s for tuning plus ~10 minutes of checks and timing.
+
+1. Checks, against float64 torch with FlashAttention's rule, bf16 and fp16: the family's forward and
+   dQ/dK/dV on awkward shapes (1x1, 113x203, 799x3, GQA, MQA, Sq != Sk both ways), head dims 64, 80,
+   96, 112, 128, 256; every variant (pointer, TMA, TMA + warp specialisation, 256-key blocks,
+   packed varlen with TMA) and feature (sliding window, soft-capping, ALiBi, all together, varlen);
+   every SDPA backend the family lists as a vendor config, forward and backward; the public ops
+   (eager autograd, torch.compile, return_lse with its gradient, scale 0 and negative, varlen, the
+   vendor on and off); CUDA-graph capture with torch.cuda.set_sync_debug_mode("error").
+2. Generated kernels only (AUTOTILE_VENDOR=0 semantics) beside SDPA's FlashAttention-2 and cuDNN
+   backends (their ATen ops, as the vendor configs call them) on prefill of Llama-3-8B / Mistral-7B
+   (32/8 heads, D=128), Qwen2.5-7B (28/4, 128), Phi-3-mini (32/32, 96), Gemma-2-9B (16/8, 256) at
+   B x S = 1 x 4096, 4 x 2048, 16 x 512 (causal), and the anchor shapes of issue 14. --quick takes
+   the best of the default and seed configs; otherwise each shape is tuned (tune_problem) within
+   its share of --budget-s. The public op (as served: vendor on, shipped database) is timed too.
+3. Packed varlen beside the dense kernel on the same tokens; host microseconds per call with 2000
+   calls queued (autotile served by SDPA, autotile's kernel, SDPA).
+Timings: interleaved rounds of triton.testing.do_bench medians (L2 flushed), median of rounds.
+TFLOP/s count 4*B*H*pairs*D (pairs under the diagonal when causal) forward, 2.5x that backward.
+A failing check or shape is reported and the run goes on; the markdown table is rewritten after
+every section (OUT/flash_bench.md, or OUT itself when it ends in .md) and printed last.
 """
 from __future__ import annotations
 
@@ -21,62 +31,106 @@ import argparse
 import dataclasses
 import datetime
 import json
+import os
 import statistics
+import sys
 import time
 import traceback
 from pathlib import Path
 
-import torch
-import triton
-import triton.testing
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from autotile.device import cuda_device
-from autotile.families.flash import FAMILY, FlashProblem, attention_grads, attention_math, default_scale, fa_rule_check
-from autotile.space import Config
+import torch  # noqa: E402
+import triton  # noqa: E402
+import triton.testing  # noqa: E402
 
-# (B, H, S, D) of the attention rows of shared/anchors/README.md, each causal and not.
-FORWARD_ANCHORS = ((4, 32, 1024, 128), (2, 32, 4096, 128), (1, 32, 16384, 128), (2, 32, 4096, 64), (1, 16, 8192, 256))
-BACKWARD_ANCHORS = ((2, 32, 4096, 128),)
-# Targets of issue 3: forward >= 1.0x SDPA flash everywhere and >= 0.9x cuDNN at D=128, S >= 4k;
-# backward >= 1.0x SDPA flash.
-FLASH_TARGET = 1.0
-CUDNN_TARGET = 0.9
-# Seconds kept per shape for the side-by-side timing (FlexAttention compiles once per shape).
-TIMING_RESERVE_S = 20.0
-# Rounds of the interleaved side-by-side timing.
-ROUNDS = 5
+from autotile.device import cuda_device  # noqa: E402
+from autotile.families import flash_vendor  # noqa: E402
+from autotile.families.flash import FAMILY, FlashProblem, default_scale  # noqa: E402
+from autotile.families.flash_reference import (Scores, attention_grads, attention_math, fa_rule_check,  # noqa: E402
+                                               join_packed, log2_sum_exp, split_packed)
+from autotile.space import Config  # noqa: E402
+
+# (name, heads_q, heads_kv, head_dim) of the models of issues 11 and 14.
+MODELS = (("Llama-3-8B / Mistral-7B", 32, 8, 128), ("Qwen2.5-7B", 28, 4, 128), ("Phi-3-mini", 32, 32, 96),
+          ("Gemma-2-9B", 16, 8, 256))
+PREFILL = ((1, 4096), (4, 2048), (16, 512))
+QUICK_SHAPES = ("Llama-3-8B / Mistral-7B 1x4096", "Llama-3-8B / Mistral-7B 16x512", "Phi-3-mini 16x512",
+                "Gemma-2-9B 1x4096")
+# Anchor shapes of issue 14 (and shared/anchors): (label, problem).
+ANCHORS = (
+    ("D=128 S=4k", FlashProblem("fwd", 2, 32, 32, 4096, 4096, 128, False)),
+    ("D=128 S=4k causal", FlashProblem("fwd", 2, 32, 32, 4096, 4096, 128, True)),
+    ("D=128 S=16k causal", FlashProblem("fwd", 1, 32, 32, 16384, 16384, 128, True)),
+    ("D=256 S=8k causal", FlashProblem("fwd", 1, 16, 16, 8192, 8192, 256, True)),
+    ("D=64 S=2000 B=3 H=12 causal", FlashProblem("fwd", 3, 12, 12, 2000, 2000, 64, True)),
+    ("Sq=1000 Sk=3000 GQA 16/4", FlashProblem("fwd", 2, 16, 4, 1000, 3000, 128, False)),
+    ("bwd D=128 S=4k", FlashProblem("bwd", 2, 32, 32, 4096, 4096, 128, False)),
+    ("bwd D=128 S=4k causal", FlashProblem("bwd", 2, 32, 32, 4096, 4096, 128, True)),
+)
+QUICK_ANCHORS = ("D=64 S=2000 B=3 H=12 causal", "bwd D=128 S=4k causal")
+ROUNDS, QUICK_ROUNDS = 5, 3
+HOST_CALLS = 2000
 
 
 def log(message: str) -> None:
     print(message, flush=True)
 
 
-# --- 1. correctness ---------------------------------------------------------------------------------
+def _guarded(name: str, fn, failures: list) -> object:
+    try:
+        return fn()
+    except Exception as exc:  # one failing case must not stop the others
+        failures.append(f"{name}: {type(exc).__name__}: {str(exc)[:400]}")
+        log(f"  FAIL {failures[-1]}\n{traceback.format_exc(limit=4)}")
+        return None
 
-def correctness_cases() -> list[tuple[str, FlashProblem, dict | None]]:
-    tma = dict(LOADS="tma", BLOCK_M=128, BLOCK_N=64, WARP_SPECIALIZE=False, num_warps=8, num_stages=3)
-    tma_ws = dict(LOADS="tma", BLOCK_M=128, BLOCK_N=128, WARP_SPECIALIZE=True, num_warps=8, num_stages=2)
-    shapes = [
-        ("1x1 D=64", (1, 1, 1, 1, 1, 64)),
-        ("113x203 D=128", (2, 4, 4, 113, 203, 128)),
-        ("799x3 D=96", (1, 2, 2, 799, 3, 96)),
-        ("GQA 8:2 1000x1000 D=128", (2, 8, 2, 1000, 1000, 128)),
-        ("MQA 8:1 257x511 D=256", (1, 8, 1, 257, 511, 256)),
-        ("Sq>Sk 700x300 D=64", (2, 4, 2, 700, 300, 64)),
-    ]
+
+# --- 1. correctness ---------------------------------------------------------------------------------
+def _fwd(loads, block_m, block_n, ws, warps, stages) -> dict:
+    return dict(LOADS=loads, BLOCK_M=block_m, BLOCK_N=block_n, WARP_SPECIALIZE=ws, num_warps=warps, num_stages=stages)
+
+
+def family_cases(quick: bool) -> list[tuple[str, FlashProblem, dict | None]]:
+    shapes = [("1x1 D=64", (1, 1, 1, 1, 1, 64)), ("113x203 D=128", (2, 4, 4, 113, 203, 128)),
+              ("799x3 D=96", (1, 2, 2, 799, 3, 96)), ("GQA 8:2 1000x1000 D=128", (2, 8, 2, 1000, 1000, 128)),
+              ("MQA 8:1 257x511 D=256", (1, 8, 1, 257, 511, 256)), ("Sq>Sk 700x300 D=64", (2, 4, 2, 700, 300, 64)),
+              ("D=80 333x301", (1, 4, 2, 333, 301, 80)), ("D=112 190x410", (1, 4, 4, 190, 410, 112))]
+    if quick:
+        shapes = [shapes[1], shapes[6]]
+    features = [("window 64,16", dict(window_left=64, window_right=16)),
+                ("causal + window 100", dict(causal=True, window_left=100)),
+                ("softcap 30", dict(softcap=30.0)), ("ALiBi", dict(alibi=True)),
+                ("causal + window + softcap + ALiBi", dict(causal=True, window_left=77, softcap=20.0, alibi=True))]
+    if quick:
+        features = features[-1:]
     cases = []
-    for dtype, dtype_shapes in (("bf16", shapes), ("fp16", shapes[1:4])):  # fp16 on fewer shapes, to save time
-        for label, shape in dtype_shapes:
+    for dtype in (("bf16",) if quick else ("bf16", "fp16")):
+        for label, shape in shapes if dtype == "bf16" else shapes[1:4]:
             for direction in ("fwd", "bwd"):
-                for causal in (False, True):
-                    name = f"{dtype} {direction} {'causal ' if causal else ''}{label}"
-                    cases.append((name, FlashProblem(direction, *shape, causal=causal, dtype=dtype), None))
-    for causal in (False, True):
-        anchor = FlashProblem("fwd", 2, 32, 32, 1000, 1000, 128, causal=causal)
-        cases.append((f"bf16 fwd {'causal ' if causal else ''}TMA", anchor, tma))
-        cases.append((f"bf16 fwd {'causal ' if causal else ''}TMA + warp specialised", anchor, tma_ws))
-        cases.append((f"fp8 fwd {'causal ' if causal else ''}300x1030 GQA", FlashProblem("fwd", 2, 8, 2, 300, 1030, 128, causal, "fp8"), None))
-        cases.append((f"fp8 fwd {'causal ' if causal else ''}TMA", dataclasses.replace(anchor, dtype="fp8"), tma))
+                for causal in ((True,) if quick and "D=80" in label else (False, True)):
+                    cases.append((f"{dtype} {direction} {'causal ' if causal else ''}{label}",
+                                  FlashProblem(direction, *shape, causal=causal, dtype=dtype), None))
+        for label, change in features:
+            for direction in ("fwd", "bwd"):
+                base = dict(causal=False, dtype=dtype)
+                base.update(change)
+                cases.append((f"{dtype} {direction} {label} 300x555 GQA", FlashProblem(direction, 2, 8, 2, 300, 555, 128, **base), None))
+        for direction in ("fwd", "bwd"):
+            varlen = FlashProblem(direction, 5, 8, 2, 700, 650, 128, causal=True, dtype=dtype, varlen=True)
+            cases.append((f"{dtype} {direction} varlen 5 seqs <= 700", varlen, None))
+    tma = _fwd("tma", 128, 64, False, 8, 3)
+    tma_ws = _fwd("tma", 128, 128, True, 8, 2)
+    anchor = FlashProblem("fwd", 2, 32, 32, 1000, 1000, 128, causal=True)
+    cases += [("bf16 fwd causal TMA", anchor, tma), ("bf16 fwd causal TMA + warp specialised", anchor, tma_ws),
+              ("bf16 fwd D=64 256-key blocks", FlashProblem("fwd", 3, 12, 12, 999, 999, 64, True), _fwd("tma", 128, 256, False, 8, 2)),
+              ("bf16 fwd varlen TMA + warp specialised",
+               FlashProblem("fwd", 5, 8, 2, 700, 650, 128, causal=True, varlen=True), tma_ws),
+              ("fp8 fwd causal TMA", dataclasses.replace(anchor, dtype="fp8"), tma)]
+    if not quick:
+        cases += [("fp8 fwd causal 300x1030 GQA", FlashProblem("fwd", 2, 8, 2, 300, 1030, 128, True, "fp8"), None),
+                  ("bf16 fwd non-causal TMA + warp specialised", dataclasses.replace(anchor, causal=False), tma_ws),
+                  ("bf16 fwd D=256 TMA", FlashProblem("fwd", 1, 8, 4, 1111, 1111, 256, True), _fwd("tma", 64, 64, False, 4, 2))]
     return cases
 
 
@@ -96,241 +150,487 @@ def check_family_case(name: str, problem: FlashProblem, config: dict | None, dev
     return None if result.ok else f"{name}: {result.message}"
 
 
-def check_op(compiled: bool) -> str | None:
-    """The public op on CUDA, bf16 GQA causal with Sq != Sk and (B, S, H, D) storage, through autograd."""
-    import autotile
-
-    gen = torch.Generator(device="cuda").manual_seed(7)
-
-    def leaf(b, s, h, d):
-        return torch.randn(b, s, h, d, device="cuda", generator=gen).bfloat16().transpose(1, 2).requires_grad_(True)
-
-    q, k, v = leaf(2, 300, 8, 128), leaf(2, 555, 2, 128), leaf(2, 555, 2, 128)
-    fn = torch.compile(autotile.flash_attention, fullgraph=True) if compiled else autotile.flash_attention
-    out = fn(q, k, v, causal=True)
-    do = torch.randn(out.shape, device="cuda", generator=gen).bfloat16()
-    grads = torch.autograd.grad(out, (q, k, v), do)
-    scale = default_scale(128)
-    ref = attention_math(*(t.detach().double() for t in (q, k, v)), causal=True, scale=scale, dtype=torch.float64)
-    plain = attention_math(q.detach(), k.detach(), v.detach(), causal=True, scale=scale, dtype=torch.bfloat16)
-    ref_grads = attention_grads(*(t.detach().double() for t in (q, k, v)), do.double(), causal=True, scale=scale, dtype=torch.float64)
-    plain_grads = attention_grads(q.detach(), k.detach(), v.detach(), do, causal=True, scale=scale, dtype=torch.bfloat16)
+def check_vendor_configs(device, quick: bool) -> list[str]:
+    """Every SDPA backend the family lists, forward and backward, through the family's correctness gate."""
+    shapes = [((2, 8, 2, 300, 555, 128), True), ((1, 4, 4, 555, 300, 64), True), ((2, 4, 4, 257, 257, 96), True),
+              ((1, 8, 8, 129, 700, 128), False), ((1, 4, 2, 64, 64, 256), True)]
     failures = []
-    label = "op under torch.compile" if compiled else "op"
-    for name, got, want, base, reduction in [("o", out, ref, plain, 555)] + [
-            (n, g, w, b, 555 if n == "dq" else 4 * 300) for n, g, w, b in zip(("dq", "dk", "dv"), grads, ref_grads, plain_grads)]:
-        result = fa_rule_check(name, got, want, base, "bf16", reduction)
-        log(f"  {'ok  ' if result.ok else 'FAIL'} {label}: {result.message}")
-        if not result.ok:
-            failures.append(f"{label}: {result.message}")
-    return "; ".join(failures) or None
+    for shape, causal in shapes[:2] if quick else shapes:
+        for dtype in ("bf16",) if quick else ("bf16", "fp16"):
+            for direction in ("fwd", "bwd"):
+                problem = FlashProblem(direction, *shape, causal=causal, dtype=dtype)
+                inputs = FAMILY.make_inputs(problem, device, seed=5)
+                expected = FAMILY.reference(problem, inputs)
+                for config in FAMILY.vendor_configs(problem, device):
+                    name = f"vendor {config['VENDOR']} {dtype} {direction} {shape} causal={causal}"
 
-
-def run_checks(device) -> list[str]:
-    failures = []
-    checks = [(name, lambda n=name, p=problem, c=config: check_family_case(n, p, c, device))
-              for name, problem, config in correctness_cases()]
-    checks += [("op", lambda: check_op(False)), ("op under torch.compile", lambda: check_op(True))]
-    for name, check in checks:
-        try:
-            failure = check()
-        except Exception as exc:  # one failing case must not stop the others
-            failure = f"{name}: {type(exc).__name__}: {str(exc)[:500]}"
-            log(f"  FAIL {failure}\n{traceback.format_exc(limit=4)}")
-        if failure:
-            failures.append(failure)
-        torch.cuda.empty_cache()
+                    def one(config=config, problem=problem, name=name):
+                        outputs = FAMILY.allocate_outputs(problem, inputs)
+                        FAMILY.run_config(problem, config, inputs, outputs)
+                        torch.cuda.synchronize()
+                        result = FAMILY.check(problem, inputs, outputs, expected)
+                        log(f"  {'ok  ' if result.ok else 'FAIL'} {name}: {result.message}")
+                        return None if result.ok else f"{name}: {result.message}"
+                    failure = _guarded(name, one, failures)
+                    if failure:
+                        failures.append(failure)
+                torch.cuda.empty_cache()
     return failures
 
 
-# --- 2. tuning --------------------------------------------------------------------------------------
+def _rule(label: str, name: str, got, want, plain, dtype: str, reduction: int, failures: list) -> None:
+    result = fa_rule_check(name, got, want, plain, dtype, reduction)
+    log(f"  {'ok  ' if result.ok else 'FAIL'} {label}: {result.message}")
+    if not result.ok:
+        failures.append(f"{label}: {result.message}")
 
+
+def check_ops(failures: list, quick: bool) -> None:
+    """The public ops on CUDA: eager autograd and torch.compile (bf16 GQA causal Sq != Sk, (B, S, H, D) storage),
+    features with return_lse, scale 0 and negative, varlen; with the vendor on and off."""
+    import autotile
+    from autotile.runtime import dispatch
+
+    gen = torch.Generator(device="cuda").manual_seed(7)
+
+    def leaf(*shape):
+        return torch.randn(*shape, device="cuda", generator=gen).bfloat16().transpose(1, 2).requires_grad_(True)
+
+    q, k, v = leaf(2, 300, 8, 128), leaf(2, 555, 2, 128), leaf(2, 555, 2, 128)
+    do = torch.randn(2, 8, 300, 128, device="cuda", generator=gen).bfloat16()
+    wide = [t.detach().double() for t in (q, k, v)]
+    plain = [t.detach() for t in (q, k, v)]
+    for vendor in ("1", "0"):
+        os.environ["AUTOTILE_VENDOR"] = vendor
+        dispatch.clear_cache()
+        cases = [("causal", dict(causal=True), Scores(causal=True), None, 128 ** -0.5),
+                 ("scale 0", dict(causal=True, scale=0.0), Scores(causal=True), None, 0.0),
+                 ("scale -0.2", dict(scale=-0.2), Scores(), None, -0.2),
+                 ("window + softcap + ALiBi", dict(causal=True, window=(90, 0), softcap=25.0,
+                                                   alibi_slopes=torch.linspace(0.05, 0.4, 8, device="cuda")),
+                  Scores(causal=True, window_left=90, softcap=25.0), torch.linspace(0.05, 0.4, 8, device="cuda"), 128 ** -0.5)]
+        for compiled in (False, True) if not quick or vendor == "0" else (False,):
+            fn = torch.compile(autotile.flash_attention, fullgraph=True) if compiled else autotile.flash_attention
+            for label, kwargs, scores, slopes, scale in cases if not compiled else cases[:1]:
+                tag = f"op vendor={vendor}{' compiled' if compiled else ''} {label}"
+
+                def one(kwargs=kwargs, scores=scores, slopes=slopes, scale=scale, tag=tag, fn=fn):
+                    out = fn(q, k, v, **kwargs)
+                    grads = torch.autograd.grad(out, (q, k, v), do)
+                    ref = attention_math(*wide, scale=scale, dtype=torch.float64, scores=scores, alibi_slopes=slopes)
+                    base = attention_math(*plain, scale=scale, dtype=torch.bfloat16, scores=scores, alibi_slopes=slopes)
+                    ref_g = attention_grads(*wide, do.double(), scale=scale, dtype=torch.float64, scores=scores, alibi_slopes=slopes)
+                    base_g = attention_grads(*plain, do, scale=scale, dtype=torch.bfloat16, scores=scores, alibi_slopes=slopes)
+                    _rule(tag, "o", out, ref, base, "bf16", 555, failures)
+                    for name, g, w, b in zip(("dq", "dk", "dv"), grads, ref_g, base_g):
+                        _rule(tag, name, g, w, b, "bf16", 555 if name == "dq" else 4 * 300, failures)
+                _guarded(tag, one, failures)
+
+        def lse_case(vendor=vendor):
+            tag = f"op vendor={vendor} return_lse with its gradient"
+            out, lse = autotile.flash_attention(q, k, v, causal=True, return_lse=True)
+            dlse = torch.randn(lse.shape, device="cuda", generator=gen)
+            grads = torch.autograd.grad((out, lse), (q, k, v), (do, dlse))
+            want_lse = log2_sum_exp(*wide[:2], causal=True, scale=128 ** -0.5) * 0.6931471805599453
+            err = float((lse.double() - want_lse).abs().max())
+            log(f"  {'ok  ' if err < 2e-2 else 'FAIL'} {tag}: lse max |err| {err:.3g}")
+            if not err < 2e-2:  # bf16 inputs, fp32 statistics: ~1e-3 expected
+                failures.append(f"{tag}: lse max |err| {err:.3g}")
+            ref_g = attention_grads(*wide, do.double(), causal=True, scale=128 ** -0.5, dtype=torch.float64, dlse=dlse.double())
+            base_g = attention_grads(*plain, do, causal=True, scale=128 ** -0.5, dtype=torch.bfloat16, dlse=dlse)
+            for name, g, w, b in zip(("dq", "dk", "dv"), grads, ref_g, base_g):
+                _rule(tag, name, g, w, b, "bf16", 555 if name == "dq" else 4 * 300, failures)
+        _guarded(f"return_lse vendor={vendor}", lse_case, failures)
+
+        def varlen_case(vendor=vendor):
+            tag = f"varlen op vendor={vendor}"
+            cu = torch.tensor([0, 17, 300, 301, 700], dtype=torch.int32, device="cuda")
+            qv, kv, vv = (torch.randn(700, h, 128, device="cuda", generator=gen).bfloat16().requires_grad_(True)
+                          for h in (8, 2, 2))
+            out = autotile.flash_attention_varlen(qv, kv, vv, cu, cu, 399, 399, causal=True)
+            dov = torch.randn(out.shape, device="cuda", generator=gen).bfloat16()
+            grads = torch.autograd.grad(out, (qv, kv, vv), dov)
+
+            def ref(q, k, v, do, dtype):
+                parts = [split_packed(t, cu) for t in (q, k, v, do)]
+                outs = [attention_math(a, b, c, causal=True, scale=128 ** -0.5, dtype=dtype) for a, b, c, _ in zip(*parts)]
+                gs = [attention_grads(a, b, c, d, causal=True, scale=128 ** -0.5, dtype=dtype) for a, b, c, d in zip(*parts)]
+                return join_packed(outs), [join_packed(list(g)) for g in zip(*gs)]
+            want, want_g = ref(*(t.detach().double() for t in (qv, kv, vv, dov)), torch.float64)
+            base, base_g = ref(*(t.detach() for t in (qv, kv, vv, dov)), torch.bfloat16)
+            _rule(tag, "o", out, want, base, "bf16", 399, failures)
+            for name, g, w, b in zip(("dq", "dk", "dv"), grads, want_g, base_g):
+                _rule(tag, name, g, w, b, "bf16", 399 if name == "dq" else 4 * 399, failures)
+        _guarded(f"varlen vendor={vendor}", varlen_case, failures)
+    os.environ.pop("AUTOTILE_VENDOR", None)
+    dispatch.clear_cache()
+
+
+def check_graph_capture(failures: list) -> None:
+    """Forward (vendor and kernel) and a kernel training step captured in CUDA graphs, no syncs allowed."""
+    import autotile
+    from autotile.runtime import dispatch
+
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    q, k, v = (torch.randn(2, h, 512, 128, device="cuda", generator=gen).bfloat16() for h in (32, 8, 8))
+    for vendor in ("1", "0"):
+        os.environ["AUTOTILE_VENDOR"] = vendor
+        dispatch.clear_cache()
+        for training in (False, True):
+            tag = f"CUDA graph vendor={vendor} {'forward + backward' if training else 'forward'}"
+
+            def one(training=training, tag=tag):
+                leaves = [t.clone().requires_grad_(training) for t in (q, k, v)]
+
+                def step():
+                    out = autotile.flash_attention(*leaves, causal=True)
+                    if training:
+                        return (out, *torch.autograd.grad(out, leaves, torch.ones_like(out)))
+                    return (out,)
+                expected = step()  # first call: resolution, compilation, outside the graph
+                torch.cuda.synchronize()
+                graph = torch.cuda.CUDAGraph()
+                torch.cuda.set_sync_debug_mode("error")
+                try:
+                    with torch.cuda.graph(graph):
+                        captured = step()
+                    step()  # an eager call of a known signature syncs neither
+                finally:
+                    torch.cuda.set_sync_debug_mode("default")
+                graph.replay()
+                torch.cuda.synchronize()
+                same = all(torch.equal(a, b) for a, b in zip(captured, expected))
+                log(f"  {'ok  ' if same else 'FAIL'} {tag}")
+                if not same:
+                    failures.append(f"{tag}: replay differs from eager")
+            _guarded(tag, one, failures)
+    os.environ.pop("AUTOTILE_VENDOR", None)
+    dispatch.clear_cache()
+
+
+def run_checks(device, quick: bool) -> list[str]:
+    failures = []
+    for name, problem, config in family_cases(quick):
+        failure = _guarded(name, lambda: check_family_case(name, problem, config, device), failures)
+        if failure:
+            failures.append(failure)
+        torch.cuda.empty_cache()
+    failures += check_vendor_configs(device, quick)
+    check_ops(failures, quick)
+    check_graph_capture(failures)
+    return failures
+
+
+# --- 2. kernels beside SDPA ---------------------------------------------------------------------------
 def time_ms(fn) -> float:
     return triton.testing.do_bench(fn, warmup=25, rep=100, quantiles=[0.5, 0.2, 0.8])[0]
 
 
-def tune_shape(problem: FlashProblem, device, seconds: float, out: Path) -> tuple[Config, str]:
-    """The winner config and how it was found (every candidate failing is an error for this shape)."""
-    from autotile.tune.driver import tune_problem
-
-    result = tune_problem(FAMILY, problem, device, trials=200, timeout=seconds,
-                          db_url=f"sqlite:///{out}/flash.sqlite", seed=0)
-    if result.winner is None:
-        raise RuntimeError(f"no config passed the correctness check: {result.statuses}")
-    return result.winner, f"tuned: {result.trials_this_run} trials, statuses {result.statuses}"
-
-
-# --- 3. side by side --------------------------------------------------------------------------------
-
-def competitors(problem: FlashProblem, inputs) -> dict:
-    """SDPA flash, SDPA cuDNN and FlexAttention on the same tensors: forward, or backward only."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-
-    p = problem
-    f = torch.nn.functional
-    scale = default_scale(p.head_dim)
-    backward = p.direction == "bwd"
-    q, k, v = (inputs[n].detach().clone().requires_grad_(backward) for n in "qkv")
-    impls = {}
-    for name, backend in (("SDPA flash", SDPBackend.FLASH_ATTENTION), ("SDPA cuDNN", SDPBackend.CUDNN_ATTENTION)):
-        def forward(backend=backend):
-            with sdpa_kernel([backend]):
-                return f.scaled_dot_product_attention(q, k, v, is_causal=p.causal, scale=scale,
-                                                      enable_gqa=p.heads_q != p.heads_kv)
-        impls[name] = forward
-    block_mask = None
-    if p.causal:
-        diag = p.seq_k - p.seq_q
-        block_mask = create_block_mask(lambda b, h, i, j: j <= i + diag, None, None, p.seq_q, p.seq_k, device="cuda")
-    flex = torch.compile(flex_attention)
-    impls["FlexAttention"] = lambda: flex(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=p.heads_q != p.heads_kv)
-    ready = {}
-    for name, forward in impls.items():
-        try:
-            out = forward()
-            if backward:
-                do = inputs["do"]
-                ready[name] = lambda out=out, do=do: torch.autograd.grad(out, (q, k, v), do, retain_graph=True)
-                ready[name]()
-            else:
-                ready[name] = forward
-        except Exception as exc:  # a backend that refuses this shape is reported, not fatal
-            log(f"  {name} unavailable: {type(exc).__name__}: {str(exc)[:200]}")
-    return ready
-
-
-def side_by_side(problem: FlashProblem, config: Config, device) -> dict[str, float]:
-    inputs = FAMILY.make_inputs(problem, device, seed=21)
-    outputs = FAMILY.allocate_outputs(problem, inputs)
-    impls = {"autotile": lambda: FAMILY.launch(problem, config, inputs, outputs)}
-    impls.update(competitors(problem, inputs))
-    samples: dict[str, list[float]] = {name: [] for name in impls}
-    for _ in range(ROUNDS):  # interleaved: drift on the lent GPU hits every implementation alike
-        for name, fn in impls.items():
+def interleaved(fns: dict, rounds: int) -> dict[str, float]:
+    samples = {name: [] for name in fns}
+    for _ in range(rounds):  # interleaved: drift on the lent GPU hits every implementation alike
+        for name, fn in fns.items():
             samples[name].append(time_ms(fn))
     result = {name: statistics.median(ms) for name, ms in samples.items()}
     result["spread"] = max((max(ms) - min(ms)) / statistics.median(ms) for ms in samples.values())
     return result
 
 
+def kernel_call(problem: FlashProblem, config: Config, inputs: dict):
+    """The generated kernel with a kept plan (a forward writes no log-sum-exp, as an inference call)."""
+    outputs = FAMILY.allocate_outputs(problem, inputs)
+    scale = default_scale(problem.head_dim)
+    plan = FAMILY.plan(problem, config, inputs, outputs, scale=scale, keep=True, store_lse=problem.direction == "bwd")
+    lse = inputs["lse"] if problem.direction == "bwd" else outputs["lse"]
+    alibi, cu_q, cu_k = inputs.get("alibi", lse), inputs.get("cu_seqlens_q", lse), inputs.get("cu_seqlens_k", lse)
+    if problem.direction == "fwd":
+        return lambda: plan(inputs["q"], inputs["k"], inputs["v"], outputs["o"], lse, lse, alibi, cu_q, cu_k)
+    delta = torch.empty_like(lse)
+    return lambda: plan(inputs["q"], inputs["k"], inputs["v"], inputs["o"], inputs["do"], lse, delta, outputs["dq"],
+                        outputs["dk"], outputs["dv"], alibi, cu_q, cu_k)
+
+
+def sdpa_calls(problem: FlashProblem, inputs: dict) -> dict:
+    """SDPA's FlashAttention-2 and cuDNN backends through the ATen ops the vendor configs call."""
+    p, scale, calls = problem, default_scale(problem.head_dim), {}
+    for label, backend in (("SDPA flash", flash_vendor.FLASH), ("SDPA cuDNN", flash_vendor.CUDNN)):
+        if not flash_vendor.expresses(backend, p):
+            continue
+        try:
+            if p.direction == "fwd":
+                fn = (lambda b=backend: flash_vendor.forward(b, inputs["q"], inputs["k"], inputs["v"], causal=p.causal,
+                                                             scale=scale, need_lse=False))
+            else:
+                leaves = [inputs[n].detach().clone().requires_grad_(True) for n in "qkv"]
+                out, _ = flash_vendor.forward(backend, *leaves, causal=p.causal, scale=scale, need_lse=False)
+                fn = (lambda out=out, leaves=leaves: torch.autograd.grad(out, leaves, inputs["do"], retain_graph=True))
+            fn()
+            calls[label] = fn
+        except Exception as exc:  # a backend that refuses this shape is reported, not fatal
+            log(f"  {label} unavailable: {type(exc).__name__}: {str(exc)[:200]}")
+    return calls
+
+
+def pick_config(problem: FlashProblem, device, seconds: float, quick: bool, db_url: str) -> tuple[Config, str]:
+    if not quick:
+        from autotile.runtime import dispatch
+        from autotile.tune.driver import tune_problem
+
+        result = tune_problem(FAMILY, problem, device, trials=200, timeout=seconds, db_url=db_url, seed=0)
+        config, note = result.winner, f"tuned: {result.trials_this_run} trials"
+        if config is not None and "VENDOR" in config:
+            # SDPA won the re-timing: the fastest generated kernel is kept beside it, and served with the vendor off.
+            note += f", {config['VENDOR']} won the re-timing"
+            saved = {name: os.environ.get(name) for name in ("AUTOTILE_DB", "AUTOTILE_VENDOR")}
+            os.environ.update(AUTOTILE_DB=db_url, AUTOTILE_VENDOR="0")
+            dispatch.clear_cache()
+            try:
+                resolution = dispatch.resolve(FAMILY, problem, device)
+                config = resolution.config if resolution.source == "user-db" else None
+            finally:
+                for name, value in saved.items():
+                    os.environ.pop(name, None) if value is None else os.environ.__setitem__(name, value)
+                dispatch.clear_cache()
+        if config is not None:
+            return config, note
+    # The default and the seeds, each checked, the fastest kept.
+    candidates = [FAMILY.default_config(problem, device)] + FAMILY.seed_configs(problem, device)[:2 if quick else None]
+    inputs = FAMILY.make_inputs(problem, device, seed=3)
+    expected = FAMILY.reference(problem, inputs) if problem.seq_q * problem.seq_k <= 2048 * 2048 else None
+    best, best_ms = None, float("inf")
+    for config in dict.fromkeys(candidates):
+        try:
+            if expected is not None:
+                outputs = FAMILY.allocate_outputs(problem, inputs)
+                FAMILY.launch(problem, config, inputs, outputs)
+                if not FAMILY.check(problem, inputs, outputs, expected).ok:
+                    continue
+            ms = time_ms(kernel_call(problem, config, inputs))
+        except Exception as exc:  # noqa: BLE001 - e.g. out of resources
+            log(f"  {config.to_json()}: {type(exc).__name__}: {str(exc)[:150]}")
+            continue
+        if ms < best_ms:
+            best, best_ms = config, ms
+    if best is None:
+        raise RuntimeError("no default or seed config ran")
+    return best, f"best of default + {len(candidates) - 1} seeds"
+
+
 def tflops(problem: FlashProblem, ms: float | None) -> float | None:
-    return None if ms is None else FAMILY.cost(problem).flops / (ms * 1e-3) / 1e12
+    return None if not ms else FAMILY.cost(problem).flops / (ms * 1e-3) / 1e12
 
 
-def targets(problem: FlashProblem) -> list[tuple[str, float]]:
-    wanted = [("SDPA flash", FLASH_TARGET)]
-    if problem.direction == "fwd" and problem.head_dim == 128 and problem.seq_q >= 4096:
-        wanted.append(("SDPA cuDNN", CUDNN_TARGET))
+def targets(label: str, problem: FlashProblem) -> list[tuple[str, str, float]]:
+    """(what, against, ratio) of issue 14 (kernels) and issue 11 (the public op) for this shape."""
+    p, wanted = problem, []
+    if p.direction == "bwd" and p.head_dim == 128:
+        wanted.append(("kernel", "SDPA cuDNN", 1.0))
+    elif p.direction == "fwd":
+        if p.seq_q == p.seq_k and p.seq_q >= 4096 and p.head_dim == 128:
+            wanted.append(("kernel", "SDPA cuDNN", 1.0))
+        if p.head_dim in (64, 256):
+            wanted.append(("kernel", "SDPA cuDNN", 0.9))
+        if (p.batch, p.seq_q) == (16, 512) or p.seq_q != p.seq_k:
+            wanted.append(("kernel", "SDPA best", 0.9))
+        wanted.append(("op", "SDPA best", 0.97))
     return wanted
 
 
-def render_table(rows: list[dict], failures: list[str], device) -> str:
+def side_by_side(label: str, problem: FlashProblem, device, seconds: float, quick: bool, out: Path) -> dict:
+    import autotile
+
+    row = {"label": label, "problem": problem}
+    config, how = pick_config(problem, device, seconds, quick, f"sqlite:///{out}/flash.sqlite")
+    row.update(config=config.to_json(), how=how)
+    inputs = FAMILY.make_inputs(problem, device, seed=21)
+    fns = {"kernel": kernel_call(problem, config, inputs)}
+    fns.update(sdpa_calls(problem, inputs))
+    if problem.direction == "fwd":
+        fns["op"] = lambda: autotile.flash_attention(inputs["q"], inputs["k"], inputs["v"], causal=problem.causal)
+        row["op serves"] = json.dumps(autotile.explain("flash_attention", inputs["q"], inputs["k"], inputs["v"],
+                                                       causal=problem.causal)["config"])
+    timings = interleaved(fns, QUICK_ROUNDS if quick else ROUNDS)
+    sdpa = [timings[n] for n in ("SDPA flash", "SDPA cuDNN") if n in timings]
+    if sdpa:
+        timings["SDPA best"] = min(sdpa)
+    row.update({name: (value if name == "spread" else tflops(problem, value)) for name, value in timings.items()})
+    row["verdicts"] = []
+    for what, against, ratio in targets(label, problem):
+        if row.get(what) and row.get(against):
+            got = row[what] / row[against]
+            row["verdicts"].append(f"{what} {got:.2f}x {against} (>= {ratio}: {'met' if got >= ratio else 'MISSED'})")
+    log("  " + ", ".join(f"{k}: {v:.3f} ms" for k, v in timings.items() if k != "spread") + f" spread {timings['spread']:.0%}")
+    return row
+
+
+def shape_list(quick: bool) -> list[tuple[str, FlashProblem]]:
+    shapes = []
+    for name, hq, hkv, d in MODELS:
+        for batch, seq in PREFILL:
+            shapes.append((f"{name} {batch}x{seq}", FlashProblem("fwd", batch, hq, hkv, seq, seq, d, True)))
+    shapes = [(label, p) for label, p in shapes if not quick or label in QUICK_SHAPES]
+    return shapes + [(label, p) for label, p in ANCHORS if not quick or label in QUICK_ANCHORS]
+
+
+# --- 3. varlen and host overhead ------------------------------------------------------------------------
+def varlen_vs_dense(device, quick: bool) -> dict:
+    """Packed sequences (lengths 1/4..1 of 2048) beside the dense kernel on one batch of full-length sequences."""
+    varlen = FlashProblem("fwd", 8, 32, 8, 2048, 2048, 128, causal=True, varlen=True)
+    dense = FlashProblem("fwd", 8, 32, 8, 2048, 2048, 128, causal=True)
+    config = FAMILY.default_config(dense, device)
+    fns, problems = {}, {"varlen": varlen, "dense": dense}
+    for name, problem in problems.items():
+        inputs = FAMILY.make_inputs(problem, device, seed=1)
+        fns[name] = kernel_call(problem, FAMILY.validate_config(problem, device, config), inputs)
+    timings = interleaved(fns, QUICK_ROUNDS if quick else ROUNDS)
+    row = {"config": config.to_json(), "spread": timings["spread"]}
+    for name, problem in problems.items():
+        row[name] = tflops(problem, timings[name])  # cost counts the real (packed) tokens only
+    row["ratio"] = row["varlen"] / row["dense"]
+    log(f"  varlen {row['varlen']:.0f} TFLOP/s on real tokens, dense {row['dense']:.0f}: {row['ratio']:.2f}x")
+    return row
+
+
+def host_overhead() -> list[dict]:
+    """Host us per call with HOST_CALLS calls queued (GPU work far shorter than the host's)."""
+    import autotile
+    from autotile.runtime import dispatch
+
+    q = torch.randn(1, 8, 128, 128, device="cuda", dtype=torch.bfloat16)
+    kv = torch.randn(1, 2, 128, 128, device="cuda", dtype=torch.bfloat16)
+    f = torch.nn.functional
+
+    def served(vendor: str):
+        def setup():
+            os.environ["AUTOTILE_VENDOR"] = vendor
+            dispatch.clear_cache()
+        return setup
+    cases = {
+        "SDPA (F.scaled_dot_product_attention)": (None, lambda: f.scaled_dot_product_attention(q, kv, kv, is_causal=True,
+                                                                                              enable_gqa=True)),
+        "autotile, served by SDPA": (served("1"), lambda: autotile.flash_attention(q, kv, kv, causal=True)),
+        "autotile, generated kernel": (served("0"), lambda: autotile.flash_attention(q, kv, kv, causal=True)),
+    }
+    rows = []
+    for name, (setup, fn) in cases.items():
+        if setup:
+            setup()
+        samples = []
+        for _ in range(5):
+            fn()
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            for _ in range(HOST_CALLS):
+                fn()
+            samples.append((time.perf_counter() - start) / HOST_CALLS * 1e6)
+            torch.cuda.synchronize()
+        rows.append({"name": name, "us": statistics.median(samples),
+                     "served": json.dumps(autotile.explain("flash_attention", q, kv, kv, causal=True)["config"])})
+        log(f"  host {name}: {rows[-1]['us']:.1f} us per call")
+    os.environ.pop("AUTOTILE_VENDOR", None)
+    dispatch.clear_cache()
+    return rows
+
+
+# --- the report ----------------------------------------------------------------------------------------
+def render(device, rows: list[dict], varlen: dict | None, host: list[dict], failures: list[str], quick: bool) -> str:
     def cell(x, fmt="{:.0f}"):
         return "n/a" if x is None else fmt.format(x)
 
     lines = [
-        "# FlashAttention on the H200: autotile vs SDPA and FlexAttention",
+        "# FlashAttention on the H200: autotile's kernels and op beside SDPA",
         "",
-        f"Device: {device.name} ({device.sm_count} SMs), {datetime.date.today().isoformat()}; "
-        f"torch {torch.__version__}, triton {triton.__version__}. bf16, random normal data. TFLOP/s: forward "
-        f"4*B*H*S*S*D (pairs under the diagonal when causal), backward 2.5x that; medians of {ROUNDS} interleaved "
-        "triton.testing.do_bench runs. Backward columns time the backward pass alone.",
+        f"Device: {device.name} ({device.sm_count} SMs), {datetime.date.today().isoformat()}; torch {torch.__version__}, "
+        f"triton {triton.__version__}{', --quick' if quick else ''}. bf16, random normal data. TFLOP/s: forward "
+        "4*B*H*pairs*D, backward 2.5x that. `kernel`: the family's generated kernel alone (the config named; "
+        "AUTOTILE_VENDOR=0 semantics); `op`: autotile.flash_attention as served (vendor on, shipped database); "
+        "SDPA's backends through their ATen ops. Medians of interleaved triton.testing.do_bench rounds.",
         "",
-        "| pass | B, H, S, D | causal | autotile | SDPA flash | SDPA cuDNN | FlexAttention | / flash | / cuDNN "
-        "| target | spread | winner config |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| shape | pass | causal | kernel | op | SDPA flash | SDPA cuDNN | kernel / cuDNN | kernel / best | op / best "
+        "| targets | spread | kernel config | op serves |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         p = row["problem"]
-        shape = f"{p.batch}, {p.heads_q}, {p.seq_q}, {p.head_dim}"
-        head = f"| {p.direction} | {shape} | {'yes' if p.causal else 'no'} "
+        head = f"| {row['label']} | {p.direction} | {'yes' if p.causal else 'no'} "
         if "error" in row:
-            lines.append(head + f"| error: {row['error']} | | | | | | | | |")
+            lines.append(head + f"| error: {row['error']} | | | | | | | | | | |")
             continue
-        ours = row.get("autotile")
-        ratios = {name: (ours / row[name] if ours and row.get(name) else None) for name in ("SDPA flash", "SDPA cuDNN")}
-        verdicts = []
-        for name, ratio_wanted in targets(p):
-            met = ratios[name] is not None and ratios[name] >= ratio_wanted
-            verdicts.append(f">= {ratio_wanted}x {name.split()[1]}: {'met' if met else 'MISSED'}")
-        lines.append(
-            head + f"| {cell(ours)} | {cell(row.get('SDPA flash'))} | {cell(row.get('SDPA cuDNN'))} "
-            f"| {cell(row.get('FlexAttention'))} | {cell(ratios['SDPA flash'], '{:.2f}x')} "
-            f"| {cell(ratios['SDPA cuDNN'], '{:.2f}x')} | {'; '.join(verdicts)} | {cell(row.get('spread'), '{:.0%}')} "
-            f"| `{row['config']}` ({row['how']}) |")
+
+        def ratio(a, b):
+            return cell(row[a] / row[b], "{:.2f}x") if row.get(a) and row.get(b) else "n/a"
+        lines.append(head + f"| {cell(row.get('kernel'))} | {cell(row.get('op'))} | {cell(row.get('SDPA flash'))} "
+                     f"| {cell(row.get('SDPA cuDNN'))} | {ratio('kernel', 'SDPA cuDNN')} | {ratio('kernel', 'SDPA best')} "
+                     f"| {ratio('op', 'SDPA best')} | {'; '.join(row['verdicts'])} | {cell(row.get('spread'), '{:.0%}')} "
+                     f"| `{row['config']}` ({row['how']}) | `{row.get('op serves', '')}` |")
+    if varlen:
+        lines += ["", "Packed varlen (8 sequences of 512..2048 tokens, Llama heads, causal) beside the dense kernel "
+                  f"(8 x 2048), TFLOP/s on real tokens, config `{varlen['config']}`: varlen {cell(varlen['varlen'])}, "
+                  f"dense {cell(varlen['dense'])}, ratio {varlen['ratio']:.2f} (target >= 0.95)."]
+    if host:
+        lines += ["", f"Host us per call, {HOST_CALLS} calls queued (1 x 8/2 heads x 128 x 128, bf16, causal):", "",
+                  "| call | host us | served config |", "|---|---|---|"]
+        lines += [f"| {h['name']} | {h['us']:.1f} | `{h['served']}` |" for h in host]
     lines += ["", f"Correctness on the GPU: {'all checks passed' if not failures else f'{len(failures)} FAILED'}."]
     lines += [f"- {f}" for f in failures]
     return "\n".join(lines) + "\n"
 
 
-def anchor_problems() -> list[FlashProblem]:
-    problems = []
-    for direction, shapes in (("bwd", BACKWARD_ANCHORS), ("fwd", FORWARD_ANCHORS)):
-        for b, h, s, d in shapes:
-            for causal in (False, True):
-                problems.append(FlashProblem(direction, b, h, h, s, s, d, causal, "bf16"))
-    return problems
-
-
-# --only groups: the shapes behind one target each.
-GROUPS = {
-    "bwd": lambda p: p.direction == "bwd",
-    "cudnn": lambda p: p.direction == "fwd" and p.head_dim == 128 and p.seq_q >= 4096,
-    "fwd": lambda p: p.direction == "fwd",
-}
+GROUPS = ("checks", "shapes", "varlen", "host")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--budget-s", type=float, default=300.0, help="wall-clock budget of the whole run")
-    parser.add_argument("--out", type=Path, default=Path("."), help="folder for flash.sqlite and flash_bench.md")
-    parser.add_argument("--skip-checks", action="store_true", help="go straight to tuning and timing")
-    parser.add_argument("--only", default="", help=f"comma-separated groups of shapes to run, of {sorted(GROUPS)}")
+    parser.add_argument("--out", type=Path, default=Path("."), help="folder for flash.sqlite and flash_bench.md, "
+                                                                     "or the markdown file itself (*.md)")
+    parser.add_argument("--quick", action="store_true", help="fewer checks and shapes, no tuning: 1-3 minutes")
+    parser.add_argument("--budget-s", type=float, default=600.0, help="tuning budget of all shapes together")
+    parser.add_argument("--only", default=",".join(GROUPS), help=f"comma-separated parts of {GROUPS}")
+    parser.add_argument("--skip-checks", action="store_true", help="same as leaving 'checks' out of --only")
     args = parser.parse_args()
     start = time.time()
-    args.out.mkdir(parents=True, exist_ok=True)
+    md = args.out if args.out.suffix == ".md" else args.out / "flash_bench.md"
+    folder = md.parent
+    folder.mkdir(parents=True, exist_ok=True)
+    parts = set(args.only.split(",")) - ({"checks"} if args.skip_checks else set())
     device = cuda_device()
-    failures = []
-    if not args.skip_checks:
+    failures, rows, varlen, host = [], [], None, []
+
+    def write() -> str:
+        text = render(device, rows, varlen, host, failures, args.quick)
+        md.write_text(text)
+        return text
+    if "checks" in parts:
         log(f"== {device.name}: correctness checks")
-        failures = run_checks(device)
+        failures = run_checks(device, args.quick)
         log(f"  checks took {time.time() - start:.0f} s, {len(failures)} failed")
-
-    rows = []
-    problems = anchor_problems()
-    if args.only:
-        groups = [GROUPS[g] for g in args.only.split(",")]
-        problems = [p for p in problems if any(g(p) for g in groups)]
-    for index, problem in enumerate(problems):
-        left = args.budget_s - (time.time() - start)
-        shapes_left = len(problems) - index
-        seconds = max(3.0, left / shapes_left - TIMING_RESERVE_S)
-        log(f"== {problem}: tuning for {seconds:.0f} s")
-        row: dict = {"problem": problem}
-        try:
-            config, how = tune_shape(problem, device, seconds, args.out)
-            row.update(config=config.to_json(), how=how)
-            log(f"  winner {config.to_json()} ({how})")
-            timings = side_by_side(problem, config, device)
-            for name, value in timings.items():
-                row[name] = tflops(problem, value) if name != "spread" else value
-            log("  " + ", ".join(f"{k}: {v:.3f} ms" for k, v in timings.items() if k != "spread")
-                + f" (spread {timings['spread']:.1%})")
-        except Exception as exc:  # one failing shape must not abort the rest
-            row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
-            log(f"  FAILED: {row['error']}\n{traceback.format_exc(limit=5)}")
-        rows.append(row)
-        torch.cuda.empty_cache()
-        # Written after every shape, so a run stopped at its time limit keeps what it measured.
-        (args.out / "flash_bench.md").write_text(render_table(rows, failures, device))
-
-    table = render_table(rows, failures, device)
-    (args.out / "flash_bench.md").write_text(table)
-    raw = [{k: (v if not isinstance(v, FlashProblem) else dataclasses.asdict(v)) for k, v in row.items()} for row in rows]
-    (args.out / "flash_bench.json").write_text(json.dumps({"rows": raw, "failures": failures}, indent=1, default=str))
+        write()
+    if "shapes" in parts:
+        shapes = shape_list(args.quick)
+        for index, (label, problem) in enumerate(shapes):
+            left = args.budget_s - (time.time() - start)
+            seconds = max(5.0, left / (len(shapes) - index) - 15.0)
+            log(f"== {label}: {problem}")
+            try:
+                rows.append(side_by_side(label, problem, device, seconds, args.quick, folder))
+            except Exception as exc:  # one failing shape must not abort the rest
+                rows.append({"label": label, "problem": problem, "error": f"{type(exc).__name__}: {str(exc)[:300]}"})
+                log(f"  FAILED: {rows[-1]['error']}\n{traceback.format_exc(limit=5)}")
+            torch.cuda.empty_cache()
+            write()
+    if "varlen" in parts:
+        log("== varlen beside dense")
+        varlen = _guarded("varlen", lambda: varlen_vs_dense(device, args.quick), failures)
+        write()
+    if "host" in parts:
+        log("== host overhead")
+        host = _guarded("host", host_overhead, failures) or []
+    text = write()
+    raw = [{k: (dataclasses.asdict(v) if isinstance(v, FlashProblem) else v) for k, v in row.items()} for row in rows]
+    (folder / "flash_bench.json").write_text(json.dumps({"rows": raw, "varlen": varlen, "host": host,
+                                                         "failures": failures}, indent=1, default=str))
     log(f"== done in {time.time() - start:.0f} s\n")
-    print(table)
+    print(text)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ from autotile.errors import ConfigOutsideSpaceError
 from autotile.families import flash_vendor
 from autotile.families.base import VENDOR_KEY
 from autotile.families.flash import FAMILY, FlashProblem
-from autotile.families.flash_reference import attention_grads, attention_math, default_scale, log2_sum_exp
+from autotile.families.flash_reference import attention_grads, attention_math, log2_sum_exp
 from autotile.runtime import dispatch, ops_flash
 from autotile.space import Config
 
