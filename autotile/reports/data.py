@@ -18,7 +18,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from autotile.device import PROFILES
-from autotile.store.db import default_db_url, normalise_url, open_engine
+from autotile.families.base import is_vendor, vendor_label
+from autotile.store.db import default_db_url, normalise_url, open_engine, reading, safe_url
 from autotile.store.models import Device, Problem, Trial
 from autotile.store.repo import Store, WinnerView
 
@@ -26,9 +27,10 @@ from autotile.store.repo import Store, WinnerView
 REPORT_FORMAT_VERSION = 1
 # Distinct configs listed per problem in the "top configs" table.
 TOP_CONFIGS = 5
-# Parameter importance needs a few completed trials to mean anything: below this many the
-# report says so instead of printing numbers fitted to noise.
-MIN_TRIALS_FOR_IMPORTANCE = 5
+# Parameter importance is fitted to the passing trials; with ~11 axes and timings that repeat within
+# ~9% (DESIGN.md), a handful of trials gives numbers fitted to noise. PED-ANOVA compares the top 10% of
+# trials with the rest, so 20 passing trials are the fewest that put two trials in that top group.
+MIN_TRIALS_FOR_IMPORTANCE = 20
 INTERPRET_KEY = "interpret"
 
 
@@ -73,14 +75,16 @@ class TopConfig:
     config: dict
     median_ms: float
     pct_of_best: float  # best median / this median x 100
+    winner: bool = False  # the stored winner (listed first, whatever its trial median)
 
 
 @dataclass(frozen=True)
 class ConvergencePoint:
-    number: int  # Optuna's trial number
+    number: int  # Optuna's trial number (pruned proposals take numbers too, so they have gaps)
     status: str
     median_ms: float | None
     best_so_far_ms: float | None
+    evaluated: int = 0  # trials evaluated up to and including this one: the plots' x-axis
 
 
 @dataclass(frozen=True)
@@ -101,6 +105,8 @@ class Winner:
     provenance: str
     toolchain: dict
     created_at: str
+    vendor: str | None = None  # the library call when the vendor op won (cuBLAS, SDPA), else None
+    verified_range: dict | None = None  # {serving field: [lo, hi]} the winner was verified to serve
 
 
 @dataclass(frozen=True)
@@ -185,29 +191,39 @@ def performance(flops: float, moved_bytes: float, median_ms: float, dtype: str |
 
 
 def convergence(trials: list[dict]) -> list[ConvergencePoint]:
-    """Best median so far after each trial, in Optuna's trial order; failed trials keep the best so far.
+    """Best median so far after each evaluated trial, in Optuna's trial order; failed trials keep the best so far.
 
-    >>> [p.best_so_far_ms for p in convergence([
-    ...     {"number": 1, "status": "ok", "median_ms": 2.0}, {"number": 0, "status": "ok", "median_ms": 3.0},
-    ...     {"number": 2, "status": "crash", "median_ms": None}])]
-    [3.0, 2.0, 2.0]
+    `evaluated` counts the trials themselves: Optuna's numbers also count proposals that were pruned before
+    they ran (infeasible or repeated configs), which would stretch the x-axis with trials that never ran.
+
+    >>> [(p.evaluated, p.best_so_far_ms) for p in convergence([
+    ...     {"number": 4, "status": "ok", "median_ms": 2.0}, {"number": 0, "status": "ok", "median_ms": 3.0},
+    ...     {"number": 9, "status": "crash", "median_ms": None}])]
+    [(1, 3.0), (2, 2.0), (3, 2.0)]
     """
     points, best = [], None
-    for t in sorted(trials, key=lambda t: t["number"]):
+    for evaluated, t in enumerate(sorted(trials, key=lambda t: t["number"]), start=1):
         ms = t["median_ms"] if t["status"] == "ok" else None
         if ms is not None and (best is None or ms < best):
             best = ms
-        points.append(ConvergencePoint(t["number"], t["status"], ms, best))
+        points.append(ConvergencePoint(t["number"], t["status"], ms, best, evaluated))
     return points
 
 
-def top_configs(trials: list[dict], limit: int = TOP_CONFIGS) -> list[TopConfig]:
-    """The fastest distinct configs that passed, each by its best median, with percent of the best.
+def top_configs(trials: list[dict], limit: int = TOP_CONFIGS, winner: tuple[dict, float] | None = None
+                ) -> list[TopConfig]:
+    """The fastest distinct configs that passed, each by its best trial median, with percent of the best.
+
+    `winner` (its config, and its median for when no trial of it is among `trials`) is listed first: the
+    re-timing that picked it may rank it above a config with a faster single trial.
 
     >>> [c.pct_of_best for c in top_configs([
     ...     {"status": "ok", "median_ms": 2.0, "config": {"B": 1}}, {"status": "ok", "median_ms": 1.0, "config": {"B": 2}},
     ...     {"status": "ok", "median_ms": 4.0, "config": {"B": 1}}])]
     [100.0, 50.0]
+    >>> [(c.config, c.winner) for c in top_configs([{"status": "ok", "median_ms": 1.0, "config": {"B": 2}}],
+    ...                                            winner=({"B": 1}, 1.5))]
+    [({'B': 1}, True), ({'B': 2}, False)]
     """
     best: dict[str, tuple[float, dict]] = {}
     for t in trials:
@@ -216,28 +232,45 @@ def top_configs(trials: list[dict], limit: int = TOP_CONFIGS) -> list[TopConfig]
         key = json.dumps(t["config"], sort_keys=True)
         if key not in best or t["median_ms"] < best[key][0]:
             best[key] = (t["median_ms"], t["config"])
-    ranked = sorted(best.values(), key=lambda item: item[0])[:limit]
-    if not ranked:
+    ranked = sorted(best.values(), key=lambda item: item[0])
+    first: list[tuple[float, dict, bool]] = []
+    if winner is not None:
+        key = json.dumps(winner[0], sort_keys=True)
+        first = [(best[key][0] if key in best else winner[1], winner[0], True)]
+        ranked = [item for item in ranked if json.dumps(item[1], sort_keys=True) != key]
+    shown = (first + [(ms, config, False) for ms, config in ranked])[:limit]
+    if not shown:
         return []
-    fastest = ranked[0][0]
-    return [TopConfig(config, ms, 100.0 * fastest / ms) for ms, config in ranked]
+    fastest = min(ms for ms, _, _ in shown)
+    return [TopConfig(config, ms, 100.0 * fastest / ms, won) for ms, config, won in shown]
 
 
 def problem_labels(problems: list[tuple[str, dict]]) -> list[str]:
-    """Short labels: per family, only the problem fields whose values differ (all of them for a lone problem).
+    """Short labels: per family its shape fields (m n k, seq lengths, ...), then the other fields whose values
+    differ between its problems (all the set ones for a lone problem).
 
-    >>> problem_labels([("gemm", {"m": 64, "n": 64, "dtype": "bf16"}), ("gemm", {"m": 128, "n": 64, "dtype": "bf16"})])
-    ['m=64', 'm=128']
+    >>> problem_labels([("gemm", {"m": 64, "n": 64, "k": 32, "dtype": "bf16"}),
+    ...                 ("gemm", {"m": 128, "n": 64, "k": 32, "dtype": "fp16"})])
+    ['m=64 n=64 k=32 dtype=bf16', 'm=128 n=64 k=32 dtype=fp16']
     """
     by_family: dict[str, list[dict]] = {}
     for family, params in problems:
         by_family.setdefault(family, []).append(params)
-    varying: dict[str, list[str]] = {}
+    shown: dict[str, list[str]] = {}
     for family, rows in by_family.items():
         keys = list(rows[0])
-        differ = [k for k in keys if len({json.dumps(r.get(k)) for r in rows}) > 1]
-        varying[family] = differ or [k for k in keys if rows[0][k] not in ("", None, False)]
-    return [" ".join(f"{k}={params.get(k)}" for k in varying[family]) for family, params in problems]
+        shape = [k for k in _shape_fields(family) if k in keys]
+        differ = [k for k in keys if k not in shape and len({json.dumps(r.get(k)) for r in rows}) > 1]
+        if not differ and not shape:
+            differ = [k for k in keys if rows[0][k] not in ("", None, False)]
+        shown[family] = shape + differ
+    return [" ".join(f"{k}={params.get(k)}" for k in shown[family]) for family, params in problems]
+
+
+def _shape_fields(family: str) -> tuple[str, ...]:
+    from autotile.families import family_names, get_family
+
+    return get_family(family).shape_fields if family in family_names() else ()
 
 
 class _ImportanceSource:
@@ -263,8 +296,9 @@ class _ImportanceSource:
 
     def importance(self, study: str, completed: int) -> Importance:
         if completed < MIN_TRIALS_FOR_IMPORTANCE:
-            return Importance(self.EVALUATOR, {}, f"skipped: {completed} trials passed, "
-                                                  f"importance needs at least {MIN_TRIALS_FOR_IMPORTANCE}")
+            return Importance(self.EVALUATOR, {}, f"hidden: {completed} trials passed; below "
+                                                  f"{MIN_TRIALS_FOR_IMPORTANCE} the shares would be fitted to "
+                                                  "timing noise")
         storage = self._open()
         if storage is None:
             return Importance(self.EVALUATOR, {}, f"skipped: {self._error}")
@@ -299,7 +333,7 @@ def _trials_by_problem(engine, family: str | None, device_key: str | None) -> di
     with Session(engine) as session:
         for trial, fam, key, params, dev in session.execute(query.order_by(Trial.study, Trial.number)).all():
             grouped.setdefault((key, dev), []).append({
-                "family": fam, "params": dict(params), "study": trial.study, "number": trial.number,
+                "id": trial.id, "family": fam, "params": dict(params), "study": trial.study, "number": trial.number,
                 "config": json.loads(trial.config), "status": trial.status, "median_ms": trial.median_ms,
                 "interpreted": bool(trial.interpreted),
             })
@@ -329,15 +363,16 @@ def build_report(db_url: str | None = None, *, family: str | None = None, device
     >>> [(p.label, p.winner.median_ms) for p in report.problems]  # doctest: +SKIP
     [('m=512 n=512 k=512', 0.0123)]
     """
-    engine = open_engine(db_url, create=False)
+    engine = open_engine(db_url, create=False, read_only=True)
     url = normalise_url(db_url) if db_url else default_db_url()  # as given: rendering escapes '(' in paths
-    winners: dict[tuple[str, str], WinnerView] = {
-        (w.problem_key, w.device_key): w for w in Store(engine).winners(family, device)}
-    trials = _trials_by_problem(engine, family, device)
+    with reading(url):
+        winners: dict[tuple[str, str], WinnerView] = {
+            (w.problem_key, w.device_key): w for w in Store(engine).winners(family, device)}
+        trials = _trials_by_problem(engine, family, device)
+        names = _device_names(engine)
     keys = sorted(set(winners) | set(trials), key=lambda k: (_family_of(k, winners, trials), k[1], k[0]))
     importance = _ImportanceSource(storage_url or url)
     notes: list[str] = []
-    names = _device_names(engine)
     devices = {k[1]: DeviceSummary(k[1], names.get(k[1], k[1]), k[1] == INTERPRET_KEY, ceilings_for(k[1]))
                for k in keys}
     for summary in devices.values():
@@ -355,8 +390,21 @@ def build_report(db_url: str | None = None, *, family: str | None = None, device
         problems.append(_problem_report(key, families[key], params_of[key], label, winners.get(key), rows,
                                         devices[key[1]], importance, notes))
     stamp = (now or dt.datetime.now(dt.timezone.utc)).isoformat(timespec="seconds")
-    return Report(REPORT_FORMAT_VERSION, stamp, engine.url.render_as_string(hide_password=True), family, device,
+    return Report(REPORT_FORMAT_VERSION, stamp, safe_url(url), family, device,
                   sorted(devices.values(), key=lambda d: d.key), problems, notes)
+
+
+def _search_rows(rows: list[dict]) -> list[dict]:
+    """The trials of the problem's latest search: the study of its newest trial, without the vendor op's rows.
+
+    A problem keeps the trials of earlier template versions (each a study of its own) and of the vendor op
+    (study `<name>:vendor`); the convergence and the top configs are those of one search.
+    """
+    searches = [r for r in rows if not r["study"].endswith(":vendor")]
+    if not searches:
+        return []
+    latest = max(searches, key=lambda r: r["id"])["study"]
+    return [r for r in searches if r["study"] == latest]
 
 
 def _family_of(key, winners, trials) -> str:
@@ -368,14 +416,17 @@ def _problem_report(key, family: str, params: dict, label: str, win: WinnerView 
     problem_key, device_key = key
     statuses = dict(sorted(Counter(r["status"] for r in rows).items()))
     interpreted = device.interpret or bool(win and win.interpreted) or any(r["interpreted"] for r in rows)
-    study = rows[0]["study"] if rows else ""
+    search = _search_rows(rows)
+    study = search[0]["study"] if search else ""
     winner = baseline = perf = None
     if win is not None:
+        config = json.loads(win.config)
         winner = Winner(
-            config=json.loads(win.config), median_ms=win.median_ms, q20_ms=win.q20_ms, q80_ms=win.q80_ms,
+            config=config, median_ms=win.median_ms, q20_ms=win.q20_ms, q80_ms=win.q80_ms,
             spread_pct=100.0 * (win.q80_ms - win.q20_ms) / win.median_ms if win.median_ms else 0.0,
             margin_pct=100.0 * win.margin if win.margin is not None else None, provenance=win.provenance,
-            toolchain=win.toolchain, created_at=win.created_at)
+            toolchain=win.toolchain, created_at=win.created_at,
+            vendor=vendor_label(config) if is_vendor(config) else None, verified_range=win.verified_range)
         if win.baseline_ms:
             baseline = Baseline(win.baseline_name, win.baseline_ms, win.baseline_ms / win.median_ms)
         try:
@@ -390,7 +441,8 @@ def _problem_report(key, family: str, params: dict, label: str, win: WinnerView 
         family=family, device_key=device_key, problem_key=problem_key, params=params, label=label,
         interpreted=interpreted, winner=winner, baseline=baseline, performance=perf,
         trials_total=len(rows) if rows else (win.trials_run if win else 0), statuses=statuses,
-        top_configs=top_configs(rows), convergence=convergence(rows),
+        top_configs=top_configs(search, winner=(winner.config, winner.median_ms) if winner else None),
+        convergence=convergence(search),
         importance=importance.importance(study, completed) if study else Importance(
             _ImportanceSource.EVALUATOR, {}, "skipped: no trials recorded"),
         study=study,

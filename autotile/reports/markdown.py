@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from autotile.reports.data import ProblemReport, Report
 from autotile.reports.summary import (INTERPRETER_LABEL, NO_PROFILE_TEXT, SUMMARY_COLUMNS, ceilings_text,
-                                      config_text, headline, param_columns, statuses_text, summary_row)
+                                      config_text, headline, param_columns, range_text, statuses_text, summary_row)
 
 # Parameters named in a problem's importance line.
 _IMPORTANCE_SHOWN = 4
@@ -60,7 +60,8 @@ def render_markdown(report: Report) -> str:
     out += [table(["device", "name", "ceilings"], rows), "", "## Winners", ""]
     out.append(table(list(SUMMARY_COLUMNS), [list(summary_row(p).values()) for p in report.problems]))
     out += ["", "Spread is (q80 - q20) / median; speedup is baseline time / winner time, both measured at tuning "
-                "time. Plots (convergence, roofline, importance, speedup by shape) are in the HTML report.", ""]
+                "time; \"served by\" names the vendor op where it won over every generated kernel. Plots "
+                "(convergence, roofline, importance, speedup by shape) are in the HTML report.", ""]
     for problem in report.problems:
         out += _problem(problem)
     return "\n".join(out) + "\n"
@@ -68,9 +69,13 @@ def render_markdown(report: Report) -> str:
 
 def _problem(p: ProblemReport) -> list[str]:
     tag = f" ({INTERPRETER_LABEL}s)" if p.interpreted else ""
+    tag += f" (vendor op won: {p.winner.vendor})" if p.winner and p.winner.vendor else ""
     out = [f"### {p.family} {p.label} on {p.device_key}{tag}", ""]
     if p.winner:
-        out.append(f"- winner: `{config_text(p.winner.config)}`")
+        served = f"the vendor op, {p.winner.vendor}: " if p.winner.vendor else ""
+        out.append(f"- winner: {served}`{config_text(p.winner.config)}`")
+        if p.winner.verified_range:
+            out.append(f"- verified to serve: {range_text(p.winner.verified_range)}")
         out.append(f"- {p.winner.provenance}")
     else:
         out.append("- no config passed the correctness check")
@@ -82,7 +87,7 @@ def _problem(p: ProblemReport) -> list[str]:
         out.append(f"- parameter importance {p.importance.note}")
     if p.top_configs:
         names = param_columns([c.config for c in p.top_configs])
-        rows = [[str(i + 1), f"{c.median_ms:.4g}", f"{c.pct_of_best:.1f}%"] + [str(c.config.get(n, "")) for n in names]
-                for i, c in enumerate(p.top_configs)]
+        rows = [[f"{i + 1} (winner)" if c.winner else str(i + 1), f"{c.median_ms:.4g}", f"{c.pct_of_best:.1f}%"]
+                + [str(c.config.get(n, "")) for n in names] for i, c in enumerate(p.top_configs)]
         out += ["", table(["#", "median ms", "% of best", *names], rows)]
     return out + [""]

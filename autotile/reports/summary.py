@@ -6,8 +6,9 @@ import json
 from autotile.reports.data import ProblemReport, Report
 
 INTERPRETER_LABEL = "interpreter timing"
-SUMMARY_COLUMNS = ("family", "device", "problem", "median ms", "spread", "TFLOP/s", "TB/s", "% roofline",
+SUMMARY_COLUMNS = ("family", "device", "problem", "served by", "median ms", "spread", "TFLOP/s", "TB/s", "% roofline",
                    "% peak compute", "% copy BW", "speedup", "baseline", "trials", "statuses")
+GENERATED = "generated kernel"
 
 
 def fmt(value: float | None, digits: int = 3, suffix: str = "") -> str:
@@ -58,6 +59,7 @@ def summary_row(problem: ProblemReport) -> dict[str, str]:
         "family": problem.family,
         "device": device,
         "problem": problem.label,
+        "served by": served_by(problem),
         "median ms": fmt(win.median_ms, 4) if win else "no passing config",
         "spread": pct(win.spread_pct) if win else "\u2013",
         "TFLOP/s": fmt(perf.tflops if perf else None),
@@ -70,6 +72,28 @@ def summary_row(problem: ProblemReport) -> dict[str, str]:
         "trials": str(problem.trials_total),
         "statuses": statuses_text(problem.statuses),
     }
+
+
+def served_by(problem: ProblemReport) -> str:
+    """What runs the problem: the vendor op that won (by its library call), a generated kernel, or nothing."""
+    if problem.winner is None:
+        return "\u2013"
+    return f"vendor op: {problem.winner.vendor}" if problem.winner.vendor else GENERATED
+
+
+def range_text(verified_range: dict | None) -> str:
+    """The serving range a winner was verified over, in one line ('' when it serves its own shape only).
+
+    >>> range_text({"m": [17, 32], "n": [4096, 4096]})
+    'm 17-32, n 4096'
+    """
+    if not verified_range:
+        return ""
+    parts = []
+    for name, bounds in verified_range.items():
+        lo, hi = (bounds + [None, None])[:2] if isinstance(bounds, list) else (bounds, bounds)
+        parts.append(f"{name} {lo}" if lo == hi else f"{name} {lo}-{hi}")
+    return ", ".join(parts)
 
 
 def anchor(problem: ProblemReport) -> str:

@@ -151,8 +151,10 @@ def _frame(canvas: Canvas, x: Axis, y: Axis, x_label: str, y_label: str) -> None
 
 
 def convergence_chart(points: list[tuple[int, str, float | None, float | None]], title: str,
-                      unit_label: str = "median time (ms)", width: int = 460, height: int = 260) -> str:
-    """Best-so-far against trial number: (number, status, median_ms or None, best_so_far_ms or None) per trial.
+                      unit_label: str = "median time (ms)", width: int = 460, height: int = 260,
+                      x_label: str = "evaluated trials") -> str:
+    """Best-so-far against trials evaluated: (trials evaluated so far, status, median_ms or None,
+    best_so_far_ms or None) per trial.
 
     Passing trials are grey dots, the best so far a blue step line, failed trials red ticks on the axis.
 
@@ -167,7 +169,7 @@ def convergence_chart(points: list[tuple[int, str, float | None, float | None]],
     x = axis_for(numbers, 64, width - 16, include_zero=True)
     spread = max(times) / min(times) if times else 1.0
     y = axis_for(times, height - 48, 28, log=spread > 20, include_zero=spread <= 20)
-    _frame(canvas, x, y, "trial number", unit_label)
+    _frame(canvas, x, y, x_label, unit_label)
     for number, status, median, _best in points:
         if median is not None:
             canvas.add(f'<circle cx="{x(number):.1f}" cy="{y(median):.1f}" r="3" fill="#9a9a9a">'

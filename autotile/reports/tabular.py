@@ -27,9 +27,9 @@ def csv_columns(report: Report) -> list[str]:
     """The CSV header: fixed columns, then one `trials_<status>` column per status seen (known ones first)."""
     seen = {s for p in report.problems for s in p.statuses}
     statuses = list(KNOWN_STATUSES) + sorted(seen - set(KNOWN_STATUSES))
-    return (["family", "device_key", "interpreted", "problem", "problem_key", "winner_config", "median_ms", "q20_ms",
-             "q80_ms", "spread_pct", "margin_pct", *_PERFORMANCE_FIELDS, "baseline_name", "baseline_ms", "speedup",
-             "trials_total"] + [f"trials_{s}" for s in statuses])
+    return (["family", "device_key", "interpreted", "problem", "problem_key", "vendor", "winner_config", "median_ms",
+             "q20_ms", "q80_ms", "spread_pct", "margin_pct", "verified_range", *_PERFORMANCE_FIELDS, "baseline_name",
+             "baseline_ms", "speedup", "trials_total"] + [f"trials_{s}" for s in statuses])
 
 
 def csv_row(problem: ProblemReport, columns: list[str]) -> dict:
@@ -38,7 +38,8 @@ def csv_row(problem: ProblemReport, columns: list[str]) -> dict:
            "problem": problem.label, "problem_key": problem.problem_key, "trials_total": problem.trials_total}
     if w:
         row.update(winner_config=json.dumps(w.config, sort_keys=True), median_ms=w.median_ms, q20_ms=w.q20_ms,
-                   q80_ms=w.q80_ms, spread_pct=w.spread_pct, margin_pct=w.margin_pct)
+                   q80_ms=w.q80_ms, spread_pct=w.spread_pct, margin_pct=w.margin_pct, vendor=w.vendor,
+                   verified_range=json.dumps(w.verified_range, sort_keys=True) if w.verified_range else None)
     if perf:
         row.update({name: getattr(perf, name) for name in _PERFORMANCE_FIELDS})
     if base:
