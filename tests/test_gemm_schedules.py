@@ -244,3 +244,21 @@ def test_stream_k_partition_covers_every_iteration_once(seed):
             assert max(shares) - min(shares) <= 1  # an even spread of the stream-K iterations
             if tiles >= programs:  # the hybrid: between half a tile and one and a half tiles each
                 assert k_tiles // 2 <= min(shares) and max(shares) <= (3 * k_tiles + 1) // 2
+
+
+def test_64_bit_offsets_in_every_schedule(monkeypatch):
+    # Problems past 2**31 elements take 64-bit offsets (INDEX_64); too large to run here, so it is forced.
+    from autotile.families.gemm import GemmFamily
+
+    rendered = GemmFamily.render_switches
+    monkeypatch.setattr(GemmFamily, "render_switches", lambda self, p, c: dict(rendered(self, p, c), INDEX_64=True))
+    gemm_launch.launch_plan.cache_clear()
+    try:
+        for schedule, split in (("data_parallel", 1), ("split_k", 3), ("stream_k", 1)):
+            cfg = config(SCHEDULE=schedule, SPLIT_K=split, BLOCK_M=32, BLOCK_N=32)
+            outcome, _ = run_checked(FAMILY, ODD, cfg, CPU, seed=1)
+            assert outcome.status is Status.OK, f"{schedule}: {outcome.error}"
+        source = load_kernel_module(FAMILY.template, interpret=True, **FAMILY.render_switches(ODD, cfg))
+        assert "off_m.to(tl.int64)" in open(source.__file__).read()
+    finally:
+        gemm_launch.launch_plan.cache_clear()

@@ -3,10 +3,10 @@ tiles and the tile counters with which the last contributor of a tile finishes i
 
 The tile counters are zero between launches: the program that completes a tile resets its counter, so
 one buffer serves every launch on a stream without a memset. Buffers are kept per CUDA stream (launches
-on one stream never overlap); a buffer outgrown by a larger launch is kept alive, because a captured
-CUDA graph may still use it; during graph capture a fresh zeroed buffer is made for the call (the graph
-zeroes it again on every replay). A launch that raises drops its stream's buffer, whose counters it
-may have left half counted.
+on one stream never overlap). A launch captured in a CUDA graph gets counters of its own, zeroed by the
+graph on every replay (a graph may be replayed on any stream, beside eager launches): one small memset
+per split launch and replay. A launch that raises drops its stream's buffer, whose counters it may have
+left half counted.
 """
 from __future__ import annotations
 
@@ -84,8 +84,9 @@ def run_plan(plan: LaunchPlan, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor
         raise
 
 
+# NOTE: a buffer replaced or dropped here may still be in use by launches queued on its stream; the caching
+# allocator hands its memory out again only to work queued after them on that same stream.
 _counters: dict[tuple, torch.Tensor] = {}
-_outgrown: list[torch.Tensor] = []  # replaced by larger buffers, kept: a captured CUDA graph may still use them
 
 
 def _stream_key(dev: torch.device) -> tuple:
@@ -101,14 +102,12 @@ def _stream_key(dev: torch.device) -> tuple:
 
 def tile_counters(dev: torch.device, count: int) -> torch.Tensor:
     """At least `count` int32 tile counters, all zero, for a launch on the current stream of `dev`."""
+    if dev.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return torch.zeros(count, dtype=torch.int32, device=dev)
     key = _stream_key(dev)
     buffer = _counters.get(key)
     if buffer is not None and buffer.numel() >= count:
         return buffer
-    if dev.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        return torch.zeros(count, dtype=torch.int32, device=dev)
-    if buffer is not None:
-        _outgrown.append(buffer)
     buffer = torch.zeros(max(count, _MIN_COUNTERS, 2 * (buffer.numel() if buffer is not None else 0)),
                          dtype=torch.int32, device=dev)
     _counters[key] = buffer
@@ -117,6 +116,4 @@ def tile_counters(dev: torch.device, count: int) -> torch.Tensor:
 
 def forget_counters(dev: torch.device) -> None:
     """Drop the current stream's counters (after a failed launch): the next launch starts from zeros."""
-    buffer = _counters.pop(_stream_key(dev), None)
-    if buffer is not None:
-        _outgrown.append(buffer)
+    _counters.pop(_stream_key(dev), None)
