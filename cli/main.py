@@ -8,6 +8,7 @@ import click
 
 from autotile.cli.common import FamilyGroup, db_option, family_options, friendly_errors
 from autotile.cli.tune_run import interpreter_defaults, suite_note, tune_each
+from autotile.cli.tune_plan import model_options, take_model_options, tune_group, tune_model
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -70,19 +71,36 @@ def _make_tune_command(name: str):
                   help="compile the next asked configs in CPU processes while the GPU times the current one")
     @click.option("--stale", is_flag=True,
                   help="re-validate winners tuned with another toolchain or driver: re-time their stored top few configs, no new search")
+    @click.option("--patience", default=None, type=click.IntRange(1),
+                  help="stop a problem's search after this many evaluated trials without improvement, once the vendor "
+                       "op is beaten or out of reach (default: run --trials)")
+    @click.option("--simulate", default=None, metavar="DB",
+                  help="replay the timings stored in DB (an autotile database, or a timing table or folder of them) "
+                       "instead of running anything: nothing is compiled, run or stored")
+    @model_options(family)
     @db_option
     @friendly_errors
-    def command(preset, gpu, trials, timeout, seed, storage, gpus, trial_timeout, compile_ahead, stale, db_url,
-                **options):
+    def command(preset, gpu, trials, timeout, seed, storage, gpus, trial_timeout, compile_ahead, stale, patience,
+                simulate, db_url, **options):
         from autotile.cli.progress import tune_with_progress
         from autotile.device import resolve_gpu
 
+        if simulate:
+            if any(take_model_options(options).values()):
+                raise click.UsageError("--simulate replays one problem's table: give its shape, not --model")
+            _simulate(family, simulate, gpu, _problems(family, preset, options), trials, seed, patience)
+            return
         if gpus is not None and not all(g.strip().isdigit() for g in gpus.split(",")):
             raise click.BadParameter(f"{gpus!r} is not a comma-separated list of GPU indices", param_hint="--gpus")
         gpu_list = [int(g) for g in gpus.split(",")] if gpus else None
         device = resolve_gpu(gpu, index=gpu_list[0] if gpu_list else 0)
         if stale:
             _revalidate_stale(db_url, device, family.name)
+            return
+        model_opts = take_model_options(options)
+        if model_opts["model"] or model_opts["dims"]:
+            tune_model(family, model_opts, options, device, db_url, trials, seed, storage_url=storage, gpus=gpu_list,
+                       trial_timeout=trial_timeout, compile_ahead=compile_ahead, patience=patience)
             return
         if device.interpret:
             options = interpreter_defaults(family, options, _given_options(options))
@@ -93,9 +111,35 @@ def _make_tune_command(name: str):
                 click.echo(suite_note(family, problems, trials), err=True)
         tune_each(problems, lambda problem: tune_with_progress(
             family, problem, device, trials=trials, timeout=timeout, db_url=db_url, storage_url=storage, seed=seed,
-            gpus=gpu_list, trial_timeout=trial_timeout, compile_ahead=compile_ahead))
+            gpus=gpu_list, trial_timeout=trial_timeout, compile_ahead=compile_ahead, patience=patience))
 
     return command
+
+
+def _simulate(family, source, gpu, problems, trials, seed, patience) -> None:
+    """`tune ... --simulate DB`: the tuner's search on stored timings; prints what it reached against the table's best."""
+    from autotile.tune.driver import tune_problem
+    from autotile.tune.simulate import load_table
+
+    wanted = None if gpu in ("auto", "interpret") else gpu
+    for problem in problems:
+        table = load_table(source, family, problem, wanted)
+        click.echo(f"simulating {family.name} {family.problem_key(problem)} on {table.device.key}: {len(table)} "
+                   f"measured configs ({table.note})")
+        result = tune_problem(family, problem, table.device, trials=trials, seed=seed, patience=patience,
+                              simulate=table)
+        best = table.best_ms
+        reached = f"{best / result.winner_ms:.1%} of the table's best ({best:.4g} ms)" if result.winner_ms else "nothing"
+        vendor = f"; vendor op {table.best_vendor_ms:.4g} ms" if table.best_vendor_ms else ""
+        click.echo(f"  {sum(result.statuses.values())} evaluations reached {reached}{vendor}; "
+                   f"{result.never_measured} proposals were never measured (replaced by measured configs), "
+                   f"{result.pruned} dropped by the roofline model")
+        if result.winner is not None:
+            click.echo(f"  best {result.winner_ms:.4g} ms: {result.winner.to_json()}")
+        if result.warm_start:
+            click.echo(f"  warm start: {result.warm_start}")
+        if result.stopped_early:
+            click.echo(f"  stopped early: {result.stopped_early}")
 
 
 def _revalidate_stale(db_url, device, family_name: str) -> None:
@@ -109,8 +153,7 @@ def _revalidate_stale(db_url, device, family_name: str) -> None:
         click.echo(f"{r.status}: {r.family} {r.problem_key} ({'; '.join(r.reasons)}) {timing}")
 
 
-cli.add_command(FamilyGroup(name="tune", factory=_make_tune_command,
-                             help="Search a family's tuning space on this GPU and store the winner."))
+cli.add_command(tune_group(_make_tune_command))
 
 
 def _make_render_command(name: str):
