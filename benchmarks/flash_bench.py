@@ -87,8 +87,9 @@ def _guarded(name: str, fn, failures: list) -> object:
 
 
 # --- 1. correctness ---------------------------------------------------------------------------------
-def _fwd(loads, block_m, block_n, ws, warps, stages) -> dict:
-    return dict(LOADS=loads, BLOCK_M=block_m, BLOCK_N=block_n, WARP_SPECIALIZE=ws, num_warps=warps, num_stages=stages)
+def _fwd(loads, block_m, block_n, ws, warps, stages, lookahead=False) -> dict:
+    return dict(LOADS=loads, LOOKAHEAD=lookahead, BLOCK_M=block_m, BLOCK_N=block_n, WARP_SPECIALIZE=ws,
+                num_warps=warps, num_stages=stages)
 
 
 def family_cases(quick: bool) -> list[tuple[str, FlashProblem, dict | None]]:
@@ -123,6 +124,8 @@ def family_cases(quick: bool) -> list[tuple[str, FlashProblem, dict | None]]:
     tma_ws = _fwd("tma", 128, 128, True, 8, 2)
     anchor = FlashProblem("fwd", 2, 32, 32, 1000, 1000, 128, causal=True)
     cases += [("bf16 fwd causal TMA", anchor, tma), ("bf16 fwd causal TMA + warp specialised", anchor, tma_ws),
+              ("bf16 fwd causal TMA + lookahead", anchor, _fwd("tma", 128, 128, False, 8, 2, lookahead=True)),
+              ("bf16 fwd causal TMA + warp specialised + lookahead", anchor, _fwd("tma", 128, 128, True, 8, 2, True)),
               ("bf16 fwd D=64 256-key blocks", FlashProblem("fwd", 3, 12, 12, 999, 999, 64, True), _fwd("tma", 128, 256, False, 8, 2)),
               ("bf16 fwd varlen TMA + warp specialised",
                FlashProblem("fwd", 5, 8, 2, 700, 650, 128, causal=True, varlen=True), tma_ws),

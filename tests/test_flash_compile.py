@@ -63,9 +63,9 @@ def compile_for(problem: FlashProblem, config: Config, arch: int) -> None:
                        options={"num_warps": config["num_warps"], "num_stages": config["num_stages"]})
 
 
-def _fwd(loads="pointer", block_m=128, block_n=64, ws=False, warps=8, stages=3) -> Config:
-    return Config(LOADS=loads, BLOCK_M=block_m, BLOCK_N=block_n, WARP_SPECIALIZE=ws, num_warps=warps,
-                  num_stages=stages)
+def _fwd(loads="pointer", block_m=128, block_n=64, ws=False, warps=8, stages=3, lookahead=False) -> Config:
+    return Config(LOADS=loads, LOOKAHEAD=lookahead, BLOCK_M=block_m, BLOCK_N=block_n, WARP_SPECIALIZE=ws,
+                  num_warps=warps, num_stages=stages)
 
 
 BWD = Config(BLOCK_M1=64, BLOCK_N1=128, BLOCK_M2=128, BLOCK_N2=64, num_warps=8, num_stages=2)
@@ -76,6 +76,10 @@ VARIANTS = [
     # (id, problem, config, archs)
     ("plain-tma-ws-d128", FlashProblem("fwd", 2, 32, 8, 4096, 4096, 128, causal=True), _fwd("tma", 128, 128, True, 8, 2), (90,)),
     ("plain-pointer-d96", FlashProblem("fwd", 1, 32, 32, 4096, 4096, 96, causal=True), _fwd(), (80,)),
+    ("lookahead-tma", FlashProblem("fwd", 2, 32, 8, 4096, 4096, 128, causal=True),
+     _fwd("tma", 128, 128, False, 8, 2, lookahead=True), (90,)),
+    ("lookahead-tma-ws", FlashProblem("fwd", 2, 32, 8, 4096, 4096, 128, causal=False),
+     _fwd("tma", 128, 128, True, 8, 2, lookahead=True), (90,)),
     ("d64-wide-key-blocks", FlashProblem("fwd", 3, 12, 12, 2000, 2000, 64, causal=True), _fwd("tma", 128, 256, False, 8, 2), (90,)),
     ("d256-tma", FlashProblem("fwd", 1, 16, 8, 8192, 8192, 256, causal=True), _fwd("tma", 64, 64, False, 4, 2), (90,)),
     ("features-pointer", FlashProblem("fwd", 2, 16, 8, 4096, 4096, 128, causal=True, window_left=1024, softcap=50.0,

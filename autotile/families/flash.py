@@ -182,6 +182,24 @@ _SEED_FORWARD = (
     dict(LOADS="tma", BLOCK_M=128, BLOCK_N=64, WARP_SPECIALIZE=False, num_warps=8, num_stages=3),
     dict(LOADS="tma", BLOCK_M=128, BLOCK_N=128, WARP_SPECIALIZE=True, num_warps=8, num_stages=2),
     dict(LOADS="pointer", BLOCK_M=64, BLOCK_N=64, WARP_SPECIALIZE=False, num_warps=4, num_stages=3),
+    # FlashAttention-3's structure as far as Triton expresses it: TMA loads, the next block's scores issued
+    # before this block's softmax, with and without warp specialisation (unmeasured starting points).
+    dict(LOADS="tma", BLOCK_M=128, BLOCK_N=128, WARP_SPECIALIZE=False, num_warps=8, num_stages=2, LOOKAHEAD=True),
+    dict(LOADS="tma", BLOCK_M=128, BLOCK_N=128, WARP_SPECIALIZE=True, num_warps=8, num_stages=2, LOOKAHEAD=True),
+)
+# Head-dim specific starting points: wide heads keep the (BLOCK_M, 256) accumulator within a warpgroup's
+# registers with short key blocks; narrow heads take long key blocks (fewer loop trips per row tile).
+_SEED_FORWARD_D256 = (
+    dict(LOADS="tma", BLOCK_M=64, BLOCK_N=64, WARP_SPECIALIZE=False, num_warps=4, num_stages=2),
+    dict(LOADS="tma", BLOCK_M=128, BLOCK_N=32, WARP_SPECIALIZE=False, num_warps=8, num_stages=2),
+    dict(LOADS="tma", BLOCK_M=128, BLOCK_N=64, WARP_SPECIALIZE=True, num_warps=8, num_stages=2),
+    dict(LOADS="pointer", BLOCK_M=64, BLOCK_N=32, WARP_SPECIALIZE=False, num_warps=4, num_stages=3),
+)
+_SEED_FORWARD_D64 = (
+    dict(LOADS="tma", BLOCK_M=128, BLOCK_N=128, WARP_SPECIALIZE=False, num_warps=4, num_stages=3),
+    dict(LOADS="tma", BLOCK_M=128, BLOCK_N=256, WARP_SPECIALIZE=False, num_warps=8, num_stages=2),
+    dict(LOADS="tma", BLOCK_M=128, BLOCK_N=128, WARP_SPECIALIZE=True, num_warps=8, num_stages=3),
+    dict(LOADS="pointer", BLOCK_M=64, BLOCK_N=128, WARP_SPECIALIZE=False, num_warps=4, num_stages=3),
 )
 _SEED_BACKWARD = (
     dict(BLOCK_M1=32, BLOCK_N1=128, BLOCK_M2=128, BLOCK_N2=32, num_warps=8, num_stages=2),
@@ -337,6 +355,7 @@ class FlashFamily(Family):
 
         axes = [
             Axis("LOADS", ("pointer", "tma"), AxisKind.RENDER),
+            Axis("LOOKAHEAD", (False, True), AxisKind.RENDER),
             Axis("BLOCK_M", _BLOCKS),
             Axis("BLOCK_N", _BLOCKS + (_WIDE_BLOCK_N,)),
             Axis("WARP_SPECIALIZE", (False, True)),
@@ -411,7 +430,11 @@ class FlashFamily(Family):
 
     def seed_configs(self, problem: FlashProblem, device: DeviceInfo) -> list[Config]:
         """Hopper configs of Triton's fused-attention tutorial, tried right after the default."""
-        wanted = _SEED_FORWARD if problem.direction == "fwd" else _SEED_BACKWARD
+        if problem.direction == "fwd":
+            by_head = {256: _SEED_FORWARD_D256, 64: _SEED_FORWARD_D64}.get(problem.block_d, ())
+            wanted = [dict({"LOOKAHEAD": False}, **w) for w in by_head + _SEED_FORWARD]
+        else:
+            wanted = _SEED_BACKWARD
         space = self.space(problem, device)
         return [Config(w) for w in wanted if space.is_feasible(w)]
 
@@ -426,13 +449,19 @@ class FlashFamily(Family):
             # grid has programs for every SM.
             if _cdiv(p.seq_q, block_m) * p.batch * p.heads_q < _PROGRAMS_PER_SM * device.sm_count:
                 block_m = 64
-            preferred = dict(LOADS="pointer", BLOCK_M=block_m, BLOCK_N=64, WARP_SPECIALIZE=False,
+            preferred = dict(LOADS="pointer", LOOKAHEAD=False, BLOCK_M=block_m, BLOCK_N=64, WARP_SPECIALIZE=False,
                              num_warps=4 if wide or block_m == 64 or p.block_d <= 64 else 8,
                              num_stages=2 if wide else 3)
         else:
             preferred = dict(BLOCK_M1=32, BLOCK_N1=64 if wide else 128, BLOCK_M2=64 if wide else 128, BLOCK_N2=32,
                              num_warps=8 if p.block_d >= 128 else 4, num_stages=2)
         return self.first_feasible(problem, device, preferred)
+
+    def validate_config(self, problem: FlashProblem, device: DeviceInfo, config) -> Config:
+        # Forward configs stored before the LOOKAHEAD axis existed ran without it.
+        if problem.direction == "fwd" and "BLOCK_M" in config and "LOOKAHEAD" not in config:
+            config = dict(config, LOOKAHEAD=False)
+        return super().validate_config(problem, device, config)
 
     # --- the vendor op: SDPA's backends ------------------------------------------------
     def vendor_configs(self, problem: FlashProblem, device: DeviceInfo) -> list[Config]:
@@ -651,6 +680,7 @@ class FlashFamily(Family):
             RIGHT_BOUND=p.causal or p.window_right >= 0, LEFT_BOUND=p.window_left >= 0, SOFTCAP=p.softcap > 0,
             ALIBI=p.alibi, VARLEN=p.varlen, HEAD_PADDED=p.block_d != p.head_dim, FP8=p.dtype == "fp8",
             LOADS=config["LOADS"] if p.direction == "fwd" else "pointer",
+            LOOKAHEAD=bool(config.get("LOOKAHEAD", False)) if p.direction == "fwd" else False,
             INPUT_PRECISION="ieee" if p.dtype == "fp32" else "", UPCAST_DOTS=False, STORE_LSE=True,
         )
 

@@ -83,13 +83,13 @@ def _torch_allows(backend: str, problem, device_index: int) -> bool:
     def probe(heads: int, seq: int) -> torch.Tensor:
         return torch.empty(1, heads, min(seq, _PROBE_SEQ), p.head_dim, dtype=dtype, device=dev, requires_grad=grad)
 
-    q, k, v = probe(p.heads_q, p.seq_q), probe(p.heads_kv, p.seq_k), probe(p.heads_kv, p.seq_k)
-    # is_causal=False: SDPA refuses flash for causal Sq != Sk because of its top-left convention, but the
-    # flash ATen op called here masks bottom-right, as this family does; causal support is `expresses`'s job.
-    params = torch.backends.cuda.SDPAParams(q, k, v, None, 0.0, False, p.heads_q != p.heads_kv)
     try:
+        q, k, v = probe(p.heads_q, p.seq_q), probe(p.heads_kv, p.seq_k), probe(p.heads_kv, p.seq_k)
+        # is_causal=False: SDPA refuses flash for causal Sq != Sk because of its top-left convention, but the
+        # flash ATen op called here masks bottom-right, as this family does; causal support is `expresses`'s job.
+        params = torch.backends.cuda.SDPAParams(q, k, v, None, 0.0, False, p.heads_q != p.heads_kv)
         allowed = bool(check(params, False))
-    except Exception:  # noqa: BLE001 - a torch without this backend on this device
+    except Exception:  # noqa: BLE001 - a torch without this backend (or this SDPAParams) on this device
         allowed = False
     with _allowed_lock:
         _allowed[key] = allowed
