@@ -191,3 +191,58 @@ def test_second_ctrl_c_stops_at_once(tmp_path, no_new_threads):
     with pytest.raises(KeyboardInterrupt):
         tune_problem(ELEMENTWISE, PROBLEM, CPU, trials=10, db_url=url, retime_rounds=1, progress=ctrl_c_twice)
     assert Store(open_engine(url, create=False)).winners("elementwise") == []
+
+
+# --- what a rerun and the runtime see after tuning -----------------------------------------------------
+
+def _fake_retiming(monkeypatch, stored_hash: str, others_ms: float):
+    """The interleaved re-timing gives the stored winner 1 ms and every other candidate `others_ms`."""
+    from autotile.bench import Timing
+    from autotile.tune import driver
+
+    def retime(fns, device, rounds):
+        return {key: Timing(1.0 if key == stored_hash else others_ms, 0.99, 1.01, True) for key in fns}
+
+    monkeypatch.setattr(driver, "retime_interleaved", retime)
+
+
+def test_a_rerun_keeps_the_stored_winner_unless_another_is_faster_beyond_the_noise(tmp_path, monkeypatch):
+    url = f"sqlite:///{tmp_path / 't.sqlite'}"
+    tune_problem(ELEMENTWISE, PROBLEM, CPU, trials=4, db_url=url, retime_rounds=1)
+    (stored,) = Store(open_engine(url, create=False)).winners("elementwise")
+    _fake_retiming(monkeypatch, stored.config_hash, 0.995)  # 0.5% faster: within the noise
+    kept = tune_problem(ELEMENTWISE, PROBLEM, CPU, trials=4, db_url=url, retime_rounds=1)
+    assert kept.already_complete and kept.winner.to_json() == stored.config
+    _fake_retiming(monkeypatch, stored.config_hash, 0.9)  # 10% faster: a real improvement
+    replaced = tune_problem(ELEMENTWISE, PROBLEM, CPU, trials=4, db_url=url, retime_rounds=1)
+    assert replaced.winner.to_json() != stored.config
+    (now,) = Store(open_engine(url, create=False)).winners("elementwise")
+    assert now.config == replaced.winner.to_json() and now.median_ms == 0.9
+
+
+def test_explain_sees_a_winner_tuned_in_the_same_process(tmp_path, monkeypatch):
+    import autotile
+    import torch
+
+    url = f"sqlite:///{tmp_path / 't.sqlite'}"
+    monkeypatch.setenv("AUTOTILE_DB", url)
+    x = torch.randn(NUMEL)
+    assert autotile.explain("fuse", EXPR, x=x)["source"] != "user-db"  # memoised before the tuning
+    result = tune_problem(ELEMENTWISE, PROBLEM, CPU, trials=2, db_url=url, retime_rounds=1)
+    info = autotile.explain("fuse", EXPR, x=x)
+    assert info["source"] == "user-db" and info["config"] == dict(result.winner)
+
+
+def test_autotile_log_prints_one_line_per_new_shape(monkeypatch, capfd):
+    import autotile
+    import torch
+
+    from autotile.runtime import dispatch
+
+    monkeypatch.setenv("AUTOTILE_LOG", "1")
+    dispatch.clear_cache()
+    for n in (NUMEL, NUMEL, NUMEL + 7, NUMEL):
+        autotile.fuse(EXPR)(x=torch.randn(n))
+    lines = [line for line in capfd.readouterr().err.splitlines() if line.startswith("autotile: elementwise")]
+    assert len(lines) == 2 and '"numel":1000' in lines[0] and '"numel":1007' in lines[1]
+    assert all("->" in line and "[" in line for line in lines)
