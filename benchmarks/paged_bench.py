@@ -670,10 +670,17 @@ def render(setting: Setting, copy_tbps: float, anchor_row: dict | None, mixes: l
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True, help="markdown file to write (JSON goes beside it)")
+    parser.add_argument("--out", type=Path, required=True,
+                        help="markdown file to write (JSON goes beside it), or a folder to write paged_bench.md in")
     parser.add_argument("--quick", action="store_true", help="fewer cases and mixes, shorter timings (1-3 min)")
+    parser.add_argument("--budget-s", type=float, default=None,
+                        help="benchmarks/run_gpu.sh's time budget: below 240 s it implies --quick")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU interpreter: checks the script")
     args = parser.parse_args()
+    if args.out.suffix != ".md":
+        args.out = args.out / "paged_bench.md"
+    if args.budget_s is not None and args.budget_s < 240:
+        args.quick = True
     if args.smoke:
         os.environ.setdefault("TRITON_INTERPRET", "1")
     elif not torch.cuda.is_available():

@@ -69,12 +69,19 @@ def compare_logits(example, model, plan, steps: int, max_batch: int, pages: int)
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True,
+                        help="markdown file to write (JSON goes beside it), or a folder to write serving_bench.md in")
     parser.add_argument("--quick", action="store_true", help="fewer requests and steps (1-2 min)")
+    parser.add_argument("--budget-s", type=float, default=None,
+                        help="benchmarks/run_gpu.sh's time budget: below 240 s it implies --quick")
     parser.add_argument("--smoke", action="store_true", help="a tiny model on the CPU interpreter: checks the script")
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--max-batch", type=int, default=64)
     args = parser.parse_args()
+    if args.out.suffix != ".md":
+        args.out = args.out / "serving_bench.md"
+    if args.budget_s is not None and args.budget_s < 240:
+        args.quick = True
     if args.smoke:
         os.environ.setdefault("TRITON_INTERPRET", "1")
     elif not torch.cuda.is_available():

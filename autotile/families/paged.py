@@ -490,6 +490,8 @@ class PagedLaunch:
             cut = slots * p.rows
             self.workspace = torch.empty(cut * (p.head_dim + 2), dtype=torch.float32, device=self.device)
             self._ws = (self.workspace[2 * cut:], self.workspace[:cut], self.workspace[cut:2 * cut])
+        # The balanced kernel's choice for the combine kernel (log2 of the chunk size, -1: nothing split).
+        self.schedule = torch.zeros(1, dtype=torch.int32, device=self.device) if self.variant == "balanced" else None
         self._uniform_cu_seqlens = None
         self.split_constants = dict(SPLIT_CANDIDATES=SPLIT_CANDIDATES, SPLIT_OVERHEAD=SPLIT_OVERHEAD_TOKENS,
                                     SPLIT_MARGIN_PCT=SPLIT_MARGIN_PCT)
@@ -551,14 +553,14 @@ class PagedLaunch:
             launch_kernel(
                 module.paged_attention_balanced, (self.max_chunks, p.num_kv_heads),
                 q, k_cache, v_cache, out, block_table, context_lens, k_scale, v_scale, ws_acc, ws_max, ws_sum,
-                *lse_args, scale, p.batch, self.num_sms, self.max_chunks, *q_strides, *o_strides, *caches,
-                block_table.stride(0), **shape, PARTITION_SIZE=size, BATCH_PAD=self.batch_pad,
+                self.schedule, *lse_args, scale, p.batch, self.num_sms, self.max_chunks, *q_strides, *o_strides,
+                *caches, block_table.stride(0), **shape, PARTITION_SIZE=size, BATCH_PAD=self.batch_pad,
                 **self.split_constants, **self.options)
             launch_kernel(
                 module.paged_attention_combine, (p.batch, p.num_kv_heads),
-                out, context_lens, ws_acc, ws_max, ws_sum, *lse_args, p.batch, self.num_sms, self.max_chunks,
-                *o_strides, HEAD_DIM=p.head_dim, GROUP=p.group, NUM_QUERIES=p.num_queries, ROWS=p.rows,
-                PARTITION_SIZE=size, BATCH_PAD=self.batch_pad, **self.split_constants, num_warps=4)
+                out, context_lens, ws_acc, ws_max, ws_sum, self.schedule, *lse_args, p.batch, *o_strides,
+                HEAD_DIM=p.head_dim, GROUP=p.group, NUM_QUERIES=p.num_queries, ROWS=p.rows,
+                BATCH_PAD=self.batch_pad, num_warps=4)
 
     def prefill(self, q, k_cache, v_cache, block_table, cu_seqlens_q, context_lens, out, *, scale: float,
                 k_scale=None, v_scale=None, lse=None) -> None:
