@@ -229,7 +229,8 @@ class PagedKVCache:
         seqs = [self._seq(s) for s in seq_ids]
         if out is not None:
             if out.dim() != 2 or out.shape[0] < len(seqs) or out.dtype != torch.int32:
-                raise ShapeMismatchError(f"out must be (>= {len(seqs)}, max_pages) int32, got {tuple(out.shape)} {out.dtype}")
+                raise ShapeMismatchError(
+                    f"out must be (>= {len(seqs)}, max_pages) int32, got {tuple(out.shape)} {out.dtype}")
             max_pages = out.shape[1]
         width = max([len(s.pages) for s in seqs] + [1]) if max_pages is None else max_pages
         rows = []

@@ -2,7 +2,7 @@
 
     PYTHONPATH=. python benchmarks/paged_bench.py --out OUT/paged_bench.md            # ~6 min on an H200
     PYTHONPATH=. python benchmarks/paged_bench.py --quick --out OUT/paged_bench.md    # ~2 min
-    PYTHONPATH=. python benchmarks/paged_bench.py --smoke --out /tmp/smoke.md         # CPU: tiny shapes, checks the script
+    PYTHONPATH=. python benchmarks/paged_bench.py --smoke --out /tmp/smoke.md         # CPU, tiny: checks the script
 
 1. Correctness against float32 references over de-paged K/V: the decode variants (whole, split, balanced)
    at head dims 64-256 (80, 96, 112 padded), GQA 1-16 and MQA, bf16/fp16 queries, fp8 caches, speculative
@@ -150,7 +150,8 @@ def decode_reference(data: Decode, scale: float) -> tuple[torch.Tensor, torch.Te
         group = heads // k.shape[1]
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
         logits = torch.einsum("qhd,khd->hqk", data.q[b].float(), k) * scale
-        hidden = torch.arange(n, device=k.device)[None, :] > (n - queries + torch.arange(queries, device=k.device))[:, None]
+        last = n - queries + torch.arange(queries, device=k.device)  # (Q,) each query's position
+        hidden = torch.arange(n, device=k.device)[None, :] > last[:, None]
         logits = logits.masked_fill(hidden[None], -math.inf)
         out[b] = torch.einsum("hqk,khd->qhd", torch.softmax(logits, dim=-1), v)
         lse[b] = torch.logsumexp(logits, dim=-1).transpose(0, 1)
@@ -261,7 +262,7 @@ def check_decode_case(setting: Setting, case) -> str | None:
         if not (ok and ok_lse):
             problems.append(f"{label}: max |err| out {err:.3g}, lse {err_lse:.3g}")
     log(f"  {'ok  ' if not problems else 'FAIL'} {name}: {plan.config.to_json()} ({plan.source}) "
-        + ("; ".join(problems) or f"lse ok"))
+        + ("; ".join(problems) or "lse ok"))
     return f"{name}: {'; '.join(problems)}" if problems else None
 
 
@@ -361,7 +362,7 @@ def check_graphs_and_syncs(setting: Setting) -> str | None:
     load(first)
     for _ in range(2):  # warm-up (compiles) outside the capture
         plan.run(*args(), out=out, lse=lse)
-        one_call = autotile.paged_attention(*args(), max_context=bound)
+        autotile.paged_attention(*args(), max_context=bound)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
@@ -428,10 +429,10 @@ def run_checks(setting: Setting) -> list[str]:
 def copy_bandwidth_tbps(setting: Setting) -> float:
     if not setting.cuda:
         return H200_COPY_TBPS
-    src = torch.empty(2**30, dtype=torch.bfloat16, device="cuda").normal_()
-    dst = torch.empty_like(src)
-    ms = time_ms(setting, lambda: dst.copy_(src))
-    del src, dst
+    buffers = [torch.empty(2**30, dtype=torch.bfloat16, device="cuda").normal_()]
+    buffers.append(torch.empty_like(buffers[0]))
+    ms = time_ms(setting, lambda: buffers[1].copy_(buffers[0]))
+    buffers.clear()
     torch.cuda.empty_cache()
     return 2 * 2**30 * 2 / (ms * 1e-3) / 1e12
 
@@ -613,7 +614,7 @@ def render(setting: Setting, copy_tbps: float, anchor_row: dict | None, mixes: l
     import triton
 
     name = torch.cuda.get_device_name() if setting.cuda else "CPU (Triton interpreter; smoke run, timings meaningless)"
-    lines = [f"# Paged attention: serving targets (issue 12)", "",
+    lines = ["# Paged attention: serving targets (issue 12)", "",
              f"Device: {name}, {datetime.date.today().isoformat()}; torch {torch.__version__}, triton "
              f"{triton.__version__}. Copy bandwidth measured in this run: {copy_tbps:.2f} TB/s (read + write). "
              f"TB/s count the K and V bytes the contexts hold; medians of {setting.rounds} interleaved "
@@ -634,7 +635,8 @@ def render(setting: Setting, copy_tbps: float, anchor_row: dict | None, mixes: l
                   f"{ANCHOR_COPY_TARGET:.0%}): {verdict(anchor_row['copy_share'] >= ANCHOR_COPY_TARGET)}"]
     good = [m for m in mixes if "copy_share" in m]
     lines += ["", "## Ragged decode mixes (planned run replayed in a CUDA graph)", "",
-              "| mix | heads | B | longest | graph ms | eager ms | gather+SDPA ms | TB/s | % of copy | vs gather | config |",
+              "| mix | heads | B | longest | graph ms | eager ms | gather+SDPA ms | TB/s | % of copy | vs gather "
+              "| config |",
               "|---|---|---|---|---|---|---|---|---|---|---|"]
     for m in mixes:
         if "error" in m:

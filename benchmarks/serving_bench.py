@@ -113,7 +113,8 @@ def main() -> None:
             engine = example.Engine(model, num_pages=pages, backend=backend, max_batch=max_batch)
             stats = example.serve(engine, plan, steps=steps, fork_every=7)
             runs[backend].append(dict(decode_tps=stats.decode_tokens_per_s, decode_tokens=stats.decode_tokens,
-                                      steps=stats.decode_steps, prefill_tps=stats.prefill_tokens / stats.prefill_seconds,
+                                      steps=stats.decode_steps,
+                                      prefill_tps=stats.prefill_tokens / stats.prefill_seconds,
                                       forks=stats.forks, finished=stats.finished,
                                       ms_per_step=1e3 * stats.decode_seconds / max(stats.decode_steps, 1)))
             log(f"  {backend}: {runs[backend][-1]}")
@@ -132,7 +133,8 @@ def main() -> None:
              f"Correctness (teacher-forced, {check['steps']} steps): largest logit difference "
              f"{check['relative_error']:.2%} of the largest logit, top-1 agreement {check['top1_agreement']:.1%}: "
              f"{'ok' if check['ok'] else 'FAILED'}.", "",
-             "| attention | decode tokens/s | ms per decode step | prefill tokens/s | decode tokens | forks | finished |",
+             "| attention | decode tokens/s | ms per decode step | prefill tokens/s | decode tokens | forks "
+             "| finished |",
              "|---|---|---|---|---|---|---|"]
     for backend, row in best.items():
         label = "autotile (paged plan)" if backend == "autotile" else "gather + SDPA"

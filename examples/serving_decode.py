@@ -51,7 +51,8 @@ TINY = ModelConfig(layers=2, hidden=64, heads=4, kv_heads=2, head_dim=16, interm
 
 
 class Decoder:
-    """Pre-norm decoder layers (RMSNorm, RoPE attention with GQA, SwiGLU MLP), random weights scaled by 1/sqrt(fan-in)."""
+    """Pre-norm decoder layers (RMSNorm, RoPE attention with GQA, SwiGLU MLP); random weights scaled by
+    1/sqrt(fan-in)."""
 
     def __init__(self, config: ModelConfig, device, seed: int = 0):
         self.config, self.device = config, torch.device(device)

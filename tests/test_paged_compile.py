@@ -107,7 +107,8 @@ def test_every_kernel_compiles_within_the_shared_memory_of_its_gpu(compiled):
 
 
 def test_the_gpu_code_pipelines_its_loads_and_uses_tensor_cores(compiled):
-    assert compiled["balanced-lse-d80-g16"]["paged_attention_balanced"]["cp_async"], "K/V tiles are not loaded ahead of use"
+    balanced = compiled["balanced-lse-d80-g16"]["paged_attention_balanced"]
+    assert balanced["cp_async"], "K/V tiles are not loaded ahead of use"
     hopper = compiled["prefill-d128"]["paged_prefill_kernel"]
     assert hopper["wgmma"] and hopper["cp_async"]
     ampere = compiled["prefill-sm80"]["paged_prefill_kernel"]

@@ -60,7 +60,8 @@ class PagedBatch:
     def dense(self, b: int, name: str) -> torch.Tensor:
         """Sequence b's K or V as float64 (length, Hkv, D), dequantised: no kernel, no block table trick."""
         cache, scale = (self.k_cache, self.k_scale) if name == "k" else (self.v_cache, self.v_scale)
-        rows = [cache[int(self.block_table[b, t // self.page_size]), t % self.page_size] for t in range(self.lengths[b])]
+        rows = [cache[int(self.block_table[b, t // self.page_size]), t % self.page_size]
+                for t in range(self.lengths[b])]
         dense = torch.stack(rows).double() if rows else cache.new_zeros((0, *cache.shape[2:])).double()
         return dense if scale is None else dense * scale.double()[None, :, None]
 
@@ -92,7 +93,8 @@ def tolerance(dtype: str) -> tuple[float, float]:
 
 
 def assert_close(got, want, tol, what):
-    """|got - want| <= atol + rtol |want| where want is finite (tol: (atol, rtol) or atol), the same infinities elsewhere."""
+    """|got - want| <= atol + rtol |want| where want is finite (tol: (atol, rtol) or atol); elsewhere the same
+    infinities."""
     atol, rtol = tol if isinstance(tol, tuple) else (tol, 0.0)
     got = got.double()
     finite = torch.isfinite(want)
@@ -236,8 +238,9 @@ def test_new_inputs_in_the_same_buffers_give_fresh_results():
                                 dtype=torch.float16, device="cpu", config=CONFIGS["balanced"], num_sms=16,
                                 return_lse=True)
     pages = max(first.k_cache.shape[0], second.k_cache.shape[0])
-    buffers = dict(q=first.q[:, 0].clone(), k=torch.zeros(pages, 16, 2, 64).half(), v=torch.zeros(pages, 16, 2, 64).half(),
-                   table=first.block_table.clone(), lens=first.context_lens.clone())
+    buffers = dict(q=first.q[:, 0].clone(), k=torch.zeros(pages, 16, 2, 64).half(),
+                   v=torch.zeros(pages, 16, 2, 64).half(), table=first.block_table.clone(),
+                   lens=first.context_lens.clone())
     out, lse = torch.empty_like(buffers["q"]), torch.empty(3, 4)
 
     def load(data):
@@ -334,11 +337,18 @@ def test_plan_refuses_tensors_it_was_not_made_for():
     with pytest.raises(ShapeMismatchError, match="head_dim must be a multiple of 8"):
         plan_paged_attention(batch=2, num_q_heads=4, num_kv_heads=2, head_dim=100, page_size=16, max_context=48,
                              device="cpu")
-    with pytest.raises(BadInputError, match="prefill config"):
-        plan_paged_attention(batch=2, num_q_heads=4, num_kv_heads=2, head_dim=64, page_size=16, max_context=48,
-                             num_queries=8, device="cpu", dtype=torch.float16,
-                             config=dict(VARIANT="prefill", BLOCK_N=16, PARTITION_SIZE=256, BLOCK_M=16,
-                                         num_warps=4, num_stages=2))
+
+
+def test_query_groups_too_wide_for_a_decode_tile_run_the_prefill_blocks():
+    # MQA with 32 query heads and Q=4 speculative tokens: 128 query rows a KV head, more than a decode tile.
+    data = PagedBatch([90, 0, 37], heads_q=32, heads_kv=1, dim=64, page_size=16, queries=4, seed=9)
+    plan = plan_paged_attention(batch=3, num_q_heads=32, num_kv_heads=1, head_dim=64, page_size=16, max_context=96,
+                                num_queries=4, dtype=torch.float16, device="cpu", return_lse=True)
+    assert plan.config["VARIANT"] == "prefill"
+    out, lse = plan.run(data.q, data.k_cache, data.v_cache, data.block_table, data.context_lens)
+    want, want_lse = data.reference(1 / 8)
+    assert_close(out, want, tolerance("fp16"), "out")
+    assert_close(lse, want_lse, 1e-4, "lse")
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])

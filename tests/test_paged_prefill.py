@@ -218,3 +218,11 @@ def test_registered_prefill_op_traces_with_fake_tensors():
     q, k_cache, v_cache, table, cu, lens = data.args()
     args = (q, k_cache, v_cache, table, cu, lens, data.k_new, data.v_new, data.slots, 0.125, None, None, 32, True)
     torch.library.opcheck(torch.ops.autotile.paged_prefill.default, args, test_utils=("test_schema", "test_faketensor"))
+
+
+def test_a_plan_for_few_new_tokens_a_sequence_still_gets_prefill_blocks():
+    # Mixed steps pack one or two new tokens a sequence: the smallest query block still serves them.
+    for heads_q, heads_kv in ((8, 2), (4, 4), (40, 8), (32, 1)):
+        plan = plan_paged_prefill(batch=16, num_tokens=16, num_q_heads=heads_q, num_kv_heads=heads_kv, head_dim=128,
+                                  page_size=16, max_context=4096, dtype=torch.float16, device="cpu")
+        assert plan.config["VARIANT"] == "prefill" and plan.config["BLOCK_M"] >= heads_q // heads_kv

@@ -319,8 +319,9 @@ class PagedFamily(Family):
             Constraint("block_holds_group", lambda c: not prefill(c) or c["BLOCK_M"] >= p.group,
                        "a prefill block must hold at least one token's group of query heads"),
             Constraint("block_within_queries",
-                       lambda c: not prefill(c) or c["BLOCK_M"] // p.group <= max(1, next_pow2(p.num_queries)),
-                       "a prefill block longer than the query tokens only computes padding"),
+                       lambda c: not prefill(c) or c["BLOCK_M"] // p.group <= max(MIN_ROWS // p.group,
+                                                                                   next_pow2(p.num_queries)),
+                       "a prefill block longer than the query tokens (beyond the smallest tile) only computes padding"),
         ]
         return _PagedSpace(axes, constraints)
 
@@ -492,7 +493,11 @@ class PagedLaunch:
             self._ws = (self.workspace[2 * cut:], self.workspace[:cut], self.workspace[cut:2 * cut])
         # The balanced kernel's choice for the combine kernel (log2 of the chunk size, -1: nothing split).
         self.schedule = torch.zeros(1, dtype=torch.int32, device=self.device) if self.variant == "balanced" else None
+        # Decode-shaped calls of the prefill variant (Q tokens a sequence) pack their queries by these offsets.
         self._uniform_cu_seqlens = None
+        if self.variant == "prefill":
+            self._uniform_cu_seqlens = torch.arange(0, (p.batch + 1) * p.num_queries, p.num_queries,
+                                                    dtype=torch.int32, device=self.device)
         self.split_constants = dict(SPLIT_CANDIDATES=SPLIT_CANDIDATES, SPLIT_OVERHEAD=SPLIT_OVERHEAD_TOKENS,
                                     SPLIT_MARGIN_PCT=SPLIT_MARGIN_PCT)
 
@@ -508,9 +513,6 @@ class PagedLaunch:
                         v_scale=v_scale, lse=lse)
             return
         p = self.problem
-        if self._uniform_cu_seqlens is None:
-            self._uniform_cu_seqlens = torch.arange(0, (p.batch + 1) * p.num_queries, p.num_queries,
-                                                    dtype=torch.int32, device=self.device)
         packed = lambda t: t.reshape(p.batch * p.num_queries, *t.shape[2:])  # noqa: E731 - views of contiguous rows
         self.prefill(packed(q4), k_cache, v_cache, block_table, self._uniform_cu_seqlens, context_lens, packed(out4),
                      scale=scale, k_scale=k_scale, v_scale=v_scale, lse=None if lse is None else packed(lse))

@@ -340,8 +340,8 @@ def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     _check_caches(q, k_cache, v_cache)
     batch = context_lens.shape[0] if context_lens.dim() == 1 else -1
     if batch < 0 or tuple(cu_seqlens_q.shape) != (batch + 1,):
-        raise ShapeMismatchError(f"context_lens must be (B,) and cu_seqlens_q (B + 1,), got {tuple(context_lens.shape)} "
-                                 f"and {tuple(cu_seqlens_q.shape)}")
+        raise ShapeMismatchError(f"context_lens must be (B,) and cu_seqlens_q (B + 1,), got "
+                                 f"{tuple(context_lens.shape)} and {tuple(cu_seqlens_q.shape)}")
     if block_table.dim() != 2 or block_table.shape[0] != batch or block_table.shape[1] == 0:
         raise ShapeMismatchError(f"block_table must be (B={batch}, max_pages >= 1), got {tuple(block_table.shape)}")
     _check_index_tensors(q, k_cache, block_table=block_table, context_lens=context_lens, cu_seqlens_q=cu_seqlens_q)

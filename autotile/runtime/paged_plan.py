@@ -200,8 +200,8 @@ class PagedAttentionPlan(_PlanBase):
         else:
             resolution = _resolve(self.problem, info)
             self.config, self.source = resolution.config, resolution.source
-        if self.config["VARIANT"] == "prefill":
-            raise BadInputError(f"{self.config.to_json()} is a prefill config; decode plans need a decode variant")
+        # A prefill config (query groups too wide for a decode tile, G x Q > 64) runs the tensor-core query
+        # blocks over the batch's uniform Q tokens a sequence.
         self.launch = PagedLaunch(self.problem, self.config, self.device, return_lse=self.return_lse, num_sms=num_sms)
 
     def __repr__(self) -> str:
@@ -243,8 +243,8 @@ class PagedAttentionPlan(_PlanBase):
             lse = torch.empty(lse_shape, dtype=torch.float32, device=self.device)
         q4, out4 = (q.unsqueeze(1), out.unsqueeze(1)) if three_d else (q, out)
         lse4 = lse.unsqueeze(1) if lse is not None and three_d else lse
-        self.launch.decode(q4, k_cache, v_cache, block_table, context_lens, out4, scale=scale,
-                           k_scale=k_scale, v_scale=v_scale, lse=lse4)
+        self.launch.decode_or_prefill(q4, k_cache, v_cache, block_table, context_lens, out4, scale=scale,
+                                      k_scale=k_scale, v_scale=v_scale, lse=lse4)
         return (out, lse) if self.return_lse else out
 
 
@@ -312,14 +312,16 @@ class PagedPrefillPlan(_PlanBase):
         scale = finite_scale(scale, self.head_dim)
         if (q.dim() != 3 or tuple(q.shape[1:]) != (self.num_q_heads, self.head_dim) or q.dtype != self.dtype
                 or q.device != self.device or q.stride(-1) != 1):
-            raise ShapeMismatchError(f"q must be (T, {self.num_q_heads}, {self.head_dim}) {self.dtype} on {self.device} "
-                                     f"with unit stride along D, got {tuple(q.shape)} {q.dtype} on {q.device}")
+            raise ShapeMismatchError(f"q must be (T, {self.num_q_heads}, {self.head_dim}) {self.dtype} on "
+                                     f"{self.device} with unit stride along D, got {tuple(q.shape)} {q.dtype} "
+                                     f"on {q.device}")
         tokens = q.shape[0]
         self._check_output("out", out, tuple(q.shape), self.dtype)
         self._check_output("lse", lse, (tokens, self.num_q_heads), torch.float32)
         if self.batch == 0 or tokens == 0:
             out = torch.empty(q.shape, dtype=self.dtype, device=self.device) if out is None else out
-            lse = torch.empty((tokens, self.num_q_heads), dtype=torch.float32, device=self.device) if lse is None else lse
+            if lse is None:
+                lse = torch.empty((tokens, self.num_q_heads), dtype=torch.float32, device=self.device)
             return (out, lse) if self.return_lse else out
         self._check_common(k_cache, v_cache, block_table, context_lens, k_scale, v_scale)
         if (tuple(cu_seqlens_q.shape) != (self.batch + 1,) or cu_seqlens_q.dtype != torch.int32
@@ -380,7 +382,8 @@ def write_kv(k_cache, v_cache, slot_mapping, k_new, v_new, k_scale=None, v_scale
     heads, dim = k_cache.shape[2], k_cache.shape[3]
     want = (slot_mapping.shape[0], heads, dim)
     if slot_mapping.dim() != 1 or slot_mapping.dtype not in (torch.int64, torch.int32):
-        raise ShapeMismatchError(f"slot_mapping must be (T,) int64, got {tuple(slot_mapping.shape)} {slot_mapping.dtype}")
+        raise ShapeMismatchError(
+            f"slot_mapping must be (T,) int64, got {tuple(slot_mapping.shape)} {slot_mapping.dtype}")
     for name, t in (("k_new", k_new), ("v_new", v_new)):
         if tuple(t.shape) != want:
             raise ShapeMismatchError(f"{name} must be {want} (tokens, KV heads, head dim), got {tuple(t.shape)}")
