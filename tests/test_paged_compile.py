@@ -18,7 +18,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from autotile.families.paged import (
-    FAMILY, SPLIT_CANDIDATES, SPLIT_MARGIN_PCT, SPLIT_OVERHEAD_TOKENS, _kernel_module,
+    COMBINE_PARTS_BLOCK, FAMILY, SPLIT_CANDIDATES, SPLIT_MARGIN_PCT, SPLIT_OVERHEAD_TOKENS, _kernel_module,
 )
 
 KERNELS = {
@@ -39,7 +39,7 @@ def compile_variant(variant, *, cc=90, dtype="bf16", fp8=False, lse=False, head_
                     cu_seqlens_q_ptr="i32", schedule_ptr="i32")
     constants = dict(PAGE_SIZE=16, HEAD_DIM=head_dim, GROUP=group, NUM_QUERIES=queries,
                      ROWS=max(16, triton.next_power_of_2(group * queries)), BLOCK_N=block_n, PARTITION_SIZE=256,
-                     BLOCK_M=block_m, BATCH_PAD=64, SPLIT_CANDIDATES=SPLIT_CANDIDATES,
+                     BLOCK_M=block_m, BATCH_PAD=64, PARTS_BLOCK=COMBINE_PARTS_BLOCK, SPLIT_CANDIDATES=SPLIT_CANDIDATES,
                      SPLIT_OVERHEAD=SPLIT_OVERHEAD_TOKENS, SPLIT_MARGIN_PCT=SPLIT_MARGIN_PCT)
     compiled = {}
     for name in KERNELS[variant]:

@@ -147,6 +147,24 @@ def test_plan_matches_float64_reference(case):
     assert_close(lse, want_lse, 1e-4, "lse")
 
 
+def test_the_combine_merges_chunks_over_several_steps(monkeypatch):
+    """A sequence cut into more chunks than the combine merges a step (COMBINE_PARTS_BLOCK; 2 here) rescales
+    its running result to each new maximum, as the 32-chunk steps of a long context on a GPU do."""
+    from autotile.families import paged
+
+    monkeypatch.setattr(paged, "COMBINE_PARTS_BLOCK", 2)
+    lengths = [700, 0, 35, 300]
+    assert balanced_schedule(lengths, 2, 16, 256)[0] >= 3
+    data = PagedBatch(lengths, heads_q=8, heads_kv=2, dim=64, page_size=16, seed=4)
+    plan = plan_paged_attention(batch=4, num_q_heads=8, num_kv_heads=2, head_dim=64, page_size=16, max_context=704,
+                                dtype=torch.float16, device="cpu", return_lse=True, config=CONFIGS["balanced"],
+                                num_sms=16)
+    out, lse = plan.run(data.q[:, 0], data.k_cache, data.v_cache, data.block_table, data.context_lens)
+    want, want_lse = data.reference(1 / 8)
+    assert_close(out[:, None], want, tolerance("fp16"), "out")
+    assert_close(lse[:, None], want_lse, 1e-4, "lse")
+
+
 def test_balanced_kernels_cut_the_chunks_the_schedule_says():
     """The scheduler runs on the device; the workspace slots it fills must be those of balanced_schedule."""
     lengths, heads_kv, num_sms = [900, 12, 0, 450, 64], 2, 12

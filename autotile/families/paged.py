@@ -82,6 +82,9 @@ SPLIT_CANDIDATES = 8
 SPLIT_OVERHEAD_TOKENS = 128
 SPLIT_MARGIN_PCT = 110
 SPLIT_ITEMS_PER_SM = 8
+# Chunks the combine kernel merges a step for one query row: their loads are in flight together (a
+# sequence cut into 64 chunks takes 2 dependent steps, not 64); 32 x D 256 fp32 is 64 registers a thread.
+COMBINE_PARTS_BLOCK = 32
 
 
 @dataclass(frozen=True)
@@ -559,10 +562,10 @@ class PagedLaunch:
                 *caches, block_table.stride(0), **shape, PARTITION_SIZE=size, BATCH_PAD=self.batch_pad,
                 **self.split_constants, **self.options)
             launch_kernel(
-                module.paged_attention_combine, (p.batch, p.num_kv_heads),
+                module.paged_attention_combine, (p.batch, p.num_kv_heads, p.group * p.num_queries),
                 out, context_lens, ws_acc, ws_max, ws_sum, self.schedule, *lse_args, p.batch, *o_strides,
-                HEAD_DIM=p.head_dim, GROUP=p.group, NUM_QUERIES=p.num_queries, ROWS=p.rows,
-                BATCH_PAD=self.batch_pad, num_warps=4)
+                HEAD_DIM=p.head_dim, GROUP=p.group, ROWS=p.rows, BATCH_PAD=self.batch_pad,
+                PARTS_BLOCK=COMBINE_PARTS_BLOCK, num_warps=4)
 
     def prefill(self, q, k_cache, v_cache, block_table, cu_seqlens_q, context_lens, out, *, scale: float,
                 k_scale=None, v_scale=None, lse=None) -> None:
