@@ -114,7 +114,7 @@ def test_replay_runs_the_tuners_search(table):
     for seed in (0, 5):
         evaluated = []
         tune_problem(FAMILY, PROBLEM, H200, trials=20, seed=seed, simulate=table, warm_start=False,
-                     progress=lambda p: evaluated.append(p.last_config.hash))
+                     progress=lambda p, seen=evaluated: seen.append(p.last_config.hash))
         replayed = replay(FAMILY, PROBLEM, table, Strategy.TPE, seed, 20, prune=True)
         assert replayed.evaluated == evaluated
 
@@ -127,7 +127,7 @@ def test_replay_strategies_and_summary(table):
     everything = replay(FAMILY, PROBLEM, table, Strategy.RANDOM, 0, 10_000)
     assert len(everything.evaluated) == len(table) and min(t for t in everything.times if t) == best
     assert everything.evaluations_to(best) == everything.times.index(best) + 1
-    warm = sorted(table.ok_rows(), key=lambda r: r.median_ms)[0].config  # as if a neighbour's winner were this one
+    warm = min(table.ok_rows(), key=lambda r: r.median_ms).config  # as if a neighbour's winner were this one
     warmed = replay(FAMILY, PROBLEM, table, Strategy.TPE_WARM, 0, 5, warm=[warm])
     assert warmed.evaluated[:2] == [FAMILY.default_config(PROBLEM, H200).hash, warm.hash]
     assert warmed.evaluations_to(best) == 2
@@ -147,7 +147,7 @@ def test_warm_start_in_a_simulation_comes_from_the_other_tables_of_the_folder(tm
                [row_record(r.config, r.status, Timing(r.median_ms, r.q20_ms, r.q80_ms) if r.median_ms else None)
                 for r in theirs.rows.values()])
     _write(tmp_path / "mine.jsonl", table)
-    their_best = sorted(theirs.ok_rows(), key=lambda r: r.median_ms)[0].config
+    their_best = min(theirs.ok_rows(), key=lambda r: r.median_ms).config
     evaluated = []
     result = tune_problem(FAMILY, PROBLEM, H200, trials=3, simulate=load_table(tmp_path, FAMILY, PROBLEM),
                           progress=lambda p: evaluated.append(p.last_config))

@@ -539,14 +539,15 @@ def _next_config(study, source, space: Space, taken: set[str], pruner, result: R
 def summarise(replays: Sequence[Replay], best_ms: float, levels: Sequence[float] = (0.95, 0.98, 0.99)) -> dict:
     """Evaluations to reach each fraction of the exhaustive best (time <= best / level): median and quartiles
     over the replays (a replay that never reached it counts as infinitely many), and how many missed it."""
+    def quantile(values: np.ndarray, q: float) -> float:
+        return float(np.quantile(values, q, method="inverted_cdf")) if len(values) else math.inf
+
     out = {}
     for level in levels:
         needed = [r.evaluations_to(best_ms / level) for r in replays]
         values = np.array([math.inf if n is None else n for n in needed], dtype=float)
-        quantile = (lambda q: float(np.quantile(values, q, method="inverted_cdf"))) if len(values) else (
-            lambda q: math.inf)
-        out[level] = {"median": float(np.median(values)) if len(values) else math.inf, "q25": quantile(0.25),
-                      "q75": quantile(0.75), "missed": sum(n is None for n in needed)}
+        out[level] = {"median": float(np.median(values)) if len(values) else math.inf, "q25": quantile(values, 0.25),
+                      "q75": quantile(values, 0.75), "missed": sum(n is None for n in needed)}
     return out
 
 

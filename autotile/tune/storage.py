@@ -35,8 +35,7 @@ def is_journal(url: str) -> bool:
 def journal_path(url: str) -> Path:
     """The file a journal storage URL names (`journal:///abs/path`, `journal:rel/path` or a bare path)."""
     raw = url.removeprefix(JOURNAL_PREFIX)
-    if raw.startswith("//"):
-        raw = raw[2:]  # journal:///abs/path, as SQLAlchemy spells file URLs
+    raw = raw.removeprefix("//")  # journal:///abs/path, as SQLAlchemy spells file URLs
     if not raw:
         raise ValueError(f"{url!r} names no journal file: give journal:PATH")
     return Path(raw).expanduser().resolve()
