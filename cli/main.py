@@ -102,7 +102,7 @@ def _make_tune_command(name: str):
             tune_model(family, model_opts, options, device, db_url, trials, seed, storage_url=storage, gpus=gpu_list,
                        trial_timeout=trial_timeout, compile_ahead=compile_ahead, patience=patience)
             return
-        if device.interpret:
+        if device.interpret and not preset:
             options = interpreter_defaults(family, options, _given_options(options))
         problems = _problems(family, preset, options)
         if device.interpret:

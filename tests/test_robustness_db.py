@@ -261,9 +261,37 @@ RACE_SCRIPT = textwrap.dedent("""
 RACERS = 8
 
 
-def test_many_processes_create_one_new_database(tmp_path):
+@pytest.fixture
+def new_postgres_database():
+    """A fresh database on the server AUTOTILE_TEST_POSTGRES_URL names (.ci/run starts one), dropped after."""
+    import uuid
+
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+
+    server = os.environ.get("AUTOTILE_TEST_POSTGRES_URL")
+    if not server:
+        pytest.skip("AUTOTILE_TEST_POSTGRES_URL is not set: no PostgreSQL server to test against (.ci/run starts one)")
+    name = f"autotile_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(server, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield make_url(server).set(database=name).render_as_string(hide_password=False)
+    finally:
+        store_db._engine.cache_clear()
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_many_processes_create_one_new_database(backend, tmp_path, request):
     """Without the schema lock 4 of 19 such processes crashed in Alembic's or Optuna's CREATE TABLE."""
-    url = f"sqlite:///{tmp_path / 'new.sqlite'}"
+    if backend == "sqlite":
+        url = f"sqlite:///{tmp_path / 'new.sqlite'}"
+    else:
+        url = request.getfixturevalue("new_postgres_database")
     racers = [subprocess.Popen([sys.executable, "-c", RACE_SCRIPT, url, str(tmp_path), str(i)], text=True,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE) for i in range(RACERS)]
     deadline = time.monotonic() + 240

@@ -56,19 +56,8 @@ def _wait_for_rows(db: str, process: subprocess.Popen, count: int, limit_s: floa
     raise AssertionError(f"the tuner stored fewer than {count} trials (exit status {process.poll()})")
 
 
-def test_rerun_of_a_finished_study_exits_0_and_says_so(tmp_path):
-    db = str(tmp_path / "rerun.sqlite")
-    first = _run(_cli(db, 3))
-    assert first.returncode == 0, first.stderr[-2000:]
-    # Not a terminal: one line per trial on stderr, so a long run in a log shows it is alive.
-    assert all(f"trial {n}/3:" in first.stderr for n in (1, 2, 3)), first.stderr
-    second = _run(_cli(db, 3))
-    assert second.returncode == 0, second.stderr[-2000:]  # was 134: aborted at exit
-    assert sum("study already complete" in line for line in second.stdout.splitlines()) == 1, second.stdout
-    assert "trial " not in second.stderr and len(_rows(db)) == 3
-
-
-def test_killed_tuner_resumes_and_its_rerun_exits_cleanly(tmp_path):
+def test_killed_tuner_resumes_and_a_rerun_of_the_finished_study_exits_0(tmp_path):
+    """kill -9, resume, run again: the last run has nothing to do (it aborted at exit with status 134)."""
     db = str(tmp_path / "killed.sqlite")
     tuner = subprocess.Popen(_cli(db, 6), env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -76,13 +65,18 @@ def test_killed_tuner_resumes_and_its_rerun_exits_cleanly(tmp_path):
         tuner.send_signal(signal.SIGKILL)
     finally:
         tuner.wait(30)
-    assert tuner.returncode == -signal.SIGKILL and 2 <= len(_rows(db)) < 6
+    stored = len(_rows(db))
+    assert tuner.returncode == -signal.SIGKILL and 2 <= stored < 6
     resumed = _run(_cli(db, 6))
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     rows = _rows(db)
     assert len(rows) == 6 and len(set(rows.values())) == 6
+    # Not a terminal: one line per trial on stderr, so a long run in a log shows it is alive.
+    assert all(f"trial {n}/6:" in resumed.stderr for n in range(stored + 1, 7)), resumed.stderr
     again = _run(_cli(db, 6))
-    assert again.returncode == 0 and "study already complete" in again.stdout, again.stderr[-2000:]
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert sum("study already complete" in line for line in again.stdout.splitlines()) == 1, again.stdout
+    assert "trial " not in again.stderr and len(_rows(db)) == 6
 
 
 @pytest.mark.parametrize("searches", [(), ("--gpus", "0,1")], ids=["one search", "search processes"])
