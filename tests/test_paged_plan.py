@@ -402,3 +402,31 @@ def test_speculative_queries_return_lse_per_query_and_explain_names_the_plan_pro
                             data.context_lens, max_context=100)
     assert info["problem"]["max_context"] == 128 and info["problem"]["num_queries"] == 2
     assert info["config"] == dict(ops_paged._decode_plan(data.q, data.k_cache, 128, None, False).config)
+
+
+def test_configs_not_tuned_for_the_exact_problem_run_with_the_balanced_scheduler():
+    from autotile.device import interpret_device
+    from autotile.families.paged import FAMILY, PagedProblem
+    from autotile.runtime.dispatch import Resolution
+    from autotile.runtime.paged_plan import served_config
+    from autotile.space import Config
+
+    device = interpret_device()
+    problem = PagedProblem(64, 32, 8, 128, 16, 4096)
+    tuned = Config(VARIANT="whole", BLOCK_N=128, PARTITION_SIZE=256, BLOCK_M=16, num_warps=8, num_stages=2)
+    assert FAMILY.space(problem, device).is_feasible(tuned)
+    exact = Resolution(tuned, "shipped-db", device.key, "key", "key", "exact")
+    assert served_config(problem, device, exact) is tuned
+    nearby = Resolution(tuned, "shipped-db", device.key, "key", "other", "nearest")
+    assert dict(served_config(problem, device, nearby)) == dict(tuned, VARIANT="balanced")
+    short = PagedProblem(64, 32, 8, 128, 16, 256)  # nothing to split: kept as it is
+    whole = Config(dict(tuned, BLOCK_N=64))
+    assert served_config(short, device, Resolution(whole, "default", device.key, "k")) is whole
+    # A plan (and explain) of an untuned shape: the default's tile shape, balanced scheduling.
+    plan = plan_paged_attention(batch=64, num_q_heads=32, num_kv_heads=8, head_dim=128, page_size=16,
+                                max_context=4096, dtype=torch.float16, device="cpu")
+    assert plan.config["VARIANT"] == "balanced" and plan.source == "default, default, balanced"
+    q, cache = torch.zeros(64, 32, 128).half(), torch.zeros(8, 16, 8, 128).half()
+    table, lens = torch.zeros(64, 256, dtype=torch.int32), torch.full((64,), 4096, dtype=torch.int32)
+    info = autotile.explain("paged_attention", q, cache, cache, table, lens, max_context=4096)
+    assert info["config"] == dict(plan.config)

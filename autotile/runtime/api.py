@@ -80,12 +80,14 @@ def explain(op_name: str, *args, **kwargs) -> dict:
     problem_for = getattr(module, f"{op_name}_problem_for", None) or module.problem_for
     family, problem, device = problem_for(*args, **kwargs)
     resolution = resolve(family, problem, device)
+    served = getattr(module, "served_config", None)  # ops whose plans adapt the resolved config (paged)
+    config = served(problem, device, resolution) if served else resolution.config
     return {
         "op": op_name,
         "family": family.name,
         "problem": dataclasses.asdict(problem),
         "problem_key": resolution.problem_key,
-        "config": dict(resolution.config),
+        "config": dict(config),
         "source": resolution.source,
         "vendor": vendor_label(resolution.config) if resolution.vendor else None,
         "match": resolution.match,

@@ -37,7 +37,10 @@ from autotile.families.paged import CACHE_DTYPES, FAMILY, QUERY_DTYPES, PagedFam
 from autotile.runtime import paged_plan
 from autotile.runtime.eager import direct_call_ok
 
-__all__ = ["paged_attention", "paged_prefill", "problem_for"]
+__all__ = ["paged_attention", "paged_prefill", "problem_for", "served_config"]
+
+# What a decode plan runs for a resolved config (autotile.explain reports it).
+served_config = paged_plan.served_config
 
 
 def _check_layout(q, k_cache, v_cache, block_table, context_lens) -> None:

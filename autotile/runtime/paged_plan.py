@@ -52,7 +52,8 @@ from autotile.device import DeviceInfo, cuda_device, interpret_device
 from autotile.dtypes import canonical_dtype_name
 from autotile.errors import BadInputError, ShapeMismatchError, UnsupportedDtypeError
 from autotile.families.paged import (
-    CACHE_DTYPES, FAMILY, QUERY_DTYPES, PagedLaunch, PagedProblem, cdiv, check_head_dim, context_bucket,
+    CACHE_DTYPES, FAMILY, PARTITION_CHOICES, QUERY_DTYPES, PagedLaunch, PagedProblem, cdiv, check_head_dim,
+    context_bucket,
 )
 from autotile.space import Config
 
@@ -98,6 +99,21 @@ def _resolve(problem: PagedProblem, info: DeviceInfo):
     from autotile.runtime.dispatch import resolve
 
     return resolve(FAMILY, problem, info)
+
+
+def served_config(problem: PagedProblem, device: DeviceInfo, resolution) -> Config:
+    """The config a decode plan runs for what dispatch resolved.
+
+    A step's lengths are unknown on the host: a config not tuned for this very problem (a winner of a
+    nearby shape, tuned on other lengths, or the default) runs with the balanced scheduler, which cuts
+    contexts by the lengths it finds on the device, keeping the config's tile shape (BLOCK_N, warps,
+    stages). An exact winner runs as tuned.
+    """
+    config = resolution.config
+    if resolution.match == "exact" or config.get("VARIANT") not in ("whole", "split"):
+        return config
+    candidate = {**dict(config), "VARIANT": "balanced", "PARTITION_SIZE": PARTITION_CHOICES[0]}
+    return Config(candidate) if FAMILY.space(problem, device).is_feasible(candidate) else config
 
 
 def _shape_dtypes(num_q_heads: int, num_kv_heads: int, head_dim: int, page_size: int, dtype, kv_dtype) -> tuple:
@@ -199,7 +215,9 @@ class PagedAttentionPlan(_PlanBase):
             self.config, self.source = FAMILY.validate_config(self.problem, info, Config(config)), "given"
         else:
             resolution = _resolve(self.problem, info)
-            self.config, self.source = resolution.config, resolution.source
+            self.config = served_config(self.problem, info, resolution)
+            self.source = f"{resolution.source}, {resolution.match}" + (
+                ", balanced" if self.config is not resolution.config else "")
         # A prefill config (query groups too wide for a decode tile, G x Q > 64) runs the tensor-core query
         # blocks over the batch's uniform Q tokens a sequence.
         self.launch = PagedLaunch(self.problem, self.config, self.device, return_lse=self.return_lse, num_sms=num_sms)
