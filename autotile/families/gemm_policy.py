@@ -185,7 +185,9 @@ _MID_TILES = (dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=4), dict(BLO
 _PREFILL_TILES = (dict(BLOCK_N=128, num_stages=4), dict(BLOCK_N=128, num_warps=4, num_stages=4),
                   dict(BLOCK_M=256, BLOCK_N=128, num_stages=3), dict(PERSISTENT=False), dict(WARP_SPECIALIZE=True))
 _FP8_TILES = (dict(BLOCK_N=256, num_stages=3), dict(BLOCK_N=128, num_stages=4), dict(BLOCK_N=128, BLOCK_K=64, num_stages=5),
-              dict(BLOCK_M=64, BLOCK_N=256, num_stages=4), dict(PERSISTENT=False))
+              dict(BLOCK_M=64, BLOCK_N=256, num_stages=4), dict(PERSISTENT=False),
+              # Two programs per SM: one's promotion (a full wgmma drain) overlaps the other's MMAs.
+              dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=4))
 
 
 def seed_variations(problem, device: DeviceInfo) -> list[dict]:
