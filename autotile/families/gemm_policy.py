@@ -2,8 +2,8 @@
 
 The regime follows from M, N, K, the dtypes, the layouts and the GPU's SM count:
 - decode (M <= 16): every weight element is read once, so the kernel streams B: one 16-row tile of A,
-  64-column tiles of B with 128-deep K tiles in a 5-stage pipeline (two programs per SM), B's loads
-  marked evict-first, A and B swapped on Hopper so that B feeds wgmma from shared memory, and split-K
+  64-column tiles of B with 128-deep K tiles in a 5-stage pipeline (two programs per SM; 16-byte
+  cp.async.cg copies), A and B swapped on Hopper so that B feeds wgmma from shared memory, and split-K
   until the programs fill the SMs (a split is worth its partial tile's round trip through the
   workspace). Its ceiling is copy bandwidth over the weight's bytes.
 - mid (16 < M <= 512): 32-128-row tiles of 128 columns.
@@ -25,7 +25,8 @@ from autotile.device import DeviceInfo
 from autotile.dtypes import element_size
 from autotile.families.base import next_pow2
 from autotile.families.gemm_space import (
-    FP8_PRECISE_INTERVAL, SPLIT_K_CHOICES, SPLIT_K_MAX_TILES_PER_SM, has_promote_axis, programs_per_sm, sm_count, tile_count, tma_ok,
+    FP8_PRECISE_INTERVAL, SPLIT_K_CHOICES, SPLIT_K_MAX_TILES_PER_SM, has_promote_axis, programs_per_sm, sm_count,
+    tile_count, tma_ok,
 )
 
 DECODE_MAX_M = 16
@@ -178,14 +179,17 @@ def _other_schedules(problem, config: dict, device: DeviceInfo) -> list[dict]:
 
 
 # Tile shapes tried beside the policy's own, per regime (each re-scheduled as the policy would).
-_DECODE_TILES = (dict(BLOCK_N=128, num_stages=4), dict(BLOCK_K=256, num_stages=4), dict(BLOCK_N=32, BLOCK_K=256, SWAP_AB=False),
-                 dict(BLOCK_N=128, num_warps=8, num_stages=4))
-_MID_TILES = (dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=4), dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3),
-              dict(BLOCK_M=128, BLOCK_N=256, num_warps=8, num_stages=3), dict(BLOCK_M=64, BLOCK_N=256, num_warps=8, num_stages=3))
+_DECODE_TILES = (dict(BLOCK_N=128, num_stages=4), dict(BLOCK_K=256, num_stages=4),
+                 dict(BLOCK_N=32, BLOCK_K=256, SWAP_AB=False), dict(BLOCK_N=128, num_warps=8, num_stages=4))
+_MID_TILES = (dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=4),
+              dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3),
+              dict(BLOCK_M=128, BLOCK_N=256, num_warps=8, num_stages=3),
+              dict(BLOCK_M=64, BLOCK_N=256, num_warps=8, num_stages=3))
 _PREFILL_TILES = (dict(BLOCK_N=128, num_stages=4), dict(BLOCK_N=128, num_warps=4, num_stages=4),
                   dict(BLOCK_M=256, BLOCK_N=128, num_stages=3), dict(PERSISTENT=False), dict(WARP_SPECIALIZE=True))
-_FP8_TILES = (dict(BLOCK_N=256, num_stages=3), dict(BLOCK_N=128, num_stages=4), dict(BLOCK_N=128, BLOCK_K=64, num_stages=5),
-              dict(BLOCK_M=64, BLOCK_N=256, num_stages=4), dict(PERSISTENT=False),
+_FP8_TILES = (dict(BLOCK_N=256, num_stages=3), dict(BLOCK_N=128, num_stages=4),
+              dict(BLOCK_N=128, BLOCK_K=64, num_stages=5), dict(BLOCK_M=64, BLOCK_N=256, num_stages=4),
+              dict(PERSISTENT=False),
               # Two programs per SM: one's promotion (a full wgmma drain) overlaps the other's MMAs.
               dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=4))
 
