@@ -25,7 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import autotile  # noqa: E402
 from autotile.device import cuda_device  # noqa: E402
-from autotile.families.gemm import FAMILY, _launch_plan, contiguous_problem  # noqa: E402
+from autotile.families.gemm import FAMILY, contiguous_problem  # noqa: E402
+from autotile.families.gemm_launch import launch_plan  # noqa: E402
 from autotile.runtime.dispatch import resolve  # noqa: E402
 
 SHAPES = ((2048, 2048, 2048), (16, 8192, 8192), (1000, 3000, 777), (256, 256, 256))
@@ -65,18 +66,18 @@ def main() -> int:
         outputs = FAMILY.allocate_outputs(problem, inputs)
         a, b, c = inputs["a"], inputs["b"], outputs["c"]
         config = resolve(FAMILY, problem, device).config
-        plan = _launch_plan(FAMILY, problem, config, a.device)
+        plan = launch_plan(FAMILY, problem, config, a.device)
+        launch_args = plan.kernel_args(a, b, c, None, None, None, None, None, None, plan.stream_k)
 
         def triton_launch():
-            plan.kernel[plan.grid](a, b, c, c, c, c, c, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
-                                   c.stride(0), c.stride(1), **plan.constexprs)
+            plan.kernel[plan.grid](*launch_args, **plan.constexprs)
 
         lines += [f"## {m} x {n} x {k}", "", f"config: `{config.to_json()}`", "",
                   "| call | host µs/call | do_bench µs | graph µs |", "|---|---|---|---|"]
         ways = [("torch.matmul (cuBLAS)", lambda: torch.matmul(a, b)),
                 ("autotile.matmul (public op)", lambda: autotile.matmul(a, b)),
                 ("family launch (kept kernel)", lambda: FAMILY.launch(problem, config, inputs, outputs))]
-        if plan.split_k == 1:
+        if not plan.workspace:  # split tiles need a workspace and tile counters
             ways.append(("Triton kernel[grid](...)", triton_launch))
         for name, fn in ways:
             lines.append(row(name, fn))
