@@ -110,7 +110,7 @@ def test_matmul_traces_under_torch_compile():
     a, b = torch.randn(24, 16), torch.randn(16, 8)
     compiled = torch.compile(lambda x, y: autotile.matmul(x, y) * 2, fullgraph=True, backend="eager")
     torch.testing.assert_close(compiled(a, b), (a @ b) * 2, atol=1e-4, rtol=1e-5)
-    torch.library.opcheck(torch.ops.autotile.matmul, (a, b, None, None, None, "none", ""),
+    torch.library.opcheck(torch.ops.autotile.matmul, (a, b, None, None, None, None, "none", "", False),
                           test_utils=("test_schema", "test_faketensor"))
 
 

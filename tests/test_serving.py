@@ -244,3 +244,15 @@ def test_empty_operands_give_empty_results_like_torch():
     assert autotile.matmul(torch.randn(0, 8), torch.randn(8, 5)).shape == (0, 5)
     assert autotile.matmul(torch.randn(3, 8), torch.randn(8, 0)).shape == (3, 0)
     assert autotile.linear(torch.randn(2, 0, 8), torch.randn(5, 8)).shape == (2, 0, 5)
+
+
+def test_linear_and_matmul_take_a_residual():
+    torch.manual_seed(1)
+    x, w, r = torch.randn(2, 3, 40), torch.randn(24, 40), torch.randn(2, 3, 24)
+    want = torch.nn.functional.silu(x.double() @ w.double().T) + r.double()
+    got = autotile.linear(x, w, activation="silu", residual=r)
+    assert torch.allclose(got.double(), want, atol=1e-4, rtol=1e-4)
+    got = autotile.matmul(x.reshape(6, 40), w.t(), activation="silu", residual=r.reshape(6, 24))
+    assert torch.allclose(got.double(), want.reshape(6, 24), atol=1e-4, rtol=1e-4)
+    with pytest.raises(BadInputError, match="residual"):
+        autotile.linear(x, w, residual=torch.randn(3, 24))

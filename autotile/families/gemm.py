@@ -154,17 +154,22 @@ _ACTIVATIONS_TORCH = {"none": None, "relu": torch.relu, "silu": torch.nn.functio
 
 def vendor_matmul(kind: str, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, activation: str,
                   out_dtype: torch.dtype, scale_a: torch.Tensor | None = None,
-                  scale_b: torch.Tensor | None = None) -> torch.Tensor:
+                  scale_b: torch.Tensor | None = None, residual: torch.Tensor | None = None,
+                  fast_accum: bool = False) -> torch.Tensor:
     """What PyTorch runs for this GEMM: cuBLAS through addmm/matmul (`kind` 'cublas'), or torch._scaled_mm for fp8
-    ('scaled_mm'); the activation as a separate op, as a model without autotile applies it."""
+    ('scaled_mm', per-tensor or row-wise scales); the activation and the residual add as separate ops, as a model
+    without autotile applies them."""
     if kind == "scaled_mm":
-        y = torch._scaled_mm(a, b, scale_a, scale_b, bias=bias, out_dtype=out_dtype)
+        if scale_a.numel() > 1:  # row-wise: _scaled_mm takes (M, 1) and (1, N)
+            scale_a, scale_b = scale_a.reshape(-1, 1), scale_b.reshape(1, -1)
+        y = torch._scaled_mm(a, b, scale_a, scale_b, bias=bias, out_dtype=out_dtype, use_fast_accum=fast_accum)
     elif bias is None:
         y = torch.matmul(a, b)
     else:
         y = torch.addmm(bias, a, b)
     act = _ACTIVATIONS_TORCH[activation]
-    return y if act is None else act(y)
+    y = y if act is None else act(y)
+    return y if residual is None else y + residual
 
 
 class GemmFamily(Family):
@@ -249,8 +254,11 @@ class GemmFamily(Family):
             return []
         p = problem
         if p.dtype == "fp8":
-            # torch._scaled_mm takes a row-major A, a column-major B and sizes that are multiples of 16.
-            if p.layout_a == "row" and p.layout_b == "col" and p.k % 16 == 0 and p.n % 16 == 0 and hasattr(torch, "_scaled_mm"):
+            # torch._scaled_mm takes a row-major A, a column-major B, sizes that are multiples of 16, and per-tensor
+            # or row-wise scales (block scales have no vendor op in PyTorch); row-wise scaling outputs bf16.
+            if (p.layout_a == "row" and p.layout_b == "col" and p.k % 16 == 0 and p.n % 16 == 0
+                    and hasattr(torch, "_scaled_mm") and p.scale_mode != "block"
+                    and (p.scale_mode == "tensor" or p.out_dtype == "bf16")):
                 return [Config({VENDOR_KEY: "scaled_mm"})]
             return []
         if p.out_dtype != p.dtype:
@@ -260,7 +268,7 @@ class GemmFamily(Family):
     def vendor_run(self, problem: GemmProblem, config: Config, inputs: Tensors) -> Tensors:
         return {"c": vendor_matmul(config[VENDOR_KEY], inputs["a"], inputs["b"], inputs.get("bias"),
                                    problem.activation, torch_dtype(problem.out_dtype), inputs.get("scale_a"),
-                                   inputs.get("scale_b"))}
+                                   inputs.get("scale_b"), inputs.get("residual"), problem.fp8_fast_accum)}
 
     def default_suite(self) -> list[GemmProblem]:
         return [contiguous_problem(s, s, s, "bf16", "bf16") for s in (1024, 2048, 4096)]

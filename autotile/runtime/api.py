@@ -24,15 +24,17 @@ def _op_module(name: str):
     return importlib.import_module(OP_MODULES[name])
 
 
-def matmul(a, b, *, bias=None, activation=None, out_dtype=None, scale_a=None, scale_b=None):
+def matmul(a, b, *, bias=None, activation=None, out_dtype=None, scale_a=None, scale_b=None, residual=None,
+           fp8_fast_accum=False):
     """See autotile.runtime.ops_gemm.matmul."""
     return _op_module("matmul").matmul(a, b, bias=bias, activation=activation, out_dtype=out_dtype,
-                                       scale_a=scale_a, scale_b=scale_b)
+                                       scale_a=scale_a, scale_b=scale_b, residual=residual,
+                                       fp8_fast_accum=fp8_fast_accum)
 
 
-def linear(x, weight, bias=None, activation=None):
-    """activation(x @ weight.T + bias) as torch.nn.functional.linear. See autotile.runtime.ops_gemm.linear."""
-    return _op_module("linear").linear(x, weight, bias, activation)
+def linear(x, weight, bias=None, activation=None, residual=None):
+    """activation(x @ weight.T + bias) + residual, as torch.nn.functional.linear. See autotile.runtime.ops_gemm.linear."""
+    return _op_module("linear").linear(x, weight, bias, activation, residual)
 
 
 def flash_attention(q, k, v, *, causal=False, scale=None, **features):

@@ -26,29 +26,28 @@ from autotile.runtime.eager import direct_call_ok
 _ACTIVATIONS = {"none": None, "relu": torch.relu, "silu": torch.nn.functional.silu, "gelu": torch.nn.functional.gelu}
 
 
-def _inputs(a, b, bias, scale_a, scale_b) -> dict:
+def _inputs(a, b, bias, scale_a, scale_b, residual=None) -> dict:
     inputs = {"a": a, "b": b}
     if bias is not None:
         inputs["bias"] = bias
+    if residual is not None:
+        inputs["residual"] = residual
     if a.dtype == torch.float8_e4m3fn:
         one = torch.ones(1, dtype=torch.float32, device=a.device)
-        inputs["scale_a"] = (scale_a if scale_a is not None else one).reshape(1).float()
-        inputs["scale_b"] = (scale_b if scale_b is not None else one).reshape(1).float()
+        for name, scale in (("scale_a", scale_a), ("scale_b", scale_b)):
+            scale = one if scale is None else scale.float()
+            # One value: a per-tensor scale, as a 1-element tensor; row and block scales go as they are.
+            inputs[name] = scale.reshape(1) if scale.numel() == 1 else scale
     return inputs
 
 
-def _check_scales(a: torch.Tensor, scale_a, scale_b) -> None:
-    if a.dtype != torch.float8_e4m3fn and (scale_a is not None or scale_b is not None):
-        raise BadInputError(f"scale_a/scale_b apply to float8_e4m3fn operands only; these are {a.dtype}: "
-                            "scale the result instead (or the operands before the call)")
-
-
-def problem_for(a, b, *, bias=None, activation=None, out_dtype=None, scale_a=None, scale_b=None):
+def problem_for(a, b, *, bias=None, activation=None, out_dtype=None, scale_a=None, scale_b=None, residual=None,
+                fp8_fast_accum=False):
     """(family, problem, device) of a matmul call, for `autotile.explain`."""
     if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
         raise BadInputError("matmul takes two tensors a (M, K) and b (K, N)")
-    _check_scales(a, scale_a, scale_b)
-    problem = FAMILY.problem_from_tensors(a, b, bias, activation, out_dtype)
+    problem = FAMILY.problem_from_tensors(a, b, bias, activation, out_dtype, residual=residual, scale_a=scale_a,
+                                          scale_b=scale_b, fp8_fast_accum=fp8_fast_accum)
     return FAMILY, problem, current_device(a.device)
 
 
@@ -75,18 +74,26 @@ on_clear(_forget_served)
 
 
 def _vendor_runner(problem: GemmProblem, kind: str) -> Callable:
-    activation, out_dtype = problem.activation, torch_dtype(problem.out_dtype)
-    if kind == "cublas" and activation == "none":
-        return lambda a, b, bias, scale_a, scale_b: torch.matmul(a, b) if bias is None else torch.addmm(bias, a, b)
-    return lambda a, b, bias, scale_a, scale_b: vendor_matmul(kind, a, b, bias, activation, out_dtype,
-                                                               scale_a, scale_b)
+    activation, out_dtype, fast = problem.activation, torch_dtype(problem.out_dtype), problem.fp8_fast_accum
+    if kind == "cublas" and activation == "none" and not problem.residual:
+        return lambda a, b, bias, scale_a, scale_b, residual: (torch.matmul(a, b) if bias is None
+                                                               else torch.addmm(bias, a, b))
+    one = None
+
+    def run(a, b, bias, scale_a, scale_b, residual):
+        nonlocal one
+        if kind == "scaled_mm" and (scale_a is None or scale_b is None):
+            one = torch.ones(1, dtype=torch.float32, device=a.device) if one is None else one
+            scale_a, scale_b = (one if scale_a is None else scale_a), (one if scale_b is None else scale_b)
+        return vendor_matmul(kind, a, b, bias, activation, out_dtype, scale_a, scale_b, residual, fast)
+    return run
 
 
 def _kernel_runner(problem: GemmProblem, config) -> Callable:
     out_dtype = torch_dtype(problem.out_dtype)
 
-    def run(a, b, bias, scale_a, scale_b):
-        inputs = _inputs(a, b, bias, scale_a, scale_b)
+    def run(a, b, bias, scale_a, scale_b, residual):
+        inputs = _inputs(a, b, bias, scale_a, scale_b, residual)
         outputs = {"c": torch.empty(problem.m, problem.n, dtype=out_dtype, device=a.device)}
         if a.is_cuda and a.device.index != torch.cuda.current_device():
             with torch.cuda.device(a.device):
@@ -106,16 +113,18 @@ def _serve(problem: GemmProblem, device) -> _Served:
     return _Served(run, trace.counter(FAMILY, problem, device))
 
 
-def _signature(a, b, bias, activation, out_dtype, scale_a, scale_b) -> tuple:
+def _signature(a, b, bias, activation, out_dtype, scale_a, scale_b, residual, fast_accum) -> tuple:
     # Everything the problem (and so the served config) depends on; cheap to build (~1 us).
     tf32 = a.dtype is torch.float32 and torch.backends.cuda.matmul.allow_tf32
     return (a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype, a.device, b.device,
             not (a.data_ptr() | b.data_ptr()) & 15, None if bias is None else (bias.shape, bias.dtype, bias.device),
-            activation, out_dtype, scale_a is None, scale_b is None, tf32)
+            activation, out_dtype, None if scale_a is None else scale_a.shape,
+            None if scale_b is None else scale_b.shape, tf32,
+            None if residual is None else (residual.shape, residual.dtype, residual.device), fast_accum)
 
 
-def _served_for(a, b, bias, activation, out_dtype, scale_a, scale_b) -> _Served:
-    key = _signature(a, b, bias, activation, out_dtype, scale_a, scale_b)
+def _served_for(a, b, bias, activation, out_dtype, scale_a, scale_b, residual=None, fast_accum=False) -> _Served:
+    key = _signature(a, b, bias, activation, out_dtype, scale_a, scale_b, residual, fast_accum)
     served = _served.get(key)
     if served is None:
         if a.dim() == 2 and b.dim() == 2 and a.shape[1] == b.shape[0] and 0 in (a.shape[0], b.shape[1]):
@@ -123,28 +132,31 @@ def _served_for(a, b, bias, activation, out_dtype, scale_a, scale_b) -> _Served:
             dtype = out_dtype or (torch.bfloat16 if a.dtype == torch.float8_e4m3fn else a.dtype)
             return _Served(lambda a, b, *rest: a.new_empty((a.shape[0], b.shape[1]), dtype=dtype), [0])
         _, problem, device = problem_for(a, b, bias=bias, activation=activation, out_dtype=out_dtype,
-                                         scale_a=scale_a, scale_b=scale_b)
+                                         scale_a=scale_a, scale_b=scale_b, residual=residual,
+                                         fp8_fast_accum=fast_accum)
         served = _serve(problem, device)
         with _served_lock:
             _served[key] = served
     return served
 
 
-def _run(a, b, bias, activation, out_dtype, scale_a, scale_b) -> torch.Tensor:
-    served = _served_for(a, b, bias, activation, out_dtype, scale_a, scale_b)
+def _run(a, b, bias, activation, out_dtype, scale_a, scale_b, residual=None, fast_accum=False) -> torch.Tensor:
+    served = _served_for(a, b, bias, activation, out_dtype, scale_a, scale_b, residual, fast_accum)
     served.calls[0] += 1
-    return served.run(a, b, bias, scale_a, scale_b)
+    return served.run(a, b, bias, scale_a, scale_b, residual)
 
 
 @torch.library.custom_op("autotile::matmul", mutates_args=())
 def _matmul_op(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor], scale_a: Optional[torch.Tensor],
-               scale_b: Optional[torch.Tensor], activation: str, out_dtype: str) -> torch.Tensor:
+               scale_b: Optional[torch.Tensor], residual: Optional[torch.Tensor], activation: str, out_dtype: str,
+               fp8_fast_accum: bool) -> torch.Tensor:
     out = torch_dtype(out_dtype) if out_dtype else None
-    return _run(a, b, bias, activation if activation != "none" else None, out, scale_a, scale_b)
+    return _run(a, b, bias, activation if activation != "none" else None, out, scale_a, scale_b, residual,
+                fp8_fast_accum)
 
 
 @_matmul_op.register_fake
-def _matmul_fake(a, b, bias, scale_a, scale_b, activation, out_dtype):
+def _matmul_fake(a, b, bias, scale_a, scale_b, residual, activation, out_dtype, fp8_fast_accum):
     dtype = torch_dtype(out_dtype) if out_dtype else (torch.bfloat16 if a.dtype == torch.float8_e4m3fn else a.dtype)
     return a.new_empty((a.shape[0], b.shape[1]), dtype=dtype)
 
@@ -157,30 +169,36 @@ def _as_dtype(out_dtype) -> torch.dtype | None:
 
 def matmul(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None, activation: str | None = None,
            out_dtype: torch.dtype | str | None = None, scale_a: torch.Tensor | None = None,
-           scale_b: torch.Tensor | None = None) -> torch.Tensor:
-    """C = activation(a @ b (* scale_a * scale_b for fp8) + bias) with the tuned kernel for this shape.
+           scale_b: torch.Tensor | None = None, residual: torch.Tensor | None = None,
+           fp8_fast_accum: bool = False) -> torch.Tensor:
+    """C = activation(a @ b (* fp8 scales) + bias) + residual with the tuned kernel for this shape.
 
     a (M, K) and b (K, N) of one dtype (fp32, fp16, bf16 or float8_e4m3fn), any strides;
-    activation is None, 'relu', 'gelu' or 'silu'; out_dtype defaults to the operands'
-    dtype (bf16 for fp8). On a GPU a shape nobody tuned runs the vendor op (cuBLAS /
-    torch._scaled_mm); CPU tensors run the generated kernel under Triton's interpreter.
+    activation is None, 'relu', 'gelu' or 'silu'; residual an (M, N) tensor added last; out_dtype
+    defaults to the operands' dtype (bf16 for fp8). fp8 scales (float32) are per tensor (one value
+    each), per row of A and column of B ((M, 1) and (1, N)), or per 1 x 128 group of A and 128 x 128
+    block of B ((M, ceil(K/128)) and (ceil(K/128), ceil(N/128))); `fp8_fast_accum` never promotes the
+    tensor cores' partial sums (as torch._scaled_mm's use_fast_accum). On a GPU a shape nobody tuned
+    runs the vendor op (cuBLAS / torch._scaled_mm) where there is one; CPU tensors run the generated
+    kernel under Triton's interpreter.
 
     >>> import torch, autotile
     >>> a, b = torch.randn(5, 7), torch.randn(7, 3)
     >>> torch.allclose(autotile.matmul(a, b, activation="relu"), torch.relu(a @ b), atol=1e-5)
     True
     """
-    if direct_call_ok(a, b, bias, scale_a, scale_b):
+    if direct_call_ok(a, b, bias, scale_a, scale_b, residual):
         # Eager calls of plain tensors skip the dispatcher (decode GEMMs are short kernels).
-        return _run(a, b, bias, activation, _as_dtype(out_dtype), scale_a, scale_b)
+        return _run(a, b, bias, activation, _as_dtype(out_dtype), scale_a, scale_b, residual, bool(fp8_fast_accum))
     if not torch.compiler.is_compiling():
         # Bad input is reported here, before the op; traced calls meet the same checks when the op runs.
-        problem_for(a, b, bias=bias, activation=activation, out_dtype=out_dtype, scale_a=scale_a, scale_b=scale_b)
+        problem_for(a, b, bias=bias, activation=activation, out_dtype=out_dtype, scale_a=scale_a, scale_b=scale_b,
+                    residual=residual, fp8_fast_accum=fp8_fast_accum)
     out = canonical_dtype_name(out_dtype) if out_dtype is not None else ""
-    return _matmul_op(a, b, bias, scale_a, scale_b, activation or "none", out)
+    return _matmul_op(a, b, bias, scale_a, scale_b, residual, activation or "none", out, bool(fp8_fast_accum))
 
 
-def _check_linear(x, weight, bias) -> None:
+def _check_linear(x, weight, bias, residual=None) -> None:
     if not isinstance(x, torch.Tensor) or not isinstance(weight, torch.Tensor):
         raise BadInputError("linear takes tensors x (..., K) and weight (N, K), as torch.nn.functional.linear")
     if weight.dim() != 2:
@@ -191,38 +209,45 @@ def _check_linear(x, weight, bias) -> None:
     if bias is not None and (not isinstance(bias, torch.Tensor) or bias.shape != (weight.shape[0],)):
         raise ShapeMismatchError(f"bias must have shape ({weight.shape[0]},), got "
                                  f"{tuple(bias.shape) if isinstance(bias, torch.Tensor) else type(bias).__name__}")
+    out_shape = (*x.shape[:-1], weight.shape[0])
+    if residual is not None and (not isinstance(residual, torch.Tensor) or tuple(residual.shape) != out_shape):
+        raise ShapeMismatchError(f"residual must have the output's shape {out_shape}, got "
+                                 f"{tuple(residual.shape) if isinstance(residual, torch.Tensor) else type(residual).__name__}")
 
 
-def linear_problem_for(x, weight, bias=None, activation=None):
+def linear_problem_for(x, weight, bias=None, activation=None, residual=None):
     """(family, problem, device) of a linear call, for `autotile.explain("linear", x, weight)`."""
-    _check_linear(x, weight, bias)
-    return problem_for(x.reshape(-1, x.shape[-1]), weight.t(), bias=bias, activation=activation)
+    _check_linear(x, weight, bias, residual)
+    return problem_for(x.reshape(-1, x.shape[-1]), weight.t(), bias=bias, activation=activation,
+                       residual=None if residual is None else residual.reshape(-1, weight.shape[0]))
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-           activation: str | None = None) -> torch.Tensor:
-    """activation(x @ weight.T + bias), as torch.nn.functional.linear (plus a fused activation).
+           activation: str | None = None, residual: torch.Tensor | None = None) -> torch.Tensor:
+    """activation(x @ weight.T + bias) + residual, as torch.nn.functional.linear (plus a fused epilogue).
 
-    x (..., K) with any leading dims; weight (N, K) as nn.Linear stores it; the GEMM's B operand is
-    weight.T, column-major, a first-class layout of the gemm family. Tokens (M = x.numel() / K) vary
-    per call; winners are served across the M bucket they were verified on. Where the vendor op serves,
-    the call is F.linear itself.
+    x (..., K) with any leading dims; weight (N, K) as nn.Linear stores it; residual, if given, has the
+    output's shape (..., N) (a decoder layer's skip connection). The GEMM's B operand is weight.T,
+    column-major, a first-class layout of the gemm family. Tokens (M = x.numel() / K) vary per call;
+    winners are served across the M bucket they were verified on. Where the vendor op serves, the call
+    is F.linear itself.
 
     >>> import torch, autotile
     >>> x, w = torch.randn(2, 3, 8), torch.randn(5, 8)
     >>> torch.allclose(autotile.linear(x, w, activation="silu"), torch.nn.functional.silu(x @ w.T), atol=1e-5)
     True
     """
-    if direct_call_ok(x, weight, bias):
-        served = _linear_served.get(_linear_signature(x, weight, bias, activation))
+    if direct_call_ok(x, weight, bias, residual):
+        served = _linear_served.get(_linear_signature(x, weight, bias, activation, residual))
         if served is None:
-            served = _serve_linear(x, weight, bias, activation)
+            served = _serve_linear(x, weight, bias, activation, residual)
         served.calls[0] += 1
-        return served.run(x, weight, bias)
-    _check_linear(x, weight, bias)
-    lead = x.shape[:-1]
-    out = matmul(x.reshape(-1, x.shape[-1]), weight.t(), bias=bias, activation=activation)
-    return out.reshape(*lead, weight.shape[0])
+        return served.run(x, weight, bias, residual)
+    _check_linear(x, weight, bias, residual)
+    lead, n = x.shape[:-1], weight.shape[0]
+    out = matmul(x.reshape(-1, x.shape[-1]), weight.t(), bias=bias, activation=activation,
+                 residual=None if residual is None else residual.reshape(-1, n))
+    return out.reshape(*lead, n)
 
 
 _linear_served: dict[tuple, _Served] = {}
@@ -236,33 +261,42 @@ def _forget_linear() -> None:
 on_clear(_forget_linear)
 
 
-def _linear_signature(x, weight, bias, activation) -> tuple:
+def _linear_signature(x, weight, bias, activation, residual) -> tuple:
     tf32 = x.dtype is torch.float32 and torch.backends.cuda.matmul.allow_tf32
     return (x.shape, x.stride(), weight.shape, weight.stride(), x.dtype, weight.dtype, x.device, weight.device,
             not (x.data_ptr() | weight.data_ptr()) & 15,
-            None if bias is None else (bias.shape, bias.dtype, bias.device), activation, tf32)
+            None if bias is None else (bias.shape, bias.dtype, bias.device), activation, tf32,
+            None if residual is None else (residual.shape, residual.stride(), residual.dtype, residual.device))
 
 
-def _serve_linear(x, weight, bias, activation) -> _Served:
+def _serve_linear(x, weight, bias, activation, residual) -> _Served:
     """What linear calls of this signature run: F.linear itself where the vendor op serves, else the kernel."""
-    _check_linear(x, weight, bias)
-    key = _linear_signature(x, weight, bias, activation)
+    _check_linear(x, weight, bias, residual)
+    key = _linear_signature(x, weight, bias, activation, residual)
     a = x.reshape(-1, x.shape[-1])
     act = _ACTIVATIONS[activation or "none"]
+
+    def vendor(x, w, b, r):
+        y = torch.nn.functional.linear(x, w, b)
+        y = y if act is None else act(y)
+        return y if r is None else y + r
+
     if a.shape[0] == 0:  # no tokens: nothing to tune or launch
-        served = _Served(lambda x, w, b: torch.nn.functional.linear(x, w, b), [0])
+        served = _Served(vendor, [0])
     else:
-        _, problem, device = problem_for(a, weight.t(), bias=bias, activation=activation)
+        n = weight.shape[0]
+        _, problem, device = problem_for(a, weight.t(), bias=bias, activation=activation,
+                                         residual=None if residual is None else residual.reshape(-1, n))
         resolution = resolve(FAMILY, problem, device)
         if resolution.vendor and resolution.config[VENDOR_KEY] == "cublas":
-            def run(x, w, b):
-                return torch.nn.functional.linear(x, w, b) if act is None else act(torch.nn.functional.linear(x, w, b))
+            run = vendor
         else:
             inner = (_vendor_runner(problem, resolution.config[VENDOR_KEY]) if resolution.vendor
                      else _kernel_runner(problem, resolution.config))
 
-            def run(x, w, b):
-                return inner(x.reshape(-1, x.shape[-1]), w.t(), b, None, None).view(*x.shape[:-1], w.shape[0])
+            def run(x, w, b, r):
+                flat = None if r is None else r.reshape(-1, w.shape[0])
+                return inner(x.reshape(-1, x.shape[-1]), w.t(), b, None, None, flat).view(*x.shape[:-1], w.shape[0])
         served = _Served(run, trace.counter(FAMILY, problem, device))
     with _served_lock:
         _linear_served[key] = served
