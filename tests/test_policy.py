@@ -50,17 +50,20 @@ def db(tmp_path, monkeypatch):
     dispatch.clear_cache()
 
 
-def test_samples_group_by_fixed_fields_and_m_bucket():
-    problems = [linear(3, 32, 16), linear(4, 48, 32), linear(5, 32, 16), contiguous_problem(3, 32, 16, "fp32", "fp32")]
+def test_samples_group_by_fixed_fields_and_regime_cell():
+    problems = [linear(3, 40, 20), linear(4, 48, 28), linear(5, 40, 20), linear(4, 64, 20),
+                contiguous_problem(3, 40, 20, "fp32", "fp32")]
     groups = group_samples(FAMILY, problems)
-    assert sorted(len(g) for g in groups.values()) == [1, 1, 2]  # (3, 4) share bucket 3..4; 5 is in 5..8; row B apart
+    # (3, 40, 20), (4, 48, 28) and (4, 64, 20) share M 3..4, N 33..64, K 17..32
+    sizes = sorted(len(g) for g in groups.values())
+    assert sizes == [1, 1, 3]  # M 3..4 with N 40, 48, 64 in 33..64; M=5 alone; the row-major B alone
 
 
 def test_a_policy_that_wins_everywhere_is_stored_and_serves_its_range_only(db):
     family = _DelayedVendorGemm(vendor_delay_s=0.3)
-    outcomes = tune_policy(family, [linear(4, 32, 16), linear(3, 48, 32)], CPU, db_url=db, rounds=1)
+    outcomes = tune_policy(family, [linear(4, 40, 20), linear(3, 48, 28)], CPU, db_url=db, rounds=1)
     (outcome,) = outcomes
-    assert outcome.stored and outcome.verified_range == {"m": [3, 4], "n": [32, 48], "k": [16, 32]}
+    assert outcome.stored and outcome.verified_range == {"m": [3, 4], "n": [40, 48], "k": [20, 28]}
     (policy,) = Store(open_engine(db, create=False)).policies("gemm")
     assert Config.from_json(policy.config) == Config({POLICY_KEY: "default"}) and policy.samples == 4  # each sample at M = 3 and 4
     # Store it for the GPU's key too, and resolve there: inside the range the family's default serves.
@@ -70,14 +73,14 @@ def test_a_policy_that_wins_everywhere_is_stored_and_serves_its_range_only(db):
                       verified_range=policy.verified_range, config=policy.config, samples=3, min_ratio=1.5,
                       geomean_ratio=2.0, provenance="test")
     dispatch.clear_cache()
-    inside = dispatch.resolve(FAMILY, linear(3, 40, 24), H200)
-    assert inside.match == "policy" and inside.config == FAMILY.default_config(linear(3, 40, 24), H200)
-    for outside in (linear(5, 40, 24), linear(3, 64, 24), linear(3, 40, 8), contiguous_problem(3, 40, 24, "fp32", "fp32")):
+    inside = dispatch.resolve(FAMILY, linear(3, 44, 24), H200)
+    assert inside.match == "policy" and inside.config == FAMILY.default_config(linear(3, 44, 24), H200)
+    for outside in (linear(5, 44, 24), linear(3, 64, 24), linear(3, 44, 16), contiguous_problem(3, 44, 24, "fp32", "fp32")):
         assert dispatch.resolve(FAMILY, outside, H200).source == "vendor", outside
 
 
 def test_a_policy_that_loses_once_is_not_stored_and_an_old_one_is_removed(db):
-    samples = [linear(4, 32, 16), linear(3, 48, 32)]
+    samples = [linear(4, 40, 20), linear(3, 48, 28)]
     assert tune_policy(_DelayedVendorGemm(vendor_delay_s=0.3), samples, CPU, db_url=db, rounds=1)[0].stored
     outcome = tune_policy(_DelayedVendorGemm(vendor_delay_s=0.0, kernel_delay_s=0.3), samples, CPU, db_url=db,
                           rounds=1)[0]
@@ -86,7 +89,7 @@ def test_a_policy_that_loses_once_is_not_stored_and_an_old_one_is_removed(db):
 
 
 def test_policy_configs_are_validated_like_any_stored_config():
-    problem = linear(3, 40, 24)
+    problem = linear(3, 44, 24)
     assert FAMILY.validate_config(problem, H200, {POLICY_KEY: "default"}) == FAMILY.default_config(problem, H200)
     with pytest.raises(Exception, match="the only policy"):
         FAMILY.validate_config(problem, H200, {POLICY_KEY: "fastest"})

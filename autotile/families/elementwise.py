@@ -29,7 +29,7 @@ from autotile.expr import (DTYPE_NAMES, DTYPES_BY_NAME, Expression, ExpressionEr
                            default_dtype, evaluate, evaluate_nodes, infer_types, parse)
 from autotile.families.base import Baseline, CheckResult, Cost, Family, ProblemOption, Tensors, Tolerance, next_pow2
 from autotile.launch import launch as launch_kernel
-from autotile.render import interpreter_mode, load_kernel_module
+from autotile.render import launching, load_kernel_module
 from autotile.space import Axis, AxisKind, Config, Constraint, Space
 
 LAYOUTS = ("contiguous", "strided")
@@ -715,14 +715,19 @@ class ElementwiseFamily(Family):
         """Launch with `inputs` (tensors, and Python numbers or 0-d CPU tensors for scalars) into contiguous `outputs`."""
         if launch.geometry_args[0] == 0:
             return
-        scalars = []
-        bits_of = dict(zip((s["index"] for s in plan.steps if s["op"] == "scalar"), launch.scalar_bits))
-        for i, name in enumerate(plan.scalar_names):
-            value = _scalar_value(inputs[name])
-            # NOTE: Triton's interpreter cannot take a bool argument as int1; bools go as 0/1 (the kernel compares != 0).
-            scalars.append(_fp64_bits(value) if bits_of.get(i) else int(value) if isinstance(value, bool) else value)
-        args = [inputs[n] for n in plan.tensor_names] + scalars + list(outputs) + list(launch.geometry_args)
-        with interpreter_mode(launch.interpret):
+        args = [inputs[n] for n in plan.tensor_names]
+        if plan.scalar_names:
+            bits_of = dict(zip((s["index"] for s in plan.steps if s["op"] == "scalar"), launch.scalar_bits))
+            for i, name in enumerate(plan.scalar_names):
+                value = _scalar_value(inputs[name])
+                # NOTE: Triton's interpreter cannot take a bool argument as int1; bools go as 0/1 (the kernel compares != 0).
+                args.append(_fp64_bits(value) if bits_of.get(i) else int(value) if isinstance(value, bool) else value)
+        args += outputs
+        args += launch.geometry_args
+        if launch.interpret:
+            with launching(True):
+                launch_kernel(launch.kernel, launch.grid, *args, **launch.meta)
+        else:  # a compiled kernel: no context, no environment writes, no lock (this is every call of a fused op)
             launch_kernel(launch.kernel, launch.grid, *args, **launch.meta)
 
     def launch(self, problem: ElementwiseProblem, config: Config, inputs: Tensors, outputs: Tensors) -> None:

@@ -4,8 +4,9 @@ A served model runs shapes nobody tuned. For those the runtime calls the vendor 
 covers the call: a record that, for one set of fixed fields (dtype, layouts, epilogue) and one serving
 bucket (gemm: an M bucket), the family's `default_config` was checked and re-timed beside the vendor op on
 every sampled shape (each sample at both corners of the bucket) and won on all of them by at least
-`margin`. The policy then serves any call whose shape fields lie in the sampled ranges (M in the bucket,
-N and K between the smallest and largest sampled). A group where the default lost anywhere gets no
+`margin`. Samples are grouped into regime cells (the M bucket, and power-of-two buckets of N and K); a
+cell's policy serves any call whose shape fields lie in the cell's sampled ranges (M in the bucket, N and
+K between the smallest and largest sampled in the cell). A cell where the default lost anywhere gets no
 policy (and loses one it had): those calls keep the vendor op.
 
 `autotile tune gemm --policy --model llama3-8b,qwen2.5-7b,phi3-mini --tokens 1,2,4,8,16` runs it.
@@ -19,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from autotile.bench import Status, prepare, retime_interleaved, run_checked
-from autotile.families.base import POLICY_DEFAULT, POLICY_KEY, Family, problem_to_dict
+from autotile.families.base import POLICY_DEFAULT, POLICY_KEY, Family, pow2_bucket, problem_to_dict
 from autotile.space import Config
 from autotile.store.db import open_engine
 from autotile.store.repo import Store
@@ -54,13 +55,18 @@ def _ranged_fields(family: Family) -> tuple[str, ...]:
 
 
 def group_samples(family: Family, problems: Sequence) -> dict[tuple, list]:
-    """Problems grouped by their fixed fields and the bucket of their serving fields."""
+    """Problems grouped by their fixed fields and the power-of-two bucket of every shape field (a regime cell).
+
+    One policy per cell: its range spans the cell's serving bucket and, for the other shape fields, the
+    sampled values (a policy never reaches beyond the shapes it was timed on, nor into another cell).
+    """
     groups: dict[tuple, list] = {}
     ranged = _ranged_fields(family)
     for problem in problems:
         data = problem_to_dict(problem)
         fixed = tuple(sorted((k, v) for k, v in data.items() if k not in ranged))
-        buckets = tuple(family.serving_bucket(name, data[name]) for name in family.serving_fields)
+        buckets = tuple(family.serving_bucket(name, data[name]) if name in family.serving_fields
+                        else pow2_bucket(data[name]) for name in ranged)
         groups.setdefault((fixed, buckets), []).append(problem)
     return groups
 
