@@ -27,7 +27,8 @@ def direct_call_ok(*values) -> bool:
     """
     # NOTE: the C checks directly rather than torch.utils._python_dispatch._get_current_dispatch_mode (a Python
     # wrapper around the same): this runs on every call of a served op.
-    if _dispatch_stack_depth() or _function_mode_on() or _is_compiling():
+    # is_compiling first: under torch.compile it is a constant and the C calls after it are never traced.
+    if _is_compiling() or _dispatch_stack_depth() or _function_mode_on():
         return False
     grad = _grad_enabled()
     for value in values:
