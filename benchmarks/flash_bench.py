@@ -19,7 +19,8 @@ shapes, no tuning. The full run takes --budget-s for tuning plus ~10 minutes of 
    the best of the default and seed configs; otherwise each shape is tuned (tune_problem) within
    its share of --budget-s. The public op (as served: vendor on, shipped database) is timed too.
 3. Packed varlen beside the dense kernel on the same tokens; host microseconds per call with 2000
-   calls queued (autotile served by SDPA, autotile's kernel, SDPA).
+   calls queued (autotile served by SDPA, autotile's kernel, SDPA). `--host-cpu` (no GPU needed) measures
+   only the Python a cached call adds around the launch.
 Timings: interleaved rounds of triton.testing.do_bench medians (L2 flushed), median of rounds.
 TFLOP/s count 4*B*H*pairs*D (pairs under the diagonal when causal) forward, 2.5x that backward.
 A failing check or shape is reported and the run goes on; the markdown table is rewritten after
@@ -88,7 +89,7 @@ def _guarded(name: str, fn, failures: list) -> object:
 
 # --- 1. correctness ---------------------------------------------------------------------------------
 def _fwd(loads, block_m, block_n, ws, warps, stages, lookahead=False) -> dict:
-    return dict(LOADS=loads, LOOKAHEAD=lookahead, BLOCK_M=block_m, BLOCK_N=block_n, WARP_SPECIALIZE=ws,
+    return dict(LOADS=loads + ("_lookahead" if lookahead else ""), BLOCK_M=block_m, BLOCK_N=block_n, WARP_SPECIALIZE=ws,
                 num_warps=warps, num_stages=stages)
 
 
@@ -535,6 +536,56 @@ def host_overhead() -> list[dict]:
     return rows
 
 
+def host_dispatch_cpu(calls: int = 20000) -> dict[str, float]:
+    """CPU-only: microseconds of Python a cached call of autotile.flash_attention spends around the launch.
+
+    The launch itself is stubbed out (the interpreter would run the kernel), so this is what the op adds to
+    a kernel launch or an SDPA backend call: call key, lookup, checks, output allocation, plan.
+    """
+    import timeit
+
+    import autotile
+    import autotile.families.flash_launch as flash_launch
+    from autotile.runtime import dispatch, ops_flash
+
+    q, k, v = torch.randn(2, 8, 64, 64), torch.randn(2, 2, 64, 64), torch.randn(2, 2, 64, 64)
+    results = {}
+    for label, backends in (("generated kernel", None), ("vendor (SDPA backend stubbed)", ["sdpa-math"])):
+        dispatch.clear_cache()
+        saved = flash_vendor.backends_for, flash_vendor.forward, flash_launch.launch
+        try:
+            if backends:
+                flash_vendor.backends_for = lambda p, d: backends
+                out = torch.empty_like(q)
+                flash_vendor.forward = lambda *a, **kw: (out, None)
+            autotile.flash_attention(q, k, v, causal=True)  # resolves, renders, compiles
+            for served in ops_flash._served.values():
+                for plan in _plans(served.run):
+                    plan.interpret = False  # the GPU branch of the plan, with the launch stubbed below
+            flash_launch.launch = lambda *a, **kw: None
+            fn = lambda: autotile.flash_attention(q, k, v, causal=True)  # noqa: E731
+            fn()
+            results[label] = min(timeit.timeit(fn, number=calls) / calls * 1e6 for _ in range(3))
+        finally:
+            flash_vendor.backends_for, flash_vendor.forward, flash_launch.launch = saved
+            dispatch.clear_cache()
+        log(f"  host, cached call, {label}: {results[label]:.1f} us of Python around the launch")
+    return results
+
+
+def _plans(fn, depth: int = 0) -> list:
+    from autotile.families.flash_launch import ForwardPlan
+
+    found = []
+    for cell in getattr(fn, "__closure__", None) or ():
+        value = cell.cell_contents
+        if isinstance(value, ForwardPlan):
+            found.append(value)
+        elif callable(value) and depth < 4:
+            found += _plans(value, depth + 1)
+    return found
+
+
 # --- the report ----------------------------------------------------------------------------------------
 def render(device, rows: list[dict], varlen: dict | None, host: list[dict], failures: list[str], quick: bool) -> str:
     def cell(x, fmt="{:.0f}"):
@@ -590,7 +641,11 @@ def main() -> None:
     parser.add_argument("--budget-s", type=float, default=600.0, help="tuning budget of all shapes together")
     parser.add_argument("--only", default=",".join(GROUPS), help=f"comma-separated parts of {GROUPS}")
     parser.add_argument("--skip-checks", action="store_true", help="same as leaving 'checks' out of --only")
+    parser.add_argument("--host-cpu", action="store_true", help="no GPU: only the Python a cached call adds, then exit")
     args = parser.parse_args()
+    if args.host_cpu:
+        host_dispatch_cpu()
+        return
     start = time.time()
     md = args.out if args.out.suffix == ".md" else args.out / "flash_bench.md"
     folder = md.parent

@@ -25,7 +25,7 @@ INTERPRET = interpret_device()
 H200 = DeviceInfo("h200", "NVIDIA H200", (9, 0), 132, 150_000_000_000, 232448, "test")
 
 # Small tiles keep the interpreter quick while still giving several blocks along each sequence.
-FWD_SMALL = Config(LOADS="pointer", LOOKAHEAD=False, BLOCK_M=16, BLOCK_N=16, WARP_SPECIALIZE=False, num_warps=1,
+FWD_SMALL = Config(LOADS="pointer", BLOCK_M=16, BLOCK_N=16, WARP_SPECIALIZE=False, num_warps=1,
                    num_stages=2)
 BWD_SMALL = Config(BLOCK_M1=16, BLOCK_N1=32, BLOCK_M2=32, BLOCK_N2=16, num_warps=1, num_stages=2)
 
@@ -94,26 +94,20 @@ def test_rows_that_see_no_key_are_zero_with_zero_gradients():
 
 def test_tensor_descriptor_variant_with_tails():
     # 'tma' loads through 4-D descriptors whose zero fill replaces the tail masks.
-    config = Config(LOADS="tma", LOOKAHEAD=False, BLOCK_M=16, BLOCK_N=32, WARP_SPECIALIZE=True, num_warps=1, num_stages=2)
+    config = Config(LOADS="tma", BLOCK_M=16, BLOCK_N=32, WARP_SPECIALIZE=True, num_warps=1, num_stages=2)
     run_and_check(FlashProblem("fwd", 2, 4, 2, 45, 70, 32, causal=True, dtype="fp16"), config)
     run_and_check(FlashProblem("fwd", 1, 2, 2, 33, 19, 96, causal=False, dtype="fp16"), config)
 
 
-@pytest.mark.parametrize("loads", ["pointer", "tma"])
+@pytest.mark.parametrize("loads", ["pointer_lookahead", "tma_lookahead"])
 def test_lookahead_variant_with_tails_and_features(loads):
     # The next key block's scores issued before this block's softmax: one whole block, several, none.
-    config = Config(LOADS=loads, LOOKAHEAD=True, BLOCK_M=16, BLOCK_N=16, WARP_SPECIALIZE=False, num_warps=1,
-                    num_stages=2)
+    config = Config(LOADS=loads, BLOCK_M=16, BLOCK_N=16, WARP_SPECIALIZE=False, num_warps=1, num_stages=2)
     run_and_check(FlashProblem("fwd", 1, 4, 2, 45, 70, 32, causal=True, dtype="fp16"), config)
     run_and_check(FlashProblem("fwd", 1, 2, 2, 9, 40, 16, causal=False, dtype="fp16"), config)
     run_and_check(FlashProblem("fwd", 1, 2, 1, 37, 29, 16, causal=True, dtype="fp16", window_left=20, softcap=2.0,
                                alibi=True), config)
-
-
-def test_configs_stored_before_the_lookahead_axis_still_validate():
-    problem = FlashProblem("fwd", 2, 32, 32, 4096, 4096, 128)
-    old = {"LOADS": "tma", "BLOCK_M": 128, "BLOCK_N": 128, "WARP_SPECIALIZE": True, "num_warps": 8, "num_stages": 2}
-    assert FAMILY.validate_config(problem, H200, old)["LOOKAHEAD"] is False
+    assert FAMILY.render_switches(FlashProblem("fwd", 1, 1, 1, 8, 8, 16), config)["LOOKAHEAD"]
 
 
 def test_default_configs_run():
@@ -261,13 +255,13 @@ def test_space_covers_the_configs_known_fast_on_hopper():
     problem = FlashProblem("fwd", 2, 32, 32, 4096, 4096, 128)
     space = FAMILY.space(problem, H200)
     for block_m, block_n, warps, stages in [(128, 64, 8, 3), (128, 128, 8, 2), (64, 64, 4, 3), (128, 32, 4, 4)]:
-        config = dict(LOADS="tma", LOOKAHEAD=False, BLOCK_M=block_m, BLOCK_N=block_n, WARP_SPECIALIZE=True,
+        config = dict(LOADS="tma", BLOCK_M=block_m, BLOCK_N=block_n, WARP_SPECIALIZE=True,
                       num_warps=warps, num_stages=stages)
         assert space.is_feasible(config), space.violations(config)
     assert not space.is_feasible(dict(config, LOADS="pointer"))  # warp specialisation needs TMA
     unaligned = dataclasses.replace(problem, aligned=False)
     assert "tma_alignment" in " ".join(FAMILY.space(unaligned, H200).violations(config))
-    too_big = dict(LOADS="pointer", LOOKAHEAD=False, BLOCK_M=128, BLOCK_N=128, WARP_SPECIALIZE=False, num_warps=8,
+    too_big = dict(LOADS="pointer", BLOCK_M=128, BLOCK_N=128, WARP_SPECIALIZE=False, num_warps=8,
                    num_stages=4)
     assert any(v.startswith("shared_memory") for v in space.violations(too_big))
 

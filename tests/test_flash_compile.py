@@ -64,7 +64,7 @@ def compile_for(problem: FlashProblem, config: Config, arch: int) -> None:
 
 
 def _fwd(loads="pointer", block_m=128, block_n=64, ws=False, warps=8, stages=3, lookahead=False) -> Config:
-    return Config(LOADS=loads, LOOKAHEAD=lookahead, BLOCK_M=block_m, BLOCK_N=block_n, WARP_SPECIALIZE=ws,
+    return Config(LOADS=loads + ("_lookahead" if lookahead else ""), BLOCK_M=block_m, BLOCK_N=block_n, WARP_SPECIALIZE=ws,
                   num_warps=warps, num_stages=stages)
 
 

@@ -22,7 +22,7 @@ from autotile.runtime import ops_flash, ops_flash_varlen
 from autotile.space import Config
 
 INTERPRET = interpret_device()
-FWD_SMALL = Config(LOADS="pointer", LOOKAHEAD=False, BLOCK_M=16, BLOCK_N=16, WARP_SPECIALIZE=False, num_warps=1,
+FWD_SMALL = Config(LOADS="pointer", BLOCK_M=16, BLOCK_N=16, WARP_SPECIALIZE=False, num_warps=1,
                    num_stages=2)
 BWD_SMALL = Config(BLOCK_M1=16, BLOCK_N1=32, BLOCK_M2=32, BLOCK_N2=16, num_warps=1, num_stages=2)
 

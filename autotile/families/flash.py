@@ -55,6 +55,14 @@ _WIDE_BLOCK_N = 256
 _PROGRAMS_PER_SM = 2
 
 
+LOADS_CHOICES = ("pointer", "tma", "pointer_lookahead", "tma_lookahead")
+
+
+def uses_tma(config) -> bool:
+    """A forward config whose K/V (and Q) tiles arrive through TMA tensor descriptors."""
+    return config["LOADS"].startswith("tma")
+
+
 def _rows_needed(num_warps: int) -> int:
     # An mma covers 16 rows a warp; a Hopper warpgroup (4 warps) covers 64, and more warpgroups
     # may split the other dimension of the tile instead.
@@ -184,8 +192,8 @@ _SEED_FORWARD = (
     dict(LOADS="pointer", BLOCK_M=64, BLOCK_N=64, WARP_SPECIALIZE=False, num_warps=4, num_stages=3),
     # FlashAttention-3's structure as far as Triton expresses it: TMA loads, the next block's scores issued
     # before this block's softmax, with and without warp specialisation (unmeasured starting points).
-    dict(LOADS="tma", BLOCK_M=128, BLOCK_N=128, WARP_SPECIALIZE=False, num_warps=8, num_stages=2, LOOKAHEAD=True),
-    dict(LOADS="tma", BLOCK_M=128, BLOCK_N=128, WARP_SPECIALIZE=True, num_warps=8, num_stages=2, LOOKAHEAD=True),
+    dict(LOADS="tma_lookahead", BLOCK_M=128, BLOCK_N=128, WARP_SPECIALIZE=False, num_warps=8, num_stages=2),
+    dict(LOADS="tma_lookahead", BLOCK_M=128, BLOCK_N=128, WARP_SPECIALIZE=True, num_warps=8, num_stages=2),
 )
 # Head-dim specific starting points: wide heads keep the (BLOCK_M, 256) accumulator within a warpgroup's
 # registers with short key blocks; narrow heads take long key blocks (fewer loop trips per row tile).
@@ -354,8 +362,10 @@ class FlashFamily(Family):
             return (c["BLOCK_M"] * bd + c["BLOCK_M"] * c["BLOCK_N"]) / (32 * c["num_warps"])
 
         axes = [
-            Axis("LOADS", ("pointer", "tma"), AxisKind.RENDER),
-            Axis("LOOKAHEAD", (False, True), AxisKind.RENDER),
+            # How K/V tiles arrive (pointer loads or TMA descriptors), and whether the whole key blocks run
+            # the look-ahead schedule (the next block's scores before this block's softmax). One axis, so
+            # configs stored before the schedule existed stay points of the space.
+            Axis("LOADS", LOADS_CHOICES, AxisKind.RENDER),
             Axis("BLOCK_M", _BLOCKS),
             Axis("BLOCK_N", _BLOCKS + (_WIDE_BLOCK_N,)),
             Axis("WARP_SPECIALIZE", (False, True)),
@@ -376,9 +386,9 @@ class FlashFamily(Family):
                        f"{_WIDE_BLOCK_N}-key blocks are for head dims <= 64"),
             Constraint("fp8_block_n", lambda c: p.dtype != "fp8" or c["BLOCK_N"] >= 32,
                        "fp8 P V dots need at least 32 keys along K"),
-            Constraint("tma_alignment", lambda c: c["LOADS"] != "tma" or (p.aligned and (p.head_dim * size) % 16 == 0),
+            Constraint("tma_alignment", lambda c: not uses_tma(c) or (p.aligned and (p.head_dim * size) % 16 == 0),
                        "TMA needs 16-byte aligned base pointers and strides, and a head dim of a multiple of 16 bytes"),
-            Constraint("warp_specialize_tma_only", lambda c: c["LOADS"] == "tma" or not c["WARP_SPECIALIZE"],
+            Constraint("warp_specialize_tma_only", lambda c: uses_tma(c) or not c["WARP_SPECIALIZE"],
                        "warp specialisation splits TMA producers from mma consumers; pointer loads have no producer"),
         ]
         return Space(axes, constraints)
@@ -432,7 +442,7 @@ class FlashFamily(Family):
         """Hopper configs of Triton's fused-attention tutorial, tried right after the default."""
         if problem.direction == "fwd":
             by_head = {256: _SEED_FORWARD_D256, 64: _SEED_FORWARD_D64}.get(problem.block_d, ())
-            wanted = [dict({"LOOKAHEAD": False}, **w) for w in by_head + _SEED_FORWARD]
+            wanted = by_head + _SEED_FORWARD
         else:
             wanted = _SEED_BACKWARD
         space = self.space(problem, device)
@@ -449,19 +459,13 @@ class FlashFamily(Family):
             # grid has programs for every SM.
             if _cdiv(p.seq_q, block_m) * p.batch * p.heads_q < _PROGRAMS_PER_SM * device.sm_count:
                 block_m = 64
-            preferred = dict(LOADS="pointer", LOOKAHEAD=False, BLOCK_M=block_m, BLOCK_N=64, WARP_SPECIALIZE=False,
+            preferred = dict(LOADS="pointer", BLOCK_M=block_m, BLOCK_N=64, WARP_SPECIALIZE=False,
                              num_warps=4 if wide or block_m == 64 or p.block_d <= 64 else 8,
                              num_stages=2 if wide else 3)
         else:
             preferred = dict(BLOCK_M1=32, BLOCK_N1=64 if wide else 128, BLOCK_M2=64 if wide else 128, BLOCK_N2=32,
                              num_warps=8 if p.block_d >= 128 else 4, num_stages=2)
         return self.first_feasible(problem, device, preferred)
-
-    def validate_config(self, problem: FlashProblem, device: DeviceInfo, config) -> Config:
-        # Forward configs stored before the LOOKAHEAD axis existed ran without it.
-        if problem.direction == "fwd" and "BLOCK_M" in config and "LOOKAHEAD" not in config:
-            config = dict(config, LOOKAHEAD=False)
-        return super().validate_config(problem, device, config)
 
     # --- the vendor op: SDPA's backends ------------------------------------------------
     def vendor_configs(self, problem: FlashProblem, device: DeviceInfo) -> list[Config]:
@@ -679,8 +683,8 @@ class FlashFamily(Family):
         return dict(
             RIGHT_BOUND=p.causal or p.window_right >= 0, LEFT_BOUND=p.window_left >= 0, SOFTCAP=p.softcap > 0,
             ALIBI=p.alibi, VARLEN=p.varlen, HEAD_PADDED=p.block_d != p.head_dim, FP8=p.dtype == "fp8",
-            LOADS=config["LOADS"] if p.direction == "fwd" else "pointer",
-            LOOKAHEAD=bool(config.get("LOOKAHEAD", False)) if p.direction == "fwd" else False,
+            LOADS=config["LOADS"].removesuffix("_lookahead") if p.direction == "fwd" else "pointer",
+            LOOKAHEAD=p.direction == "fwd" and config["LOADS"].endswith("_lookahead"),
             INPUT_PRECISION="ieee" if p.dtype == "fp32" else "", UPCAST_DOTS=False, STORE_LSE=True,
         )
 

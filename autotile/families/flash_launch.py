@@ -83,7 +83,7 @@ class ForwardPlan:
 def forward_plan(module, problem, config, scale: float, q, k, v, o, lse, alibi, interpret: bool,
                  keep: bool = False) -> ForwardPlan:
     p = problem
-    if config["LOADS"] == "tma" and not interpret:
+    if config["LOADS"].startswith("tma") and not interpret:
         from autotile.device import ensure_triton_allocator
 
         ensure_triton_allocator()

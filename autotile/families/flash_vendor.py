@@ -96,6 +96,24 @@ def _torch_allows(backend: str, problem, device_index: int) -> bool:
     return allowed
 
 
+def accepts(backend: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad: bool = False) -> bool:
+    """torch's own checks of `backend` on the call's tensors (their strides and alignment, which a problem
+    does not record); the runtime asks once per call signature before serving a vendor config."""
+    if backend == MATH:
+        return True
+    checks = {CUDNN: "can_use_cudnn_attention", FLASH: "can_use_flash_attention", EFFICIENT: "can_use_efficient_attention"}
+    check = getattr(torch.backends.cuda, checks.get(backend, ""), None)
+    if check is None or not q.is_cuda:
+        return False
+    try:
+        if grad and not (q.requires_grad or k.requires_grad or v.requires_grad):
+            q = q.detach().requires_grad_(True)  # a view: the grad-dependent checks (cuDNN's D=256 backward) apply
+        params = torch.backends.cuda.SDPAParams(q, k, v, None, 0.0, False, q.shape[1] != k.shape[1])
+        return bool(check(params, False))
+    except Exception:  # noqa: BLE001 - a torch without this backend (or this SDPAParams)
+        return False
+
+
 def backends_for(problem, device) -> list[str]:
     """SDPA's backends that compute `problem` exactly and can run on `device`, usually fastest first."""
     p = problem

@@ -115,6 +115,17 @@ def _on_device(device: torch.device, launch):
     return on_device
 
 
+def _vendor_for(problem: FlashProblem, device: DeviceInfo, chosen: str, sample: dict, grad: bool) -> str | None:
+    """The SDPA backend to serve: the chosen one if torch's checks take the call's own tensors (strides, alignment),
+    else the first other vendor config of the problem that they take; None: none does."""
+    q, k, v = sample["q"], sample["k"], sample["v"]
+    options = [chosen] + [c[VENDOR_KEY] for c in FAMILY.vendor_configs(problem, device) if c[VENDOR_KEY] != chosen]
+    for backend in options:
+        if not q.is_cuda or flash_vendor.accepts(backend, q, k, v, grad):
+            return backend
+    return None
+
+
 def serve_forward(problem: FlashProblem, device: DeviceInfo, scale: float, sample: dict) -> _Served:
     """The forward runner of `problem`: run(q, k, v, alibi, cu_q, cu_k, need_lse) -> (o, lse or None).
 
@@ -123,16 +134,20 @@ def serve_forward(problem: FlashProblem, device: DeviceInfo, scale: float, sampl
     """
     resolution = resolve(FAMILY, problem, device)
     calls = trace.counter(FAMILY, problem, device)
+    config = resolution.config
     if resolution.vendor:
-        backend, causal = resolution.config[VENDOR_KEY], problem.causal
+        backend = _vendor_for(problem, device, config[VENDOR_KEY], sample, grad=True)
+        if backend is not None:
+            causal = problem.causal
 
-        def run_vendor(q, k, v, alibi, cu_q, cu_k, need_lse):
-            return flash_vendor.forward(backend, q, k, v, causal=causal, scale=scale, need_lse=need_lse)
-        return _Served(run_vendor, calls, True)
+            def run_vendor(q, k, v, alibi, cu_q, cu_k, need_lse):
+                return flash_vendor.forward(backend, q, k, v, causal=causal, scale=scale, need_lse=need_lse)
+            return _Served(run_vendor, calls, True)
+        config = FAMILY.default_config(problem, device)
     q = sample["q"]
     outputs = FAMILY.allocate_outputs(problem, {"q": q})
     # Two renders of the forward: one writes the log-sum-exp (autograd, return_lse), one does not (inference).
-    with_lse, without_lse = (FAMILY.plan(problem, resolution.config, sample, outputs, scale=scale, keep=True,
+    with_lse, without_lse = (FAMILY.plan(problem, config, sample, outputs, scale=scale, keep=True,
                                          store_lse=store) for store in (True, False))
     o_shape, o_dtype, lse_shape, dev = q.shape, torch_dtype(problem.out_dtype), outputs["lse"].shape, q.device
     # fp8 tensors passed by users carry their values as they are: unit descales.
@@ -161,13 +176,15 @@ def serve_backward(problem: FlashProblem, device: DeviceInfo, scale: float, samp
     calls = trace.counter(FAMILY, problem, device)
     config = resolution.config
     if resolution.vendor:
-        if not has_dlse:
-            backend, causal = config[VENDOR_KEY], problem.causal
+        backend = None if has_dlse else _vendor_for(problem, device, config[VENDOR_KEY], sample, grad=True)
+        if backend is not None:
+            causal = problem.causal
 
             def run_vendor(q, k, v, o, do, lse, alibi, cu_q, cu_k, dlse):
                 return flash_vendor.backward(backend, do, q, k, v, o, lse, causal=causal, scale=scale)
             return _Served(run_vendor, calls, True)
-        # SDPA's backward takes no gradient of the log-sum-exp: the generated kernel computes this one.
+        # SDPA's backward takes no gradient of the log-sum-exp (and no backend may take these tensors):
+        # the generated kernel computes this one.
         config = FAMILY.default_config(problem, device)
     q, k, v = sample["q"], sample["k"], sample["v"]
     outputs = FAMILY.allocate_outputs(problem, sample)
@@ -190,13 +207,14 @@ def serve_backward(problem: FlashProblem, device: DeviceInfo, scale: float, samp
 
 
 def _layout(t: torch.Tensor | None) -> tuple | None:
-    return None if t is None else (t.shape, t.stride(), t.dtype, t.device)
+    """Shape, strides, dtype, device and 16-byte alignment: what a bound launch and the problem depend on
+    (Triton specialises each pointer argument on its alignment)."""
+    return None if t is None else (t.shape, t.stride(), t.dtype, t.device, not t.data_ptr() & 15)
 
 
 def _forward_key(q, k, v, causal, scale, window, softcap, alibi) -> tuple:
-    # Everything the problem, its served config and the plan's arguments depend on (~1 us to build).
-    return (_layout(q), _layout(k), _layout(v), not (q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15,
-            causal, scale, window, softcap, _layout(alibi))
+    # Everything the problem, its served config and the plan's arguments depend on (~2 us to build).
+    return (_layout(q), _layout(k), _layout(v), causal, scale, window, softcap, _layout(alibi))
 
 
 def _served_forward(q, k, v, causal: bool, scale: float, window: tuple, softcap: float, alibi) -> _Served:
@@ -287,7 +305,7 @@ def _call_key(q, k, v, causal, scale, window, softcap, alibi) -> tuple:
     # layouts, each pointer's 16-byte alignment (Triton specialises on it), mask, scale and features.
     return (q.shape, q.stride(), q.dtype, q.device, k.shape, k.stride(), k.dtype, k.device, v.shape, v.stride(),
             v.dtype, v.device, not q.data_ptr() & 15, not k.data_ptr() & 15, not v.data_ptr() & 15, causal, scale,
-            window, softcap, None if alibi is None else (_layout(alibi), not alibi.data_ptr() & 15))
+            window, softcap, _layout(alibi))
 
 
 def _first_call(key: tuple, q, k, v, causal, scale, window, softcap, alibi) -> _Served:
@@ -319,7 +337,9 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
     `softcap` > 0 maps the scaled logits x to softcap * tanh(x / softcap) (Gemma-2); `alibi_slopes`
     (Hq,) or (B, Hq) fp32 add -slope * |i + Sk - Sq - j| to head h's logits. With `return_lse` the
     result is (o, lse), lse (B, Hq, Sq) fp32 the natural-log log-sum-exp of each row's logits
-    (+inf for rows that see no key), differentiable too.
+    (+inf for rows that see no key), differentiable too. The generated backward is deterministic (no atomics:
+    one program sums each key block's gradient over its query heads); SDPA's backends follow
+    torch.use_deterministic_algorithms as SDPA does.
 
     >>> import torch, autotile
     >>> q, k, v = (torch.randn(1, 2, 5, 16, requires_grad=True) for _ in range(3))

@@ -23,7 +23,7 @@ from autotile.runtime.ops_flash import (LN2, _keep, _layout, _normalise, _unit_s
 
 def _key(direction, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, window, softcap, alibi) -> tuple:
     return (direction, "varlen", _layout(q), _layout(k), _layout(v), _layout(cu_q), _layout(cu_k), max_q, max_k,
-            not (q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15, causal, scale, window, softcap, _layout(alibi))
+            causal, scale, window, softcap, _layout(alibi))
 
 
 def _problem(q, k, v, cu_q, cu_k, max_q, max_k, causal, window, softcap, alibi, direction="fwd") -> FlashProblem:
