@@ -50,9 +50,11 @@ _BLOCKS = (16, 32, 64, 128)
 # Key blocks of 256 only for head dims <= 64, where a (BLOCK_M, 256) score tile costs what a
 # (BLOCK_M, 128) one does at D = 128 and halves the loop trips of short-head problems.
 _WIDE_BLOCK_N = 256
-# Programs a forward grid should have before its query tiles are split finer: two per SM keeps
-# every SM busy through the tail (132 SMs on the H200).
-_PROGRAMS_PER_SM = 2
+# Programs per SM a forward grid of 128-row tiles should have before the default splits its query
+# tiles finer (64 rows): under ~8 waves, the short programs of a causal diagonal leave SMs idle at the
+# tail (issue 14's 3 x 12 x 2000 has 576 programs of 128 rows for 132 SMs). A starting point, not
+# measured: tuned shapes choose BLOCK_M themselves.
+_PROGRAMS_PER_SM = 8
 
 
 LOADS_CHOICES = ("pointer", "tma", "pointer_lookahead", "tma_lookahead")
@@ -455,8 +457,8 @@ class FlashFamily(Family):
         wide = p.block_d >= 256
         if p.direction == "fwd":
             block_m = 64 if wide else 128
-            # Short sequences and small batches (16 x 512, 3 x 12 x 2000): finer query tiles, so that the
-            # grid has programs for every SM.
+            # Short sequences and small batches: finer query tiles, so that the grid has programs for every
+            # SM through the tail.
             if _cdiv(p.seq_q, block_m) * p.batch * p.heads_q < _PROGRAMS_PER_SM * device.sm_count:
                 block_m = 64
             preferred = dict(LOADS="pointer", BLOCK_M=block_m, BLOCK_N=64, WARP_SPECIALIZE=False,
