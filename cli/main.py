@@ -204,7 +204,6 @@ def _make_bench_command(name: str):
     def command(preset, gpu, rounds, db_url, **options):
         import os
 
-        from rich.console import Console
         from rich.table import Table
 
         from autotile.benchmark import bench_problem

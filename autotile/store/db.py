@@ -78,8 +78,9 @@ def _engine(url: str) -> Engine:
     try:
         engine = create_engine(url, future=True)
     except (ModuleNotFoundError, NoSuchModuleError) as exc:
-        raise DatabaseError(f"{safe_url(url)} needs a database driver that is not installed ({exc}); for PostgreSQL "
-                            "run `pip install 'autotile[postgres]'` and write the URL as postgresql+psycopg://...") from None
+        raise DatabaseError(f"{safe_url(url)} needs a database driver that is not installed ({exc}); for "
+                            "PostgreSQL run `pip install 'autotile[postgres]'` and write the URL as "
+                            "postgresql+psycopg://...") from None
     except ArgumentError as exc:
         raise DatabaseError(f"{safe_url(url)} is not a database URL SQLAlchemy understands ({exc}); give a SQLite file "
                             "path or a URL such as postgresql+psycopg://user@host/db") from None
@@ -332,5 +333,5 @@ def reading(url: str | None) -> Iterator[None]:
         raise DatabaseError(line) from None
 
 
-__all__ = ["open_engine", "inspect_database", "stored_schema_version", "default_db_url", "normalise_url", "read_only_url", "safe_url",
-           "check_schema", "schema_lock", "database_failure", "reading", "VERSION_TABLE"]
+__all__ = ["open_engine", "inspect_database", "stored_schema_version", "default_db_url", "normalise_url", "read_only_url",
+           "safe_url", "check_schema", "schema_lock", "database_failure", "reading", "VERSION_TABLE"]
