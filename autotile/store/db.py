@@ -222,6 +222,9 @@ def schema_lock(url: str) -> Iterator[None]:
     race in `CREATE TABLE` and Alembic's version row. SQLite: an exclusive flock on `<file>.lock` beside the
     file. PostgreSQL: a transaction-scoped advisory lock, held by a transaction open for the block. Other
     servers: no lock. Used for autotile's migrations and for Optuna's table creation (autotile.tune.storage).
+
+    >>> with schema_lock("sqlite:////tmp/autotile-doctest.sqlite"):
+    ...     pass  # create tables here; another process waits at the `with` meanwhile
     """
     path = sqlite_path(url)
     if path is not None:
@@ -319,7 +322,16 @@ def _raised_in_sqlalchemy(exc: BaseException) -> bool:
 @contextlib.contextmanager
 def reading(url: str | None) -> Iterator[None]:
     """Within this block, a database that fails to be read (damaged pages, a hand-edited row) raises
-    DatabaseError with one line naming the file and the fix, never a raw driver or JSON error."""
+    DatabaseError with one line naming the file and the fix, never a raw driver or JSON error.
+
+    >>> import json
+    >>> try:
+    ...     with reading("sqlite:////tmp/t.sqlite"):
+    ...         json.loads("{not json")  # as a JSON column holding a hand-edited value does
+    ... except DatabaseError as exc:
+    ...     print(str(exc)[:65])
+    database sqlite:////tmp/t.sqlite holds a row autotile cannot read
+    """
     try:
         yield
     except DatabaseError:

@@ -206,6 +206,11 @@ class ExportReader:
     Opening it reads and checks the header (ExportFormatError for a file that is not an autotile export or
     is newer than this autotile); iterating yields (line number, record or None, parse error); after the
     last record `truncated` says why the file looks cut short ('' when it ended with its end record).
+
+    >>> reader = ExportReader(Path("winners.jsonl"))  # doctest: +SKIP
+    >>> bad = [(line, error) for line, record, error in reader if error]  # doctest: +SKIP
+    >>> reader.truncated  # doctest: +SKIP
+    ''
     """
 
     def __init__(self, path: Path):

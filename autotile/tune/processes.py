@@ -72,6 +72,13 @@ class CtrlC:
     and leave its connection holding SQLite's write lock; storing the best so far afterwards then waited 30 s
     and failed ("database is locked"). A stop request ends the search between trials, where nothing is open.
     Only the main thread can take signals: elsewhere the block does nothing.
+
+    >>> import threading
+    >>> stop = threading.Event()
+    >>> with CtrlC() as ctrl_c:
+    ...     ctrl_c.stops(stop)  # the search loop checks `stop` between trials
+    >>> ctrl_c.pressed, stop.is_set()
+    (False, False)
     """
 
     def __init__(self):
