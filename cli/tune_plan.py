@@ -81,10 +81,16 @@ def _dtype(value) -> str:
 
 
 def _run(planned, device, budget, db_url, trials, seed, **tune_kwargs) -> None:
+    from autotile.cli.tune_run import EXIT_INTERRUPTED
     from autotile.tune.plan import tune_planned
 
-    outcome = tune_planned(planned, device, budget_s=budget, db_url=db_url, trials=trials, seed=seed,
-                           report=lambda line: click.echo(line), **tune_kwargs)
+    try:
+        outcome = tune_planned(planned, device, budget_s=budget, db_url=db_url, trials=trials, seed=seed,
+                               report=lambda line: click.echo(line), **tune_kwargs)
+    except KeyboardInterrupt:  # a second Ctrl-C: the current problem stored nothing new
+        click.echo("interrupted before the current problem's winner was stored; every finished trial is stored: "
+                   "run the same command again to resume", err=True)
+        raise SystemExit(EXIT_INTERRUPTED) from None
     vendor = sum(1 for r in outcome.tuned if r.vendor_won)
     ranged = sum(1 for r in outcome.tuned if r.verified_range and not r.vendor_won)
     click.echo(f"tuned {len(outcome.tuned)} problem(s) in {outcome.seconds:.0f} s: {vendor} served by the vendor op, "
@@ -92,6 +98,9 @@ def _run(planned, device, budget, db_url, trials, seed, **tune_kwargs) -> None:
                f"{len(outcome.failed)} failed")
     for item, reason in outcome.failed:
         click.echo(f"  failed: {item.family.name} {item.family.problem_key(item.problem)}: {reason}", err=True)
+    if outcome.interrupted:
+        click.echo("interrupted: the best so far is stored; run the same command again to resume", err=True)
+        raise SystemExit(EXIT_INTERRUPTED)
     if planned and not outcome.tuned:
         raise click.ClickException("no problem was tuned" + (": the budget is too small" if outcome.skipped else ""))
 

@@ -43,7 +43,19 @@ def tune_each(problems: list, tune_one: Callable) -> None:
 
     Ctrl-C stores the best of the trials so far (as --timeout does) and exits with status 130; when any
     problem ends with no config that passed the correctness check, the command exits with status 1.
+    Several problems share one trial worker and compile-ahead pool per device (autotile.tune.session): a
+    suite starts them once, not once per problem.
     """
+    if len(problems) < 2:
+        _tune_each(problems, tune_one)
+        return
+    from autotile.tune.session import session_scope
+
+    with session_scope():
+        _tune_each(problems, tune_one)
+
+
+def _tune_each(problems: list, tune_one: Callable) -> None:
     without_winner = 0
     for problem in problems:
         try:

@@ -10,6 +10,10 @@ reads instead of compiling.
 Under the interpreter nothing is compiled (kernels run as Python), so
 compile-ahead is a no-op there: `start_compile_ahead` returns a pool that
 does nothing.
+
+A pool outlives its problem: every job names its problem, and a pool process
+that gets a job of another problem drops the last one's inputs and loads the
+new one, so the processes of a run over many problems start once.
 """
 from __future__ import annotations
 
@@ -25,12 +29,13 @@ from collections.abc import Callable, Iterable
 from autotile.device import DeviceInfo
 from autotile.families.base import Family
 from autotile.space import Config
-from autotile.tune.workers import born_ignoring_ctrl_c, family_ref, ignore_ctrl_c, resolve_family
+from autotile.tune.workers import born_ignoring_ctrl_c, family_ref, free_device_memory, ignore_ctrl_c, resolve_family
 
 # Pool processes compiling ahead (each holds a CUDA context and one set of inputs).
 DEFAULT_COMPILE_PROCESSES = max(1, min(4, (os.cpu_count() or 2) // 2))
 
-# Per pool process: the family, problem, device and inputs, built once by the initializer.
+# Per pool process: the device (set by the initializer), and the family, problem, seed and inputs of the
+# problem its last job was for.
 _state: dict = {}
 
 
@@ -59,15 +64,34 @@ def compile_only():
         JITFunction.run = original
 
 
-def _init_pool_process(ref: str, problem_data: dict, device: DeviceInfo, seed: int, gpu: int | None) -> None:
+def _init_pool_process(device: DeviceInfo, gpu: int | None) -> None:
     # Ctrl-C is the tuner's to handle (it shuts this pool down); here it would only break the pool mid-compile.
     ignore_ctrl_c()
     if gpu is not None:
         # Before the first CUDA call of this process: the pool compiles for (and allocates on) that GPU only.
         os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu)
+    _state.update(device=device, target=None, family=None, problem=None, seed=0, inputs=None)
+
+
+def _set_target(target: tuple[str, dict, int]) -> None:
+    """In a pool process: compile for this (family ref, problem dict, seed) from now on."""
+    if _state["target"] == target:
+        return
+    ref, problem_data, seed = target
+    _state.update(target=None, family=None, problem=None, inputs=None)  # the last problem's inputs go first
+    free_device_memory()
     family = resolve_family(ref)
-    problem = family.problem_from_dict(problem_data)
-    _state.update(family=family, problem=problem, device=device, seed=seed, inputs=None)
+    _state.update(target=target, family=family, problem=family.problem_from_dict(problem_data), seed=seed)
+
+
+def _compile_job(target: tuple[str, dict, int], compile_fn: Callable[[str], tuple[str, float, str]],
+                 config_json: str) -> tuple[str, float, str]:
+    """One job of the pool: a config of `target`'s problem (the pool's processes serve every problem of a run)."""
+    try:
+        _set_target(target)
+    except Exception as exc:  # noqa: BLE001 - the trial itself will report the failure as its status
+        return config_json, 0.0, f"{type(exc).__name__}: {exc}"[:500]
+    return compile_fn(config_json)
 
 
 def compile_config(config_json: str) -> tuple[str, float, str]:
@@ -91,26 +115,56 @@ class CompileAhead:
 
     `submit` queues configs; `wait_for` is called right before a config's trial: a compile already
     running is awaited (it finishes sooner than a fresh compile), one still queued is dropped.
+    `retarget` moves the pool to another problem (of any family): its processes, with their imports and
+    CUDA contexts, serve every problem of a run (autotile.tune.session). A pool whose process died is
+    replaced on the next `submit`.
     """
 
     def __init__(self, family: Family, problem, device: DeviceInfo, seed: int,
                  processes: int = DEFAULT_COMPILE_PROCESSES, gpu: int | None = None,
                  compile_fn: Callable[[str], tuple[str, float, str]] = compile_config):
-        context = multiprocessing.get_context("spawn")
-        worker_device = dataclasses.replace(device, index=0) if gpu is not None else device
-        args = (family_ref(family), dataclasses.asdict(problem), worker_device, seed, gpu)
-        self._pool = concurrent.futures.ProcessPoolExecutor(processes, mp_context=context,
-                                                            initializer=_init_pool_process, initargs=args)
+        self._worker_device = dataclasses.replace(device, index=0) if gpu is not None else device
+        self.device, self.gpu, self.processes = device, gpu, processes
         self._compile_fn = compile_fn
         self._futures: dict[str, concurrent.futures.Future] = {}
         self.compiled = 0
         self.dropped = 0
+        self.pools_started = 0
+        self._pool = self._new_pool()
+        self.retarget(family, problem, seed)
+
+    def _new_pool(self) -> concurrent.futures.ProcessPoolExecutor:
+        self.pools_started += 1
+        context = multiprocessing.get_context("spawn")
+        return concurrent.futures.ProcessPoolExecutor(self.processes, mp_context=context,
+                                                      initializer=_init_pool_process,
+                                                      initargs=(self._worker_device, self.gpu))
+
+    def retarget(self, family: Family, problem, seed: int) -> None:
+        """Compile for `problem` of `family` from now on; the last problem's queued compiles are dropped."""
+        self.release()
+        self._target = (family_ref(family), dataclasses.asdict(problem), seed)
+
+    def release(self) -> None:
+        """Drop the compiles still queued (those running finish; nothing waits for them)."""
+        for future in self._futures.values():
+            future.cancel()
+        self._futures.clear()
 
     def submit(self, configs: Iterable[Config]) -> None:
         for config in configs:
             if config.hash not in self._futures:
-                with born_ignoring_ctrl_c():  # the pool starts its processes on a submit
-                    self._futures[config.hash] = self._pool.submit(self._compile_fn, config.to_json())
+                self._futures[config.hash] = self._submit(config.to_json())
+
+    def _submit(self, config_json: str) -> concurrent.futures.Future:
+        with born_ignoring_ctrl_c():  # the pool starts its processes on a submit
+            try:
+                return self._pool.submit(_compile_job, self._target, self._compile_fn, config_json)
+            except concurrent.futures.process.BrokenProcessPool:
+                # A pool process died (killed, out of memory): the pool is broken for good; a new one takes over.
+                self._pool.shutdown(wait=False, cancel_futures=True)
+                self._pool = self._new_pool()
+                return self._pool.submit(_compile_job, self._target, self._compile_fn, config_json)
 
     def wait_for(self, config: Config, limit_s: float) -> None:
         future = self._futures.pop(config.hash, None)
@@ -127,6 +181,7 @@ class CompileAhead:
 
     def close(self) -> None:
         # NOTE: ProcessPoolExecutor.shutdown(cancel_futures=True) still waits for compiles already running.
+        self._futures.clear()
         self._pool.shutdown(wait=True, cancel_futures=True)
 
 
@@ -140,6 +195,9 @@ class NoCompileAhead:
         pass
 
     def wait_for(self, config: Config, limit_s: float) -> None:
+        pass
+
+    def release(self) -> None:
         pass
 
     def close(self) -> None:

@@ -27,6 +27,7 @@ from autotile.tune.cluster import evaluated_trials, fail_stale_trials
 from autotile.tune.processes import CtrlC, run_search_processes
 from autotile.tune.storage import is_journal, journal_beside, optuna_storage
 from autotile.tune.search import Progress, TuneError, _Search, _SearchPlan, _SharedState  # noqa: F401 - re-exported
+from autotile.tune.session import TuneSession, current_session
 from autotile.tune.workers import default_trial_timeout
 
 log = logging.getLogger("autotile.tune")
@@ -113,6 +114,7 @@ def tune_problem(
     prune: bool = True,
     patience: int | None = None,
     simulate=None,
+    session: TuneSession | None = None,
     _table=None,  # the rest are set by the simulation (_simulate) only
     _space=None,
     _warm_source: str | None = None,
@@ -136,6 +138,9 @@ def tune_problem(
     evaluated trials without improvement once the vendor op is beaten or out of reach.
     `simulate` (a simulate.TimingTable, or a database or table file holding one) replays stored timings
     instead of running anything (autotile.tune.simulate); the study then lives in a throwaway database.
+    `session` (an autotile.tune.session.TuneSession; by default the one open in this thread, if any) lends the
+    trial worker and compile-ahead pool, kept across the problems of a run; without one, the search starts
+    its own and stops them when it ends.
 
     >>> from autotile.families.gemm import FAMILY, GemmProblem
     >>> from autotile.device import interpret_device
@@ -184,6 +189,7 @@ def tune_problem(
         log.info("%s: %d trials a stopped run left running were marked failed", name, len(failed))
 
     isolate = (not device.interpret) if isolate is None else isolate
+    session = session if session is not None else current_session()
     if patience and vendor_ms is None and table is None and not device.interpret:
         vendor_ms = time_vendor(family, problem, device, seed)
     plan = _SearchPlan(
@@ -207,9 +213,9 @@ def tune_problem(
     with CtrlC() as ctrl_c:
         ctrl_c.stops(shared.stop)
         if not already_complete and len(targets) == 1:
-            _Search(plan, 0, *targets[0], shared).run()
+            _Search(plan, 0, *targets[0], shared, session=session).run()
         elif not already_complete:
-            shared = run_search_processes(plan, targets, db_url, study_url, ctrl_c)
+            shared = run_search_processes(plan, targets, db_url, study_url, ctrl_c, session=session)
     if shared.error is not None:
         raise shared.error  # a second Ctrl-C raises its KeyboardInterrupt here: stop at once, store nothing
     interrupted = ctrl_c.pressed

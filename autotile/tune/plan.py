@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from autotile.errors import BadInputError
 from autotile.families import family_names, get_family
 from autotile.families.base import Family, problem_to_dict
+from autotile.tune.session import in_session
 
 # Seconds a problem needs at the least to be worth starting: the vendor check, a few trials, the re-timing.
 MIN_PROBLEM_S = 8.0
@@ -39,6 +40,7 @@ class PlanOutcome:
     skipped: list[PlannedProblem] = field(default_factory=list)  # the budget ran out before these
     failed: list[tuple[PlannedProblem, str]] = field(default_factory=list)
     seconds: float = 0.0
+    interrupted: bool = False  # Ctrl-C stopped the run: the last tuned problem holds the best so far
 
 
 def parse_budget(text: str) -> float:
@@ -96,13 +98,16 @@ def plan_from_trace(entries: Sequence, families: Sequence[str] | None = None) ->
     return planned, notes
 
 
+@in_session
 def tune_planned(planned: Sequence[PlannedProblem], device, *, budget_s: float | None, db_url: str | None,
                  trials: int = MAX_TRIALS, seed: int = 0, tune: Callable | None = None,
                  report: Callable[[str], None] = lambda line: None, **tune_kwargs) -> PlanOutcome:
     """Tune each planned problem in order, sharing what is left of the budget equally among those still to go.
 
     `tune(family, problem, device, trials=..., timeout=..., db_url=..., seed=..., **tune_kwargs)` defaults to
-    autotile.tune.driver.tune_problem.
+    autotile.tune.driver.tune_problem. The problems share one trial worker and compile-ahead pool per device
+    (autotile.tune.session: the session open around the call, else one for the run). Ctrl-C stores the
+    current problem's best so far and stops the run (`interrupted`).
     """
     if tune is None:
         from autotile.tune.driver import tune_problem as tune
@@ -135,6 +140,11 @@ def tune_planned(planned: Sequence[PlannedProblem], device, *, budget_s: float |
         if timeout is not None:
             overhead = max(overhead * 0.5, took - timeout) if took > timeout else overhead * 0.5
         outcome.tuned.append(result)
+        if getattr(result, "interrupted", False):
+            outcome.interrupted = True
+            outcome.skipped.extend(planned[index + 1:])
+            report(f"interrupted: {len(planned) - index - 1} problem(s) not tuned")
+            break
     outcome.seconds = time.monotonic() - started
     return outcome
 

@@ -113,14 +113,15 @@ class CtrlC:
 
 
 def run_search_processes(plan: _SearchPlan, targets: Sequence[tuple[int | None, DeviceInfo]], db_url: str,
-                         storage_url: str, ctrl_c: CtrlC | None = None) -> _SharedState:
+                         storage_url: str, ctrl_c: CtrlC | None = None, session=None) -> _SharedState:
     """Run one search per (gpu, device) target on `plan`'s study; returns their combined state.
 
     `ctrl_c` (the caller's CtrlC block) stops every search after its current trial; a KeyboardInterrupt
     (a second Ctrl-C) stops them too and comes back in `.error`.
 
     The first target's search runs in this process (a thread beside the one relaying reports, which
-    mostly waits), so it starts at once; every other target gets a search process.
+    mostly waits), so it starts at once, with the worker and pool of `session` (a TuneSession) when given;
+    every other target gets a search process, which starts its own.
     """
     context = multiprocessing.get_context("spawn")
     reports = context.Queue()
@@ -140,7 +141,8 @@ def run_search_processes(plan: _SearchPlan, targets: Sequence[tuple[int | None, 
             process.start()
         processes[slot] = process
     shared = _SharedState(stop=stop)
-    local = threading.Thread(target=_Search(plan, 0, *targets[0], shared).run, name="autotile-search-0")
+    local = threading.Thread(target=_Search(plan, 0, *targets[0], shared, session=session).run,
+                             name="autotile-search-0")
     local.start()
     try:
         _collect(processes, reports, shared, plan)

@@ -28,7 +28,8 @@ from autotile.tune.cluster import (
     CLAIM_ATTR, OWNER_ATTR, Heartbeat, census, fail_stale_trials, new_owner,
 )
 from autotile.tune.compile_ahead import DEFAULT_COMPILE_PROCESSES, NoCompileAhead, start_compile_ahead
-from autotile.tune.workers import InProcessEvaluator, IsolatedEvaluator, WorkerSetupError
+from autotile.tune.session import TuneSession
+from autotile.tune.workers import InProcessEvaluator, WorkerSetupError
 
 log = logging.getLogger("autotile.tune")
 
@@ -267,8 +268,10 @@ class _SharedState:
 class _Search:
     """One device's search loop on the shared study."""
 
-    def __init__(self, plan: _SearchPlan, slot: int, gpu: int | None, device: DeviceInfo, shared: _SharedState):
+    def __init__(self, plan: _SearchPlan, slot: int, gpu: int | None, device: DeviceInfo, shared: _SharedState,
+                 session: TuneSession | None = None):
         self.plan, self.slot, self.gpu, self.device, self.shared = plan, slot, gpu, device, shared
+        self.session = session  # lends the trial worker and compile pool; None: a private one for this search
         self.owner = new_owner()
         table = plan.table
         self.source = _ConfigSource(plan.space, None if table is None else [r.config for r in table.rows.values()])
@@ -285,23 +288,32 @@ class _Search:
         self._pruner_built = False
 
     def run(self) -> None:
+        session = self.session if self.session is not None else TuneSession()
+        try:
+            self._run(session)
+        finally:
+            if self.session is None:
+                session.close()
+
+    def _run(self, session: TuneSession) -> None:
         plan = self.plan
         if plan.table is not None:
             from autotile.tune.simulate import SimulatedEvaluator
 
             evaluator = SimulatedEvaluator(plan.table)
         elif plan.isolate:
-            evaluator = IsolatedEvaluator(plan.family, plan.problem, self.device, plan.seed, plan.trial_timeout,
-                                          gpu=self.gpu)
+            evaluator = session.trial_evaluator(plan.family, plan.problem, self.device, plan.seed,
+                                                plan.trial_timeout, gpu=self.gpu)
         else:
             evaluator = InProcessEvaluator(plan.family, plan.problem, self.device, plan.seed)
         evaluator.prestart()
         self.source.prepare_in_background()
         try:
-            compiler = start_compile_ahead(plan.family, plan.problem, self.device, plan.seed,
-                                           plan.compile_ahead and plan.table is None, gpu=self.gpu)
+            compiler = session.compile_pool(plan.family, plan.problem, self.device, plan.seed,
+                                            plan.compile_ahead and plan.table is None, gpu=self.gpu,
+                                            start=start_compile_ahead)
         except BaseException as exc:  # noqa: BLE001 - as an error of the loop: nothing started is left running
-            evaluator.close()
+            session.give_back(evaluator)
             self.source.close()
             with self.shared.lock:
                 self.shared.error = self.shared.error or exc
@@ -320,8 +332,8 @@ class _Search:
             self.shared.stop.set()
         finally:
             self._release_queue("not needed: the search stopped")
-            evaluator.close()
-            compiler.close()
+            session.give_back(evaluator)
+            session.give_back(compiler)
             self.source.close()
 
     # --- the loop -------------------------------------------------------------------------------

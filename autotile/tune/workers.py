@@ -7,7 +7,9 @@ parent waits at most the per-trial time limit; when the worker dies or runs
 past it, the parent files the trial as `crash` or `timeout` with the exit
 code or signal, the last lines the worker printed and a command that renders
 the candidate, then starts a new worker. Workers keep their input sets and
-references across trials.
+references across trials, and their process (imports, CUDA context, Triton's
+loaded kernels) across problems: a message retargets a worker to the next
+problem, of any family (autotile.tune.session keeps one per device for a run).
 
 The worker receives only plain data: a family reference (a registered name,
 or `module:Class` for families outside the registry), the problem as a dict,
@@ -22,6 +24,7 @@ import json
 import multiprocessing
 import os
 import shlex
+import shutil
 import signal
 import tempfile
 import threading
@@ -176,8 +179,25 @@ class InProcessEvaluator:
         pass
 
 
-def _worker_main(conn, ref: str, problem_data: dict, device: DeviceInfo, seed: int, log_path: str) -> None:
-    """The worker process: load the family once, then answer trial requests until told to stop."""
+def free_device_memory() -> None:
+    """Give the memory of dropped input sets back (on a GPU, to the driver: the tuner re-times in its own process)."""
+    import gc
+
+    gc.collect()
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+
+
+def _worker_main(conn, device: DeviceInfo, log_path: str) -> None:
+    """The worker process: import torch and triton once, then serve problems and trials until told to stop.
+
+    Messages from the parent: ("target", id, family ref, problem dict, seed) sets the problem the next trials
+    run (answered ("targeted", id), or ("setup_error", id, text) when the family or problem does not load);
+    ("trial", id, number, config JSON) runs one trial of target `id` (answered ("outcome", id, dict));
+    ("release",) drops the current problem's inputs; ("stop",) ends the process.
+    """
     # Ctrl-C reaches the whole process group: the tuner decides (it stops the search and closes this worker),
     # so a trial is never cut short and filed as a crash.
     ignore_ctrl_c()
@@ -185,31 +205,47 @@ def _worker_main(conn, ref: str, problem_data: dict, device: DeviceInfo, seed: i
     os.dup2(log_fd, 1)
     os.dup2(log_fd, 2)
     try:
-        family = resolve_family(ref)
-        problem = family.problem_from_dict(problem_data)
-        inputs = _InputSets(family, problem, device, seed)
+        from autotile.bench import evaluate
     except Exception:  # noqa: BLE001 - reported to the parent, which stops the study
-        conn.send(("setup_error", traceback.format_exc(limit=8)))
+        conn.send(("setup_error", None, traceback.format_exc(limit=8)))
         return
-    from autotile.bench import evaluate
-
     conn.send(("ready", os.getpid()))
+    target_id, family, problem, seed, inputs = None, None, None, 0, None
     while True:
         try:
             message = conn.recv()
         except EOFError:  # the parent is gone
             return
-        if message[0] == "stop":
+        kind = message[0]
+        if kind == "stop":
             return
-        _, number, config_json = message
-        try:
-            prepared = inputs.for_trial(number)
-        except WorkerSetupError as exc:
-            conn.send(("setup_error", str(exc)))
-            return
-        outcome = evaluate(family, problem, Config(json.loads(config_json)), device, seed=seed + number,
-                           prepared=prepared)
-        conn.send(("outcome", outcome_to_dict(outcome)))
+        if kind in ("target", "release"):
+            target_id, family, problem, inputs = None, None, None, None
+            free_device_memory()
+        if kind == "target":
+            _, wanted, ref, problem_data, seed = message
+            try:
+                family = resolve_family(ref)
+                problem = family.problem_from_dict(problem_data)
+            except Exception:  # noqa: BLE001 - reported to the parent, which stops the study
+                family = problem = None
+                conn.send(("setup_error", wanted, traceback.format_exc(limit=8)))
+                continue
+            target_id, inputs = wanted, _InputSets(family, problem, device, seed)
+            conn.send(("targeted", wanted))
+        elif kind == "trial":
+            _, wanted, number, config_json = message
+            if wanted != target_id:  # the parent never sends a trial before its target is acknowledged
+                conn.send(("setup_error", wanted, f"trial {number} came for problem {wanted}, not {target_id}"))
+                continue
+            try:
+                prepared = inputs.for_trial(number)
+            except WorkerSetupError as exc:
+                conn.send(("setup_error", wanted, str(exc)))
+                return
+            outcome = evaluate(family, problem, Config(json.loads(config_json)), device, seed=seed + number,
+                               prepared=prepared)
+            conn.send(("outcome", wanted, outcome_to_dict(outcome)))
 
 
 def _tail(path: Path, offset: int) -> str:
@@ -237,25 +273,47 @@ class IsolatedEvaluator:
     """Runs trials in a worker process per device, replaced whenever a trial kills it or runs past the limit.
 
     `gpu` is the CUDA index the worker sees as its only device (CUDA_VISIBLE_DEVICES); None under the interpreter.
+    The worker outlives its problem: `retarget` points it at another problem (of any family) by a message, so
+    a run over many problems (autotile.tune.session) pays its start-up (spawn, imports, CUDA context) once.
     """
 
     isolated = True
 
     def __init__(self, family: Family, problem, device: DeviceInfo, seed: int, trial_timeout: float,
                  gpu: int | None = None):
-        self.family, self.problem, self.device, self.seed = family, problem, device, seed
+        self.device = device
         self.trial_timeout = trial_timeout
         self.gpu = gpu
-        self._ref = family_ref(family)
-        self._problem_data = dataclasses.asdict(problem)
         self._worker_device = device if device.interpret else dataclasses.replace(device, index=0)
         self._log_dir = Path(tempfile.mkdtemp(prefix="autotile-worker-"))
         self._process = None
         self._conn = None
         self._ready = False  # the running worker has reported ready
+        self._sent_target: int | None = None  # the target the running worker was last sent
+        self._acknowledged = False  # ... and has answered for
+        self._busy = False  # a trial was sent and its answer not read: the worker's state is unknown
         self._log_path: Path | None = None
+        self._target_id = 0
         self.workers_started = 0
+        self.worker_pids: list[int] = []  # every worker this evaluator started, in order
+        self.start_seconds: list[float] = []  # spawn to ready, per worker
         self.last_exit_code: int | None = None
+        self.retarget(family, problem, seed)
+
+    def retarget(self, family: Family, problem, seed: int) -> None:
+        """Run the next trials on `problem` of `family`, in the same worker (started if there is none).
+
+        The message is sent now and answered while the caller prepares its search; the answer is awaited
+        before the first trial.
+        """
+        if self._busy:
+            self._stop_worker()
+        self.family, self.problem, self.seed = family, problem, seed
+        self._ref = family_ref(family)
+        self._problem_data = dataclasses.asdict(problem)
+        self._target_id += 1
+        if self._process is not None:
+            self._send_target()
 
     # --- the worker's life ----------------------------------------------------------------
     def prestart(self) -> None:
@@ -263,18 +321,23 @@ class IsolatedEvaluator:
         search asks for configs and the compile-ahead pool starts, instead of after them."""
         if self._process is None:
             self._launch()
+        elif self._sent_target != self._target_id:
+            self._send_target()
 
     def _start(self) -> None:
         if self._process is None:
             self._launch()
         self._await_ready()
+        if self._sent_target != self._target_id:
+            self._send_target()
+        self._await_target()
 
     def _launch(self) -> None:
         context = multiprocessing.get_context("spawn")
         parent_conn, child_conn = context.Pipe()
         self.workers_started += 1
         self._log_path = self._log_dir / f"worker-{self.workers_started}.log"
-        args = (child_conn, self._ref, self._problem_data, self._worker_device, self.seed, str(self._log_path))
+        args = (child_conn, self._worker_device, str(self._log_path))
         process = context.Process(target=_worker_main, args=args, daemon=True,
                                   name=f"autotile-worker-{self.gpu if self.gpu is not None else 'cpu'}")
         with _SPAWN_LOCK:
@@ -293,18 +356,42 @@ class IsolatedEvaluator:
                     else:
                         os.environ["CUDA_VISIBLE_DEVICES"] = before
         child_conn.close()
-        self._process, self._conn, self._ready = process, parent_conn, False
+        self._process, self._conn, self._ready, self._busy = process, parent_conn, False, False
+        self._launched_at = time.monotonic()
+        self.worker_pids.append(process.pid)
+        self._send_target()  # waits in the pipe while the worker imports torch
+
+    def _send_target(self) -> None:
+        self._sent_target, self._acknowledged = self._target_id, False
+        try:
+            self._conn.send(("target", self._target_id, self._ref, self._problem_data, self.seed))
+        except (BrokenPipeError, OSError):
+            pass  # the worker is gone: the wait for its answer says so
 
     def _await_ready(self) -> None:
         if self._ready:
             return
         reply = self._receive(_WORKER_START_LIMIT_S)
         if reply[0] != "ready":
-            self._stop_worker()
-            text = reply[1] if reply[0] == "setup_error" else (
-                f"{_describe_exit(self.last_exit_code)}\n{_tail(self._log_path, 0)}")
-            raise WorkerSetupError(f"the trial worker for {self.family.name} did not start:\n{text}")
+            self._did_not_start(reply)
         self._ready = True
+        self.start_seconds.append(time.monotonic() - self._launched_at)
+
+    def _await_target(self) -> None:
+        """Wait for the worker's answer to the current target (answers to earlier targets are passed over)."""
+        while not self._acknowledged:
+            reply = self._receive(_WORKER_START_LIMIT_S)
+            if reply[0] in ("targeted", "setup_error") and reply[1] != self._target_id:
+                continue
+            if reply[0] != "targeted":
+                self._did_not_start(reply)
+            self._acknowledged = True
+
+    def _did_not_start(self, reply) -> None:
+        self._stop_worker()
+        text = reply[2] if reply[0] == "setup_error" else (
+            f"{_describe_exit(self.last_exit_code)}\n{_tail(self._log_path, 0)}")
+        raise WorkerSetupError(f"the trial worker for {self.family.name} did not start:\n{text}")
 
     def _receive(self, limit: float):
         """The worker's next message; ("_died",) when it is gone, ("_timed_out",) when `limit` seconds passed."""
@@ -329,7 +416,7 @@ class IsolatedEvaluator:
         self._process.join(10)
         self.last_exit_code = self._process.exitcode
         self._conn.close()
-        self._process, self._conn = None, None
+        self._process, self._conn, self._sent_target, self._busy = None, None, None, False
 
     def worker_pid(self) -> int | None:
         return self._process.pid if self._process is not None else None
@@ -339,13 +426,15 @@ class IsolatedEvaluator:
         self._start()
         offset = self._log_path.stat().st_size if self._log_path.exists() else 0
         try:
-            self._conn.send(("trial", number, config.to_json()))
+            self._conn.send(("trial", self._target_id, number, config.to_json()))
         except (BrokenPipeError, OSError):
             reply = ("_died",)
         else:
+            self._busy = True  # until its answer is read: a Ctrl-C in between leaves the worker mid-trial
             reply = self._receive(self.trial_timeout)
+            self._busy = False
         if reply[0] == "outcome":
-            outcome = outcome_from_dict(reply[1])
+            outcome = outcome_from_dict(reply[2])
             if outcome.status is Status.CRASH and not self.device.interpret:
                 self._stop_worker()  # the exception may have poisoned the worker's CUDA context
             if outcome.status in (Status.CRASH, Status.TIMEOUT):
@@ -353,7 +442,7 @@ class IsolatedEvaluator:
             return outcome
         if reply[0] == "setup_error":
             self._stop_worker()
-            raise WorkerSetupError(reply[1])
+            raise WorkerSetupError(reply[2])
         self._stop_worker()
         tail = _tail(self._log_path, offset)
         if reply[0] == "_timed_out":
@@ -366,11 +455,30 @@ class IsolatedEvaluator:
     def _with_repro(self, error: str, config: Config) -> str:
         return f"{error}\nreproduce: {reproduce_command(self.family, self.problem, config, self.device)}"
 
+    def release(self) -> None:
+        """The problem's search is over: the worker drops its inputs and waits for the next `retarget`.
+
+        A worker left mid-trial (the search was cut short while it ran one) is stopped instead: what it would
+        answer belongs to no one, and its state is unknown.
+        """
+        if self._process is None:
+            return
+        if self._busy:
+            self._stop_worker()
+            return
+        try:
+            self._conn.send(("release",))
+        except (BrokenPipeError, OSError):
+            self._stop_worker()
+            return
+        self._sent_target = None  # the next problem sends its target afresh
+
     def close(self) -> None:
-        if self._process is not None and self._process.is_alive():
+        if self._process is not None and self._process.is_alive() and not self._busy:
             try:
                 self._conn.send(("stop",))
                 self._process.join(5)
             except (BrokenPipeError, OSError):
                 pass
         self._stop_worker()
+        shutil.rmtree(self._log_dir, ignore_errors=True)
