@@ -135,14 +135,23 @@ def serve_forward(problem: FlashProblem, device: DeviceInfo, scale: float, sampl
     resolution = resolve(FAMILY, problem, device)
     calls = trace.counter(FAMILY, problem, device)
     config = resolution.config
-    if resolution.vendor:
+    # NOTE: SDPA's backends give NaN for a zero or negative scale (seen on the H200 with cuDNN); the generated
+    # kernel handles them, so such calls never go to the vendor.
+    if resolution.vendor and scale > 0:
         backend = _vendor_for(problem, device, config[VENDOR_KEY], sample, grad=True)
         if backend is not None:
             causal = problem.causal
+            own = _sdpa_picks(backend, problem, sample, scale)
+            gqa = problem.heads_q != problem.heads_kv
+            sdpa = torch.nn.functional.scaled_dot_product_attention
 
             def run_vendor(q, k, v, alibi, cu_q, cu_k, need_lse):
+                if own and not need_lse:
+                    # The backend SDPA itself picks for this call: its C entry point costs the least host time.
+                    return sdpa(q, k, v, is_causal=causal, scale=scale, enable_gqa=gqa), None
                 return flash_vendor.forward(backend, q, k, v, causal=causal, scale=scale, need_lse=need_lse)
             return _Served(run_vendor, calls, True)
+    if resolution.vendor:
         config = FAMILY.default_config(problem, device)
     q = sample["q"]
     outputs = FAMILY.allocate_outputs(problem, {"q": q})
@@ -170,13 +179,31 @@ def serve_forward(problem: FlashProblem, device: DeviceInfo, scale: float, sampl
     return _Served(run_kernel, calls, False)
 
 
+def _sdpa_picks(backend: str, problem: FlashProblem, sample: dict, scale: float) -> bool:
+    """Whether F.scaled_dot_product_attention, left to choose, runs `backend` on this call with our semantics
+    (its causal mask is top-left: the same as ours only when Sq == Sk)."""
+    if problem.causal and problem.seq_q != problem.seq_k:
+        return False
+    enum = {flash_vendor.CUDNN: "CUDNN_ATTENTION", flash_vendor.FLASH: "FLASH_ATTENTION",
+            flash_vendor.EFFICIENT: "EFFICIENT_ATTENTION", flash_vendor.MATH: "MATH"}.get(backend)
+    try:
+        from torch.nn.attention import SDPBackend
+
+        choice = torch._fused_sdp_choice(sample["q"], sample["k"], sample["v"], None, 0.0, problem.causal,
+                                         scale=scale, enable_gqa=problem.heads_q != problem.heads_kv)
+        return enum is not None and choice == getattr(SDPBackend, enum).value
+    except Exception:  # noqa: BLE001 - a torch without this entry point: the backend's own op serves
+        return False
+
+
 def serve_backward(problem: FlashProblem, device: DeviceInfo, scale: float, sample: dict, has_dlse: bool) -> _Served:
     """The backward runner: run(q, k, v, o, do, lse, alibi, cu_q, cu_k, dlse) -> (dq, dk, dv)."""
     resolution = resolve(FAMILY, problem, device)
     calls = trace.counter(FAMILY, problem, device)
     config = resolution.config
     if resolution.vendor:
-        backend = None if has_dlse else _vendor_for(problem, device, config[VENDOR_KEY], sample, grad=True)
+        usable = not has_dlse and scale > 0  # see serve_forward on scales
+        backend = _vendor_for(problem, device, config[VENDOR_KEY], sample, grad=True) if usable else None
         if backend is not None:
             causal = problem.causal
 
