@@ -248,3 +248,28 @@ def test_a_compile_pool_whose_process_died_is_replaced(tmp_path, monkeypatch, no
     finally:
         pool.close()
     assert pool.pools_started == 2 and pool.compiled == 2 and len(list(tmp_path.iterdir())) == 2
+
+
+@pytest.mark.gpu
+def test_a_session_on_a_gpu_keeps_one_worker_and_one_compile_pool(tmp_path):
+    """On a GPU (isolated workers and compile-ahead are the default there): two problems, one of each."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    from autotile.device import resolve_gpu
+
+    device = resolve_gpu("auto")
+    url = f"sqlite:///{tmp_path / 'gpu.sqlite'}"
+    problems = [contiguous_problem(m, 256, 512, "fp16", "fp16") for m in (16, 48)]
+    with TuneSession() as session:
+        results = [tune_problem(GEMM, p, device, trials=5, db_url=url, retime_rounds=1) for p in problems]
+        stats = session.stats()
+    for result in results:
+        assert result.winner is not None and result.trials_this_run == 5
+        assert "crash" not in result.statuses and "timeout" not in result.statuses, result.statuses
+    assert stats.searches == 2 and stats.worker_starts == 1 and stats.pool_starts == 1
+    deadline = time.monotonic() + 10
+    while multiprocessing.active_children() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not multiprocessing.active_children()
