@@ -71,7 +71,7 @@ def launch_plan(family, problem, config: Config, dev: torch.device) -> LaunchPla
 
 def run_plan(plan: LaunchPlan, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, inputs: dict) -> None:
     """Launch `plan` on operands a (M, K), b (K, N) into c (M, N); bias, residual and scales come from `inputs`."""
-    ws = torch.empty(plan.workspace, dtype=torch.float32, device=a.device) if plan.workspace else None
+    ws = workspace(a.device, plan.workspace) if plan.workspace else None
     counters = tile_counters(a.device, plan.counters) if plan.counters else None
     args = plan.kernel_args(a, b, c, inputs.get("bias"), inputs.get("residual"), inputs.get("scale_a"),
                             inputs.get("scale_b"), ws, counters, plan.stream_k)
@@ -111,6 +111,25 @@ def tile_counters(dev: torch.device, count: int) -> torch.Tensor:
     buffer = torch.zeros(max(count, _MIN_COUNTERS, 2 * (buffer.numel() if buffer is not None else 0)),
                          dtype=torch.int32, device=dev)
     _counters[key] = buffer
+    return buffer
+
+
+_workspaces: dict[tuple, torch.Tensor] = {}
+
+
+def workspace(dev: torch.device, numel: int) -> torch.Tensor:
+    """At least `numel` fp32 elements for split tiles' partial sums, kept per stream like the counters.
+
+    Launches on one stream run one after another, so the next launch may reuse what the last one wrote; a
+    launch captured in a CUDA graph gets a buffer of its own (the graph's pool), as for the counters.
+    """
+    if dev.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return torch.empty(numel, dtype=torch.float32, device=dev)
+    key = _stream_key(dev)
+    buffer = _workspaces.get(key)
+    if buffer is None or buffer.numel() < numel:
+        buffer = _workspaces[key] = torch.empty(max(numel, 2 * (buffer.numel() if buffer is not None else 0)),
+                                                dtype=torch.float32, device=dev)
     return buffer
 
 

@@ -24,6 +24,7 @@ from autotile.device import current_device
 from autotile.errors import BadInputError, ShapeMismatchError
 from autotile.expr import Expression, InputSpec, infer_types, parse
 from autotile.families.elementwise import FAMILY, LaunchPlan, Plan
+from autotile.launch import bind
 from autotile.runtime import trace
 from autotile.runtime.dispatch import on_clear, resolve
 from autotile.runtime.eager import direct_call_ok
@@ -75,6 +76,9 @@ class _Prepared:
     device: torch.device
     calls: list
     same_device: bool  # a CUDA device that is the current one (or the CPU): no device switch around the launch
+    # [launcher]: the compiled kernel bound at the first CUDA call of a signature without scalar inputs (None:
+    # not yet; False: not bindable, the plan launches every call).
+    bound: list
 
 
 _prepared: dict[tuple, _Prepared] = {}
@@ -86,7 +90,8 @@ def _signature(canonical: str, values: dict) -> tuple:
     for name in sorted(values):
         v = values[name]
         if isinstance(v, torch.Tensor):
-            parts.append((name, v.dtype, tuple(v.shape), v.stride(), v.device))
+            # 16-byte alignment too: a kept launcher is specialised on it, as Triton specialises pointers.
+            parts.append((name, v.dtype, tuple(v.shape), v.stride(), v.device, not v.data_ptr() & 15))
         else:
             parts.append((name, type(v)))
     return tuple(parts)
@@ -119,7 +124,7 @@ def _prepare(expression: Expression, values: dict) -> _Prepared:
     prepared = _Prepared(FAMILY.plan(problem), FAMILY.launch_plan(problem, config, values),
                          tuple(torch.broadcast_shapes(*(t.shape for t in tensors))), device,
                          trace.counter(FAMILY, problem, device_info),
-                         device.type == "cpu" or device.index == torch.cuda.current_device())
+                         device.type == "cpu" or device.index == torch.cuda.current_device(), [None])
     with _prepared_lock:
         _prepared[key] = prepared
     return prepared
@@ -134,7 +139,18 @@ def _execute(expression: Expression, values: dict) -> list[torch.Tensor]:
 def _launch(prepared: _Prepared, values: dict) -> list[torch.Tensor]:
     prepared.calls[0] += 1
     outputs = [torch.empty(prepared.shape, dtype=d, device=prepared.device) for d in prepared.plan.output_dtypes]
-    if prepared.same_device:
+    bound = prepared.bound[0]
+    if bound:
+        # NOTE: the compiled kernel's own launcher, bound at the signature's first call: the argument signature
+        # and the plan are not worked out again (they cost more host time than the fused op saves on small tensors).
+        bound(*[values[n] for n in prepared.plan.tensor_names], *outputs, *prepared.launch.geometry_args)
+    elif prepared.same_device:
+        if bound is None and prepared.device.type == "cuda" and not prepared.plan.scalar_names:
+            args = [values[n] for n in prepared.plan.tensor_names] + outputs + list(prepared.launch.geometry_args)
+            if prepared.launch.geometry_args[0]:
+                prepared.bound[0] = bind(prepared.launch.kernel, prepared.launch.grid, *args,
+                                         **prepared.launch.meta) or False
+            return outputs
         FAMILY.run(prepared.plan, prepared.launch, values, outputs)
     else:
         with torch.cuda.device(prepared.device):
@@ -199,7 +215,7 @@ class FusedExpression:
             if type(v) is torch.Tensor:
                 if v.requires_grad and torch.is_grad_enabled():
                     return None
-                parts.append((name, v.dtype, tuple(v.shape), v.stride(), v.device))
+                parts.append((name, v.dtype, tuple(v.shape), v.stride(), v.device, not v.data_ptr() & 15))
             else:
                 parts.append((name, type(v)))
         return _prepared.get(tuple(parts))

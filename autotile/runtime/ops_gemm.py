@@ -19,6 +19,8 @@ from autotile.dtypes import canonical_dtype_name, torch_dtype
 from autotile.errors import BadInputError, ShapeMismatchError
 from autotile.families.base import VENDOR_KEY
 from autotile.families.gemm import FAMILY, GemmProblem, vendor_matmul
+from autotile.families.gemm_launch import forget_counters, launch_plan, tile_counters, workspace
+from autotile.launch import bind
 from autotile.runtime import trace
 from autotile.runtime.dispatch import on_clear, resolve
 from autotile.runtime.eager import direct_call_ok
@@ -89,10 +91,82 @@ def _vendor_runner(problem: GemmProblem, kind: str) -> Callable:
     return run
 
 
+_SLOTS = ("a", "b", "c", "bias", "residual", "scale_a", "scale_b", "ws", "counters")
+
+
+class _BoundGemm:
+    """One call signature's kernel bound to its compiled launcher: a call passes new tensors and nothing else.
+
+    Shapes and strides are fixed by the signature, so the integer arguments of the first call's
+    kernel_args are kept and only the tensors (a, b, c, bias, ...) are put in their places. The workspace
+    and tile counters come from the per-stream buffers of autotile.families.gemm_launch.
+    NOTE: measured on the H200 machine, FAMILY.launch cost 27-42 us of host time per decode GEMM (the
+    plan lookup, the argument signature, the launch context), more than cuBLAS's whole call (~20 us), so
+    host-bound decode steps lost to cuBLAS although the kernel itself was faster.
+    """
+
+    __slots__ = ("launcher", "plan", "slots", "tail", "device_index")
+
+    def __init__(self, launcher, plan, args: list, named: dict, device_index: int):
+        self.launcher, self.plan, self.device_index = launcher, plan, device_index
+        lead = 0
+        slots = []
+        ids = {id(value): name for name, value in named.items() if value is not None}
+        while lead < len(args) and isinstance(args[lead], torch.Tensor):
+            slots.append(ids[id(args[lead])])
+            lead += 1
+        self.slots, self.tail = tuple(slots), tuple(args[lead:])
+
+    def __call__(self, a, b, c, bias, residual) -> None:
+        plan = self.plan
+        values = {"a": a, "b": b, "c": c, "bias": bias, "residual": residual}
+        if plan.workspace:
+            values["ws"] = workspace(a.device, plan.workspace)
+        if plan.counters:
+            values["counters"] = tile_counters(a.device, plan.counters)
+        self.launcher(*[values[name] for name in self.slots], *self.tail)
+
+
+def _bind_gemm(problem: GemmProblem, config, a, b, c, bias, residual):
+    """Launch once and return a _BoundGemm for later calls; None: not launched (the plan serves this call and
+    every later one); False: launched through Triton's own path (the plan serves later calls)."""
+    plan = launch_plan(FAMILY, problem, config, a.device)
+    present = [id(t) for t in (a, b, c, bias, residual) if t is not None]
+    if plan.interpret or problem.dtype == "fp8" or len(set(present)) < len(present):
+        return None  # (one tensor in two places could not be told apart in later calls)
+    named = {"a": a, "b": b, "c": c, "bias": bias, "residual": residual, "scale_a": None, "scale_b": None,
+             "ws": workspace(a.device, plan.workspace) if plan.workspace else None,
+             "counters": tile_counters(a.device, plan.counters) if plan.counters else None}
+    args = plan.kernel_args(a, b, c, bias, residual, None, None, named["ws"], named["counters"], plan.stream_k)
+    try:
+        launcher = bind(plan.kernel, plan.grid, *args, **plan.constexprs)
+    except BaseException:
+        if plan.counters:
+            forget_counters(a.device)  # a failed launch may have left them half counted
+        raise
+    if launcher is None:
+        return False  # launched already, through Triton's own path: keep using the plan
+    return _BoundGemm(launcher, plan, args, named, a.device.index)
+
+
 def _kernel_runner(problem: GemmProblem, config) -> Callable:
     out_dtype = torch_dtype(problem.out_dtype)
+    shape = (problem.m, problem.n)
+    bound = None  # this signature's _BoundGemm once bound; False: the plan serves every call
+    current = torch.cuda.current_device
 
     def run(a, b, bias, scale_a, scale_b, residual):
+        nonlocal bound
+        if bound and a.device.index == current():
+            c = torch.empty(shape, dtype=out_dtype, device=a.device)
+            bound(a, b, c, bias, residual)
+            return c
+        if bound is None and a.is_cuda and a.device.index == current():
+            c = torch.empty(shape, dtype=out_dtype, device=a.device)
+            bound = _bind_gemm(problem, config, a, b, c, bias, residual)
+            if bound is not None:
+                return c  # launched (bound, or through Triton's own path)
+            bound = False
         inputs = _inputs(a, b, bias, scale_a, scale_b, residual)
         outputs = {"c": torch.empty(problem.m, problem.n, dtype=out_dtype, device=a.device)}
         if a.is_cuda and a.device.index != torch.cuda.current_device():
@@ -117,10 +191,15 @@ def _signature(a, b, bias, activation, out_dtype, scale_a, scale_b, residual, fa
     # Everything the problem (and so the served config) depends on; cheap to build (~1 us).
     tf32 = a.dtype is torch.float32 and torch.backends.cuda.matmul.allow_tf32
     return (a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype, a.device, b.device,
-            not (a.data_ptr() | b.data_ptr()) & 15, None if bias is None else (bias.shape, bias.dtype, bias.device),
-            activation, out_dtype, None if scale_a is None else scale_a.shape,
-            None if scale_b is None else scale_b.shape, tf32,
-            None if residual is None else (residual.shape, residual.dtype, residual.device), fast_accum)
+            not (a.data_ptr() | b.data_ptr()) & 15, _extra(bias), activation, out_dtype,
+            None if scale_a is None else scale_a.shape, None if scale_b is None else scale_b.shape, tf32,
+            _extra(residual), fast_accum)
+
+
+def _extra(t) -> tuple | None:
+    # Shape, strides, dtype, device and 16-byte alignment of a bias or residual: a kept launcher is
+    # specialised on the alignment of every pointer, as Triton is.
+    return None if t is None else (t.shape, t.stride(), t.dtype, t.device, not t.data_ptr() & 15)
 
 
 def _served_for(a, b, bias, activation, out_dtype, scale_a, scale_b, residual=None, fast_accum=False) -> _Served:
@@ -264,9 +343,7 @@ on_clear(_forget_linear)
 def _linear_signature(x, weight, bias, activation, residual) -> tuple:
     tf32 = x.dtype is torch.float32 and torch.backends.cuda.matmul.allow_tf32
     return (x.shape, x.stride(), weight.shape, weight.stride(), x.dtype, weight.dtype, x.device, weight.device,
-            not (x.data_ptr() | weight.data_ptr()) & 15,
-            None if bias is None else (bias.shape, bias.dtype, bias.device), activation, tf32,
-            None if residual is None else (residual.shape, residual.stride(), residual.dtype, residual.device))
+            not (x.data_ptr() | weight.data_ptr()) & 15, _extra(bias), activation, tf32, _extra(residual))
 
 
 def _serve_linear(x, weight, bias, activation, residual) -> _Served:
