@@ -301,7 +301,8 @@ class IsolatedEvaluator:
         self.retarget(family, problem, seed)
 
     def retarget(self, family: Family, problem, seed: int) -> None:
-        """Run the next trials on `problem` of `family`, in the same worker (started if there is none).
+        """Run the next trials on `problem` of `family` in the same worker (`prestart` or the first trial starts
+        one when there is none).
 
         The message is sent now and answered while the caller prepares its search; the answer is awaited
         before the first trial.
