@@ -256,3 +256,20 @@ def test_linear_and_matmul_take_a_residual():
     assert torch.allclose(got.double(), want.reshape(6, 24), atol=1e-4, rtol=1e-4)
     with pytest.raises(BadInputError, match="residual"):
         autotile.linear(x, w, residual=torch.randn(3, 24))
+
+
+def test_vendor_served_linear_calls_skip_every_check_after_the_first(monkeypatch):
+    # The interpreter has no vendor op; give the family one here so the served path is F.linear itself.
+    monkeypatch.setattr(FAMILY, "vendor_configs", lambda problem, device: [CUBLAS])
+    dispatch.clear_cache()
+    try:
+        x, w = torch.randn(3, 16), torch.randn(8, 16)
+        first = autotile.linear(x, w)
+        assert autotile.explain("linear", x, w)["vendor"] == "cuBLAS (torch.matmul)"
+        monkeypatch.setattr(ops_gemm, "direct_call_ok", lambda *a: pytest.fail("a vendor-served call was checked"))
+        assert torch.equal(autotile.linear(x, w), first)
+        x.requires_grad_(True)  # F.linear itself records the backward
+        autotile.linear(x, w).sum().backward()
+        assert torch.allclose(x.grad, w.sum(0).expand(3, 16))
+    finally:
+        dispatch.clear_cache()

@@ -316,6 +316,13 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     >>> torch.allclose(autotile.linear(x, w, activation="silu"), torch.nn.functional.silu(x @ w.T), atol=1e-5)
     True
     """
+    if not _is_compiling():
+        # A signature the vendor serves runs F.linear itself, which handles autograd, subclasses and devices
+        # as it always does: found by a short key (the weight object, the tokens' shape) with no checks first.
+        served = _linear_vendor.get((x.shape, x.dtype, id(weight), bias is None, residual is None, activation))
+        if served is not None:
+            served.calls[0] += 1
+            return served.run(x, weight, bias, residual)
     if direct_call_ok(x, weight, bias, residual):
         served = _linear_served.get(_linear_signature(x, weight, bias, activation, residual))
         if served is None:
@@ -330,11 +337,17 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 
 _linear_served: dict[tuple, _Served] = {}
+# (x.shape, x.dtype, id(weight), no bias, no residual, activation) -> the F.linear runner, for signatures the
+# vendor op serves. NOTE: keyed by the weight object's id: a stale entry (a freed weight's id reused) can only
+# call F.linear, which is right for any tensors; calls served by a kernel always take the full signature.
+_linear_vendor: dict[tuple, _Served] = {}
+_is_compiling = torch.compiler.is_compiling
 
 
 def _forget_linear() -> None:
     with _served_lock:
         _linear_served.clear()
+        _linear_vendor.clear()
 
 
 on_clear(_forget_linear)
@@ -367,6 +380,9 @@ def _serve_linear(x, weight, bias, activation, residual) -> _Served:
         resolution = resolve(FAMILY, problem, device)
         if resolution.vendor and resolution.config[VENDOR_KEY] == "cublas":
             run = vendor
+            with _served_lock:
+                _linear_vendor[(x.shape, x.dtype, id(weight), bias is None, residual is None, activation)] = \
+                    _Served(vendor, trace.counter(FAMILY, problem, device))
         else:
             inner = (_vendor_runner(problem, resolution.config[VENDOR_KEY]) if resolution.vendor
                      else _kernel_runner(problem, resolution.config))

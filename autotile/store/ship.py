@@ -12,7 +12,7 @@ from pathlib import Path
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
-from autotile.store.db import open_engine
+from autotile.store.db import open_engine, read_only_url
 from autotile.store.models import Device, Policy, Problem, Toolchain, Winner
 
 
@@ -116,4 +116,5 @@ def copy_policies(source_url: str, target_url: str) -> int:
 
 
 def write_dump(db_path: Path, dump_path: Path) -> None:
-    dump_path.write_text(dump_winners(open_engine(f"sqlite:///{db_path}", create=False)))
+    # Read-only: a writable engine would switch the file to WAL mode, and the shipped file must stay one file.
+    dump_path.write_text(dump_winners(open_engine(read_only_url(db_path), create=False)))
