@@ -1,9 +1,11 @@
 """The GPU at hand (or Triton's CPU interpreter) and the named GPU profiles results are filed under."""
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import subprocess
+import threading
 from dataclasses import dataclass, field
 
 from autotile.errors import DeviceMismatchError
@@ -11,10 +13,11 @@ from autotile.errors import DeviceMismatchError
 
 @dataclass(frozen=True)
 class GpuProfile:
-    """What a kind of GPU can do: the ceilings that reports place results against.
+    """What a kind of GPU can do: the ceilings that reports place results against, and the limits its search
+    spaces are planned with when it is not the GPU at hand (`planned_device`).
 
     `peak_tflops` are dense datasheet rates unless `measured` says otherwise;
-    `copy_tbps` counts bytes read plus bytes written.
+    `copy_tbps` counts bytes read plus bytes written. `sources` says where the limits come from.
     """
 
     name: str
@@ -23,7 +26,18 @@ class GpuProfile:
     peak_tflops: dict[str, float] = field(default_factory=dict)
     copy_tbps: float = 0.0
     note: str = ""
+    full_name: str = ""
+    sm_count: int = 0
+    smem_per_block: int = 0  # bytes of shared memory one block may opt in to
+    registers_per_sm: int = 65536  # 32-bit registers
+    memory_bytes: int = 0
+    sources: str = ""
 
+
+# Shared memory per block and registers per SM: CUDA C++ Programming Guide (12.8), "Technical
+# Specifications per Compute Capability": 163 KiB a block on 8.0, 99 KiB on 8.9, 227 KiB on 9.0;
+# 64 Ki 32-bit registers per SM on all three.
+_CUDA_GUIDE = "CUDA C++ Programming Guide, technical specifications per compute capability"
 
 PROFILES: dict[str, GpuProfile] = {
     p.name: p
@@ -34,13 +48,23 @@ PROFILES: dict[str, GpuProfile] = {
             {"bf16": 717.0, "fp16": 717.0, "fp8": 1979.0, "fp32": 495.0},
             copy_tbps=4.30,
             note="measured on the lent H200, 2026-11-29 (shared/anchors): copy 4.30 TB/s, bf16 matmul 717 TFLOP/s",
-        ),
+            full_name="NVIDIA H200", sm_count=132, smem_per_block=232448, memory_bytes=141 * 10**9,
+            sources=f"132 SMs and 232448 B a block as CUDA reports them on the lent H200; 141 GB: H200 datasheet; "
+                    f"{_CUDA_GUIDE}"),
         GpuProfile("h100", ("h100",), (9, 0), {"bf16": 989.0, "fp16": 989.0, "fp8": 1979.0, "fp32": 495.0},
-                   copy_tbps=3.35, note="H100 SXM datasheet, dense"),
+                   copy_tbps=3.35, note="H100 SXM datasheet, dense",
+                   full_name="NVIDIA H100 80GB HBM3 (SXM5)", sm_count=132, smem_per_block=232448,
+                   memory_bytes=80 * 10**9,
+                   sources=f"132 SMs: NVIDIA H100 Tensor Core GPU architecture whitepaper (H100 SXM5); {_CUDA_GUIDE}"),
         GpuProfile("a100", ("a100",), (8, 0), {"bf16": 312.0, "fp16": 312.0, "fp32": 156.0},
-                   copy_tbps=2.0, note="A100 80GB SXM datasheet, dense"),
+                   copy_tbps=2.0, note="A100 80GB SXM datasheet, dense",
+                   full_name="NVIDIA A100 80GB SXM", sm_count=108, smem_per_block=166912, memory_bytes=80 * 10**9,
+                   sources=f"108 SMs: NVIDIA A100 Tensor Core GPU architecture whitepaper; 80 GB: A100 datasheet; "
+                           f"{_CUDA_GUIDE}"),
         GpuProfile("l40s", ("l40s",), (8, 9), {"bf16": 362.0, "fp16": 362.0, "fp8": 733.0, "fp32": 183.0},
-                   copy_tbps=0.864, note="L40S datasheet, dense"),
+                   copy_tbps=0.864, note="L40S datasheet, dense",
+                   full_name="NVIDIA L40S", sm_count=142, smem_per_block=101376, memory_bytes=48 * 10**9,
+                   sources=f"142 SMs (568 tensor cores, 4 an SM) and 48 GB: L40S datasheet; {_CUDA_GUIDE}"),
         GpuProfile("interpret", (), (0, 0), {}, 0.0, note="Triton's CPU interpreter: timings are CPU timings"),
     )
 }
@@ -63,6 +87,7 @@ class DeviceInfo:
     driver: str
     interpret: bool = False
     index: int = 0
+    planned: bool = False  # a profile's limits for a GPU that is not here (planning only: nothing runs on it)
 
     @property
     def key(self) -> str:
@@ -125,11 +150,35 @@ def cuda_device(index: int = 0) -> DeviceInfo:
     )
 
 
+_stand_in = threading.local()  # .device: what tensors on torch's meta device stand for (cross-compiling)
+
+
+@contextlib.contextmanager
+def meta_stands_for(device: DeviceInfo):
+    """Within this block (this thread), tensors on torch's 'meta' device count as being on `device`.
+
+    Meta tensors have shapes, strides, dtypes and (offset-only) addresses but no data: a family's own launch
+    code runs on them as on the GPU's tensors, and autotile.xcompile compiles what it would launch.
+    """
+    before = getattr(_stand_in, "device", None)
+    _stand_in.device = device
+    try:
+        yield device
+    finally:
+        _stand_in.device = before
+
+
 def current_device(tensor_device=None) -> DeviceInfo:
     """The device a tensor lives on: a CUDA GPU, or the interpreter for CPU tensors."""
     import torch
 
     dev = torch.device(tensor_device) if tensor_device is not None else None
+    if dev is not None and dev.type == "meta":
+        stand_in = getattr(_stand_in, "device", None)
+        if stand_in is None:
+            raise DeviceMismatchError("tensors on torch's meta device have no data to run on: move them to a GPU "
+                                      "(autotile.xcompile compiles for one with meta tensors)")
+        return stand_in
     if dev is None or dev.type == "cpu":
         if dev is None and torch.cuda.is_available():
             return cuda_device(torch.cuda.current_device())
@@ -139,17 +188,48 @@ def current_device(tensor_device=None) -> DeviceInfo:
     return cuda_device(dev.index if dev.index is not None else torch.cuda.current_device())
 
 
-def resolve_gpu(requested: str, index: int = 0) -> DeviceInfo:
+def planned_device(profile: str) -> DeviceInfo:
+    """A GPU profile's device as the search spaces see it, whether or not that GPU is present: its compute
+    capability, SM count, memory and shared memory per block come from the profile (`autotile tune --dry-run`,
+    autotile.xcompile).
+
+    >>> planned_device("a100").key, planned_device("a100").smem_per_block
+    ('a100/sm80', 166912)
+    """
+    name = profile.strip().lower()
+    known = PROFILES.get(name)
+    if known is None or name == "interpret":
+        raise DeviceMismatchError(f"unknown GPU profile {profile!r}; known: "
+                                  f"{', '.join(sorted(n for n in PROFILES if n != 'interpret'))}")
+    return DeviceInfo(profile=known.name, name=f"{known.full_name} (planned)",
+                      compute_capability=known.compute_capability, sm_count=known.sm_count,
+                      memory_bytes=known.memory_bytes, smem_per_block=known.smem_per_block, driver="none",
+                      planned=True)
+
+
+def profile_archs() -> dict[tuple[int, int], str]:
+    """One profile per architecture the profiles name (the first listed): {(8, 0): 'a100', (8, 9): 'l40s', ...}."""
+    archs: dict[tuple[int, int], str] = {}
+    for profile in PROFILES.values():
+        if profile.name != "interpret":
+            archs.setdefault(profile.compute_capability, profile.name)
+    return archs
+
+
+def resolve_gpu(requested: str, index: int = 0, planned: bool = False) -> DeviceInfo:
     """`--gpu` value -> the device to tune on. Stops when the present GPU is not the one named.
 
     'auto' takes the present GPU (or the interpreter when there is none);
-    'interpret' always runs on the CPU interpreter.
+    'interpret' always runs on the CPU interpreter. `planned` (a dry run: nothing will run) takes a named
+    profile's limits when that GPU is not present.
     """
     import torch
 
     requested = requested.strip().lower()
     if requested == "interpret":
         return interpret_device()
+    if planned and requested != "auto" and not (torch.cuda.is_available() and cuda_device(index).profile == requested):
+        return planned_device(requested)
     if not torch.cuda.is_available():
         if requested == "auto":
             return interpret_device()

@@ -16,7 +16,8 @@ where Triton would pick the same one.
 
 Triton's own path is kept for the interpreter, for argument types not recognised here,
 while launch hooks are registered (profilers read their metadata), and while compiling
-only (`compile_ahead.compile_only`).
+only (`compile_ahead.compile_only`). Within `compile_instead(fn)` a launch runs nothing:
+it hands the kernel and its arguments to `fn`, which cross-compiles them (autotile.xcompile).
 """
 from __future__ import annotations
 
@@ -59,6 +60,16 @@ def _signature(args: tuple) -> tuple:
     return tuple(out)
 
 
+def argument_signature(args: tuple) -> tuple:
+    """A hashable signature of launch arguments, at least as fine as Triton's specialisation of them (dtypes,
+    16-byte alignment, integers that are 1 or multiples of 16, their widths): equal signatures compile alike.
+    Raises TypeError for an argument it does not know."""
+    try:
+        return _signature(args)
+    except _Unknown:
+        raise TypeError("an argument of a type whose specialisation autotile.launch does not reproduce") from None
+
+
 def _triton_bindings() -> tuple:
     """(JITFunction, knobs.runtime), imported once."""
     global _bindings
@@ -99,6 +110,35 @@ class slow_path:
         _state.slow = self._before
 
 
+class compile_instead(slow_path):
+    """Within this block, this thread's launches (`launch`, `bind`) run nothing: each calls
+    `compile_fn(kernel, grid, args, kwargs)` instead, with the arguments a family's own launch passes.
+
+    The hot path pays nothing for it: the hook is looked at only on the slow path, which this block turns on.
+    """
+
+    def __init__(self, compile_fn):
+        self._compile_fn = compile_fn
+
+    def __enter__(self):
+        self._before_fn = getattr(_state, "compile_fn", None)
+        _state.compile_fn = self._compile_fn
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        _state.compile_fn = self._before_fn
+        return super().__exit__(*exc)
+
+
+def _slow_launch(kernel, grid: tuple, args: tuple, kwargs: dict):
+    """Triton's own `kernel[grid](...)`, or the compile-instead hook when one is set."""
+    compile_fn = getattr(_state, "compile_fn", None)
+    if compile_fn is not None:
+        compile_fn(kernel, grid, args, kwargs)
+        return None
+    return kernel[grid](*args, **kwargs)
+
+
 def launch(kernel, grid: tuple, *args, **kwargs) -> None:
     """`kernel[grid](*args, **kwargs)`, with the compiled kernel reused from the second call of a signature on.
 
@@ -107,7 +147,7 @@ def launch(kernel, grid: tuple, *args, **kwargs) -> None:
     """
     jit_function, runtime = _triton_bindings()
     if not isinstance(kernel, jit_function) or getattr(_state, "slow", False) or _hooks_registered(runtime):
-        kernel[grid](*args, **kwargs)
+        _slow_launch(kernel, grid, args, kwargs)
         return
     get_device, get_stream = _driver_calls()
     device = get_device()
@@ -142,7 +182,7 @@ def bind(kernel, grid: tuple, *args, **kwargs):
     """
     jit_function, runtime = _triton_bindings()
     if not isinstance(kernel, jit_function) or getattr(_state, "slow", False) or _hooks_registered(runtime):
-        kernel[grid](*args, **kwargs)
+        _slow_launch(kernel, grid, args, kwargs)
         return None
     compiled = kernel[grid](*args, **kwargs)
     if compiled is None or not hasattr(compiled, "packed_metadata"):

@@ -77,14 +77,20 @@ def _make_tune_command(name: str):
     @click.option("--simulate", default=None, metavar="DB",
                   help="replay the timings stored in DB (an autotile database, or a timing table or folder of them) "
                        "instead of running anything: nothing is compiled, run or stored")
+    @click.option("--dry-run", is_flag=True,
+                  help="print the search planned for --gpu (a profile's limits when that GPU is not here): the "
+                       "space's size, what each constraint pruned, the first configs; nothing runs or is stored")
     @model_options(family)
     @db_option
     @friendly_errors
     def command(preset, gpu, trials, timeout, seed, storage, gpus, trial_timeout, compile_ahead, stale, patience,
-                simulate, db_url, **options):
+                simulate, dry_run, db_url, **options):
         from autotile.cli.progress import tune_with_progress
         from autotile.device import resolve_gpu
 
+        if dry_run:
+            _dry_run(family, preset, gpu, db_url, options)
+            return
         if simulate:
             if any(take_model_options(options).values()):
                 raise click.UsageError("--simulate replays one problem's table: give its shape, not --model")
@@ -114,6 +120,24 @@ def _make_tune_command(name: str):
             gpus=gpu_list, trial_timeout=trial_timeout, compile_ahead=compile_ahead, patience=patience))
 
     return command
+
+
+def _dry_run(family, preset, gpu, db_url, options) -> None:
+    """`tune ... --dry-run`: the planned search of each problem on the named GPU, which need not be present."""
+    from autotile.device import resolve_gpu
+    from autotile.tune.dry_run import dry_run
+
+    if any(take_model_options(options).values()):
+        raise click.UsageError("--dry-run plans the problems given by shape options or --preset, not --model")
+    device = resolve_gpu(gpu, planned=True)
+    if device.interpret and not preset:
+        options = interpreter_defaults(family, options, _given_options(options))
+    plans = dry_run(family, _problems(family, preset, options), device, db_url)
+    for text, _ in plans:
+        click.echo(text)
+    refused = sum(not runnable for _, runnable in plans)
+    if refused:
+        raise click.ClickException(f"{refused} of {len(plans)} problem(s) cannot run on {device.key} (see above)")
 
 
 def _simulate(family, source, gpu, problems, trials, seed, patience) -> None:

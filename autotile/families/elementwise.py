@@ -23,7 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
-from autotile.device import DeviceInfo
+from autotile.arch import require_dtypes
+from autotile.device import DeviceInfo, current_device
 from autotile.errors import BadInputError, ShapeMismatchError
 from autotile.expr import (DTYPE_NAMES, DTYPES_BY_NAME, Expression, ExpressionError, InputSpec, Node, Typing, ValueType,
                            default_dtype, evaluate, evaluate_nodes, infer_types, parse)
@@ -467,6 +468,8 @@ class ElementwiseFamily(Family):
     # --- the search -----------------------------------------------------------------
     def space(self, problem: ElementwiseProblem, device: DeviceInfo) -> Space:
         plan = self.plan(problem)
+        dtypes = [plan.specs[n].dtype for n in plan.tensor_names] + [DTYPE_NAMES[d] for d in plan.output_dtypes]
+        require_dtypes(device, dtypes, f"the fused expression {problem.expr!r}")
         addressed = [plan.specs[n].dtype for n in plan.tensor_names if n not in plan.one_element]
         sizes = [DTYPES_BY_NAME[d].itemsize for d in addressed] + [d.itemsize for d in plan.output_dtypes]
         narrowest = min(sizes)
@@ -701,7 +704,7 @@ class ElementwiseFamily(Family):
         module = load_kernel_module(self.template, interpret=interpret, **switches)
         blocks = triton_cdiv(geometry.numel, config["BLOCK_SIZE"])
         if config["PERSISTENT"]:
-            sms = _INTERPRET_SMS if interpret else torch.cuda.get_device_properties(device).multi_processor_count
+            sms = _INTERPRET_SMS if interpret else current_device(device).sm_count
             blocks = min(blocks, sms * config["PROGRAMS_PER_SM"])
         geometry_args: tuple[int, ...] = (geometry.numel,)
         if strided:

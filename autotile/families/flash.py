@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from autotile.arch import Feature, arch_of, architecture_constraints, device_seeds, require_dtypes
 from autotile.device import DeviceInfo
 from autotile.dtypes import element_size, torch_dtype
 from autotile.errors import BadInputError, ShapeMismatchError, UnsupportedDtypeError
@@ -350,6 +351,7 @@ class FlashFamily(Family):
 
     # --- the search -----------------------------------------------------------------
     def space(self, problem: FlashProblem, device: DeviceInfo) -> Space:
+        require_dtypes(device, [problem.dtype, problem.out_dtype], f"{problem.dtype} flash attention")
         return self._forward_space(problem, device) if problem.direction == "fwd" else self._backward_space(problem, device)
 
     def _forward_space(self, p: FlashProblem, device: DeviceInfo) -> Space:
@@ -393,6 +395,12 @@ class FlashFamily(Family):
             Constraint("warp_specialize_tma_only", lambda c: uses_tma(c) or not c["WARP_SPECIALIZE"],
                        "warp specialisation splits TMA producers from mma consumers; pointer loads have no producer"),
         ]
+        constraints += architecture_constraints(device, {
+            Feature.TMA: (uses_tma, "TMA loads"),
+            Feature.WARP_SPECIALIZE: (lambda c: c["WARP_SPECIALIZE"], "WARP_SPECIALIZE"),
+            # The next block's scores overlap this block's softmax only while an asynchronous MMA runs.
+            Feature.ASYNC_MMA: (lambda c: c["LOADS"].endswith("_lookahead"), "the look-ahead schedule"),
+        })
         return Space(axes, constraints)
 
     def _backward_space(self, p: FlashProblem, device: DeviceInfo) -> Space:
@@ -445,10 +453,12 @@ class FlashFamily(Family):
         if problem.direction == "fwd":
             by_head = {256: _SEED_FORWARD_D256, 64: _SEED_FORWARD_D64}.get(problem.block_d, ())
             wanted = by_head + _SEED_FORWARD
+            if not arch_of(device).supports(Feature.TMA):
+                # Without TMA (sm80, sm89) each seed's tile shape is tried with plain pointer loads.
+                wanted = [dict(w, LOADS="pointer", WARP_SPECIALIZE=False) for w in wanted]
         else:
             wanted = _SEED_BACKWARD
-        space = self.space(problem, device)
-        return [Config(w) for w in wanted if space.is_feasible(w)]
+        return device_seeds(self, problem, device, wanted)
 
     def default_config(self, problem: FlashProblem, device: DeviceInfo) -> Config:
         # Starting points of Triton's fused-attention tutorial on H100, narrowed by head dim so the

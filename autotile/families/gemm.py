@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from autotile.arch import Feature, arch_of
 from autotile.device import DeviceInfo
 from autotile.dtypes import canonical_dtype_name, element_size, torch_dtype
 from autotile.errors import BadInputError, ShapeMismatchError, UnsupportedDtypeError
@@ -258,7 +259,7 @@ class GemmFamily(Family):
             # or row-wise scales (block scales have no vendor op in PyTorch); row-wise scaling outputs bf16.
             if (p.layout_a == "row" and p.layout_b == "col" and p.k % 16 == 0 and p.n % 16 == 0
                     and hasattr(torch, "_scaled_mm") and p.scale_mode != "block"
-                    and (p.scale_mode == "tensor" or p.out_dtype == "bf16")):
+                    and (p.scale_mode == "tensor" or p.out_dtype == "bf16") and arch_of(device).supports(Feature.FP8)):
                 return [Config({VENDOR_KEY: "scaled_mm"})]
             return []
         if p.out_dtype != p.dtype:

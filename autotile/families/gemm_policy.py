@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import math
 
+from autotile.arch import Feature, arch_of
 from autotile.device import DeviceInfo
 from autotile.dtypes import element_size
 from autotile.families.base import next_pow2
 from autotile.families.gemm_space import (
     FP8_PRECISE_INTERVAL, SPLIT_K_CHOICES, SPLIT_K_MAX_TILES_PER_SM, has_promote_axis, programs_per_sm, sm_count,
-    tile_count, tma_ok,
+    smem_bytes, tile_count, tma_ok,
 )
 
 DECODE_MAX_M = 16
@@ -106,8 +107,17 @@ def best_split(problem, config: dict, device: DeviceInfo) -> int:
     return min(usable, key=lambda s: (cost(s), s))
 
 
+def _fit_stages(problem, config: dict, device: DeviceInfo) -> dict:
+    """Fewer pipeline stages (down to 2) until the tiles fit the device's shared memory: the tile shapes
+    chosen for Hopper's 227 KiB keep their shape on an A100 (163 KiB) or an L40S (99 KiB)."""
+    while smem_bytes(problem, config) > device.smem_per_block and config["num_stages"] > 2:
+        config = dict(config, num_stages=config["num_stages"] - 1)
+    return config
+
+
 def _schedule(problem, config: dict, device: DeviceInfo, split: bool = False) -> dict:
     """Split-K (`split`: decode) or stream-K where `config`'s tiles leave SMs idle, else data-parallel tiles."""
+    config = _fit_stages(problem, config, device)
     if split:
         split_k = best_split(problem, config, device)
         return dict(config, SCHEDULE="split_k", SPLIT_K=split_k, PERSISTENT=False) if split_k > 1 else config
@@ -122,7 +132,7 @@ def swap_ab_fits(problem, device: DeviceInfo) -> bool:
     """Whether the decode kernel computes C^T = B^T A^T: on Hopper this makes B's tile the operand wgmma
     reads straight from shared memory (m64n16 MMAs, asynchronous), where the plain 16-row tile runs
     synchronous mma.sync from registers (ptxas, sm90: 48 against 72 registers for 16 x 64 x 128)."""
-    return (problem.dtype != "fp32" or problem.tf32) and (device.interpret or device.compute_capability >= (9, 0))
+    return (problem.dtype != "fp32" or problem.tf32) and arch_of(device).supports(Feature.ASYNC_MMA)
 
 
 def decode_config(problem, device: DeviceInfo) -> dict:
@@ -145,7 +155,7 @@ def mid_config(problem, device: DeviceInfo) -> dict:
 
 def prefill_config(problem, device: DeviceInfo) -> dict:
     p = problem
-    tma = tma_ok(p) and (device.interpret or device.compute_capability >= (9, 0))
+    tma = tma_ok(p) and arch_of(device).supports(Feature.TMA)
     if p.dtype == "fp8":
         if p.fp8_fast_accum:
             tiles = dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=128, num_stages=3)

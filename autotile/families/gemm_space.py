@@ -15,6 +15,7 @@ import math
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
+from autotile.arch import Feature, arch_of, feature_constraint, require_dtypes
 from autotile.device import DeviceInfo
 from autotile.dtypes import element_size
 from autotile.families.base import next_pow2
@@ -37,9 +38,8 @@ SPLIT_K_MAX_TILES_PER_SM = 2
 # The interpreter's device reports the host's CPU count: the constraints count an H200's SMs instead,
 # so the same configs are feasible on the CPU as on the GPU the project is tuned on.
 NOMINAL_SMS = 132
-# Hopper (and Ampere) per SM: 64 Ki 32-bit registers, 2048 threads, 1 KiB of shared memory reserved per block.
-REGISTERS_PER_SM = 65536
-THREADS_PER_SM = 2048
+# Shared memory the driver reserves per block (1 KiB on sm80 and newer); registers and threads per SM come
+# from the device's architecture (autotile.arch).
 SMEM_RESERVED_PER_BLOCK = 1024
 # Registers a thread needs beside its accumulators (operand fragments, addresses, loop state): an estimate
 # that ptxas -v reports within ~20 registers of for this template's sm90 kernels.
@@ -106,6 +106,30 @@ class StagedSpace(Space):
 
         return walk(0)
 
+    def pruned_by(self) -> dict[str, int]:
+        """{constraint: grid configs it rules out}, each config counted once, against the first constraint it
+        breaks as the axes are bound in order (a pruned subtree counts all of its configs)."""
+        names = self.names()
+        choices = [a.choices for a in self.axes]
+        below = [math.prod(len(c) for c in choices[d + 1:]) for d in range(len(names))]
+        removed = {c.name: 0 for c in self.constraints}
+        bound: dict = {}
+
+        def walk(depth: int) -> None:
+            if depth == len(names):
+                return
+            for value in choices[depth]:
+                bound[names[depth]] = value
+                broken = next((c.name for c in self._checks[depth] if not c.holds(bound)), None)
+                if broken is None:
+                    walk(depth + 1)
+                else:
+                    removed[broken] += below[depth]
+            del bound[names[depth]]
+
+        walk(0)
+        return removed
+
 
 # --- estimates -------------------------------------------------------------------------------------
 
@@ -130,10 +154,11 @@ def accumulator_registers(problem, c: Mapping) -> int:
 def programs_per_sm(problem, c: Mapping, device: DeviceInfo) -> int:
     """How many programs of config `c` one SM holds at once (by shared memory, registers and threads)."""
     threads = 32 * c["num_warps"]
+    arch = arch_of(device)
     by_smem = (device.smem_per_block + SMEM_RESERVED_PER_BLOCK) // (smem_bytes(problem, c) + SMEM_RESERVED_PER_BLOCK)
     registers = min(255, 8 * math.ceil((accumulator_registers(problem, c) + REGISTERS_BESIDE_ACCUMULATORS) / 8))
-    by_registers = REGISTERS_PER_SM // (registers * threads)
-    return max(1, min(by_smem, by_registers, THREADS_PER_SM // threads))
+    by_registers = arch.registers_per_sm // (registers * threads)
+    return max(1, min(by_smem, by_registers, arch.max_threads_per_sm // threads))
 
 
 def sm_count(device: DeviceInfo) -> int:
@@ -177,6 +202,7 @@ def has_promote_axis(problem) -> bool:
 
 def gemm_space(problem, device: DeviceInfo) -> StagedSpace:
     p = problem
+    require_dtypes(device, [p.dtype, p.out_dtype] + (["tf32"] if p.tf32 else []), f"a {p.dtype} GEMM")
     k_tiles = lambda c: math.ceil(p.k / c["BLOCK_K"])  # noqa: E731
     tiles = lambda c: tile_count(p, c["BLOCK_M"], c["BLOCK_N"])  # noqa: E731
     tensor_cores = p.dtype != "fp32" or p.tf32
@@ -204,6 +230,10 @@ def gemm_space(problem, device: DeviceInfo) -> StagedSpace:
     rules = [
         rule("tma_alignment", ("VARIANT",), lambda c: c["VARIANT"] != "tma" or tma_ok(p),
              "TMA needs unit-stride operands with 16-byte aligned rows and base pointers"),
+        Rule(("VARIANT",), feature_constraint(device, Feature.TMA, lambda c: c["VARIANT"] == "tma",
+                                              "the tma variant")),
+        Rule(("WARP_SPECIALIZE",), feature_constraint(device, Feature.WARP_SPECIALIZE,
+                                                      lambda c: c["WARP_SPECIALIZE"], "WARP_SPECIALIZE")),
         rule("schedule_split_k", ("SCHEDULE", "SPLIT_K"), lambda c: (c["SCHEDULE"] == "split_k") == (c["SPLIT_K"] > 1),
              "SPLIT_K > 1 is the split_k schedule, which needs SPLIT_K > 1"),
         rule("persistent_tma_only", ("VARIANT", "SCHEDULE", "PERSISTENT", "WARP_SPECIALIZE", "FLATTEN"),
@@ -236,6 +266,12 @@ def gemm_space(problem, device: DeviceInfo) -> StagedSpace:
         rule("accumulator_registers", ("BLOCK_M", "BLOCK_N", "num_warps"),
              lambda c: accumulator_registers(p, c) <= 128,
              "the fp32 accumulators need more than 128 registers a thread"),
+        # NOTE: Triton 3.6 fails to lower warp-specialised 64 x 256 tiles on one warpgroup for sm90
+        # ("PassManager::run failed" in ConvertTritonGPUToLLVM; found by python -m autotile.xcompile).
+        rule("warp_specialize_tile", ("WARP_SPECIALIZE", "BLOCK_M", "BLOCK_N", "num_warps"),
+             lambda c: not (c["WARP_SPECIALIZE"] and c["num_warps"] == 4 and c["BLOCK_N"] == 256
+                            and c["BLOCK_M"] >= 64),
+             "Triton 3.6 cannot compile warp-specialised 64 x 256 tiles on 4 warps"),
         rule("work_per_warp", ("BLOCK_M", "BLOCK_N", "num_warps"),
              lambda c: c["BLOCK_M"] * c["BLOCK_N"] >= 128 * c["num_warps"],
              "tile too small to give every warp a full mma"),

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 import torch
 
+from autotile.arch import device_seeds, require_dtypes
 from autotile.device import DeviceInfo, interpret_device
 from autotile.dtypes import element_size, torch_dtype
 from autotile.errors import BadInputError, ShapeMismatchError, UnsupportedDtypeError
@@ -262,6 +263,7 @@ class PagedFamily(Family):
     # --- the search -----------------------------------------------------------------
     def space(self, problem: PagedProblem, device: DeviceInfo) -> Space:
         p = problem
+        require_dtypes(device, [p.dtype, p.kv_dtype], f"paged attention over a {p.kv_dtype} cache")
         dim = p.head_dim_pad
         tile_size = max(element_size(p.kv_dtype), element_size(p.dtype))  # fp8 tiles are widened before the dots
         partitions = lambda c: cdiv(p.max_context, c["PARTITION_SIZE"])  # noqa: E731
@@ -331,8 +333,7 @@ class PagedFamily(Family):
     def seed_configs(self, problem: PagedProblem, device: DeviceInfo) -> list[Config]:
         """Shapes fast decode kernels use on Hopper, tried right after the default: wide token tiles,
         a few stages in flight, split contexts for few long sequences, and flash-like prefill blocks."""
-        space = self.space(problem, device)
-        return [Config(w) for w in _SEED_CONFIGS if space.is_feasible(w)]
+        return device_seeds(self, problem, device, _SEED_CONFIGS)
 
     def default_config(self, problem: PagedProblem, device: DeviceInfo) -> Config:
         p = problem
