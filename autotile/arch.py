@@ -198,38 +198,53 @@ def device_seeds(family, problem, device: DeviceInfo, wanted: Iterable[Mapping])
     starts near each seed's tile shape; seeds outside Hopper's space too are dropped.
     On Hopper (and the interpreter) this keeps exactly the seeds in the space.
     """
-    from autotile.device import interpret_device
     from autotile.space import Config
 
     space = family.space(problem, device)
-    arch = arch_of(device)
-    same_as_hopper = arch.compute_capability == HOPPER and device.smem_per_block >= interpret_device().smem_per_block
-    reference = None
     seeds: list = []
     for config in wanted:
-        if space.is_feasible(config):
-            seed = Config(config)
-        elif same_as_hopper:
-            continue
-        else:
-            reference = reference or family.space(problem, interpret_device())
-            if not reference.is_feasible(config):
-                continue
-            seed = _fewer_stages(space, config) or _nearest(space, config)
-            if seed is None:
-                continue
-        if seed not in seeds:
+        seed = Config(config) if space.is_feasible(config) else _fitted(family, problem, device, space, config)
+        if seed is not None and seed not in seeds:
             seeds.append(seed)
     return seeds
 
 
+def device_default(family, problem, device: DeviceInfo, preferred: Mapping):
+    """`family.first_feasible(problem, device, preferred)`, except that a preferred config (written for Hopper)
+    that a smaller GPU cannot hold becomes itself with fewer stages, or the nearest tile shape that fits, as
+    `device_seeds` does. On Hopper (and the interpreter) this is exactly first_feasible."""
+    space = family.space(problem, device)
+    if not space.is_feasible(preferred):
+        fitted = _fitted(family, problem, device, space, preferred)
+        if fitted is not None:
+            return fitted
+    return family.first_feasible(problem, device, preferred)
+
+
+def _fitted(family, problem, device: DeviceInfo, space, config: Mapping):
+    """A config of Hopper's space that `space` (a smaller GPU's) lacks, with fewer stages or the nearest tile
+    shape; None on Hopper itself, or when Hopper's space lacks the config too."""
+    from autotile.device import interpret_device
+
+    if arch_of(device).compute_capability == HOPPER and device.smem_per_block >= interpret_device().smem_per_block:
+        return None
+    if not family.space(problem, interpret_device()).is_feasible(config):
+        return None
+    return _fewer_stages(space, config) or _nearest(space, config)
+
+
+# Fewest pipeline stages a fitted config keeps: with one, Triton does not pipeline the loads at all.
+MIN_FITTED_STAGES = 2
+
+
 def _fewer_stages(space, config: Mapping):
-    """`config` with the most pipeline stages below its own that `space` holds, or None."""
+    """`config` with the most pipeline stages below its own (at least MIN_FITTED_STAGES) that `space` holds."""
     from autotile.space import Config
 
     if "num_stages" not in config:
         return None
-    for stages in sorted((s for s in space.axis("num_stages").choices if s < config["num_stages"]), reverse=True):
+    fewer = (s for s in space.axis("num_stages").choices if MIN_FITTED_STAGES <= s < config["num_stages"])
+    for stages in sorted(fewer, reverse=True):
         candidate = dict(config, num_stages=stages)
         if space.is_feasible(candidate):
             return Config(candidate)

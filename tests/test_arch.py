@@ -134,6 +134,16 @@ def test_fp8_on_sm80_is_refused_before_any_trial(family_name, problem):
     family.space(problem, planned_device("l40s"))
 
 
+def test_the_runtime_on_an_a100_refuses_fp8_and_serves_bf16():
+    from autotile.runtime.dispatch import resolve
+
+    gemm, a100 = get_family("gemm"), planned_device("a100")
+    with pytest.raises(UnsupportedOnDevice, match="sm89"):
+        resolve(gemm, contiguous_problem(16, 512, 512, "fp8", "bf16", layout_b="col"), a100)
+    served = resolve(gemm, contiguous_problem(4096, 4096, 4096, layout_b="col"), a100)
+    assert served.vendor or served.config["VARIANT"] == "blocked"
+
+
 def test_bf16_needs_ampere_and_tf32_too():
     turing = DeviceInfo("other:tesla-t4", "Tesla T4", (7, 5), 40, 16 * 10**9, 65536, "test")
     with pytest.raises(UnsupportedOnDevice, match="bf16"):

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
-from autotile.arch import Feature, arch_of, architecture_constraints, device_seeds, require_dtypes
+from autotile.arch import (Feature, arch_of, architecture_constraints, device_default, device_seeds,
+                           require_dtypes)
 from autotile.device import DeviceInfo
 from autotile.dtypes import element_size, torch_dtype
 from autotile.errors import BadInputError, ShapeMismatchError, UnsupportedDtypeError
@@ -477,7 +478,7 @@ class FlashFamily(Family):
         else:
             preferred = dict(BLOCK_M1=32, BLOCK_N1=64 if wide else 128, BLOCK_M2=64 if wide else 128, BLOCK_N2=32,
                              num_warps=8 if p.block_d >= 128 else 4, num_stages=2)
-        return self.first_feasible(problem, device, preferred)
+        return device_default(self, problem, device, preferred)
 
     # --- the vendor op: SDPA's backends ------------------------------------------------
     def vendor_configs(self, problem: FlashProblem, device: DeviceInfo) -> list[Config]:

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import torch
 
-from autotile.arch import device_seeds, require_dtypes
+from autotile.arch import device_default, device_seeds, require_dtypes
 from autotile.device import DeviceInfo, interpret_device
 from autotile.dtypes import element_size, torch_dtype
 from autotile.errors import BadInputError, ShapeMismatchError, UnsupportedDtypeError
@@ -345,7 +345,7 @@ class PagedFamily(Family):
             # Too few (sequence, KV head) pairs to be sure of filling the device whatever the lengths:
             # the balanced kernel splits long contexts when (and only when) its cost model says so.
             preferred.update(VARIANT="balanced")
-        return self.first_feasible(problem, device, preferred)
+        return device_default(self, problem, device, preferred)
 
     def prefill_config(self, problem: PagedProblem, device: DeviceInfo) -> Config:
         """The default prefill-variant config: flash's forward defaults (BLOCK_M 128 x BLOCK_N 64, 8 warps,
@@ -354,7 +354,7 @@ class PagedFamily(Family):
         preferred = dict(VARIANT="prefill", BLOCK_N=64, PARTITION_SIZE=PARTITION_CHOICES[0],
                          BLOCK_M=64 if dim >= 256 else 128, num_warps=4 if dim >= 256 or dim <= 64 else 8,
                          num_stages=2 if dim >= 256 else 3)
-        return self.first_feasible(problem, device, preferred)
+        return device_default(self, problem, device, preferred)
 
     # --- data -----------------------------------------------------------------------
     def context_lengths(self, problem: PagedProblem, gen: torch.Generator) -> list[int]:
