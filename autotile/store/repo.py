@@ -63,6 +63,12 @@ class PolicyView:
     created_at: str
 
 
+def _policy_identity(params: dict, verified_range: dict) -> tuple[str, str]:
+    """(key, range_key) of a policy: the canonical JSON of its fixed fields and of its range."""
+    canonical = lambda data: json.dumps(data, sort_keys=True, separators=(",", ":"))  # noqa: E731
+    return canonical(params), canonical(verified_range)
+
+
 class Store:
     """autotile's tables on one engine."""
 
@@ -227,8 +233,7 @@ class Store:
                     verified_range: dict, config: str, samples: int, min_ratio: float, geomean_ratio: float,
                     provenance: str) -> None:
         """Insert or replace the policy of (family, device key, fixed fields, range)."""
-        key = json.dumps(params, sort_keys=True, separators=(",", ":"))
-        range_key = json.dumps(verified_range, sort_keys=True, separators=(",", ":"))
+        key, range_key = _policy_identity(params, verified_range)
         with Session(self.engine) as session:
             row = session.execute(select(Policy).where(
                 Policy.family == family, Policy.device_key == device.key, Policy.key == key,
@@ -243,8 +248,7 @@ class Store:
 
     def delete_policy(self, *, family: str, device_key: str, params: dict, verified_range: dict) -> bool:
         """Remove a policy that no longer wins (a re-tune found the vendor op faster somewhere in its range)."""
-        key = json.dumps(params, sort_keys=True, separators=(",", ":"))
-        range_key = json.dumps(verified_range, sort_keys=True, separators=(",", ":"))
+        key, range_key = _policy_identity(params, verified_range)
         with Session(self.engine) as session:
             row = session.execute(select(Policy).where(
                 Policy.family == family, Policy.device_key == device_key, Policy.key == key,

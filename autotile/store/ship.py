@@ -51,6 +51,16 @@ def _copy(session: Session, model, row, **overrides):
     return values
 
 
+def _device_and_toolchain(src: Session, target, device_row, toolchain_row) -> tuple[int, int]:
+    """The target's ids of a source row's device and toolchain (created there when missing)."""
+    device_values = _copy(src, Device, device_row)
+    device_values.pop("fingerprint")
+    device_id = target._get_or_create(Device, {"fingerprint": device_row.fingerprint}, device_values)
+    toolchain_id = target._get_or_create(
+        Toolchain, {c: getattr(toolchain_row, c) for c in ("torch", "triton", "cuda", "python", "autotile")}, {})
+    return device_id, toolchain_id
+
+
 def copy_winners(source_url: str, target_url: str) -> int:
     """Copy every winner of `source_url` (with its problem, device and toolchain) into `target_url`.
 
@@ -69,11 +79,7 @@ def copy_winners(source_url: str, target_url: str) -> int:
         for w, p, d, t in rows:
             problem_id = target._get_or_create(Problem, {"family": p.family, "key": p.key},
                                                {"bucket": p.bucket, "params": p.params})
-            device_values = _copy(src, Device, d)
-            device_values.pop("fingerprint")
-            device_id = target._get_or_create(Device, {"fingerprint": d.fingerprint}, device_values)
-            toolchain_id = target._get_or_create(
-                Toolchain, {c: getattr(t, c) for c in ("torch", "triton", "cuda", "python", "autotile")}, {})
+            device_id, toolchain_id = _device_and_toolchain(src, target, d, t)
             with Session(target.engine) as dst:
                 existing = dst.execute(select(Winner).where(Winner.problem_id == problem_id,
                                                             Winner.device_key == w.device_key)).scalar_one_or_none()
@@ -97,11 +103,7 @@ def copy_policies(source_url: str, target_url: str) -> int:
     with Session(source) as src:
         for p, d, t in src.execute(select(Policy, Device, Toolchain).join(Device, Policy.device_id == Device.id)
                                    .join(Toolchain, Policy.toolchain_id == Toolchain.id)).all():
-            device_values = _copy(src, Device, d)
-            device_values.pop("fingerprint")
-            device_id = target._get_or_create(Device, {"fingerprint": d.fingerprint}, device_values)
-            toolchain_id = target._get_or_create(
-                Toolchain, {c: getattr(t, c) for c in ("torch", "triton", "cuda", "python", "autotile")}, {})
+            device_id, toolchain_id = _device_and_toolchain(src, target, d, t)
             with Session(target.engine) as dst:
                 existing = dst.execute(select(Policy).where(
                     Policy.family == p.family, Policy.device_key == p.device_key, Policy.key == p.key,
