@@ -93,3 +93,32 @@ def test_policy_configs_are_validated_like_any_stored_config():
     assert FAMILY.validate_config(problem, H200, {POLICY_KEY: "default"}) == FAMILY.default_config(problem, H200)
     with pytest.raises(Exception, match="the only policy"):
         FAMILY.validate_config(problem, H200, {POLICY_KEY: "fastest"})
+
+
+def test_policies_travel_through_export_and_import_and_bad_ones_are_skipped(db, tmp_path):
+    import json as _json
+
+    from autotile.store.exchange import export_database, import_file
+
+    tune_policy(_DelayedVendorGemm(vendor_delay_s=0.3), [linear(4, 40, 20), linear(3, 48, 28)], CPU, db_url=db,
+                rounds=1)
+    out = tmp_path / "export.jsonl"
+    assert export_database(db, out) == 1
+    lines = [_json.loads(line) for line in out.read_text().splitlines()]
+    (record,) = [r for r in lines if r.get("record") == "policy"]
+    assert record["verified_range"] == {"m": [3, 4], "n": [40, 48], "k": [20, 28]}
+    target = f"sqlite:///{tmp_path / 'target.sqlite'}"
+    report = import_file(target, out)
+    assert report.counts() == {"added": 1, "skipped": 0}
+    (copied,) = Store(open_engine(target, create=False)).policies("gemm")
+    assert copied.verified_range == record["verified_range"] and copied.samples == 4
+
+    bad = dict(record, verified_range={"m": [3, 4], "n": [40, 48]})  # k is fixed nowhere and ranged nowhere
+    worse = dict(record, verified_range={"m": [5, 4], "n": [40, 48], "k": [20, 28]})
+    tampered = dict(record, config={"POLICY": "fastest"})
+    header = _json.dumps(lines[0])
+    body = [_json.dumps(r) for r in (bad, worse, tampered)]
+    path = tmp_path / "bad.jsonl"
+    path.write_text("\n".join([header, *body, _json.dumps({"record": "end", "count": 3})]) + "\n")
+    report = import_file(f"sqlite:///{tmp_path / 'other.sqlite'}", path)
+    assert report.counts() == {"skipped": 3}

@@ -32,7 +32,7 @@ from autotile.families import family_names, get_family
 from autotile.space import Config
 from autotile.store.db import database_failure, normalise_url, open_engine, reading
 from autotile.store.fingerprint import device_fingerprint
-from autotile.store.models import SCHEMA_VERSION, Device, Problem, Toolchain, Winner
+from autotile.store.models import SCHEMA_VERSION, Device, Policy, Problem, Toolchain, Winner
 from autotile.store.repo import Store
 
 FORMAT = "autotile-db"
@@ -126,7 +126,7 @@ def _iso(value: dt.datetime | None) -> str | None:
 
 
 def export_records(engine: Engine, family: str | None = None, device_key: str | None = None) -> Iterator[dict]:
-    """One export record per stored winner, in a stable order (family, problem key, device key)."""
+    """One export record per stored winner, then one per tuned policy, in a stable order."""
     for w, p, d, t in Store(engine).winner_rows(family, device_key):
         yield {
             "record": "winner", "schema_version": SCHEMA_VERSION, "family": p.family, "problem": dict(p.params),
@@ -144,6 +144,24 @@ def export_records(engine: Engine, family: str | None = None, device_key: str | 
             "serving": {"verified_range": w.verified_range if isinstance(w.verified_range, dict) else None,
                         "kernel_config": json.loads(w.kernel_config) if w.kernel_config else None,
                         "kernel_ms": w.kernel_ms},
+        }
+    with Session(engine) as session:
+        query = (select(Policy, Device, Toolchain).join(Device, Policy.device_id == Device.id)
+                 .join(Toolchain, Policy.toolchain_id == Toolchain.id))
+        if family:
+            query = query.where(Policy.family == family)
+        if device_key:
+            query = query.where(Policy.device_key == device_key)
+        rows = session.execute(query.order_by(Policy.family, Policy.key, Policy.range_key)).all()
+    for pol, d, t in rows:
+        yield {
+            "record": "policy", "schema_version": SCHEMA_VERSION, "family": pol.family, "fixed": dict(pol.params),
+            "verified_range": dict(pol.verified_range),
+            "device": {name: getattr(d, name) for name in _DEVICE_FIELDS} | {"key": pol.device_key},
+            "toolchain": {name: getattr(t, name) for name in _TOOLCHAIN_FIELDS},
+            "config": json.loads(pol.config), "samples": pol.samples, "min_ratio": pol.min_ratio,
+            "geomean_ratio": pol.geomean_ratio,
+            "provenance": {"text": pol.provenance, "created_at": _iso(pol.created_at)},
         }
 
 
@@ -433,15 +451,81 @@ def _parse_time(value) -> dt.datetime:
         raise _Bad(f"timestamp {value!r} is not ISO 8601") from None
 
 
-def validate_record(record, line: int) -> _Valid:
+_POLICY_FIELDS = {"record", "schema_version", "family", "fixed", "verified_range", "device", "toolchain", "config",
+                  "samples", "min_ratio", "geomean_ratio", "provenance"}
+
+
+@dataclass(frozen=True)
+class _ValidPolicy:
+    line: int
+    family: str
+    device: DeviceInfo
+    toolchain: dict
+    values: dict  # the Policy row's columns but the ids
+
+    @property
+    def problem_key(self) -> str:
+        return f"policy {self.values['key']} {self.values['range_key']}"
+
+
+def validate_policy_record(record: dict, line: int) -> _ValidPolicy:
+    """Check one tuned-policy record: its family, device and toolchain, a range that names only shape fields
+    (all the family's serving fields among them) and holds its own lowest corner, a config that is the policy
+    or a point of the space there, and ratios that are finite and positive."""
+    unknown = set(record) - _POLICY_FIELDS
+    if unknown:
+        raise _Bad(f"unknown fields {sorted(unknown)}")
+    family_name = record.get("family")
+    if family_name not in family_names():
+        raise _Bad(f"unknown family {family_name!r} (known: {', '.join(family_names())})")
+    family = get_family(family_name)
+    fixed, verified_range = _object(record, "fixed"), _object(record, "verified_range")
+    ranged = set(family.serving_fields) | set(family.shape_fields)
+    if not set(family.serving_fields) <= set(verified_range) <= ranged or set(fixed) & set(verified_range):
+        raise _Bad(f"verified_range must name the serving fields {list(family.serving_fields)} and only shape "
+                   f"fields, none of which may also be fixed")
+    try:
+        corner = {name: bounds[0] for name, bounds in verified_range.items()}
+    except (TypeError, KeyError, IndexError):
+        raise _Bad("verified_range must map each field to [lo, hi]") from None
+    problem = _problem(family, {**fixed, **corner})
+    if not family.in_range(problem, problem, verified_range):
+        raise _Bad(f"verified_range {json.dumps(verified_range, sort_keys=True):.200} is not a range of integers "
+                   "that holds its own lowest corner")
+    device = _device(_object(record, "device"))
+    config_data = _object(record, "config")
+    try:
+        family.validate_config(problem, device, config_data)
+    except AutotileError as exc:
+        raise _Bad(f"config {json.dumps(config_data, sort_keys=True):.200} on {device.key}: {exc}") from None
+    toolchain_data = _object(record, "toolchain")
+    toolchain = {name: _text(toolchain_data.get(name), f"toolchain.{name}", width)
+                 for name, width in _TOOLCHAIN_FIELDS.items()}
+    provenance = _object(record, "provenance")
+    canonical = lambda data: json.dumps(data, sort_keys=True, separators=(",", ":"))  # noqa: E731
+    values = {
+        "family": family_name, "device_key": device.key, "key": canonical(fixed),
+        "range_key": canonical(verified_range), "params": fixed, "verified_range": verified_range,
+        "config": canonical(config_data), "samples": _count(record.get("samples"), "samples", 1),
+        "min_ratio": _finite(record.get("min_ratio"), "min_ratio", positive=True, bounds=(0.0, 1e6)),
+        "geomean_ratio": _finite(record.get("geomean_ratio"), "geomean_ratio", positive=True, bounds=(0.0, 1e6)),
+        "provenance": _text(provenance.get("text", ""), "provenance.text", 100_000),
+        "created_at": _parse_time(provenance.get("created_at")),
+    }
+    return _ValidPolicy(line, family_name, device, toolchain, values)
+
+
+def validate_record(record, line: int) -> _Valid | _ValidPolicy:
     """Check one record against the schema and its family's space; raises _Bad with the reason."""
     if not isinstance(record, dict):
         raise _Bad("a record must be a JSON object")
-    if record.get("record") != "winner":
-        raise _Bad(f"unknown record type {record.get('record')!r} (expected 'winner')")
+    if record.get("record") not in ("winner", "policy"):
+        raise _Bad(f"unknown record type {record.get('record')!r} (expected 'winner' or 'policy')")
     schema = record.get("schema_version", SCHEMA_VERSION)
     if not isinstance(schema, int) or schema > SCHEMA_VERSION:
         raise _Bad(f"record from schema version {schema!r}, newer than this autotile's {SCHEMA_VERSION}")
+    if record["record"] == "policy":
+        return validate_policy_record(record, line)
     unknown = set(record) - _RECORD_FIELDS
     if unknown:
         raise _Bad(f"unknown fields {sorted(unknown)}")
@@ -531,7 +615,33 @@ def _get_or_create(session: Session, model, lookup: dict, values: dict) -> int:
     return row
 
 
-def _write(session: Session, item: _Valid, policy: ConflictPolicy) -> str:
+def _write_policy(session: Session, item: _ValidPolicy, policy: ConflictPolicy) -> str:
+    digest, fields = device_fingerprint(item.device)
+    device_id = _get_or_create(session, Device, {"fingerprint": digest}, fields)
+    toolchain_id = _get_or_create(session, Toolchain, item.toolchain, {})
+    v = item.values
+    existing = session.execute(select(Policy).where(
+        Policy.family == v["family"], Policy.device_key == v["device_key"], Policy.key == v["key"],
+        Policy.range_key == v["range_key"])).scalar_one_or_none()
+    values = dict(v, device_id=device_id, toolchain_id=toolchain_id)
+    if existing is None:
+        session.add(Policy(**values))
+        session.flush()
+        return "added"
+    if existing.config == values["config"] and existing.min_ratio == values["min_ratio"]:
+        return "unchanged"
+    # 'faster' keeps the policy with the larger smallest margin over the vendor op.
+    if policy is ConflictPolicy.KEEP or (policy is ConflictPolicy.FASTER and existing.min_ratio >= values["min_ratio"]):
+        return "kept-existing"
+    for name, value in values.items():
+        setattr(existing, name, value)
+    session.flush()
+    return "replaced"
+
+
+def _write(session: Session, item: _Valid | _ValidPolicy, policy: ConflictPolicy) -> str:
+    if isinstance(item, _ValidPolicy):
+        return _write_policy(session, item, policy)
     problem_id = _get_or_create(session, Problem, {"family": item.family, "key": item.problem_key},
                                 {"bucket": item.bucket, "params": item.params})
     digest, fields = device_fingerprint(item.device)
