@@ -9,12 +9,9 @@ at import whether its own language helpers are compiled or interpreted.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from compile_child import run_compile_child
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
@@ -108,12 +105,7 @@ def _compile_all() -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def compiled() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = Path(__file__).resolve().parent.parent
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
-    done = subprocess.run([sys.executable, __file__], env=env, cwd=root, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_compile_child(__file__, timeout=600)
 
 
 @pytest.mark.parametrize("problem, config, archs", [v[1:] for v in VARIANTS], ids=[v[0] for v in VARIANTS])

@@ -12,14 +12,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 import re
 import subprocess
-import sys
 import tempfile
-from pathlib import Path
 
 import pytest
+from compile_child import run_compile_child
 import torch
 import triton
 from triton.backends.compiler import GPUTarget
@@ -201,12 +199,7 @@ def _compile_all() -> dict[str, dict]:
 
 @pytest.fixture(scope="module")
 def compiled() -> dict[str, dict]:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = Path(__file__).resolve().parent.parent
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
-    done = subprocess.run([sys.executable, __file__], env=env, cwd=root, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_compile_child(__file__, timeout=900)
 
 
 @pytest.mark.parametrize("case", VARIANTS, ids=[_id(c) for c in VARIANTS])

@@ -8,11 +8,9 @@ triton's language helpers in interpreter mode (TRITON_INTERPRET=1, see conftest.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
+from compile_child import run_compile_child
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
@@ -90,11 +88,7 @@ def compile_cases() -> dict:
 
 @pytest.fixture(scope="module")
 def compiled() -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, __file__], capture_output=True, text=True, env=env, timeout=600,
-                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_compile_child(__file__, timeout=600)
 
 
 def test_every_kernel_compiles_within_the_shared_memory_of_its_gpu(compiled):

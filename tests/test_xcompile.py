@@ -12,13 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
+from compile_child import run_compile_child
 import torch
 
 from autotile.device import DeviceInfo, meta_stands_for, planned_device
@@ -101,12 +98,7 @@ def _compile_all() -> dict:
 
 @pytest.fixture(scope="module")
 def compiled() -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = Path(__file__).resolve().parent.parent
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
-    done = subprocess.run([sys.executable, __file__], env=env, cwd=root, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_compile_child(__file__, timeout=900)
 
 
 def test_every_planned_config_compiles_and_fits_its_architecture(compiled):

@@ -451,6 +451,20 @@ def _parse_time(value) -> dt.datetime:
         raise _Bad(f"timestamp {value!r} is not ISO 8601") from None
 
 
+def _family_of(record: dict):
+    """(name, family) a record names; _Bad for a family this autotile does not have."""
+    family_name = record.get("family")
+    if family_name not in family_names():
+        raise _Bad(f"unknown family {family_name!r} (known: {', '.join(family_names())})")
+    return family_name, get_family(family_name)
+
+
+def _toolchain(record: dict) -> dict:
+    toolchain_data = _object(record, "toolchain")
+    return {name: _text(toolchain_data.get(name), f"toolchain.{name}", width)
+            for name, width in _TOOLCHAIN_FIELDS.items()}
+
+
 _POLICY_FIELDS = {"record", "schema_version", "family", "fixed", "verified_range", "device", "toolchain", "config",
                   "samples", "min_ratio", "geomean_ratio", "provenance"}
 
@@ -475,10 +489,7 @@ def validate_policy_record(record: dict, line: int) -> _ValidPolicy:
     unknown = set(record) - _POLICY_FIELDS
     if unknown:
         raise _Bad(f"unknown fields {sorted(unknown)}")
-    family_name = record.get("family")
-    if family_name not in family_names():
-        raise _Bad(f"unknown family {family_name!r} (known: {', '.join(family_names())})")
-    family = get_family(family_name)
+    family_name, family = _family_of(record)
     fixed, verified_range = _object(record, "fixed"), _object(record, "verified_range")
     ranged = set(family.serving_fields) | set(family.shape_fields)
     if not set(family.serving_fields) <= set(verified_range) <= ranged or set(fixed) & set(verified_range):
@@ -498,9 +509,7 @@ def validate_policy_record(record: dict, line: int) -> _ValidPolicy:
         family.validate_config(problem, device, config_data)
     except AutotileError as exc:
         raise _Bad(f"config {json.dumps(config_data, sort_keys=True):.200} on {device.key}: {exc}") from None
-    toolchain_data = _object(record, "toolchain")
-    toolchain = {name: _text(toolchain_data.get(name), f"toolchain.{name}", width)
-                 for name, width in _TOOLCHAIN_FIELDS.items()}
+    toolchain = _toolchain(record)
     provenance = _object(record, "provenance")
     canonical = lambda data: json.dumps(data, sort_keys=True, separators=(",", ":"))  # noqa: E731
     values = {
@@ -529,10 +538,7 @@ def validate_record(record, line: int) -> _Valid | _ValidPolicy:
     unknown = set(record) - _RECORD_FIELDS
     if unknown:
         raise _Bad(f"unknown fields {sorted(unknown)}")
-    family_name = record.get("family")
-    if family_name not in family_names():
-        raise _Bad(f"unknown family {family_name!r} (known: {', '.join(family_names())})")
-    family = get_family(family_name)
+    family_name, family = _family_of(record)
     problem = _problem(family, _object(record, "problem"))
     device = _device(_object(record, "device"))
     config_data = _object(record, "config")
@@ -540,9 +546,7 @@ def validate_record(record, line: int) -> _Valid | _ValidPolicy:
         config = family.validate_config(problem, device, config_data)
     except AutotileError as exc:
         raise _Bad(f"config {json.dumps(config_data, sort_keys=True):.200} on {device.key}: {exc}") from None
-    toolchain_data = _object(record, "toolchain")
-    toolchain = {name: _text(toolchain_data.get(name), f"toolchain.{name}", width)
-                 for name, width in _TOOLCHAIN_FIELDS.items()}
+    toolchain = _toolchain(record)
     timings = _object(record, "timings")
     interpreted = timings.get("interpreted")
     if interpreted is not device.interpret:

@@ -1,0 +1,24 @@
+"""Running a test module's compile step in a child process, where Triton compiles for real.
+
+The test process runs with TRITON_INTERPRET=1 (conftest.py), and Triton fixes at import whether its
+language helpers compile, so cross-compiling for a GPU target happens in a fresh interpreter. The
+module runs itself as a script and prints its results as JSON on its last line.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+
+def run_compile_child(module_file: str, timeout: float = 600):
+    """Run `module_file` as a script without TRITON_INTERPRET and return the JSON of its last output line."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = Path(__file__).resolve().parent.parent
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
+    done = subprocess.run([sys.executable, module_file], env=env, cwd=root, capture_output=True, text=True,
+                          timeout=timeout)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
