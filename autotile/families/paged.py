@@ -162,30 +162,88 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def balanced_max_chunks(batch: int, num_kv_heads: int, num_sms: int) -> int:
+@dataclass(frozen=True)
+class SplitConstants:
+    """The balanced scheduler's constants for one launch; the defaults are the module's SPLIT_* values.
+
+    items_per_sm sizes the grid (SPLIT_ITEMS_PER_SM), overhead_tokens and margin_pct are the cost
+    model's (SPLIT_OVERHEAD_TOKENS, SPLIT_MARGIN_PCT), candidates the chunk sizes it weighs
+    (SPLIT_CANDIDATES, a power of two: the kernel holds them in one tl.arange). Overrides exist to
+    measure other values (benchmarks/paged_sweep.py); a launch compiles once per distinct set.
+
+    >>> SplitConstants() == SplitConstants.of(None) == SplitConstants.of({})
+    True
+    >>> SplitConstants.of({"items_per_sm": 16}).kernel_constants()["SPLIT_OVERHEAD"] == SPLIT_OVERHEAD_TOKENS
+    True
+    """
+
+    items_per_sm: int = SPLIT_ITEMS_PER_SM
+    overhead_tokens: int = SPLIT_OVERHEAD_TOKENS
+    margin_pct: int = SPLIT_MARGIN_PCT
+    candidates: int = SPLIT_CANDIDATES
+
+    def __post_init__(self):
+        # (lowest, highest, why): the kernel's integer arithmetic stays within int32 shifts and int64 costs.
+        limits = {"items_per_sm": (1, 1024, "programs per SM the grid may hold"),
+                  "overhead_tokens": (0, 1 << 20, "tokens' worth of cost an item adds"),
+                  "margin_pct": (100, 1000, "percent a split must beat no split by (100: any gain)"),
+                  "candidates": (2, 16, "chunk sizes weighed, a power of two")}
+        for name, (low, high, meaning) in limits.items():
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+                raise BadInputError(f"split constant {name} ({meaning}) must be an integer from {low} to {high}, "
+                                    f"got {value!r}")
+        if self.candidates & (self.candidates - 1):
+            raise BadInputError(f"split constant candidates must be a power of two (2, 4, 8, 16), got {self.candidates}")
+
+    @classmethod
+    def of(cls, value) -> "SplitConstants":
+        """None (the module's constants), a SplitConstants, or a dict of some of its fields."""
+        if value is None:
+            return cls()
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, dict):
+            unknown = sorted(set(value) - set(cls.__dataclass_fields__))
+            if unknown:
+                raise BadInputError(f"unknown split constants {unknown}; the fields are "
+                                    f"{sorted(cls.__dataclass_fields__)}")
+            return cls(**value)
+        raise BadInputError(f"split_constants must be None, a SplitConstants or a dict, got {type(value).__name__}")
+
+    def kernel_constants(self) -> dict:
+        """The balanced kernel's tl.constexpr arguments."""
+        return dict(SPLIT_CANDIDATES=self.candidates, SPLIT_OVERHEAD=self.overhead_tokens,
+                    SPLIT_MARGIN_PCT=self.margin_pct)
+
+
+def balanced_max_chunks(batch: int, num_kv_heads: int, num_sms: int, split_constants=None) -> int:
     """The balanced variant's grid: the most chunks its scheduler may cut a batch into."""
-    return batch + cdiv(SPLIT_ITEMS_PER_SM * num_sms, num_kv_heads)
+    return batch + cdiv(SplitConstants.of(split_constants).items_per_sm * num_sms, num_kv_heads)
 
 
-def balanced_schedule(context_lens: list[int], num_kv_heads: int, num_sms: int, partition_size: int) -> list[int]:
+def balanced_schedule(context_lens: list[int], num_kv_heads: int, num_sms: int, partition_size: int,
+                      split_constants=None) -> list[int]:
     """The chunk count of each sequence that the balanced kernels choose for these lengths.
 
     The same integer arithmetic as `_chunk_schedule` in the template, for tests and benchmark
     reports (the kernels compute it on the device; nothing calls this on the hot path).
+    `split_constants` as for PagedLaunch (None: the module's constants).
     >>> balanced_schedule([32768], num_kv_heads=8, num_sms=132, partition_size=256)
     [64]
     >>> balanced_schedule([4096] * 64, num_kv_heads=8, num_sms=132, partition_size=256) == [1] * 64
     True
     """
-    max_chunks = balanced_max_chunks(len(context_lens), num_kv_heads, num_sms)
+    split = SplitConstants.of(split_constants)
+    max_chunks = balanced_max_chunks(len(context_lens), num_kv_heads, num_sms, split)
     total, longest = sum(context_lens), max(max(context_lens, default=0), 1)
     best_cost, best_size = None, longest
-    for index in range(SPLIT_CANDIDATES):
-        size = longest if index == 0 else partition_size << (SPLIT_CANDIDATES - 1 - index)
+    for index in range(split.candidates):
+        size = longest if index == 0 else partition_size << (split.candidates - 1 - index)
         chunks = sum(max(cdiv(n, size), 1) for n in context_lens)
-        work = 2 * num_kv_heads * (total + SPLIT_OVERHEAD_TOKENS * chunks) + num_sms * (
-            min(size, longest) + SPLIT_OVERHEAD_TOKENS)
-        cost = work * (100 if index == 0 else SPLIT_MARGIN_PCT)
+        work = 2 * num_kv_heads * (total + split.overhead_tokens * chunks) + num_sms * (
+            min(size, longest) + split.overhead_tokens)
+        cost = work * (100 if index == 0 else split.margin_pct)
         if chunks <= max_chunks and (best_cost is None or cost < best_cost):
             best_cost, best_size = cost, size
     return [max(cdiv(n, best_size), 1) for n in context_lens]
@@ -468,11 +526,12 @@ class PagedLaunch:
     Built on the host from the problem, the config and the device alone (no tensor value is read);
     calling it launches kernels and nothing else: no allocation, no copy, no synchronisation, so a
     CUDA graph can capture it. Its workspace serves one launch at a time (one stream).
-    `num_sms` is what the balanced variant fills (the device's SM count by default).
+    `num_sms` is what the balanced variant fills (the device's SM count by default), `split_constants`
+    its scheduler's constants (a SplitConstants or a dict of its fields; None: the module's).
     """
 
     def __init__(self, problem: PagedProblem, config: Config, device: torch.device, *,
-                 return_lse: bool = False, num_sms: int | None = None):
+                 return_lse: bool = False, num_sms: int | None = None, split_constants=None):
         p = problem
         self.problem, self.config, self.return_lse = p, config, return_lse
         self.variant = config["VARIANT"]
@@ -486,7 +545,8 @@ class PagedLaunch:
         self.options = dict(BLOCK_N=config["BLOCK_N"], num_warps=config["num_warps"], num_stages=config["num_stages"])
         self.batch_pad = next_pow2(p.batch)
         self.partitions = cdiv(p.max_context, config["PARTITION_SIZE"]) if self.variant == "split" else 1
-        self.max_chunks = balanced_max_chunks(p.batch, p.num_kv_heads, self.num_sms)
+        self.split_constants = SplitConstants.of(split_constants)
+        self.max_chunks = balanced_max_chunks(p.batch, p.num_kv_heads, self.num_sms, self.split_constants)
         slots = {"split": p.batch * p.num_kv_heads * self.partitions,
                  "balanced": self.max_chunks * p.num_kv_heads}.get(self.variant, 0)
         self.workspace = None
@@ -502,8 +562,7 @@ class PagedLaunch:
         if self.variant == "prefill":
             self._uniform_cu_seqlens = torch.arange(0, (p.batch + 1) * p.num_queries, p.num_queries,
                                                     dtype=torch.int32, device=self.device)
-        self.split_constants = dict(SPLIT_CANDIDATES=SPLIT_CANDIDATES, SPLIT_OVERHEAD=SPLIT_OVERHEAD_TOKENS,
-                                    SPLIT_MARGIN_PCT=SPLIT_MARGIN_PCT)
+        self._schedule_constants = self.split_constants.kernel_constants()
 
     @property
     def workspace_bytes(self) -> int:
@@ -561,7 +620,7 @@ class PagedLaunch:
                 q, k_cache, v_cache, out, block_table, context_lens, k_scale, v_scale, ws_acc, ws_max, ws_sum,
                 self.schedule, *lse_args, scale, p.batch, self.num_sms, self.max_chunks, *q_strides, *o_strides,
                 *caches, block_table.stride(0), **shape, PARTITION_SIZE=size, BATCH_PAD=self.batch_pad,
-                **self.split_constants, **self.options)
+                **self._schedule_constants, **self.options)
             launch_kernel(
                 module.paged_attention_combine, (p.batch, p.num_kv_heads, p.group * p.num_queries),
                 out, context_lens, ws_acc, ws_max, ws_sum, self.schedule, *lse_args, p.batch, *o_strides,
@@ -592,16 +651,18 @@ _launches_lock = threading.Lock()
 
 
 def paged_launch(problem: PagedProblem, config: Config, device: torch.device, *, return_lse: bool = False,
-                 num_sms: int | None = None) -> PagedLaunch:
+                 num_sms: int | None = None, split_constants=None) -> PagedLaunch:
     """A PagedLaunch kept for reuse (the most recent few), so repeated launches of one problem (the tuner's
     timing loop) allocate nothing."""
-    key = (problem, config, str(device), return_lse, num_sms)
+    split_constants = SplitConstants.of(split_constants)
+    key = (problem, config, str(device), return_lse, num_sms, split_constants)
     with _launches_lock:
         found = _launches.get(key)
         if found is not None:
             _launches.move_to_end(key)
             return found
-    made = PagedLaunch(problem, config, torch.device(device), return_lse=return_lse, num_sms=num_sms)
+    made = PagedLaunch(problem, config, torch.device(device), return_lse=return_lse, num_sms=num_sms,
+                       split_constants=split_constants)
     with _launches_lock:
         _launches[key] = made
         while len(_launches) > _LAUNCH_CACHE_SIZE:

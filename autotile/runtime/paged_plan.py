@@ -52,8 +52,8 @@ from autotile.device import DeviceInfo, cuda_device, interpret_device
 from autotile.dtypes import canonical_dtype_name
 from autotile.errors import BadInputError, ShapeMismatchError, UnsupportedDtypeError
 from autotile.families.paged import (
-    CACHE_DTYPES, FAMILY, PARTITION_CHOICES, QUERY_DTYPES, PagedLaunch, PagedProblem, cdiv, check_head_dim,
-    context_bucket,
+    CACHE_DTYPES, FAMILY, PARTITION_CHOICES, QUERY_DTYPES, PagedLaunch, PagedProblem, SplitConstants, cdiv,
+    check_head_dim, context_bucket,
 )
 from autotile.space import Config
 
@@ -195,10 +195,13 @@ class PagedAttentionPlan(_PlanBase):
     def __init__(self, *, batch: int, num_q_heads: int, num_kv_heads: int, head_dim: int, page_size: int,
                  max_context: int, dtype=torch.bfloat16, kv_dtype=None, num_queries: int = 1,
                  device="cuda", return_lse: bool = False, mean_context: int | None = None,
-                 config: Config | dict | None = None, num_sms: int | None = None, checks: bool | None = None):
+                 config: Config | dict | None = None, num_sms: int | None = None, checks: bool | None = None,
+                 split_constants=None):
         self._init_shapes(batch=batch, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
                           page_size=page_size, max_context=max_context, dtype=dtype, kv_dtype=kv_dtype,
                           device=device, return_lse=return_lse, checks=checks)
+        # Checked even for an empty step, so a bad override fails where it is written.
+        self.split_constants = SplitConstants.of(split_constants)
         if num_queries < 1 or num_queries > max_context:
             raise BadInputError(f"num_queries must be from 1 to max_context ({max_context}), got {num_queries}")
         self.num_queries = int(num_queries)
@@ -220,7 +223,8 @@ class PagedAttentionPlan(_PlanBase):
                 ", balanced" if self.config is not resolution.config else "")
         # A prefill config (query groups too wide for a decode tile, G x Q > 64) runs the tensor-core query
         # blocks over the batch's uniform Q tokens a sequence.
-        self.launch = PagedLaunch(self.problem, self.config, self.device, return_lse=self.return_lse, num_sms=num_sms)
+        self.launch = PagedLaunch(self.problem, self.config, self.device, return_lse=self.return_lse, num_sms=num_sms,
+                                  split_constants=self.split_constants)
 
     def __repr__(self) -> str:
         return (f"PagedAttentionPlan(batch={self.batch}, heads={self.num_q_heads}/{self.num_kv_heads}, "
@@ -269,19 +273,23 @@ class PagedAttentionPlan(_PlanBase):
 def plan_paged_attention(*, batch: int, num_q_heads: int, num_kv_heads: int, head_dim: int, page_size: int,
                          max_context: int, dtype=torch.bfloat16, kv_dtype=None, num_queries: int = 1, device="cuda",
                          return_lse: bool = False, mean_context: int | None = None, config=None,
-                         num_sms: int | None = None, checks: bool | None = None) -> PagedAttentionPlan:
+                         num_sms: int | None = None, checks: bool | None = None,
+                         split_constants=None) -> PagedAttentionPlan:
     """A decode plan from host integers: choose the config and the split-KV strategy, allocate the workspace.
 
     `max_context` is an upper bound on this step's context lengths (the engine's max model length
     works: one plan, and one CUDA graph, serves every step of a padded batch size); it picks the
     tuned config and sizes the 'split' variant. `mean_context` optionally narrows the config's
     bucket. `config` overrides the tuned config; `num_sms` the SM count the balanced variant fills;
-    `checks` the AUTOTILE_CHECKS switch. See the module docstring for an example and the contract.
+    `split_constants` its scheduler's constants (autotile.families.paged.SplitConstants or a dict of its
+    fields, e.g. {"items_per_sm": 16}; None: the module's); `checks` the AUTOTILE_CHECKS switch. See the
+    module docstring for an example and the contract.
     """
     return PagedAttentionPlan(batch=batch, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
                               page_size=page_size, max_context=max_context, dtype=dtype, kv_dtype=kv_dtype,
                               num_queries=num_queries, device=device, return_lse=return_lse,
-                              mean_context=mean_context, config=config, num_sms=num_sms, checks=checks)
+                              mean_context=mean_context, config=config, num_sms=num_sms, checks=checks,
+                              split_constants=split_constants)
 
 
 class PagedPrefillPlan(_PlanBase):
