@@ -118,9 +118,10 @@ def tune_planned(planned: Sequence[PlannedProblem], device, *, budget_s: float |
         timeout = None
         if budget_s is not None:
             left = budget_s - (time.monotonic() - started)
-            share = left / (len(planned) - index)
-            timeout = share - overhead
-            if left < MIN_PROBLEM_S or timeout < MIN_PROBLEM_S / 2:
+            # An equal share of what is left, but never less than a problem needs: a budget too small for
+            # all of them tunes the first ones (the most called) and leaves the rest, rather than none.
+            timeout = min(left, max(left / (len(planned) - index) - overhead, MIN_PROBLEM_S))
+            if left < MIN_PROBLEM_S:
                 outcome.skipped.extend(planned[index:])
                 report(f"budget spent: {len(planned) - index} problem(s) not tuned")
                 break
