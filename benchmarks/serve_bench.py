@@ -304,6 +304,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--only", default="gemm,flash,host,graph", help="comma-separated parts")
+    parser.add_argument("--tokens", default=None,
+                        help="comma-separated token counts (M) of the GEMM part, e.g. off-bucket ones: 3,12,200,3000")
     parser.add_argument("--models", default=None, help="comma-separated gemm models (default: a spread)")
     parser.add_argument("--record", default=None, help="write an AUTOTILE_RECORD trace of the shapes and exit")
     parser.add_argument("--name", default="serve_bench")
@@ -316,7 +318,8 @@ def main() -> None:
     import triton
 
     models = args.models.split(",") if args.models else (QUICK_GEMM_MODELS if args.quick else GEMM_MODELS)
-    tokens = QUICK_GEMM_TOKENS if args.quick else GEMM_TOKENS
+    tokens = (tuple(int(t) for t in args.tokens.split(",")) if args.tokens
+              else QUICK_GEMM_TOKENS if args.quick else GEMM_TOKENS)
     parts = set(args.only.split(","))
     if args.record:
         from autotile.runtime import trace
