@@ -407,7 +407,7 @@ def test_speculative_queries_return_lse_per_query_and_explain_names_the_plan_pro
 
 def test_configs_not_tuned_for_the_exact_problem_run_with_the_balanced_scheduler():
     from autotile.device import interpret_device
-    from autotile.families.paged import FAMILY, PagedProblem
+    from autotile.families.paged import FAMILY, PagedProblem, balanced_tile
     from autotile.runtime.dispatch import Resolution
     from autotile.runtime.paged_plan import served_config
     from autotile.space import Config
@@ -419,7 +419,13 @@ def test_configs_not_tuned_for_the_exact_problem_run_with_the_balanced_scheduler
     exact = Resolution(tuned, "shipped-db", device.key, "key", "key", "exact")
     assert served_config(problem, device, exact) is tuned
     nearby = Resolution(tuned, "shipped-db", device.key, "key", "other", "nearest")
-    assert dict(served_config(problem, device, nearby)) == dict(tuned, VARIANT="balanced")
+    # ... with the measured balanced tile: 128 tokens, 4 warps, 2 stages where (sequence, KV head) items
+    # outnumber the SMs and D <= 128, 64 tokens for few items.
+    assert balanced_tile(problem, device.sm_count) == dict(BLOCK_N=128, num_warps=4, num_stages=2)
+    assert dict(served_config(problem, device, nearby)) == dict(tuned, VARIANT="balanced", num_warps=4)
+    one_long = PagedProblem(1, 32, 8, 128, 16, 32768)
+    assert balanced_tile(one_long, 132) == dict(BLOCK_N=64, num_warps=4, num_stages=2)
+    assert balanced_tile(PagedProblem(64, 16, 8, 256, 16, 32768), 132)["BLOCK_N"] == 64  # D = 256
     short = PagedProblem(64, 32, 8, 128, 16, 256)  # nothing to split: kept as it is
     whole = Config(dict(tuned, BLOCK_N=64))
     assert served_config(short, device, Resolution(whole, "default", device.key, "k")) is whole

@@ -249,6 +249,18 @@ def balanced_schedule(context_lens: list[int], num_kv_heads: int, num_sms: int, 
     return [max(cdiv(n, best_size), 1) for n in context_lens]
 
 
+def balanced_tile(problem: "PagedProblem", sm_count: int) -> dict:
+    """The balanced variant's tile where nothing was tuned for the call: BLOCK_N, warps and stages.
+
+    Measured on the H200 over six ragged decode mixes (benchmarks/results/paged_sweep_2026-12-01_quick.md):
+    4 warps and 2 stages led on every mix (2 warps, the tile nearby winners gave, reached 45-76% of copy
+    bandwidth where 4 reached 59-92%); 128-token tiles won where (sequence, KV head) items outnumber the
+    SMs and D <= 128, 64-token tiles for few items (one long sequence) and for D = 256.
+    """
+    many = problem.batch * problem.num_kv_heads >= sm_count
+    return dict(BLOCK_N=128 if many and problem.head_dim_pad <= 128 else 64, num_warps=4, num_stages=2)
+
+
 def _with_block_m(config):
     if "BLOCK_M" in config or is_vendor(config):
         return config
@@ -402,7 +414,7 @@ class PagedFamily(Family):
         if p.batch * p.num_kv_heads < 4 * device.sm_count and p.max_context >= 2 * PARTITION_CHOICES[0]:
             # Too few (sequence, KV head) pairs to be sure of filling the device whatever the lengths:
             # the balanced kernel splits long contexts when (and only when) its cost model says so.
-            preferred.update(VARIANT="balanced")
+            preferred.update(VARIANT="balanced", **balanced_tile(p, device.sm_count))
         return device_default(self, problem, device, preferred)
 
     def prefill_config(self, problem: PagedProblem, device: DeviceInfo) -> Config:

@@ -52,8 +52,8 @@ from autotile.device import DeviceInfo, cuda_device, interpret_device
 from autotile.dtypes import canonical_dtype_name
 from autotile.errors import BadInputError, ShapeMismatchError, UnsupportedDtypeError
 from autotile.families.paged import (
-    CACHE_DTYPES, FAMILY, PARTITION_CHOICES, QUERY_DTYPES, PagedLaunch, PagedProblem, SplitConstants, cdiv,
-    check_head_dim, context_bucket,
+    CACHE_DTYPES, FAMILY, PARTITION_CHOICES, QUERY_DTYPES, PagedLaunch, PagedProblem, SplitConstants, balanced_tile,
+    cdiv, check_head_dim, context_bucket,
 )
 from autotile.space import Config
 
@@ -106,14 +106,18 @@ def served_config(problem: PagedProblem, device: DeviceInfo, resolution) -> Conf
 
     A step's lengths are unknown on the host: a config not tuned for this very problem (a winner of a
     nearby shape, tuned on other lengths, or the default) runs with the balanced scheduler, which cuts
-    contexts by the lengths it finds on the device, keeping the config's tile shape (BLOCK_N, warps,
-    stages). An exact winner runs as tuned.
+    contexts by the lengths it finds on the device, with the measured balanced tile (`balanced_tile`:
+    BLOCK_N, warps, stages; the config's own where that one does not fit). An exact winner runs as tuned.
     """
     config = resolution.config
     if resolution.match == "exact" or config.get("VARIANT") not in ("whole", "split"):
         return config
-    candidate = {**dict(config), "VARIANT": "balanced", "PARTITION_SIZE": PARTITION_CHOICES[0]}
-    return Config(candidate) if FAMILY.space(problem, device).is_feasible(candidate) else config
+    space = FAMILY.space(problem, device)
+    for tile in (balanced_tile(problem, device.sm_count), {}):  # the measured tile, else the config's own
+        candidate = {**dict(config), "VARIANT": "balanced", "PARTITION_SIZE": PARTITION_CHOICES[0], **tile}
+        if space.is_feasible(candidate):
+            return Config(candidate)
+    return config
 
 
 def _shape_dtypes(num_q_heads: int, num_kv_heads: int, head_dim: int, page_size: int, dtype, kv_dtype) -> tuple:
