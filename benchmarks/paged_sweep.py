@@ -255,9 +255,26 @@ class Compiler:
 
 @dataclass
 class Prepared:
-    fn: object  # the planned run, replayed from a CUDA graph on the GPU
+    fn: Replay  # the planned run, replayed from a CUDA graph on the GPU
     config: dict
     chunks: list | None
+
+
+class Replay:
+    """A captured run that keeps alive what its graph reads and writes.
+
+    NOTE: a CUDA graph holds raw addresses, not tensors. The plan (its workspace and schedule buffer) and
+    `out` must outlive the graph, and torch.cuda.graph empties the allocator's cache at every capture: a
+    plan dropped after its capture has its memory handed back to the driver (or to another plan's
+    workspace of another size) by the next capture, and replaying its graph then writes there (stage B's
+    "illegal memory access": its constant sets give workspaces of different sizes).
+    """
+
+    def __init__(self, replay, run):
+        self.replay, self.run = replay, run  # run's closure holds the plan, the inputs and out
+
+    def __call__(self) -> None:
+        self.replay()
 
 
 def prepare(sweep: Sweep, mix: Mix, data, want: torch.Tensor, config: dict | None, knobs: Knobs | None):
@@ -281,8 +298,10 @@ def prepare(sweep: Sweep, mix: Mix, data, want: torch.Tensor, config: dict | Non
             device_chunks = [1 if shift < 0 else max(-(-n // (1 << shift)), 1) for n in mix.lengths]
             if device_chunks != chunks:
                 return f"the device cut {sum(device_chunks)} chunks, the host mirror {sum(chunks)}"
-        fn = pb.capture(sweep.bench_setting(), lambda: plan.run(*args, out=out))
-        return Prepared(fn, dict(plan.config), chunks)
+        def run():
+            plan.run(*args, out=out)
+
+        return Prepared(Replay(pb.capture(sweep.bench_setting(), run), run), dict(plan.config), chunks)
     except Exception as exc:
         return f"{type(exc).__name__}: {exc}"
 

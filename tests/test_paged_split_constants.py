@@ -128,7 +128,8 @@ def _issue_12_mixes() -> list[tuple[list[int], int]]:
     """(lengths, Hkv) like benchmarks/paged_sweep.py's six mixes, plus padding rows and tiny contexts."""
     rng = random.Random(12)
     uniform = lambda b, lo, hi: [rng.randint(lo, hi) for _ in range(b)]  # noqa: E731
-    log_uniform = lambda b, lo, hi: [int(math.exp(rng.uniform(math.log(lo), math.log(hi)))) for _ in range(b)]  # noqa: E731
+    def log_uniform(b, lo, hi):
+        return [int(math.exp(rng.uniform(math.log(lo), math.log(hi)))) for _ in range(b)]
     return [([32768], 8), (uniform(256, 100, 4000), 8), (uniform(16, 1000, 32768), 8), ([32768] + [500] * 7, 8),
             (log_uniform(128, 100, 16384), 8), (uniform(64, 500, 4000), 32), ([0, 1, 32768, 0, 17], 1),
             ([1], 8)]
