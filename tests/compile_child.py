@@ -22,3 +22,23 @@ def run_compile_child(module_file: str, timeout: float = 600):
                           timeout=timeout)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def launch_signature(kernel, pointers: dict[str, str]) -> tuple[dict, dict]:
+    """A Triton kernel's (signature, attrs) for ASTSource, specialised as real launches are.
+
+    Pointer parameters (`*_ptr`) get the dtype named in `pointers` (fp32 otherwise) and 16-byte alignment;
+    `scale` is fp32; other integers are i32, strides divisible by 16 (16-element rows).
+    """
+    signature, attrs = {}, {}
+    for index, param in enumerate(kernel.params):
+        if param.is_constexpr:
+            signature[param.name] = "constexpr"
+        elif param.name.endswith("_ptr"):
+            signature[param.name] = "*" + pointers.get(param.name, "fp32")
+            attrs[(index,)] = [["tt.divisibility", 16]]
+        else:
+            signature[param.name] = "fp32" if param.name == "scale" else "i32"
+            if param.name.startswith("stride"):
+                attrs[(index,)] = [["tt.divisibility", 16]]
+    return signature, attrs

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from compile_child import run_compile_child
+from compile_child import launch_signature, run_compile_child
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
@@ -42,19 +42,7 @@ def compile_variant(variant, *, cc=90, dtype="bf16", fp8=False, lse=False, head_
     compiled = {}
     for name in KERNELS[variant]:
         kernel = getattr(module, name)
-        signature, attrs = {}, {}
-        for index, param in enumerate(kernel.params):
-            if param.is_constexpr:
-                signature[param.name] = "constexpr"
-            elif param.name.endswith("_ptr"):
-                signature[param.name] = "*" + pointers.get(param.name, "fp32")
-                attrs[(index,)] = [["tt.divisibility", 16]]
-            elif param.name == "scale":
-                signature[param.name] = "fp32"
-            else:
-                signature[param.name] = "i32"
-                if param.name.startswith("stride"):
-                    attrs[(index,)] = [["tt.divisibility", 16]]
+        signature, attrs = launch_signature(kernel, pointers)
         used = {n: constants[n] for n, kind in signature.items() if kind == "constexpr"}
         source = ASTSource(fn=kernel, signature=signature, constexprs=used, attrs=attrs)
         compiled[name] = triton.compile(source, target=GPUTarget("cuda", cc, 32),

@@ -23,7 +23,7 @@ if not torch.cuda.is_available() and not COMPILE_CHILD:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest  # noqa: E402
-from compile_child import run_compile_child  # noqa: E402
+from compile_child import launch_signature, run_compile_child  # noqa: E402
 
 from autotile.errors import BadInputError  # noqa: E402
 from autotile.families import paged  # noqa: E402
@@ -325,17 +325,7 @@ def compile_balanced(constants: dict, *, cc: int = 90) -> dict:
                       BATCH_PAD=64, **SplitConstants.of(constants).kernel_constants())
     pointers = dict(q_ptr="bf16", out_ptr="bf16", k_ptr="bf16", v_ptr="bf16", block_table_ptr="i32",
                     context_lens_ptr="i32", schedule_ptr="i32")
-    signature, attrs = {}, {}
-    for index, param in enumerate(kernel.params):
-        if param.is_constexpr:
-            signature[param.name] = "constexpr"
-        elif param.name.endswith("_ptr"):
-            signature[param.name] = "*" + pointers.get(param.name, "fp32")
-            attrs[(index,)] = [["tt.divisibility", 16]]
-        else:
-            signature[param.name] = "fp32" if param.name == "scale" else "i32"
-            if param.name.startswith("stride"):  # as Triton specialises real launches: 16-element rows
-                attrs[(index,)] = [["tt.divisibility", 16]]
+    signature, attrs = launch_signature(kernel, pointers)
     compiled = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs),
                               target=GPUTarget("cuda", cc, 32), options={"num_warps": 2, "num_stages": 2})
     return dict(shared=compiled.metadata.shared, cp_async="cp.async" in compiled.asm["ptx"])
