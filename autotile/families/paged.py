@@ -200,7 +200,7 @@ class SplitConstants:
     def of(cls, value) -> "SplitConstants":
         """None (the module's constants), a SplitConstants, or a dict of some of its fields."""
         if value is None:
-            return cls()
+            return _DEFAULT_SPLIT  # built once: paged_launch asks on every launch of the tuner's timing loop
         if isinstance(value, cls):
             return value
         if isinstance(value, dict):
@@ -215,6 +215,9 @@ class SplitConstants:
         """The balanced kernel's tl.constexpr arguments."""
         return dict(SPLIT_CANDIDATES=self.candidates, SPLIT_OVERHEAD=self.overhead_tokens,
                     SPLIT_MARGIN_PCT=self.margin_pct)
+
+
+_DEFAULT_SPLIT = SplitConstants()
 
 
 def balanced_max_chunks(batch: int, num_kv_heads: int, num_sms: int, split_constants=None) -> int:
