@@ -28,6 +28,23 @@ _QUANTILES = (0.2, 0.5, 0.8)
 _INTERPRET_RUNS = 2
 
 
+def interleaved_samples(fns: Mapping[str, Callable[[], object]], rounds: int,
+                        time_one: Callable[[Callable[[], object]], float]) -> dict[str, list[float]]:
+    """Each callable's `time_one` over `rounds`, the callables taking turns within every round, so that drift
+    on a shared GPU (clocks, neighbours: ~9% between repeats on the lent H200) hits each of them alike."""
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            samples[name].append(time_one(fn))
+    return samples
+
+
+def interleaved_medians(fns: Mapping[str, Callable[[], object]], rounds: int,
+                        time_one: Callable[[Callable[[], object]], float]) -> dict[str, float]:
+    """The median of `interleaved_samples` for each callable (benchmarks' side-by-side timings)."""
+    return {name: statistics.median(values) for name, values in interleaved_samples(fns, rounds, time_one).items()}
+
+
 class Status(str, enum.Enum):
     OK = "ok"
     COMPILE_ERROR = "compile_error"

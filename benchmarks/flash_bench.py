@@ -45,6 +45,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.testing  # noqa: E402
 
+from autotile.bench import interleaved_samples  # noqa: E402
 from autotile.device import cuda_device  # noqa: E402
 from autotile.families import flash_vendor  # noqa: E402
 from autotile.families.flash import FAMILY, FlashProblem, default_scale  # noqa: E402
@@ -331,10 +332,7 @@ def time_ms(fn) -> float:
 
 
 def interleaved(fns: dict, rounds: int) -> dict[str, float]:
-    samples = {name: [] for name in fns}
-    for _ in range(rounds):  # interleaved: drift on the lent GPU hits every implementation alike
-        for name, fn in fns.items():
-            samples[name].append(time_ms(fn))
+    samples = interleaved_samples(fns, rounds, time_ms)
     result = {name: statistics.median(ms) for name, ms in samples.items()}
     result["spread"] = max((max(ms) - min(ms)) / statistics.median(ms) for ms in samples.values())
     return result

@@ -36,7 +36,6 @@ import json
 import math
 import multiprocessing
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -45,7 +44,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from autotile.bench import poison  # noqa: E402
+from autotile.bench import interleaved_medians, poison  # noqa: E402
 from autotile.device import HOPPER_SMEM_PER_BLOCK, PROFILES, DeviceInfo, resolve_gpu  # noqa: E402
 from autotile.families.checks import compare  # noqa: E402
 from autotile.families.gemm import FAMILY, GemmProblem, contiguous_problem  # noqa: E402
@@ -179,11 +178,8 @@ def interleaved(fns: dict, rounds: int, warmup_ms: float, rep_ms: float) -> dict
     """Median over rounds of do_bench medians (ms), the callables taking turns within each round."""
     import triton.testing
 
-    samples = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            samples[name].append(triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
-    return {name: statistics.median(values) for name, values in samples.items()}
+    return interleaved_medians(
+        fns, rounds, lambda fn: triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
 
 
 def copy_tbps() -> float:

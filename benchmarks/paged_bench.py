@@ -77,11 +77,9 @@ def time_ms(setting: Setting, fn) -> float:
 
 def side_by_side(setting: Setting, impls: dict) -> dict[str, float]:
     """Medians of `rounds` interleaved timings (drift on a lent GPU hits every implementation alike)."""
-    samples: dict[str, list[float]] = {name: [] for name in impls}
-    for _ in range(setting.rounds):
-        for name, fn in impls.items():
-            samples[name].append(time_ms(setting, fn))
-    return {name: statistics.median(ms) for name, ms in samples.items()}
+    from autotile.bench import interleaved_medians
+
+    return interleaved_medians(impls, setting.rounds, lambda fn: time_ms(setting, fn))
 
 
 # --- data --------------------------------------------------------------------------------------------

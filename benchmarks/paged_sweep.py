@@ -318,11 +318,9 @@ def time_ms(sweep: Sweep, fn) -> float:
 
 def interleaved(sweep: Sweep, fns: dict) -> dict:
     """Medians of `rounds` interleaved timings of every function."""
-    samples = {key: [] for key in fns}
-    for _ in range(sweep.rounds):
-        for key, fn in fns.items():
-            samples[key].append(time_ms(sweep, fn))
-    return {key: statistics.median(ms) for key, ms in samples.items()}
+    from autotile.bench import interleaved_medians
+
+    return interleaved_medians(fns, sweep.rounds, lambda fn: time_ms(sweep, fn))
 
 
 def reference(mix: Mix, data) -> torch.Tensor:

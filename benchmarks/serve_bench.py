@@ -47,9 +47,7 @@ def _timed_pair(ours, theirs, rounds: int) -> tuple[float, float]:
 
 def gemm_rows(models, tokens, rounds: int) -> list[dict]:
     import torch
-    import torch.nn.functional as F
 
-    import autotile
     from autotile.models import MODELS, projections
 
     rows = []
@@ -124,7 +122,6 @@ def _sdpa_best(q, k, v, rounds: int) -> tuple[str, float, object]:
 def flash_rows(models, shapes, rounds: int) -> list[dict]:
     import torch
 
-    import autotile
     from autotile.models import MODELS
 
     rows = []

@@ -228,22 +228,22 @@ def check_linear(y, x, w, dtype: str) -> dict:
 
 def interleaved_ms(fns: dict, rounds: int, cuda: bool) -> dict[str, float]:
     """Median over `rounds` of each callable's do_bench median, the callables timed in turns each round."""
-    per_round: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            if cuda:
-                import triton.testing
+    from autotile.bench import interleaved_medians
 
-                per_round[name].append(float(triton.testing.do_bench(fn, return_mode="median")))
-            else:  # the interpreter: wall clock (CPU timings, labelled so in the report)
-                fn()
-                samples = []
-                for _ in range(3):
-                    start = time.perf_counter()
-                    fn()
-                    samples.append((time.perf_counter() - start) * 1e3)
-                per_round[name].append(statistics.median(samples))
-    return {name: statistics.median(samples) for name, samples in per_round.items()}
+    def time_one(fn) -> float:
+        if cuda:
+            import triton.testing
+
+            return float(triton.testing.do_bench(fn, return_mode="median"))
+        fn()  # the interpreter: wall clock (CPU timings, labelled so in the report)
+        samples = []
+        for _ in range(3):
+            start = time.perf_counter()
+            fn()
+            samples.append((time.perf_counter() - start) * 1e3)
+        return statistics.median(samples)
+
+    return interleaved_medians(fns, rounds, time_one)
 
 
 def child_inductor(args) -> dict:

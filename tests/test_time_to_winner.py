@@ -181,3 +181,19 @@ def test_without_a_gpu_the_script_says_to_use_smoke(ttw, tmp_path, capsys):
         pytest.skip("a GPU is present")
     assert ttw.main(["--quick", "--out", str(tmp_path / "r.md")]) == 1
     assert "--smoke" in capsys.readouterr().err
+
+
+def test_interleaved_timings_take_turns_and_give_each_callable_its_median():
+    from autotile.bench import interleaved_medians, interleaved_samples
+
+    order, times = [], {"a": iter([3.0, 1.0, 2.0]), "b": iter([10.0, 30.0, 20.0])}
+    fns = {name: (lambda name=name: name) for name in times}
+
+    def time_one(fn):
+        name = fn()
+        order.append(name)
+        return next(times[name])
+
+    assert interleaved_medians(fns, 3, time_one) == {"a": 2.0, "b": 20.0}
+    assert order == ["a", "b"] * 3  # each round times every callable once, in turn
+    assert interleaved_samples({"x": lambda: None}, 2, lambda fn: 1.5) == {"x": [1.5, 1.5]}
