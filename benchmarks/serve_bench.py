@@ -38,11 +38,11 @@ FLASH_MODELS = ("llama3-8b", "qwen2.5-7b", "phi3-mini", "gemma2-9b", "mistral-ne
 def _timed_pair(ours, theirs, rounds: int) -> tuple[float, float]:
     import triton.testing
 
-    a, b = [], []
-    for _ in range(rounds):
-        a.append(triton.testing.do_bench(ours, warmup=10, rep=40))
-        b.append(triton.testing.do_bench(theirs, warmup=10, rep=40))
-    return statistics.median(a), statistics.median(b)
+    from autotile.bench import interleaved_medians
+
+    ms = interleaved_medians({"ours": ours, "theirs": theirs}, rounds,
+                             lambda fn: triton.testing.do_bench(fn, warmup=10, rep=40))
+    return ms["ours"], ms["theirs"]
 
 
 def gemm_rows(models, tokens, rounds: int) -> list[dict]:
