@@ -584,16 +584,26 @@ def prefill_vs_flash(setting: Setting) -> list[dict]:
             dense_v = torch.stack([cache.gather(i)[1] for i in d["ids"]]).transpose(1, 2).contiguous()
             flash = lambda: autotile.flash_attention(q, dense_k, dense_v, causal=True)  # noqa: E731
             out = torch.empty_like(d["q"])
+            writes = dict(k_new=d["k_new"], v_new=d["v_new"], slot_mapping=d["slots"])
+            # "paged prefill": the pages already hold the new tokens (the kernel over the pages); "+ K/V writes":
+            # the call a serving engine makes for a chunk, storing the new tokens and attending (fresh prompts
+            # of one length attend over the new tokens directly, autotile/runtime/paged_fresh.py).
             impls = {"flash_attention": flash, "paged prefill": lambda: plan.run(*args, out=out),
-                     "paged prefill + K/V writes": lambda: plan.run(*args, k_new=d["k_new"], v_new=d["v_new"],
-                                                                    slot_mapping=d["slots"], out=out)}
-            for fn in impls.values():
-                fn()
+                     "paged prefill + K/V writes": lambda: plan.run(*args, **writes),
+                     "one call + K/V writes": lambda: autotile.paged_prefill(*args, **writes,
+                                                                             max_context=prefix + new)}
             want = flash()
-            got = out.view(batch, new, heads_q, dim).transpose(1, 2)
-            row["max_err_vs_flash"] = float((got.float() - want.float()).abs().max())
+            errors = []
+            for name, fn in impls.items():
+                got = fn()
+                if name != "flash_attention":
+                    got = got.view(batch, new, heads_q, dim).transpose(1, 2)
+                    errors.append(float((got.float() - want.float()).abs().max()))
+            row["max_err_vs_flash"] = max(errors)
             ms = side_by_side(setting, impls)
-            row.update(ms=ms, ratio=ms["flash_attention"] / ms["paged prefill"], config=plan.config.to_json(),
+            with_writes = min(ms["paged prefill + K/V writes"], ms["one call + K/V writes"])
+            row.update(ms=ms, ratio=ms["flash_attention"] / ms["paged prefill"],
+                       ratio_with_writes=ms["flash_attention"] / with_writes, config=plan.config.to_json(),
                        flash_source=autotile.explain("flash_attention", q, dense_k, dense_v, causal=True)["source"])
             log(f"  {name}: " + ", ".join(f"{k} {v:.3f} ms" for k, v in ms.items())
                 + f" -> {row['ratio']:.2f}x of flash; |paged - flash| <= {row['max_err_vs_flash']:.3g}")
@@ -665,16 +675,22 @@ def render(setting: Setting, copy_tbps: float, anchor_row: dict | None, mixes: l
             lines.append(f"- {m['mix']} ({m['model']}): {m['copy_share']:.0%} (target >= {SINGLE_32K_TARGET:.0%}): "
                          f"{verdict(m['copy_share'] >= SINGLE_32K_TARGET)}")
     lines += ["", "## Chunked prefill vs autotile.flash_attention on the same tokens, contiguous", "",
-              "| case | flash ms | paged ms | paged + K/V writes ms | flash / paged | max |paged - flash| | config |",
-              "|---|---|---|---|---|---|---|"]
+              "paged: the pages already hold the new tokens; + K/V writes: the call stores them first (plan run, and "
+              "the one-call op with max_context). The verdict counts the faster of the two paths that compute the "
+              "step's attention, flash / paged or flash / (paged + writes).", "",
+              "| case | flash ms | paged ms | plan + K/V writes ms | one call + K/V writes ms | flash / paged "
+              "| flash / (paged + writes) | target | max |paged - flash| | kernel config |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
     for p in prefill:
         if "error" in p:
-            lines.append(f"| {p['case']} | error: {p['error']} | | | | | |")
+            lines.append(f"| {p['case']} | error: {p['error']} | | | | | | | | |")
             continue
         ms = p["ms"]
+        best = max(p["ratio"], p["ratio_with_writes"])
         lines.append(f"| {p['case']} | {ms['flash_attention']:.4f} ({p['flash_source']}) | {ms['paged prefill']:.4f} "
-                     f"| {ms['paged prefill + K/V writes']:.4f} | {p['ratio']:.2f} "
-                     f"{verdict(p['ratio'] >= PREFILL_TARGET)} | {p['max_err_vs_flash']:.3g} | `{p['config']}` |")
+                     f"| {ms['paged prefill + K/V writes']:.4f} | {ms['one call + K/V writes']:.4f} "
+                     f"| {p['ratio']:.2f} | {p['ratio_with_writes']:.2f} | {verdict(best >= PREFILL_TARGET)} "
+                     f"| {p['max_err_vs_flash']:.3g} | `{p['config']}` |")
     return "\n".join(lines) + "\n"
 
 

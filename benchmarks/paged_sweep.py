@@ -54,8 +54,9 @@ ITEMS_PER_SM = (4, 8, 16, 32)
 OVERHEAD_TOKENS = (32, 64, 128, 256)
 MARGIN_PCT = (100, 110, 125)
 PARTITIONS = (256, 512)
-# Tile axes (stage A); --quick keeps the first two warps and stages choices.
-BLOCK_NS, WARPS, STAGES = (32, 64, 128), (2, 4, 8), (2, 3, 4)
+# Tile axes (stage A); --quick keeps the first two warps and three stages choices. Stages 5 and 7 keep
+# two and three K/V tiles in flight, 2-4 one (autotile.families.paged.STAGE_CHOICES).
+BLOCK_NS, WARPS, STAGES = (32, 64, 128), (4, 8, 2), (2, 5, 7, 3, 4)
 PAGE_SIZE = 16
 
 
@@ -157,7 +158,7 @@ def tile_configs(sweep: Sweep, mix: Mix) -> list[dict]:
     if sweep.smoke:
         axes = ((32, 64), (4,), (2,))
     elif sweep.quick:
-        axes = (BLOCK_NS, WARPS[:2], STAGES[:2])
+        axes = (BLOCK_NS, WARPS[:2], STAGES[:3])
     else:
         axes = (BLOCK_NS, WARPS, STAGES)
     found = []

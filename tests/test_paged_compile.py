@@ -16,7 +16,8 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from autotile.families.paged import (
-    COMBINE_PARTS_BLOCK, FAMILY, SPLIT_CANDIDATES, SPLIT_MARGIN_PCT, SPLIT_OVERHEAD_TOKENS, _kernel_module,
+    COMBINE_PARTS_BLOCK, FAMILY, SPLIT_CANDIDATES, SPLIT_MARGIN_PCT, SPLIT_OVERHEAD_TOKENS, PagedProblem,
+    _kernel_module, shared_memory_bytes,
 )
 
 KERNELS = {
@@ -59,7 +60,16 @@ CASES = {
     "prefill-d128": dict(variant="prefill", block_m=128, num_warps=8),
     "balanced-sm80": dict(variant="balanced", cc=80),
     "prefill-sm80": dict(variant="prefill", cc=80, block_m=128, num_warps=8),
+    # Decode loops at the pipeline depths STAGE_CHOICES offers: the space's shared-memory model must be exact.
+    "balanced-s2": dict(variant="balanced", num_stages=2),
+    "balanced-s5": dict(variant="balanced", num_stages=5),
+    "balanced-s7": dict(variant="balanced", num_stages=7),
+    "whole-n128-s5": dict(variant="whole", block_n=128, num_stages=5),
+    "split-d256-s5": dict(variant="split", head_dim=256, block_n=32, num_stages=5, group=8),
+    "balanced-s5-sm80": dict(variant="balanced", cc=80, num_stages=5),
 }
+DECODE_MODEL_CASES = ("balanced-s2", "balanced-s5", "balanced-s7", "whole-n128-s5", "split-d256-s5",
+                      "balanced-s5-sm80", "whole-lse-d96", "balanced-lse-d80-g16")
 
 
 def compile_cases() -> dict:
@@ -86,6 +96,28 @@ def test_every_kernel_compiles_within_the_shared_memory_of_its_gpu(compiled):
         assert set(kernels) == set(KERNELS[CASES[case]["variant"]])
         for name, facts in kernels.items():
             assert facts["shared"] <= limit, f"{case} {name} needs {facts['shared']} B of shared memory"
+
+
+def case_problem_and_config(case: str) -> tuple[PagedProblem, dict]:
+    options = dict(dtype="bf16", head_dim=128, group=4, queries=1, block_n=64, num_stages=3, num_warps=4)
+    options.update({k: v for k, v in CASES[case].items() if k not in ("cc", "lse", "fp8")})
+    problem = PagedProblem(1, 8 * options["group"], 8, options["head_dim"], 16, 4096, 4096, options["queries"],
+                           options["dtype"], options["dtype"])
+    config = dict(VARIANT=options["variant"], BLOCK_N=options["block_n"], PARTITION_SIZE=256, BLOCK_M=16,
+                  num_warps=options["num_warps"], num_stages=options["num_stages"])
+    return problem, config
+
+
+def test_the_space_knows_what_a_decode_program_allocates(compiled):
+    # The decode loops' K/V buffers follow num_stages unevenly (decode_kv_buffers); the space must not
+    # offer configs that do not fit, nor refuse deep pipelines that do.
+    for case in DECODE_MODEL_CASES:
+        problem, config = case_problem_and_config(case)
+        main_kernel = KERNELS[config["VARIANT"]][0]
+        assert compiled[case][main_kernel]["shared"] == shared_memory_bytes(problem, config), case
+    # Five stages keep two K/V tiles in flight where two stages keep one.
+    assert compiled["balanced-s5"]["paged_attention_balanced"]["shared"] > \
+        1.8 * compiled["balanced-s2"]["paged_attention_balanced"]["shared"]
 
 
 def test_the_gpu_code_pipelines_its_loads_and_uses_tensor_cores(compiled):

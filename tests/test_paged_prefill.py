@@ -226,3 +226,35 @@ def test_a_plan_for_few_new_tokens_a_sequence_still_gets_prefill_blocks():
         plan = plan_paged_prefill(batch=16, num_tokens=16, num_q_heads=heads_q, num_kv_heads=heads_kv, head_dim=128,
                                   page_size=16, max_context=4096, dtype=torch.float16, device="cpu")
         assert plan.config["VARIANT"] == "prefill" and plan.config["BLOCK_M"] >= heads_q // heads_kv
+
+
+def test_fresh_prompts_of_one_length_attend_as_dense_causal_attention(monkeypatch):
+    """B sequences of max_context new tokens and nothing cached: the plan and the one-call op run dense causal
+    attention on the new tokens (autotile.paged_fresh), still writing the pages; a given config keeps the kernel."""
+    import autotile.runtime.paged_fresh as fresh
+
+    calls = []
+    real = fresh.fresh_prefill
+    for module in ("autotile.runtime.paged_plan", "autotile.runtime.ops_paged"):
+        monkeypatch.setattr(f"{module}.fresh_prefill", lambda *a, **k: calls.append(1) or real(*a, **k))
+    data = PrefillBatch([21, 21, 21], [21, 21, 21], heads_q=8, heads_kv=2, dim=64, page_size=16, seed=5)
+    scale = 0.7 / math.sqrt(64)
+    plan = plan_paged_prefill(batch=3, num_tokens=63, num_q_heads=8, num_kv_heads=2, head_dim=64, page_size=16,
+                              max_context=21, dtype=torch.float16, device="cpu", return_lse=True)
+    out, lse = plan.run(*data.args(), **data.writes(), scale=scale, out=torch.full_like(data.q, float("nan")))
+    assert calls == [1]
+    want, want_lse = data.reference(scale)  # over the pages, which hold the new tokens now
+    assert_close(out, want, tolerance("fp16"), "out")
+    assert_close(lse, want_lse, 1e-4, "lse")
+    for b, i in enumerate(data.ids):  # the pages hold the new tokens for the decode steps that follow
+        assert torch.equal(data.cache.gather(i)[0], data.k_new[21 * b:21 * (b + 1)])
+    one_call = autotile.paged_prefill(*data.args(), **data.writes(), scale=scale, max_context=21)
+    assert calls == [1, 1] and torch.equal(one_call, out)
+    # A given config, a bound above the prompts, or no new K/V at hand: the paged kernel.
+    kernel_config = dict(VARIANT="prefill", BLOCK_N=16, PARTITION_SIZE=256, BLOCK_M=16, num_warps=4, num_stages=2)
+    for kwargs, run_kwargs in ((dict(max_context=21, config=kernel_config), data.writes()),
+                               (dict(max_context=32), data.writes()), (dict(max_context=21), {})):
+        other = plan_paged_prefill(batch=3, num_tokens=63, num_q_heads=8, num_kv_heads=2, head_dim=64, page_size=16,
+                                   dtype=torch.float16, device="cpu", **kwargs)
+        assert_close(other.run(*data.args(), **run_kwargs, scale=scale), want, tolerance("fp16"), str(kwargs))
+    assert calls == [1, 1]

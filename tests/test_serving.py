@@ -28,13 +28,14 @@ def linear_problem(m: int, n: int = 96, k: int = 64, dtype: str = "bf16"):
     return contiguous_problem(m, n, k, dtype, dtype, layout_b="col")
 
 
-def save(url: str, problem, device, config: Config, verified_range=None, kernel_config=None, ms: float = 1.0):
+def save(url: str, problem, device, config: Config, verified_range=None, kernel_config=None, ms: float = 1.0,
+         baseline_ms: float | None = None):
     store = Store(open_engine(url))
     store.save_winner(problem_id=store.ensure_problem(FAMILY, problem), device=device,
                       device_id=store.ensure_device(device), toolchain_id=store.ensure_toolchain(),
                       config=config.to_json(), config_hash=config.hash, median_ms=ms, q20_ms=ms, q80_ms=ms,
                       interpreted=int(device.interpret), provenance="test", verified_range=verified_range,
-                      kernel_config=kernel_config)
+                      kernel_config=kernel_config, baseline_ms=baseline_ms)
 
 
 @pytest.fixture
@@ -79,6 +80,25 @@ def test_an_unverified_winner_never_serves_another_shape_where_a_vendor_op_exist
     save(user_db, tuned, CPU, FAMILY.default_config(tuned, CPU))
     dispatch.clear_cache()
     assert dispatch.resolve(FAMILY, linear_problem(99), CPU).match in ("bucket", "nearest")
+
+
+def test_a_winner_that_only_ties_the_vendor_leaves_the_call_to_the_vendor(user_db, monkeypatch):
+    kernel = FAMILY.default_config(linear_problem(100), H200)
+    # (vendor ms over winner ms in the winner's own record, who serves)
+    for speedup, served in ((0.68, CUBLAS), (1.01, CUBLAS), (1.019, CUBLAS), (1.021, kernel), (1.2, kernel)):
+        save(user_db, linear_problem(100), H200, kernel, verified_range={"m": [65, 128]}, ms=0.1,
+             baseline_ms=0.1 * speedup)
+        dispatch.clear_cache()
+        for m in (100, 70):
+            assert dispatch.resolve(FAMILY, linear_problem(m), H200).config == served, (speedup, m)
+    # Records without a vendor timing serve as before; generated kernels only: the winner serves.
+    save(user_db, linear_problem(100), H200, kernel, ms=0.1, baseline_ms=None)
+    dispatch.clear_cache()
+    assert dispatch.resolve(FAMILY, linear_problem(100), H200).config == kernel
+    save(user_db, linear_problem(100), H200, kernel, ms=0.1, baseline_ms=0.1)
+    monkeypatch.setenv("AUTOTILE_VENDOR", "0")
+    dispatch.clear_cache()
+    assert dispatch.resolve(FAMILY, linear_problem(100), H200).config == kernel
 
 
 def test_a_corrupt_range_is_not_served(user_db):
@@ -137,7 +157,8 @@ def test_the_tuner_stores_the_vendor_op_when_it_wins(tmp_path, monkeypatch):
     assert is_vendor(Config.from_json(winner.config)) and winner.verified_range == {"m": [9, 16]}
     assert winner.kernel_config is not None and winner.kernel_ms > 0  # the best generated kernel is kept
     vendor_rows = [t for t in store.trials() if t["study"] == vendor_study(result.study)]
-    assert [(t["config"], t["status"]) for t in vendor_rows] == [({VENDOR_KEY: "cublas"}, "ok")]
+    # One row timed before the first search trial, one from the final re-timing.
+    assert [(t["config"], t["status"]) for t in vendor_rows] == [({VENDOR_KEY: "cublas"}, "ok")] * 2
     # The search's own count holds generated kernels only.
     assert result.trials_this_run == 2
 

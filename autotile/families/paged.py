@@ -83,6 +83,19 @@ SPLIT_CANDIDATES = 8
 SPLIT_OVERHEAD_TOKENS = 128
 SPLIT_MARGIN_PCT = 110
 SPLIT_ITEMS_PER_SM = 8
+# Pipeline depths the space offers. NOTE: the decode loops load K and V from addresses that depend on
+# a page-table load in the same step, and Triton 3.6's pipeliner splits num_stages between the two:
+# the K and V tiles get max(1, (num_stages - 1) // 2) buffers (sm90 builds: 1 buffer at 2-4 stages, 2 at
+# 5-6, 3 at 7), so below 5 stages a program waits for each tile before it asks for the next. Only many
+# programs per SM hid that (one 32k sequence reached 59% of copy bandwidth at 2-3 stages).
+STAGE_CHOICES = (1, 2, 3, 4, 5, 7)
+
+
+def decode_kv_buffers(num_stages: int) -> int:
+    """K and V tiles a decode variant's loop keeps in flight at `num_stages` (Triton 3.6, see STAGE_CHOICES)."""
+    return max(1, (num_stages - 1) // 2)
+
+
 # Chunks the combine kernel merges a step for one query row: their loads are in flight together (a
 # sequence cut into 64 chunks takes 2 dependent steps, not 64); 32 x D 256 fp32 is 64 registers a thread.
 COMBINE_PARTS_BLOCK = 32
@@ -220,6 +233,24 @@ class SplitConstants:
 _DEFAULT_SPLIT = SplitConstants()
 
 
+def shared_memory_bytes(problem: "PagedProblem", config) -> int:
+    """Shared memory one program of `config` needs (what the space's shared_memory constraint checks)."""
+    p, c = problem, config
+    dim = p.head_dim_pad
+    tile_size = max(element_size(p.kv_dtype), element_size(p.dtype))  # fp8 tiles are widened before the dots
+    if c["VARIANT"] == "prefill":
+        # num_stages K and V tiles (an upper bound: Triton keeps fewer), the weights tile handed to the
+        # second dot and the query block.
+        kv = 2 * c["BLOCK_N"] * dim * tile_size * c["num_stages"]
+        return kv + c["BLOCK_M"] * c["BLOCK_N"] * 2 + c["BLOCK_M"] * dim * 2
+    # What Triton allocates for a decode loop: its K and V buffers (decode_kv_buffers), the page ids of
+    # the tiles in flight (from 3 stages on), the weights tile and the query tile; equal to sm90 builds
+    # (tests/test_paged_compile.py).
+    buffers = decode_kv_buffers(c["num_stages"])
+    pages = buffers * c["BLOCK_N"] * 4 if c["num_stages"] >= 3 else 0
+    return buffers * 2 * c["BLOCK_N"] * dim * tile_size + pages + p.rows * c["BLOCK_N"] * 2 + p.rows * dim * 2
+
+
 def balanced_max_chunks(batch: int, num_kv_heads: int, num_sms: int, split_constants=None) -> int:
     """The balanced variant's grid: the most chunks its scheduler may cut a batch into."""
     return batch + cdiv(SplitConstants.of(split_constants).items_per_sm * num_sms, num_kv_heads)
@@ -338,16 +369,11 @@ class PagedFamily(Family):
         p = problem
         require_dtypes(device, [p.dtype, p.kv_dtype], f"paged attention over a {p.kv_dtype} cache")
         dim = p.head_dim_pad
-        tile_size = max(element_size(p.kv_dtype), element_size(p.dtype))  # fp8 tiles are widened before the dots
         partitions = lambda c: cdiv(p.max_context, c["PARTITION_SIZE"])  # noqa: E731
         prefill = lambda c: c["VARIANT"] == "prefill"  # noqa: E731
         query_rows = lambda c: c["BLOCK_M"] if prefill(c) else p.rows  # noqa: E731
 
-        def smem_bytes(c) -> int:
-            # num_stages K and V tiles in flight, the weights tile handed to the second dot, and a
-            # prefill block's query tile.
-            kv = 2 * c["BLOCK_N"] * dim * tile_size * c["num_stages"]
-            return kv + query_rows(c) * c["BLOCK_N"] * 2 + (c["BLOCK_M"] * dim * 2 if prefill(c) else 0)
+        smem_bytes = lambda c: shared_memory_bytes(p, c)  # noqa: E731
 
         def accumulator_registers(c) -> float:
             return query_rows(c) * (dim + c["BLOCK_N"]) / (32 * c["num_warps"])
@@ -361,7 +387,7 @@ class PagedFamily(Family):
             Axis("PARTITION_SIZE", PARTITION_CHOICES),
             Axis("BLOCK_M", BLOCK_M_CHOICES),
             Axis("num_warps", (2, 4, 8)),
-            Axis("num_stages", (1, 2, 3, 4)),
+            Axis("num_stages", STAGE_CHOICES),
         ]
         splitting = lambda c: c["VARIANT"] in SPLITTING_VARIANTS  # noqa: E731
         constraints = [

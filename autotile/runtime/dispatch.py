@@ -7,6 +7,8 @@ Order, for families with a vendor op (gemm: cuBLAS, flash: SDPA) on a GPU:
 2. a tuned policy whose verified range holds the call (the family's default config beat the vendor op on
    every shape it was re-timed on across that range: autotile.tune.policy);
 3. the vendor op itself: a shape nobody tuned gets what PyTorch gives for free, never a guess;
+   a generated winner whose own record does not beat the vendor op by VENDOR_TIE_MARGIN is passed
+   over for it too (a tie within timing noise goes to the vendor);
 4. the family's default config (no vendor op for this problem, e.g. under the interpreter).
 Families without a vendor op (paged, elementwise), and problems the vendor cannot compute, also take
 a winner of the same bucket, then the nearest tuned problem, before the default.
@@ -30,6 +32,12 @@ from autotile.families.base import Family, is_vendor, vendor_enabled
 from autotile.space import Config
 
 log = logging.getLogger("autotile.runtime")
+
+# A generated winner serves over the vendor op only where its own record (the tuner's interleaved re-timing,
+# winner beside the vendor) beats the vendor by this much. Within it the two are a tie, and a tie goes to
+# the vendor: on the H200 such winners measured 0.94-1.02x of cuBLAS from one process to the next
+# (benchmarks/results/serve_2026-12-01_second.md), while the vendor op is what PyTorch gives for free.
+VENDOR_TIE_MARGIN = 0.02
 
 
 @dataclass(frozen=True)
@@ -165,6 +173,14 @@ def _served_config(winner, use_vendor: bool) -> str | None:
     return winner.config
 
 
+def _ties_the_vendor(winner) -> bool:
+    """Whether a generated winner's record shows it no faster than the vendor op beyond VENDOR_TIE_MARGIN."""
+    base, ms = winner.baseline_ms, winner.median_ms
+    if not base or not ms or base <= 0 or ms <= 0 or is_vendor(Config.from_json(winner.config)):
+        return False
+    return base < ms * (1.0 + VENDOR_TIE_MARGIN)
+
+
 def _policies(url: str, family: str, device_key: str) -> list:
     key = ("policies", url, family, device_key)
     if key not in _winner_cache:
@@ -200,7 +216,7 @@ def _resolve_uncached(family: Family, problem, device: DeviceInfo) -> Resolution
         for match, winner in _candidates(family, problem, _winners(url, family.name, device.key), strict=bool(vendor)):
             try:
                 text = _served_config(winner, use_vendor)
-                if text is None:
+                if text is None or (vendor and use_vendor and _ties_the_vendor(winner)):
                     continue
                 config = family.validate_config(problem, device, Config.from_json(text))
             except Exception as exc:  # noqa: BLE001 - a stored config this version cannot run is skipped

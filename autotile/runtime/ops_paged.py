@@ -36,6 +36,7 @@ from autotile.errors import BadInputError, ShapeMismatchError, UnsupportedDtypeE
 from autotile.families.paged import CACHE_DTYPES, FAMILY, QUERY_DTYPES, PagedFamily, PagedProblem, context_bucket
 from autotile.runtime import paged_plan
 from autotile.runtime.eager import direct_call_ok
+from autotile.runtime.paged_fresh import fresh_prefill, is_fresh_uniform
 
 __all__ = ["paged_attention", "paged_prefill", "problem_for", "served_config"]
 
@@ -284,6 +285,10 @@ def _execute_prefill(q, k_cache, v_cache, block_table, cu_seqlens_q, context_len
         facts = paged_plan.check_prefill_values(block_table, cu_seqlens_q, context_lens, k_cache.shape[0],
                                                 k_cache.shape[1], max_context, q.shape[0], slot_mapping)
         max_context = max_context or max(facts[0], 1)
+    if is_fresh_uniform(q, k_new, v_new, k_cache, batch, max_context):
+        paged_plan.write_kv(k_cache, v_cache, slot_mapping, k_new, v_new, k_scale, v_scale)
+        result = fresh_prefill(q, k_new, v_new, batch, scale, return_lse)
+        return result if return_lse else (result, q.new_empty((0,), dtype=torch.float32))
     plan = _prefill_plan(q, k_cache, batch, context_bucket(max_context), return_lse)
     result = plan.run(q, k_cache, v_cache, block_table, cu_seqlens_q, context_lens, k_new=k_new, v_new=v_new,
                       slot_mapping=slot_mapping, scale=scale, k_scale=k_scale, v_scale=v_scale)
