@@ -87,7 +87,7 @@ def test_overrides_move_the_host_schedule_as_the_cost_model_says():
 def _override_cases() -> list[dict]:
     """Constant sets that cut LENGTHS differently from the defaults (checked, so the test cannot pass vacuously)."""
     # Coarser chunks on a smaller grid; and no split at all (the combine kernel then merges nothing).
-    cases = [{"overhead_tokens": 256, "margin_pct": 100, "items_per_sm": 3}, {"margin_pct": 150, "candidates": 4}]
+    cases = [{"overhead_tokens": 256, "margin_pct": 100, "items_per_sm": 3}, {"margin_pct": 200, "candidates": 4}]
     default = balanced_schedule(LENGTHS, HEADS_KV, NUM_SMS, 256)
     for case in cases:
         assert balanced_schedule(LENGTHS, HEADS_KV, NUM_SMS, 256, case) != default, case

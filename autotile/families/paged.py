@@ -73,16 +73,19 @@ _TILE_REGISTER_BUDGET = 128
 # widest default, BLOCK_M 64 x D 256 on 4 warps, takes 160).
 _ACCUMULATOR_REGISTER_BUDGET = 160
 
-# The balanced variant's scheduler (templates/paged_attention.py.j2, _chunk_schedule). These are a
-# cost model's parameters, not measurements: an item (one chunk of one KV head) costs its tokens
-# plus SPLIT_OVERHEAD_TOKENS (its query load, partial write and merge read: ~2 * ROWS tokens' worth
-# of bytes at ROWS=16, plus a pipeline start of about one 64-token tile each for K and V); a split
-# must beat no split by SPLIT_MARGIN_PCT - 100 percent (it costs a combine launch); chunk sizes are
-# PARTITION_SIZE << 0..SPLIT_CANDIDATES - 2; the grid holds B + SPLIT_ITEMS_PER_SM * SMs / Hkv chunks.
+# The balanced variant's scheduler (templates/paged_attention.py.j2, _chunk_schedule): a cost model in
+# which an item (one chunk of one KV head) costs its tokens plus SPLIT_OVERHEAD_TOKENS (its query load,
+# partial write and merge read, and a pipeline start); a split must beat no split by SPLIT_MARGIN_PCT -
+# 100 percent (it costs a combine launch); chunk sizes are PARTITION_SIZE << 0..SPLIT_CANDIDATES - 2; the
+# grid holds B + SPLIT_ITEMS_PER_SM * SMs / Hkv chunks. Two sweeps of 96 sets over six ragged mixes on the
+# H200 (benchmarks/paged_sweep.py; results/paged_sweep_2026-12-01b_quick.md) put items 16, overhead 64 first
+# (mean 81.6% of copy bandwidth at each mix's best tile at margin 100%, 81.1% at 110%, against 80.2% for the
+# cost model's first guess, items 8, overhead 128); the 110% margin is kept, half a point (noise) below,
+# because at 100% a batch of 64 sequences of 4k splits each into 4 where no split needs no combine pass.
 SPLIT_CANDIDATES = 8
-SPLIT_OVERHEAD_TOKENS = 128
+SPLIT_OVERHEAD_TOKENS = 64
 SPLIT_MARGIN_PCT = 110
-SPLIT_ITEMS_PER_SM = 8
+SPLIT_ITEMS_PER_SM = 16
 # Pipeline depths the space offers. NOTE: the decode loops load K and V from addresses that depend on
 # a page-table load in the same step, and Triton 3.6's pipeliner splits num_stages between the two:
 # the K and V tiles get max(1, (num_stages - 1) // 2) buffers (sm90 builds: 1 buffer at 2-4 stages, 2 at
@@ -286,13 +289,19 @@ def balanced_schedule(context_lens: list[int], num_kv_heads: int, num_sms: int, 
 def balanced_tile(problem: "PagedProblem", sm_count: int) -> dict:
     """The balanced variant's tile where nothing was tuned for the call: BLOCK_N, warps and stages.
 
-    Measured on the H200 over six ragged decode mixes (benchmarks/results/paged_sweep_2026-12-01_quick.md):
-    4 warps and 2 stages led on every mix (2 warps, the tile nearby winners gave, reached 45-76% of copy
-    bandwidth where 4 reached 59-92%); 128-token tiles won where (sequence, KV head) items outnumber the
-    SMs and D <= 128, 64-token tiles for few items (one long sequence) and for D = 256.
+    Measured on the H200 over six ragged decode mixes (benchmarks/results/paged_sweep_2026-12-01_quick.md,
+    paged_sweep_2026-12-01b_quick.md): 4 warps led on every mix (2 warps reached 45-76% of copy bandwidth
+    where 4 reached 59-93%). Where (sequence, KV head) items outnumber the SMs and D <= 128, 64-token tiles
+    with two in flight (5 stages, STAGE_CHOICES) led or tied (84-93%, 128-token tiles at 2 stages 82-92%);
+    for few items (one long sequence) 32-token tiles (58-60%, against 51-59% for 64); at D = 256, 64-token
+    tiles at 2 stages (94-99%).
     """
     many = problem.batch * problem.num_kv_heads >= sm_count
-    return dict(BLOCK_N=128 if many and problem.head_dim_pad <= 128 else 64, num_warps=4, num_stages=2)
+    if problem.head_dim_pad > 128:
+        return dict(BLOCK_N=64, num_warps=4, num_stages=2)
+    if many:
+        return dict(BLOCK_N=64, num_warps=4, num_stages=5)
+    return dict(BLOCK_N=32, num_warps=4, num_stages=2)
 
 
 def _with_block_m(config):
