@@ -24,8 +24,8 @@ For each GEMM shape of an LLM projection in nn.Linear layout (x (M, K) times wei
         When no search trial got there, the vendor op itself (or a kernel that beat it only in the final
         re-timing) makes the winner at least as fast as the vendor op, and the time counts until the vendor
         config was timed: its rows are written right after the final re-timing, near the end of the run.
-        (With --patience the tuner also times the vendor op when it starts, for its early stop, but does not
-        store that timing, so it cannot be counted here.)
+        The tuner also times the vendor op before its first search trial (for its early stop) and stores
+        those rows too; they are not counted as parity: only the final re-timing decides the winner.
       - total: the CLI process's wall time.
     A third fresh process then serves the winner through `autotile.linear` (AUTOTILE_DB = that database),
     checks it against a float64 reference and times it beside F.linear.
@@ -169,14 +169,17 @@ def parity_from_rows(rows: list[tuple], launched_at: datetime.datetime, winner: 
         "first_trial_s": since(search_rows[0][4]) if search_rows else None,
         "last_trial_s": since(search_rows[-1][4]) if search_rows else None,
         "best_trial_ms": min((r[3] for r in ok), default=None),
-        "vendor_ms": None, "vendor_timed_s": None, "kernel_parity_s": None, "kernel_parity_trial": None,
+        "vendor_ms": None, "vendor_timed_s": None, "vendor_first_s": None, "kernel_parity_s": None, "kernel_parity_trial": None,
         "parity_s": None, "parity_by": "no vendor op timed (none for this problem, or it failed its check)",
         "winner": winner, "vendor_won": bool(winner and "VENDOR" in winner["config"]),
     }
     if not vendor_rows:
         return result
-    fastest = min(vendor_rows, key=lambda r: r[3])
+    # The final re-timing's rows (after the last search trial); the rows timed before the first trial are shown apart.
+    final = [r for r in vendor_rows if not search_rows or r[4] >= search_rows[-1][4]] or vendor_rows
+    fastest = min(final, key=lambda r: r[3])
     result["vendor_ms"], result["vendor_timed_s"] = fastest[3], since(fastest[4])
+    result["vendor_first_s"] = since(vendor_rows[0][4])
     first = next((r for r in ok if r[3] <= fastest[3]), None)
     if first is not None:
         result["kernel_parity_s"], result["kernel_parity_trial"] = since(first[4]), first[1]
@@ -484,7 +487,8 @@ def _notes(row: dict) -> str:
         parts.append(
             f"  - autotile: {at['trials']} trials ({at['trials_ok']} ok), first recorded at {_num(at['first_trial_s'])} s, "
             f"last at {_num(at['last_trial_s'])} s; best trial {_num(at['best_trial_ms'], '.4f')} ms, vendor op "
-            f"{_num(at['vendor_ms'], '.4f')} ms (final re-timing, at {_num(at['vendor_timed_s'])} s); parity by "
+            f"{_num(at['vendor_ms'], '.4f')} ms (final re-timing, at {_num(at['vendor_timed_s'])} s; first timed at "
+            f"{_num(at.get('vendor_first_s'))} s); winner stored at {_num(winner.get('saved_s'))} s; parity by "
             f"{at['parity_by']}; winner: {name}, {_num(winner.get('median_ms'), '.4f')} ms")
     served = at.get("served")
     if served:

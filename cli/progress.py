@@ -20,6 +20,9 @@ def tune_with_progress(family, problem, device, **kwargs):
     On a terminal: the problem on one line, then a bar. Otherwise (a pipe, a CI log): the problem, then one
     line per finished trial, so long runs show that they are alive.
     """
+    from autotile.tune.session import prestart_search
+
+    prestart_search(family, problem, device, **kwargs)  # the worker starts while the tuner is imported
     from autotile.tune.driver import tune_problem
 
     console = Console(stderr=True)

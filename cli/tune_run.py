@@ -44,11 +44,8 @@ def tune_each(problems: list, tune_one: Callable) -> None:
     Ctrl-C stores the best of the trials so far (as --timeout does) and exits with status 130; when any
     problem ends with no config that passed the correctness check, the command exits with status 1.
     Several problems share one trial worker and compile-ahead pool per device (autotile.tune.session): a
-    suite starts them once, not once per problem.
+    suite starts them once, not once per problem; one problem starts them before the tuner is imported.
     """
-    if len(problems) < 2:
-        _tune_each(problems, tune_one)
-        return
     from autotile.tune.session import session_scope
 
     with session_scope():

@@ -197,7 +197,7 @@ def _fake_retiming(monkeypatch, stored_hash: str, others_ms: float):
     def retime(fns, device, rounds):
         return {key: Timing(1.0 if key == stored_hash else others_ms, 0.99, 1.01, True) for key in fns}
 
-    monkeypatch.setattr(driver, "retime_interleaved", retime)
+    monkeypatch.setattr(driver, "race", retime)
 
 
 def test_a_rerun_keeps_the_stored_winner_unless_another_is_faster_beyond_the_noise(tmp_path, monkeypatch):

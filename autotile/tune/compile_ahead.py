@@ -142,8 +142,11 @@ class CompileAhead:
 
     def retarget(self, family: Family, problem, seed: int) -> None:
         """Compile for `problem` of `family` from now on; the last problem's queued compiles are dropped."""
+        target = (family_ref(family), dataclasses.asdict(problem), seed)
+        if getattr(self, "_target", None) == target:
+            return  # the same problem (started early by TuneSession.prestart): its queued compiles stay useful
         self.release()
-        self._target = (family_ref(family), dataclasses.asdict(problem), seed)
+        self._target = target
 
     def release(self) -> None:
         """Drop the compiles still queued (those running finish; nothing waits for them)."""

@@ -26,7 +26,10 @@ from autotile.store.repo import Store
 from autotile.tune.cluster import evaluated_trials, fail_stale_trials
 from autotile.tune.processes import CtrlC, run_search_processes
 from autotile.tune.storage import is_journal, journal_beside, optuna_storage
-from autotile.tune.search import Progress, TuneError, _Search, _SearchPlan, _SharedState  # noqa: F401 - re-exported
+from autotile.tune.retime import race
+from autotile.tune.search import (  # noqa: F401 - re-exported
+    Progress, TuneError, _Search, _SearchPlan, _SharedState, next_vendor_number, vendor_study,
+)
 from autotile.tune.session import TuneSession, current_session
 from autotile.tune.workers import default_trial_timeout
 
@@ -34,7 +37,7 @@ log = logging.getLogger("autotile.tune")
 
 # Configs re-timed, interleaved, before the winner is named: the best few by trial time.
 DEFAULT_TOP_K = 3
-# Rounds of the interleaved re-timing (each times every finalist once).
+# Rounds of the interleaved re-timing (each times every finalist still in the race once: autotile.tune.retime).
 DEFAULT_RETIME_ROUNDS = 5
 # Rounds of the re-timing beside the vendor op at each corner of a winner's serving bucket.
 RANGE_ROUNDS = 3
@@ -156,72 +159,93 @@ def tune_problem(
         if url and not is_journal(url) and _in_memory(url):
             raise TuneError(f"{url}: a study lives in a database its searches and reruns can reopen; give --db "
                             "(and --storage) a SQLite file or a server URL, not an in-memory database")
-    db_url = _given_url(db_url)
-    study_url = storage_url or db_url  # where the Optuna study lives
-    rows_complete = normalise_url(study_url) == db_url
-    if storage_url is None and gpus and len(gpus) > 1 and journal_beside(db_url):
-        # Several searches of one host: Optuna's journal file beside the database (see autotile.tune.storage).
-        study_url, rows_complete = journal_beside(db_url), True
-    engine = open_engine(db_url, create=True)
-    store = Store(engine)
-    storage = optuna_storage(study_url)
-    device_id = store.ensure_device(device)
-    toolchain_id = store.ensure_toolchain()
-    problem_id = store.ensure_problem(family, problem)
-    name = study_name(family, problem, device)
-
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.create_study(study_name=name, storage=storage, direction="minimize", load_if_exists=True)
-    study.set_user_attr("family", family.name)
-    study.set_user_attr("problem_key", family.problem_key(problem))
-    space = space if space is not None else family.space(problem, device)
-    warm = None
-    if not study.trials:
-        study.enqueue_trial(dict(family.default_config(problem, device)), skip_if_exists=True)
-        if warm_start:
-            warm = _warm_start(warm_source or engine, family, problem, device, space)
-            for config in warm.configs:
-                study.enqueue_trial(dict(config), skip_if_exists=True)
-        for config in family.seed_configs(problem, device):
-            study.enqueue_trial(dict(config), skip_if_exists=True)
-    failed = fail_stale_trials(study)
-    if failed:
-        log.info("%s: %d trials a stopped run left running were marked failed", name, len(failed))
-
     isolate = (not device.interpret) if isolate is None else isolate
     session = session if session is not None else current_session()
-    if patience and vendor_ms is None and table is None and not device.interpret:
-        vendor_ms = time_vendor(family, problem, device, seed)
-    plan = _SearchPlan(
-        family=family, problem=problem, space=space, engine=engine, store=store,
-        storage=storage, name=name, ids=(problem_id, device_id, toolchain_id), trials=trials,
-        deadline=None if timeout is None else started + timeout, timeout=timeout, seed=seed, isolate=isolate,
-        trial_timeout=trial_timeout or default_trial_timeout(device), compile_ahead=compile_ahead,
-        lookahead=lookahead, distributed=storage_url is not None, progress=progress,
-        rows_complete=rows_complete, prune=prune, patience=patience, vendor_ms=vendor_ms, table=table,
-    )
-    if not gpus:
-        targets = [(None, device)]
-    elif device.interpret:  # one search per listed index, all on the CPU: the multi-GPU path, testable anywhere
-        targets = [(None, device) for _ in gpus]
-    else:
-        targets = [(g, _device_for_gpu(device, g)) for g in gpus]
-    # A study that already holds the target starts nothing (no search, worker, pool or thread): it only re-times.
-    already_complete = len(evaluated_trials(engine, study, name, plan.rows_complete)) >= trials
-    # Ctrl-C, like --timeout, ends the search, not the run: the best of the trials so far is re-timed and stored.
-    shared = _SharedState()
-    with CtrlC() as ctrl_c:
-        ctrl_c.stops(shared.stop)
-        if not already_complete and len(targets) == 1:
-            _Search(plan, 0, *targets[0], shared, session=session).run()
-        elif not already_complete:
-            shared = run_search_processes(plan, targets, db_url, study_url, ctrl_c, session=session)
-    if shared.error is not None:
-        raise shared.error  # a second Ctrl-C raises its KeyboardInterrupt here: stop at once, store nothing
-    interrupted = ctrl_c.pressed
+    trial_timeout = trial_timeout or default_trial_timeout(device)
+    # The trial worker and the compile pool start first: their start-up (spawn, imports, CUDA context, inputs;
+    # ~11 s on the H200 machines) runs while this process opens the database and the study.
+    early = isolate and not gpus and table is None
+    private = TuneSession() if early and session is None else None
+    session = private or session
+    try:
+        if early:
+            session.prestart(family, problem, device, seed, trial_timeout, compile_ahead,
+                             first_configs=[family.default_config(problem, device)])
+        cuda_warm = _warm_cuda(device) if table is None and not device.interpret else None
+        db_url = _given_url(db_url)
+        study_url = storage_url or db_url  # where the Optuna study lives
+        rows_complete = normalise_url(study_url) == db_url
+        if storage_url is None and gpus and len(gpus) > 1 and journal_beside(db_url):
+            # Several searches of one host: Optuna's journal file beside the database (see autotile.tune.storage).
+            study_url, rows_complete = journal_beside(db_url), True
+        engine = open_engine(db_url, create=True)
+        store = Store(engine)
+        storage = optuna_storage(study_url)
+        device_id = store.ensure_device(device)
+        toolchain_id = store.ensure_toolchain()
+        problem_id = store.ensure_problem(family, problem)
+        name = study_name(family, problem, device)
 
-    result = _pick_winner(family, problem, device, store, problem_id, device_id, toolchain_id, top_k, retime_rounds,
-                          name, seed, crashed=shared.context_lost)
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        study = optuna.create_study(study_name=name, storage=storage, direction="minimize", load_if_exists=True)
+        study.set_user_attr("family", family.name)
+        study.set_user_attr("problem_key", family.problem_key(problem))
+        space = space if space is not None else family.space(problem, device)
+        warm = None
+        if not study.trials:
+            study.enqueue_trial(dict(family.default_config(problem, device)), skip_if_exists=True)
+            if warm_start:
+                warm = _warm_start(warm_source or engine, family, problem, device, space)
+                for config in warm.configs:
+                    study.enqueue_trial(dict(config), skip_if_exists=True)
+            for config in family.seed_configs(problem, device):
+                study.enqueue_trial(dict(config), skip_if_exists=True)
+        failed = fail_stale_trials(study)
+        if failed:
+            log.info("%s: %d trials a stopped run left running were marked failed", name, len(failed))
+
+        plan = _SearchPlan(
+            family=family, problem=problem, space=space, engine=engine, store=store,
+            storage=storage, name=name, ids=(problem_id, device_id, toolchain_id), trials=trials,
+            deadline=None if timeout is None else started + timeout, timeout=timeout, seed=seed, isolate=isolate,
+            trial_timeout=trial_timeout, compile_ahead=compile_ahead,
+            lookahead=lookahead, distributed=storage_url is not None, progress=progress,
+            rows_complete=rows_complete, prune=prune, patience=patience, vendor_ms=vendor_ms, table=table,
+        )
+        if not gpus:
+            targets = [(None, device)]
+        elif device.interpret:  # one search per listed index, all on the CPU: the multi-GPU path, testable anywhere
+            targets = [(None, device) for _ in gpus]
+        else:
+            targets = [(g, _device_for_gpu(device, g)) for g in gpus]
+        # A study that already holds the target starts nothing (no search, worker, pool or thread): it only re-times.
+        already_complete = len(evaluated_trials(engine, study, name, plan.rows_complete)) >= trials
+        # Ctrl-C, like --timeout, ends the search, not the run: the best of the trials so far is re-timed and stored.
+        shared = _SharedState()
+        with CtrlC() as ctrl_c:
+            ctrl_c.stops(shared.stop)
+            if not already_complete and len(targets) == 1:
+                _Search(plan, 0, *targets[0], shared, session=session).run()
+            elif not already_complete:
+                shared = run_search_processes(plan, targets, db_url, study_url, ctrl_c, session=session)
+        if shared.error is not None:
+            raise shared.error  # a second Ctrl-C raises its KeyboardInterrupt here: stop at once, store nothing
+        interrupted = ctrl_c.pressed
+    except BaseException:
+        if private is not None:
+            private.close()
+        raise
+    # The private worker and pool stop while the finalists are re-timed: a worker's exit and the compiles still
+    # running in the pool (which shutdown waits for) took 1-3 s.
+    closing = _close_in_background(private) if private is not None else None
+    if cuda_warm is not None:
+        cuda_warm.join()  # this process re-times the finalists next
+    try:
+        result = _pick_winner(family, problem, device, store, problem_id, device_id, toolchain_id, top_k,
+                              retime_rounds, name, seed, crashed=shared.context_lost)
+    finally:
+        if closing is not None:
+            closing.join()
     result.statuses = store.status_counts(problem_id, device_id)
     result.trials_this_run = shared.this_run
     result.seconds = time.monotonic() - started
@@ -234,6 +258,40 @@ def tune_problem(
     return result
 
 
+def _close_in_background(session: TuneSession):
+    """Close `session` in a thread; returns the thread to join."""
+    import threading
+
+    def close() -> None:
+        try:
+            session.close()
+        except Exception as exc:  # noqa: BLE001 - the winner does not depend on how its workers ended
+            log.warning("stopping the trial worker or compile pool failed: %s", exc)
+
+    thread = threading.Thread(target=close, name="autotile-session-close")
+    thread.start()
+    return thread
+
+
+def _warm_cuda(device: DeviceInfo):
+    """Create this process's CUDA context and cuBLAS handle in a thread while the search runs (the final
+    re-timing runs here, and its first CUDA call took ~1 s); returns the thread to join."""
+    import threading
+
+    def warm() -> None:
+        try:
+            import torch
+
+            a = torch.ones(8, 8, device=torch.device("cuda", device.index or 0))
+            (a @ a).sum().item()
+        except Exception as exc:  # noqa: BLE001 - the re-timing meets the same error and reports it
+            log.debug("warming CUDA up failed: %s", exc)
+
+    thread = threading.Thread(target=warm, name="autotile-cuda-warm-up", daemon=True)
+    thread.start()
+    return thread
+
+
 def _warm_start(source, family: Family, problem, device: DeviceInfo, space):
     """Warm-start configs from a database engine, or (simulation) from a table source."""
     from autotile.tune.warmstart import warm_start as from_database
@@ -243,22 +301,6 @@ def _warm_start(source, family: Family, problem, device: DeviceInfo, space):
 
         return warm_start_from_tables(source, family, problem, device, space)
     return from_database(source, family, problem, device, space)
-
-
-def time_vendor(family: Family, problem, device: DeviceInfo, seed: int = 0) -> float | None:
-    """The fastest vendor config's median time (ms), timed once here; None when the family has none or all fail."""
-    from autotile.bench import evaluate
-
-    best = None
-    for config in family.vendor_configs(problem, device):
-        try:
-            outcome = evaluate(family, problem, config, device, seed)
-        except Exception as exc:  # noqa: BLE001 - without the vendor's time the search only loses its early stop
-            log.warning("timing the vendor op %s failed: %s", config.to_json(), exc)
-            continue
-        if outcome.status is Status.OK and (best is None or outcome.timing.median_ms < best):
-            best = outcome.timing.median_ms
-    return best
 
 
 def _simulate(family: Family, problem, device: DeviceInfo, source, *, trials: int, timeout: float | None, seed: int,
@@ -304,11 +346,6 @@ def _device_for_gpu(device: DeviceInfo, gpu: int) -> DeviceInfo:
     return present
 
 
-def vendor_study(name: str) -> str:
-    """The study name under which the vendor op's trial rows are kept (apart from the search's own count)."""
-    return f"{name}:vendor"
-
-
 def _stored_config(store: Store, family: Family, problem, device: DeviceInfo, problem_id: int) -> Config | None:
     """The config of the winner already stored for this problem on this device key, if it is still valid."""
     key = family.problem_key(problem)
@@ -326,7 +363,8 @@ def _check_vendor(family: Family, problem, device: DeviceInfo, store: Store, ids
     """Run each vendor config through the correctness gate, as any candidate; record one row each; the passing ones."""
     problem_id, device_id, toolchain_id = ids
     passing = []
-    for number, config in enumerate(family.vendor_configs(problem, device)):
+    first = next_vendor_number(store, name)  # after the rows of the timing before the first trial
+    for number, config in enumerate(family.vendor_configs(problem, device), start=first):
         outcome, _ = run_checked(family, problem, config, device, seed=0, prepared=prepared)
         if outcome.status is Status.OK:
             passing.append(config)
@@ -341,7 +379,8 @@ def _check_vendor(family: Family, problem, device: DeviceInfo, store: Store, ids
 def _record_vendor_timings(family: Family, problem, device: DeviceInfo, store: Store, ids: tuple[int, int, int],
                            name: str, vendor: list[Config], timings: dict) -> None:
     problem_id, device_id, toolchain_id = ids
-    for number, config in enumerate(family.vendor_configs(problem, device)):
+    first = next_vendor_number(store, name)
+    for number, config in enumerate(family.vendor_configs(problem, device), start=first):
         timing = timings.get(config.hash)
         if config in vendor and timing is not None:
             store.record_trial(problem_id=problem_id, device_id=device_id, toolchain_id=toolchain_id,
@@ -389,6 +428,8 @@ def _pick_winner(family: Family, problem, device: DeviceInfo, store: Store, prob
                  toolchain_id: int, top_k: int, rounds: int, name: str, seed: int, crashed: bool) -> TuneResult:
     """Re-time the best few configs, the stored winner and the vendor op in turns; the fastest median wins.
 
+    The re-timing is a race (autotile.tune.retime): a candidate far behind the leader after a round leaves it.
+
     The vendor op (cuBLAS, SDPA) is a candidate like any config: checked, timed, stored as the winner when it is
     fastest. A generated winner is then re-timed beside it at the corners of its serving bucket, and the range
     it held there is stored with it.
@@ -417,7 +458,7 @@ def _pick_winner(family: Family, problem, device: DeviceInfo, store: Store, prob
             if baseline is not None:
                 fns["baseline"] = baseline.run
                 baseline_name = baseline.name
-            timings = retime_interleaved(fns, device, rounds=rounds)
+            timings = race(fns, device, rounds=rounds)
             _record_vendor_timings(family, problem, device, store, ids, name, vendor, timings)
         except Exception as exc:  # noqa: BLE001 - a finalist or the baseline failed on re-run
             log.warning("interleaved re-timing failed (%s); using trial timings", exc)
@@ -469,7 +510,7 @@ def _pick_winner(family: Family, problem, device: DeviceInfo, store: Store, prob
         margin=(runner_up / win.median_ms - 1.0) if runner_up else None, baseline_name=baseline_name,
         baseline_ms=baseline_ms, trials_run=total, verified_range=verified_range, **kernel_values,
         provenance=(f"study {name}: {total} trials; best {len(finalists)} re-timed with the vendor op and the stored "
-                    f"winner over {rounds} interleaved rounds" + (f"; range: {range_note}" if range_note else "")),
+                    f"winner over up to {rounds} interleaved rounds" + (f"; range: {range_note}" if range_note else "")),
     )
     from autotile.runtime.dispatch import clear_cache
 

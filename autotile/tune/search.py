@@ -191,6 +191,16 @@ def _record(store: Store, trial, study, outcome: TrialOutcome, config: Config, n
         log.warning("trial %d of %s was finished by another search before it was told", trial.number, name)
 
 
+def vendor_study(name: str) -> str:
+    """The study name under which the vendor op's trial rows are kept (apart from the search's own count)."""
+    return f"{name}:vendor"
+
+
+def next_vendor_number(store: Store, name: str) -> int:
+    """The trial number the next vendor row of study `name` takes (rows of earlier timings and runs are kept)."""
+    return max(store.recorded_trial_numbers(vendor_study(name)), default=-1) + 1
+
+
 def trial_history(engine, name: str) -> list[float | None]:
     """The median time of every evaluated trial of study `name` in the order they were recorded (None: failed)."""
     from sqlalchemy import select
@@ -246,7 +256,8 @@ class _SearchPlan:
     progress: Callable[[Progress], None] | None
     prune: bool = False  # drop configs the roofline model rules out (autotile.tune.prune)
     patience: int | None = None  # early stop after this many evaluated trials without improvement
-    vendor_ms: float | None = None  # the vendor op's time, timed when the run started (early stop)
+    vendor_ms: float | None = None  # the vendor op's time (early stop): timed before the first trial, or a table's
+    time_vendor: bool = True  # the first search times the family's vendor configs before its first trial
     table: object = None  # a simulate.TimingTable: trials return its stored outcomes instead of running
 
 
@@ -286,6 +297,8 @@ class _Search:
         self._rng = random.Random(sampler_seed)
         self._pruner = None  # built on first use, once the feasible configs are enumerated
         self._pruner_built = False
+        # The first search times the vendor op beside its first trial; the others read its rows (early stop).
+        self._vendor_timed = slot != 0 or plan.table is not None or not plan.time_vendor
 
     def run(self) -> None:
         session = self.session if self.session is not None else TuneSession()
@@ -364,6 +377,8 @@ class _Search:
             compiler.submit(Config(wanted) for _, wanted in self.queue if plan.space.is_feasible(wanted))
             compiler.wait_for(config, plan.trial_timeout)
             try:
+                if not self._vendor_timed:
+                    self._time_vendor(evaluator)
                 outcome = evaluator.evaluate(trial.number, config)
             except WorkerSetupError as exc:
                 raise TuneError(str(exc)) from exc
@@ -431,6 +446,47 @@ class _Search:
         self.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
         return False
 
+    # --- the vendor op ----------------------------------------------------------------------------
+    def _time_vendor(self, evaluator) -> None:
+        """Run each vendor config (cuBLAS, SDPA) as a trial before the first search trial, in the same worker,
+        and store the outcomes as the vendor study's rows: the early stop knows from the first trial whether the
+        vendor op is ahead, and a run shows from its start a candidate as fast as the vendor op. The final
+        interleaved re-timing (driver._pick_winner) still decides the winner."""
+        self._vendor_timed = True
+        plan = self.plan
+        configs = plan.family.vendor_configs(plan.problem, self.device)
+        if not configs:
+            return
+        problem_id, device_id, toolchain_id = plan.ids
+        first = next_vendor_number(plan.store, plan.name)
+        best = None
+        for index, config in enumerate(configs):
+            # Input set 0, as the first search trial: the vendor op is checked on the same inputs.
+            outcome = evaluator.evaluate(0, config)
+            timing = outcome.timing
+            plan.store.record_trial(
+                problem_id=problem_id, device_id=device_id, toolchain_id=toolchain_id, study=vendor_study(plan.name),
+                number=first + index, config=config.to_json(), config_hash=config.hash, status=outcome.status.value,
+                median_ms=timing.median_ms if timing else None, q20_ms=timing.q20_ms if timing else None,
+                q80_ms=timing.q80_ms if timing else None, interpreted=int(self.device.interpret),
+                max_abs_error=outcome.max_abs_error, error=outcome.error)
+            if outcome.status is Status.OK and (best is None or timing.median_ms < best):
+                best = timing.median_ms
+        if best is not None and (plan.vendor_ms is None or best < plan.vendor_ms):
+            plan.vendor_ms = best
+        log.info("%s: vendor op timed before the first trial: %s", plan.name,
+                 "no config passed" if best is None else f"{best:.4g} ms")
+
+    def _vendor_ms(self) -> float | None:
+        """The vendor op's best time: this run's early timing, else the study's vendor rows (another search's, or
+        an earlier run's)."""
+        plan = self.plan
+        if plan.vendor_ms is not None or plan.table is not None:
+            return plan.vendor_ms
+        problem_id, device_id, _ = plan.ids
+        rows = plan.store.best_configs(problem_id, device_id, 1, study=vendor_study(plan.name))
+        return rows[0][1] if rows else None
+
     # --- pruning and early stop -------------------------------------------------------------------
     def pruner(self):
         """The roofline model of this problem (autotile.tune.prune), when the search prunes or stops early and the
@@ -470,7 +526,7 @@ class _Search:
         if best is None or since < plan.patience:
             return ""
         quiet = f"no improvement in {since} trials (best {best:.4g} ms)"
-        vendor = plan.vendor_ms
+        vendor = self._vendor_ms()
         if vendor is None:
             return quiet
         if best <= vendor:

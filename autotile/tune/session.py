@@ -113,6 +113,39 @@ class TuneSession:
                     self._lent.add(id(pool))
         return pool
 
+    def prestart(self, family: Family, problem, device: DeviceInfo, seed: int, trial_timeout: float,
+                 compile_ahead: bool, first_configs=(), gpu: int | None = None) -> None:
+        """Start the device's trial worker and compile-ahead pool for `problem` now, without lending them.
+
+        The worker imports torch, creates its CUDA context and builds its inputs, and the pool compiles
+        `first_configs` (the configs the study will ask first), while the tuner opens its database and study;
+        the search then borrows them (`trial_evaluator`, `compile_pool`) pointed at the same problem.
+        """
+        key = (gpu, device)
+        with self._lock:
+            self._check_open()
+            evaluator = self._evaluators.get(key)
+            pool = self._pools.get(key)
+            if (evaluator is not None and id(evaluator) in self._lent) or (pool is not None and id(pool) in self._lent):
+                return  # a search of this device is running: it started its own
+        if evaluator is None:
+            evaluator = IsolatedEvaluator(family, problem, device, seed, trial_timeout, gpu=gpu)
+            with self._lock:
+                self._evaluators.setdefault(key, evaluator)
+        else:
+            evaluator.trial_timeout = trial_timeout
+            evaluator.retarget(family, problem, seed)
+        evaluator.prestart()
+        if not compile_ahead or device.interpret:
+            return
+        if pool is None:
+            pool = start_compile_ahead(family, problem, device, seed, True, gpu=gpu)
+            with self._lock:
+                self._pools.setdefault(key, pool)
+        else:
+            pool.retarget(family, problem, seed)
+        pool.submit(first_configs)
+
     def give_back(self, thing) -> None:
         """A search is done with `thing` (an evaluator or a pool): kept ones wait for the next problem, others close."""
         with self._lock:
@@ -172,6 +205,24 @@ def current_session() -> TuneSession | None:
     """The session of the innermost open `with TuneSession():` block in this thread, if any."""
     session = _CURRENT.get()
     return None if session is None or session._closed else session
+
+
+def prestart_search(family: Family, problem, device: DeviceInfo, *, seed: int = 0, trial_timeout: float | None = None,
+                    compile_ahead: bool = True, gpus=None, isolate: bool | None = None, **_ignored) -> bool:
+    """Start the trial worker and compile pool that `tune_problem(family, problem, device, ...)` with these
+    arguments will use, in the session open in this thread, before the tuner is even imported (Optuna,
+    Alembic); False when there is no session or the search would not use them (several GPUs, in-process
+    trials). The other tune_problem arguments are accepted and ignored.
+    """
+    from autotile.tune.workers import default_trial_timeout
+
+    session = current_session()
+    isolate = (not device.interpret) if isolate is None else isolate
+    if session is None or gpus or not isolate:
+        return False
+    session.prestart(family, problem, device, seed, trial_timeout or default_trial_timeout(device), compile_ahead,
+                     first_configs=[family.default_config(problem, device)])
+    return True
 
 
 @contextlib.contextmanager

@@ -233,6 +233,12 @@ def _worker_main(conn, device: DeviceInfo, log_path: str) -> None:
                 continue
             target_id, inputs = wanted, _InputSets(family, problem, device, seed)
             conn.send(("targeted", wanted))
+            try:
+                # The first trial's inputs and reference now, while the tuner sets up its study: not after its
+                # first trial arrives. A failure is reported by that trial (the set is built again then).
+                inputs.for_trial(0)
+            except WorkerSetupError:
+                pass
         elif kind == "trial":
             _, wanted, number, config_json = message
             if wanted != target_id:  # the parent never sends a trial before its target is acknowledged
@@ -307,6 +313,10 @@ class IsolatedEvaluator:
         The message is sent now and answered while the caller prepares its search; the answer is awaited
         before the first trial.
         """
+        if (self._process is not None and not self._busy and self._sent_target == self._target_id
+                and (family_ref(family), dataclasses.asdict(problem), seed) == (self._ref, self._problem_data,
+                                                                                self.seed)):
+            return  # already pointed at this problem (started early by TuneSession.prestart): keep its inputs
         if self._busy:
             self._stop_worker()
         self.family, self.problem, self.seed = family, problem, seed
