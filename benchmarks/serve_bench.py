@@ -87,12 +87,49 @@ def _gemm_row(name, proj, m, x, w, bias, rounds) -> dict:
     err = (got.float() - want.float()).abs().max().item()
     scale = want.float().abs().max().item() + 1e-6
     info = autotile.explain("linear", x, w, bias)
-    ours, theirs = _timed_pair(lambda: autotile.linear(x, w, bias), lambda: F.linear(x, w, bias), rounds)
+    ours_fn, theirs_fn = (lambda: autotile.linear(x, w, bias)), (lambda: F.linear(x, w, bias))
+    ours, theirs = _timed_pair(ours_fn, theirs_fn, rounds)
     # bf16 outputs of two different summation orders: a few units of bf16 roundoff of the largest value.
-    return {"model": name, "proj": proj.name, "m": m, "n": proj.n, "k": proj.k, "ours_ms": ours,
-            "vendor_ms": theirs, "ratio": theirs / ours, "rel_err": err / scale, "wrong": err / scale > 2e-2,
-            "served": info["vendor"] or f"{info['source']}/{info['match']}",
-            "weight_tbps": proj.n * proj.k * 2 / (ours * 1e-3) / 1e12}
+    row = {"model": name, "proj": proj.name, "m": m, "n": proj.n, "k": proj.k, "ours_ms": ours,
+           "vendor_ms": theirs, "ratio": theirs / ours, "rel_err": err / scale, "wrong": err / scale > 2e-2,
+           "served": info["vendor"] or f"{info['source']}/{info['match']}",
+           "weight_tbps": proj.n * proj.k * 2 / (ours * 1e-3) / 1e12}
+    if row["ratio"] < SLOW_ROW:
+        row["diagnosis"] = {"ours": _where_time_goes(ours_fn), "vendor": _where_time_goes(theirs_fn),
+                            "retimed": _timed_pair(ours_fn, theirs_fn, rounds)}
+    return row
+
+
+SLOW_ROW = 0.97  # rows below this ratio are diagnosed: host time, GPU-only time, and a second timing
+
+
+def _where_time_goes(fn) -> dict:
+    """Host us per call (500 calls queued, no sync) and GPU us per call (20 calls replayed from one CUDA graph, no
+    host work): an eager timing far above the second is host-bound, or the call does something per call."""
+    import time
+
+    import torch
+    import triton.testing
+
+    for _ in range(10):
+        fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(500):
+        fn()
+    host_us = (time.perf_counter() - start) / 500 * 1e6
+    torch.cuda.synchronize()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(20):
+            fn()
+    graph_us = triton.testing.do_bench(graph.replay, warmup=10, rep=40) / 20 * 1e3
+    return {"host_us": host_us, "graph_us": graph_us}
 
 
 def _sdpa_best(q, k, v, rounds: int) -> tuple[str, float, object]:
@@ -266,6 +303,17 @@ def markdown(gemm, flash, host, graphs, header: str) -> str:
                 continue
             lines.append(f"| {r['model']} | {r['proj']} | {r['m']} | {r['n']} | {r['k']} | {r['ours_ms'] * 1e3:.1f} | "
                          f"{r['vendor_ms'] * 1e3:.1f} | {r['ratio']:.3f} | {r['served']} | {r['weight_tbps']:.2f} |")
+        slow = [r for r in gemm if "diagnosis" in r]
+        if slow:
+            lines += ["", f"Rows below {SLOW_ROW}x, diagnosed: host us per call (500 queued), GPU us per call "
+                      "(CUDA-graph replay), and the pair timed again.", "",
+                      "| model | proj | M | host us ours / vendor | graph us ours / vendor | timed again: ratio |",
+                      "|---|---|---|---|---|---|"]
+            for r in slow:
+                d = r["diagnosis"]
+                lines.append(f"| {r['model']} | {r['proj']} | {r['m']} | {d['ours']['host_us']:.1f} / "
+                             f"{d['vendor']['host_us']:.1f} | {d['ours']['graph_us']:.1f} / {d['vendor']['graph_us']:.1f}"
+                             f" | {d['retimed'][1] / d['retimed'][0]:.3f} |")
         for label, pick in (("all", lambda r: True), ("M <= 16", lambda r: r["m"] <= 16),
                             ("32 <= M <= 512", lambda r: 32 <= r["m"] <= 512), ("M >= 1024", lambda r: r["m"] >= 1024)):
             sel = [r["ratio"] for r in gemm if "error" not in r and pick(r)]
