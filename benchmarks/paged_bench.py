@@ -531,7 +531,11 @@ def layered_graph(setting: Setting, plan, data, out):
     def step():
         for k_cache, v_cache in pools:
             plan.run(q, k_cache, v_cache, data.block_table, data.context_lens, out=out)
-    return capture(setting, step), layers
+    replay = capture(setting, step)
+
+    def run_layers(pools=pools):  # NOTE: holds the pools: the graph reads them, and freed ones would be reused
+        replay()
+    return run_layers, layers
 
 
 def ragged(setting: Setting, copy_tbps: float) -> list[dict]:

@@ -8,6 +8,7 @@ host sync, no allocation a CUDA graph cannot capture.
 """
 from __future__ import annotations
 
+import operator
 import threading
 from collections.abc import Callable
 from typing import Optional
@@ -105,7 +106,10 @@ class _BoundGemm:
     host-bound decode steps lost to cuBLAS although the kernel itself was faster.
     """
 
-    __slots__ = ("launcher", "plan", "slots", "tail", "device_index")
+    __slots__ = ("launcher", "plan", "pick", "tail", "device_index", "buffers")
+
+    # The order of the values a call hands over; the kernel's tensor arguments are picked from them.
+    _VALUES = ("a", "b", "c", "bias", "residual", "ws", "counters")
 
     def __init__(self, launcher, plan, args: list, named: dict, device_index: int):
         self.launcher, self.plan, self.device_index = launcher, plan, device_index
@@ -113,18 +117,24 @@ class _BoundGemm:
         slots = []
         ids = {id(value): name for name, value in named.items() if value is not None}
         while lead < len(args) and isinstance(args[lead], torch.Tensor):
-            slots.append(ids[id(args[lead])])
+            slots.append(self._VALUES.index(ids[id(args[lead])]))
             lead += 1
-        self.slots, self.tail = tuple(slots), tuple(args[lead:])
+        self.tail = tuple(args[lead:])
+        # NOTE: an itemgetter picks the tensors in one C call (a dict and a comprehension per call showed in
+        # the host time of decode GEMMs, which is their whole time in eager serving).
+        self.pick = operator.itemgetter(*slots) if len(slots) > 1 else (lambda values, i=slots[0]: (values[i],))
+        self.buffers = bool(plan.workspace or plan.counters)
 
     def __call__(self, a, b, c, bias, residual) -> None:
-        plan = self.plan
-        values = {"a": a, "b": b, "c": c, "bias": bias, "residual": residual}
-        if plan.workspace:
-            values["ws"] = workspace(a.device, plan.workspace)
-        if plan.counters:
-            values["counters"] = tile_counters(a.device, plan.counters)
-        self.launcher(*[values[name] for name in self.slots], *self.tail)
+        """Launch on a, b, c, bias, residual: only their data pointers are read (b may be any tensor whose data
+        pointer is the bound B operand's, e.g. an nn.Linear weight for its transpose)."""
+        if self.buffers:
+            plan = self.plan
+            values = (a, b, c, bias, residual, workspace(a.device, plan.workspace) if plan.workspace else None,
+                      tile_counters(a.device, plan.counters) if plan.counters else None)
+        else:
+            values = (a, b, c, bias, residual)
+        self.launcher(*self.pick(values), *self.tail)
 
 
 def _bind_gemm(problem: GemmProblem, config, a, b, c, bias, residual):
@@ -175,6 +185,16 @@ def _kernel_runner(problem: GemmProblem, config) -> Callable:
         else:
             FAMILY.launch(problem, config, inputs, outputs)
         return outputs["c"]
+
+    def run_linear(x, weight, bias):
+        """run(x, weight.t(), bias, ...) for a 2-D x and an (N, K) weight: once bound, the weight goes to the
+        launcher as it is (its data pointer is its transpose's), saving the transpose's cost on every call."""
+        if bound and x.device.index == current():
+            c = torch.empty(shape, dtype=out_dtype, device=x.device)
+            bound(x, weight, c, bias, None)
+            return c
+        return run(x, weight.t(), bias, None, None, None)
+    run.linear = run_linear
     return run
 
 
@@ -395,9 +415,15 @@ def _serve_linear(x, weight, bias, activation, residual) -> _Served:
             inner = (_vendor_runner(problem, resolution.config[VENDOR_KEY]) if resolution.vendor
                      else _kernel_runner(problem, resolution.config))
 
-            def run(x, w, b, r):
+            def general(x, w, b, r):
                 flat = None if r is None else r.reshape(-1, w.shape[0])
                 return inner(x.reshape(-1, x.shape[-1]), w.t(), b, None, None, flat).view(*x.shape[:-1], w.shape[0])
+
+            # The signature fixes x's rank: a 2-D x with no residual (a decode step's projection) takes the
+            # kernel without the reshapes and the transpose, each a torch call of a few us of host time.
+            run = general
+            if not resolution.vendor and x.dim() == 2 and residual is None:
+                run = lambda x, w, b, r, fast=inner.linear: fast(x, w, b)  # noqa: E731
         served = _Served(run, trace.counter(FAMILY, problem, device))
     with _served_lock:
         _linear_served[key] = served
