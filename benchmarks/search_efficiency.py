@@ -19,8 +19,9 @@ replay search strategies on it many times offline.
     fits in about 4 minutes on an H200; without it, 1500 a shape over several runs.
 
 (b) On the CPU, `--simulate` replays strategies on the tables: random search, TPE (the tuner's sampler and
-    rules: default and seed configs first), TPE with a warm start from the OTHER shapes' tables (as a new
-    problem gets it from the database), and the same with the roofline pruning. 20 seeds each; best-so-far
+    rules: default and seed configs first), TPE with a warm start from the OTHER shapes' tables and the shipped
+    tuning_db/ winners of other problems (as a new problem gets it from the user's database and the shipped one;
+    the table's own problem never seeds its own search), and the same with the roofline pruning. 20 seeds each; best-so-far
     against evaluations (median and spread) and evaluations to reach 95%, 98% and 99% of the table's best;
     how often the pruning model ruled out the table's best config. Writes markdown to --out:
 
@@ -75,6 +76,9 @@ TARGET_LEVEL, TARGET_SHARE = 0.98, 0.10
 CHECKPOINTS = (5, 10, 20, 40, 80, 160)
 # Share of a table a TPE replay may evaluate (random search may evaluate the whole table: it is cheap).
 TPE_BUDGET_SHARE = 0.3
+# A space of at most this many feasible configs is measured whole (the flash shape's 492), not sampled: a sample
+# leaves holes next to the best configs that a search cannot step through.
+WHOLE_SPACE_UP_TO = 600
 
 
 def problems() -> list[tuple[str, Family, object]]:
@@ -110,8 +114,10 @@ def slug(label: str) -> str:
 
 def sample_configs(family: Family, problem, device: DeviceInfo, size: int) -> tuple[list[Config], int]:
     """(the sample, the size of the feasible space): default and seed configs, then the `size` configs whose
-    hashes sort first (uniform, fixed; a larger size extends a smaller one)."""
+    hashes sort first (uniform, fixed; a larger size extends a smaller one); a space of at most
+    WHOLE_SPACE_UP_TO configs whole."""
     feasible = list(family.space(problem, device).feasible())
+    size = max(size, len(feasible)) if len(feasible) <= WHOLE_SPACE_UP_TO else size
     ordered = sorted(feasible, key=lambda c: c.hash)[:size]
     first = [family.default_config(problem, device), *family.seed_configs(problem, device)]
     return list(dict.fromkeys([*first, *ordered])), len(feasible)
@@ -280,12 +286,29 @@ def _key_of(family: Family, table: TimingTable) -> str | None:
         return None
 
 
-def warm_for(family: Family, problem, table: TimingTable, others: list[TimingTable]):
-    """The warm start a new study of `problem` would get from the other problems' tables (autotile.tune.warmstart)."""
+def shipped_neighbours(family: Family, device_key: str) -> list[tuple[object, list[Config]]]:
+    """The shipped tuning_db/ winners of `family` on `device_key`, as (problem, [its winner]) pairs: what a user's
+    first study warm-starts from besides its own database (autotile.tune.warmstart.warm_start)."""
+    from autotile.tune.warmstart import best_configs, shipped_engine, tuned_problems
+
+    engine = shipped_engine()
+    if engine is None:
+        return []
+    return [(other, best_configs(engine, row_id, device_key)) for other, row_id in
+            tuned_problems(engine, family, device_key)]
+
+
+def warm_for(family: Family, problem, table: TimingTable, others: list[TimingTable], shipped: bool = True):
+    """The warm start a new study of `problem` would get (autotile.tune.warmstart): from the other problems' tables
+    (a user's database) and, with `shipped`, the shipped tuning_db/ winners of other problems. Neither ever holds
+    the table's own problem (rank_neighbours leaves a problem's own key out): no leakage from the table."""
     from autotile.tune.warmstart import rank_neighbours, warm_configs
 
     tuned = [(family.problem_from_dict(t.problem), table_configs_best_first(t)) for t in others
-             if t.family == family.name]
+             if t.family == family.name and t.device.key == table.device.key]
+    if shipped:
+        keys = {family.problem_key(p) for p, _ in tuned}
+        tuned += [(p, c) for p, c in shipped_neighbours(family, table.device.key) if family.problem_key(p) not in keys]
     space = simulated_space(family.space(problem, table.device), table)
     return warm_configs(space, rank_neighbours(family, problem, tuned))
 
@@ -356,7 +379,8 @@ def curve(replays: list[Replay], best: float, at: int) -> str:
 def markdown(source: str, outcomes: list[Outcome], seeds: int) -> str:
     lines = [f"# Search efficiency ({datetime.date.today()})", "", f"Data: {source}.", "",
              f"{seeds} seeds a strategy. `tpe` is the tuner's search (default and seed configs first, then TPE); "
-             "`tpe+warm` adds the warm start a new problem gets from its neighbours (here: the OTHER shapes' tables); "
+             "`tpe+warm` adds the warm start a new problem gets from its neighbours (here: the OTHER shapes' tables and the "
+             "shipped tuning_db/ winners of other problems; never the table's own problem); "
              "`+prune` drops configs the roofline model rules out. Evaluations to reach a level: median over seeds "
              "(share of the table), and the quartiles.", ""]
     verdicts = []

@@ -84,7 +84,9 @@ def test_tuning_for_another_gpu_is_refused(bad):
         resolve_gpu(bad)
 
 
-def test_nearest_feasible_is_the_first_config_sharing_the_most_values():
+def test_nearest_feasible_is_a_config_the_fewest_steps_away():
+    """Steps along ordered axes (block sizes, warps, stages, splits), a mismatch on the others; ties are broken
+    by the proposal, reproducibly, and not always towards the first config of the grid."""
     import random
 
     from autotile.device import DeviceInfo
@@ -96,18 +98,29 @@ def test_nearest_feasible_is_the_first_config_sharing_the_most_values():
     feasible = source.feasible()
     rng = random.Random(0)
 
-    def by_loop(wanted, exclude):  # the definition, one config at a time
-        best, best_score = None, -1
-        for config in feasible:
-            score = sum(config[k] == wanted.get(k) for k in config)
-            if config.hash not in exclude and score > best_score:
-                best, best_score = config, score
-        return best
+    def distance(config, wanted):  # the definition, one axis at a time
+        total = 0
+        for axis in space.axes:
+            ordered = type(axis.choices[0]) is int and len(axis.choices) >= 3
+            if ordered:
+                total += abs(axis.choices.index(config[axis.name]) - axis.choices.index(wanted[axis.name]))
+            else:
+                total += config[axis.name] != wanted[axis.name]
+        return total
 
+    firsts = 0
     for _ in range(8):
         wanted = {axis.name: rng.choice(axis.choices) for axis in space.axes}
         exclude = {c.hash for c in rng.sample(feasible, 200)}
-        nearest = by_loop(wanted, exclude)
-        exclude.add(nearest.hash if rng.random() < 0.5 else "")  # now and then the best is taken too
-        assert source.nearest_feasible(wanted, exclude) == by_loop(wanted, exclude)
+        open_configs = [c for c in feasible if c.hash not in exclude]
+        nearest = min(distance(c, wanted) for c in open_configs)
+        ties = [c for c in open_configs if distance(c, wanted) == nearest]
+        picked = source.nearest_feasible(wanted, exclude)
+        assert picked in ties and source.nearest_feasible(wanted, exclude) == picked
+        firsts += picked == ties[0] and len(ties) > 1
+    assert firsts < 8
+    # A taken BLOCK_N 64 proposal is replaced one step away (its BLOCK_N 32 or 128 neighbour, say), never by a
+    # config that only shares as many values (BLOCK_N 256 counted as near as 32 before).
+    wanted = next(c for c in feasible if c["BLOCK_N"] == 64 and {**c, "BLOCK_N": 32} in feasible)
+    assert distance(source.nearest_feasible(dict(wanted), {wanted.hash}), wanted) == 1
     assert source.nearest_feasible({}, {c.hash for c in feasible}) is None

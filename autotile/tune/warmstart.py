@@ -6,7 +6,9 @@ layouts, epilogue) are ranked by the family's shape distance (the sum of
 |log2| ratios of the shape fields: M=32 is 1 from M=16 and M=64). The
 winner and the best few configs of each of the nearest ones are enqueued
 into the study, after the family's default config and before its seed
-configs and TPE's own proposals.
+configs and TPE's own proposals. The winners of the shipped tuning_db/ are
+neighbours as well (they have no trials there, so only each one's winner
+counts): a user's first problem starts from them.
 
 Only configs on the new space's grid are kept (every axis present with one of
 its values); one that breaks a constraint of the new problem (a 64-row tile
@@ -184,10 +186,23 @@ def best_configs(engine, problem_id: int, device_key: str, per_problem: int = DE
     return list(dict.fromkeys(Config.from_json(text) for text in texts))
 
 
+def shipped_engine():
+    """The shipped tuning_db/ opened read-only, or None where it is absent (a trimmed install)."""
+    from autotile.resources import shipped_db_path
+    from autotile.store.db import open_engine, read_only_url
+
+    path = shipped_db_path()
+    return open_engine(read_only_url(path), create=False) if path.exists() else None
+
+
 def warm_start(engine, family: Family, problem, device: DeviceInfo, space: Space | None = None, *,
                neighbours: int = DEFAULT_NEIGHBOURS, per_neighbour: int = DEFAULT_PER_NEIGHBOUR,
-               limit: int = DEFAULT_WARM_CONFIGS, exclude: Iterable[Config] = ()) -> WarmStart:
+               limit: int = DEFAULT_WARM_CONFIGS, exclude: Iterable[Config] = (), shipped: bool = True) -> WarmStart:
     """The warm-start configs of `problem` from the database on `engine` (see the module's docstring).
+
+    With `shipped`, the winners of the shipped tuning_db/ count as tuned neighbours too, so a user's first
+    problem on a device the shipped tables cover starts from them; a problem tuned in both is read from
+    `engine` (the user's own trials).
 
     >>> import tempfile
     >>> from autotile.device import interpret_device
@@ -198,8 +213,20 @@ def warm_start(engine, family: Family, problem, device: DeviceInfo, space: Space
     ()
     """
     space = space if space is not None else family.space(problem, device)
-    ranked = rank_neighbours(family, problem, tuned_problems(engine, family, device.key), max_neighbours=neighbours)
+    engines = [engine]
+    extra = shipped_engine() if shipped else None
+    if extra is not None and str(extra.url) != str(engine.url):
+        engines.append(extra)
+    tuned, keys = [], set()
+    for source in engines:
+        for other, row_id in tuned_problems(source, family, device.key):
+            key = family.problem_key(other)
+            if key not in keys:  # the user's database first
+                keys.add(key)
+                tuned.append((other, (source, row_id)))
+    ranked = rank_neighbours(family, problem, tuned, max_neighbours=neighbours)
     # Ranked on row ids (cheap); configs are read for the chosen few only.
-    ranked = [dataclasses.replace(n, configs=tuple(best_configs(engine, n.configs, device.key, per_neighbour)))
+    ranked = [dataclasses.replace(n, configs=tuple(best_configs(n.configs[0], n.configs[1], device.key,
+                                                                per_neighbour)))
               for n in ranked]
     return warm_configs(space, ranked, per_neighbour=per_neighbour, limit=limit, exclude=exclude)
