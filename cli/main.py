@@ -18,7 +18,32 @@ def cli() -> None:
 
 
 def main() -> None:
+    if starts_a_gpu_search(sys.argv[1:]):
+        from autotile.tune.workers import spawn_early_worker
+
+        spawn_early_worker()  # its torch import runs beside this process's
     cli(prog_name="autotile")
+
+
+# Options after which `tune` runs no trial worker on the default GPU (or only prints).
+_NO_EARLY_WORKER = ("--dry-run", "--simulate", "--stale", "--gpus", "--help", "-h")
+
+
+def starts_a_gpu_search(args: list[str]) -> bool:
+    """Whether this command line tunes on the default CUDA GPU, judged before anything heavy is imported: a
+    `tune` command on a machine with an NVIDIA driver, not on the interpreter, not a dry run or simulation.
+
+    >>> starts_a_gpu_search(["tune", "gemm", "--gpu", "interpret"]), starts_a_gpu_search(["list"])
+    (False, False)
+    """
+    import os
+
+    if not args or args[0] != "tune" or not os.path.exists("/dev/nvidiactl"):
+        return False
+    if any(a in _NO_EARLY_WORKER or a.split("=")[0] in _NO_EARLY_WORKER for a in args):
+        return False
+    gpu = [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--gpu"] + [a[6:] for a in args if a.startswith("--gpu=")]
+    return not any(g == "interpret" for g in gpu) and os.environ.get("TRITON_INTERPRET", "0") in ("", "0")
 
 
 # --- tune / render: one subcommand per family, built from the family's problem options ----------

@@ -129,3 +129,18 @@ def test_a_candidate_that_falls_behind_later_leaves_then():
     fns = {name: (lambda name=name: name) for name in ("a", "b")}
     race(fns, CPU, rounds=5, time_one=time_one)
     assert calls == {"a": 2, "b": 2}  # b's median passes the margin in round 2 (1.35 > 1.18), ending the race
+
+
+def test_a_worker_spawned_before_the_tuner_knew_its_problem_runs_the_trials(url):
+    # The CLI starts one before it imports torch (autotile.cli.main.main); the first search takes it over.
+    from autotile.tune import early_worker
+
+    early_worker.spawn_early_worker()
+    early_pid = early_worker._EARLY_WORKER[0].pid
+    problem = contiguous_problem(12, 20, 24, "fp32", "fp32", layout_b="col")
+    with TuneSession() as session:
+        result = tune_problem(_SlowVendorGemm(), problem, CPU, trials=2, db_url=url, retime_rounds=0, isolate=True,
+                              session=session)
+        stats = session.stats()
+    assert result.trials_this_run == 2 and result.statuses.get("ok") == 3  # 2 trials and the vendor row
+    assert stats.worker_pids == (early_pid,) and early_worker.take_early_worker() is None

@@ -218,7 +218,8 @@ def tune_problem(
             targets = [(None, device) for _ in gpus]
         else:
             targets = [(g, _device_for_gpu(device, g)) for g in gpus]
-        # A study that already holds the target starts nothing (no search, worker, pool or thread): it only re-times.
+        # A study that already holds the target runs no search (the worker started early stops unused): it only
+        # re-times.
         already_complete = len(evaluated_trials(engine, study, name, plan.rows_complete)) >= trials
         # Ctrl-C, like --timeout, ends the search, not the run: the best of the trials so far is re-timed and stored.
         shared = _SharedState()

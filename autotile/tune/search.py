@@ -266,7 +266,6 @@ class _SearchPlan:
     prune: bool = False  # drop configs the roofline model rules out (autotile.tune.prune)
     patience: int | None = None  # early stop after this many evaluated trials without improvement
     vendor_ms: float | None = None  # the vendor op's time (early stop): timed before the first trial, or a table's
-    time_vendor: bool = True  # the first search times the family's vendor configs before its first trial
     table: object = None  # a simulate.TimingTable: trials return its stored outcomes instead of running
 
 
@@ -307,7 +306,7 @@ class _Search:
         self._pruner = None  # built on first use, once the feasible configs are enumerated
         self._pruner_built = False
         # The first search times the vendor op beside its first trial; the others read its rows (early stop).
-        self._vendor_timed = slot != 0 or plan.table is not None or not plan.time_vendor
+        self._vendor_timed = slot != 0 or plan.table is not None
 
     def run(self) -> None:
         session = self.session if self.session is not None else TuneSession()

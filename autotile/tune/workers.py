@@ -17,7 +17,6 @@ the device, a seed and config JSON; it answers with the TrialOutcome as a dict.
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import importlib
 import json
@@ -30,13 +29,13 @@ import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Iterator
 from pathlib import Path
 
 from autotile.bench import Status, Timing, TrialOutcome
 from autotile.device import DeviceInfo
 from autotile.families.base import Family
 from autotile.space import Config
+from autotile.tune.early_worker import born_ignoring_ctrl_c, take_early_worker  # noqa: F401 - re-exported
 
 # Input sets (with their references) the trials rotate through.
 INPUT_SETS = 2
@@ -50,25 +49,6 @@ _WORKER_START_LIMIT_S = 300.0
 _STDERR_TAIL_LINES = 20
 # Serialises the environment swap around starting a worker (threads of --gpus start workers at once).
 _SPAWN_LOCK = threading.Lock()
-
-
-@contextlib.contextmanager
-def born_ignoring_ctrl_c() -> Iterator[None]:
-    """Processes started within this block cannot be stopped by Ctrl-C while they start up.
-
-    Ctrl-C reaches the whole process group; the tuner decides what stops (see `ignore_ctrl_c`). A child
-    sets SIGINT to ignored first thing in its main function, but spawn imports torch before that, and a
-    Ctrl-C then killed it ("exited with code -2 before it reported"). NOTE: the signal mask survives fork
-    and exec, so SIGINT blocked here around the start stays blocked in the child until `ignore_ctrl_c`.
-    """
-    if not hasattr(signal, "pthread_sigmask"):  # not POSIX
-        yield
-        return
-    before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
 
 def ignore_ctrl_c() -> None:
@@ -193,8 +173,10 @@ def free_device_memory() -> None:
 def _worker_main(conn, device: DeviceInfo, log_path: str) -> None:
     """The worker process: import torch and triton once, then serve problems and trials until told to stop.
 
-    Messages from the parent: ("target", id, family ref, problem dict, seed) sets the problem the next trials
-    run (answered ("targeted", id), or ("setup_error", id, text) when the family or problem does not load);
+    Messages from the parent: ("target", id, family ref, problem dict, seed, device) sets the problem the next
+    trials run, and the device they run on (`device` is None for a worker started before the tuner knew it,
+    `spawn_early_worker`) (answered ("targeted", id), or ("setup_error", id, text) when the family or problem
+    does not load);
     ("trial", id, number, config JSON) runs one trial of target `id` (answered ("outcome", id, dict));
     ("release",) drops the current problem's inputs; ("stop",) ends the process.
     """
@@ -223,7 +205,7 @@ def _worker_main(conn, device: DeviceInfo, log_path: str) -> None:
             target_id, family, problem, inputs = None, None, None, None
             free_device_memory()
         if kind == "target":
-            _, wanted, ref, problem_data, seed = message
+            _, wanted, ref, problem_data, seed, device = message
             try:
                 family = resolve_family(ref)
                 problem = family.problem_from_dict(problem_data)
@@ -292,6 +274,7 @@ class IsolatedEvaluator:
         self.gpu = gpu
         self._worker_device = device if device.interpret else dataclasses.replace(device, index=0)
         self._log_dir = Path(tempfile.mkdtemp(prefix="autotile-worker-"))
+        self._adopted_log_dirs: list[Path] = []  # of early workers taken over (spawn_early_worker)
         self._process = None
         self._conn = None
         self._ready = False  # the running worker has reported ready
@@ -344,6 +327,16 @@ class IsolatedEvaluator:
         self._await_target()
 
     def _launch(self) -> None:
+        early = take_early_worker() if self.gpu is None else None  # see autotile.tune.early_worker
+        if early is not None:  # started by the CLI before torch was imported here: it is importing torch already
+            process, parent_conn, self._log_path, launched_at = early
+            self._adopted_log_dirs.append(self._log_path.parent)
+            self.workers_started += 1
+            self._process, self._conn, self._ready, self._busy = process, parent_conn, False, False
+            self._launched_at = launched_at
+            self.worker_pids.append(process.pid)
+            self._send_target()
+            return
         context = multiprocessing.get_context("spawn")
         parent_conn, child_conn = context.Pipe()
         self.workers_started += 1
@@ -375,7 +368,7 @@ class IsolatedEvaluator:
     def _send_target(self) -> None:
         self._sent_target, self._acknowledged = self._target_id, False
         try:
-            self._conn.send(("target", self._target_id, self._ref, self._problem_data, self.seed))
+            self._conn.send(("target", self._target_id, self._ref, self._problem_data, self.seed, self._worker_device))
         except (BrokenPipeError, OSError):
             pass  # the worker is gone: the wait for its answer says so
 
@@ -492,4 +485,5 @@ class IsolatedEvaluator:
             except (BrokenPipeError, OSError):
                 pass
         self._stop_worker()
-        shutil.rmtree(self._log_dir, ignore_errors=True)
+        for folder in [self._log_dir] + self._adopted_log_dirs:
+            shutil.rmtree(folder, ignore_errors=True)
