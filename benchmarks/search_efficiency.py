@@ -19,9 +19,9 @@ replay search strategies on it many times offline.
     fits in about 4 minutes on an H200; without it, 1500 a shape over several runs.
 
 (b) On the CPU, `--simulate` replays strategies on the tables: random search, TPE (the tuner's sampler and
-    rules: default and seed configs first), TPE with a warm start from the OTHER shapes' tables and the shipped
-    tuning_db/ winners of other problems (as a new problem gets it from the user's database and the shipped one;
-    the table's own problem never seeds its own search), and the same with the roofline pruning. 20 seeds each; best-so-far
+    rules: default and seed configs first), TPE with a warm start from the OTHER shapes' tables (as a new problem
+    gets it from the user's database; with --shipped-warm also from the shipped tuning_db/ winners of other
+    problems; the table's own problem never seeds its own search), and the same with the roofline pruning. 20 seeds each; best-so-far
     against evaluations (median and spread) and evaluations to reach 95%, 98% and 99% of the table's best;
     how often the pruning model ruled out the table's best config. Writes markdown to --out:
 
@@ -298,7 +298,7 @@ def shipped_neighbours(family: Family, device_key: str) -> list[tuple[object, li
             tuned_problems(engine, family, device_key)]
 
 
-def warm_for(family: Family, problem, table: TimingTable, others: list[TimingTable], shipped: bool = True):
+def warm_for(family: Family, problem, table: TimingTable, others: list[TimingTable], shipped: bool = False):
     """The warm start a new study of `problem` would get (autotile.tune.warmstart): from the other problems' tables
     (a user's database) and, with `shipped`, the shipped tuning_db/ winners of other problems. Neither ever holds
     the table's own problem (rank_neighbours leaves a problem's own key out): no leakage from the table."""
@@ -338,7 +338,7 @@ def run_simulation(args) -> tuple[str, list[Outcome], str]:
     outcomes = []
     for label, family, problem, table in loaded:
         others = [t for other_label, _, _, t in loaded if other_label != label]
-        warm = warm_for(family, problem, table, others)
+        warm = warm_for(family, problem, table, others, shipped=args.shipped_warm)
         size = len(table)
         tpe_budget = max(20, math.ceil(TPE_BUDGET_SHARE * size))
         strategies = {
@@ -355,7 +355,7 @@ def run_simulation(args) -> tuple[str, list[Outcome], str]:
             print(f"{label}: {name} x {args.seeds} seeds in {time.monotonic() - started:.1f} s", flush=True)
         loo, near = model_checks(family, problem, table)
         outcomes.append(Outcome(label, table, replays, warm.describe(family), loo, near))
-    return source, outcomes, markdown(source, outcomes, args.seeds)
+    return source, outcomes, markdown(source, outcomes, args.seeds, args.shipped_warm)
 
 
 def _fmt(value: float, size: int) -> str:
@@ -376,11 +376,12 @@ def curve(replays: list[Replay], best: float, at: int) -> str:
     return f"{np.median(values):.1%} ({min(values):.0%}-{max(values):.0%})"
 
 
-def markdown(source: str, outcomes: list[Outcome], seeds: int) -> str:
+def markdown(source: str, outcomes: list[Outcome], seeds: int, shipped: bool = False) -> str:
     lines = [f"# Search efficiency ({datetime.date.today()})", "", f"Data: {source}.", "",
              f"{seeds} seeds a strategy. `tpe` is the tuner's search (default and seed configs first, then TPE); "
-             "`tpe+warm` adds the warm start a new problem gets from its neighbours (here: the OTHER shapes' tables and the "
-             "shipped tuning_db/ winners of other problems; never the table's own problem); "
+             "`tpe+warm` adds the warm start a new problem gets from its neighbours (here: the OTHER shapes' tables"
+             + (" and the shipped tuning_db/ winners of other problems" if shipped else "")
+             + "; never the table's own problem); "
              "`+prune` drops configs the roofline model rules out. Evaluations to reach a level: median over seeds "
              "(share of the table), and the quartiles.", ""]
     verdicts = []
@@ -442,6 +443,9 @@ def main(argv=None) -> int:
     parser.add_argument("--budget-s", type=float, default=None, help="seconds of measuring this run")
     parser.add_argument("--sample", type=int, default=None, help="configs a shape (overrides --quick)")
     parser.add_argument("--seeds", type=int, default=SEEDS)
+    parser.add_argument("--shipped-warm", action="store_true",
+                        help="warm-start from the shipped tuning_db/ winners of other problems too (the tuner's "
+                             "warm_start(shipped=True))")
     parser.add_argument("--synthetic", action="store_true", help="simulate on tables synthesised from the model")
     parser.add_argument("--interpret", action="store_true",
                         help="tiny problems on the CPU interpreter (to check the script itself)")

@@ -80,9 +80,10 @@ def test_step_distance_counts_steps_on_ordered_axes_and_mismatches_on_the_others
 
 
 @pytest.mark.skipif(shipped_engine() is None, reason="no shipped tuning_db/ in this install")
-def test_a_users_first_flash_problem_warm_starts_from_the_shipped_winners(tmp_path):
+def test_a_flash_problem_can_warm_start_from_the_shipped_winners(tmp_path):
     engine = open_engine(f"sqlite:///{tmp_path / 'user.sqlite'}")
-    warm = warm_start(engine, FLASH, LLAMA_PREFILL, H200)
+    assert warm_start(engine, FLASH, LLAMA_PREFILL, H200).configs == ()  # opt-in (see warm_start)
+    warm = warm_start(engine, FLASH, LLAMA_PREFILL, H200, shipped=True)
     assert warm.neighbours and all(FLASH.problem_key(n.problem) != FLASH.problem_key(LLAMA_PREFILL)
                                    for n in warm.neighbours)
     assert warm.neighbours[0].problem.heads_kv == 32 and warm.neighbours[0].distance == pytest.approx(2.0)
@@ -95,7 +96,7 @@ def test_a_users_first_flash_problem_warm_starts_from_the_shipped_winners(tmp_pa
     store.record_trial(problem_id=ids[0], device_id=ids[1], toolchain_id=ids[2], study="mine", number=0,
                        config=mine.to_json(), config_hash=mine.hash, status="ok", median_ms=0.1, q20_ms=0.1,
                        q80_ms=0.1)
-    again = warm_start(engine, FLASH, LLAMA_PREFILL, H200)
+    again = warm_start(engine, FLASH, LLAMA_PREFILL, H200, shipped=True)
     assert again.configs[0] == mine and mine not in warm.configs
 
 
@@ -115,7 +116,7 @@ def test_the_benchmark_never_seeds_a_table_with_its_own_problem():
     own = next(p for p in shipped if p.head_dim == 128 and p.causal and p.seq_q == 4096)
     configs = list(FLASH.space(own, H200).feasible())[:40] + [FLASH.default_config(own, H200)]
     table = synthetic_table(FLASH, own, H200, configs)
-    warm = warm_for(FLASH, own, table, [])
+    warm = warm_for(FLASH, own, table, [], shipped=True)
     keys = {FLASH.problem_key(n.problem) for n in warm.neighbours}
     assert warm.neighbours and FLASH.problem_key(own) not in keys
     assert dataclasses.asdict(own) == table.problem

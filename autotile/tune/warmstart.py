@@ -6,9 +6,9 @@ layouts, epilogue) are ranked by the family's shape distance (the sum of
 |log2| ratios of the shape fields: M=32 is 1 from M=16 and M=64). The
 winner and the best few configs of each of the nearest ones are enqueued
 into the study, after the family's default config and before its seed
-configs and TPE's own proposals. The winners of the shipped tuning_db/ are
-neighbours as well (they have no trials there, so only each one's winner
-counts): a user's first problem starts from them.
+configs and TPE's own proposals. On request (`shipped=True`) the winners of
+the shipped tuning_db/ are neighbours as well (they have no trials there, so
+only each one's winner counts).
 
 Only configs on the new space's grid are kept (every axis present with one of
 its values); one that breaks a constraint of the new problem (a 64-row tile
@@ -197,12 +197,15 @@ def shipped_engine():
 
 def warm_start(engine, family: Family, problem, device: DeviceInfo, space: Space | None = None, *,
                neighbours: int = DEFAULT_NEIGHBOURS, per_neighbour: int = DEFAULT_PER_NEIGHBOUR,
-               limit: int = DEFAULT_WARM_CONFIGS, exclude: Iterable[Config] = (), shipped: bool = True) -> WarmStart:
+               limit: int = DEFAULT_WARM_CONFIGS, exclude: Iterable[Config] = (), shipped: bool = False) -> WarmStart:
     """The warm-start configs of `problem` from the database on `engine` (see the module's docstring).
 
     With `shipped`, the winners of the shipped tuning_db/ count as tuned neighbours too, so a user's first
     problem on a device the shipped tables cover starts from them; a problem tuned in both is read from
-    `engine` (the user's own trials).
+    `engine` (the user's own trials). Off by default: replayed on the H200 flash table of issue 15 (GQA 32/8),
+    the shipped winners of the MHA shapes (128 x 128 tiles, 8 warps) steered TPE away from the table's best
+    (64 x 32 tiles, 4 warps): 74 evaluations to 98% of the best against 11 without them
+    (benchmarks/results/search_efficiency_2026-12-01b_shipped.md).
 
     >>> import tempfile
     >>> from autotile.device import interpret_device
