@@ -19,7 +19,7 @@ def cli() -> None:
 
 def main() -> None:
     if starts_a_gpu_search(sys.argv[1:]):
-        from autotile.tune.workers import spawn_early_worker
+        from autotile.tune.early_worker import spawn_early_worker
 
         spawn_early_worker()  # its torch import runs beside this process's
     cli(prog_name="autotile")

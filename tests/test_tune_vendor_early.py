@@ -144,3 +144,18 @@ def test_a_worker_spawned_before_the_tuner_knew_its_problem_runs_the_trials(url)
         stats = session.stats()
     assert result.trials_this_run == 2 and result.statuses.get("ok") == 3  # 2 trials and the vendor row
     assert stats.worker_pids == (early_pid,) and early_worker.take_early_worker() is None
+
+
+def test_the_cli_starts_the_early_worker_where_it_would_search_on_a_gpu(monkeypatch):
+    # The branch runs only on a machine with an NVIDIA driver: here its import and call are checked with a stand-in.
+    import sys
+
+    from autotile.cli import main as cli_main
+
+    started = []
+    monkeypatch.setattr(cli_main, "starts_a_gpu_search", lambda args: True)
+    monkeypatch.setattr("autotile.tune.early_worker.spawn_early_worker", lambda: started.append(True))
+    monkeypatch.setattr(sys, "argv", ["autotile", "--version"])
+    with pytest.raises(SystemExit):
+        cli_main.main()
+    assert started == [True]

@@ -77,9 +77,10 @@ def make_sampler(seed: int) -> optuna.samplers.TPESampler:
     """The tuner's sampler: TPE over each axis on its own, with constant_liar so that concurrent searches (and a
     search's own compile-ahead queue) do not propose configs already running.
 
-    NOTE: univariate, not multivariate: replayed on the H200 tables of issue 15 (20 seeds), multivariate TPE
-    with ordinal axes reached 98% of the flash table's best in a median 57 evaluations (8 of 20 missed within
-    30% of the table), univariate in 20 (1 missed); the GEMM tables were no worse
+    NOTE: univariate, not multivariate: replayed on the H200 flash table of issue 15 (20 seeds, ordinal axes
+    and the step-distance replacement of autotile.tune.sampling both in), multivariate TPE reached 98% of the
+    table's best in a median 57 evaluations (8 of 20 searches missed it within 30% of the table), univariate
+    in 11-20 (1 missed; 0 of 40 on other seeds); the GEMM tables kept their warm-start results
     (benchmarks/results/search_efficiency_2026-12-01b.md)."""
     return optuna.samplers.TPESampler(seed=seed % 2**32, n_startup_trials=TPE_STARTUP_TRIALS, multivariate=False,
                                       constant_liar=True)
