@@ -80,7 +80,8 @@ def make_sampler(seed: int) -> optuna.samplers.TPESampler:
     NOTE: univariate, not multivariate: replayed on the H200 flash table of issue 15 (20 seeds, ordinal axes
     and the step-distance replacement of autotile.tune.sampling both in), multivariate TPE reached 98% of the
     table's best in a median 57 evaluations (8 of 20 searches missed it within 30% of the table), univariate
-    in 11-20 (1 missed; 0 of 40 on other seeds); the GEMM tables kept their warm-start results
+    in 11-20 (1 missed; 0 of 40 on other seeds). The GEMM tables kept their warm-start results (1, 2, 6);
+    without a warm start 3000x5000x1536 took 27 evaluations, against 16 before
     (benchmarks/results/search_efficiency_2026-12-01b.md)."""
     return optuna.samplers.TPESampler(seed=seed % 2**32, n_startup_trials=TPE_STARTUP_TRIALS, multivariate=False,
                                       constant_liar=True)
