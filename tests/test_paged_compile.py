@@ -35,11 +35,11 @@ def compile_variant(variant, *, cc=90, dtype="bf16", fp8=False, lse=False, head_
     module = _kernel_module(FAMILY.template, False, tuple(sorted(switches.items())))
     kv = "fp8e4nv" if fp8 else dtype
     pointers = dict(q_ptr=dtype, out_ptr=dtype, k_ptr=kv, v_ptr=kv, block_table_ptr="i32", context_lens_ptr="i32",
-                    cu_seqlens_q_ptr="i32", schedule_ptr="i32")
+                    cu_seqlens_q_ptr="i32", schedule_ptr="i32", merge_counters_ptr="i32")
     constants = dict(PAGE_SIZE=16, HEAD_DIM=head_dim, GROUP=group, NUM_QUERIES=queries,
                      ROWS=max(16, triton.next_power_of_2(group * queries)), BLOCK_N=block_n, PARTITION_SIZE=256,
                      BLOCK_M=block_m, BATCH_PAD=64, PARTS_BLOCK=COMBINE_PARTS_BLOCK, SPLIT_CANDIDATES=SPLIT_CANDIDATES,
-                     SPLIT_OVERHEAD=SPLIT_OVERHEAD_TOKENS, SPLIT_MARGIN_PCT=SPLIT_MARGIN_PCT)
+                     SPLIT_OVERHEAD=SPLIT_OVERHEAD_TOKENS, SPLIT_MARGIN_PCT=SPLIT_MARGIN_PCT, MERGE_IN_KERNEL=False)
     compiled = {}
     for name in KERNELS[variant]:
         kernel = getattr(module, name)

@@ -102,6 +102,9 @@ def decode_kv_buffers(num_stages: int) -> int:
 # Chunks the combine kernel merges a step for one query row: their loads are in flight together (a
 # sequence cut into 64 chunks takes 2 dependent steps, not 64); 32 x D 256 fp32 is 64 registers a thread.
 COMBINE_PARTS_BLOCK = 32
+# Chunks the balanced kernel's in-kernel merge (SplitConstants.merge_in_kernel) takes a step for all of a
+# program's query rows at once: 4 x 16 rows x D 128 fp32 is 64 registers a thread at 4 warps.
+MERGE_PARTS_BLOCK = 4
 
 
 @dataclass(frozen=True)
@@ -197,8 +200,13 @@ class SplitConstants:
     overhead_tokens: int = SPLIT_OVERHEAD_TOKENS
     margin_pct: int = SPLIT_MARGIN_PCT
     candidates: int = SPLIT_CANDIDATES
+    # Split sequences merged by the last of their chunks to finish, in the balanced kernel itself (one launch),
+    # instead of by the combine kernel. Off until it is measured faster (benchmarks/paged_sweep.py).
+    merge_in_kernel: bool = False
 
     def __post_init__(self):
+        if not isinstance(self.merge_in_kernel, bool):
+            raise BadInputError(f"split constant merge_in_kernel must be True or False, got {self.merge_in_kernel!r}")
         # (lowest, highest, why): the kernel's integer arithmetic stays within int32 shifts and int64 costs.
         limits = {"items_per_sm": (1, 1024, "programs per SM the grid may hold"),
                   "overhead_tokens": (0, 1 << 20, "tokens' worth of cost an item adds"),
@@ -230,7 +238,7 @@ class SplitConstants:
     def kernel_constants(self) -> dict:
         """The balanced kernel's tl.constexpr arguments."""
         return dict(SPLIT_CANDIDATES=self.candidates, SPLIT_OVERHEAD=self.overhead_tokens,
-                    SPLIT_MARGIN_PCT=self.margin_pct)
+                    SPLIT_MARGIN_PCT=self.margin_pct, MERGE_IN_KERNEL=self.merge_in_kernel)
 
 
 _DEFAULT_SPLIT = SplitConstants()
@@ -607,6 +615,11 @@ class PagedLaunch:
             self._ws = (self.workspace[2 * cut:], self.workspace[:cut], self.workspace[cut:2 * cut])
         # The balanced kernel's choice for the combine kernel (log2 of the chunk size, -1: nothing split).
         self.schedule = torch.zeros(1, dtype=torch.int32, device=self.device) if self.variant == "balanced" else None
+        # Arrival counts of split sequences' chunks when the balanced kernel merges them itself: zero between
+        # launches (the merging program resets its count), so a CUDA graph replays them as they are.
+        self.merge_in_kernel = self.variant == "balanced" and self.split_constants.merge_in_kernel
+        self.merge_counters = (torch.zeros(p.batch * p.num_kv_heads, dtype=torch.int32, device=self.device)
+                               if self.merge_in_kernel else self.schedule)
         # Decode-shaped calls of the prefill variant (Q tokens a sequence) pack their queries by these offsets.
         self._uniform_cu_seqlens = None
         if self.variant == "prefill":
@@ -668,9 +681,11 @@ class PagedLaunch:
             launch_kernel(
                 module.paged_attention_balanced, (self.max_chunks, p.num_kv_heads),
                 q, k_cache, v_cache, out, block_table, context_lens, k_scale, v_scale, ws_acc, ws_max, ws_sum,
-                self.schedule, *lse_args, scale, p.batch, self.num_sms, self.max_chunks, *q_strides, *o_strides,
-                *caches, block_table.stride(0), **shape, PARTITION_SIZE=size, BATCH_PAD=self.batch_pad,
-                **self._schedule_constants, **self.options)
+                self.schedule, self.merge_counters, *lse_args, scale, p.batch, self.num_sms, self.max_chunks,
+                *q_strides, *o_strides, *caches, block_table.stride(0), **shape, PARTITION_SIZE=size,
+                BATCH_PAD=self.batch_pad, PARTS_BLOCK=MERGE_PARTS_BLOCK, **self._schedule_constants, **self.options)
+            if self.merge_in_kernel:
+                return
             launch_kernel(
                 module.paged_attention_combine, (p.batch, p.num_kv_heads, p.group * p.num_queries),
                 out, context_lens, ws_acc, ws_max, ws_sum, self.schedule, *lse_args, p.batch, *o_strides,
