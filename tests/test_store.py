@@ -56,6 +56,32 @@ def test_round_trip_of_trials_and_winners(tmp_path):
     assert winner.toolchain["triton"] == "3.6.0"
 
 
+def test_a_winner_stored_by_another_tuner_between_read_and_insert_is_replaced(tmp_path, monkeypatch):
+    """Two tuners of one study finishing together: the one whose insert meets the other's row updates it."""
+    import sqlalchemy
+
+    import autotile.store.repo as repo
+
+    store = Store(open_engine(f"sqlite:///{tmp_path / 'race.sqlite'}"))
+    ids = dict(device_id=store.ensure_device(CPU), toolchain_id=store.ensure_toolchain(),
+               problem_id=store.ensure_problem(FAMILY, PROBLEM))
+    config = FAMILY.default_config(PROBLEM, CPU)
+    common = dict(config=config.to_json(), config_hash=config.hash, q20_ms=1.0, q80_ms=1.0, interpreted=1,
+                  trials_run=2, provenance="test")
+    store.save_winner(device=CPU, median_ms=3.0, **ids, **common)  # the other tuner's winner
+    real_select, missed = repo.select, []
+
+    def first_read_misses(*entities):  # this tuner read before the other one's insert
+        query = real_select(*entities)
+        if entities and entities[0] is repo.Winner and not missed:
+            missed.append(True)
+            return query.where(sqlalchemy.false())
+        return query
+    monkeypatch.setattr(repo, "select", first_read_misses)
+    store.save_winner(device=CPU, median_ms=2.0, **ids, **common)
+    assert missed and [w.median_ms for w in store.winners("gemm", "interpret")] == [2.0]
+
+
 def test_opening_a_database_leaves_its_file_to_sqlite(tmp_path, monkeypatch):
     """No open()/close() of the file from Python: a close drops the SQLite locks of this process's connections."""
     import builtins

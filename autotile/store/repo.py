@@ -145,17 +145,25 @@ class Store:
         """
         values = {"stale": 0, "verified_at": None, "verified_ms": None, "verify_status": "", "regression": None,
                   "verified_range": None, "kernel_config": None, "kernel_ms": None, **values}
-        with Session(self.engine) as session:
-            row = session.execute(
-                select(Winner).where(Winner.problem_id == problem_id, Winner.device_key == device.key)
-            ).scalar_one_or_none()
-            if row is None:
-                row = Winner(problem_id=problem_id, device_key=device.key)
-                session.add(row)
-            row.device_id, row.toolchain_id = device_id, toolchain_id
-            for name, value in values.items():
-                setattr(row, name, value)
-            session.commit()
+        for attempt in range(2):
+            try:
+                with Session(self.engine) as session:
+                    row = session.execute(
+                        select(Winner).where(Winner.problem_id == problem_id, Winner.device_key == device.key)
+                    ).scalar_one_or_none()
+                    if row is None:
+                        row = Winner(problem_id=problem_id, device_key=device.key)
+                        session.add(row)
+                    row.device_id, row.toolchain_id = device_id, toolchain_id
+                    for name, value in values.items():
+                        setattr(row, name, value)
+                    session.commit()
+                return
+            except IntegrityError:
+                # Another tuner of the same study stored this problem's winner between the read and the
+                # insert: the second attempt finds that row and replaces it.
+                if attempt:
+                    raise
 
     def winners(self, family: str | None = None, device_key: str | None = None) -> list[WinnerView]:
         query = (select(Winner, Problem, Toolchain, Device.driver).join(Problem, Winner.problem_id == Problem.id)
