@@ -112,12 +112,13 @@ def slug(label: str) -> str:
     return "".join(ch if ch.isalnum() else "_" for ch in label.split(" (")[0]).strip("_").lower()
 
 
-def sample_configs(family: Family, problem, device: DeviceInfo, size: int) -> tuple[list[Config], int]:
+def sample_configs(family: Family, problem, device: DeviceInfo, size: int, whole: bool = True
+                   ) -> tuple[list[Config], int]:
     """(the sample, the size of the feasible space): default and seed configs, then the `size` configs whose
-    hashes sort first (uniform, fixed; a larger size extends a smaller one); a space of at most
-    WHOLE_SPACE_UP_TO configs whole."""
+    hashes sort first (uniform, fixed; a larger size extends a smaller one); with `whole` (no --sample given),
+    a space of at most WHOLE_SPACE_UP_TO configs whole."""
     feasible = list(family.space(problem, device).feasible())
-    size = max(size, len(feasible)) if len(feasible) <= WHOLE_SPACE_UP_TO else size
+    size = max(size, len(feasible)) if whole and len(feasible) <= WHOLE_SPACE_UP_TO else size
     ordered = sorted(feasible, key=lambda c: c.hash)[:size]
     first = [family.default_config(problem, device), *family.seed_configs(problem, device)]
     return list(dict.fromkeys([*first, *ordered])), len(feasible)
@@ -165,14 +166,15 @@ def _done(path: Path) -> dict[str, str]:
     return done
 
 
-def measure_problem(label: str, family: Family, problem, device: DeviceInfo, tables: Path, size: int,
+def measure_problem(label: str, family: Family, problem, device: DeviceInfo, tables: Path, size: tuple[int, bool],
                     bench: tuple[int, int], deadline: float, processes: int) -> dict:
     """Measure what is left of one problem's sample before `deadline`; returns what was done."""
     from autotile.tune.compile_ahead import start_compile_ahead
 
     started = time.monotonic()
     path = tables / f"{slug(label)}.jsonl"
-    sample, space_size = sample_configs(family, problem, device, size)
+    # size: (configs, whether a small space is measured whole: not when --sample asked for an exact sample)
+    sample, space_size = sample_configs(family, problem, device, size[0], whole=size[1])
     note = (f"sampled: {len(sample)} of {space_size} feasible configs (default, seeds, then by config hash); "
             f"do_bench warm-up {bench[0]} ms, {bench[1]} ms of runs; measured {datetime.date.today()}"
             + ("; TRITON INTERPRETER timings (CPU)" if device.interpret else ""))
@@ -217,7 +219,7 @@ def run_measure(args) -> str:
     if device.interpret and not args.interpret:
         raise SystemExit("--measure needs a GPU (or --interpret to check the script on the CPU interpreter)")
     chosen = interpret_problems() if args.interpret else problems()
-    size = args.sample or (QUICK_SAMPLE if args.quick else FULL_SAMPLE)
+    size = (args.sample or (QUICK_SAMPLE if args.quick else FULL_SAMPLE), args.sample is None)
     bench = QUICK_BENCH if args.quick else FULL_BENCH
     budget = args.budget_s or (QUICK_BUDGET_S if args.quick else FULL_BUDGET_S)
     processes = max(1, min(15, (os.cpu_count() or 2) - 1))
