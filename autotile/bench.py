@@ -39,6 +39,20 @@ def interleaved_samples(fns: Mapping[str, Callable[[], object]], rounds: int,
     return samples
 
 
+def cuda_graph_of(fn: Callable[[], object], runs: int = 1) -> torch.cuda.CUDAGraph:
+    """A CUDA graph of `runs` calls of fn, warmed up on a side stream first (benchmarks' GPU-only timings)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(runs):
+            fn()
+    return graph
+
+
 def interleaved_medians(fns: Mapping[str, Callable[[], object]], rounds: int,
                         time_one: Callable[[Callable[[], object]], float]) -> dict[str, float]:
     """The median of `interleaved_samples` for each callable (benchmarks' side-by-side timings)."""

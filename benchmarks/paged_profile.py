@@ -20,21 +20,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import paged_bench as pb  # noqa: E402  (the decode data builder)
 
 import autotile  # noqa: E402
+from autotile.bench import cuda_graph_of  # noqa: E402
 
 RUNS = 20
-
-
-def graph_of(fn, runs: int):
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(runs):
-            fn()
-    return graph
 
 
 def kernel_us(fn, runs: int) -> dict[str, float]:
@@ -60,10 +48,10 @@ def profile(name: str, lengths: list[int], heads: tuple[int, int, int], configs:
                     batch=len(lengths), num_q_heads=heads[0], num_kv_heads=heads[1], head_dim=heads[2], page_size=16,
                     max_context=max(lengths), device="cuda", config=config, split_constants=knobs)
 
-                def fn():
+                def fn(plan=plan):
                     plan.run(data.q[:, 0], data.k_cache, data.v_cache, data.block_table, data.context_lens, out=out)
                 fn()
-                graph = graph_of(fn, RUNS)
+                graph = cuda_graph_of(fn, RUNS)
                 us = min(do_bench(graph.replay, warmup=10, rep=60) for _ in range(3)) / RUNS * 1e3
                 tbps = data.kv_bytes / (us * 1e-6) / 1e12
                 tile = (config["VARIANT"], config["BLOCK_N"], config["PARTITION_SIZE"], config["num_stages"],

@@ -103,31 +103,31 @@ def _gemm_row(name, proj, m, x, w, bias, rounds) -> dict:
 SLOW_ROW = 0.97  # rows below this ratio are diagnosed: host time, GPU-only time, and a second timing
 
 
+def _host_us_per_call(fn, calls: int) -> float:
+    """Host microseconds per call of fn with `calls` calls queued (after one call and a sync)."""
+    import torch
+
+    fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    host_us = (time.perf_counter() - start) / calls * 1e6
+    torch.cuda.synchronize()
+    return host_us
+
+
 def _where_time_goes(fn) -> dict:
     """Host us per call (500 calls queued, no sync) and GPU us per call (20 calls replayed from one CUDA graph, no
     host work): an eager timing far above the second is host-bound, or the call does something per call."""
-    import time
-
-    import torch
     import triton.testing
+
+    from autotile.bench import cuda_graph_of
 
     for _ in range(10):
         fn()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(500):
-        fn()
-    host_us = (time.perf_counter() - start) / 500 * 1e6
-    torch.cuda.synchronize()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(20):
-            fn()
+    host_us = _host_us_per_call(fn, 500)
+    graph = cuda_graph_of(fn, 20)
     graph_us = triton.testing.do_bench(graph.replay, warmup=10, rep=40) / 20 * 1e3
     return {"host_us": host_us, "graph_us": graph_us}
 
@@ -222,16 +222,7 @@ def host_overhead(calls: int = 2000) -> list[dict]:
     for name, (ours, theirs) in cases.items():
         per = {}
         for label, fn in (("ours", ours), ("vendor", theirs)):
-            samples = []
-            for _ in range(5):
-                fn()
-                torch.cuda.synchronize()
-                start = time.perf_counter()
-                for _ in range(calls):
-                    fn()
-                samples.append((time.perf_counter() - start) / calls * 1e6)
-                torch.cuda.synchronize()
-            per[label] = statistics.median(samples)
+            per[label] = statistics.median(_host_us_per_call(fn, calls) for _ in range(5))
         rows.append({"op": name, "ours_us": per["ours"], "vendor_us": per["vendor"],
                      "extra_us": per["ours"] - per["vendor"]})
         print(f"host {name:16s} ours {per['ours']:6.1f} us  vendor {per['vendor']:6.1f} us  "
