@@ -75,12 +75,8 @@ def main() -> None:
                + [split(p) for p in (256, 512, 1024, 2048, 4096)] + [split(1024, num_stages=5), split(2048, num_stages=5)])
     profile("32k", [32768], (32, 8, 128), configs)
     profile("32k", [32768], (32, 8, 128), [balanced()], [{"items_per_sm": n} for n in (2, 4, 16, 32)])
-    # The last chunk of each split (sequence, KV head) merges in the kernel: no combine launch.
-    merged = [{"items_per_sm": n, "merge_in_kernel": True} for n in (4, 16, 32)]
-    profile("32k", [32768], (32, 8, 128), [balanced(), balanced(BLOCK_N=32), balanced(num_stages=5)], merged)
-    profile("32k", [32768], (32, 8, 128), [balanced(PARTITION_SIZE=512)], [None, merged[1]])
-    profile("16x1k-32k", [1000 + (i * 1661) % 31000 for i in range(16)], (16, 8, 256), [balanced(), split(1024)],
-            [None, merged[1]])
+    profile("32k", [32768], (32, 8, 128), [balanced(PARTITION_SIZE=512)])
+    profile("16x1k-32k", [1000 + (i * 1661) % 31000 for i in range(16)], (16, 8, 256), [balanced(), split(1024)])
 
 
 if __name__ == "__main__":

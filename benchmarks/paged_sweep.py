@@ -71,18 +71,17 @@ class Knobs(NamedTuple):
     overhead_tokens: int
     margin_pct: int
     partition_size: int
-    merge_in_kernel: bool = False  # split sequences merged by their last chunk, not by the combine kernel
 
     def split(self):
         from autotile.families.paged import SplitConstants
 
         return SplitConstants(items_per_sm=self.items_per_sm, overhead_tokens=self.overhead_tokens,
-                              margin_pct=self.margin_pct, merge_in_kernel=self.merge_in_kernel)
+                              margin_pct=self.margin_pct)
 
     @property
     def label(self) -> str:
         return (f"items/SM {self.items_per_sm}, overhead {self.overhead_tokens}, margin {self.margin_pct}%, "
-                f"partition {self.partition_size}" + (", merged in the kernel" if self.merge_in_kernel else ""))
+                f"partition {self.partition_size}")
 
 
 def default_knobs() -> Knobs:
@@ -136,9 +135,7 @@ def knob_grid(sweep: Sweep) -> list[Knobs]:
     else:
         grid = [Knobs(i, o, m, p) for p in PARTITIONS for i in ITEMS_PER_SM for o in OVERHEAD_TOKENS for m in MARGIN_PCT]
     default = default_knobs()
-    grid = grid if default in grid else [default] + grid
-    # The in-kernel merge against the combine kernel, at the default constants and the smallest chunks.
-    return grid + [k._replace(merge_in_kernel=True) for k in grid if k == default or k.items_per_sm == 32]
+    return grid if default in grid else [default] + grid
 
 
 def problem_of(mix: Mix):
@@ -376,14 +373,14 @@ def schedule_groups(sweep: Sweep, mix: Mix, grid: list[Knobs], num_sms: int) -> 
     for knobs in grid:
         split = knobs.split()
         key = (tuple(balanced_schedule(mix.lengths, hkv, num_sms, knobs.partition_size, split)),
-               balanced_max_chunks(batch, hkv, num_sms, split), knobs.merge_in_kernel)
+               balanced_max_chunks(batch, hkv, num_sms, split))
         groups.setdefault(key, []).append(knobs)
     default = default_knobs()
     ordered = sorted(groups.values(), key=lambda members: default not in members)
     compiled = set()  # (overhead, margin, partition): the kernel's constants, one compile per tile each
     result = []
     for members in ordered:
-        constants = lambda k: (k.overhead_tokens, k.margin_pct, k.partition_size, k.merge_in_kernel)  # noqa: E731
+        constants = lambda k: (k.overhead_tokens, k.margin_pct, k.partition_size)  # noqa: E731
         pick = default if default in members else next(
             (k for k in members if constants(k) in compiled), members[0])
         compiled.add(constants(pick))

@@ -8,6 +8,7 @@ triton's language helpers in interpreter mode (TRITON_INTERPRET=1, see conftest.
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from compile_child import launch_signature, run_compile_child
@@ -16,8 +17,8 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from autotile.families.paged import (
-    COMBINE_PARTS_BLOCK, FAMILY, SPLIT_CANDIDATES, SPLIT_MARGIN_PCT, SPLIT_OVERHEAD_TOKENS, PagedProblem,
-    _kernel_module, shared_memory_bytes,
+    FAMILY, SPLIT_CANDIDATES, SPLIT_MARGIN_PCT, SPLIT_OVERHEAD_TOKENS, PagedProblem,
+    _kernel_module, combine_parts_block, shared_memory_bytes,
 )
 
 KERNELS = {
@@ -35,11 +36,12 @@ def compile_variant(variant, *, cc=90, dtype="bf16", fp8=False, lse=False, head_
     module = _kernel_module(FAMILY.template, False, tuple(sorted(switches.items())))
     kv = "fp8e4nv" if fp8 else dtype
     pointers = dict(q_ptr=dtype, out_ptr=dtype, k_ptr=kv, v_ptr=kv, block_table_ptr="i32", context_lens_ptr="i32",
-                    cu_seqlens_q_ptr="i32", schedule_ptr="i32", merge_counters_ptr="i32")
+                    cu_seqlens_q_ptr="i32", schedule_ptr="i32")
     constants = dict(PAGE_SIZE=16, HEAD_DIM=head_dim, GROUP=group, NUM_QUERIES=queries,
                      ROWS=max(16, triton.next_power_of_2(group * queries)), BLOCK_N=block_n, PARTITION_SIZE=256,
-                     BLOCK_M=block_m, BATCH_PAD=64, PARTS_BLOCK=COMBINE_PARTS_BLOCK, SPLIT_CANDIDATES=SPLIT_CANDIDATES,
-                     SPLIT_OVERHEAD=SPLIT_OVERHEAD_TOKENS, SPLIT_MARGIN_PCT=SPLIT_MARGIN_PCT, MERGE_IN_KERNEL=False)
+                     BLOCK_M=block_m, BATCH_PAD=64, PARTS_BLOCK=combine_parts_block(head_dim), PDL=cc >= 90,
+                     SPLIT_CANDIDATES=SPLIT_CANDIDATES,
+                     SPLIT_OVERHEAD=SPLIT_OVERHEAD_TOKENS, SPLIT_MARGIN_PCT=SPLIT_MARGIN_PCT)
     compiled = {}
     for name in KERNELS[variant]:
         kernel = getattr(module, name)
@@ -79,7 +81,8 @@ def compile_cases() -> dict:
         options = dict(options)
         variant = options.pop("variant")
         results[case] = {name: dict(shared=k.metadata.shared, cp_async="cp.async" in k.asm["ptx"],
-                                    wgmma="wgmma" in k.asm["ptx"], mma_sync="mma.sync" in k.asm["ptx"])
+                                    wgmma="wgmma" in k.asm["ptx"], mma_sync="mma.sync" in k.asm["ptx"],
+                                    griddep=sorted(set(re.findall(r"griddepcontrol\.(\w+)", k.asm["ptx"]))))
                          for name, k in compile_variant(variant, **options).items()}
     return results
 
@@ -127,6 +130,16 @@ def test_the_gpu_code_pipelines_its_loads_and_uses_tensor_cores(compiled):
     assert hopper["wgmma"] and hopper["cp_async"]
     ampere = compiled["prefill-sm80"]["paged_prefill_kernel"]
     assert ampere["mma_sync"] and ampere["cp_async"]
+
+
+def test_the_combine_kernel_is_a_programmatic_dependent_launch_on_hopper(compiled):
+    # sm90: the balanced kernel lets the combine launch early and the combine waits for its results;
+    # sm80 has no griddepcontrol, so neither appears there.
+    hopper = compiled["balanced-s2"]
+    assert hopper["paged_attention_balanced"]["griddep"] == ["launch_dependents"]
+    assert hopper["paged_attention_combine"]["griddep"] == ["wait"]
+    for kernel in compiled["balanced-sm80"].values():
+        assert kernel["griddep"] == []
 
 
 if __name__ == "__main__":

@@ -148,11 +148,12 @@ def test_plan_matches_float64_reference(case):
 
 
 def test_the_combine_merges_chunks_over_several_steps(monkeypatch):
-    """A sequence cut into more chunks than the combine merges a step (COMBINE_PARTS_BLOCK; 2 here) rescales
-    its running result to each new maximum, as the 32-chunk steps of a long context on a GPU do."""
+    """A sequence cut into more chunks than the combine merges a step (2 here: COMBINE_STEP_ELEMENTS over D 64)
+    rescales its running result to each new maximum, as the steps of a long context at D 256 on a GPU do."""
     from autotile.families import paged
 
-    monkeypatch.setattr(paged, "COMBINE_PARTS_BLOCK", 2)
+    monkeypatch.setattr(paged, "COMBINE_STEP_ELEMENTS", 2 * 64)
+    assert paged.combine_parts_block(64) == 2
     lengths = [700, 0, 35, 300]
     assert balanced_schedule(lengths, 2, 16, 256)[0] >= 3
     data = PagedBatch(lengths, heads_q=8, heads_kv=2, dim=64, page_size=16, seed=4)

@@ -61,7 +61,7 @@ def test_the_default_path_is_the_module_constants():
     assert launch.split_constants == defaults
     assert launch._schedule_constants == dict(SPLIT_CANDIDATES=paged.SPLIT_CANDIDATES,
                                               SPLIT_OVERHEAD=paged.SPLIT_OVERHEAD_TOKENS,
-                                              SPLIT_MARGIN_PCT=paged.SPLIT_MARGIN_PCT, MERGE_IN_KERNEL=False)
+                                              SPLIT_MARGIN_PCT=paged.SPLIT_MARGIN_PCT)
     assert launch.max_chunks == 5 + cdiv(paged.SPLIT_ITEMS_PER_SM * NUM_SMS, HEADS_KV)
     # The cached launches: None and the explicit defaults are one entry; other constants another.
     device = torch.device("cpu")
@@ -248,36 +248,6 @@ def test_balanced_kernels_write_nothing_outside_their_buffers(fields, partition_
     assert_close(lse[:, None], want_lse, 1e-4, "lse")
 
 
-def test_the_last_chunk_to_finish_merges_in_the_kernel_itself():
-    """merge_in_kernel: one launch; the result matches the float64 reference (and the combine kernel's within
-    rounding), two runs give the same bits, and the arrival counters are back at zero after each."""
-    from test_paged_plan import PagedBatch, assert_close, tolerance
-
-    lengths = [600, 12, 0, 260]  # cut into 3, 1, 1 and 2 chunks
-    fields = dict(items_per_sm=2, overhead_tokens=32, margin_pct=100)  # a small grid: the interpreter runs it all
-    assert balanced_schedule(lengths, HEADS_KV, NUM_SMS, 256, fields) == [3, 1, 1, 2]
-    data = PagedBatch(lengths, heads_q=HEADS_Q, heads_kv=HEADS_KV, dim=DIM, page_size=16, seed=7)
-    results = {}
-    for merge in (False, True):
-        plan = plan_paged_attention(batch=len(lengths), num_q_heads=HEADS_Q, num_kv_heads=HEADS_KV, head_dim=DIM,
-                                    page_size=16, max_context=1024, dtype=torch.float16, device="cpu", config=BALANCED,
-                                    num_sms=NUM_SMS, return_lse=True, split_constants=dict(fields, merge_in_kernel=merge))
-        runs = [plan.run(data.q[:, 0], data.k_cache, data.v_cache, data.block_table, data.context_lens)
-                for _ in range(1 + merge)]
-        assert torch.equal(runs[0][0], runs[-1][0]) and torch.equal(runs[0][1], runs[-1][1])
-        assert plan.launch.merge_in_kernel is merge
-        if merge:
-            assert plan.launch.merge_counters.shape == (len(lengths) * HEADS_KV,)
-            assert not plan.launch.merge_counters.any()
-        results[merge] = runs[0]
-    want, want_lse = data.reference(1 / DIM ** 0.5)
-    for out, lse in results.values():
-        assert_close(out[:, None], want, tolerance("fp16"), "out")
-        assert_close(lse[:, None], want_lse, 1e-4, "lse")
-    with pytest.raises(BadInputError, match="merge_in_kernel"):
-        SplitConstants.of({"merge_in_kernel": 1})
-
-
 # --- benchmarks/paged_sweep.py keeps what its CUDA graphs use ---------------------------------------------
 
 def _load_sweep():
@@ -340,8 +310,7 @@ def test_sweep_replays_keep_their_plans_workspace_and_output_alive(monkeypatch):
 # --- sm90 compile with non-default constants (child process) -------------------------------------------
 
 COMPILE_CASES = {"overhead32-margin100-c16": dict(overhead_tokens=32, margin_pct=100, candidates=16),
-                 "overhead256-margin125-c4": dict(overhead_tokens=256, margin_pct=125, candidates=4),
-                 "merge-in-kernel": dict(merge_in_kernel=True)}
+                 "overhead256-margin125-c4": dict(overhead_tokens=256, margin_pct=125, candidates=4)}
 
 
 def compile_balanced(constants: dict, *, cc: int = 90) -> dict:
@@ -353,10 +322,10 @@ def compile_balanced(constants: dict, *, cc: int = 90) -> dict:
     switches = dict(VARIANT="balanced", FP8_SCALES=False, WRITE_LSE=False, UPCAST_DOTS=False)
     kernel = paged._kernel_module(FAMILY.template, False, tuple(sorted(switches.items()))).paged_attention_balanced
     constexprs = dict(PAGE_SIZE=16, HEAD_DIM=128, GROUP=4, NUM_QUERIES=1, ROWS=16, BLOCK_N=64, PARTITION_SIZE=256,
-                      BATCH_PAD=64, PARTS_BLOCK=paged.MERGE_PARTS_BLOCK,
+                      BATCH_PAD=64, PDL=cc >= 90,
                       **SplitConstants.of(constants).kernel_constants())
     pointers = dict(q_ptr="bf16", out_ptr="bf16", k_ptr="bf16", v_ptr="bf16", block_table_ptr="i32",
-                    context_lens_ptr="i32", schedule_ptr="i32", merge_counters_ptr="i32")
+                    context_lens_ptr="i32", schedule_ptr="i32")
     signature, attrs = launch_signature(kernel, pointers)
     compiled = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs),
                               target=GPUTarget("cuda", cc, 32), options={"num_warps": 2, "num_stages": 2})

@@ -99,12 +99,15 @@ def decode_kv_buffers(num_stages: int) -> int:
     return max(1, (num_stages - 1) // 2)
 
 
-# Chunks the combine kernel merges a step for one query row: their loads are in flight together (a
-# sequence cut into 64 chunks takes 2 dependent steps, not 64); 32 x D 256 fp32 is 64 registers a thread.
-COMBINE_PARTS_BLOCK = 32
-# Chunks the balanced kernel's in-kernel merge (SplitConstants.merge_in_kernel) takes a step for all of a
-# program's query rows at once: 4 x 16 rows x D 128 fp32 is 64 registers a thread at 4 warps.
-MERGE_PARTS_BLOCK = 4
+# fp32 partial accumulators the combine kernel loads in one step for one query row (chunks x D_PAD): their
+# loads are in flight together, 64 registers a thread at 4 warps. One 32k sequence is cut into 64 chunks:
+# at D 128 they merge in one dependent step (at 32 chunks a step the combine took 5.1 us, 12% of the run).
+COMBINE_STEP_ELEMENTS = 8192
+
+
+def combine_parts_block(head_dim: int) -> int:
+    """Chunks the combine kernel merges a step (a power of two) for a head dim."""
+    return max(1, COMBINE_STEP_ELEMENTS // next_pow2(head_dim))
 
 
 @dataclass(frozen=True)
@@ -200,13 +203,8 @@ class SplitConstants:
     overhead_tokens: int = SPLIT_OVERHEAD_TOKENS
     margin_pct: int = SPLIT_MARGIN_PCT
     candidates: int = SPLIT_CANDIDATES
-    # Split sequences merged by the last of their chunks to finish, in the balanced kernel itself (one launch),
-    # instead of by the combine kernel. Off until it is measured faster (benchmarks/paged_sweep.py).
-    merge_in_kernel: bool = False
 
     def __post_init__(self):
-        if not isinstance(self.merge_in_kernel, bool):
-            raise BadInputError(f"split constant merge_in_kernel must be True or False, got {self.merge_in_kernel!r}")
         # (lowest, highest, why): the kernel's integer arithmetic stays within int32 shifts and int64 costs.
         limits = {"items_per_sm": (1, 1024, "programs per SM the grid may hold"),
                   "overhead_tokens": (0, 1 << 20, "tokens' worth of cost an item adds"),
@@ -238,7 +236,7 @@ class SplitConstants:
     def kernel_constants(self) -> dict:
         """The balanced kernel's tl.constexpr arguments."""
         return dict(SPLIT_CANDIDATES=self.candidates, SPLIT_OVERHEAD=self.overhead_tokens,
-                    SPLIT_MARGIN_PCT=self.margin_pct, MERGE_IN_KERNEL=self.merge_in_kernel)
+                    SPLIT_MARGIN_PCT=self.margin_pct)
 
 
 _DEFAULT_SPLIT = SplitConstants()
@@ -615,11 +613,12 @@ class PagedLaunch:
             self._ws = (self.workspace[2 * cut:], self.workspace[:cut], self.workspace[cut:2 * cut])
         # The balanced kernel's choice for the combine kernel (log2 of the chunk size, -1: nothing split).
         self.schedule = torch.zeros(1, dtype=torch.int32, device=self.device) if self.variant == "balanced" else None
-        # Arrival counts of split sequences' chunks when the balanced kernel merges them itself: zero between
-        # launches (the merging program resets its count), so a CUDA graph replays them as they are.
-        self.merge_in_kernel = self.variant == "balanced" and self.split_constants.merge_in_kernel
-        self.merge_counters = (torch.zeros(p.batch * p.num_kv_heads, dtype=torch.int32, device=self.device)
-                               if self.merge_in_kernel else self.schedule)
+        # Programmatic dependent launch of the combine kernel (sm90+; griddepcontrol): its launch and prologue
+        # overlap the balanced kernel's last programs instead of following them.
+        self.pdl = (not self.interpret and self.device.type == "cuda"
+                    and torch.cuda.get_device_capability(self.device) >= (9, 0))
+        self._combine_options = dict(PARTS_BLOCK=combine_parts_block(p.head_dim), PDL=self.pdl, num_warps=4,
+                                     **({"launch_pdl": True} if self.pdl else {}))
         # Decode-shaped calls of the prefill variant (Q tokens a sequence) pack their queries by these offsets.
         self._uniform_cu_seqlens = None
         if self.variant == "prefill":
@@ -681,16 +680,14 @@ class PagedLaunch:
             launch_kernel(
                 module.paged_attention_balanced, (self.max_chunks, p.num_kv_heads),
                 q, k_cache, v_cache, out, block_table, context_lens, k_scale, v_scale, ws_acc, ws_max, ws_sum,
-                self.schedule, self.merge_counters, *lse_args, scale, p.batch, self.num_sms, self.max_chunks,
+                self.schedule, *lse_args, scale, p.batch, self.num_sms, self.max_chunks,
                 *q_strides, *o_strides, *caches, block_table.stride(0), **shape, PARTITION_SIZE=size,
-                BATCH_PAD=self.batch_pad, PARTS_BLOCK=MERGE_PARTS_BLOCK, **self._schedule_constants, **self.options)
-            if self.merge_in_kernel:
-                return
+                BATCH_PAD=self.batch_pad, PDL=self.pdl, **self._schedule_constants, **self.options)
             launch_kernel(
                 module.paged_attention_combine, (p.batch, p.num_kv_heads, p.group * p.num_queries),
                 out, context_lens, ws_acc, ws_max, ws_sum, self.schedule, *lse_args, p.batch, *o_strides,
                 HEAD_DIM=p.head_dim, GROUP=p.group, ROWS=p.rows, BATCH_PAD=self.batch_pad,
-                PARTS_BLOCK=COMBINE_PARTS_BLOCK, num_warps=4)
+                **self._combine_options)
 
     def prefill(self, q, k_cache, v_cache, block_table, cu_seqlens_q, context_lens, out, *, scale: float,
                 k_scale=None, v_scale=None, lse=None) -> None:
