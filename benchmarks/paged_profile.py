@@ -71,8 +71,9 @@ def main() -> None:
         return dict(dict(VARIANT="split", BLOCK_N=64, PARTITION_SIZE=partition, BLOCK_M=16, num_warps=4,
                          num_stages=2), **kw)
 
-    configs = ([balanced(), balanced(BLOCK_N=32), balanced(num_stages=5), balanced(BLOCK_N=128)]
-               + [split(p) for p in (256, 512, 1024, 2048, 4096)] + [split(1024, num_stages=5), split(2048, num_stages=5)])
+    configs = ([balanced(), balanced(BLOCK_N=32), balanced(BLOCK_N=32, num_stages=3), balanced(num_stages=3),
+                balanced(num_stages=4), balanced(BLOCK_N=128)]
+               + [split(p) for p in (512, 1024, 2048)] + [split(1024, num_stages=3), split(2048, num_stages=3)])
     profile("32k", [32768], (32, 8, 128), configs)
     profile("32k", [32768], (32, 8, 128), [balanced()], [{"items_per_sm": n} for n in (2, 4, 16, 32)])
     profile("32k", [32768], (32, 8, 128), [balanced(PARTITION_SIZE=512)])

@@ -54,9 +54,9 @@ ITEMS_PER_SM = (4, 8, 16, 32)
 OVERHEAD_TOKENS = (32, 64, 128, 256)
 MARGIN_PCT = (100, 110, 125)
 PARTITIONS = (256, 512)
-# Tile axes (stage A); --quick keeps the first two warps and three stages choices. Stages 5 and 7 keep
-# two and three K/V tiles in flight, 2-4 one (autotile.families.paged.STAGE_CHOICES).
-BLOCK_NS, WARPS, STAGES = (32, 64, 128), (4, 8, 2), (2, 5, 7, 3, 4)
+# Tile axes (stage A); --quick keeps the first two warps and three stages choices. n stages keep n - 1 K/V
+# tiles in flight (autotile.families.paged.decode_kv_buffers).
+BLOCK_NS, WARPS, STAGES = (32, 64, 128), (4, 8, 2), (2, 3, 4, 5)
 PAGE_SIZE = 16
 
 

@@ -65,12 +65,12 @@ CASES = {
     # Decode loops at the pipeline depths STAGE_CHOICES offers: the space's shared-memory model must be exact.
     "balanced-s2": dict(variant="balanced", num_stages=2),
     "balanced-s5": dict(variant="balanced", num_stages=5),
-    "balanced-s7": dict(variant="balanced", num_stages=7),
-    "whole-n128-s5": dict(variant="whole", block_n=128, num_stages=5),
+    "balanced-s4": dict(variant="balanced", num_stages=4),
+    "whole-n128-s3": dict(variant="whole", block_n=128, num_stages=3),
     "split-d256-s5": dict(variant="split", head_dim=256, block_n=32, num_stages=5, group=8),
     "balanced-s5-sm80": dict(variant="balanced", cc=80, num_stages=5),
 }
-DECODE_MODEL_CASES = ("balanced-s2", "balanced-s5", "balanced-s7", "whole-n128-s5", "split-d256-s5",
+DECODE_MODEL_CASES = ("balanced-s2", "balanced-s5", "balanced-s4", "whole-n128-s3", "split-d256-s5",
                       "balanced-s5-sm80", "whole-lse-d96", "balanced-lse-d80-g16")
 
 
@@ -112,15 +112,15 @@ def case_problem_and_config(case: str) -> tuple[PagedProblem, dict]:
 
 
 def test_the_space_knows_what_a_decode_program_allocates(compiled):
-    # The decode loops' K/V buffers follow num_stages unevenly (decode_kv_buffers); the space must not
+    # The decode loops' K/V buffers follow num_stages (decode_kv_buffers); the space must not
     # offer configs that do not fit, nor refuse deep pipelines that do.
     for case in DECODE_MODEL_CASES:
         problem, config = case_problem_and_config(case)
         main_kernel = KERNELS[config["VARIANT"]][0]
         assert compiled[case][main_kernel]["shared"] == shared_memory_bytes(problem, config), case
-    # Five stages keep two K/V tiles in flight where two stages keep one.
+    # n stages keep n - 1 K/V tiles in flight (the page ids come from the step before): 4 at 5 stages.
     assert compiled["balanced-s5"]["paged_attention_balanced"]["shared"] > \
-        1.8 * compiled["balanced-s2"]["paged_attention_balanced"]["shared"]
+        3.5 * compiled["balanced-s2"]["paged_attention_balanced"]["shared"]
 
 
 def test_the_gpu_code_pipelines_its_loads_and_uses_tensor_cores(compiled):

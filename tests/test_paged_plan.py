@@ -420,11 +420,11 @@ def test_configs_not_tuned_for_the_exact_problem_run_with_the_balanced_scheduler
     exact = Resolution(tuned, "shipped-db", device.key, "key", "key", "exact")
     assert served_config(problem, device, exact) is tuned
     nearby = Resolution(tuned, "shipped-db", device.key, "key", "other", "nearest")
-    # ... with the measured balanced tile: 64 tokens, two in flight (5 stages), 4 warps where (sequence, KV
+    # ... with the measured balanced tile: 64 tokens, two in flight (3 stages), 4 warps where (sequence, KV
     # head) items outnumber the SMs and D <= 128, 32 tokens for few items.
-    assert balanced_tile(problem, device.sm_count) == dict(BLOCK_N=64, num_warps=4, num_stages=5)
+    assert balanced_tile(problem, device.sm_count) == dict(BLOCK_N=64, num_warps=4, num_stages=3)
     assert dict(served_config(problem, device, nearby)) == dict(tuned, VARIANT="balanced", BLOCK_N=64, num_warps=4,
-                                                                num_stages=5)
+                                                                num_stages=3)
     one_long = PagedProblem(1, 32, 8, 128, 16, 32768)
     assert balanced_tile(one_long, 132) == dict(BLOCK_N=32, num_warps=4, num_stages=2)
     assert balanced_tile(PagedProblem(64, 16, 8, 256, 16, 32768), 132)["BLOCK_N"] == 64  # D = 256

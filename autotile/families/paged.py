@@ -86,17 +86,17 @@ SPLIT_CANDIDATES = 8
 SPLIT_OVERHEAD_TOKENS = 64
 SPLIT_MARGIN_PCT = 110
 SPLIT_ITEMS_PER_SM = 16
-# Pipeline depths the space offers. NOTE: the decode loops load K and V from addresses that depend on
-# a page-table load in the same step, and Triton 3.6's pipeliner splits num_stages between the two:
-# the K and V tiles get max(1, (num_stages - 1) // 2) buffers (sm90 builds: 1 buffer at 2-4 stages, 2 at
-# 5-6, 3 at 7), so below 5 stages a program waits for each tile before it asks for the next. Only many
-# programs per SM hid that (one 32k sequence reached 59% of copy bandwidth at 2-3 stages).
-STAGE_CHOICES = (1, 2, 3, 4, 5, 7)
+# Pipeline depths the space offers. NOTE: the decode loops read each step's page ids one step ahead
+# (templates/paged_attention.py.j2, _attend_tokens). When the K/V addresses came from a page-table load in
+# the same step, Triton 3.6's pipeliner split num_stages between the two loads: max(1, (num_stages - 1) // 2)
+# K/V buffers (1 at 2-4 stages, 2 at 5-6), and a program waited on the page ids before each tile. With the
+# ids carried from the step before, sm90 builds keep num_stages - 1 K/V tiles in flight.
+STAGE_CHOICES = (1, 2, 3, 4, 5)
 
 
 def decode_kv_buffers(num_stages: int) -> int:
     """K and V tiles a decode variant's loop keeps in flight at `num_stages` (Triton 3.6, see STAGE_CHOICES)."""
-    return max(1, (num_stages - 1) // 2)
+    return max(1, num_stages - 1)
 
 
 # fp32 partial accumulators the combine kernel loads in one step for one query row (chunks x D_PAD): their
@@ -252,12 +252,10 @@ def shared_memory_bytes(problem: "PagedProblem", config) -> int:
         # second dot and the query block.
         kv = 2 * c["BLOCK_N"] * dim * tile_size * c["num_stages"]
         return kv + c["BLOCK_M"] * c["BLOCK_N"] * 2 + c["BLOCK_M"] * dim * 2
-    # What Triton allocates for a decode loop: its K and V buffers (decode_kv_buffers), the page ids of
-    # the tiles in flight (from 3 stages on), the weights tile and the query tile; equal to sm90 builds
-    # (tests/test_paged_compile.py).
+    # What Triton allocates for a decode loop: its K and V buffers (decode_kv_buffers), the weights tile
+    # and the query tile (the page ids stay in registers); equal to sm90 builds (tests/test_paged_compile.py).
     buffers = decode_kv_buffers(c["num_stages"])
-    pages = buffers * c["BLOCK_N"] * 4 if c["num_stages"] >= 3 else 0
-    return buffers * 2 * c["BLOCK_N"] * dim * tile_size + pages + p.rows * c["BLOCK_N"] * 2 + p.rows * dim * 2
+    return buffers * 2 * c["BLOCK_N"] * dim * tile_size + p.rows * c["BLOCK_N"] * 2 + p.rows * dim * 2
 
 
 def balanced_max_chunks(batch: int, num_kv_heads: int, num_sms: int, split_constants=None) -> int:
@@ -298,15 +296,15 @@ def balanced_tile(problem: "PagedProblem", sm_count: int) -> dict:
     Measured on the H200 over six ragged decode mixes (benchmarks/results/paged_sweep_2026-12-01_quick.md,
     paged_sweep_2026-12-01b_quick.md): 4 warps led on every mix (2 warps reached 45-76% of copy bandwidth
     where 4 reached 59-93%). Where (sequence, KV head) items outnumber the SMs and D <= 128, 64-token tiles
-    with two in flight (5 stages, STAGE_CHOICES) led or tied (84-93%, 128-token tiles at 2 stages 82-92%);
-    for few items (one long sequence) 32-token tiles (58-60%, against 51-59% for 64); at D = 256, 64-token
-    tiles at 2 stages (94-99%).
+    with two in flight led or tied (84-93%, 128-token tiles with one 82-92%); for few items (one long
+    sequence) 32-token tiles with one in flight (58-60%, against 51-59% for 64); at D = 256, 64-token tiles
+    with one in flight (94-99%). Tiles in flight are num_stages - 1 (decode_kv_buffers).
     """
     many = problem.batch * problem.num_kv_heads >= sm_count
     if problem.head_dim_pad > 128:
         return dict(BLOCK_N=64, num_warps=4, num_stages=2)
     if many:
-        return dict(BLOCK_N=64, num_warps=4, num_stages=5)
+        return dict(BLOCK_N=64, num_warps=4, num_stages=3)
     return dict(BLOCK_N=32, num_warps=4, num_stages=2)
 
 
