@@ -18,7 +18,7 @@ from triton.compiler import ASTSource
 
 from autotile.families.paged import (
     FAMILY, SPLIT_CANDIDATES, SPLIT_MARGIN_PCT, SPLIT_OVERHEAD_TOKENS, PagedProblem,
-    _kernel_module, combine_parts_block, shared_memory_bytes,
+    _kernel_module, combine_parts_block, prefetches_pages, shared_memory_bytes,
 )
 
 KERNELS = {
@@ -32,7 +32,8 @@ KERNELS = {
 def compile_variant(variant, *, cc=90, dtype="bf16", fp8=False, lse=False, head_dim=128, group=4, queries=1,
                     block_n=64, block_m=64, num_warps=4, num_stages=3):
     """Compile every kernel of a variant; returns {kernel name: CompiledKernel}."""
-    switches = dict(VARIANT=variant, FP8_SCALES=fp8, WRITE_LSE=lse, UPCAST_DOTS=False)
+    switches = dict(VARIANT=variant, FP8_SCALES=fp8, WRITE_LSE=lse, UPCAST_DOTS=False,
+                    PREFETCH_PAGES=prefetches_pages(num_stages))
     module = _kernel_module(FAMILY.template, False, tuple(sorted(switches.items())))
     kv = "fp8e4nv" if fp8 else dtype
     pointers = dict(q_ptr=dtype, out_ptr=dtype, k_ptr=kv, v_ptr=kv, block_table_ptr="i32", context_lens_ptr="i32",

@@ -426,8 +426,8 @@ def test_configs_not_tuned_for_the_exact_problem_run_with_the_balanced_scheduler
     assert dict(served_config(problem, device, nearby)) == dict(tuned, VARIANT="balanced", BLOCK_N=64, num_warps=4,
                                                                 num_stages=3)
     one_long = PagedProblem(1, 32, 8, 128, 16, 32768)
-    assert balanced_tile(one_long, 132) == dict(BLOCK_N=32, num_warps=4, num_stages=2)
-    assert balanced_tile(PagedProblem(64, 16, 8, 256, 16, 32768), 132)["BLOCK_N"] == 64  # D = 256
+    assert balanced_tile(one_long, 132) == dict(BLOCK_N=32, num_warps=4, num_stages=3)
+    assert balanced_tile(PagedProblem(64, 16, 8, 256, 16, 32768), 132)["BLOCK_N"] == 32  # D = 256
     short = PagedProblem(64, 32, 8, 128, 16, 256)  # nothing to split: kept as it is
     whole = Config(dict(tuned, BLOCK_N=64))
     assert served_config(short, device, Resolution(whole, "default", device.key, "k")) is whole

@@ -86,12 +86,19 @@ SPLIT_CANDIDATES = 8
 SPLIT_OVERHEAD_TOKENS = 64
 SPLIT_MARGIN_PCT = 110
 SPLIT_ITEMS_PER_SM = 16
-# Pipeline depths the space offers. NOTE: the decode loops read each step's page ids one step ahead
-# (templates/paged_attention.py.j2, _attend_tokens). When the K/V addresses came from a page-table load in
-# the same step, Triton 3.6's pipeliner split num_stages between the two loads: max(1, (num_stages - 1) // 2)
-# K/V buffers (1 at 2-4 stages, 2 at 5-6), and a program waited on the page ids before each tile. With the
-# ids carried from the step before, sm90 builds keep num_stages - 1 K/V tiles in flight.
+# Pipeline depths the space offers. NOTE: from 3 stages on, the loops read each step's page ids one step
+# ahead (PREFETCH_PAGES in templates/paged_attention.py.j2). When the K/V addresses come from a page-table
+# load in the same step, Triton 3.6's pipeliner splits num_stages between the two loads: max(1,
+# (num_stages - 1) // 2) K/V buffers (1 at 2-4 stages, 2 at 5-6), and a program waits on the page ids before
+# each tile. With the ids carried from the step before, sm90 builds keep num_stages - 1 K/V tiles in flight.
+# At 2 stages the in-step load measured faster (B=64 x 4k, whole variant: 0.26 ms against 0.34).
 STAGE_CHOICES = (1, 2, 3, 4, 5)
+PREFETCH_PAGES_FROM_STAGES = 3
+
+
+def prefetches_pages(num_stages: int) -> bool:
+    """Whether a config's loops read page ids a step ahead (the template's PREFETCH_PAGES)."""
+    return num_stages >= PREFETCH_PAGES_FROM_STAGES
 
 
 def decode_kv_buffers(num_stages: int) -> int:
@@ -293,19 +300,18 @@ def balanced_schedule(context_lens: list[int], num_kv_heads: int, num_sms: int, 
 def balanced_tile(problem: "PagedProblem", sm_count: int) -> dict:
     """The balanced variant's tile where nothing was tuned for the call: BLOCK_N, warps and stages.
 
-    Measured on the H200 over six ragged decode mixes (benchmarks/results/paged_sweep_2026-12-01_quick.md,
-    paged_sweep_2026-12-01b_quick.md): 4 warps led on every mix (2 warps reached 45-76% of copy bandwidth
-    where 4 reached 59-93%). Where (sequence, KV head) items outnumber the SMs and D <= 128, 64-token tiles
-    with two in flight led or tied (84-93%, 128-token tiles with one 82-92%); for few items (one long
-    sequence) 32-token tiles with one in flight (58-60%, against 51-59% for 64); at D = 256, 64-token tiles
-    with one in flight (94-99%). Tiles in flight are num_stages - 1 (decode_kv_buffers).
+    Measured on the H200 over six ragged decode mixes (benchmarks/paged_sweep.py; results/
+    paged_sweep_2026-12-01b_quick.md, paged_sweep_2026-12-01d_quick.md): 4 warps led on every mix (2 warps
+    reached 45-76% of copy bandwidth where 4 reached 59-93%). With the page ids read a step ahead (3 stages
+    and more), 3 stages (two K/V tiles in flight) led: 64-token tiles where (sequence, KV head) items
+    outnumber the SMs and D <= 128 (85-94%); 32-token tiles for few items (one 32k sequence: 61%, against 59%
+    at 2 stages) and at D = 256 (16 sequences of 1k-32k at Gemma-2 heads: 99%, against 96% for 64-token
+    tiles at 2 stages).
     """
     many = problem.batch * problem.num_kv_heads >= sm_count
-    if problem.head_dim_pad > 128:
-        return dict(BLOCK_N=64, num_warps=4, num_stages=2)
-    if many:
+    if many and problem.head_dim_pad <= 128:
         return dict(BLOCK_N=64, num_warps=4, num_stages=3)
-    return dict(BLOCK_N=32, num_warps=4, num_stages=2)
+    return dict(BLOCK_N=32, num_warps=4, num_stages=3)
 
 
 def _with_block_m(config):
@@ -550,7 +556,8 @@ class PagedFamily(Family):
 
     # --- running --------------------------------------------------------------------
     def render_switches(self, problem: PagedProblem, config: Config) -> dict:
-        return dict(VARIANT=config["VARIANT"], FP8_SCALES=problem.kv_dtype == "fp8", UPCAST_DOTS=False, WRITE_LSE=False)
+        return dict(VARIANT=config["VARIANT"], FP8_SCALES=problem.kv_dtype == "fp8", UPCAST_DOTS=False, WRITE_LSE=False,
+                    PREFETCH_PAGES=prefetches_pages(config["num_stages"]))
 
     def launch(self, problem: PagedProblem, config: Config, inputs: Tensors, outputs: Tensors) -> None:
         q, out = inputs["q"], outputs["out"]
@@ -593,6 +600,7 @@ class PagedLaunch:
         self.interpret = self.device.type == "cpu"
         self.num_sms = int(num_sms) if num_sms is not None else device_sm_count(self.device)
         switches = dict(VARIANT=self.variant, FP8_SCALES=p.kv_dtype == "fp8", WRITE_LSE=return_lse,
+                        PREFETCH_PAGES=prefetches_pages(config["num_stages"]),
                         # NOTE: Triton 3.6's interpreter computes bf16 tl.dot wrongly; CPU runs upcast the dot operands.
                         UPCAST_DOTS=self.interpret and "bf16" in (p.dtype, p.kv_dtype))
         self.module = _kernel_module(FAMILY.template, self.interpret, tuple(sorted(switches.items())))
