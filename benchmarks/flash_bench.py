@@ -479,7 +479,12 @@ def shape_list(quick: bool) -> list[tuple[str, FlashProblem]]:
 
 # --- 3. varlen and host overhead ------------------------------------------------------------------------
 def varlen_vs_dense(device, quick: bool) -> dict:
-    """Packed sequences (lengths 1/4..1 of 2048) beside the dense kernel on one batch of full-length sequences."""
+    """Packed sequences (lengths 1/4..1 of 2048) beside the dense kernel on one batch of full-length sequences.
+
+    The dense batch is the packed sequences padded to the longest (8 x 2048), so two ratios come from the same
+    timings: issue 14's target, the padded dense kernel on the same tokens with only real tokens counted
+    (padded time / varlen time), and the stricter efficiency ratio, TFLOP/s on real tokens against the dense
+    kernel's on a batch with no padding."""
     varlen = FlashProblem("fwd", 8, 32, 8, 2048, 2048, 128, causal=True, varlen=True)
     dense = FlashProblem("fwd", 8, 32, 8, 2048, 2048, 128, causal=True)
     config = FAMILY.default_config(dense, device)
@@ -492,7 +497,9 @@ def varlen_vs_dense(device, quick: bool) -> dict:
     for name, problem in problems.items():
         row[name] = tflops(problem, timings[name])  # cost counts the real (packed) tokens only
     row["ratio"] = row["varlen"] / row["dense"]
-    log(f"  varlen {row['varlen']:.0f} TFLOP/s on real tokens, dense {row['dense']:.0f}: {row['ratio']:.2f}x")
+    row["vs_padded"] = timings["dense"] / timings["varlen"]
+    log(f"  varlen {row['varlen']:.0f} TFLOP/s on real tokens, dense {row['dense']:.0f}: {row['ratio']:.2f}x; "
+        f"padded dense time / varlen time {row['vs_padded']:.2f}x")
     return row
 
 
@@ -621,7 +628,9 @@ def render(device, rows: list[dict], varlen: dict | None, host: list[dict], fail
     if varlen:
         lines += ["", "Packed varlen (8 sequences of 512..2048 tokens, Llama heads, causal) beside the dense kernel "
                   f"(8 x 2048), TFLOP/s on real tokens, config `{varlen['config']}`: varlen {cell(varlen['varlen'])}, "
-                  f"dense {cell(varlen['dense'])}, ratio {varlen['ratio']:.2f} (target >= 0.95)."]
+                  f"dense {cell(varlen['dense'])}, efficiency ratio {varlen['ratio']:.2f}. The dense batch is the "
+                  "packed sequences padded to 2048: the padded kernel on the same tokens takes "
+                  f"{varlen.get('vs_padded', float('nan')):.2f}x the varlen kernel's time (target: varlen within 5%)."]
     if host:
         lines += ["", f"Host us per call, {HOST_CALLS} calls queued (1 x 8/2 heads x 128 x 128, bf16, causal):", "",
                   "| call | host us | served config |", "|---|---|---|"]

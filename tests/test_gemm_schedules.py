@@ -144,6 +144,9 @@ DECODE = [
     (contiguous_problem(5, 100, 300, "fp16", "fp16", layout_b="col", bias=True), config(SCHEDULE="stream_k", SWAP_AB=True,
                                                                                        BLOCK_N=64)),
     (contiguous_problem(16, 64, 512, "bf16", "bf16", layout_b="col"), config(VARIANT="tma", SCHEDULE="stream_k", BLOCK_K=64)),
+    # The mid-M weight-streaming seed (gemm_policy.streaming_config): 37 tokens in one 64-row swapped tile.
+    (contiguous_problem(37, 72, 300, "bf16", "bf16", layout_b="col"), config(SCHEDULE="split_k", SPLIT_K=3, SWAP_AB=True,
+                                                                            BLOCK_M=64, BLOCK_N=64)),
 ]
 
 

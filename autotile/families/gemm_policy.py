@@ -32,6 +32,9 @@ from autotile.families.gemm_space import (
 
 DECODE_MAX_M = 16
 MID_MAX_M = 512
+# Tokens up to which a mid GEMM's seeds include the weight-streaming kernel (streaming_config): the A tile of
+# all M rows stays small beside B's (64 x 128 against 64 x 128 at M = 64).
+STREAM_MAX_M = 64
 # A split's fixed cost (start, pipeline fill, the last contributor's wait) in K tiles of streaming;
 # its partial tile's round trip through the workspace is added in proportion to its bytes.
 SPLIT_FIXED_K_TILES = 1.0
@@ -145,6 +148,17 @@ def decode_config(problem, device: DeviceInfo) -> dict:
     return _schedule(p, config, device, split=True)
 
 
+def streaming_config(problem, device: DeviceInfo) -> dict:
+    """Decode's weight-streaming kernel for 16 < M <= STREAM_MAX_M: every token in one tile (so B is read
+    once), A and B swapped, split-K to fill the SMs. At M = 64 on the H200 the 64 x 128 stream-K tiles
+    reached 0.49-0.92x of cuBLAS (results/gemm_kernels_2026-12-01_quick.md), where the weight's bytes
+    bound both."""
+    p = problem
+    config = _fit_blocks(p, _base(BLOCK_M=STREAM_MAX_M, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4))
+    config["SWAP_AB"] = swap_ab_fits(p, device) and config["BLOCK_N"] >= 64
+    return _schedule(p, config, device, split=True)
+
+
 def mid_config(problem, device: DeviceInfo) -> dict:
     p = problem
     block_m = 32 if p.m <= 32 else 64 if p.m <= 64 else 128
@@ -217,6 +231,10 @@ def seed_variations(problem, device: DeviceInfo) -> list[dict]:
     wanted += _other_schedules(p, first, device)
     if kind == "decode":
         wanted.append(dict(first, SWAP_AB=not first["SWAP_AB"]))
+    if kind == "mid" and p.m <= STREAM_MAX_M and p.dtype != "fp32":
+        streaming = streaming_config(p, device)
+        wanted += [streaming, _schedule(p, _fit_blocks(p, dict(streaming, BLOCK_N=128, SCHEDULE="data_parallel",
+                                                                   SPLIT_K=1)), device, split=True)]
     if tma_ok(p) and first["VARIANT"] == "blocked":
         wanted.append(dict(first, VARIANT="tma"))
     elif first["VARIANT"] == "tma":

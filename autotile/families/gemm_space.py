@@ -243,8 +243,8 @@ def gemm_space(problem, device: DeviceInfo) -> StagedSpace:
         rule("swap_ab_for_few_rows", ("SWAP_AB",), lambda c: not c["SWAP_AB"] or (p.m <= 64 and tensor_cores),
              "SWAP_AB puts N on the tensor cores' M side: for M <= 64 with tensor-core operands"),
         rule("swap_ab_tiles", ("SWAP_AB", "BLOCK_M", "BLOCK_N"),
-             lambda c: not c["SWAP_AB"] or (c["BLOCK_M"] <= 32 and c["BLOCK_N"] >= 64),
-             "SWAP_AB wants BLOCK_M <= 32 (tokens) and BLOCK_N >= 64 (the MMA's 64-row side)"),
+             lambda c: not c["SWAP_AB"] or (c["BLOCK_M"] <= 64 and c["BLOCK_N"] >= 64),
+             "SWAP_AB wants BLOCK_M <= 64 (tokens) and BLOCK_N >= 64 (the MMA's 64-row side)"),
         rule("tile_within_problem", ("BLOCK_M", "BLOCK_N", "BLOCK_K"),
              lambda c: c["BLOCK_M"] <= max(16, next_pow2(p.m)) and c["BLOCK_N"] <= max(32, next_pow2(p.n))
              and c["BLOCK_K"] <= max(32, next_pow2(p.k)),
