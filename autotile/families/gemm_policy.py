@@ -225,16 +225,17 @@ def seed_variations(problem, device: DeviceInfo) -> list[dict]:
     kind = regime(p)
     shapes = {"decode": _DECODE_TILES, "mid": _MID_TILES}.get(kind, _FP8_TILES if p.dtype == "fp8" else _PREFILL_TILES)
     wanted = [first]
+    if kind == "mid" and p.m <= STREAM_MAX_M and p.dtype != "fp32":
+        # First after the default: the weight-streaming kernel, the other regime's answer for these M.
+        streaming = streaming_config(p, device)
+        wanted += [streaming, _schedule(p, _fit_blocks(p, dict(streaming, BLOCK_N=128, SCHEDULE="data_parallel",
+                                                                   SPLIT_K=1)), device, split=True)]
     for shape in shapes:
         config = _fit_blocks(p, dict(first, **shape))
         wanted.append(_schedule(p, dict(config, SCHEDULE="data_parallel", SPLIT_K=1), device, split=kind == "decode"))
     wanted += _other_schedules(p, first, device)
     if kind == "decode":
         wanted.append(dict(first, SWAP_AB=not first["SWAP_AB"]))
-    if kind == "mid" and p.m <= STREAM_MAX_M and p.dtype != "fp32":
-        streaming = streaming_config(p, device)
-        wanted += [streaming, _schedule(p, _fit_blocks(p, dict(streaming, BLOCK_N=128, SCHEDULE="data_parallel",
-                                                                   SPLIT_K=1)), device, split=True)]
     if tma_ok(p) and first["VARIANT"] == "blocked":
         wanted.append(dict(first, VARIANT="tma"))
     elif first["VARIANT"] == "tma":
