@@ -9,7 +9,7 @@ import pytest
 
 from autotile.device import HOPPER_SMEM_PER_BLOCK, DeviceInfo, interpret_device
 from autotile.families.gemm import FAMILY, contiguous_problem
-from autotile.families.gemm_policy import programs, regime, wave_efficiency
+from autotile.families.gemm_policy import STREAM_MAX_M, programs, regime, wave_efficiency
 from autotile.families.gemm_space import FP8_PRECISE_INTERVAL, SPLIT_K_WORKSPACE_LIMIT, tile_count
 from autotile.models import MODELS, TOKEN_BUCKETS, projections
 
@@ -110,7 +110,11 @@ def test_mid_sized_m_fills_the_gpu():
         config = FAMILY.default_config(problem, H200)
         tiles = tile_count(problem, config["BLOCK_M"], config["BLOCK_N"])
         slots = programs(problem, config, H200)
-        if config["SCHEDULE"] == "data_parallel":
+        if m <= STREAM_MAX_M:
+            # The weight-streaming kernel: every token in one swapped tile, split-K until the SMs are busy.
+            assert config["BLOCK_M"] >= m and config["SWAP_AB"], (m, config)
+            assert config["SCHEDULE"] == "split_k" and tiles * config["SPLIT_K"] >= H200.sm_count * 0.9, (m, config)
+        elif config["SCHEDULE"] == "data_parallel":
             assert wave_efficiency(tiles, slots) >= 0.92, (m, config)
         else:
             assert config["SCHEDULE"] == "stream_k" and math.ceil(tiles / slots) <= 8, (m, config)

@@ -6,7 +6,8 @@ The regime follows from M, N, K, the dtypes, the layouts and the GPU's SM count:
   cp.async.cg copies), A and B swapped on Hopper so that B feeds wgmma from shared memory, and split-K
   until the programs fill the SMs (a split is worth its partial tile's round trip through the
   workspace). Its ceiling is copy bandwidth over the weight's bytes.
-- mid (16 < M <= 512): 32-128-row tiles of 128 columns.
+- mid (16 < M <= 512): up to M = 64 (STREAM_MAX_M), decode's weight-streaming kernel with every token in
+  one tile; above, 64-128-row tiles of 128 columns.
 - prefill (M > 512): 128 x 256 tiles on TMA loads in a persistent loop (fp8: Triton's persistent TMA
   tutorial's 128 x 256 x 128 with fast accumulation; 128 x 128 x 128 with two accumulators, promoted
   every 2 K tiles, for precise accumulation and block scales).
@@ -32,8 +33,8 @@ from autotile.families.gemm_space import (
 
 DECODE_MAX_M = 16
 MID_MAX_M = 512
-# Tokens up to which a mid GEMM's seeds include the weight-streaming kernel (streaming_config): the A tile of
-# all M rows stays small beside B's (64 x 128 against 64 x 128 at M = 64).
+# Tokens up to which a mid GEMM streams its weight (streaming_config): all M rows in one tile of A, no larger
+# than B's (64 x 128 each at M = 64).
 STREAM_MAX_M = 64
 # A split's fixed cost (start, pipeline fill, the last contributor's wait) in K tiles of streaming;
 # its partial tile's round trip through the workspace is added in proportion to its bytes.
@@ -150,9 +151,9 @@ def decode_config(problem, device: DeviceInfo) -> dict:
 
 def streaming_config(problem, device: DeviceInfo) -> dict:
     """Decode's weight-streaming kernel for 16 < M <= STREAM_MAX_M: every token in one tile (so B is read
-    once), A and B swapped, split-K to fill the SMs. At M = 64 on the H200 the 64 x 128 stream-K tiles
-    reached 0.49-0.92x of cuBLAS (results/gemm_kernels_2026-12-01_quick.md), where the weight's bytes
-    bound both."""
+    once), A and B swapped, split-K to fill the SMs. On the H200 at M = 64 (Llama-3-8B and Qwen2.5-7B
+    projections) it reached 0.78-1.03x of cuBLAS, geomean 0.91x, where the 64 x 128 stream-K tiles reached
+    0.50-0.92x, geomean 0.72x (results/gemm_kernels_2026-12-01b_quick.md, _c_quick.md)."""
     p = problem
     config = _fit_blocks(p, _base(BLOCK_M=STREAM_MAX_M, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4))
     config["SWAP_AB"] = swap_ab_fits(p, device) and config["BLOCK_N"] >= 64
@@ -160,6 +161,12 @@ def streaming_config(problem, device: DeviceInfo) -> dict:
 
 
 def mid_config(problem, device: DeviceInfo) -> dict:
+    if problem.m <= STREAM_MAX_M:
+        return streaming_config(problem, device)
+    return tiled_mid_config(problem, device)
+
+
+def tiled_mid_config(problem, device: DeviceInfo) -> dict:
     p = problem
     block_m = 32 if p.m <= 32 else 64 if p.m <= 64 else 128
     config = _fit_blocks(p, _base(BLOCK_M=block_m, BLOCK_N=128, BLOCK_K=128 if p.dtype == "fp8" else 64,
@@ -225,13 +232,14 @@ def seed_variations(problem, device: DeviceInfo) -> list[dict]:
     kind = regime(p)
     shapes = {"decode": _DECODE_TILES, "mid": _MID_TILES}.get(kind, _FP8_TILES if p.dtype == "fp8" else _PREFILL_TILES)
     wanted = [first]
-    if kind == "mid" and p.m <= STREAM_MAX_M and p.dtype != "fp32":
-        # First after the default: the weight-streaming kernel, the other regime's answer for these M.
-        streaming = streaming_config(p, device)
-        wanted += [streaming, _schedule(p, _fit_blocks(p, dict(streaming, BLOCK_N=128, SCHEDULE="data_parallel",
-                                                                   SPLIT_K=1)), device, split=True)]
+    tiled = first
+    if kind == "mid" and p.m <= STREAM_MAX_M:
+        # The default streams the weight: try its 128-column tiles, and the tiled kernel and its variations.
+        tiled = tiled_mid_config(p, device)
+        wanted += [_schedule(p, _fit_blocks(p, dict(first, BLOCK_N=128, SCHEDULE="data_parallel", SPLIT_K=1)), device,
+                             split=True), tiled]
     for shape in shapes:
-        config = _fit_blocks(p, dict(first, **shape))
+        config = _fit_blocks(p, dict(tiled, **shape))
         wanted.append(_schedule(p, dict(config, SCHEDULE="data_parallel", SPLIT_K=1), device, split=kind == "decode"))
     wanted += _other_schedules(p, first, device)
     if kind == "decode":
