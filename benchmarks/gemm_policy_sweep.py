@@ -1,0 +1,193 @@
+"""Which of the gemm family's untuned configs wins where: mid-M and prefill LLM projections, every candidate timed.
+
+Run from the repository root on a CUDA machine:
+    python benchmarks/gemm_policy_sweep.py --out OUT/gemm_policy_sweep.md     # ~3 min on an H200
+    python benchmarks/gemm_policy_sweep.py --plan                              # list the work (no GPU)
+
+gemm_kernels_bench.py reports the policy's default and the best of its first seeds; this script times every
+candidate, so that the policy's rules (gemm_policy.py: the weight-streaming kernel up to STREAM_MAX_M tokens,
+tile shapes and schedules above) can be set from measurements. Shapes: Llama-3-8B and Qwen2.5-7B projections
+at M = 64, 256 and 2048, and 3000 x 5000 x 1536 (bf16, weights in nn.Linear layout). Candidates per
+shape: the default, every seed, and variations of the weight-streaming kernel (M <= 64: stages, K tile, N tile,
+warps) or of the prefill tiles (schedule, persistence, tile shape). Each candidate is checked against the
+float64 reference, then all are timed interleaved with cuBLAS (torch.matmul(x, w.t())): one screening round,
+then the best four, the default and cuBLAS over --rounds rounds; medians of do_bench medians. Kernels are
+compiled first by a pool of CPU processes (gemm_kernels_bench.compile_ahead). Markdown to --out, JSON beside it.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent.parent)]
+
+import gemm_kernels_bench as gkb  # noqa: E402  (shapes, compile pool, checks, timing, vendor op, labels)
+
+from autotile.device import resolve_gpu  # noqa: E402
+from autotile.families.gemm import FAMILY, contiguous_problem  # noqa: E402
+from autotile.families.gemm_policy import STREAM_MAX_M, best_split  # noqa: E402
+from autotile.models import MODELS  # noqa: E402
+from autotile.space import Config  # noqa: E402
+
+MODELS_SWEPT = ("llama3-8b", "qwen2.5-7b")
+TOKENS = (64, 256, 2048)
+FINALISTS = 4
+
+# Variations of the policy's default, per regime (keys replaced; the split is re-chosen for streaming tiles).
+STREAMING_VARIATIONS = (
+    dict(num_stages=3), dict(num_stages=5), dict(BLOCK_K=64, num_stages=6), dict(BLOCK_N=128),
+    dict(BLOCK_N=128, num_stages=3), dict(num_warps=8), dict(BLOCK_K=256, num_stages=3),
+)
+TILED_VARIATIONS = (
+    dict(SCHEDULE="data_parallel", SPLIT_K=1),
+    dict(VARIANT="tma", PERSISTENT=True, SCHEDULE="data_parallel", SPLIT_K=1, BLOCK_M=128, BLOCK_N=256, BLOCK_K=64,
+         num_warps=8, num_stages=3, GROUP_M=8),
+    dict(VARIANT="tma", PERSISTENT=True, SCHEDULE="data_parallel", SPLIT_K=1, BLOCK_M=128, BLOCK_N=128, BLOCK_K=64,
+         num_warps=8, num_stages=4, GROUP_M=8),
+    dict(VARIANT="tma", PERSISTENT=False, SCHEDULE="data_parallel", SPLIT_K=1, BLOCK_M=128, BLOCK_N=128, BLOCK_K=64,
+         num_warps=4, num_stages=4, GROUP_M=8),
+    dict(VARIANT="tma", PERSISTENT=True, SCHEDULE="data_parallel", SPLIT_K=1, BLOCK_M=128, BLOCK_N=256, BLOCK_K=64,
+         num_warps=8, num_stages=3, GROUP_M=8, WARP_SPECIALIZE=True),
+    dict(VARIANT="blocked", PERSISTENT=False, SCHEDULE="data_parallel", SPLIT_K=1, BLOCK_M=64, BLOCK_N=128, BLOCK_K=64,
+         num_warps=4, num_stages=4, GROUP_M=8, SWAP_AB=False, FLATTEN=False, WARP_SPECIALIZE=False),
+)
+
+
+def shapes() -> list[gkb.Shape]:
+    seen: dict[tuple, list[str]] = {}
+    for name in MODELS_SWEPT:
+        d = MODELS[name]
+        q, kv = d.heads * d.head_dim, d.kv_heads * d.head_dim
+        for proj, n, k, bias in (("qkv", q + 2 * kv, d.hidden, d.qkv_bias), ("o", d.hidden, q, False),
+                                 ("gate_up", 2 * d.intermediate, d.hidden, False), ("down", d.hidden, d.intermediate, False)):
+            seen.setdefault((n, k, bias), []).append(f"{name} {proj}")
+    result = [gkb.Shape(" = ".join(labels), contiguous_problem(m, n, k, "bf16", "bf16", layout_b="col", bias=bias))
+              for m in TOKENS for (n, k, bias), labels in seen.items()]
+    m, n, k = gkb.IRREGULAR
+    return result + [gkb.Shape("irregular", contiguous_problem(m, n, k, "bf16", "bf16", layout_b="col"))]
+
+
+def candidates(problem, device) -> dict[str, Config]:
+    """name -> config: the default first, then the seeds and the regime's variations the space holds."""
+    space = FAMILY.space(problem, device)
+    default = FAMILY.default_config(problem, device)
+    found: dict[Config, str] = {default: "default"}
+    for config in FAMILY.seed_configs(problem, device):
+        found.setdefault(config, "seed")
+    streaming = problem.m <= STREAM_MAX_M
+    for change in STREAMING_VARIATIONS if streaming else TILED_VARIATIONS:
+        wanted = dict(default, **change)
+        if streaming and wanted["SCHEDULE"] == "split_k":
+            wanted["SPLIT_K"] = max(2, best_split(problem, wanted, device))
+        if space.is_feasible(wanted):
+            found.setdefault(space.validate(wanted), "variation")
+    return {f"{kind} {gkb.short(config)}": config for config, kind in found.items()}
+
+
+def sweep_shape(shape: gkb.Shape, configs: dict[str, Config], device, rounds: int, failures: list[str]) -> dict:
+    problem = shape.problem
+    inputs = FAMILY.make_inputs(problem, device, seed=7)
+    reference = FAMILY.reference(problem, inputs)
+    outputs = FAMILY.allocate_outputs(problem, inputs)
+    fns = {}
+    for name, config in configs.items():
+        ok, _, message = gkb.check(problem, config, inputs, reference)
+        if ok:
+            fns[name] = (lambda c=config: FAMILY.launch(problem, c, inputs, outputs))
+        else:
+            failures.append(f"{gkb.describe(problem)} {config.to_json()}: {message}")
+    vendor = gkb.vendor_fns(problem, inputs)
+    screened = gkb.interleaved(dict(fns, **vendor), 1, 5, 20)
+    ours = sorted((ms, name) for name, ms in screened.items() if name in fns)
+    final = {name: fns[name] for _, name in ours[:FINALISTS]}
+    default = next((name for name in fns if name.startswith("default")), None)
+    if default:
+        final[default] = fns[default]
+    final.update(vendor)
+    timed = gkb.interleaved(final, rounds, 10, 50)
+    vendor_ms = timed["cuBLAS"]
+    return {"label": shape.label, "shape": gkb.describe(problem), "m": problem.m, "vendor_ms": vendor_ms,
+            "screened": {name: ms for name, ms in screened.items()},
+            "timed": {name: ms for name, ms in timed.items() if name != "cuBLAS"},
+            "configs": {name: configs[name].to_json() for name in fns}}
+
+
+def render(rows: list[dict], device, seconds: float, failures: list[str]) -> str:
+    lines = [f"# GEMM policy sweep: every untuned candidate beside cuBLAS ({datetime.date.today().isoformat()}, "
+             f"{device.name})", "",
+             "bf16, nn.Linear layout. `timed`: medians of do_bench medians over interleaved rounds (the best "
+             f"{FINALISTS} of a screening round, the default and cuBLAS); ratios are cuBLAS time / ours. "
+             f"{seconds:.0f} s in all.", "",
+             "| shape | projection | cuBLAS us | default / cuBLAS | best | best / cuBLAS | runner-up |",
+             "|---|---|---|---|---|---|---|"]
+    for row in rows:
+        ratios = sorted(((row["vendor_ms"] / ms, name) for name, ms in row["timed"].items()), reverse=True)
+        default = next((r for r, n in ratios if n.startswith("default")), float("nan"))
+        best = ratios[0] if ratios else (float("nan"), "-")
+        second = f"{ratios[1][1]} {ratios[1][0]:.2f}x" if len(ratios) > 1 else "-"
+        lines.append(f"| {row['shape']} | {row['label']} | {row['vendor_ms'] * 1e3:.1f} | {default:.2f}x | "
+                     f"{best[1]} | {best[0]:.2f}x | {second} |")
+    by_m: dict[int, list[tuple[float, float]]] = {}
+    for row in rows:
+        ratios = [row["vendor_ms"] / ms for ms in row["timed"].values()]
+        default = [row["vendor_ms"] / ms for name, ms in row["timed"].items() if name.startswith("default")]
+        by_m.setdefault(row["m"], []).append((default[0] if default else float("nan"), max(ratios)))
+    lines += ["", "| M | shapes | geomean default / cuBLAS | geomean best / cuBLAS |", "|---|---|---|---|"]
+    for m, pairs in sorted(by_m.items()):
+        lines.append(f"| {m} | {len(pairs)} | {gkb.geomean([d for d, _ in pairs]):.3f}x | "
+                     f"{gkb.geomean([b for _, b in pairs]):.3f}x |")
+    lines += ["", "## Failed checks", ""] + ([f"- {f}" for f in failures] or ["none"])
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, default=Path("gemm_policy_sweep.md"))
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--budget-s", type=float, default=None, help="no shape starts after this many seconds")
+    parser.add_argument("--plan", action="store_true", help="list shapes and candidates (H200 policy) and exit")
+    parser.add_argument("--workers", type=int, default=max(1, min(14, (os.cpu_count() or 2) - 2)),
+                        help="processes compiling kernels ahead")
+    args = parser.parse_args()
+    work = shapes()
+    if args.plan:
+        for shape in work:
+            configs = candidates(shape.problem, gkb.H200_PLAN)
+            print(f"{gkb.describe(shape.problem):22s} {shape.label:32s} {len(configs)} candidates")
+            for name in configs:
+                print(f"    {name}")
+        return 0
+    device = resolve_gpu("auto")
+    if device.interpret:
+        print("no CUDA GPU: this sweep runs on a GPU only (--plan lists its work without one)")
+        return 2
+    started = time.monotonic()
+    plans = [(shape, candidates(shape.problem, device)) for shape in work]
+    gkb.compile_ahead([(shape.problem, c) for shape, configs in plans for c in configs.values()], args.workers)
+    print(f"compiled {sum(len(c) for _, c in plans)} configs ({time.monotonic() - started:.0f} s)", flush=True)
+    rows, failures = [], []
+    for shape, configs in plans:
+        if args.budget_s and time.monotonic() - started > args.budget_s:
+            failures.append(f"budget of {args.budget_s:.0f} s spent: {len(plans) - len(rows)} shapes not timed")
+            break
+        rows.append(sweep_shape(shape, configs, device, args.rounds, failures))
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.with_suffix(".json").write_text(json.dumps({"rows": rows, "failures": failures}, indent=1))
+        best = max(rows[-1]["timed"].items(), key=lambda kv: -kv[1])
+        print(f"  {gkb.describe(shape.problem):22s} cuBLAS {rows[-1]['vendor_ms'] * 1e3:7.1f} us, best "
+              f"{best[1] * 1e3:7.1f} us {best[0]} ({time.monotonic() - started:.0f} s)", flush=True)
+    text = render(rows, device, time.monotonic() - started, failures)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(text)
+    args.out.with_suffix(".json").write_text(json.dumps({"rows": rows, "failures": failures}, indent=1))
+    print(text)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
