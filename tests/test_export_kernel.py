@@ -38,7 +38,7 @@ def check_against_reference(module, problem, seed=3):
 def test_the_stored_winner_is_written_and_runs_standalone(tmp_path):
     problem = contiguous_problem(40, 48, 160, "fp16", "fp16", bias=True, activation="gelu")
     config = Config(dict(FAMILY.default_config(problem, CPU), BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, SCHEDULE="split_k",
-                         SPLIT_K=2, num_stages=2))
+                         SPLIT_K=2, SWAP_AB=False, num_stages=2))
     FAMILY.space(problem, CPU).validate(config)
     url = f"sqlite:///{tmp_path / 'db.sqlite'}"
     store = Store(open_engine(url))

@@ -16,9 +16,10 @@ H200 = synthetic_device()
 
 
 def _config(**changes) -> Config:
-    """A config of the small problems below: the family's default for one of them, with `changes`."""
+    """A config of the small problems below: the family's default for one of them, data-parallel and not
+    swapped (so that any tile shape of them is feasible), with `changes`."""
     base = FAMILY.default_config(contiguous_problem(32, 256, 256, "fp16", "fp16"), CPU)
-    return Config({**base, **changes})
+    return Config({**base, "SWAP_AB": False, "SCHEDULE": "data_parallel", "SPLIT_K": 1, **changes})
 
 
 def test_neighbours_are_ranked_by_shape_distance_same_layout_first():

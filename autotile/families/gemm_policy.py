@@ -7,16 +7,18 @@ The regime follows from M, N, K, the dtypes, the layouts and the GPU's SM count:
   until the programs fill the SMs (a split is worth its partial tile's round trip through the
   workspace). Its ceiling is copy bandwidth over the weight's bytes.
 - mid (16 < M <= 512): up to M = 64 (STREAM_MAX_M), decode's weight-streaming kernel with every token in
-  one tile; above, 64-128-row tiles of 128 columns.
+  one tile; above, tiles chosen by how well they fill the SMs (tiled_mid_config).
 - prefill (M > 512): 128 x 256 tiles on TMA loads in a persistent loop (fp8: Triton's persistent TMA
   tutorial's 128 x 256 x 128 with fast accumulation; 128 x 128 x 128 with two accumulators, promoted
   every 2 K tiles, for precise accumulation and block scales).
-- irregular (mid and prefill): when whole tiles leave the last wave (or the only one) less than
-  STREAM_K_BELOW busy, stream-K: data-parallel full waves, then the rest spread evenly over the GPU.
+- irregular (fp8 and tf32 mid and prefill): when whole tiles leave the last wave (or the only one) less than
+  STREAM_K_BELOW busy, stream-K: data-parallel full waves, then the rest spread evenly over the GPU. For 16-bit
+  operands the H200 measured persistent data-parallel tiles faster (prefill_config).
 
-The numbers below are starting points from the anchors (shared/anchors, H200 2026-11-29), from
-Triton's tutorials and from ptxas's register counts, not measurements of this policy;
-benchmarks/gemm_kernels_bench.py measures it against cuBLAS.
+Rules that name a results file were set from H200 measurements of every candidate
+(benchmarks/gemm_policy_sweep.py); the other numbers are starting points from the anchors (shared/anchors,
+H200 2026-11-29), from Triton's tutorials and from ptxas's register counts.
+benchmarks/gemm_kernels_bench.py measures the policy against cuBLAS.
 """
 from __future__ import annotations
 
@@ -44,6 +46,13 @@ SPLIT_FIXED_K_TILES = 1.0
 STREAM_K_BELOW = 0.92
 # Beyond this many waves the last one's idle SMs cost too little to pay stream-K's partial tiles.
 STREAM_K_MAX_WAVES = 8
+# Share of the SMs a weight-streaming or mid-M grid must give a program before a split stops paying: the
+# smallest split reaching it (at M = 64 on the H200, 2 splits of 64 x 64 tiles beat the cost model's 4; at
+# M = 256, 128 unsplit 64 x 128 tiles on 132 SMs beat 2 and 4 splits).
+FILL_SMS = 0.8
+# K from which a mid-M GEMM takes 128 x 128 tiles split over K (down projections, K = 14336-18944: 0.75-0.82x
+# of cuBLAS at M = 256, against 0.56-0.63x for unsplit 64 x 128 tiles).
+MID_LONG_K = 8192
 
 
 def regime(problem) -> str:
@@ -119,12 +128,25 @@ def _fit_stages(problem, config: dict, device: DeviceInfo) -> dict:
     return config
 
 
-def _schedule(problem, config: dict, device: DeviceInfo, split: bool = False) -> dict:
-    """Split-K (`split`: decode) or stream-K where `config`'s tiles leave SMs idle, else data-parallel tiles."""
+def filling_split(problem, config: dict, device: DeviceInfo) -> int:
+    """The smallest SPLIT_K whose programs cover FILL_SMS of the SMs (each split keeping at least two K tiles);
+    1 when the tiles alone do."""
+    tiles = tile_count(problem, config["BLOCK_M"], config["BLOCK_N"])
+    k_tiles = math.ceil(problem.k / config["BLOCK_K"])
+    wanted = FILL_SMS * sm_count(device)
+    usable = [s for s in SPLIT_K_CHOICES if s == 1 or k_tiles >= 2 * s]
+    return next((s for s in usable if tiles * s >= wanted), usable[-1])
+
+
+def _schedule(problem, config: dict, device: DeviceInfo, split: bool | str = False, stream_k: bool = True) -> dict:
+    """Split-K (`split`: True, the cost model's best_split; "fill", filling_split) or stream-K where `config`'s
+    tiles leave SMs idle (unless `stream_k` is off), else data-parallel tiles."""
     config = _fit_stages(problem, config, device)
     if split:
-        split_k = best_split(problem, config, device)
+        split_k = filling_split(problem, config, device) if split == "fill" else best_split(problem, config, device)
         return dict(config, SCHEDULE="split_k", SPLIT_K=split_k, PERSISTENT=False) if split_k > 1 else config
+    if not stream_k:
+        return config
     tiles = tile_count(problem, config["BLOCK_M"], config["BLOCK_N"])
     slots = programs(problem, config, device)
     if tiles / slots < STREAM_K_MAX_WAVES and wave_efficiency(tiles, slots) < STREAM_K_BELOW:
@@ -151,13 +173,15 @@ def decode_config(problem, device: DeviceInfo) -> dict:
 
 def streaming_config(problem, device: DeviceInfo) -> dict:
     """Decode's weight-streaming kernel for 16 < M <= STREAM_MAX_M: every token in one tile (so B is read
-    once), A and B swapped, split-K to fill the SMs. On the H200 at M = 64 (Llama-3-8B and Qwen2.5-7B
-    projections) it reached 0.78-1.03x of cuBLAS, geomean 0.91x, where the 64 x 128 stream-K tiles reached
-    0.50-0.92x, geomean 0.72x (results/gemm_kernels_2026-12-01b_quick.md, _c_quick.md)."""
+    once), A and B swapped, the fewest K splits that fill the SMs, 5 stages. On the H200 at M = 64 (Llama-3-8B
+    and Qwen2.5-7B projections) the 64 x 128 stream-K tiles reached 0.50-0.92x of cuBLAS, geomean 0.72x
+    (results/gemm_kernels_2026-12-01b_quick.md); this kernel at 4 stages with the cost model's splits 0.91x
+    (_c_quick.md); in results/gemm_policy_sweep_2026-12-01.md, 2 splits at 5 stages led or tied on 4 of the 5
+    split shapes (0.95-1.07x), unsplit 64-column tiles on the two gate_up projections (0.97-1.01x)."""
     p = problem
-    config = _fit_blocks(p, _base(BLOCK_M=STREAM_MAX_M, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4))
+    config = _fit_blocks(p, _base(BLOCK_M=STREAM_MAX_M, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=5))
     config["SWAP_AB"] = swap_ab_fits(p, device) and config["BLOCK_N"] >= 64
-    return _schedule(p, config, device, split=True)
+    return _schedule(p, config, device, split="fill")
 
 
 def mid_config(problem, device: DeviceInfo) -> dict:
@@ -167,7 +191,23 @@ def mid_config(problem, device: DeviceInfo) -> dict:
 
 
 def tiled_mid_config(problem, device: DeviceInfo) -> dict:
+    """64 < M <= 512. 16-bit operands, measured at M = 256 on Llama-3-8B and Qwen2.5-7B projections
+    (results/gemm_policy_sweep_2026-12-01.md; stream-K tiles, the rule before, reached 0.39-0.59x of cuBLAS):
+    128 x 256 tiles on TMA in a persistent loop where they alone fill the GPU (gate_up: 0.77-0.91x); 128 x 128
+    tiles split over a long K (down: 0.75-0.82x); else 64 x 128 tiles, split over K only as far as the SMs
+    need (qkv and o: 0.70-0.77x)."""
     p = problem
+    if p.dtype in ("bf16", "fp16"):
+        tma = tma_ok(p) and arch_of(device).supports(Feature.TMA)
+        if tile_count(p, 128, 256) >= sm_count(device):
+            big = _base(VARIANT="tma" if tma else "blocked", PERSISTENT=tma, BLOCK_M=128, BLOCK_N=256, BLOCK_K=64,
+                        GROUP_M=8, num_warps=8, num_stages=3)
+            return _schedule(p, _fit_blocks(p, big), device, stream_k=False)
+        if p.k >= MID_LONG_K:
+            long_k = _base(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3)
+            return _schedule(p, _fit_blocks(p, long_k), device, split=True)
+        small = _base(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=4, num_stages=4)
+        return _schedule(p, _fit_blocks(p, small), device, split="fill")
     block_m = 32 if p.m <= 32 else 64 if p.m <= 64 else 128
     config = _fit_blocks(p, _base(BLOCK_M=block_m, BLOCK_N=128, BLOCK_K=128 if p.dtype == "fp8" else 64,
                                   GROUP_M=8, num_warps=4, num_stages=4 if block_m <= 64 else 3))
@@ -187,7 +227,10 @@ def prefill_config(problem, device: DeviceInfo) -> dict:
     else:
         tiles = dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=32 if p.dtype == "fp32" else 64, num_stages=3)
     config = _fit_blocks(p, _base(VARIANT="tma" if tma else "blocked", PERSISTENT=tma, GROUP_M=8, num_warps=8, **tiles))
-    return _schedule(p, config, device)
+    # NOTE: no stream-K for 16-bit operands: on the H200 the persistent data-parallel 128 x 256 tiles beat it on
+    # every shape where the wave rule chose it (2048 x {4608, 3584} x 3584, 2048 x 3584 x 18944, 3000 x 5000 x
+    # 1536: 0.73-1.00x of cuBLAS against 0.65-0.80x; results/gemm_policy_sweep_2026-12-01.md).
+    return _schedule(p, config, device, stream_k=p.dtype not in ("bf16", "fp16"))
 
 
 def preferred_config(problem, device: DeviceInfo) -> dict:
