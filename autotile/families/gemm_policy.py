@@ -50,6 +50,8 @@ STREAM_K_MAX_WAVES = 8
 # smallest split reaching it (at M = 64 on the H200, 2 splits of 64 x 64 tiles beat the cost model's 4; at
 # M = 256, 128 unsplit 64 x 128 tiles on 132 SMs beat 2 and 4 splits).
 FILL_SMS = 0.8
+# Busy share of the program slots by which 128 x 128 prefill tiles must beat 128 x 256 ones to replace them.
+PREFILL_HALF_N_GAIN = 0.10
 # K from which a mid-M GEMM takes 128 x 128 tiles split over K (down projections, K = 14336-18944: 0.75-0.82x
 # of cuBLAS at M = 256, against 0.56-0.63x for unsplit 64 x 128 tiles).
 MID_LONG_K = 8192
@@ -227,6 +229,14 @@ def prefill_config(problem, device: DeviceInfo) -> dict:
     else:
         tiles = dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=32 if p.dtype == "fp32" else 64, num_stages=3)
     config = _fit_blocks(p, _base(VARIANT="tma" if tma else "blocked", PERSISTENT=tma, GROUP_M=8, num_warps=8, **tiles))
+    if p.dtype in ("bf16", "fp16") and config["BLOCK_N"] == 256:
+        # Wave quantisation: 128 x 128 tiles where they keep the SMs busier by PREFILL_HALF_N_GAIN (2048 x 4608
+        # x 3584: 73% of the last wave's slots busy with 128 x 256 tiles, 87% with 128 x 128; 0.79x of cuBLAS
+        # against 0.73x; results/gemm_policy_sweep_2026-12-01.md).
+        half = _fit_blocks(p, dict(config, BLOCK_N=128, num_stages=4))
+        busy = lambda c: wave_efficiency(tile_count(p, c["BLOCK_M"], c["BLOCK_N"]), programs(p, c, device))  # noqa: E731
+        if busy(half) >= busy(config) + PREFILL_HALF_N_GAIN:
+            config = half
     # NOTE: no stream-K for 16-bit operands: on the H200 the persistent data-parallel 128 x 256 tiles beat it on
     # every shape where the wave rule chose it (2048 x {4608, 3584} x 3584, 2048 x 3584 x 18944, 3000 x 5000 x
     # 1536: 0.73-1.00x of cuBLAS against 0.65-0.80x; results/gemm_policy_sweep_2026-12-01.md).
