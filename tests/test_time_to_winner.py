@@ -164,6 +164,81 @@ def test_markdown_table_verdicts_and_refusals(ttw):
     assert "12.0 s against 7.0 s: met" in text and "12.0 s against 12.0 s: met" in text
 
 
+def _inprocess(parity_s, served_ok=True, rc=0):
+    return {"rc": rc, "startup_s": 11.0, "import_tuner_s": 1.5, "tune_s": 6.5, "parity_s": parity_s,
+            "parity_by": "search trial 2 (...)", "stopped_early": "no improvement in 4 trials", "trials": 9,
+            "trials_ok": 9, "first_trial_s": 1.2, "last_trial_s": 5.0, "best_trial_ms": 0.0171, "vendor_ms": 0.019,
+            "vendor_timed_s": 6.0, "vendor_first_s": 0.9, "winner": {"config": KERNEL, "median_ms": 0.0171, "saved_s": 6.4},
+            "served": {"source": "user-db", "match": "exact", "vendor": None, "served_ms": 0.0172,
+                       "flinear_ms": 0.0190, "check": {"ok": served_ok, "message": "y: ok"}}}
+
+
+def test_markdown_in_process_columns_and_verdict(ttw):
+    # In-process parity (from the tune_problem call) against Inductor's autotuning, neither counting start-up.
+    rows = [{**_row("3000x5000x1536", 19.9, 8.0), "inprocess": _inprocess(7.5)},
+            {**_row("16x4096x4096", 13.7, 4.1), "inprocess": _inprocess(4.2)},
+            {**_row("128x14336x4096", 20.5, 4.9), "inprocess": _inprocess(3.0, served_ok=False)},
+            {**_row("4096x4096x4096", 9.0, 9.5), "inprocess": _inprocess(2.0, rc=1)},
+            _row("64x64x64", 1.0, 2.0)]
+    meta = {"date": "2026-01-02", "device": "NVIDIA H200", "dtype": "bf16", "rounds": 5,
+            "tune_command": "autotile tune gemm ...", "inprocess_call": "tune_problem(gemm, ..., isolate=False)"}
+    text = ttw.markdown(rows, meta)
+    lines = {line.split(" | ")[0]: line for line in text.splitlines() if line.startswith("| ")}
+    cells = {label: [c.strip() for c in line.strip("|").split("|")] for label, line in lines.items()}
+    header = cells["| M x N x K"]
+    assert len(header) == 12 and header[-1] == "verdict" and header[-2] == "in-process verdict"
+    assert all(len(c) == 12 for c in cells.values())  # every row fills the table, the rows without a run too
+    # The in-process columns, then the two verdicts: in-process against Inductor, the CLI's (unchanged) last.
+    assert cells["| 3000x5000x1536"][7:] == ["7.5", "6.5", "0.0172", "met", "NOT met"]
+    assert cells["| 16x4096x4096"][-2:] == ["NOT met", "NOT met"]
+    # A wrong served result shows WRONG; a failed in-process run is not judged; a row without one says so.
+    assert cells["| 128x14336x4096"][9] == "WRONG"
+    assert cells["| 4096x4096x4096"][-2:] == ["n/a", "met"]
+    assert cells["| 64x64x64"][7:] == ["not run", "-", "-", "n/a", "met"]
+    assert "Target met on 2 of 5 shapes" in text
+    assert "In-process: met on 2 of 3 shapes" in text and "tune_problem(gemm, ..., isolate=False)" in text
+    assert ("autotile in-process: start-up 11.0 s (importing the tuner 1.5 s of it) before the tune_problem call, "
+            "which returned after 6.5 s") in text
+    assert "autotile in-process: 9 trials (9 ok), first recorded at 1.2 s" in text
+    assert "autotile in-process winner served: source user-db (exact)" in text
+    assert "autotile in-process tune failed (rc 1)" in text
+    # The CLI's notes read as before.
+    assert "  - autotile: 12 trials (11 ok)" in text and "  - served: source user-db (exact)" in text
+
+
+def test_in_process_child_tunes_in_its_process_and_times_from_the_call(ttw, tmp_path, monkeypatch):
+    """The in-process child on the interpreter, end to end: tune_problem with isolate=False and the CLI run's
+    settings, start-up apart, then parity read from its database with the call as time zero (as run_inprocess
+    does)."""
+    import time
+
+    from autotile.tune import driver
+
+    calls, original = [], driver.tune_problem
+
+    def tune_problem(*args, **kwargs):
+        calls.append(kwargs)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(driver, "tune_problem", tune_problem)
+    url = f"sqlite:///{tmp_path / 'tune.sqlite'}"
+    monkeypatch.setenv("AUTOTILE_DB", url)
+    out = tmp_path / "result.json"
+    launched = time.time()
+    assert ttw.main(["--child", "inprocess", "--child-out", str(out), "--m", "20", "--n", "24", "--k", "40",
+                     "--dtype", "fp16", "--trials", "3", "--patience", "2", "--rounds", "1",
+                     "--launched-at", repr(launched), "--interpret"]) == 0
+    got = json.loads(out.read_text())
+    assert [(c["isolate"], c["trials"], c["patience"], c["seed"], c["db_url"]) for c in calls] == [(False, 3, 2, 0, url)]
+    assert got["device"] == "interpreter" and got["startup_s"] >= 0 and got["import_tuner_s"] >= 0
+    assert got["tune_s"] > 0 and got["trials_this_run"] == 3 and got["statuses"] == {"ok": 3}
+    parity = ttw.parity_from_db(url, datetime.datetime.fromisoformat(got["tune_started_utc"]))
+    # The trials ran after the call began and the winner was stored before it returned.
+    assert parity["trials"] == 3 and 0 < parity["first_trial_s"] <= parity["last_trial_s"]
+    assert parity["winner"]["saved_s"] <= got["tune_s"] + 0.5  # wall-clock stamps against a perf_counter span
+    assert parity["winner"]["config"] == got["tuned_config"]
+
+
 def test_report_paths_and_shape_option(ttw, tmp_path):
     md, raw = ttw.write_report(tmp_path / "out", "# t\n", [{"label": "x"}], {"date": "d"})
     assert md == tmp_path / "out" / "time_to_winner.md" and raw.suffix == ".json"
