@@ -261,7 +261,9 @@ def load_or_synthesise(args) -> tuple[list[tuple[str, Family, object, TimingTabl
         device = synthetic_device()
         out = []
         for label, family, problem in chosen:
-            sample, space = sample_configs(family, problem, device, args.sample or QUICK_SAMPLE)
+            # As with --measure: an explicit --sample is the exact sample, even of a space small enough to take whole.
+            sample, space = sample_configs(family, problem, device, args.sample or QUICK_SAMPLE,
+                                           whole=args.sample is None)
             table = synthetic_table(family, problem, device, sample)
             table.space_size = space
             out.append((label, family, problem, table))

@@ -42,3 +42,15 @@ def launch_signature(kernel, pointers: dict[str, str]) -> tuple[dict, dict]:
             if param.name.startswith("stride"):
                 attrs[(index,)] = [["tt.divisibility", 16]]
     return signature, attrs
+
+
+def map_in_processes(fn, items: list, processes: int = 2) -> list:
+    """[fn(item) for item in items], in `processes` forked processes: compiling is CPU-bound and CI has two
+    cores. Forked, not spawned: the processes start with what this one imported (no second torch import),
+    so with a warm Triton cache the pool costs next to nothing. Call it from the child process only."""
+    import multiprocessing
+
+    if processes <= 1 or len(items) <= 1:
+        return [fn(item) for item in items]
+    with multiprocessing.get_context("fork").Pool(processes) as pool:
+        return pool.map(fn, items, chunksize=1)

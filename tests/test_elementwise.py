@@ -101,7 +101,7 @@ def test_binary_ops_over_every_pair_of_special_values(op):
     _assert_matches(expr, got, want, {"x": x, "y": y})
 
 
-@pytest.mark.parametrize("numel", [1, 17, 2**20 + 3])
+@pytest.mark.parametrize("numel", [1, 17, 2**16 + 3])  # one element, under a block, many blocks and a tail
 def test_anchor_chain_at_awkward_sizes(numel):
     x = torch.randn(numel) * 4
     got = autotile.fuse("gelu_tanh(x*1.7+0.3) + sin(x)**2 + cos(x)**2")(x=x)

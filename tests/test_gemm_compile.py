@@ -17,7 +17,7 @@ import subprocess
 import tempfile
 
 import pytest
-from compile_child import run_compile_child
+from compile_child import map_in_processes, run_compile_child
 import torch
 import triton
 from triton.backends.compiler import GPUTarget
@@ -179,22 +179,24 @@ def _policy_id(p: GemmProblem) -> str:
     return f"{p.m}x{p.n}x{p.k}-{p.dtype}-{p.scale_mode}{'-fast' if p.fp8_fast_accum else ''}"
 
 
+def _compile_one(job: tuple) -> tuple[str, dict]:
+    name, problem, config, arch, device = job
+    try:
+        compiled = compile_for(problem, config, arch, device)
+        ptx = compiled.asm["ptx"]
+        return name, {"error": None, "wgmma": "wgmma.mma_async" in ptx, "mma_sync": "mma.sync" in ptx,
+                      "ptxas": ptxas_report(compiled, arch) if name.startswith("policy-") else "",
+                      "config": config.to_json()}
+    except Exception as exc:  # noqa: BLE001 - reported per case by the tests
+        return name, {"error": f"{type(exc).__name__}: {str(exc)[-3000:]}"}
+
+
 def _compile_all() -> dict[str, dict]:
     """Per case: the compile error (or None), which MMAs the PTX uses, and (policy cases) ptxas's report."""
-    results = {}
     jobs = [(f"sm90-{_id(c)}", c[0], c[1], 90, H200) for c in VARIANTS]
     jobs += [(f"sm80-{_id(c)}", c[0], c[1], 80, A100) for c in SM80]
     jobs += [(f"policy-{_policy_id(p)}", p, FAMILY.default_config(p, H200), 90, H200) for p in POLICY_SHAPES]
-    for name, problem, config, arch, device in jobs:
-        try:
-            compiled = compile_for(problem, config, arch, device)
-            ptx = compiled.asm["ptx"]
-            results[name] = {"error": None, "wgmma": "wgmma.mma_async" in ptx, "mma_sync": "mma.sync" in ptx,
-                             "ptxas": ptxas_report(compiled, arch) if name.startswith("policy-") else "",
-                             "config": config.to_json()}
-        except Exception as exc:  # noqa: BLE001 - reported per case by the tests
-            results[name] = {"error": f"{type(exc).__name__}: {str(exc)[-3000:]}"}
-    return results
+    return dict(map_in_processes(_compile_one, jobs))
 
 
 @pytest.fixture(scope="module")

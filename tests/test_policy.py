@@ -50,6 +50,38 @@ def db(tmp_path, monkeypatch):
     dispatch.clear_cache()
 
 
+SAMPLES = [linear(4, 40, 20), linear(3, 48, 28)]
+
+
+@pytest.fixture(scope="module")
+def _won_once(tmp_path_factory):
+    """One tune_policy run the default wins everywhere (the vendor op sleeps): its outcomes and its database."""
+    path = tmp_path_factory.mktemp("policy") / "won.sqlite"
+    with pytest.MonkeyPatch.context() as patch:  # as the `db` fixture sets up a test
+        patch.setenv("AUTOTILE_DB", f"sqlite:///{path}")
+        patch.setattr("autotile.resources.shipped_db_path", lambda: path.parent / "none.sqlite")
+        dispatch.clear_cache()
+        outcomes = tune_policy(_DelayedVendorGemm(vendor_delay_s=0.3), SAMPLES, CPU, db_url=f"sqlite:///{path}",
+                               rounds=1)
+    dispatch.clear_cache()
+    return outcomes, path
+
+
+@pytest.fixture
+def won(_won_once, db):
+    """The outcomes of _won_once, its database copied into this test's `db` (each test changes its own copy)."""
+    import sqlite3
+
+    outcomes, path = _won_once
+    source, target = sqlite3.connect(path), sqlite3.connect(db.removeprefix("sqlite:///"))
+    try:
+        source.backup(target)  # a consistent copy, write-ahead log included
+    finally:
+        source.close()
+        target.close()
+    return outcomes
+
+
 def test_samples_group_by_fixed_fields_and_regime_cell():
     problems = [linear(3, 40, 20), linear(4, 48, 28), linear(5, 40, 20), linear(4, 64, 20),
                 contiguous_problem(3, 40, 20, "fp32", "fp32")]
@@ -59,10 +91,8 @@ def test_samples_group_by_fixed_fields_and_regime_cell():
     assert sizes == [1, 1, 3]  # M 3..4 with N 40, 48, 64 in 33..64; M=5 alone; the row-major B alone
 
 
-def test_a_policy_that_wins_everywhere_is_stored_and_serves_its_range_only(db):
-    family = _DelayedVendorGemm(vendor_delay_s=0.3)
-    outcomes = tune_policy(family, [linear(4, 40, 20), linear(3, 48, 28)], CPU, db_url=db, rounds=1)
-    (outcome,) = outcomes
+def test_a_policy_that_wins_everywhere_is_stored_and_serves_its_range_only(db, won):
+    (outcome,) = won
     assert outcome.stored and outcome.verified_range == {"m": [3, 4], "n": [40, 48], "k": [20, 28]}
     (policy,) = Store(open_engine(db, create=False)).policies("gemm")
     assert Config.from_json(policy.config) == Config({POLICY_KEY: "default"}) and policy.samples == 4  # each sample at M = 3 and 4
@@ -79,10 +109,9 @@ def test_a_policy_that_wins_everywhere_is_stored_and_serves_its_range_only(db):
         assert dispatch.resolve(FAMILY, outside, H200).source == "vendor", outside
 
 
-def test_a_policy_that_loses_once_is_not_stored_and_an_old_one_is_removed(db):
-    samples = [linear(4, 40, 20), linear(3, 48, 28)]
-    assert tune_policy(_DelayedVendorGemm(vendor_delay_s=0.3), samples, CPU, db_url=db, rounds=1)[0].stored
-    outcome = tune_policy(_DelayedVendorGemm(vendor_delay_s=0.0, kernel_delay_s=0.3), samples, CPU, db_url=db,
+def test_a_policy_that_loses_once_is_not_stored_and_an_old_one_is_removed(db, won):
+    assert won[0].stored and len(Store(open_engine(db, create=False)).policies("gemm")) == 1
+    outcome = tune_policy(_DelayedVendorGemm(vendor_delay_s=0.0, kernel_delay_s=0.3), SAMPLES, CPU, db_url=db,
                           rounds=1)[0]
     assert not outcome.stored and outcome.min_ratio < 1.0
     assert Store(open_engine(db, create=False)).policies("gemm") == []
@@ -95,13 +124,11 @@ def test_policy_configs_are_validated_like_any_stored_config():
         FAMILY.validate_config(problem, H200, {POLICY_KEY: "fastest"})
 
 
-def test_policies_travel_through_export_and_import_and_bad_ones_are_skipped(db, tmp_path):
+def test_policies_travel_through_export_and_import_and_bad_ones_are_skipped(db, won, tmp_path):
     import json as _json
 
     from autotile.store.exchange import export_database, import_file
 
-    tune_policy(_DelayedVendorGemm(vendor_delay_s=0.3), [linear(4, 40, 20), linear(3, 48, 28)], CPU, db_url=db,
-                rounds=1)
     out = tmp_path / "export.jsonl"
     assert export_database(db, out) == 1
     lines = [_json.loads(line) for line in out.read_text().splitlines()]

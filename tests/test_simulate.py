@@ -1,6 +1,7 @@
 """Offline simulation: tables from files and databases, the tuner's loop on stored timings, replays, early stop."""
 from __future__ import annotations
 
+import functools
 import json
 import random
 import sys
@@ -38,11 +39,16 @@ class NeverRuns(GemmFamily):
 FAMILY = NeverRuns()
 
 
+@functools.cache
+def _feasible() -> tuple[Config, ...]:
+    """PROBLEM's feasible H200 space, in the order the space yields it: enumerated once (~20k configs, seconds)."""
+    return tuple(FAMILY.space(PROBLEM, H200).feasible())
+
+
 @pytest.fixture(scope="module")
 def table() -> TimingTable:
     """A sampled, synthesised H200 table of PROBLEM: 300 configs plus the default and the seed configs."""
-    space = FAMILY.space(PROBLEM, H200)
-    configs = random.Random(0).sample(list(space.feasible()), 300)
+    configs = random.Random(0).sample(list(_feasible()), 300)
     configs += [FAMILY.default_config(PROBLEM, H200), *FAMILY.seed_configs(PROBLEM, H200)]
     return synthetic_table(FAMILY, PROBLEM, H200, list(dict.fromkeys(configs)))
 
@@ -95,11 +101,18 @@ def test_table_from_an_autotile_database(tmp_path):
         load_table(tmp_path / "db.sqlite", FAMILY, contiguous_problem(8, 8, 8, "bf16", "bf16"))
 
 
-def test_the_tuner_runs_on_stored_timings_only(table):
-    """Every trial is answered from the table (the family cannot run a kernel); the winner is the best evaluated."""
+@pytest.fixture(scope="module")
+def tuned(table):
+    """(result, the configs evaluated in order) of a 25-trial simulated study, seed 1: shared by the tests below."""
     evaluated = []
     result = tune_problem(FAMILY, PROBLEM, H200, trials=25, seed=1, simulate=table, warm_start=False,
                           progress=lambda p: evaluated.append(p.last_config))
+    return result, evaluated
+
+
+def test_the_tuner_runs_on_stored_timings_only(table, tuned):
+    """Every trial is answered from the table (the family cannot run a kernel); the winner is the best evaluated."""
+    result, evaluated = tuned
     assert result.simulated and sum(result.statuses.values()) == 25 == len(evaluated)
     assert len({c.hash for c in evaluated}) == 25 and all(table.lookup(c) is not None for c in evaluated)
     ok = [table.lookup(c).median_ms for c in evaluated if table.lookup(c).status == "ok"]
@@ -109,14 +122,13 @@ def test_the_tuner_runs_on_stored_timings_only(table):
     assert result.never_measured > 0
 
 
-def test_replay_runs_the_tuners_search(table):
+def test_replay_runs_the_tuners_search(table, tuned):
     """The in-memory replay proposes exactly the configs the tuner's own loop evaluates, seed for seed."""
-    for seed in (0, 5):
-        evaluated = []
-        tune_problem(FAMILY, PROBLEM, H200, trials=20, seed=seed, simulate=table, warm_start=False,
-                     progress=lambda p, seen=evaluated: seen.append(p.last_config.hash))
-        replayed = replay(FAMILY, PROBLEM, table, Strategy.TPE, seed, 20, prune=True)
-        assert replayed.evaluated == evaluated
+    assert replay(FAMILY, PROBLEM, table, Strategy.TPE, 1, 25, prune=True).evaluated == [c.hash for c in tuned[1]]
+    evaluated = []
+    tune_problem(FAMILY, PROBLEM, H200, trials=20, seed=5, simulate=table, warm_start=False,
+                 progress=lambda p: evaluated.append(p.last_config.hash))
+    assert replay(FAMILY, PROBLEM, table, Strategy.TPE, 5, 20, prune=True).evaluated == evaluated
 
 
 def test_replay_strategies_and_summary(table):
@@ -161,7 +173,7 @@ def test_warm_start_in_a_simulation_comes_from_the_other_tables_of_the_folder(tm
 
 def _flat_table(ms_by_rank: list[float], vendor_ms: float | None) -> TimingTable:
     """A table where the i-th config of the space (in the order the search meets them) takes ms_by_rank[i]."""
-    configs = [FAMILY.default_config(PROBLEM, H200)] + [c for c in FAMILY.space(PROBLEM, H200).feasible()][:200]
+    configs = [FAMILY.default_config(PROBLEM, H200), *_feasible()[:200]]
     configs = list(dict.fromkeys(configs))
     rows = {}
     from autotile.tune.simulate import TableRow
@@ -182,8 +194,7 @@ def test_early_stop_waits_for_the_vendor_op(vendor, evaluations, why):
     from autotile.tune.prune import Pruner
 
     if vendor == "floor":
-        configs = list(FAMILY.space(PROBLEM, H200).feasible())
-        vendor = Pruner.for_problem(FAMILY, PROBLEM, H200, configs).floor_ms()
+        vendor = Pruner.for_problem(FAMILY, PROBLEM, H200, list(_feasible())).floor_ms()
     table = _flat_table([1.0], vendor)
     result = tune_problem(FAMILY, PROBLEM, H200, trials=60, simulate=table, patience=4, prune=False,
                           warm_start=False)

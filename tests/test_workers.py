@@ -73,12 +73,13 @@ def test_crash_and_outside_kill_cost_one_trial_each(tmp_path, monkeypatch):
 def test_hang_is_a_timeout_with_a_command_that_renders_it():
     family = CrashingGemm()
     hang = family.special_configs(PROBLEM, CPU)["hang"]
-    evaluator = IsolatedEvaluator(family, PROBLEM, CPU, seed=0, trial_timeout=3.0)
+    # The limit counts from the trial's start, after the worker is up: 1 s of a config that sleeps 600 s.
+    evaluator = IsolatedEvaluator(family, PROBLEM, CPU, seed=0, trial_timeout=1.0)
     try:
         outcome = evaluator.evaluate(0, hang)
-        assert outcome.status is Status.TIMEOUT and "no result within 3 s; the worker was killed" in outcome.error
+        assert outcome.status is Status.TIMEOUT and "no result within 1 s; the worker was killed" in outcome.error
         assert evaluator.worker_pid() is None  # killed; the next trial starts a new worker
-        evaluator.trial_timeout = 300.0  # a first trial on a busy machine may well take more than 3 s
+        evaluator.trial_timeout = 300.0  # a first trial on a busy machine may well take more than 1 s
         assert evaluator.evaluate(1, family.default_config(PROBLEM, CPU)).status is Status.OK
         assert evaluator.workers_started == 2
     finally:

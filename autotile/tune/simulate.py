@@ -324,11 +324,17 @@ def synthetic_table(family: Family, problem, device: DeviceInfo | None = None, c
     bounds = fn(problem, roof, configs)
     problem_key = family.problem_key(problem)
     rows = {}
+    axis_factors: dict[str, tuple[float, float]] = {}  # an axis value's two slowdowns, hashed once, not per config
     for config, bound in zip(configs, bounds):
         factor = 1.0
         for name in sorted(config):
-            factor *= _slowdown(f"{seed}:{name}={config[name]!r}", _SYNTHETIC_AXIS_SIGMA)
-            factor *= _slowdown(f"{seed}:{problem_key}:{name}={config[name]!r}", _SYNTHETIC_PROBLEM_AXIS_SIGMA)
+            value = f"{name}={config[name]!r}"
+            if value not in axis_factors:
+                axis_factors[value] = (_slowdown(f"{seed}:{value}", _SYNTHETIC_AXIS_SIGMA),
+                                       _slowdown(f"{seed}:{problem_key}:{value}", _SYNTHETIC_PROBLEM_AXIS_SIGMA))
+            shared, own = axis_factors[value]
+            factor *= shared
+            factor *= own
         noise = _slowdown(f"{seed}:{problem_key}:{config.hash}", _SYNTHETIC_NOISE_SIGMA)
         if _unit(f"{seed}:fail:{problem_key}:{config.hash}") < _SYNTHETIC_FAILURES:
             rows[config.hash] = TableRow(config, Status.COMPILE_ERROR.value, error="synthesised failure")
