@@ -199,11 +199,14 @@ def test_killed_multi_search_tuner_stops_its_searches_and_resumes(tmp_path):
         time.sleep(0.2)
     assert not any(_running(pid) for pid in searches), "a search process outlived its killed tuner"
     before = len(recorded_trials(engine, name))
-    assert 4 <= before < 12
-    result = tune_problem(GemmFamily(), PROBLEM, CPU, trials=12, db_url=url, retime_rounds=0, gpus=[0, 1],
+    # Each search checks for its tuner once a second (_PARENT_CHECK_S): fast interpreter trials may add ~10 more
+    # after the kill, never the 40 the killed run asked for.
+    assert 4 <= before < 30
+    target = max(12, before + 4)  # the resumed run has trials of its own to run
+    result = tune_problem(GemmFamily(), PROBLEM, CPU, trials=target, db_url=url, retime_rounds=0, gpus=[0, 1],
                           lookahead=1)
     rows = recorded_trials(engine, name)
-    assert result.trials_this_run == 12 - before and len(rows) == 12 and len(set(rows.values())) == 12
+    assert result.trials_this_run == target - before and len(rows) == target and len(set(rows.values())) == target
 
 
 def test_tuning_refuses_an_in_memory_database():
