@@ -76,9 +76,9 @@ class Shape:
     problem: GemmProblem
 
 
-def llm_shapes(quick: bool) -> list[Shape]:
-    models = QUICK_MODELS if quick else MODEL_NAMES
-    tokens = QUICK_TOKENS if quick else TOKENS
+def projection_weights(models) -> dict[tuple, list[str]]:
+    """(N, K, bias) of the qkv, o, gate_up and down projections of `models` -> the projections ("llama3-8b o")
+    that share that weight shape."""
     seen: dict[tuple, list[str]] = {}
     for name in models:
         d = MODELS[name]
@@ -86,8 +86,13 @@ def llm_shapes(quick: bool) -> list[Shape]:
         for proj, n, k, bias in (("qkv", q + 2 * kv, d.hidden, d.qkv_bias), ("o", d.hidden, q, False),
                                  ("gate_up", 2 * d.intermediate, d.hidden, False), ("down", d.hidden, d.intermediate, False)):
             seen.setdefault((n, k, bias), []).append(f"{name} {proj}")
+    return seen
+
+
+def llm_shapes(quick: bool) -> list[Shape]:
+    tokens = QUICK_TOKENS if quick else TOKENS
     shapes = []
-    for (n, k, bias), labels in seen.items():
+    for (n, k, bias), labels in projection_weights(QUICK_MODELS if quick else MODEL_NAMES).items():
         for m in tokens:
             problem = contiguous_problem(m, n, k, "bf16", "bf16", layout_b="col", bias=bias)
             shapes.append(Shape(" = ".join(labels), problem))

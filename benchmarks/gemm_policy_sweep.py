@@ -31,7 +31,6 @@ import gemm_kernels_bench as gkb  # noqa: E402  (shapes, compile pool, checks, t
 from autotile.device import resolve_gpu  # noqa: E402
 from autotile.families.gemm import FAMILY, contiguous_problem  # noqa: E402
 from autotile.families.gemm_policy import STREAM_MAX_M, best_split  # noqa: E402
-from autotile.models import MODELS  # noqa: E402
 from autotile.space import Config  # noqa: E402
 
 MODELS_SWEPT = ("llama3-8b", "qwen2.5-7b")
@@ -59,15 +58,9 @@ TILED_VARIATIONS = (
 
 
 def shapes() -> list[gkb.Shape]:
-    seen: dict[tuple, list[str]] = {}
-    for name in MODELS_SWEPT:
-        d = MODELS[name]
-        q, kv = d.heads * d.head_dim, d.kv_heads * d.head_dim
-        for proj, n, k, bias in (("qkv", q + 2 * kv, d.hidden, d.qkv_bias), ("o", d.hidden, q, False),
-                                 ("gate_up", 2 * d.intermediate, d.hidden, False), ("down", d.hidden, d.intermediate, False)):
-            seen.setdefault((n, k, bias), []).append(f"{name} {proj}")
+    weights = gkb.projection_weights(MODELS_SWEPT)
     result = [gkb.Shape(" = ".join(labels), contiguous_problem(m, n, k, "bf16", "bf16", layout_b="col", bias=bias))
-              for m in TOKENS for (n, k, bias), labels in seen.items()]
+              for m in TOKENS for (n, k, bias), labels in weights.items()]
     m, n, k = gkb.IRREGULAR
     return result + [gkb.Shape("irregular", contiguous_problem(m, n, k, "bf16", "bf16", layout_b="col"))]
 

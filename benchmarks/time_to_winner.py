@@ -420,14 +420,21 @@ def run_autotile(shape, args, scratch: Path, timeout_s: float) -> dict:
     data = {"command": " ".join(cmd[2:]), "total_s": run["seconds"], "rc": run["rc"], "timed_out": run["timed_out"],
             "log_tail": run["output"][-3000:]}
     if (root / "tune.sqlite").exists():
-        try:
-            data.update(parity_from_db(db_url, launched_at))
-        except Exception as exc:  # noqa: BLE001 - a damaged run is reported, the other shapes go on
-            data["db_error"] = f"{type(exc).__name__}: {exc}"
-    if run["rc"] == 0 and data.get("winner"):
+        _parity_and_served(data, db_url, launched_at, run["rc"] == 0, shape, args, root, env)
+    return data
+
+
+def _parity_and_served(data: dict, db_url: str, launched_at: datetime.datetime, ok: bool, shape, args, root: Path,
+                       env: dict) -> None:
+    """Adds to `data` the parity times read from a tune's database (seconds since `launched_at`), and, when the
+    tune succeeded with a winner, that winner served, checked and timed by a fresh process."""
+    try:
+        data.update(parity_from_db(db_url, launched_at))
+    except Exception as exc:  # noqa: BLE001 - a damaged run is reported, the other shapes go on
+        data["db_error"] = f"{type(exc).__name__}: {exc}"
+    if ok and data.get("winner"):
         served, _ = _child_json("serve", shape, args, root / "served.json", env, MIN_CHILD_S * 4)
         data["served"] = served
-    return data
 
 
 def run_inprocess(shape, args, scratch: Path, timeout_s: float) -> dict:
@@ -438,13 +445,9 @@ def run_inprocess(shape, args, scratch: Path, timeout_s: float) -> dict:
     env = _env(root, AUTOTILE_CACHE_DIR=str(root / "kernels"), AUTOTILE_DB=db_url)
     data, _ = _child_json("inprocess", shape, args, root / "result.json", env, timeout_s)
     if data.get("tune_started_utc") and (root / "tune.sqlite").exists():
-        try:  # seconds since the tuner was called: start-up is not counted, as Inductor's is not
-            data.update(parity_from_db(db_url, datetime.datetime.fromisoformat(data["tune_started_utc"])))
-        except Exception as exc:  # noqa: BLE001 - a damaged run is reported, the other shapes go on
-            data["db_error"] = f"{type(exc).__name__}: {exc}"
-    if data["rc"] == 0 and data.get("winner"):
-        served, _ = _child_json("serve", shape, args, root / "served.json", env, MIN_CHILD_S * 4)
-        data["served"] = served
+        # Seconds since the tuner was called: start-up is not counted, as Inductor's is not.
+        _parity_and_served(data, db_url, datetime.datetime.fromisoformat(data["tune_started_utc"]), data["rc"] == 0,
+                           shape, args, root, env)
     return data
 
 

@@ -2,7 +2,6 @@
 and the script end to end in its smoke mode (the CPU interpreter, a tiny problem, 2- and 4-trial studies)."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -10,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from scripts import loaded_script
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "benchmarks" / "study_length.py"
@@ -17,12 +17,7 @@ SCRIPT = REPO / "benchmarks" / "study_length.py"
 
 @pytest.fixture(scope="module")
 def sl():
-    spec = importlib.util.spec_from_file_location("study_length", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop(spec.name, None)
+    yield from loaded_script(SCRIPT, "study_length")
 
 
 def test_the_samples_are_the_model_paths_problems_and_the_shipped_tables_hold_them(sl):

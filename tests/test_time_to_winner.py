@@ -6,12 +6,11 @@ here on hand-made inputs: trial rows written through autotile's own store, Induc
 from __future__ import annotations
 
 import datetime
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
+from scripts import loaded_script
 
 from autotile.device import interpret_device
 from autotile.families.gemm import FAMILY, contiguous_problem
@@ -27,12 +26,7 @@ VENDOR = {"VENDOR": "cublas"}
 
 @pytest.fixture(scope="module")
 def ttw():
-    spec = importlib.util.spec_from_file_location("time_to_winner", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop(spec.name, None)
+    yield from loaded_script(SCRIPT, "time_to_winner")
 
 
 # In the format of torch._inductor.select_algorithm (AlgorithmSelectorCache.log_results), with the lines it
