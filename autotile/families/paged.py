@@ -301,11 +301,11 @@ def balanced_tile(problem: "PagedProblem", sm_count: int) -> dict:
     """The balanced variant's tile where nothing was tuned for the call: BLOCK_N, warps and stages.
 
     Measured on the H200 over six ragged decode mixes (benchmarks/paged_sweep.py; results/
-    paged_sweep_2026-12-01b_quick.md, paged_sweep_2026-12-01d_quick.md): 4 warps led on every mix (2 warps
+    paged_sweep_2026-12-01b_quick.md, paged_sweep_2026-12-01e_quick.md): 4 warps led on every mix (2 warps
     reached 45-76% of copy bandwidth where 4 reached 59-93%). With the page ids read a step ahead (3 stages
     and more), 3 stages (two K/V tiles in flight) led: 64-token tiles where (sequence, KV head) items
-    outnumber the SMs and D <= 128 (85-94%); 32-token tiles for few items (one 32k sequence: 61%, against 59%
-    at 2 stages) and at D = 256 (16 sequences of 1k-32k at Gemma-2 heads: 99%, against 96% for 64-token
+    outnumber the SMs and D <= 128 (82-92%); 32-token tiles for few items (one 32k sequence: 60%, against 58%
+    at 2 stages) and at D = 256 (16 sequences of 1k-32k at Gemma-2 heads: 97%, against 96% for 64-token
     tiles at 2 stages).
     """
     many = problem.batch * problem.num_kv_heads >= sm_count
@@ -599,8 +599,7 @@ class PagedLaunch:
         self.device = torch.device(device)
         self.interpret = self.device.type == "cpu"
         self.num_sms = int(num_sms) if num_sms is not None else device_sm_count(self.device)
-        switches = dict(VARIANT=self.variant, FP8_SCALES=p.kv_dtype == "fp8", WRITE_LSE=return_lse,
-                        PREFETCH_PAGES=prefetches_pages(config["num_stages"]),
+        switches = dict(FAMILY.render_switches(p, config), WRITE_LSE=return_lse,
                         # NOTE: Triton 3.6's interpreter computes bf16 tl.dot wrongly; CPU runs upcast the dot operands.
                         UPCAST_DOTS=self.interpret and "bf16" in (p.dtype, p.kv_dtype))
         self.module = _kernel_module(FAMILY.template, self.interpret, tuple(sorted(switches.items())))
