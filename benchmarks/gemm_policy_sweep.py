@@ -7,7 +7,7 @@ Run from the repository root on a CUDA machine:
 gemm_kernels_bench.py reports the policy's default and the best of its first seeds; this script times every
 candidate, so that the policy's rules (gemm_policy.py: the weight-streaming kernel up to STREAM_MAX_M tokens,
 tile shapes and schedules above) can be set from measurements. Shapes: Llama-3-8B and Qwen2.5-7B projections
-at M = 64, 256 and 2048, and 3000 x 5000 x 1536 (bf16, weights in nn.Linear layout). Candidates per
+at M = 64, 256 and 2048 (--tokens), and 3000 x 5000 x 1536 (bf16, weights in nn.Linear layout). Candidates per
 shape: the default, every seed, and variations of the weight-streaming kernel (M <= 64: stages, K tile, N tile,
 warps) or of the prefill tiles (schedule, persistence, tile shape). Each candidate is checked against the
 float64 reference, then all are timed interleaved with cuBLAS (torch.matmul(x, w.t())): one screening round,
@@ -30,7 +30,7 @@ import gemm_kernels_bench as gkb  # noqa: E402  (shapes, compile pool, checks, t
 
 from autotile.device import resolve_gpu  # noqa: E402
 from autotile.families.gemm import FAMILY, contiguous_problem  # noqa: E402
-from autotile.families.gemm_policy import STREAM_MAX_M, best_split  # noqa: E402
+from autotile.families.gemm_policy import MID_MAX_M, STREAM_MAX_M, best_split, filling_split  # noqa: E402
 from autotile.space import Config  # noqa: E402
 
 MODELS_SWEPT = ("llama3-8b", "qwen2.5-7b")
@@ -55,12 +55,22 @@ TILED_VARIATIONS = (
     dict(VARIANT="blocked", PERSISTENT=False, SCHEDULE="data_parallel", SPLIT_K=1, BLOCK_M=64, BLOCK_N=128, BLOCK_K=64,
          num_warps=4, num_stages=4, GROUP_M=8, SWAP_AB=False, FLATTEN=False, WARP_SPECIALIZE=False),
 )
+# Mid M (STREAM_MAX_M < M <= MID_MAX_M) also tries tiles that hold more of the tokens, split over K until the
+# programs fill the SMs (SPLIT_K "fill": filling_split), so that the weight is read fewer times.
+_SPLIT = dict(SCHEDULE="split_k", SPLIT_K="fill", PERSISTENT=False, SWAP_AB=False, FLATTEN=False, GROUP_M=8)
+MID_VARIATIONS = (
+    dict(_SPLIT, VARIANT="tma", BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=4),
+    dict(_SPLIT, VARIANT="tma", BLOCK_M=256, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=3),
+    dict(_SPLIT, VARIANT="tma", BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_warps=8, num_stages=3),
+    dict(_SPLIT, VARIANT="blocked", BLOCK_M=64, BLOCK_N=256, BLOCK_K=64, num_warps=8, num_stages=3),
+    dict(_SPLIT, VARIANT="blocked", BLOCK_M=128, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=4),
+)
 
 
-def shapes() -> list[gkb.Shape]:
+def shapes(tokens=TOKENS) -> list[gkb.Shape]:
     weights = gkb.projection_weights(MODELS_SWEPT)
     result = [gkb.Shape(" = ".join(labels), contiguous_problem(m, n, k, "bf16", "bf16", layout_b="col", bias=bias))
-              for m in TOKENS for (n, k, bias), labels in weights.items()]
+              for m in tokens for (n, k, bias), labels in weights.items()]
     m, n, k = gkb.IRREGULAR
     return result + [gkb.Shape("irregular", contiguous_problem(m, n, k, "bf16", "bf16", layout_b="col"))]
 
@@ -73,10 +83,16 @@ def candidates(problem, device) -> dict[str, Config]:
     for config in FAMILY.seed_configs(problem, device):
         found.setdefault(config, "seed")
     streaming = problem.m <= STREAM_MAX_M
-    for change in STREAMING_VARIATIONS if streaming else TILED_VARIATIONS:
+    changes = STREAMING_VARIATIONS if streaming else TILED_VARIATIONS
+    if STREAM_MAX_M < problem.m <= MID_MAX_M:
+        changes += MID_VARIATIONS
+    for change in changes:
         wanted = dict(default, **change)
         if streaming and wanted["SCHEDULE"] == "split_k":
             wanted["SPLIT_K"] = max(2, best_split(problem, wanted, device))
+        if wanted["SPLIT_K"] == "fill":
+            wanted["SPLIT_K"] = filling_split(problem, wanted, device)
+            wanted["SCHEDULE"] = "split_k" if wanted["SPLIT_K"] > 1 else "data_parallel"
         if space.is_feasible(wanted):
             found.setdefault(space.validate(wanted), "variation")
     return {f"{kind} {gkb.short(config)}": config for config, kind in found.items()}
@@ -146,8 +162,10 @@ def main() -> int:
     parser.add_argument("--plan", action="store_true", help="list shapes and candidates (H200 policy) and exit")
     parser.add_argument("--workers", type=int, default=max(1, min(14, (os.cpu_count() or 2) - 2)),
                         help="processes compiling kernels ahead")
+    parser.add_argument("--tokens", type=lambda text: tuple(int(t) for t in text.split(",")), default=TOKENS,
+                        help=f"comma-separated M values (default {','.join(map(str, TOKENS))})")
     args = parser.parse_args()
-    work = shapes()
+    work = shapes(args.tokens)
     if args.plan:
         for shape in work:
             configs = candidates(shape.problem, gkb.H200_PLAN)
