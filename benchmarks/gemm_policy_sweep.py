@@ -29,8 +29,10 @@ sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve
 import gemm_kernels_bench as gkb  # noqa: E402  (shapes, compile pool, checks, timing, vendor op, labels)
 
 from autotile.device import resolve_gpu  # noqa: E402
+from autotile.families.base import next_pow2  # noqa: E402
 from autotile.families.gemm import FAMILY, contiguous_problem  # noqa: E402
 from autotile.families.gemm_policy import MID_MAX_M, STREAM_MAX_M, best_split, filling_split  # noqa: E402
+from autotile.families.gemm_space import SWAP_MAX_M  # noqa: E402
 from autotile.space import Config  # noqa: E402
 
 MODELS_SWEPT = ("llama3-8b", "qwen2.5-7b")
@@ -65,6 +67,18 @@ MID_VARIATIONS = (
     dict(_SPLIT, VARIANT="blocked", BLOCK_M=64, BLOCK_N=256, BLOCK_K=64, num_warps=8, num_stages=3),
     dict(_SPLIT, VARIANT="blocked", BLOCK_M=128, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=4),
 )
+# Up to SWAP_MAX_M tokens, decode's weight-streaming kernel with every token in one swapped tile (BLOCK_M, the
+# MMA's N side, set to the tokens' next power of two), split over K to fill the SMs.
+_STREAM = dict(_SPLIT, VARIANT="blocked", SWAP_AB=True, GROUP_M=1)
+WIDE_STREAMING_VARIATIONS = (
+    dict(_STREAM, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4),
+    dict(_STREAM, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=3),
+    dict(_STREAM, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=5),
+    dict(_STREAM, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=3),
+    dict(_STREAM, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=4),
+    dict(_STREAM, BLOCK_N=128, BLOCK_K=64, num_warps=4, num_stages=3),
+    dict(_STREAM, BLOCK_N=64, BLOCK_K=64, num_warps=8, num_stages=4),
+)
 
 
 def shapes(tokens=TOKENS) -> list[gkb.Shape]:
@@ -86,6 +100,8 @@ def candidates(problem, device) -> dict[str, Config]:
     changes = STREAMING_VARIATIONS if streaming else TILED_VARIATIONS
     if STREAM_MAX_M < problem.m <= MID_MAX_M:
         changes += MID_VARIATIONS
+    if STREAM_MAX_M < problem.m <= SWAP_MAX_M:
+        changes += tuple(dict(change, BLOCK_M=next_pow2(problem.m)) for change in WIDE_STREAMING_VARIATIONS)
     for change in changes:
         wanted = dict(default, **change)
         if streaming and wanted["SCHEDULE"] == "split_k":

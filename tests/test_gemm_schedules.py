@@ -147,6 +147,10 @@ DECODE = [
     # The mid-M weight-streaming seed (gemm_policy.streaming_config): 37 tokens in one 64-row swapped tile.
     (contiguous_problem(37, 72, 300, "bf16", "bf16", layout_b="col"), config(SCHEDULE="split_k", SPLIT_K=3, SWAP_AB=True,
                                                                             BLOCK_M=64, BLOCK_N=64)),
+    # Wide streaming tiles (up to gemm_space.SWAP_MAX_M tokens in the MMA's N side): 97 tokens in a 128-token tile,
+    # K = 200 split 3 ways at BLOCK_K 32 (7 K tiles: splits of 2, 2 and 3, the last one partial).
+    (contiguous_problem(97, 80, 200, "fp16", "fp16", layout_b="col", bias=True),
+     config(SCHEDULE="split_k", SPLIT_K=3, SWAP_AB=True, BLOCK_M=128, BLOCK_N=64, BLOCK_K=32, GROUP_M=1)),
 ]
 
 

@@ -30,6 +30,9 @@ PROMOTE_CHOICES = (1, 2, 4)
 FP8_PRECISE_INTERVAL = 256
 # K width of one group of block scales (SCALES == 'block'; the template's SCALE_BLOCK).
 SCALE_BLOCK = 128
+# SWAP_AB puts the tokens (M) on the MMA's N side, which takes up to 256 columns (Hopper's wgmma; Ampere's
+# mma tiles N the same way): up to M = 256 every token fits one tile, so the weight is streamed once.
+SWAP_MAX_M = 256
 # Workspace elements a split-K run may use (fp32): 2**28 is 1 GiB.
 SPLIT_K_WORKSPACE_LIMIT = 2**28
 # Split-K is for problems whose tiles do not fill the GPU: with at least this many tiles per SM
@@ -240,11 +243,11 @@ def gemm_space(problem, device: DeviceInfo) -> StagedSpace:
              lambda c: (c["VARIANT"] == "tma" and c["SCHEDULE"] == "data_parallel")
              or not (c["PERSISTENT"] or c["WARP_SPECIALIZE"] or c["FLATTEN"]),
              "PERSISTENT, WARP_SPECIALIZE and FLATTEN only change the tma variant's data-parallel tile loop"),
-        rule("swap_ab_for_few_rows", ("SWAP_AB",), lambda c: not c["SWAP_AB"] or (p.m <= 64 and tensor_cores),
-             "SWAP_AB puts N on the tensor cores' M side: for M <= 64 with tensor-core operands"),
+        rule("swap_ab_for_few_rows", ("SWAP_AB",), lambda c: not c["SWAP_AB"] or (p.m <= SWAP_MAX_M and tensor_cores),
+             f"SWAP_AB puts N on the tensor cores' M side: for M <= {SWAP_MAX_M} with tensor-core operands"),
         rule("swap_ab_tiles", ("SWAP_AB", "BLOCK_M", "BLOCK_N"),
-             lambda c: not c["SWAP_AB"] or (c["BLOCK_M"] <= 64 and c["BLOCK_N"] >= 64),
-             "SWAP_AB wants BLOCK_M <= 64 (tokens) and BLOCK_N >= 64 (the MMA's 64-row side)"),
+             lambda c: not c["SWAP_AB"] or (c["BLOCK_M"] <= SWAP_MAX_M and c["BLOCK_N"] >= 64),
+             f"SWAP_AB wants BLOCK_M <= {SWAP_MAX_M} (tokens: the MMA's N side) and BLOCK_N >= 64 (its 64-row side)"),
         rule("tile_within_problem", ("BLOCK_M", "BLOCK_N", "BLOCK_K"),
              lambda c: c["BLOCK_M"] <= max(16, next_pow2(p.m)) and c["BLOCK_N"] <= max(32, next_pow2(p.n))
              and c["BLOCK_K"] <= max(32, next_pow2(p.k)),
