@@ -163,15 +163,14 @@ def tune_problem(
     session = session if session is not None else current_session()
     trial_timeout = trial_timeout or default_trial_timeout(device)
     # The trial worker and the compile pool start first: their start-up (spawn, imports, CUDA context, inputs;
-    # ~11 s on the H200 machines) runs while this process opens the database and the study. Trials in this
-    # process (isolate off) still start the pool first: its processes took 2-3 s to compile their first config.
-    early = (isolate or (compile_ahead and not device.interpret)) and not gpus and table is None
+    # ~11 s on the H200 machines) runs while this process opens the database and the study.
+    early = isolate and not gpus and table is None
     private = TuneSession() if early and session is None else None
     session = private or session
     try:
         if early:
             session.prestart(family, problem, device, seed, trial_timeout, compile_ahead,
-                             first_configs=[family.default_config(problem, device)], worker=isolate)
+                             first_configs=[family.default_config(problem, device)])
         cuda_warm = _warm_cuda(device) if table is None and not device.interpret else None
         db_url = _given_url(db_url)
         study_url = storage_url or db_url  # where the Optuna study lives

@@ -114,9 +114,8 @@ class TuneSession:
         return pool
 
     def prestart(self, family: Family, problem, device: DeviceInfo, seed: int, trial_timeout: float,
-                 compile_ahead: bool, first_configs=(), gpu: int | None = None, worker: bool = True) -> None:
-        """Start the device's trial worker (unless `worker` is off: trials in this process) and compile-ahead
-        pool for `problem` now, without lending them.
+                 compile_ahead: bool, first_configs=(), gpu: int | None = None) -> None:
+        """Start the device's trial worker and compile-ahead pool for `problem` now, without lending them.
 
         The worker imports torch, creates its CUDA context and builds its inputs, and the pool compiles
         `first_configs` (the configs the study will ask first), while the tuner opens its database and study;
@@ -125,19 +124,18 @@ class TuneSession:
         key = (gpu, device)
         with self._lock:
             self._check_open()
-            evaluator = self._evaluators.get(key) if worker else None
+            evaluator = self._evaluators.get(key)
             pool = self._pools.get(key)
             if (evaluator is not None and id(evaluator) in self._lent) or (pool is not None and id(pool) in self._lent):
                 return  # a search of this device is running: it started its own
-        if worker:
-            if evaluator is None:
-                evaluator = IsolatedEvaluator(family, problem, device, seed, trial_timeout, gpu=gpu)
-                with self._lock:
-                    self._evaluators.setdefault(key, evaluator)
-            else:
-                evaluator.trial_timeout = trial_timeout
-                evaluator.retarget(family, problem, seed)
-            evaluator.prestart()
+        if evaluator is None:
+            evaluator = IsolatedEvaluator(family, problem, device, seed, trial_timeout, gpu=gpu)
+            with self._lock:
+                self._evaluators.setdefault(key, evaluator)
+        else:
+            evaluator.trial_timeout = trial_timeout
+            evaluator.retarget(family, problem, seed)
+        evaluator.prestart()
         if not compile_ahead or device.interpret:
             return
         if pool is None:
