@@ -89,8 +89,8 @@ def projection_weights(models) -> dict[tuple, list[str]]:
     return seen
 
 
-def llm_shapes(quick: bool) -> list[Shape]:
-    tokens = QUICK_TOKENS if quick else TOKENS
+def llm_shapes(quick: bool, tokens: tuple[int, ...] | None = None) -> list[Shape]:
+    tokens = tokens or (QUICK_TOKENS if quick else TOKENS)
     shapes = []
     for (n, k, bias), labels in projection_weights(QUICK_MODELS if quick else MODEL_NAMES).items():
         for m in tokens:
@@ -420,6 +420,8 @@ def main() -> int:
     parser.add_argument("--plan", action="store_true", help="list the cases and shapes (with the H200's policy) and exit")
     parser.add_argument("--workers", type=int, default=max(1, min(14, (os.cpu_count() or 2) - 2)),
                         help="processes compiling kernels ahead")
+    parser.add_argument("--tokens", type=lambda text: tuple(int(t) for t in text.split(",")), default=None,
+                        help="comma-separated M values for the projections (default: the mode's own)")
     args = parser.parse_args()
     if args.plan:
         return plan(args.quick)
@@ -430,7 +432,7 @@ def main() -> int:
     started = time.monotonic()
     seeds, rounds = (2, 2) if args.quick else (4, 3)
     failures: list[str] = []
-    shapes = llm_shapes(args.quick)
+    shapes = llm_shapes(args.quick, args.tokens)
     cases = check_cases(device)
     if args.quick:
         cases = [c for i, c in enumerate(cases) if i % 2 == 0 or c[1] == FAMILY.default_config(c[0], device)]

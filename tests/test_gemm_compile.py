@@ -165,6 +165,7 @@ POLICY_SHAPES = [
     contiguous_problem(16, 28672, 4096, "bf16", "bf16", layout_b="col"),
     contiguous_problem(4, 3584, 18944, "bf16", "bf16", layout_b="col"),
     contiguous_problem(64, 6144, 4096, "bf16", "bf16", layout_b="col"),
+    contiguous_problem(96, 4096, 14336, "bf16", "bf16", layout_b="col"),  # a 128-token streaming tile
     contiguous_problem(256, 4096, 14336, "bf16", "bf16", layout_b="col"),
     contiguous_problem(2048, 4608, 3584, "bf16", "bf16", layout_b="col", bias=True),
     contiguous_problem(3000, 5000, 1536, "bf16", "bf16", layout_b="col"),

@@ -9,7 +9,7 @@ import pytest
 
 from autotile.device import HOPPER_SMEM_PER_BLOCK, DeviceInfo, interpret_device
 from autotile.families.gemm import FAMILY, contiguous_problem
-from autotile.families.gemm_policy import FILL_SMS, STREAM_MAX_M, programs, regime, wave_efficiency
+from autotile.families.gemm_policy import FILL_SMS, STREAM_MAX_M, WIDE_STREAM_MAX_M, programs, regime, wave_efficiency
 from autotile.families.gemm_space import FP8_PRECISE_INTERVAL, SPLIT_K_CHOICES, SPLIT_K_WORKSPACE_LIMIT, tile_count
 from autotile.models import MODELS, TOKEN_BUCKETS, projections
 
@@ -125,3 +125,19 @@ def test_mid_sized_m_fills_the_gpu():
             fewer = SPLIT_K_CHOICES[SPLIT_K_CHOICES.index(config["SPLIT_K"]) - 1]
             assert tiles * fewer < FILL_SMS * H200.sm_count, (m, config)
         assert programs_now <= 2 * slots, (m, config)
+
+
+@pytest.mark.parametrize("m", [65, 96, 128])
+def test_wide_streaming_where_its_programs_fit_one_wave(m):
+    # Up to WIDE_STREAM_MAX_M tokens the weight streams through one swapped tile when tiles x splits fit the
+    # first wave (o and down projections); qkv's 96 tiles x 2 splits would take 1.45 waves: tiles instead.
+    one_wave = contiguous_problem(m, 4096, 14336, "bf16", "bf16", layout_b="col")
+    config = FAMILY.default_config(one_wave, H200)
+    assert config["SWAP_AB"] and config["BLOCK_M"] == WIDE_STREAM_MAX_M and config["BLOCK_M"] >= m, config
+    assert tile_count(one_wave, config["BLOCK_M"], config["BLOCK_N"]) * config["SPLIT_K"] <= programs(one_wave, config, H200)
+    two_waves = contiguous_problem(m, 6144, 4096, "bf16", "bf16", layout_b="col")
+    tiled = FAMILY.default_config(two_waves, H200)
+    assert not tiled["SWAP_AB"], tiled
+    assert any(seed["SWAP_AB"] for seed in FAMILY.seed_configs(two_waves, H200))  # the search still tries it
+    beyond = contiguous_problem(WIDE_STREAM_MAX_M + 1, 4096, 14336, "bf16", "bf16", layout_b="col")
+    assert not FAMILY.default_config(beyond, H200)["SWAP_AB"]
