@@ -1,0 +1,218 @@
+"""Which forward FlashAttention config wins where: model prefill shapes, a grid of untuned candidates timed.
+
+Run from the repository root on a CUDA machine:
+    python benchmarks/flash_policy_sweep.py --out OUT/flash_policy_sweep.md     # ~4 min on an H200
+    python benchmarks/flash_policy_sweep.py --plan                              # list the work (no GPU)
+
+flash_bench.py reports the family's default and its first seeds; this script times a grid of forward
+configs (query and key tiles with their warps, pointer or TMA loads, warp specialisation, stages: those the
+space holds) plus the
+default and the seeds, so that the default policy (FlashFamily.default_config) can be set from measurements.
+Shapes: causal prefill of Llama-3-8B (32/8 heads, D = 128), Qwen2.5-7B (28/4), Phi-3-mini (32/32, D = 96) and
+Gemma-2-9B (16/8, D = 256) at 1 x 4096, 4 x 2048 and 16 x 512 tokens, and issue 14's D = 64 and non-causal
+anchors. Each candidate is checked against the float64 reference, then all are timed interleaved with SDPA's
+cuDNN backend: one screening round, then the best four, the default and cuDNN over --rounds rounds; medians
+of do_bench medians. Kernels are compiled first by a pool of CPU processes. Markdown to --out, JSON beside it.
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import dataclasses
+import datetime
+import itertools
+import json
+import math
+import multiprocessing
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent.parent)]
+
+from autotile.bench import interleaved_medians, poison  # noqa: E402
+from autotile.device import HOPPER_SMEM_PER_BLOCK, DeviceInfo, resolve_gpu  # noqa: E402
+from autotile.families import flash_vendor  # noqa: E402
+from autotile.families.flash import FAMILY, FlashProblem, default_scale  # noqa: E402
+from autotile.space import Config  # noqa: E402
+
+# (label, heads_q, heads_kv, head_dim) and (batch, sequence) of the causal prefill shapes.
+MODELS = (("llama3-8b", 32, 8, 128), ("qwen2.5-7b", 28, 4, 128), ("phi3-mini", 32, 32, 96), ("gemma2-9b", 16, 8, 256))
+PREFILL = ((1, 4096), (4, 2048), (16, 512))
+ANCHORS = (("D=64 3x12x2000", FlashProblem("fwd", 3, 12, 12, 2000, 2000, 64, True)),
+           ("D=128 2x32x4096 non-causal", FlashProblem("fwd", 2, 32, 32, 4096, 4096, 128, False)))
+# The grid: (BLOCK_M, BLOCK_N, num_warps) tiles x loads x stages (Triton's tutorial pairs 128-row tiles with
+# 8 warps, 64-row ones with 4).
+TILES = ((64, 64, 4), (64, 128, 4), (128, 64, 4), (128, 64, 8), (128, 128, 8))
+LOADS = (("pointer", False), ("tma", False), ("tma", True))
+STAGES = (2, 3)
+FINALISTS = 4
+H200_PLAN = DeviceInfo("h200", "NVIDIA H200", (9, 0), 132, 150_000_000_000, HOPPER_SMEM_PER_BLOCK, "plan")
+
+
+def shapes() -> list[tuple[str, FlashProblem]]:
+    found = [(f"{name} {batch}x{seq}", FlashProblem("fwd", batch, hq, hkv, seq, seq, d, True))
+             for name, hq, hkv, d in MODELS for batch, seq in PREFILL]
+    return found + list(ANCHORS)
+
+
+def short(config: Config) -> str:
+    c = config
+    return (f"{c['LOADS']}{'+ws' if c['WARP_SPECIALIZE'] else ''} {c['BLOCK_M']}x{c['BLOCK_N']} "
+            f"w{c['num_warps']} s{c['num_stages']}")
+
+
+def candidates(problem: FlashProblem, device: DeviceInfo) -> dict[str, Config]:
+    """name -> config: the default first, then the seeds, then every grid point the space holds."""
+    space = FAMILY.space(problem, device)
+    found: dict[Config, str] = {FAMILY.default_config(problem, device): "default"}
+    for config in FAMILY.seed_configs(problem, device):
+        found.setdefault(config, "seed")
+    for (block_m, block_n, warps), (loads, ws), stages in itertools.product(TILES, LOADS, STAGES):
+        wanted = dict(LOADS=loads, BLOCK_M=block_m, BLOCK_N=block_n, WARP_SPECIALIZE=ws, num_warps=warps,
+                      num_stages=stages)
+        if space.is_feasible(wanted):
+            found.setdefault(space.validate(wanted), "grid")
+    return {f"{kind} {short(config)}": config for config, kind in found.items()}
+
+
+def _compile_one(job: tuple[dict, str]) -> str:
+    from autotile.device import cuda_device
+    from autotile.tune.compile_ahead import compile_only
+
+    problem, config = FAMILY.problem_from_dict(job[0]), Config.from_json(job[1])
+    try:
+        inputs = FAMILY.make_inputs(problem, cuda_device(0), seed=0)
+        with compile_only():
+            FAMILY.launch(problem, config, inputs, FAMILY.allocate_outputs(problem, inputs))
+    except Exception as exc:  # noqa: BLE001 - the check in the main process reports it
+        return f"{type(exc).__name__}: {str(exc)[:200]}"
+    return ""
+
+
+def compile_ahead(pairs: list[tuple[FlashProblem, Config]], workers: int) -> None:
+    jobs = list(dict.fromkeys((json.dumps(dataclasses.asdict(p), sort_keys=True), c.to_json()) for p, c in pairs))
+    started = time.monotonic()
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        errors = [e for e in pool.map(_compile_one, [(json.loads(p), c) for p, c in jobs], chunksize=1) if e]
+    print(f"compiled {len(jobs)} kernels ahead in {time.monotonic() - started:.0f} s"
+          f"{f'; {len(errors)} failed (reported by the checks)' if errors else ''}", flush=True)
+
+
+def interleaved(fns: dict, rounds: int, warmup_ms: float, rep_ms: float) -> dict[str, float]:
+    import triton.testing
+
+    return interleaved_medians(
+        fns, rounds, lambda fn: triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
+
+
+def sweep_shape(label: str, problem: FlashProblem, configs: dict[str, Config], device, rounds: int,
+                failures: list[str]) -> dict:
+    inputs = FAMILY.make_inputs(problem, device, seed=5)
+    reference = FAMILY.reference(problem, inputs)
+    fns = {}
+    for name, config in configs.items():
+        outputs = FAMILY.allocate_outputs(problem, inputs)
+        poison(outputs)
+        try:
+            FAMILY.launch(problem, config, inputs, outputs)
+            torch.cuda.synchronize()
+            result = FAMILY.check(problem, inputs, outputs, reference)
+        except Exception as exc:  # noqa: BLE001 - a failing candidate is reported, the others go on
+            failures.append(f"{label} {config.to_json()}: {type(exc).__name__}: {str(exc)[:200]}")
+            continue
+        if not result.ok:
+            failures.append(f"{label} {config.to_json()}: {result.message}")
+            continue
+        fns[name] = (lambda c=config, o=outputs: FAMILY.launch(problem, c, inputs, o))
+    del reference
+    scale = default_scale(problem.head_dim)
+    vendor = {"cuDNN": lambda: flash_vendor.forward(flash_vendor.CUDNN, inputs["q"], inputs["k"], inputs["v"],
+                                                   causal=problem.causal, scale=scale, need_lse=False)}
+    screened = interleaved(dict(fns, **vendor), 1, 5, 25)
+    ours = sorted((ms, name) for name, ms in screened.items() if name in fns)
+    final = {name: fns[name] for _, name in ours[:FINALISTS]}
+    default = next((name for name in fns if name.startswith("default")), None)
+    if default:
+        final[default] = fns[default]
+    final.update(vendor)
+    timed = interleaved(final, rounds, 10, 50)
+    return {"label": label, "problem": dataclasses.asdict(problem), "vendor_ms": timed["cuDNN"],
+            "screened": screened, "timed": {n: ms for n, ms in timed.items() if n != "cuDNN"},
+            "configs": {name: configs[name].to_json() for name in fns}}
+
+
+def render(rows: list[dict], device, seconds: float, failures: list[str]) -> str:
+    lines = [f"# Flash forward policy sweep: untuned candidates beside cuDNN ({datetime.date.today().isoformat()}, "
+             f"{device.name})", "",
+             "bf16. `timed`: medians of do_bench medians over interleaved rounds (the best "
+             f"{FINALISTS} of a screening round, the default and SDPA's cuDNN backend); ratios are cuDNN time / "
+             f"ours. {seconds:.0f} s in all.", "",
+             "| shape | candidates | cuDNN us | default / cuDNN | best | best / cuDNN | runner-up |",
+             "|---|---|---|---|---|---|---|"]
+    for row in rows:
+        ratios = sorted(((row["vendor_ms"] / ms, name) for name, ms in row["timed"].items()), reverse=True)
+        default = next((r for r, n in ratios if n.startswith("default")), float("nan"))
+        best = ratios[0] if ratios else (float("nan"), "-")
+        second = f"{ratios[1][1]} {ratios[1][0]:.2f}x" if len(ratios) > 1 else "-"
+        lines.append(f"| {row['label']} | {len(row['configs'])} | {row['vendor_ms'] * 1e3:.0f} | {default:.2f}x | "
+                     f"{best[1]} | {best[0]:.2f}x | {second} |")
+    pairs = [(row["vendor_ms"] / min(ms for n, ms in row["timed"].items() if n.startswith("default")),
+              row["vendor_ms"] / min(row["timed"].values())) for row in rows
+             if any(n.startswith("default") for n in row["timed"])]
+    if pairs:
+        geo = [math.exp(sum(math.log(x) for x in column) / len(column)) for column in zip(*pairs)]
+        lines += ["", f"Geometric mean over {len(pairs)} shapes: default {geo[0]:.3f}x, best {geo[1]:.3f}x of cuDNN."]
+    lines += ["", "## Failed checks", ""] + ([f"- {f}" for f in failures] or ["none"])
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, default=Path("flash_policy_sweep.md"))
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--budget-s", type=float, default=None, help="no shape starts after this many seconds")
+    parser.add_argument("--plan", action="store_true", help="list shapes and candidates (H200) and exit")
+    parser.add_argument("--workers", type=int, default=max(1, min(14, (os.cpu_count() or 2) - 2)),
+                        help="processes compiling kernels ahead")
+    args = parser.parse_args()
+    work = shapes()
+    if args.plan:
+        for label, problem in work:
+            configs = candidates(problem, H200_PLAN)
+            print(f"{label:28s} {len(configs)} candidates")
+            for name in configs:
+                print(f"    {name}")
+        return 0
+    device = resolve_gpu("auto")
+    if device.interpret:
+        print("no CUDA GPU: this sweep runs on a GPU only (--plan lists its work without one)")
+        return 2
+    started = time.monotonic()
+    plans = [(label, problem, candidates(problem, device)) for label, problem in work]
+    compile_ahead([(problem, c) for _, problem, configs in plans for c in configs.values()], args.workers)
+    rows, failures = [], []
+    for label, problem, configs in plans:
+        if args.budget_s and time.monotonic() - started > args.budget_s:
+            failures.append(f"budget of {args.budget_s:.0f} s spent: {len(plans) - len(rows)} shapes not timed")
+            break
+        rows.append(sweep_shape(label, problem, configs, device, args.rounds, failures))
+        torch.cuda.empty_cache()
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.with_suffix(".json").write_text(json.dumps({"rows": rows, "failures": failures}, indent=1))
+        best = min(rows[-1]["timed"].items(), key=lambda kv: kv[1])
+        print(f"  {label:28s} cuDNN {rows[-1]['vendor_ms'] * 1e3:7.1f} us, best {best[1] * 1e3:7.1f} us {best[0]} "
+              f"({time.monotonic() - started:.0f} s)", flush=True)
+    text = render(rows, device, time.monotonic() - started, failures)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(text)
+    args.out.with_suffix(".json").write_text(json.dumps({"rows": rows, "failures": failures}, indent=1))
+    print(text)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
