@@ -314,3 +314,20 @@ def test_gpu_fp8_forward(causal):
     device = cuda_device()
     problem = FlashProblem("fwd", 2, 8, 2, 300, 1030, 128, causal=causal, dtype="fp8")
     run_and_check(problem, FAMILY.default_config(problem, device), device)
+
+
+def test_forward_default_follows_the_h200_sweep():
+    # results/flash_policy_sweep_2026-12-01.md: causal prefill led with 64 x 64 tiles (TMA from 1024 keys, pointer
+    # loads at 512), non-causal with warp-specialised 128 x 128 tiles, D = 256 with 128 x 64 tiles on 8 warps.
+    def default(batch, seq, dim, causal, **extra):
+        problem = FlashProblem("fwd", batch, 32, 8, seq, seq, dim, causal=causal, **extra)
+        config = FAMILY.default_config(problem, H200)
+        assert FAMILY.space(problem, H200).is_feasible(config)
+        return config["LOADS"], config["BLOCK_M"], config["BLOCK_N"], config["WARP_SPECIALIZE"], config["num_warps"]
+
+    assert default(1, 4096, 128, True) == ("tma", 64, 64, False, 4)
+    assert default(16, 512, 128, True) == ("pointer", 64, 64, False, 4)
+    assert default(2, 4096, 96, False) == ("tma", 128, 128, True, 8)
+    assert default(1, 4096, 256, True) == ("tma", 128, 64, False, 8)
+    assert default(1, 4096, 128, True, aligned=False)[0] == "pointer"  # TMA needs aligned rows
+    assert default(1, 4096, 128, True, varlen=True)[0] == "pointer"

@@ -52,11 +52,9 @@ _BLOCKS = (16, 32, 64, 128)
 # Key blocks of 256 only for head dims <= 64, where a (BLOCK_M, 256) score tile costs what a
 # (BLOCK_M, 128) one does at D = 128 and halves the loop trips of short-head problems.
 _WIDE_BLOCK_N = 256
-# Programs per SM a forward grid of 128-row tiles should have before the default splits its query
-# tiles finer (64 rows): under ~8 waves, the short programs of a causal diagonal leave SMs idle at the
-# tail (issue 14's 3 x 12 x 2000 has 576 programs of 128 rows for 132 SMs). A starting point, not
-# measured: tuned shapes choose BLOCK_M themselves.
-_PROGRAMS_PER_SM = 8
+# Keys from which the untuned forward loads K/V through TMA (the H200 sweep: TMA led at 2000-4096 keys, pointer
+# loads at 512).
+_TMA_FROM_KEYS = 1024
 
 
 LOADS_CHOICES = ("pointer", "tma", "pointer_lookahead", "tma_lookahead")
@@ -462,23 +460,37 @@ class FlashFamily(Family):
         return device_seeds(self, problem, device, wanted)
 
     def default_config(self, problem: FlashProblem, device: DeviceInfo) -> Config:
-        # Starting points of Triton's fused-attention tutorial on H100, narrowed by head dim so the
-        # accumulators fit in registers; first_feasible adapts them to short sequences.
+        # Forward: measured on the H200 (_forward_default). Backward: starting points of Triton's fused-attention
+        # tutorial on H100, narrowed by head dim so the accumulators fit in registers. first_feasible adapts
+        # either to short sequences and other GPUs.
         p = problem
         wide = p.block_d >= 256
         if p.direction == "fwd":
-            block_m = 64 if wide else 128
-            # Short sequences and small batches: finer query tiles, so that the grid has programs for every
-            # SM through the tail.
-            if _cdiv(p.seq_q, block_m) * p.batch * p.heads_q < _PROGRAMS_PER_SM * device.sm_count:
-                block_m = 64
-            preferred = dict(LOADS="pointer", BLOCK_M=block_m, BLOCK_N=64, WARP_SPECIALIZE=False,
-                             num_warps=4 if wide or block_m == 64 or p.block_d <= 64 else 8,
-                             num_stages=2 if wide else 3)
+            preferred = self._forward_default(p, device)
         else:
             preferred = dict(BLOCK_M1=32, BLOCK_N1=64 if wide else 128, BLOCK_M2=64 if wide else 128, BLOCK_N2=32,
                              num_warps=8 if p.block_d >= 128 else 4, num_stages=2)
         return device_default(self, problem, device, preferred)
+
+    @staticmethod
+    def _forward_default(p: FlashProblem, device: DeviceInfo) -> dict:
+        """The forward's untuned config, from H200 measurements of a grid of candidates on the causal prefill of
+        Llama-3-8B, Qwen2.5-7B, Phi-3-mini and Gemma-2-9B at 1 x 4096, 4 x 2048 and 16 x 512 tokens, and two
+        anchors (benchmarks/flash_policy_sweep.py, results/flash_policy_sweep_2026-12-01.md; the rule before,
+        pointer loads on 128 x 64 tiles, reached 0.39-0.77x of cuDNN, geomean 0.60x; these 0.50-0.89x, 0.71x):
+        - TMA loads from _TMA_FROM_KEYS keys on (pointer loads led at 512 keys, and take short calls, packed
+          sequences and the interpreter);
+        - head dims up to 128, causal: 64 x 64 tiles on 4 warps, 3 stages (the diagonal's masked blocks are small);
+        - head dims up to 128, not causal: 128 x 128 tiles on 8 warps, 3 stages, warp-specialised with TMA;
+        - head dim 256: 128 x 64 tiles on 8 warps, 2 stages."""
+        tma = (arch_of(device).supports(Feature.TMA) and not device.interpret and p.aligned and not p.varlen
+               and p.seq_k >= _TMA_FROM_KEYS)
+        loads = "tma" if tma else "pointer"
+        if p.block_d >= 256:
+            return dict(LOADS=loads, BLOCK_M=128, BLOCK_N=64, WARP_SPECIALIZE=False, num_warps=8, num_stages=2)
+        if p.causal or p.window_left >= 0 or p.window_right >= 0:
+            return dict(LOADS=loads, BLOCK_M=64, BLOCK_N=64, WARP_SPECIALIZE=False, num_warps=4, num_stages=3)
+        return dict(LOADS=loads, BLOCK_M=128, BLOCK_N=128, WARP_SPECIALIZE=tma, num_warps=8, num_stages=3)
 
     # --- the vendor op: SDPA's backends ------------------------------------------------
     def vendor_configs(self, problem: FlashProblem, device: DeviceInfo) -> list[Config]:
