@@ -81,6 +81,28 @@ WIDE_STREAMING_VARIATIONS = (
 )
 
 
+# fp8 with precise accumulation: the two-level accumulation drains the MMA pipeline at every promotion, so these
+# try tiles small enough for 2-3 programs per SM (one program's drain overlaps another's MMAs) and longer K tiles.
+_FP8 = dict(VARIANT="tma", SCHEDULE="data_parallel", SPLIT_K=1, SWAP_AB=False, FLATTEN=False, WARP_SPECIALIZE=False,
+            GROUP_M=8)
+FP8_VARIATIONS = (
+    dict(_FP8, PERSISTENT=False, BLOCK_M=64, BLOCK_N=128, BLOCK_K=128, num_warps=4, num_stages=4, PROMOTE_TILES=2),
+    dict(_FP8, PERSISTENT=False, BLOCK_M=64, BLOCK_N=128, BLOCK_K=128, num_warps=4, num_stages=3, PROMOTE_TILES=2),
+    dict(_FP8, PERSISTENT=False, BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, num_warps=4, num_stages=5, PROMOTE_TILES=4),
+    dict(_FP8, PERSISTENT=False, BLOCK_M=128, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4, PROMOTE_TILES=2),
+    dict(_FP8, PERSISTENT=False, BLOCK_M=64, BLOCK_N=256, BLOCK_K=128, num_warps=8, num_stages=3, PROMOTE_TILES=2),
+    dict(_FP8, PERSISTENT=True, BLOCK_M=128, BLOCK_N=128, BLOCK_K=256, num_warps=8, num_stages=3, PROMOTE_TILES=1),
+    dict(_FP8, PERSISTENT=True, BLOCK_M=128, BLOCK_N=128, BLOCK_K=128, num_warps=8, num_stages=3, PROMOTE_TILES=2,
+         WARP_SPECIALIZE=True),
+    dict(_FP8, PERSISTENT=True, BLOCK_M=128, BLOCK_N=128, BLOCK_K=128, num_warps=8, num_stages=4, PROMOTE_TILES=2,
+         GROUP_M=16),
+)
+
+
+def fp8_shapes(sizes) -> list[gkb.Shape]:
+    return [gkb.Shape("fp8 precise", contiguous_problem(n, n, n, "fp8", "bf16", layout_b="col")) for n in sizes]
+
+
 def shapes(tokens=TOKENS) -> list[gkb.Shape]:
     weights = gkb.projection_weights(MODELS_SWEPT)
     result = [gkb.Shape(" = ".join(labels), contiguous_problem(m, n, k, "bf16", "bf16", layout_b="col", bias=bias))
@@ -98,6 +120,8 @@ def candidates(problem, device) -> dict[str, Config]:
         found.setdefault(config, "seed")
     streaming = problem.m <= STREAM_MAX_M
     changes = STREAMING_VARIATIONS if streaming else TILED_VARIATIONS
+    if problem.dtype == "fp8":
+        changes = FP8_VARIATIONS
     if STREAM_MAX_M < problem.m <= MID_MAX_M:
         changes += MID_VARIATIONS
     if STREAM_MAX_M < problem.m <= SWAP_MAX_M:
@@ -135,10 +159,12 @@ def sweep_shape(shape: gkb.Shape, configs: dict[str, Config], device, rounds: in
         final[default] = fns[default]
     final.update(vendor)
     timed = gkb.interleaved(final, rounds, 10, 50)
-    vendor_ms = timed["cuBLAS"]
+    # The vendor op in the problem's own accumulation mode (fp8: _scaled_mm, precise unless fast accumulation).
+    mode = "cuBLAS" if problem.dtype != "fp8" else "_scaled_mm fast" if problem.fp8_fast_accum else "_scaled_mm"
+    vendor_ms = timed.pop(mode)
     return {"label": shape.label, "shape": gkb.describe(problem), "m": problem.m, "vendor_ms": vendor_ms,
             "screened": {name: ms for name, ms in screened.items()},
-            "timed": {name: ms for name, ms in timed.items() if name != "cuBLAS"},
+            "timed": {name: ms for name, ms in timed.items() if name not in vendor},
             "configs": {name: configs[name].to_json() for name in fns}}
 
 
@@ -178,10 +204,12 @@ def main() -> int:
     parser.add_argument("--plan", action="store_true", help="list shapes and candidates (H200 policy) and exit")
     parser.add_argument("--workers", type=int, default=max(1, min(14, (os.cpu_count() or 2) - 2)),
                         help="processes compiling kernels ahead")
-    parser.add_argument("--tokens", type=lambda text: tuple(int(t) for t in text.split(",")), default=TOKENS,
+    parser.add_argument("--tokens", type=lambda text: tuple(int(t) for t in text.split(",") if t), default=TOKENS,
                         help=f"comma-separated M values (default {','.join(map(str, TOKENS))})")
+    parser.add_argument("--fp8", type=lambda text: tuple(int(t) for t in text.split(",")), default=(),
+                        help="also sweep fp8 (precise accumulation) at these square sizes, against _scaled_mm")
     args = parser.parse_args()
-    work = shapes(args.tokens)
+    work = (shapes(args.tokens) if args.tokens else []) + fp8_shapes(args.fp8)
     if args.plan:
         for shape in work:
             configs = candidates(shape.problem, gkb.H200_PLAN)

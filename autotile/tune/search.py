@@ -118,6 +118,10 @@ class _ConfigSource:
         if self._thread is not None:
             self._thread.join()
 
+    def feasible_ready(self) -> bool:
+        """Whether feasible() returns without waiting for the background enumeration."""
+        return self._feasible is not None or self._thread is None or not self._thread.is_alive()
+
     def feasible(self) -> list[Config]:
         with self._lock:
             if self._feasible is None and self._candidates is not None:
@@ -307,6 +311,7 @@ class _Search:
         self._rng = random.Random(sampler_seed)
         self._pruner = None  # built on first use, once the feasible configs are enumerated
         self._pruner_built = False
+        self._recorded = 0  # evaluated trials of the study at the last census
         # The first search times the vendor op beside its first trial; the others read its rows (early stop).
         self._vendor_timed = slot != 0 or plan.table is not None
 
@@ -368,6 +373,7 @@ class _Search:
                 return
             self._fail_stale_now_and_then()
             recorded, claims = census(plan.engine, self.study, plan.name, self.owner, plan.rows_complete)
+            self._recorded = len(recorded)
             if len(recorded) >= plan.trials:
                 return
             if len(recorded) + len(claims) >= plan.trials:
@@ -395,7 +401,7 @@ class _Search:
             _record(plan.store, trial, self.study, outcome, config, plan.name, *plan.ids)
             heartbeat.release(trial)
             self._report(outcome, config, len(recorded) + 1)
-            if outcome.status is Status.OK and self.pruner() is not None:
+            if outcome.status is Status.OK and self.pruner(wait=False) is not None:
                 self.pruner().observe(config, outcome.timing.median_ms)
             if plan.patience:
                 reason = self._early_stop_reason()
@@ -433,7 +439,7 @@ class _Search:
             self._count_pruned(violations, dropped)
             self.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
             repeats = repeats + 1 if not violations and not dropped else repeats
-            allowed = self.pruner().alive() if self.plan.prune and self.pruner() is not None else None
+            allowed = self.pruner().alive() if self.plan.prune and self.pruner(wait=False) is not None else None
             replacement = self.source.nearest_feasible(wanted, exclude=taken | queued, allowed=allowed)
             if replacement is None or repeats > _MAX_REPEATS_IN_A_ROW:
                 return None
@@ -498,13 +504,21 @@ class _Search:
         return rows[0][1] if rows else None
 
     # --- pruning and early stop -------------------------------------------------------------------
-    def pruner(self):
+    def pruner(self, wait: bool = True):
         """The roofline model of this problem (autotile.tune.prune), when the search prunes or stops early and the
-        family and device have one; calibrated on the study's trials so far."""
+        family and device have one; calibrated on the study's trials so far.
+
+        With `wait` off, None while the study holds fewer than MIN_OBSERVED trials and the feasible configs are
+        still being enumerated in the background: the model drops nothing before MIN_OBSERVED measured trials,
+        and reads every stored trial when it is built, so waiting then would only hold up the first trials (the
+        enumeration takes 0.4-0.9 s for LLM projections; a search in this process waited for it before its first
+        trial)."""
         plan = self.plan
         if not self._pruner_built and (plan.prune or plan.patience):
-            from autotile.tune.prune import Pruner
+            from autotile.tune.prune import MIN_OBSERVED, Pruner
 
+            if not wait and plan.table is None and self._recorded < MIN_OBSERVED and not self.source.feasible_ready():
+                return None  # (a simulation always waits: its replay must propose what this loop evaluates)
             self._pruner_built = True
             self._pruner = Pruner.for_problem(plan.family, plan.problem, self.device, self.source.feasible())
             if self._pruner is not None:
@@ -515,7 +529,7 @@ class _Search:
         return self._pruner
 
     def _dropped_by_model(self, config: Config) -> str:
-        if not self.plan.prune or self.pruner() is None:
+        if not self.plan.prune or self.pruner(wait=False) is None:
             return ""
         return self.pruner().reason(config)
 
