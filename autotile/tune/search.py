@@ -517,8 +517,11 @@ class _Search:
         if not self._pruner_built and (plan.prune or plan.patience):
             from autotile.tune.prune import MIN_OBSERVED, Pruner
 
-            if not wait and plan.table is None and self._recorded < MIN_OBSERVED and not self.source.feasible_ready():
-                return None  # (a simulation always waits: its replay must propose what this loop evaluates)
+            # (A simulation always waits: its replay must propose what this loop evaluates. So does the
+            # interpreter, whose trials would only compete with the enumeration for the GIL.)
+            if (not wait and plan.table is None and not self.device.interpret and self._recorded < MIN_OBSERVED
+                    and not self.source.feasible_ready()):
+                return None
             self._pruner_built = True
             self._pruner = Pruner.for_problem(plan.family, plan.problem, self.device, self.source.feasible())
             if self._pruner is not None:
