@@ -17,13 +17,11 @@ of do_bench medians. Kernels are compiled first by a pool of CPU processes. Mark
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import dataclasses
 import datetime
 import itertools
 import json
 import math
-import multiprocessing
 import os
 import sys
 import time
@@ -33,7 +31,10 @@ import torch
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent.parent)]
 
-from autotile.bench import interleaved_medians, poison  # noqa: E402
+import gemm_kernels_bench as gkb  # noqa: E402  (compile pool, interleaved timing, geomean)
+import gemm_policy_sweep as gps  # noqa: E402  (a swept row's ratios)
+
+from autotile.bench import poison  # noqa: E402
 from autotile.device import HOPPER_SMEM_PER_BLOCK, DeviceInfo, resolve_gpu  # noqa: E402
 from autotile.families import flash_vendor  # noqa: E402
 from autotile.families.flash import FAMILY, FlashProblem, default_scale  # noqa: E402
@@ -79,36 +80,6 @@ def candidates(problem: FlashProblem, device: DeviceInfo) -> dict[str, Config]:
     return {f"{kind} {short(config)}": config for config, kind in found.items()}
 
 
-def _compile_one(job: tuple[dict, str]) -> str:
-    from autotile.device import cuda_device
-    from autotile.tune.compile_ahead import compile_only
-
-    problem, config = FAMILY.problem_from_dict(job[0]), Config.from_json(job[1])
-    try:
-        inputs = FAMILY.make_inputs(problem, cuda_device(0), seed=0)
-        with compile_only():
-            FAMILY.launch(problem, config, inputs, FAMILY.allocate_outputs(problem, inputs))
-    except Exception as exc:  # noqa: BLE001 - the check in the main process reports it
-        return f"{type(exc).__name__}: {str(exc)[:200]}"
-    return ""
-
-
-def compile_ahead(pairs: list[tuple[FlashProblem, Config]], workers: int) -> None:
-    jobs = list(dict.fromkeys((json.dumps(dataclasses.asdict(p), sort_keys=True), c.to_json()) for p, c in pairs))
-    started = time.monotonic()
-    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        errors = [e for e in pool.map(_compile_one, [(json.loads(p), c) for p, c in jobs], chunksize=1) if e]
-    print(f"compiled {len(jobs)} kernels ahead in {time.monotonic() - started:.0f} s"
-          f"{f'; {len(errors)} failed (reported by the checks)' if errors else ''}", flush=True)
-
-
-def interleaved(fns: dict, rounds: int, warmup_ms: float, rep_ms: float) -> dict[str, float]:
-    import triton.testing
-
-    return interleaved_medians(
-        fns, rounds, lambda fn: triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
-
-
 def sweep_shape(label: str, problem: FlashProblem, configs: dict[str, Config], device, rounds: int,
                 failures: list[str]) -> dict:
     inputs = FAMILY.make_inputs(problem, device, seed=5)
@@ -132,14 +103,14 @@ def sweep_shape(label: str, problem: FlashProblem, configs: dict[str, Config], d
     scale = default_scale(problem.head_dim)
     vendor = {"cuDNN": lambda: flash_vendor.forward(flash_vendor.CUDNN, inputs["q"], inputs["k"], inputs["v"],
                                                    causal=problem.causal, scale=scale, need_lse=False)}
-    screened = interleaved(dict(fns, **vendor), 1, 5, 25)
+    screened = gkb.interleaved(dict(fns, **vendor), 1, 5, 25)
     ours = sorted((ms, name) for name, ms in screened.items() if name in fns)
     final = {name: fns[name] for _, name in ours[:FINALISTS]}
     default = next((name for name in fns if name.startswith("default")), None)
     if default:
         final[default] = fns[default]
     final.update(vendor)
-    timed = interleaved(final, rounds, 10, 50)
+    timed = gkb.interleaved(final, rounds, 10, 50)
     return {"label": label, "problem": dataclasses.asdict(problem), "vendor_ms": timed["cuDNN"],
             "screened": screened, "timed": {n: ms for n, ms in timed.items() if n != "cuDNN"},
             "configs": {name: configs[name].to_json() for name in fns}}
@@ -153,19 +124,16 @@ def render(rows: list[dict], device, seconds: float, failures: list[str]) -> str
              f"ours. {seconds:.0f} s in all.", "",
              "| shape | candidates | cuDNN us | default / cuDNN | best | best / cuDNN | runner-up |",
              "|---|---|---|---|---|---|---|"]
+    pairs = []
     for row in rows:
-        ratios = sorted(((row["vendor_ms"] / ms, name) for name, ms in row["timed"].items()), reverse=True)
-        default = next((r for r, n in ratios if n.startswith("default")), float("nan"))
-        best = ratios[0] if ratios else (float("nan"), "-")
-        second = f"{ratios[1][1]} {ratios[1][0]:.2f}x" if len(ratios) > 1 else "-"
+        default, best, second = gps.ranked(row)
         lines.append(f"| {row['label']} | {len(row['configs'])} | {row['vendor_ms'] * 1e3:.0f} | {default:.2f}x | "
                      f"{best[1]} | {best[0]:.2f}x | {second} |")
-    pairs = [(row["vendor_ms"] / min(ms for n, ms in row["timed"].items() if n.startswith("default")),
-              row["vendor_ms"] / min(row["timed"].values())) for row in rows
-             if any(n.startswith("default") for n in row["timed"])]
+        if not math.isnan(default):
+            pairs.append((default, best[0]))
     if pairs:
-        geo = [math.exp(sum(math.log(x) for x in column) / len(column)) for column in zip(*pairs)]
-        lines += ["", f"Geometric mean over {len(pairs)} shapes: default {geo[0]:.3f}x, best {geo[1]:.3f}x of cuDNN."]
+        lines += ["", f"Geometric mean over {len(pairs)} shapes: default {gkb.geomean([d for d, _ in pairs]):.3f}x, "
+                      f"best {gkb.geomean([b for _, b in pairs]):.3f}x of cuDNN."]
     lines += ["", "## Failed checks", ""] + ([f"- {f}" for f in failures] or ["none"])
     return "\n".join(lines) + "\n"
 
@@ -193,7 +161,8 @@ def main() -> int:
         return 2
     started = time.monotonic()
     plans = [(label, problem, candidates(problem, device)) for label, problem in work]
-    compile_ahead([(problem, c) for _, problem, configs in plans for c in configs.values()], args.workers)
+    gkb.compile_ahead([(problem, c) for _, problem, configs in plans for c in configs.values()], args.workers,
+                      family=FAMILY)
     rows, failures = [], []
     for label, problem, configs in plans:
         if args.budget_s and time.monotonic() - started > args.budget_s:

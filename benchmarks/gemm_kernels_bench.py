@@ -151,24 +151,30 @@ def timed_configs(problem: GemmProblem, device: DeviceInfo, seeds: int) -> dict[
 
 # --- compiling ahead ---------------------------------------------------------------------------------
 
-def _compile_one(job: tuple[dict, str]) -> str:
+def _compile_one(job: tuple[str, dict, str]) -> str:
     from autotile.device import cuda_device
     from autotile.tune.compile_ahead import compile_only
+    from autotile.tune.workers import resolve_family
 
-    problem = FAMILY.problem_from_dict(job[0])
-    config = Config.from_json(job[1])
+    family = resolve_family(job[0])
+    problem = family.problem_from_dict(job[1])
+    config = Config.from_json(job[2])
     try:
-        inputs = FAMILY.make_inputs(problem, cuda_device(0), seed=0)
+        inputs = family.make_inputs(problem, cuda_device(0), seed=0)
         with compile_only():
-            FAMILY.launch(problem, config, inputs, FAMILY.allocate_outputs(problem, inputs))
+            family.launch(problem, config, inputs, family.allocate_outputs(problem, inputs))
     except Exception as exc:  # noqa: BLE001 - the check in the main process reports it
         return f"{type(exc).__name__}: {str(exc)[:200]}"
     return ""
 
 
-def compile_ahead(pairs: list[tuple[GemmProblem, Config]], workers: int) -> None:
+def compile_ahead(pairs: list[tuple[object, Config]], workers: int, family=FAMILY) -> None:
+    """Compile every (problem, config) of `family` (the gemm family unless named) in a pool of CPU processes."""
+    from autotile.tune.workers import family_ref
+
+    ref = family_ref(family)
     jobs = list(dict.fromkeys((json.dumps(dataclasses.asdict(p), sort_keys=True), c.to_json()) for p, c in pairs))
-    jobs = [(json.loads(p), c) for p, c in jobs]
+    jobs = [(ref, json.loads(p), c) for p, c in jobs]
     started = time.monotonic()
     context = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:

@@ -77,10 +77,6 @@ def _largest_block(seq: int) -> int:
     return max(64, next_pow2(seq))
 
 
-def _cdiv(x: int, y: int) -> int:
-    return (x + y - 1) // y
-
-
 @dataclass(frozen=True)
 class FlashProblem:
     direction: str  # 'fwd' or 'bwd'

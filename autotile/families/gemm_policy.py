@@ -183,20 +183,22 @@ def streaming_config(problem, device: DeviceInfo) -> dict:
     (results/gemm_kernels_2026-12-01b_quick.md); this kernel at 4 stages with the cost model's splits 0.91x
     (_c_quick.md); in results/gemm_policy_sweep_2026-12-01.md, 2 splits at 5 stages led or tied on 4 of the 5
     split shapes (0.95-1.07x), unsplit 64-column tiles on the two gate_up projections (0.97-1.01x)."""
-    p = problem
-    config = _fit_blocks(p, _base(BLOCK_M=STREAM_MAX_M, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=5))
-    config["SWAP_AB"] = swap_ab_fits(p, device) and config["BLOCK_N"] >= 64
-    return _schedule(p, config, device, split="fill")
+    return _streaming(problem, device, tokens=STREAM_MAX_M, stages=5)
 
 
 def wide_streaming_config(problem, device: DeviceInfo) -> dict:
     """The weight-streaming kernel for STREAM_MAX_M < M <= WIDE_STREAM_MAX_M: every token in one swapped
     128-token tile (the MMA's N side), 64 weight rows a tile, 128-deep K tiles in 4 stages (192 KiB: one
     program per SM), the fewest K splits that fill the SMs."""
-    p = problem
-    config = _fit_blocks(p, _base(BLOCK_M=WIDE_STREAM_MAX_M, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4))
-    config["SWAP_AB"] = swap_ab_fits(p, device) and config["BLOCK_N"] >= 64
-    return _schedule(p, config, device, split="fill")
+    return _streaming(problem, device, tokens=WIDE_STREAM_MAX_M, stages=4)
+
+
+def _streaming(problem, device: DeviceInfo, tokens: int, stages: int) -> dict:
+    """Up to `tokens` rows of A in one tile, swapped with B's 64-row tiles where it pays, 128-deep K tiles in
+    `stages` stages, split over K as little as filling the SMs allows."""
+    config = _fit_blocks(problem, _base(BLOCK_M=tokens, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=stages))
+    config["SWAP_AB"] = swap_ab_fits(problem, device) and config["BLOCK_N"] >= 64
+    return _schedule(problem, config, device, split="fill")
 
 
 def streams_in_one_wave(problem, config: dict, device: DeviceInfo) -> bool:
