@@ -26,6 +26,7 @@ from autotile.reports.data import MIN_TRIALS_FOR_IMPORTANCE, ceilings_for, perfo
 from autotile.store.db import open_engine
 from autotile.store.repo import Store
 from autotile.tune.driver import tune_problem
+from autotile.tune.storage import journal_path, optuna_storage, study_journal
 
 SCHEMA = Path(__file__).resolve().parents[1] / "autotile" / "reports" / "report.schema.json"
 TUNED_TRIALS = 6
@@ -265,8 +266,17 @@ def crafted(tmp_path_factory) -> str:
                       config=json.dumps(configs[2]), config_hash="r7", median_ms=0.19, q20_ms=0.18, q80_ms=0.2,
                       baseline_name="cuBLAS (torch.matmul)", baseline_ms=0.22, trials_run=3, provenance="re-timed",
                       verified_range={"m": [17, 32]})
-    many_id = store.ensure_problem(gemm, MANY_PROBLEM)
-    study = optuna.create_study(study_name="many-search", storage=url)
+    # The study in its journal beside the database, where the tuner keeps it (autotile.tune.storage).
+    _craft_many_trials(store, device, toolchain, optuna_storage(study_journal(url, "many-search")))
+    return url
+
+
+def _craft_many_trials(store: Store, device: int, toolchain: int, storage) -> None:
+    """MANY_PROBLEM's 24 passing trials as rows and as the Optuna study 'many-search' in `storage`."""
+    import optuna
+
+    many_id = store.ensure_problem(get_family("gemm"), MANY_PROBLEM)
+    study = optuna.create_study(study_name="many-search", storage=storage)
     distributions = {"BLOCK_M": optuna.distributions.CategoricalDistribution([16, 32, 64]),
                      "num_warps": optuna.distributions.CategoricalDistribution([4, 8])}
     for number in range(24):
@@ -276,7 +286,6 @@ def crafted(tmp_path_factory) -> str:
         store.record_trial(problem_id=many_id, device_id=device, toolchain_id=toolchain, study="many-search",
                            number=number, config=json.dumps(params), config_hash=f"m{number}", status="ok",
                            median_ms=ms, q20_ms=ms, q80_ms=ms)
-    return url
 
 
 def _crafted_problem(report, problem):
@@ -342,6 +351,24 @@ def test_parameter_importance_only_from_enough_trials(crafted):
     few = _crafted_problem(report, RANGED_PROBLEM)
     assert not few.importance.params and few.importance.note.startswith("hidden: 3 trials passed; below 20")
     assert "parameter importance hidden: 3 trials passed" in render(report, ReportFormat.MARKDOWN)
+
+
+def test_parameter_importance_of_a_study_kept_in_the_database(tmp_path):
+    """Studies an older autotile kept in the database's Optuna tables still give their importance; a database
+    copied without its studies' journals says where they were looked for."""
+    url = f"sqlite:///{tmp_path / 'older.sqlite'}"
+    store = Store(open_engine(url))
+    _craft_many_trials(store, store.ensure_device(H200), store.ensure_toolchain(), url)
+    many = _crafted_problem(build_report(url), MANY_PROBLEM)
+    assert many.importance.params["BLOCK_M"] > many.importance.params["num_warps"] and not many.importance.note
+
+    bare = f"sqlite:///{tmp_path / 'bare.sqlite'}"
+    store = Store(open_engine(bare))
+    journal = study_journal(bare, "many-search")
+    _craft_many_trials(store, store.ensure_device(H200), store.ensure_toolchain(), optuna_storage(journal))
+    shutil.rmtree(journal_path(journal).parent)
+    many = _crafted_problem(build_report(bare), MANY_PROBLEM)
+    assert not many.importance.params and "neither in a journal beside this database" in many.importance.note
 
 
 def test_report_format_follows_the_file_suffix_and_dash_is_stdout(crafted, tmp_path):

@@ -273,3 +273,17 @@ def test_a_session_on_a_gpu_keeps_one_worker_and_one_compile_pool(tmp_path):
     while multiprocessing.active_children() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not multiprocessing.active_children()
+
+
+def test_the_pool_compiles_the_enqueued_configs_from_the_start(tmp_path, recording_pool, nothing_left_running):
+    """The default, warm-start and seed configs a new study enqueues are known before its first trial: the pool
+    compiles them all at once, whatever the lookahead (0 here: the loop itself submits nothing). An in-process
+    search compiles its first config (the default) itself."""
+    url = f"sqlite:///{tmp_path / 'e.sqlite'}"
+    seeds = GEMM.seed_configs(GEMM_PROBLEM, CPU)
+    assert len(seeds) >= 2  # the premise: this problem has seeds to compile ahead
+    tune_problem(GEMM, GEMM_PROBLEM, CPU, trials=1, db_url=url, isolate=False, retime_rounds=0, lookahead=0,
+                 warm_start=False)
+    compiled = {p.read_text().split(" ", 1)[1] for p in recording_pool.iterdir()}
+    assert compiled <= {c.to_json() for c in seeds} and compiled  # never the default; seeds only
+    assert GEMM.default_config(GEMM_PROBLEM, CPU).to_json() not in compiled

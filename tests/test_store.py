@@ -15,6 +15,7 @@ from autotile.store.db import open_engine
 from autotile.store.models import SCHEMA_VERSION
 from autotile.store.repo import Store
 from autotile.tune.driver import study_name, tune_problem
+from autotile.tune.storage import optuna_storage, study_journal
 
 CPU = interpret_device()
 PROBLEM = contiguous_problem(20, 24, 40, "fp16", "fp16")
@@ -142,7 +143,8 @@ def test_rerun_resumes_the_study(tmp_path):
     assert second.trials_this_run == 1 and sum(second.statuses.values()) == 3
     again = tune_problem(FAMILY, PROBLEM, CPU, trials=3, db_url=url, retime_rounds=1)
     assert again.trials_this_run == 0
-    study = optuna.load_study(study_name=study_name(FAMILY, PROBLEM, CPU), storage=url)
+    name = study_name(FAMILY, PROBLEM, CPU)
+    study = optuna.load_study(study_name=name, storage=optuna_storage(study_journal(url, name)))
     numbers = [t.number for t in study.trials if "status" in t.user_attrs]
     assert len(numbers) == len(set(numbers)) == 3
     trials = Store(open_engine(url)).trials("gemm")

@@ -23,7 +23,7 @@ from autotile.store.repo import Store
 from autotile.tune.cluster import OWNER_ATTR, recorded_trials
 from autotile.tune.driver import TuneError, study_name, tune_problem
 from autotile.bench import Status
-from autotile.tune.storage import journal_beside, journal_path, optuna_storage
+from autotile.tune.storage import journal_path, optuna_storage, study_journal
 from autotile.tune.workers import InProcessEvaluator, IsolatedEvaluator, reproduce_command
 
 sys.path.insert(0, str(Path(__file__).parent / "helpers"))
@@ -128,7 +128,7 @@ def test_killed_tuner_resumes_to_the_exact_count(tmp_path):
     assert result.trials_this_run == 8 - before
     rows = recorded_trials(engine, name)
     assert len(rows) == 8 and len(set(rows.values())) == 8  # distinct numbers and configs
-    study = optuna.load_study(study_name=name, storage=url)
+    study = optuna.load_study(study_name=name, storage=optuna_storage(study_journal(url, name)))
     # The killed run's claimed trial was failed; at most a trial it had only just asked (not yet named) waits
     # for OWNERLESS_STALE_AFTER_S: never claimed, never counted.
     left = study.get_trials(states=(optuna.trial.TrialState.RUNNING,))
@@ -147,7 +147,7 @@ def test_parallel_searches_share_one_study(tmp_path, searches, monkeypatch):
 
     url = f"sqlite:///{tmp_path / 'g (1).sqlite'}"  # a path that URL rendering would escape
     monkeypatch.setattr(InProcessEvaluator, "evaluate", InProcessEvaluator.evaluate)  # undone after the test
-    journal = journal_beside(url)  # several searches of one host keep their study in a journal file
+    journal = study_journal(url, study_name(GemmFamily(), PROBLEM, CPU))  # the study's own journal file
     hold_local_search(journal)
     result = tune_problem(GemmFamily(), PROBLEM, CPU, trials=7, db_url=url, gpus=list(range(searches)),
                           retime_rounds=0, lookahead=1)
@@ -183,7 +183,7 @@ def test_killed_multi_search_tuner_stops_its_searches_and_resumes(tmp_path):
         from autotile.families.gemm import FAMILY, contiguous_problem
         from autotile.tune.driver import tune_problem
         if __name__ == "__main__":
-            hold_local_search({journal_beside(url)!r})
+            hold_local_search({study_journal(url, study_name(GemmFamily(), PROBLEM, CPU))!r})
             tune_problem(FAMILY, contiguous_problem(24, 32, 64, "fp16", "fp16"), interpret_device(), trials=40,
                          db_url={url!r}, retime_rounds=0, gpus=[0, 1], lookahead=1)
     """)
@@ -192,7 +192,7 @@ def test_killed_multi_search_tuner_stops_its_searches_and_resumes(tmp_path):
     tuner = subprocess.Popen([sys.executable, "-c", script], env={**os.environ, "TRITON_INTERPRET": "1"})
     engine = open_engine(url)
     _kill_after(tuner, engine, name, recorded=4)
-    searches = _owner_pids(journal_beside(url), name, recorded_trials(engine, name))
+    searches = _owner_pids(study_journal(url, name), name, recorded_trials(engine, name))
     assert len(searches) == 2
     deadline = time.monotonic() + 120  # each finishes the trial it is in, then sees its tuner gone
     while any(_running(pid) for pid in searches) and time.monotonic() < deadline:

@@ -283,6 +283,26 @@ class _ImportanceSource:
         self._storage = None
         self._error = ""
 
+    def _storage_of(self, study: str):
+        """The study's own journal beside a SQLite database when there is one (autotile.tune.storage), else the
+        storage at the URL (a database's Optuna tables, or a journal named with --storage)."""
+        from autotile.tune.storage import is_journal, journal_path, journal_storage, study_journal
+
+        if is_journal(self.storage_url):
+            return journal_storage(self.storage_url) if journal_path(self.storage_url).exists() else None
+        journal = study_journal(self.storage_url, study)
+        if journal is not None and journal_path(journal).exists():
+            return journal_storage(journal)
+        return self._open()
+
+    def _not_found(self, study: str) -> str:
+        from autotile.tune.storage import is_journal
+
+        if is_journal(self.storage_url):
+            return f"skipped: study {study} is not in the journal {self.storage_url}"
+        return (f"skipped: study {study} is neither in a journal beside this database (its .studies folder) nor "
+                f"in the database itself (copied without that folder, or tuned with --storage elsewhere?)")
+
     def _open(self):
         if self._storage is None and not self._error:
             import optuna
@@ -290,7 +310,7 @@ class _ImportanceSource:
             try:
                 # skip_table_creation: a report never writes Optuna's tables into a database that lacks them.
                 self._storage = optuna.storages.RDBStorage(self.storage_url, skip_table_creation=True)
-            except Exception as exc:  # noqa: BLE001 - any storage failure becomes a note in the report
+            except Exception as exc:  # noqa: BLE001 - no Optuna tables there (or unreadable): a note in the report
                 self._error = f"no Optuna storage readable at the database URL ({type(exc).__name__})"
         return self._storage
 
@@ -299,9 +319,9 @@ class _ImportanceSource:
             return Importance(self.EVALUATOR, {}, f"hidden: {completed} trials passed; below "
                                                   f"{MIN_TRIALS_FOR_IMPORTANCE} the shares would be fitted to "
                                                   "timing noise")
-        storage = self._open()
+        storage = self._storage_of(study)
         if storage is None:
-            return Importance(self.EVALUATOR, {}, f"skipped: {self._error}")
+            return Importance(self.EVALUATOR, {}, self._not_found(study))
         import optuna
 
         try:
@@ -313,8 +333,7 @@ class _ImportanceSource:
                 evaluator = optuna.importance.PedAnovaImportanceEvaluator()
                 values = optuna.importance.get_param_importances(loaded, evaluator=evaluator)
         except KeyError:
-            return Importance(self.EVALUATOR, {}, f"skipped: study {study} is not in this database "
-                                                  "(tuned with --storage elsewhere?)")
+            return Importance(self.EVALUATOR, {}, self._not_found(study))
         except Exception as exc:  # noqa: BLE001 - a study Optuna cannot evaluate still gets its report
             return Importance(self.EVALUATOR, {}, f"skipped: Optuna could not evaluate the study ({exc})")
         ranked = dict(sorted(values.items(), key=lambda kv: -kv[1]))

@@ -25,7 +25,7 @@ from autotile.store.db import default_db_url, normalise_url, open_engine
 from autotile.store.repo import Store
 from autotile.tune.cluster import evaluated_trials, fail_stale_trials
 from autotile.tune.processes import CtrlC, run_search_processes
-from autotile.tune.storage import is_journal, journal_beside, optuna_storage
+from autotile.tune.storage import is_journal, optuna_storage, study_journal
 from autotile.tune.retime import race
 from autotile.tune.search import (  # noqa: F401 - re-exported
     Progress, TuneError, _Search, _SearchPlan, _SharedState, next_vendor_number, vendor_study,
@@ -173,18 +173,14 @@ def tune_problem(
                              first_configs=[family.default_config(problem, device)])
         cuda_warm = _warm_cuda(device) if table is None and not device.interpret else None
         db_url = _given_url(db_url)
-        study_url = storage_url or db_url  # where the Optuna study lives
-        rows_complete = normalise_url(study_url) == db_url
-        if storage_url is None and gpus and len(gpus) > 1 and journal_beside(db_url):
-            # Several searches of one host: Optuna's journal file beside the database (see autotile.tune.storage).
-            study_url, rows_complete = journal_beside(db_url), True
         engine = open_engine(db_url, create=True)
+        name = study_name(family, problem, device)
+        study_url, rows_complete = _study_url(storage_url, db_url, engine, name)
         store = Store(engine)
         storage = optuna_storage(study_url)
         device_id = store.ensure_device(device)
         toolchain_id = store.ensure_toolchain()
         problem_id = store.ensure_problem(family, problem)
-        name = study_name(family, problem, device)
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         study = optuna.create_study(study_name=name, storage=storage, direction="minimize", load_if_exists=True)
@@ -192,13 +188,14 @@ def tune_problem(
         study.set_user_attr("problem_key", family.problem_key(problem))
         space = space if space is not None else family.space(problem, device)
         warm = None
+        enqueued: list[Config] = []
         if not study.trials:
-            study.enqueue_trial(dict(family.default_config(problem, device)), skip_if_exists=True)
+            enqueued.append(family.default_config(problem, device))
             if warm_start:
                 warm = _warm_start(warm_source or engine, family, problem, device, space)
-                for config in warm.configs:
-                    study.enqueue_trial(dict(config), skip_if_exists=True)
-            for config in family.seed_configs(problem, device):
+                enqueued.extend(warm.configs)
+            enqueued.extend(family.seed_configs(problem, device))
+            for config in enqueued:
                 study.enqueue_trial(dict(config), skip_if_exists=True)
         failed = fail_stale_trials(study)
         if failed:
@@ -211,6 +208,7 @@ def tune_problem(
             trial_timeout=trial_timeout, compile_ahead=compile_ahead,
             lookahead=lookahead, distributed=storage_url is not None, progress=progress,
             rows_complete=rows_complete, prune=prune, patience=patience, vendor_ms=vendor_ms, table=table,
+            first_configs=tuple(enqueued),
         )
         if not gpus:
             targets = [(None, device)]
@@ -329,6 +327,31 @@ def _simulate(family: Family, problem, device: DeviceInfo, source, *, trials: in
 def _given_url(db_url: str | None) -> str:
     # The URL as given, not the engine's: rendering one escapes characters of file paths, e.g. '(' as %28.
     return normalise_url(db_url) if db_url else default_db_url()
+
+
+def _study_url(storage_url: str | None, db_url: str, engine, name: str) -> tuple[str, bool]:
+    """Where the Optuna study `name` lives, and whether the database's trial rows alone count its evaluated trials.
+
+    `--storage` when given; else its own journal file beside a SQLite database (autotile.tune.storage says why),
+    unless an older autotile kept this study in the database itself (its rerun resumes there); else the
+    database (a server).
+    """
+    if storage_url is not None:
+        return storage_url, normalise_url(storage_url) == db_url
+    journal = study_journal(db_url, name)
+    if journal is None or _study_in_database(engine, name):
+        return db_url, True
+    return journal, True
+
+
+def _study_in_database(engine, name: str) -> bool:
+    """Whether Optuna's tables in autotile's database hold the study `name`."""
+    from sqlalchemy import inspect, text
+
+    if not inspect(engine).has_table("studies"):
+        return False
+    with engine.connect() as conn:
+        return conn.execute(text("SELECT 1 FROM studies WHERE study_name = :name"), {"name": name}).first() is not None
 
 
 def _in_memory(url: str) -> bool:

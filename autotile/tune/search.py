@@ -273,6 +273,7 @@ class _SearchPlan:
     patience: int | None = None  # early stop after this many evaluated trials without improvement
     vendor_ms: float | None = None  # the vendor op's time (early stop): timed before the first trial, or a table's
     table: object = None  # a simulate.TimingTable: trials return its stored outcomes instead of running
+    first_configs: tuple = ()  # the configs this run enqueued (default, warm start, seeds): compiled from the start
 
 
 @dataclass
@@ -347,6 +348,11 @@ class _Search:
                 self.shared.error = self.shared.error or exc
             self.shared.stop.set()
             return
+        # The enqueued configs are known now: the pool compiles them while the first trials run, however far
+        # ahead the loop asks. An in-process search compiles its first config itself, as it always does: a pool
+        # still starting (imports, a CUDA context: seconds) would hold that trial up.
+        ahead_of_time = plan.first_configs[0 if plan.isolate else 1:]
+        compiler.submit(config for config in ahead_of_time if plan.space.is_feasible(config))
         if plan.lookahead is not None:
             ahead = plan.lookahead
         else:  # keep every compile process busy; with nothing compiling ahead, ask one trial at a time

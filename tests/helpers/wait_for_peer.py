@@ -34,7 +34,7 @@ def hold_local_search(url: str, limit_s: float = 120.0) -> None:
 def _peer_claimed(url: str) -> bool:
     from autotile.tune.storage import optuna_storage
 
-    storage = optuna_storage(url)  # the study's storage: a database, or (--gpus) the journal beside it
+    storage = optuna_storage(url)  # the study's storage: a database, or its journal beside one
     try:
         for summary in optuna.get_all_study_summaries(storage):
             for trial in optuna.load_study(study_name=summary.study_name, storage=storage).trials:
