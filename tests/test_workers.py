@@ -264,3 +264,30 @@ def test_compile_ahead_pool_compiles_in_other_processes(tmp_path, monkeypatch):
     assert sorted(text for _, text in logs) == sorted(c.to_json() for c in configs)
     assert all(int(pid) != os.getpid() for pid, _ in logs)
     assert pool.compiled + pool.dropped == 3 and pool.compiled >= 1
+
+
+def test_an_in_process_trial_does_not_wait_for_a_pool_still_starting(tmp_path, monkeypatch):
+    """The executor counts a job as running once it is queued for processes still importing torch: an in-process
+    search (wait_if_cold off) compiles its config itself until a job of the pool has finished."""
+    from recording_compile import record_compile
+
+    from autotile.tune.compile_ahead import CompileAhead
+
+    monkeypatch.setenv("AUTOTILE_TEST_COMPILE_LOG", str(tmp_path))
+    family = GemmFamily()
+    configs = list(family.space(PROBLEM, CPU).feasible())[:3]
+    pool = CompileAhead(family, PROBLEM, CPU, 0, processes=1, compile_fn=record_compile)
+    try:
+        pool.submit(configs)
+        queued = [pool._futures[c.hash] for c in configs[:2]]  # for the 1 process (and 1 more), then running
+        while not all(f.running() or f.done() for f in queued):
+            time.sleep(0.01)
+        started = time.monotonic()
+        pool.wait_for(configs[0], limit_s=60, wait_if_cold=False)
+        assert time.monotonic() - started < 0.5 and not pool.warm and pool.dropped == 1
+        pool.wait_for(configs[1], limit_s=60)  # waits: the process starts and compiles it
+        assert pool.warm and pool.compiled == 1
+        pool.wait_for(configs[2], limit_s=60, wait_if_cold=False)  # warm now: waited for
+        assert pool.compiled == 2
+    finally:
+        pool.close()

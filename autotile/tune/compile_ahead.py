@@ -132,11 +132,13 @@ class CompileAhead:
         self.compiled = 0
         self.dropped = 0
         self.pools_started = 0
+        self.warm = False  # a job of this pool has finished: its processes are up
         self._pool = self._new_pool()
         self.retarget(family, problem, seed)
 
     def _new_pool(self) -> concurrent.futures.ProcessPoolExecutor:
         self.pools_started += 1
+        self.warm = False
         context = multiprocessing.get_context("spawn")
         return concurrent.futures.ProcessPoolExecutor(self.processes, mp_context=context,
                                                       initializer=_init_pool_process,
@@ -159,7 +161,13 @@ class CompileAhead:
     def submit(self, configs: Iterable[Config]) -> None:
         for config in configs:
             if config.hash not in self._futures:
-                self._futures[config.hash] = self._submit(config.to_json())
+                future = self._submit(config.to_json())
+                future.add_done_callback(self._note_warm)
+                self._futures[config.hash] = future
+
+    def _note_warm(self, future: concurrent.futures.Future) -> None:
+        if not future.cancelled() and future.exception() is None:
+            self.warm = True
 
     def _submit(self, config_json: str) -> concurrent.futures.Future:
         with born_ignoring_ctrl_c():  # the pool starts its processes on a submit
@@ -171,16 +179,23 @@ class CompileAhead:
                 self._pool = self._new_pool()
                 return self._pool.submit(_compile_job, self._target, self._compile_fn, config_json)
 
-    def wait_for(self, config: Config, limit_s: float) -> None:
+    def wait_for(self, config: Config, limit_s: float, wait_if_cold: bool = True) -> None:
+        """Before `config`'s trial: wait (at most `limit_s`) for its compile when the pool has taken it up.
+
+        `wait_if_cold` off: while no job has finished yet, do not wait at all. A new pool's processes take
+        seconds to import torch and make a CUDA context, and the executor counts a job as running as soon as
+        it is queued for them; a trial in the tuner's own process compiles sooner itself.
+        """
         future = self._futures.pop(config.hash, None)
         if future is None:
             return
-        if future.cancel():
+        if future.cancel() or not (wait_if_cold or self.warm or future.done()):
             self.dropped += 1
             return
         try:
             future.result(timeout=limit_s)
             self.compiled += 1
+            self.warm = True  # (the done callback may not have run yet)
         except (concurrent.futures.TimeoutError, concurrent.futures.process.BrokenProcessPool):
             pass  # the trial compiles it itself
 
@@ -199,7 +214,7 @@ class NoCompileAhead:
     def submit(self, configs: Iterable[Config]) -> None:
         pass
 
-    def wait_for(self, config: Config, limit_s: float) -> None:
+    def wait_for(self, config: Config, limit_s: float, wait_if_cold: bool = True) -> None:
         pass
 
     def release(self) -> None:

@@ -397,7 +397,8 @@ class _Search:
                 time.sleep(self._rng.uniform(*_RETRY_AFTER_RACE_S))
                 continue
             compiler.submit(Config(wanted) for _, wanted in self.queue if plan.space.is_feasible(wanted))
-            compiler.wait_for(config, plan.trial_timeout)
+            # (An in-process trial compiles a config itself while a new pool is still starting.)
+            compiler.wait_for(config, plan.trial_timeout, wait_if_cold=plan.isolate)
             try:
                 if not self._vendor_timed:
                     self._time_vendor(evaluator)
