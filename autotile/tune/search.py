@@ -49,9 +49,10 @@ VENDOR_AT_FLOOR = 0.05
 # patience without improvement: the vendor serves the problem either way.
 VENDOR_AHEAD_PATIENCE = 2
 # Asked trials compiled ahead of the one running (besides the enqueued configs, which are compiled from the start).
-# NOTE: 4 even with 8 compile processes: asked further ahead, TPE proposes more configs before their predecessors'
-# results are in; on the H200 the 10-trial studies of benchmarks/study_length.py came within 2% of 5x longer
-# ones on 5 of 5 problems at 4 ahead and on 4 of 5 at 8 (gate_up at M = 16: 3.6% behind).
+# NOTE: 4 even with 8 compile processes: a 10-trial study asking 8 ahead proposes nearly all its configs before
+# the first results are in. On the H200 (benchmarks/study_length.py, results/study_length_2026-12-01c.md and _d.md)
+# 8 ahead left a short study's gate_up winner 3.6% behind a 5x longer study's (another config); 4 ahead found the
+# long study's config there, and its one miss was a config both studies chose, timed 3.5% apart.
 DEFAULT_LOOKAHEAD = 4
 # Seconds between looks for trials that killed processes left running.
 _STALE_CHECK_S = 10.0
