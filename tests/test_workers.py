@@ -291,3 +291,29 @@ def test_an_in_process_trial_does_not_wait_for_a_pool_still_starting(tmp_path, m
         assert pool.compiled == 2
     finally:
         pool.close()
+
+
+def test_compile_only_builds_each_kernels_launcher_but_launches_nothing(monkeypatch):
+    """Within compile_only a Triton launch becomes a warm-up (compile, no run), and the compiled kernel's host
+    launcher is built there too, not at the trial's first launch."""
+    from triton.runtime.jit import JITFunction
+
+    from autotile.tune.compile_ahead import compile_only
+
+    class Compiled:
+        handles = 0
+
+        def _init_handles(self):
+            Compiled.handles += 1
+
+    calls = []
+
+    def fake_run(self, *args, grid, warmup, **kwargs):
+        calls.append(warmup)
+        return Compiled()
+
+    monkeypatch.setattr(JITFunction, "run", fake_run)
+    with compile_only():
+        kernel = JITFunction.run(None, 1, 2, grid=(1,), warmup=False, BLOCK=16)
+    assert calls == [True] and Compiled.handles == 1 and isinstance(kernel, Compiled)
+    assert JITFunction.run is fake_run  # restored

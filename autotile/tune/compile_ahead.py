@@ -43,11 +43,16 @@ _state: dict = {}
 
 @contextlib.contextmanager
 def compile_only():
-    """Within this block a Triton launch (`kernel[grid](...)`) compiles the kernel and returns without running it.
+    """Within this block a Triton launch (`kernel[grid](...)`) compiles the kernel, and its launcher, and returns
+    without running it.
 
     NOTE: Triton's `JITFunction.run(..., warmup=True)` compiles (or loads from its cache) and returns before
     the launch; forcing it for every launch lets a family's own `launch` compile all its kernels with the
-    exact arguments of a trial, with no family-specific code here.
+    exact arguments of a trial, with no family-specific code here. Triton builds a kernel's host launcher (a C
+    module, one per argument signature, cached on disk beside the kernels) only at its first launch: in the
+    process that times the trial, a C compiler run of about a second for each new variant of a fresh cache.
+    `CompiledKernel._init_handles()` (private; Triton 3.x) builds it here instead, and loads the kernel, which
+    also reports a kernel that does not fit the device.
     """
     from triton.runtime.jit import JITFunction
 
@@ -56,7 +61,11 @@ def compile_only():
     original = JITFunction.run
 
     def run(self, *args, grid, warmup, **kwargs):
-        return original(self, *args, grid=grid, warmup=True, **kwargs)
+        kernel = original(self, *args, grid=grid, warmup=True, **kwargs)
+        init_handles = getattr(kernel, "_init_handles", None)
+        if init_handles is not None:
+            init_handles()
+        return kernel
 
     JITFunction.run = run
     try:
