@@ -6,10 +6,9 @@ file lock, which each process replays. It is also much cheaper for one
 search: TPE reads every trial of the study for each parameter it suggests,
 and Optuna's RDB storage answers each read with SQL queries and commits each
 suggested parameter. Measured on the development CPU (the tuner's own loop
-replaying a stored H200 table, 30 trials of a 13-axis GEMM space, cProfile
-on): 510 ms of search a trial with the study in SQLite, 116 ms in a journal
-file; Optuna alone (ask, 13 suggestions, tell, 5 trials queued) 170 ms against
-21. Two searches at once on a 2-core CPU: 150-190 ms a trial in SQLite, 30-44 in
+replaying a stored H200 table, 30 trials of a 13-axis GEMM space): 263 ms of
+search a trial with the study in SQLite, 65 ms in a journal file; Optuna alone
+(ask, 13 suggestions, tell, 5 trials queued) 170 ms against 21. Two searches at once on a 2-core CPU: 150-190 ms a trial in SQLite, 30-44 in
 a journal.
 
 So a study whose database is a SQLite file lives in its own journal file
