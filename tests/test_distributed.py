@@ -161,3 +161,62 @@ def _run_two_workers(urls: list[tuple[str, str]]) -> list[int]:
 def _ids(url: str) -> tuple[int, int]:
     store = Store(open_engine(url))
     return store.ensure_problem(GemmFamily(), PROBLEM), store.ensure_device(CPU)
+
+
+def test_a_journal_lock_dies_with_its_holder(tmp_path):
+    """A tuner killed while it appends to a study's journal (SIGKILL, a second Ctrl-C) leaves no lock to wait
+    out: the next writer gets it at once (Optuna's own lock files waited 30 s)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from autotile.tune.storage import FlockLock
+
+    journal = str(tmp_path / "s.journal")
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time\n"
+        "from autotile.tune.storage import FlockLock\n"
+        f"FlockLock({journal!r}).acquire()\n"
+        "print('held', flush=True)\n"
+        "time.sleep(600)\n")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(30)
+        lock = FlockLock(journal)
+        started = time.monotonic()
+        assert lock.acquire()
+        lock.release()
+        assert time.monotonic() - started < 2.0
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_journal_lock_excludes_threads_and_processes(tmp_path):
+    import subprocess
+    import sys
+    import threading
+
+    from autotile.tune.storage import FlockLock
+
+    journal = str(tmp_path / "s.journal")
+    lock = FlockLock(journal)
+    assert lock.acquire()
+    other = subprocess.run([sys.executable, "-c", (
+        "import fcntl, os\n"
+        f"fd = os.open({journal + '.lock'!r}, os.O_RDWR)\n"
+        "try:\n"
+        "    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)\n"
+        "    print('taken')\n"
+        "except BlockingIOError:\n"
+        "    print('held')\n")], capture_output=True, text=True, timeout=60)
+    assert other.stdout.strip() == "held"  # another process cannot take it meanwhile
+    got = threading.Event()
+    thread = threading.Thread(target=lambda: (lock.acquire(), got.set(), lock.release()))
+    thread.start()
+    assert not got.wait(0.3)  # another thread of this process waits too
+    lock.release()
+    thread.join(10)
+    assert got.is_set()

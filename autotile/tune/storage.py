@@ -25,7 +25,10 @@ storage URL is taken (`--storage`).
 """
 from __future__ import annotations
 
+import fcntl
+import os
 import re
+import threading
 from pathlib import Path
 
 import optuna
@@ -77,14 +80,54 @@ def _file_name(study: str) -> str:
 
 def journal_storage(url: str) -> optuna.storages.JournalStorage:
     """Optuna's journal storage on the file `url` names (the file and its folder are created when missing)."""
-    from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock
+    from optuna.storages.journal import JournalFileBackend
 
     path = journal_path(url)
     path.parent.mkdir(parents=True, exist_ok=True)
-    # NOTE: the open-lock (O_CREAT | O_EXCL on a lock file) rather than the default symlink lock: it also
-    # works on file systems without symlinks. A lock file left by a killed process is broken after Optuna's
-    # grace period (30 s).
-    return optuna.storages.JournalStorage(JournalFileBackend(str(path), lock_obj=JournalFileOpenLock(str(path))))
+    # NOTE: not Optuna's symlink or open-file locks: a process killed while it holds one (a SIGKILL, a second
+    # Ctrl-C) leaves the lock file behind, and the next tuner of the study waited out Optuna's 30 s grace
+    # period before it could write. An flock is released by the kernel when its holder dies (as the database's
+    # schema lock, autotile.store.db.schema_lock).
+    return optuna.storages.JournalStorage(JournalFileBackend(str(path), lock_obj=FlockLock(str(path))))
+
+
+class FlockLock:
+    """The lock of a journal file's appends: an exclusive flock on `<journal>.lock`, for the processes of a host,
+    and a mutex for the threads of this process (flocks of one process on separate opens also exclude each other,
+    but the descriptor is kept on the object).
+
+    Optuna's JournalFileBackend calls `acquire()` and `release()` around each append (its lock classes'
+    interface, duck-typed: their base class is private to Optuna).
+    """
+
+    def __init__(self, journal: str):
+        self._path = journal + ".lock"
+        self._threads = threading.Lock()
+        self._fd: int | None = None
+
+    def acquire(self) -> bool:
+        self._threads.acquire()
+        try:
+            fd = os.open(self._path, os.O_CREAT | os.O_RDWR, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            except BaseException:
+                os.close(fd)
+                raise
+        except BaseException:
+            self._threads.release()
+            raise
+        self._fd = fd
+        return True
+
+    def release(self) -> None:
+        fd, self._fd = self._fd, None
+        try:
+            if fd is not None:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+                os.close(fd)
+        finally:
+            self._threads.release()
 
 
 def optuna_storage(url: str) -> optuna.storages.BaseStorage:
