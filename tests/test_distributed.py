@@ -220,3 +220,20 @@ def test_a_journal_lock_excludes_threads_and_processes(tmp_path):
     lock.release()
     thread.join(10)
     assert got.is_set()
+
+
+def test_a_journal_cut_by_a_dying_writer_still_takes_trials(tmp_path):
+    """A record cut short (its writer killed mid-append, or a full disk) is dropped by the next writer, instead of
+    having the next record glued to it and every later read of the study failing."""
+    from autotile.tune.storage import journal_storage
+
+    url = f"journal:{tmp_path / 's.journal'}"
+    study = optuna.create_study(storage=journal_storage(url), study_name="cut")
+    study.optimize(lambda trial: trial.suggest_float("x", 0, 1), n_trials=2)
+    with open(tmp_path / "s.journal", "ab") as journal:
+        journal.write(b'{"op_code": 4, "worker_id": "dead')
+    study = optuna.load_study(storage=journal_storage(url), study_name="cut")
+    study.optimize(lambda trial: trial.suggest_float("x", 0, 1), n_trials=1)
+    again = optuna.load_study(storage=journal_storage(url), study_name="cut")
+    assert len(again.trials) == 3 and all(t.state.is_finished() for t in again.trials)
+    assert (tmp_path / "s.journal").read_bytes().endswith(b"\n")

@@ -26,6 +26,7 @@ storage URL is taken (`--storage`).
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 import re
 import threading
@@ -35,6 +36,8 @@ import optuna
 from sqlalchemy import event
 
 from autotile.store.db import schema_lock
+
+log = logging.getLogger("autotile.tune")
 
 JOURNAL_PREFIX = "journal:"
 JOURNAL_SUFFIX = ".journal"
@@ -97,10 +100,14 @@ class FlockLock:
     but the descriptor is kept on the object).
 
     Optuna's JournalFileBackend calls `acquire()` and `release()` around each append (its lock classes'
-    interface, duck-typed: their base class is private to Optuna).
+    interface, duck-typed: their base class is private to Optuna). With the lock held no writer is mid-append, so
+    a journal that does not end in a newline ends in the cut record of a writer that died writing it (killed, or
+    a full disk): `acquire` drops that tail. Left there, the next append would be glued to it, and every later
+    read of the study failed.
     """
 
     def __init__(self, journal: str):
+        self._journal = journal
         self._path = journal + ".lock"
         self._threads = threading.Lock()
         self._fd: int | None = None
@@ -118,6 +125,11 @@ class FlockLock:
             self._threads.release()
             raise
         self._fd = fd
+        try:
+            _drop_cut_tail(self._journal)
+        except BaseException:
+            self.release()
+            raise
         return True
 
     def release(self) -> None:
@@ -128,6 +140,36 @@ class FlockLock:
                 os.close(fd)
         finally:
             self._threads.release()
+
+
+def _drop_cut_tail(journal: str) -> None:
+    """Truncate `journal` after its last newline when it does not end in one (call with its lock held)."""
+    try:
+        handle = open(journal, "rb+")
+    except FileNotFoundError:
+        return
+    with handle:
+        size = handle.seek(0, os.SEEK_END)
+        if size == 0:
+            return
+        handle.seek(size - 1)
+        if handle.read(1) == b"\n":
+            return
+        end = size
+        while end > 0:  # back to the last newline, a block at a time
+            start = max(0, end - 65536)
+            handle.seek(start)
+            block = handle.read(end - start)
+            newline = block.rfind(b"\n")
+            if newline >= 0:
+                end = start + newline + 1
+                break
+            end = start
+        handle.truncate(end)
+        handle.flush()
+        os.fsync(handle.fileno())
+    log.warning("autotile: %s ended in a cut record (a writer died while appending it): %d bytes dropped",
+                journal, size - end)
 
 
 def optuna_storage(url: str) -> optuna.storages.BaseStorage:
