@@ -468,11 +468,21 @@ def side_by_side(label: str, problem: FlashProblem, device, seconds: float, quic
     return row
 
 
-def shape_list(quick: bool) -> list[tuple[str, FlashProblem]]:
+def shape_list(quick: bool, labels: str = "") -> list[tuple[str, FlashProblem]]:
+    """The shapes timed: model prefills and anchors (--quick: a few of each); `labels` (comma-separated) picks
+    any of them by name instead."""
     shapes = []
     for name, hq, hkv, d in MODELS:
         for batch, seq in PREFILL:
             shapes.append((f"{name} {batch}x{seq}", FlashProblem("fwd", batch, hq, hkv, seq, seq, d, True)))
+    every = shapes + list(ANCHORS)
+    if labels:
+        wanted = [label.strip() for label in labels.split(",") if label.strip()]
+        known = {label for label, _ in every}
+        unknown = [label for label in wanted if label not in known]
+        if unknown:
+            raise SystemExit(f"--shapes: unknown {unknown}; the shapes are: {sorted(known)}")
+        return [(label, p) for label, p in every if label in wanted]
     shapes = [(label, p) for label, p in shapes if not quick or label in QUICK_SHAPES]
     return shapes + [(label, p) for label, p in ANCHORS if not quick or label in QUICK_ANCHORS]
 
@@ -652,6 +662,8 @@ def main() -> None:
     parser.add_argument("--only", default=",".join(GROUPS), help=f"comma-separated parts of {GROUPS}")
     parser.add_argument("--skip-checks", action="store_true", help="same as leaving 'checks' out of --only")
     parser.add_argument("--host-cpu", action="store_true", help="no GPU: only the Python a cached call adds, then exit")
+    parser.add_argument("--shapes", default="", help="comma-separated shape labels to time instead of the default "
+                                                     "list, e.g. 'Sq=1000 Sk=3000 GQA 16/4,D=128 S=4k'")
     args = parser.parse_args()
     if args.host_cpu:
         host_dispatch_cpu()
@@ -674,7 +686,7 @@ def main() -> None:
         log(f"  checks took {time.time() - start:.0f} s, {len(failures)} failed")
         write()
     if "shapes" in parts:
-        shapes = shape_list(args.quick)
+        shapes = shape_list(args.quick, args.shapes)
         for index, (label, problem) in enumerate(shapes):
             left = args.budget_s - (time.time() - start)
             seconds = max(5.0, left / (len(shapes) - index) - 15.0)
