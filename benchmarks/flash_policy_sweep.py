@@ -20,9 +20,7 @@ import argparse
 import dataclasses
 import datetime
 import itertools
-import json
 import math
-import os
 import sys
 import time
 from pathlib import Path
@@ -32,7 +30,7 @@ import torch
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent.parent)]
 
 import gemm_kernels_bench as gkb  # noqa: E402  (compile pool, interleaved timing, geomean)
-import gemm_policy_sweep as gps  # noqa: E402  (a swept row's ratios)
+import gemm_policy_sweep as gps  # noqa: E402  (options, saving, a swept row's ratios)
 
 from autotile.bench import poison  # noqa: E402
 from autotile.device import HOPPER_SMEM_PER_BLOCK, DeviceInfo, resolve_gpu  # noqa: E402
@@ -140,12 +138,7 @@ def render(rows: list[dict], device, seconds: float, failures: list[str]) -> str
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", type=Path, default=Path("flash_policy_sweep.md"))
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--budget-s", type=float, default=None, help="no shape starts after this many seconds")
-    parser.add_argument("--plan", action="store_true", help="list shapes and candidates (H200) and exit")
-    parser.add_argument("--workers", type=int, default=max(1, min(14, (os.cpu_count() or 2) - 2)),
-                        help="processes compiling kernels ahead")
+    gps.add_sweep_arguments(parser, "flash_policy_sweep.md")
     args = parser.parse_args()
     work = shapes()
     if args.plan:
@@ -170,15 +163,12 @@ def main() -> int:
             break
         rows.append(sweep_shape(label, problem, configs, device, args.rounds, failures))
         torch.cuda.empty_cache()
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.with_suffix(".json").write_text(json.dumps({"rows": rows, "failures": failures}, indent=1))
+        gps.save(args.out, rows, failures)
         best = min(rows[-1]["timed"].items(), key=lambda kv: kv[1])
         print(f"  {label:28s} cuDNN {rows[-1]['vendor_ms'] * 1e3:7.1f} us, best {best[1] * 1e3:7.1f} us {best[0]} "
               f"({time.monotonic() - started:.0f} s)", flush=True)
     text = render(rows, device, time.monotonic() - started, failures)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text)
-    args.out.with_suffix(".json").write_text(json.dumps({"rows": rows, "failures": failures}, indent=1))
+    gps.save(args.out, rows, failures, text)
     print(text)
     return 1 if failures else 0
 

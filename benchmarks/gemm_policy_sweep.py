@@ -168,6 +168,24 @@ def sweep_shape(shape: gkb.Shape, configs: dict[str, Config], device, rounds: in
             "configs": {name: configs[name].to_json() for name in fns}}
 
 
+def add_sweep_arguments(parser: argparse.ArgumentParser, out_name: str) -> None:
+    """The options every policy sweep takes (this one and flash_policy_sweep.py)."""
+    parser.add_argument("--out", type=Path, default=Path(out_name))
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--budget-s", type=float, default=None, help="no shape starts after this many seconds")
+    parser.add_argument("--plan", action="store_true", help="list shapes and candidates (H200 policy) and exit")
+    parser.add_argument("--workers", type=int, default=max(1, min(14, (os.cpu_count() or 2) - 2)),
+                        help="processes compiling kernels ahead")
+
+
+def save(out: Path, rows: list[dict], failures: list[str], text: str | None = None) -> None:
+    """The rows so far as JSON beside `out` (after every shape), and the markdown `text` at the end."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if text is not None:
+        out.write_text(text)
+    out.with_suffix(".json").write_text(json.dumps({"rows": rows, "failures": failures}, indent=1))
+
+
 def ranked(row: dict) -> tuple[float, tuple[float, str], str]:
     """(default / vendor, (best / vendor, its name), the runner-up as text) of one swept shape: ratios are the
     vendor's time over ours, from the row's final interleaved timings."""
@@ -203,12 +221,7 @@ def render(rows: list[dict], device, seconds: float, failures: list[str]) -> str
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", type=Path, default=Path("gemm_policy_sweep.md"))
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--budget-s", type=float, default=None, help="no shape starts after this many seconds")
-    parser.add_argument("--plan", action="store_true", help="list shapes and candidates (H200 policy) and exit")
-    parser.add_argument("--workers", type=int, default=max(1, min(14, (os.cpu_count() or 2) - 2)),
-                        help="processes compiling kernels ahead")
+    add_sweep_arguments(parser, "gemm_policy_sweep.md")
     parser.add_argument("--tokens", type=lambda text: tuple(int(t) for t in text.split(",") if t), default=TOKENS,
                         help=f"comma-separated M values (default {','.join(map(str, TOKENS))})")
     parser.add_argument("--fp8", type=lambda text: tuple(int(t) for t in text.split(",")), default=(),
@@ -236,15 +249,12 @@ def main() -> int:
             failures.append(f"budget of {args.budget_s:.0f} s spent: {len(plans) - len(rows)} shapes not timed")
             break
         rows.append(sweep_shape(shape, configs, device, args.rounds, failures))
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.with_suffix(".json").write_text(json.dumps({"rows": rows, "failures": failures}, indent=1))
+        save(args.out, rows, failures)
         best = max(rows[-1]["timed"].items(), key=lambda kv: -kv[1])
         print(f"  {gkb.describe(shape.problem):22s} vendor {rows[-1]['vendor_ms'] * 1e3:7.1f} us, best "
               f"{best[1] * 1e3:7.1f} us {best[0]} ({time.monotonic() - started:.0f} s)", flush=True)
     text = render(rows, device, time.monotonic() - started, failures)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text)
-    args.out.with_suffix(".json").write_text(json.dumps({"rows": rows, "failures": failures}, indent=1))
+    save(args.out, rows, failures, text)
     print(text)
     return 1 if failures else 0
 
