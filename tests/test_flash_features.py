@@ -175,6 +175,13 @@ def test_varlen_family(direction, causal):
     run_and_check(problem, FWD_SMALL if direction == "fwd" else BWD_SMALL)
 
 
+def test_varlen_tma_forward_reads_each_head_rows():
+    # TMA loads of packed sequences: Q through a 2-D descriptor over one head's rows (its base offset by the head),
+    # K/V through 3-D ones; several query heads per key head, and sequences that end inside a tile.
+    problem = FlashProblem("fwd", 3, 4, 2, 37, 29, 16, causal=True, dtype="fp16", varlen=True)
+    run_and_check(problem, Config(FWD_SMALL, LOADS="tma"))
+
+
 def test_varlen_family_with_features():
     problem = FlashProblem("fwd", 3, 2, 2, 33, 40, 24, causal=True, dtype="fp16", varlen=True, window_left=6,
                            alibi=True, softcap=2.0)

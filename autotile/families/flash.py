@@ -52,9 +52,10 @@ _BLOCKS = (16, 32, 64, 128)
 # Key blocks of 256 only for head dims <= 64, where a (BLOCK_M, 256) score tile costs what a
 # (BLOCK_M, 128) one does at D = 128 and halves the loop trips of short-head problems.
 _WIDE_BLOCK_N = 256
-# Keys from which the untuned forward loads K/V through TMA (the H200 sweep: TMA led at 2000-4096 keys, pointer
-# loads at 512).
-_TMA_FROM_KEYS = 1024
+# Keys from which the untuned forward loads K/V through TMA. H200 sweep with Q kept in shared memory
+# (results/flash_policy_sweep_2026-12-01b.md): TMA led at 4096 keys by 1-3%, pointer loads at 2000-2048 keys
+# (by 3-4% on 4 x 2048 causal prefill, 13% at D = 64, 3 x 12 x 2000) and at 512.
+_TMA_FROM_KEYS = 4096
 
 
 LOADS_CHOICES = ("pointer", "tma", "pointer_lookahead", "tma_lookahead")
@@ -389,6 +390,11 @@ class FlashFamily(Family):
                        "TMA needs 16-byte aligned base pointers and strides, and a head dim of a multiple of 16 bytes"),
             Constraint("warp_specialize_tma_only", lambda c: uses_tma(c) or not c["WARP_SPECIALIZE"],
                        "warp specialisation splits TMA producers from mma consumers; pointer loads have no producer"),
+            # NOTE: Triton 3.6's NVGPUWarpSpecialization pass fails ("PassManager::run failed") on every 4-warp
+            # forward whose Q K^T MMAs read Q from shared memory (all 72 such candidates of the H200 sweep,
+            # results/flash_policy_sweep_2026-12-01b.md); 8 warps compile.
+            Constraint("warp_specialize_eight_warps", lambda c: not c["WARP_SPECIALIZE"] or c["num_warps"] >= 8,
+                       "warp specialisation compiles with 8 warps only (Triton 3.6)"),
         ]
         constraints += architecture_constraints(device, {
             Feature.TMA: (uses_tma, "TMA loads"),
@@ -473,9 +479,10 @@ class FlashFamily(Family):
         """The forward's untuned config, from H200 measurements of a grid of candidates on the causal prefill of
         Llama-3-8B, Qwen2.5-7B, Phi-3-mini and Gemma-2-9B at 1 x 4096, 4 x 2048 and 16 x 512 tokens, and two
         anchors (benchmarks/flash_policy_sweep.py, results/flash_policy_sweep_2026-12-01.md; the rule before,
-        pointer loads on 128 x 64 tiles, reached 0.39-0.77x of cuDNN, geomean 0.60x; these 0.50-0.89x, 0.71x):
-        - TMA loads from _TMA_FROM_KEYS keys on (pointer loads led at 512 keys, and take short calls, packed
-          sequences and the interpreter);
+        pointer loads on 128 x 64 tiles, reached 0.39-0.77x of cuDNN, geomean 0.60x; these 0.50-0.89x, 0.71x; with
+        Q kept in shared memory, results/flash_policy_sweep_2026-12-01b.md, 0.62-0.91x, 0.75x):
+        - TMA loads from _TMA_FROM_KEYS keys on (pointer loads led below, and take packed sequences and the
+          interpreter);
         - head dims up to 128, causal: 64 x 64 tiles on 4 warps, 3 stages (the diagonal's masked blocks are small);
         - head dims up to 128, not causal: 128 x 128 tiles on 8 warps, 3 stages, warp-specialised with TMA;
         - head dim 256: 128 x 64 tiles on 8 warps, 2 stages."""

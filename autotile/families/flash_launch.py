@@ -95,7 +95,7 @@ def forward_plan(module, problem, config, scale: float, q, k, v, o, lse, alibi, 
                *lse_strides(lse, varlen), stride_ab, p.batch, p.heads_q, p.heads_kv, seq_q, seq_k,
                *feature_scalars(p, scale))
     options = dict(HEAD_DIM=p.head_dim, BLOCK_D=p.block_d, BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"],
-                   WARP_SPECIALIZE=config["WARP_SPECIALIZE"], num_warps=config["num_warps"],
+                   WARP_SPECIALIZE=config["WARP_SPECIALIZE"], NEGATE_Q=scale < 0, num_warps=config["num_warps"],
                    num_stages=config["num_stages"])
     grid = (_cdiv(p.seq_q, config["BLOCK_M"]), p.batch * p.heads_q)
     return ForwardPlan(_Launch(module.attn_fwd, grid, scalars, options, keep and not interpret), interpret)
