@@ -34,6 +34,22 @@ def test_new_database_is_migrated_and_versioned(tmp_path):
         assert conn.execute(text("pragma journal_mode")).scalar() == "wal"
 
 
+def test_new_sqlite_database_is_the_migrated_one_without_alembic(tmp_path):
+    # A new SQLite file is built from fresh_schema_sqlite.sql: statement for statement what Alembic's migrations
+    # build (after a new migration: python -m autotile.store.fresh_schema --write), and Alembic is not imported.
+    import subprocess
+    import sys
+
+    from autotile.store.fresh_schema import dump_schema, migrated_dump
+
+    made = tmp_path / "made.sqlite"
+    code = ("import sys; from autotile.store.db import open_engine; "
+            f"open_engine('sqlite:///{made}'); print(sorted(m for m in sys.modules if m.startswith('alembic')))")
+    imported = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert imported.strip() == "[]"
+    assert dump_schema(open_engine(f"sqlite:///{made}")) == migrated_dump(tmp_path / "migrated.sqlite")
+
+
 def test_round_trip_of_trials_and_winners(tmp_path):
     store = Store(open_engine(f"sqlite:///{tmp_path / 'b.sqlite'}"))
     device_id = store.ensure_device(CPU)

@@ -317,3 +317,62 @@ def test_compile_only_builds_each_kernels_launcher_but_launches_nothing(monkeypa
         kernel = JITFunction.run(None, 1, 2, grid=(1,), warmup=False, BLOCK=16)
     assert calls == [True] and Compiled.handles == 1 and isinstance(kernel, Compiled)
     assert JITFunction.run is fake_run  # restored
+
+
+def test_compile_only_is_per_thread(monkeypatch):
+    """A thread inside compile_only (the in-process compile thread) leaves other threads' launches alone, and the
+    hook on JITFunction.run is gone once no thread is in such a block."""
+    from triton.runtime.jit import JITFunction
+
+    from autotile.tune.compile_ahead import compile_only
+
+    calls = []
+
+    def fake_run(self, *args, grid, warmup, **kwargs):
+        calls.append((threading.current_thread().name, warmup))
+
+    monkeypatch.setattr(JITFunction, "run", fake_run)
+    with compile_only():
+        JITFunction.run(None, grid=(1,), warmup=False)
+        other = threading.Thread(target=lambda: JITFunction.run(None, grid=(1,), warmup=False), name="other")
+        other.start()
+        other.join()
+    assert calls == [("MainThread", True), ("other", False)]
+    assert JITFunction.run is fake_run
+
+
+def test_compile_thread_compiles_in_order_and_withdraws_what_a_trial_reaches_first():
+    """CompileThread compiles its configs one by one; a trial waits for the one compiling, and takes over one
+    still queued (compiling it itself), which the thread then skips."""
+    from autotile.space import Config
+    from autotile.tune.compile_ahead import CompileThread
+
+    compiled, started = [], threading.Event()
+
+    class SlowFamily:
+        def make_inputs(self, problem, device, seed=0):
+            return {}
+
+        def allocate_outputs(self, problem, inputs):
+            return {}
+
+        def launch(self, problem, config, inputs, outputs):
+            started.set()
+            time.sleep(0.3)
+            compiled.append(config["N"])
+
+    first, second, third = (Config(N=n) for n in (1, 2, 3))
+    thread = CompileThread(SlowFamily(), None, interpret_device(), 0)
+    try:
+        thread.add([first, second, third])
+        thread.add([first])  # already queued: not compiled twice
+        assert started.wait(5)
+        thread.wait_for(first, limit_s=5)  # compiling: waited for
+        assert compiled == [1]
+        thread.wait_for(third, limit_s=5)  # still queued (second is compiling): withdrawn at once
+        thread.wait_for(second, limit_s=5)
+        assert compiled == [1, 2] and thread.compiled == 2
+    finally:
+        thread.close()
+    thread._thread.join(5)
+    assert not thread._thread.is_alive() and compiled == [1, 2]

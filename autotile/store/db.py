@@ -180,10 +180,15 @@ def open_engine(url: str | None = None, *, create: bool = True, read_only: bool 
     if state == "empty" and not create:
         raise DatabaseError(f"{url} holds no autotile tables")
     if state != "ok":
-        from autotile.store.migrate import upgrade_to_head
-
         with schema_lock(url):
-            if check_schema(engine, url) != "ok":  # another process may have made it meanwhile
+            state = check_schema(engine, url)  # another process may have made it meanwhile
+            if state == "empty" and sqlite_path(url) is not None:
+                from autotile.store.fresh_schema import create_fresh_sqlite
+
+                create_fresh_sqlite(engine)  # the migrated schema, without importing Alembic
+            elif state != "ok":
+                from autotile.store.migrate import upgrade_to_head
+
                 upgrade_to_head(engine)
     return engine
 

@@ -21,8 +21,10 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import json
+import logging
 import multiprocessing
 import os
+import threading
 import time
 from collections.abc import Callable, Iterable
 
@@ -30,6 +32,8 @@ from autotile.device import DeviceInfo
 from autotile.families.base import Family
 from autotile.space import Config
 from autotile.tune.workers import born_ignoring_ctrl_c, family_ref, free_device_memory, ignore_ctrl_c, resolve_family
+
+log = logging.getLogger("autotile.tune")
 
 # Pool processes compiling ahead (each holds a CUDA context and one set of inputs): half the cores, at most 8.
 # NOTE: 8, not 4, from the H200 machines' 16 cores: once a trial's own Python cost 0.1 s (its study in a journal
@@ -41,10 +45,16 @@ DEFAULT_COMPILE_PROCESSES = max(1, min(8, (os.cpu_count() or 2) // 2))
 _state: dict = {}
 
 
+# compile_only's hook on JITFunction.run: installed while any thread is inside a compile_only block.
+_only = threading.local()  # .active: this thread is inside a compile_only block
+_hook_lock = threading.Lock()
+_hook = {"users": 0, "original": None}
+
+
 @contextlib.contextmanager
 def compile_only():
-    """Within this block a Triton launch (`kernel[grid](...)`) compiles the kernel, and its launcher, and returns
-    without running it.
+    """Within this block, this thread's Triton launches (`kernel[grid](...)`) compile the kernel, and its launcher,
+    and return without running it. Other threads launch as usual meanwhile.
 
     NOTE: Triton's `JITFunction.run(..., warmup=True)` compiles (or loads from its cache) and returns before
     the launch; forcing it for every launch lets a family's own `launch` compile all its kernels with the
@@ -52,27 +62,51 @@ def compile_only():
     module, one per argument signature, cached on disk beside the kernels) only at its first launch: in the
     process that times the trial, a C compiler run of about a second for each new variant of a fresh cache.
     `CompiledKernel._init_handles()` (private; Triton 3.x) builds it here instead, and loads the kernel, which
-    also reports a kernel that does not fit the device.
+    also reports a kernel that does not fit the device. The hook on JITFunction.run (a class attribute, seen by
+    every thread) is installed while some thread is in such a block and tells threads apart.
     """
-    from triton.runtime.jit import JITFunction
-
     from autotile.launch import slow_path
 
-    original = JITFunction.run
-
-    def run(self, *args, grid, warmup, **kwargs):
-        kernel = original(self, *args, grid=grid, warmup=True, **kwargs)
-        init_handles = getattr(kernel, "_init_handles", None)
-        if init_handles is not None:
-            init_handles()
-        return kernel
-
-    JITFunction.run = run
+    _install_hook()
+    before = getattr(_only, "active", False)
+    _only.active = True
     try:
         with slow_path():  # kernels autotile.launch keeps would launch for real
             yield
     finally:
-        JITFunction.run = original
+        _only.active = before
+        _remove_hook()
+
+
+def _install_hook() -> None:
+    from triton.runtime.jit import JITFunction
+
+    with _hook_lock:
+        _hook["users"] += 1
+        if _hook["users"] > 1:
+            return
+        original = _hook["original"] = JITFunction.run
+
+        def run(self, *args, grid, warmup, **kwargs):
+            if not getattr(_only, "active", False):
+                return original(self, *args, grid=grid, warmup=warmup, **kwargs)
+            kernel = original(self, *args, grid=grid, warmup=True, **kwargs)
+            init_handles = getattr(kernel, "_init_handles", None)
+            if init_handles is not None:
+                init_handles()
+            return kernel
+
+        JITFunction.run = run
+
+
+def _remove_hook() -> None:
+    from triton.runtime.jit import JITFunction
+
+    with _hook_lock:
+        _hook["users"] -= 1
+        if _hook["users"] == 0:
+            JITFunction.run = _hook["original"]
+            _hook["original"] = None
 
 
 def _init_pool_process(device: DeviceInfo, gpu: int | None) -> None:
@@ -212,6 +246,80 @@ class CompileAhead:
         # NOTE: ProcessPoolExecutor.shutdown(cancel_futures=True) still waits for compiles already running.
         self._futures.clear()
         self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+class CompileThread:
+    """One thread of the tuner's own process compiling the first configs of an in-process search.
+
+    A compile pool's processes take seconds to start (spawn, import torch and Triton, a CUDA context, the
+    problem's inputs): on the H200 an in-process search compiled its first 4-5 configs itself, one at a time
+    after the vendor op was timed, before the pool had finished a job. This thread starts with the call and
+    compiles the configs it is given (the default first, then the warm-start and seed configs) while this
+    process opens the database and times the vendor op; most of a compile is LLVM and ptxas, and ptxas and the
+    launcher's C compiler are child processes. The kernels land in this process's Triton caches, where the
+    trial finds them.
+    `wait_for(config)` before a trial: a compile done or running is awaited, one still queued is withdrawn (the
+    trial compiles it itself). The thread is not a daemon: interpreter exit waits for the compile it is in.
+    """
+
+    def __init__(self, family: Family, problem, device: DeviceInfo, seed: int):
+        self.family, self.problem, self.device, self.seed = family, problem, device, seed
+        self._queue: list[Config] = []
+        self._seen: set[str] = set()
+        self._running: str | None = None
+        self._stopped = False
+        self._changed = threading.Condition()
+        self.compiled = 0
+        self._thread = threading.Thread(target=self._work, name="autotile-compile", daemon=False)
+        self._thread.start()
+
+    def add(self, configs: Iterable[Config]) -> None:
+        with self._changed:
+            for config in configs:
+                if config.hash not in self._seen:
+                    self._seen.add(config.hash)
+                    self._queue.append(config)
+            self._changed.notify_all()
+
+    def wait_for(self, config: Config, limit_s: float) -> None:
+        deadline = time.monotonic() + limit_s
+        with self._changed:
+            if config in self._queue:
+                self._queue.remove(config)
+                return
+            while self._running == config.hash and time.monotonic() < deadline:
+                self._changed.wait(timeout=max(0.0, deadline - time.monotonic()))
+
+    def close(self) -> None:
+        """Compile nothing more (the compile running finishes in the background)."""
+        with self._changed:
+            self._stopped = True
+            self._queue.clear()
+            self._changed.notify_all()
+
+    def _work(self) -> None:
+        inputs = None
+        while True:
+            with self._changed:
+                while not self._queue and not self._stopped:
+                    self._changed.wait()
+                if self._stopped:
+                    return
+                config = self._queue.pop(0)
+                self._running = config.hash
+            try:
+                if inputs is None:
+                    inputs = self.family.make_inputs(self.problem, self.device, seed=self.seed)
+                outputs = self.family.allocate_outputs(self.problem, inputs)
+                with compile_only():
+                    self.family.launch(self.problem, config, inputs, outputs)
+                self.compiled += 1
+            except Exception as exc:  # noqa: BLE001 - the trial compiles it again and reports the failure
+                log.debug("compiling %s ahead in this process failed: %s", dict(config), exc)
+            finally:
+                with self._changed:
+                    self._running = None
+                    self._changed.notify_all()
 
 
 class NoCompileAhead:

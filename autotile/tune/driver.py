@@ -24,6 +24,7 @@ from autotile.space import Config
 from autotile.store.db import default_db_url, normalise_url, open_engine
 from autotile.store.repo import Store
 from autotile.tune.cluster import evaluated_trials, fail_stale_trials
+from autotile.tune.compile_ahead import CompileThread
 from autotile.tune.processes import CtrlC, run_search_processes
 from autotile.tune.storage import is_journal, optuna_storage, study_journal
 from autotile.tune.retime import race
@@ -167,10 +168,16 @@ def tune_problem(
     early = isolate and not gpus and table is None
     private = TuneSession() if early and session is None else None
     session = private or session
+    # In-process on a GPU, a thread compiles the first configs while the database opens and the vendor op is timed.
+    compile_thread = (CompileThread(family, problem, device, seed)
+                      if not isolate and not gpus and table is None and compile_ahead and not device.interpret
+                      else None)
     try:
         if early:
             session.prestart(family, problem, device, seed, trial_timeout, compile_ahead,
                              first_configs=[family.default_config(problem, device)])
+        if compile_thread is not None:
+            compile_thread.add([family.default_config(problem, device)])
         cuda_warm = _warm_cuda(device) if table is None and not device.interpret else None
         db_url = _given_url(db_url)
         engine = open_engine(db_url, create=True)
@@ -197,6 +204,8 @@ def tune_problem(
             enqueued.extend(family.seed_configs(problem, device))
             for config in enqueued:
                 study.enqueue_trial(dict(config), skip_if_exists=True)
+            if compile_thread is not None:
+                compile_thread.add(config for config in enqueued if space.is_feasible(config))
         failed = fail_stale_trials(study)
         if failed:
             log.info("%s: %d trials a stopped run left running were marked failed", name, len(failed))
@@ -208,7 +217,7 @@ def tune_problem(
             trial_timeout=trial_timeout, compile_ahead=compile_ahead,
             lookahead=lookahead, distributed=storage_url is not None, progress=progress,
             rows_complete=rows_complete, prune=prune, patience=patience, vendor_ms=vendor_ms, table=table,
-            first_configs=tuple(enqueued),
+            first_configs=tuple(enqueued), compile_thread=compile_thread,
         )
         if not gpus:
             targets = [(None, device)]
@@ -233,7 +242,11 @@ def tune_problem(
     except BaseException:
         if private is not None:
             private.close()
+        if compile_thread is not None:
+            compile_thread.close()
         raise
+    if compile_thread is not None:
+        compile_thread.close()
     # The private worker and pool stop while the finalists are re-timed: a worker's exit and the compiles still
     # running in the pool (which shutdown waits for) took 1-3 s.
     closing = _close_in_background(private) if private is not None else None

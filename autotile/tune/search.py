@@ -280,6 +280,7 @@ class _SearchPlan:
     vendor_ms: float | None = None  # the vendor op's time (early stop): timed before the first trial, or a table's
     table: object = None  # a simulate.TimingTable: trials return its stored outcomes instead of running
     first_configs: tuple = ()  # the configs this run enqueued (default, warm start, seeds): compiled from the start
+    compile_thread: object = None  # an in-process search's compile_ahead.CompileThread, compiling first_configs
 
 
 @dataclass
@@ -355,9 +356,10 @@ class _Search:
             self.shared.stop.set()
             return
         # The enqueued configs are known now: the pool compiles them while the first trials run, however far
-        # ahead the loop asks. An in-process search compiles its first config itself, as it always does: a pool
-        # still starting (imports, a CUDA context: seconds) would hold that trial up.
-        ahead_of_time = plan.first_configs[0 if plan.isolate else 1:]
+        # ahead the loop asks. An in-process search's are its compile thread's (compile_ahead.CompileThread); one
+        # without compiles its first config itself: a pool still starting (imports, a CUDA context: seconds) would
+        # hold that trial up.
+        ahead_of_time = () if plan.compile_thread is not None else plan.first_configs[0 if plan.isolate else 1:]
         compiler.submit(config for config in ahead_of_time if plan.space.is_feasible(config))
         if plan.lookahead is not None:
             ahead = plan.lookahead
@@ -404,6 +406,8 @@ class _Search:
                 continue
             compiler.submit(Config(wanted) for _, wanted in self.queue if plan.space.is_feasible(wanted))
             # (An in-process trial compiles a config itself while a new pool is still starting.)
+            if plan.compile_thread is not None:
+                plan.compile_thread.wait_for(config, plan.trial_timeout)
             compiler.wait_for(config, plan.trial_timeout, wait_if_cold=plan.isolate)
             try:
                 if not self._vendor_timed:
