@@ -166,7 +166,9 @@ def tune_problem(
     # The trial worker and the compile pool start first: their start-up (spawn, imports, CUDA context, inputs;
     # ~11 s on the H200 machines) runs while this process opens the database and the study.
     early = isolate and not gpus and table is None
-    private = TuneSession() if early and session is None else None
+    # Without a session, the search's worker and pool are this call's: they stop in the background while the
+    # finalists are re-timed (an in-process search that stopped its own pool waited ~2 s for running compiles).
+    private = TuneSession() if session is None and not gpus and table is None else None
     session = private or session
     # In-process on a GPU, a thread compiles the first configs while the database opens and the vendor op is timed.
     compile_thread = (CompileThread(family, problem, device, seed)

@@ -405,13 +405,13 @@ class _Search:
                 time.sleep(self._rng.uniform(*_RETRY_AFTER_RACE_S))
                 continue
             compiler.submit(Config(wanted) for _, wanted in self.queue if plan.space.is_feasible(wanted))
-            # (An in-process trial compiles a config itself while a new pool is still starting.)
-            if plan.compile_thread is not None:
-                plan.compile_thread.wait_for(config, plan.trial_timeout)
-            compiler.wait_for(config, plan.trial_timeout, wait_if_cold=plan.isolate)
             try:
-                if not self._vendor_timed:
+                if not self._vendor_timed:  # while the first configs compile
                     self._time_vendor(evaluator)
+                # (An in-process trial compiles a config itself while a new pool is still starting.)
+                if plan.compile_thread is not None:
+                    plan.compile_thread.wait_for(config, plan.trial_timeout)
+                compiler.wait_for(config, plan.trial_timeout, wait_if_cold=plan.isolate)
                 outcome = evaluator.evaluate(trial.number, config)
             except WorkerSetupError as exc:
                 raise TuneError(str(exc)) from exc
