@@ -50,6 +50,7 @@ def test_the_samples_are_the_model_paths_problems_and_the_shipped_tables_hold_th
 def test_judge_and_config_summary(sl):
     assert sl.judge(1.02, 1.0) == (pytest.approx(1.02), "yes")
     assert sl.judge(0.9, 1.0)[1] == "yes"  # a short winner faster than the long one is within too
+    assert sl.judge(1.05, 1.0, same_config=True)[1] == "same config"  # the same winner: the ratio is noise
     assert sl.judge(1.021, 1.0)[1] == "no"
     assert sl.judge(1.0, None) == (None, "n/a") and sl.judge(None, 1.0) == (None, "n/a")
     config = {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "SCHEDULE": "data_parallel", "SPLIT_K": 1,
@@ -116,5 +117,8 @@ def test_smoke_run_end_to_end(tmp_path):
     assert all(c["ok"] for c in timing["checks"].values()), timing["checks"]
     assert set(timing["ms"]) == {"short", "long", "F.linear", "torch.matmul"}
     assert row["ratio"] == pytest.approx(timing["ms"]["short"] / timing["ms"]["long"])
-    assert row["within"] == ("yes" if row["ratio"] <= 1.02 else "no")
+    if row["same_config"]:
+        assert row["within"] == "same config"  # one winner timed twice: no difference between the studies
+    else:
+        assert row["within"] == ("yes" if row["ratio"] <= 1.02 else "no")
     assert "| down_proj | 20x40x24 |" in run.stdout

@@ -293,6 +293,30 @@ def test_an_in_process_trial_does_not_wait_for_a_pool_still_starting(tmp_path, m
         pool.close()
 
 
+def test_closing_a_pool_stops_the_compiles_still_running():
+    """A search's end does not wait for compiles nobody will use: close() terminates the processes in them."""
+    from recording_compile import hang_compile
+
+    from autotile.tune.compile_ahead import CompileAhead
+
+    family = GemmFamily()
+    configs = list(family.space(PROBLEM, CPU).feasible())[:3]
+    pool = CompileAhead(family, PROBLEM, CPU, 0, processes=2, compile_fn=hang_compile)
+    pool.submit(configs)
+    running = [pool._futures[c.hash] for c in configs[:2]]
+    deadline = time.monotonic() + 60
+    while not all(f.running() for f in running) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    processes = list(pool._pool._processes.values())
+    started = time.monotonic()
+    pool.close()
+    assert time.monotonic() - started < 10
+    # Each process has ended (its sentinel is ready; the executor's own thread may have reaped it first).
+    from multiprocessing.connection import wait
+
+    assert processes and len(wait([p.sentinel for p in processes], timeout=1)) == len(processes)
+
+
 def test_compile_only_builds_each_kernels_launcher_but_launches_nothing(monkeypatch):
     """Within compile_only a Triton launch becomes a warm-up (compile, no run), and the compiled kernel's host
     launcher is built there too, not at the trial's first launch."""

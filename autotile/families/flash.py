@@ -56,9 +56,6 @@ _WIDE_BLOCK_N = 256
 # (results/flash_policy_sweep_2026-12-01b.md): TMA led at 4096 keys by 1-3%, pointer loads at 2000-2048 keys
 # (by 3-4% on 4 x 2048 causal prefill, 13% at D = 64, 3 x 12 x 2000) and at 512.
 _TMA_FROM_KEYS = 4096
-# The forward rescales its accumulator only when a row's running max grows by more than 2^8 (the template's
-# LAZY_RESCALE); not for fp8, whose P is rounded to e4m3.
-_LAZY_RESCALE = False
 
 
 LOADS_CHOICES = ("pointer", "tma", "pointer_lookahead", "tma_lookahead")
@@ -716,7 +713,6 @@ class FlashFamily(Family):
             ALIBI=p.alibi, VARLEN=p.varlen, HEAD_PADDED=p.block_d != p.head_dim, FP8=p.dtype == "fp8",
             LOADS=config["LOADS"].removesuffix("_lookahead") if p.direction == "fwd" else "pointer",
             LOOKAHEAD=p.direction == "fwd" and config["LOADS"].endswith("_lookahead"),
-            LAZY_RESCALE=p.direction == "fwd" and p.dtype != "fp8" and _LAZY_RESCALE,
             INPUT_PRECISION="ieee" if p.dtype == "fp32" else "", UPCAST_DOTS=False, STORE_LSE=True,
         )
 

@@ -12,3 +12,9 @@ def record_compile(config_json: str) -> tuple[str, float, str]:
     with open(os.path.join(os.environ["AUTOTILE_TEST_COMPILE_LOG"], name), "w") as handle:
         handle.write(f"{os.getpid()} {config_json}")
     return config_json, 0.2, ""
+
+
+def hang_compile(config_json: str) -> tuple[str, float, str]:
+    """A compile that never ends (CompileAhead.close must not wait for it)."""
+    time.sleep(3600)
+    return config_json, 3600.0, ""
