@@ -397,6 +397,42 @@ def test_compile_thread_compiles_in_order_and_withdraws_what_a_trial_reaches_fir
         thread.wait_for(second, limit_s=5)
         assert compiled == [1, 2] and thread.compiled == 2
     finally:
-        thread.close()
-    thread._thread.join(5)
+        thread.close()  # waits for the compile running
     assert not thread._thread.is_alive() and compiled == [1, 2]
+
+
+def test_compile_thread_pauses_while_a_timing_runs():
+    """quiet() waits for the compile running and starts none until the block ends (a compile holds the
+    interpreter lock, which a timing beside it would count)."""
+    from autotile.space import Config
+    from autotile.tune.compile_ahead import CompileThread
+
+    events, started = [], threading.Event()
+
+    class SlowFamily:
+        def make_inputs(self, problem, device, seed=0):
+            return {}
+
+        def allocate_outputs(self, problem, inputs):
+            return {}
+
+        def launch(self, problem, config, inputs, outputs):
+            started.set()
+            events.append(("start", config["N"]))
+            time.sleep(0.2)
+            events.append(("end", config["N"]))
+
+    thread = CompileThread(SlowFamily(), None, interpret_device(), 0)
+    try:
+        thread.add([Config(N=1), Config(N=2)])
+        assert started.wait(5)
+        with thread.quiet():
+            events.append(("timing", 0))
+            time.sleep(0.4)
+            events.append(("timed", 0))
+        deadline = time.monotonic() + 5
+        while ("end", 2) not in events and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        thread.close()
+    assert events == [("start", 1), ("end", 1), ("timing", 0), ("timed", 0), ("start", 2), ("end", 2)]

@@ -8,6 +8,7 @@ config runs, counts taken from autotile's trial rows.
 from __future__ import annotations
 
 import collections
+import contextlib
 import random
 import threading
 import time
@@ -406,13 +407,15 @@ class _Search:
                 continue
             compiler.submit(Config(wanted) for _, wanted in self.queue if plan.space.is_feasible(wanted))
             try:
-                if not self._vendor_timed:  # while the first configs compile
-                    self._time_vendor(evaluator)
+                if not self._vendor_timed:
+                    with self._quiet():
+                        self._time_vendor(evaluator)
                 # (An in-process trial compiles a config itself while a new pool is still starting.)
                 if plan.compile_thread is not None:
                     plan.compile_thread.wait_for(config, plan.trial_timeout)
                 compiler.wait_for(config, plan.trial_timeout, wait_if_cold=plan.isolate)
-                outcome = evaluator.evaluate(trial.number, config)
+                with self._quiet():
+                    outcome = evaluator.evaluate(trial.number, config)
             except WorkerSetupError as exc:
                 raise TuneError(str(exc)) from exc
             _record(plan.store, trial, self.study, outcome, config, plan.name, *plan.ids)
@@ -432,6 +435,11 @@ class _Search:
                 self._stop("a candidate crashed the CUDA context; every finished trial is stored - "
                            "run the same command again to resume")
                 return
+
+    def _quiet(self):
+        """Around a timing in this process: the in-process compile thread pauses (compile_ahead.CompileThread)."""
+        thread = self.plan.compile_thread
+        return thread.quiet() if thread is not None else contextlib.nullcontext()
 
     def _next_candidate(self, taken: set[str], heartbeat: Heartbeat, queue_length: int):
         """The next asked config to run, pruning infeasible and repeated ones; None when the space is exhausted."""
