@@ -247,8 +247,8 @@ class CompileAhead:
 
         NOTE: ProcessPoolExecutor.shutdown(cancel_futures=True) waits for the compiles already running (1-3 s on
         the H200, at the end of every search that owned its pool), and Python 3.12 has no way to stop its
-        workers but its private `_processes`. A compile cut short leaves nothing behind: Triton writes each
-        cache file under a temporary name and renames it into place.
+        workers but its private `_processes`. A compile cut short leaves no half-written cache entry: Triton
+        writes each file in a temporary folder and renames it into place (the folder may stay behind).
         """
         self._futures.clear()
         processes = list((getattr(self._pool, "_processes", None) or {}).values())
@@ -267,14 +267,13 @@ class CompileThread:
     problem's inputs): on the H200 an in-process search compiled its first 4-5 configs itself, one at a time
     after the vendor op was timed, before the pool had finished a job. This thread starts with the call and
     compiles the configs it is given (the default first, then the warm-start and seed configs) while this
-    process opens the database and times the vendor op; most of a compile is LLVM and ptxas, and ptxas and the
-    launcher's C compiler are child processes. The kernels land in this process's Triton caches, where the
-    trial finds them.
+    process opens the database and the study; ptxas and the launcher's C compiler, a good part of a compile,
+    are child processes. The kernels land in this process's Triton caches, where the trial finds them.
     `wait_for(config)` before a trial: a compile done or running is awaited, one still queued is withdrawn (the
-    trial compiles it itself). `quiet()` around a timing: no compile runs meanwhile. NOTE: a compile holds the
-    interpreter lock for long stretches (Triton's code generation and LLVM), and a timing taken beside it counts
-    the launch's wait for the lock: on the H200 the vendor op timed at 0.147 ms beside the first compile, 0.069
-    ms alone. `close()` waits for the compile running, so no compile outlives the search.
+    trial compiles it itself). `quiet()` around a timing: no compile runs meanwhile. NOTE: on the H200 the
+    vendor op timed 0.147 ms beside the first compile and 0.069 ms alone; a compile holds the interpreter lock
+    for long stretches (Triton's code generation), which likely held up the timed launches. `close()` waits for
+    the compile running, so no compile outlives the search.
     """
 
     def __init__(self, family: Family, problem, device: DeviceInfo, seed: int):
