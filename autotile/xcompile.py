@@ -17,6 +17,9 @@ Triton fixes at import whether its language helpers are compiled or interpreted:
 that imported Triton without TRITON_INTERPRET=1 (the tests run it in a child process).
 
     python -m autotile.xcompile --gpu a100 --family gemm --sample 8      # any machine, no GPU needed
+
+Each kernel's registers and stack a thread are read back from its cubin (Triton's cuobjdump): a kernel at the
+255-register ceiling with stack spills, which a config can be judged by before any GPU time is spent on it.
 """
 from __future__ import annotations
 
@@ -53,6 +56,8 @@ class KernelBuild:
     num_warps: int
     seconds: float
     ptx_features: tuple[str, ...] = ()  # the notable instructions its PTX uses (wgmma, mma.sync, cp.async, TMA)
+    registers: int | None = None  # registers a thread, as ptxas allotted them (None: not read)
+    stack: int | None = None  # bytes of stack a thread: register spills, or local arrays (None: not read)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,8 +156,40 @@ class _Collector:
                                     f"(sm{self.target.arch}) allows {self.device.smem_per_block} B")
         ptx = compiled.asm.get("ptx", "")
         features = tuple(label for label, text in _PTX_FEATURES.items() if text in ptx)
+        registers, stack = resource_usage(compiled.asm.get("cubin"))
         self.kernels.append(KernelBuild(name, shared, int(compiled.metadata.num_warps),
-                                        time.monotonic() - started, features))
+                                        time.monotonic() - started, features, registers, stack))
+
+
+def resource_usage(cubin: bytes | None) -> tuple[int | None, int | None]:
+    """(registers a thread, bytes of stack a thread) of a compiled kernel, read with the cuobjdump Triton ships;
+    (None, None) when there is no cubin or no cuobjdump. Stack holds spilled registers, or local arrays (libdevice's
+    sin and cos keep one for large arguments): stack at the 255-register ceiling is spilling."""
+    import subprocess
+    import tempfile
+
+    if not cubin:
+        return None, None
+    try:
+        from triton import knobs
+
+        tool = knobs.nvidia.cuobjdump.path
+    except Exception:  # noqa: BLE001 - another Triton: report nothing rather than fail the compile check
+        return None, None
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as handle:
+        handle.write(cubin)
+        handle.flush()
+        try:
+            out = subprocess.run([tool, "-res-usage", handle.name], capture_output=True, text=True, timeout=60).stdout
+        except (OSError, subprocess.SubprocessError):
+            return None, None
+    # e.g. "REG:254 STACK:0 SHARED:1024 LOCAL:0 CONSTANT[0]:712 ..."
+    fields = dict(item.split(":", 1) for line in out.splitlines() if "REG:" in line for item in line.split()
+                  if ":" in item)
+    try:
+        return int(fields["REG"]), int(fields["STACK"])
+    except (KeyError, ValueError):
+        return None, None
 
 
 def _tail(text: str, limit: int = 1500) -> str:
@@ -389,12 +426,28 @@ def summary_table(results: Sequence[ConfigBuild]) -> str:
     rows: dict[tuple[str, str], list[ConfigBuild]] = {}
     for r in results:
         rows.setdefault((r.family, r.device_key), []).append(r)
-    lines = ["| family | device | configs | failed | compile s (sum) | slowest s |", "|---|---|---|---|---|---|"]
+    lines = ["| family | device | configs | failed | spilling | compile s (sum) | slowest s |",
+             "|---|---|---|---|---|---|---|"]
     for (family, device), group in sorted(rows.items()):
         failed = sum(not r.ok for r in group)
-        lines.append(f"| {family} | {device} | {len(group)} | {failed} | {sum(r.seconds for r in group):.1f} | "
-                     f"{max(r.seconds for r in group):.1f} |")
+        spilling = sum(any(_spills(k) for k in r.kernels) for r in group)
+        lines.append(f"| {family} | {device} | {len(group)} | {failed} | {spilling} | "
+                     f"{sum(r.seconds for r in group):.1f} | {max(r.seconds for r in group):.1f} |")
     return "\n".join(lines)
+
+
+# ptxas' most registers a thread (sm70 on): a kernel there with stack has spilled.
+_MAX_REGISTERS = 255
+
+
+def _spills(kernel: KernelBuild) -> bool:
+    return bool(kernel.stack) and kernel.registers is not None and kernel.registers >= _MAX_REGISTERS
+
+
+def spill_lines(results: Sequence[ConfigBuild]) -> list[str]:
+    """One line per kernel that spilled registers: what to look at before timing a config on the GPU."""
+    return [f"SPILLS {r.family} {r.device_key} {r.role} {r.config} {k.name}: {k.registers} registers, "
+            f"{k.stack} B of stack a thread" for r in results for k in r.kernels if _spills(k)]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -417,6 +470,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for r in results:
         if not r.ok:
             print(f"FAILED {r.family} {r.device_key} {r.role} {r.problem_key} {r.config}\n  {r.error}", file=sys.stderr)
+    for line in spill_lines(results):
+        print(line, file=sys.stderr)
     print(summary_table(results), file=sys.stderr)
     print(f"{len(results)} configs in {time.monotonic() - started:.1f} s on {args.processes} processes",
           file=sys.stderr)

@@ -126,12 +126,14 @@ def test_older_architectures_get_their_own_instructions(compiled):
         assert not {"wgmma", "tma", "setmaxnreg"} & by_arch[arch], by_arch[arch]
 
 
-def test_every_kernel_reports_its_shared_memory_within_the_profile(compiled):
+def test_every_kernel_reports_its_shared_memory_and_registers(compiled):
     limits = {planned_device(g).key: planned_device(g).smem_per_block for g in ("a100", "l40s", "h200")}
     for r in compiled["results"]:
         assert r["kernels"], r
         for kernel in r["kernels"]:
             assert 0 <= kernel["shared"] <= limits[r["device_key"]]
+            # ptxas' allotment, read back from the cubin: spills show as stack.
+            assert 0 < kernel["registers"] <= 255 and kernel["stack"] >= 0, kernel
 
 
 def test_run_as_hands_the_driver_ptx_for_the_older_architecture(compiled):
