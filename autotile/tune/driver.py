@@ -170,7 +170,8 @@ def tune_problem(
     # finalists are re-timed (an in-process search that stopped its own pool waited ~2 s for running compiles).
     private = TuneSession() if session is None and not gpus and table is None else None
     session = private or session
-    # In-process on a GPU, a thread compiles the first configs while the database opens and the vendor op is timed.
+    # In-process on a GPU, a thread compiles the first configs while the database and the study open (and pauses
+    # while anything is timed).
     compile_thread = (CompileThread(family, problem, device, seed)
                       if not isolate and not gpus and table is None and compile_ahead and not device.interpret
                       else None)
@@ -249,8 +250,8 @@ def tune_problem(
         raise
     if compile_thread is not None:
         compile_thread.close()
-    # The private worker and pool stop while the finalists are re-timed: a worker's exit and the compiles still
-    # running in the pool (which shutdown waits for) took 1-3 s.
+    # The private worker and pool stop while the finalists are re-timed: a worker's exit took 1-3 s (the pool's
+    # processes are terminated, compiles and all).
     closing = _close_in_background(private) if private is not None else None
     if cuda_warm is not None:
         cuda_warm.join()  # this process re-times the finalists next
