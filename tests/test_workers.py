@@ -365,6 +365,22 @@ def test_compile_only_is_per_thread(monkeypatch):
     assert JITFunction.run is fake_run
 
 
+class _CompilingFamily:
+    """Just enough of a family for CompileThread: its launch (run under compile_only) calls `compile(config)`."""
+
+    def __init__(self, compile):
+        self._compile = compile
+
+    def make_inputs(self, problem, device, seed=0):
+        return {}
+
+    def allocate_outputs(self, problem, inputs):
+        return {}
+
+    def launch(self, problem, config, inputs, outputs):
+        self._compile(config)
+
+
 def test_compile_thread_compiles_in_order_and_withdraws_what_a_trial_reaches_first():
     """CompileThread compiles its configs one by one; a trial waits for the one compiling, and takes over one
     still queued (compiling it itself), which the thread then skips."""
@@ -373,20 +389,13 @@ def test_compile_thread_compiles_in_order_and_withdraws_what_a_trial_reaches_fir
 
     compiled, started = [], threading.Event()
 
-    class SlowFamily:
-        def make_inputs(self, problem, device, seed=0):
-            return {}
-
-        def allocate_outputs(self, problem, inputs):
-            return {}
-
-        def launch(self, problem, config, inputs, outputs):
-            started.set()
-            time.sleep(0.3)
-            compiled.append(config["N"])
+    def compile_slowly(config):
+        started.set()
+        time.sleep(0.3)
+        compiled.append(config["N"])
 
     first, second, third = (Config(N=n) for n in (1, 2, 3))
-    thread = CompileThread(SlowFamily(), None, interpret_device(), 0)
+    thread = CompileThread(_CompilingFamily(compile_slowly), None, interpret_device(), 0)
     try:
         thread.add([first, second, third])
         thread.add([first])  # already queued: not compiled twice
@@ -409,20 +418,13 @@ def test_compile_thread_pauses_while_a_timing_runs():
 
     events, started = [], threading.Event()
 
-    class SlowFamily:
-        def make_inputs(self, problem, device, seed=0):
-            return {}
+    def compile_slowly(config):
+        started.set()
+        events.append(("start", config["N"]))
+        time.sleep(0.2)
+        events.append(("end", config["N"]))
 
-        def allocate_outputs(self, problem, inputs):
-            return {}
-
-        def launch(self, problem, config, inputs, outputs):
-            started.set()
-            events.append(("start", config["N"]))
-            time.sleep(0.2)
-            events.append(("end", config["N"]))
-
-    thread = CompileThread(SlowFamily(), None, interpret_device(), 0)
+    thread = CompileThread(_CompilingFamily(compile_slowly), None, interpret_device(), 0)
     try:
         thread.add([Config(N=1), Config(N=2)])
         assert started.wait(5)

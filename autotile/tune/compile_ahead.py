@@ -139,6 +139,13 @@ def _compile_job(target: tuple[str, dict, int], compile_fn: Callable[[str], tupl
     return compile_fn(config_json)
 
 
+def compile_kernels(family: Family, problem, config: Config, inputs) -> None:
+    """Compile every kernel `family.launch` runs for `config` on `inputs` (and their launchers), running none."""
+    outputs = family.allocate_outputs(problem, inputs)
+    with compile_only():
+        family.launch(problem, config, inputs, outputs)
+
+
 def compile_config(config_json: str) -> tuple[str, float, str]:
     """In a pool process: compile every kernel of one config. Returns (config JSON, seconds, error text or '')."""
     started = time.monotonic()
@@ -146,10 +153,7 @@ def compile_config(config_json: str) -> tuple[str, float, str]:
     try:
         if _state["inputs"] is None:
             _state["inputs"] = family.make_inputs(problem, device, seed=_state["seed"])
-        inputs = _state["inputs"]
-        outputs = family.allocate_outputs(problem, inputs)
-        with compile_only():
-            family.launch(problem, Config(json.loads(config_json)), inputs, outputs)
+        compile_kernels(family, problem, Config(json.loads(config_json)), _state["inputs"])
     except Exception as exc:  # noqa: BLE001 - the trial itself will report the failure as its status
         return config_json, time.monotonic() - started, f"{type(exc).__name__}: {exc}"[:500]
     return config_json, time.monotonic() - started, ""
@@ -341,9 +345,7 @@ class CompileThread:
             try:
                 if inputs is None:
                     inputs = self.family.make_inputs(self.problem, self.device, seed=self.seed)
-                outputs = self.family.allocate_outputs(self.problem, inputs)
-                with compile_only():
-                    self.family.launch(self.problem, config, inputs, outputs)
+                compile_kernels(self.family, self.problem, config, inputs)
                 self.compiled += 1
             except Exception as exc:  # noqa: BLE001 - the trial compiles it again and reports the failure
                 log.debug("compiling %s ahead in this process failed: %s", dict(config), exc)

@@ -175,12 +175,12 @@ def tune_problem(
     compile_thread = (CompileThread(family, problem, device, seed)
                       if not isolate and not gpus and table is None and compile_ahead and not device.interpret
                       else None)
+    default = family.default_config(problem, device)
     try:
         if early:
-            session.prestart(family, problem, device, seed, trial_timeout, compile_ahead,
-                             first_configs=[family.default_config(problem, device)])
+            session.prestart(family, problem, device, seed, trial_timeout, compile_ahead, first_configs=[default])
         if compile_thread is not None:
-            compile_thread.add([family.default_config(problem, device)])
+            compile_thread.add([default])
         cuda_warm = _warm_cuda(device) if table is None and not device.interpret else None
         db_url = _given_url(db_url)
         engine = open_engine(db_url, create=True)
@@ -200,7 +200,7 @@ def tune_problem(
         warm = None
         enqueued: list[Config] = []
         if not study.trials:
-            enqueued.append(family.default_config(problem, device))
+            enqueued.append(default)
             if warm_start:
                 warm = _warm_start(warm_source or engine, family, problem, device, space)
                 enqueued.extend(warm.configs)
@@ -245,11 +245,10 @@ def tune_problem(
     except BaseException:
         if private is not None:
             private.close()
+        raise
+    finally:
         if compile_thread is not None:
             compile_thread.close()
-        raise
-    if compile_thread is not None:
-        compile_thread.close()
     # The private worker and pool stop while the finalists are re-timed: a worker's exit took 1-3 s (the pool's
     # processes are terminated, compiles and all).
     closing = _close_in_background(private) if private is not None else None
