@@ -114,6 +114,12 @@ def bind_arguments(kernel, target, args: tuple, kwargs: dict):
     from triton.compiler import make_backend
     from triton.runtime.jit import create_function_from_signature
 
+    from triton import knobs
+
+    # NOTE: JITFunction.run (Triton 3.6) adds these two options before it binds a launch; they are part of the
+    # compiled kernel's cache key, which compile-ahead (autotile.tune.compile_ahead) must share with the trial.
+    kwargs = {**kwargs, "debug": kwargs.get("debug", kernel.debug) or knobs.runtime.debug,
+              "instrumentation_mode": knobs.compilation.instrumentation_mode}
     key = (kernel, target.arch)
     if key not in _binders:
         backend = make_backend(target)
@@ -135,12 +141,19 @@ def compile_kernel(kernel, target, args: tuple, kwargs: dict):
 
 
 class _Collector:
-    """The compile-instead hook: compiles each launch for `device`'s architecture and records it."""
+    """The compile-instead hook: compiles each launch for `device`'s architecture and records it.
 
-    def __init__(self, device: DeviceInfo):
+    `read_resources`: read each kernel's registers and stack back from its cubin (a cuobjdump run each).
+    `build_launchers`: build each kernel's host launcher too (a C module Triton keeps on disk beside the kernels,
+    built otherwise at the kernel's first launch); where that fails (no CUDA driver library to link) the launch
+    builds it later.
+    """
+
+    def __init__(self, device: DeviceInfo, read_resources: bool = True, build_launchers: bool = False):
         self.device = device
         self.target = gpu_target(device.compute_capability)
         self.kernels: list[KernelBuild] = []
+        self.read_resources, self.build_launchers = read_resources, build_launchers
 
     def __call__(self, kernel, grid, args, kwargs) -> None:
         started = time.monotonic()
@@ -154,11 +167,32 @@ class _Collector:
         if shared > self.device.smem_per_block:
             raise CrossCompileError(f"{name} needs {shared} B of shared memory a program; {self.device.name} "
                                     f"(sm{self.target.arch}) allows {self.device.smem_per_block} B")
+        if self.build_launchers:
+            build_launcher(compiled)
         ptx = compiled.asm.get("ptx", "")
         features = tuple(label for label, text in _PTX_FEATURES.items() if text in ptx)
-        registers, stack = resource_usage(compiled.asm.get("cubin"))
+        registers, stack = resource_usage(compiled.asm.get("cubin")) if self.read_resources else (None, None)
         self.kernels.append(KernelBuild(name, shared, int(compiled.metadata.num_warps),
                                         time.monotonic() - started, features, registers, stack))
+
+
+def build_launcher(compiled) -> bool:
+    """Build (or find on disk) the host launcher of a compiled kernel without loading the kernel, so no GPU is
+    touched. False where it could not be built here.
+
+    NOTE: CompiledKernel._init_handles (Triton 3.6) builds it at the first launch, together with loading the
+    kernel into the GPU's context; the launcher class alone only compiles a C module and imports it.
+    """
+    import logging
+
+    try:
+        from triton.runtime.driver import driver
+
+        driver.active.launcher_cls(compiled.src, compiled.metadata)
+        return True
+    except Exception as exc:  # noqa: BLE001 - the kernel's first launch builds it instead
+        logging.getLogger("autotile.xcompile").debug("no launcher built ahead for %s: %s", compiled.name, exc)
+        return False
 
 
 def resource_usage(cubin: bytes | None) -> tuple[int | None, int | None]:
@@ -212,11 +246,13 @@ def meta_inputs(family: Family, problem, seed: int = 0) -> dict:
     return {name: meta_like(t) for name, t in family.make_inputs(problem, interpret_device(), seed=seed).items()}
 
 
-def compile_config(family: Family, problem, config, device: DeviceInfo, inputs: dict | None = None
-                   ) -> tuple[KernelBuild, ...]:
+def compile_config(family: Family, problem, config, device: DeviceInfo, inputs: dict | None = None,
+                   read_resources: bool = True, build_launchers: bool = False) -> tuple[KernelBuild, ...]:
     """Compile every kernel `family.launch` would launch for (problem, config) on `device`, for its architecture.
 
-    Raises CrossCompileError naming the kernel that does not compile or does not fit.
+    Raises CrossCompileError naming the kernel that does not compile or does not fit. The compiled kernels land
+    in Triton's cache under the keys a launch on such a GPU looks up (autotile.tune.compile_ahead relies on it).
+    `read_resources` and `build_launchers`: see _Collector.
 
     >>> from autotile.device import planned_device
     >>> from autotile.families.elementwise import FAMILY
@@ -232,7 +268,7 @@ def compile_config(family: Family, problem, config, device: DeviceInfo, inputs: 
     require_compiler_mode()
     inputs = meta_inputs(family, problem) if inputs is None else inputs
     outputs = family.allocate_outputs(problem, inputs)
-    collector = _Collector(device)
+    collector = _Collector(device, read_resources=read_resources, build_launchers=build_launchers)
     _forget_device_plans()
     with meta_stands_for(device), compile_instead(collector):
         family.launch(problem, Config(config), inputs, outputs)

@@ -77,8 +77,8 @@ def recording_pool(tmp_path, monkeypatch):
     log.mkdir()
     monkeypatch.setenv("AUTOTILE_TEST_COMPILE_LOG", str(log))
 
-    def start(family, problem, device, seed, enabled, gpu=None):
-        return CompileAhead(family, problem, device, seed, processes=1, gpu=gpu, compile_fn=record_compile)
+    def start(family, problem, device, seed, enabled):
+        return CompileAhead(family, problem, device, seed, processes=1, compile_fn=record_compile)
 
     monkeypatch.setattr(search, "start_compile_ahead", start)
     return log
@@ -211,7 +211,7 @@ def test_a_worker_retargeted_to_a_problem_it_cannot_load_is_replaced(nothing_lef
 
 def test_compile_pool_jobs_load_each_problem_once(monkeypatch):
     """A pool process serves jobs of several problems: a new problem replaces the last one's inputs."""
-    state = {"device": CPU, "target": None, "family": None, "problem": None, "seed": 0, "inputs": None}
+    state = {"device": CPU, "target": None, "family": None, "problem": None, "inputs": None}
     monkeypatch.setattr(compile_ahead, "_state", state)
     loaded = []
 
@@ -220,15 +220,15 @@ def test_compile_pool_jobs_load_each_problem_once(monkeypatch):
         state["inputs"] = state["inputs"] or object()  # as compile_config builds them on first use
         return config_json, 0.0, ""
 
-    first = ("elementwise", problem_to_dict(FIRST), 0)
-    gemm = ("gemm", problem_to_dict(GEMM_PROBLEM), 0)
+    first = ("elementwise", problem_to_dict(FIRST), 0, None)
+    gemm = ("gemm", problem_to_dict(GEMM_PROBLEM), 0, None)
     compile_ahead._compile_job(first, compile_fn, "{}")
     inputs = state["inputs"]
     compile_ahead._compile_job(first, compile_fn, "{}")
     assert state["inputs"] is inputs  # same problem: kept
     compile_ahead._compile_job(gemm, compile_fn, "{}")
     assert loaded == [FIRST, FIRST, GEMM_PROBLEM] and state["inputs"] is not inputs
-    _, _, error = compile_ahead._compile_job(("no-such-family", {}, 0), compile_fn, "{}")
+    _, _, error = compile_ahead._compile_job(("no-such-family", {}, 0, None), compile_fn, "{}")
     assert "no-such-family" in error
 
 
@@ -280,9 +280,8 @@ def test_a_session_on_a_gpu_keeps_one_worker_and_one_compile_pool(tmp_path):
 def test_the_pool_compiles_the_enqueued_configs_from_the_start(tmp_path, recording_pool, nothing_left_running,
                                                                monkeypatch):
     """The default, warm-start and seed configs a new study enqueues are known before its first trial: they go
-    to the pool all at once, whatever the lookahead (0 here: the loop itself submits nothing). An in-process
-    search compiles its first config (the default) itself. (What is submitted is checked: a search this short
-    ends, and its pool is stopped, before the pool's process has started.)"""
+    to the pool all at once, whatever the lookahead (0 here: the loop itself submits nothing). (What is submitted
+    is checked: a search this short may end, and its pool be stopped, before the pool's process compiled any.)"""
     url = f"sqlite:///{tmp_path / 'e.sqlite'}"
     seeds = GEMM.seed_configs(GEMM_PROBLEM, CPU)
     assert len(seeds) >= 2  # the premise: this problem has seeds to compile ahead
@@ -297,4 +296,5 @@ def test_the_pool_compiles_the_enqueued_configs_from_the_start(tmp_path, recordi
     monkeypatch.setattr(CompileAhead, "submit", recording_submit)
     tune_problem(GEMM, GEMM_PROBLEM, CPU, trials=1, db_url=url, isolate=False, retime_rounds=0, lookahead=0,
                  warm_start=False)
-    assert set(submitted) == {c.to_json() for c in seeds}  # every seed at the start; never the default
+    default = GEMM.default_config(GEMM_PROBLEM, CPU)
+    assert set(submitted) == {c.to_json() for c in [default, *seeds]}  # the default and every seed, at the start

@@ -84,6 +84,31 @@ def test_the_early_stop_knows_the_vendor_time_from_the_first_trial(url, monkeypa
 
 
 
+def test_a_vendor_op_timed_slow_once_is_timed_again_before_the_search_stops_on_it(url, monkeypatch):
+    # The first vendor timing is disturbed (0.4 s a call, as beside a burst of compiles); by the time the search
+    # would stop for having beaten it, the vendor op runs at its real speed (torch.matmul on the CPU: microseconds,
+    # far ahead of any interpreted kernel). Timed again, it is ahead: the search goes on, and stops on that.
+    from autotile.tune import search
+
+    plain = search.stagnation
+    monkeypatch.setattr(search, "stagnation", lambda times: plain(times, min_improvement=0.9))
+    family = _SlowVendorGemm(vendor_delay_s=0.4)
+    first_timing = search._Search._time_vendor
+
+    def time_vendor(self, evaluator, when="before the first trial"):
+        first_timing(self, evaluator, when)
+        family.vendor_delay_s = 0.0
+
+    monkeypatch.setattr(search._Search, "_time_vendor", time_vendor)
+    problem = contiguous_problem(12, 20, 24, "fp32", "fp32", layout_b="col")
+    result = tune_problem(family, problem, CPU, trials=8, patience=1, db_url=url, retime_rounds=0)
+    assert "faster than the vendor op" not in result.stopped_early, result.stopped_early
+    assert "the vendor op stays ahead" in result.stopped_early, result.stopped_early
+    vendor_rows = [r for r in _rows(url, result.study) if r["study"] == vendor_study(result.study)]
+    assert [r["status"] for r in vendor_rows][:2] == ["ok", "ok"]
+    assert vendor_rows[0]["median_ms"] >= 400.0 > 10 * vendor_rows[1]["median_ms"]
+
+
 def test_the_worker_started_before_the_study_is_the_one_the_search_uses(url):
     problem = contiguous_problem(12, 20, 24, "fp32", "fp32", layout_b="col")
     with TuneSession() as session:

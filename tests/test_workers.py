@@ -266,33 +266,6 @@ def test_compile_ahead_pool_compiles_in_other_processes(tmp_path, monkeypatch):
     assert pool.compiled + pool.dropped == 3 and pool.compiled >= 1
 
 
-def test_an_in_process_trial_does_not_wait_for_a_pool_still_starting(tmp_path, monkeypatch):
-    """The executor counts a job as running once it is queued for processes still importing torch: an in-process
-    search (wait_if_cold off) compiles its config itself until a job of the pool has finished."""
-    from recording_compile import record_compile
-
-    from autotile.tune.compile_ahead import CompileAhead
-
-    monkeypatch.setenv("AUTOTILE_TEST_COMPILE_LOG", str(tmp_path))
-    family = GemmFamily()
-    configs = list(family.space(PROBLEM, CPU).feasible())[:3]
-    pool = CompileAhead(family, PROBLEM, CPU, 0, processes=1, compile_fn=record_compile)
-    try:
-        pool.submit(configs)
-        queued = [pool._futures[c.hash] for c in configs[:2]]  # for the 1 process (and 1 more), then running
-        while not all(f.running() or f.done() for f in queued):
-            time.sleep(0.01)
-        started = time.monotonic()
-        pool.wait_for(configs[0], limit_s=60, wait_if_cold=False)
-        assert time.monotonic() - started < 0.5 and not pool.warm and pool.dropped == 1
-        pool.wait_for(configs[1], limit_s=60)  # waits: the process starts and compiles it
-        assert pool.warm and pool.compiled == 1
-        pool.wait_for(configs[2], limit_s=60, wait_if_cold=False)  # warm now: waited for
-        assert pool.compiled == 2
-    finally:
-        pool.close()
-
-
 def test_closing_a_pool_stops_the_compiles_still_running():
     """A search's end does not wait for compiles nobody will use: close() terminates the processes in them."""
     from recording_compile import hang_compile
@@ -344,7 +317,7 @@ def test_compile_only_builds_each_kernels_launcher_but_launches_nothing(monkeypa
 
 
 def test_compile_only_is_per_thread(monkeypatch):
-    """A thread inside compile_only (the in-process compile thread) leaves other threads' launches alone, and the
+    """A thread inside compile_only (a benchmark's compile thread) leaves other threads' launches alone, and the
     hook on JITFunction.run is gone once no thread is in such a block."""
     from triton.runtime.jit import JITFunction
 
@@ -363,78 +336,3 @@ def test_compile_only_is_per_thread(monkeypatch):
         other.join()
     assert calls == [("MainThread", True), ("other", False)]
     assert JITFunction.run is fake_run
-
-
-class _CompilingFamily:
-    """Just enough of a family for CompileThread: its launch (run under compile_only) calls `compile(config)`."""
-
-    def __init__(self, compile):
-        self._compile = compile
-
-    def make_inputs(self, problem, device, seed=0):
-        return {}
-
-    def allocate_outputs(self, problem, inputs):
-        return {}
-
-    def launch(self, problem, config, inputs, outputs):
-        self._compile(config)
-
-
-def test_compile_thread_compiles_in_order_and_withdraws_what_a_trial_reaches_first():
-    """CompileThread compiles its configs one by one; a trial waits for the one compiling, and takes over one
-    still queued (compiling it itself), which the thread then skips."""
-    from autotile.space import Config
-    from autotile.tune.compile_ahead import CompileThread
-
-    compiled, started = [], threading.Event()
-
-    def compile_slowly(config):
-        started.set()
-        time.sleep(0.3)
-        compiled.append(config["N"])
-
-    first, second, third = (Config(N=n) for n in (1, 2, 3))
-    thread = CompileThread(_CompilingFamily(compile_slowly), None, interpret_device(), 0)
-    try:
-        thread.add([first, second, third])
-        thread.add([first])  # already queued: not compiled twice
-        assert started.wait(5)
-        thread.wait_for(first, limit_s=5)  # compiling: waited for
-        assert compiled == [1]
-        thread.wait_for(third, limit_s=5)  # still queued (second is compiling): withdrawn at once
-        thread.wait_for(second, limit_s=5)
-        assert compiled == [1, 2] and thread.compiled == 2
-    finally:
-        thread.close()  # waits for the compile running
-    assert not thread._thread.is_alive() and compiled == [1, 2]
-
-
-def test_compile_thread_pauses_while_a_timing_runs():
-    """quiet() waits for the compile running and starts none until the block ends (a compile holds the
-    interpreter lock, which a timing beside it would count)."""
-    from autotile.space import Config
-    from autotile.tune.compile_ahead import CompileThread
-
-    events, started = [], threading.Event()
-
-    def compile_slowly(config):
-        started.set()
-        events.append(("start", config["N"]))
-        time.sleep(0.2)
-        events.append(("end", config["N"]))
-
-    thread = CompileThread(_CompilingFamily(compile_slowly), None, interpret_device(), 0)
-    try:
-        thread.add([Config(N=1), Config(N=2)])
-        assert started.wait(5)
-        with thread.quiet():
-            events.append(("timing", 0))
-            time.sleep(0.4)
-            events.append(("timed", 0))
-        deadline = time.monotonic() + 5
-        while ("end", 2) not in events and time.monotonic() < deadline:
-            time.sleep(0.01)
-    finally:
-        thread.close()
-    assert events == [("start", 1), ("end", 1), ("timing", 0), ("timed", 0), ("start", 2), ("end", 2)]

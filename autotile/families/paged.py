@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import torch
 
 from autotile.arch import device_default, device_seeds, require_dtypes
-from autotile.device import DeviceInfo, interpret_device
+from autotile.device import DeviceInfo, current_device, interpret_device
 from autotile.dtypes import element_size, torch_dtype
 from autotile.errors import BadInputError, ShapeMismatchError, UnsupportedDtypeError
 from autotile.families.base import Baseline, Cost, Family, ProblemOption, Tensors, Tolerance, is_vendor, next_pow2
@@ -598,7 +598,12 @@ class PagedLaunch:
         self.variant = config["VARIANT"]
         self.device = torch.device(device)
         self.interpret = self.device.type == "cpu"
-        self.num_sms = int(num_sms) if num_sms is not None else device_sm_count(self.device)
+        # Meta tensors (autotile.xcompile, compile-ahead) stand for a GPU: its SMs and architecture decide the launch
+        # constants, so the kernels compiled for them are the ones that GPU's launch asks for.
+        stand_in = current_device(self.device) if self.device.type == "meta" else None
+        if num_sms is None:
+            num_sms = stand_in.sm_count if stand_in is not None else device_sm_count(self.device)
+        self.num_sms = int(num_sms)
         switches = dict(FAMILY.render_switches(p, config), WRITE_LSE=return_lse,
                         # NOTE: Triton 3.6's interpreter computes bf16 tl.dot wrongly; CPU runs upcast the dot operands.
                         UPCAST_DOTS=self.interpret and "bf16" in (p.dtype, p.kv_dtype))
@@ -620,8 +625,9 @@ class PagedLaunch:
         self.schedule = torch.zeros(1, dtype=torch.int32, device=self.device) if self.variant == "balanced" else None
         # Programmatic dependent launch of the combine kernel (sm90+; griddepcontrol): its launch and prologue
         # overlap the balanced kernel's last programs instead of following them.
-        self.pdl = (not self.interpret and self.device.type == "cuda"
-                    and torch.cuda.get_device_capability(self.device) >= (9, 0))
+        capability = (stand_in.compute_capability if stand_in is not None
+                      else torch.cuda.get_device_capability(self.device) if self.device.type == "cuda" else (0, 0))
+        self.pdl = not self.interpret and capability >= (9, 0)
         self._combine_options = dict(PARTS_BLOCK=combine_parts_block(p.head_dim), PDL=self.pdl, num_warps=4,
                                      **({"launch_pdl": True} if self.pdl else {}))
         # Decode-shaped calls of the prefill variant (Q tokens a sequence) pack their queries by these offsets.
@@ -722,6 +728,9 @@ def paged_launch(problem: PagedProblem, config: Config, device: torch.device, *,
     """A PagedLaunch kept for reuse (the most recent few), so repeated launches of one problem (the tuner's
     timing loop) allocate nothing."""
     split_constants = SplitConstants.of(split_constants)
+    if torch.device(device).type == "meta":  # one 'meta' device stands for many GPUs: nothing kept
+        return PagedLaunch(problem, config, torch.device(device), return_lse=return_lse, num_sms=num_sms,
+                           split_constants=split_constants)
     key = (problem, config, str(device), return_lse, num_sms, split_constants)
     with _launches_lock:
         found = _launches.get(key)

@@ -1,19 +1,28 @@
 """Compile-ahead: CPU processes compile the configs Optuna asked for next while the GPU times the current one.
 
 Each pool process renders a config and compiles every Triton kernel the
-family's launch would run, without launching any (Triton's `warmup=True`
-path), on real inputs of the problem so that the specialisation (pointer
-alignment, integer divisibility) is exactly the one the trial will see. The
-compiled kernels land in Triton's on-disk cache, which the trial worker then
-reads instead of compiling.
+family's launch would run for the tuned GPU's architecture, from meta tensors
+(shapes, strides, dtypes and alignment, no data) that stand for the problem's
+inputs (autotile.xcompile), and builds each kernel's host launcher. A pool
+process never touches a GPU. The specialisation Triton binds (pointer
+alignment, integer divisibility) is the one the trial's real launch binds, so
+the compiled kernels land in Triton's on-disk cache under the keys the trial
+looks up, and the trial loads them instead of compiling.
+
+The processes are forked from the tuner's process, which has torch, Triton and
+autotile imported already: a pool is ready at once, where spawned processes
+took ~5-7 s on the H200 machines (imports, a CUDA context each). A forked
+process must not use the CUDA context its parent may hold; compiling from meta
+tensors uses none (PyTorch's DataLoader workers are forked after CUDA is
+initialised on the same terms).
 
 Under the interpreter nothing is compiled (kernels run as Python), so
 compile-ahead is a no-op there: `start_compile_ahead` returns a pool that
 does nothing.
 
 A pool outlives its problem: every job names its problem, and a pool process
-that gets a job of another problem drops the last one's inputs and loads the
-new one, so the processes of a run over many problems start once.
+that gets a job of another problem drops the last one's inputs and makes the
+new one's, so the processes of a run over many problems start once.
 """
 from __future__ import annotations
 
@@ -31,17 +40,21 @@ from collections.abc import Callable, Iterable
 from autotile.device import DeviceInfo
 from autotile.families.base import Family
 from autotile.space import Config
-from autotile.tune.workers import born_ignoring_ctrl_c, family_ref, free_device_memory, ignore_ctrl_c, resolve_family
+from autotile.tune.workers import born_ignoring_ctrl_c, family_ref, ignore_ctrl_c, resolve_family
 
 log = logging.getLogger("autotile.tune")
 
-# Pool processes compiling ahead (each holds a CUDA context and one set of inputs): half the cores, at most 8.
+# Pool processes compiling ahead (each holds one problem's meta inputs): half the cores, at most 8.
 # NOTE: 8, not 4, from the H200 machines' 16 cores: once a trial's own Python cost 0.1 s (its study in a journal
 # file, autotile.tune.storage), 4 processes compiling ~1.5 s a config left the GPU waiting for kernels.
 DEFAULT_COMPILE_PROCESSES = max(1, min(8, (os.cpu_count() or 2) // 2))
 
-# Per pool process: the device (set by the initializer), and the family, problem, seed and inputs of the
-# problem its last job was for.
+# How much lower than the tuner's process a pool process is scheduled: with 8 of them compiling (and their ptxas
+# runs) on 16 cores, the process timing the trials gets a CPU first.
+POOL_NICENESS = 10
+
+# Per pool process: the device compiled for (set by the initializer), and the family, problem, seed, input layout and
+# meta inputs of the problem its last job was for.
 _state: dict = {}
 
 
@@ -109,27 +122,29 @@ def _remove_hook() -> None:
             _hook["original"] = None
 
 
-def _init_pool_process(device: DeviceInfo, gpu: int | None) -> None:
+def _init_pool_process(device: DeviceInfo) -> None:
     # Ctrl-C is the tuner's to handle (it shuts this pool down); here it would only break the pool mid-compile.
     ignore_ctrl_c()
-    if gpu is not None:
-        # Before the first CUDA call of this process: the pool compiles for (and allocates on) that GPU only.
-        os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu)
-    _state.update(device=device, target=None, family=None, problem=None, seed=0, inputs=None)
+    import torch
+
+    # NOTE: as PyTorch's DataLoader does in its forked workers: torch's CPU thread pool does not survive a fork.
+    torch.set_num_threads(1)
+    # Below the tuner's own process (and its ptxas runs below it too): a timing must not wait for a CPU.
+    os.nice(POOL_NICENESS)
+    _state.update(device=device, target=None, family=None, problem=None, inputs=None)
 
 
-def _set_target(target: tuple[str, dict, int]) -> None:
-    """In a pool process: compile for this (family ref, problem dict, seed) from now on."""
+def _set_target(target: tuple) -> None:
+    """In a pool process: compile for this (family ref, problem dict, seed, input layout or None) from now on."""
     if _state["target"] == target:
         return
-    ref, problem_data, seed = target
+    ref, problem_data, _, _ = target
     _state.update(target=None, family=None, problem=None, inputs=None)  # the last problem's inputs go first
-    free_device_memory()
     family = resolve_family(ref)
-    _state.update(target=target, family=family, problem=family.problem_from_dict(problem_data), seed=seed)
+    _state.update(target=target, family=family, problem=family.problem_from_dict(problem_data))
 
 
-def _compile_job(target: tuple[str, dict, int], compile_fn: Callable[[str], tuple[str, float, str]],
+def _compile_job(target: tuple, compile_fn: Callable[[str], tuple[str, float, str]],
                  config_json: str) -> tuple[str, float, str]:
     """One job of the pool: a config of `target`'s problem (the pool's processes serve every problem of a run)."""
     try:
@@ -139,24 +154,84 @@ def _compile_job(target: tuple[str, dict, int], compile_fn: Callable[[str], tupl
     return compile_fn(config_json)
 
 
-def compile_kernels(family: Family, problem, config: Config, inputs) -> None:
-    """Compile every kernel `family.launch` runs for `config` on `inputs` (and their launchers), running none."""
-    outputs = family.allocate_outputs(problem, inputs)
-    with compile_only():
-        family.launch(problem, config, inputs, outputs)
+def input_layout(inputs: dict) -> dict:
+    """A problem's inputs without their data: each tensor as ('tensor', shape, strides, storage offset, dtype name),
+    everything else (integers, None, 0-d tensors whose values the launch reads, moved to the CPU) as it is.
+
+    >>> import torch
+    >>> input_layout({"a": torch.zeros(4, 6)[:, 1:], "n": 3})
+    {'a': ('tensor', (4, 5), (6, 1), 1, 'float32'), 'n': 3}
+    """
+    import torch
+
+    layout = {}
+    for name, value in inputs.items():
+        if isinstance(value, torch.Tensor) and value.dim() > 0:
+            layout[name] = ("tensor", tuple(value.shape), tuple(value.stride()), value.storage_offset(),
+                            str(value.dtype).removeprefix("torch."))
+        else:
+            layout[name] = value.cpu() if isinstance(value, torch.Tensor) else value
+    return layout
+
+
+def meta_inputs_from(layout: dict) -> dict:
+    """The meta tensors (and other values) an `input_layout` describes."""
+    import torch
+
+    inputs = {}
+    for name, value in layout.items():
+        if isinstance(value, tuple) and value and value[0] == "tensor":
+            _, shape, strides, offset, dtype = value
+            extent = 1 + sum((size - 1) * stride for size, stride in zip(shape, strides) if size > 0)
+            storage = torch.empty(offset + max(extent, 1), dtype=getattr(torch, dtype), device="meta")
+            inputs[name] = storage.as_strided(shape, strides, offset)
+        else:
+            inputs[name] = value
+    return inputs
 
 
 def compile_config(config_json: str) -> tuple[str, float, str]:
-    """In a pool process: compile every kernel of one config. Returns (config JSON, seconds, error text or '')."""
+    """In a pool process: compile every kernel of one config, and its launchers. Returns (config JSON, seconds,
+    error text or '')."""
+    from autotile import xcompile
+
     started = time.monotonic()
     family, problem, device = _state["family"], _state["problem"], _state["device"]
     try:
         if _state["inputs"] is None:
-            _state["inputs"] = family.make_inputs(problem, device, seed=_state["seed"])
-        compile_kernels(family, problem, Config(json.loads(config_json)), _state["inputs"])
+            _, _, seed, layout = _state["target"]
+            # Without a layout from the tuner (its process has no inputs on the GPU), the inputs are made on the CPU.
+            _state["inputs"] = (meta_inputs_from(layout) if layout is not None
+                                else xcompile.meta_inputs(family, problem, seed))
+        xcompile.compile_config(family, problem, Config(json.loads(config_json)), device, inputs=_state["inputs"],
+                                read_resources=False, build_launchers=True)
     except Exception as exc:  # noqa: BLE001 - the trial itself will report the failure as its status
         return config_json, time.monotonic() - started, f"{type(exc).__name__}: {exc}"[:500]
     return config_json, time.monotonic() - started, ""
+
+
+def _layout_of_inputs(family: Family, problem, device: DeviceInfo, seed: int) -> dict | None:
+    """The layout of the problem's inputs, made on the device in this process (GEMM operands are drawn on the GPU
+    in milliseconds; a pool process would draw them on the CPU, a second or more for a large GEMM). None where they
+    cannot be made here: each pool process then makes them on the CPU."""
+    try:
+        return input_layout(family.make_inputs(problem, device, seed=seed))
+    except Exception as exc:  # noqa: BLE001 - the pool processes make them instead
+        log.debug("the inputs' layout for compile-ahead was not made here: %s", exc)
+        return None
+
+
+@contextlib.contextmanager
+def _forking_here():
+    """NOTE: Python 3.12 warns at every fork of a process with threads (CUDA's own, the tuner's), since a lock another
+    thread held at the fork stays held in the child. A pool process runs only its own code in its one thread, on
+    meta tensors, and never touches the parent's CUDA context, as PyTorch's forked DataLoader workers do."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*use of fork\\(\\) may lead to deadlocks.*",
+                                category=DeprecationWarning)
+        yield
 
 
 class CompileAhead:
@@ -164,40 +239,36 @@ class CompileAhead:
 
     `submit` queues configs; `wait_for` is called right before a config's trial: a compile already
     running is awaited (it finishes sooner than a fresh compile), one still queued is dropped.
-    `retarget` moves the pool to another problem (of any family): its processes, with their imports and
-    CUDA contexts, serve every problem of a run (autotile.tune.session). A pool whose process died is
-    replaced on the next `submit`.
+    `retarget` moves the pool to another problem (of any family): its processes serve every problem of a
+    run (autotile.tune.session). A pool whose process died is replaced on the next `submit`.
     """
 
     def __init__(self, family: Family, problem, device: DeviceInfo, seed: int,
-                 processes: int = DEFAULT_COMPILE_PROCESSES, gpu: int | None = None,
+                 processes: int = DEFAULT_COMPILE_PROCESSES,
                  compile_fn: Callable[[str], tuple[str, float, str]] = compile_config):
-        self._worker_device = dataclasses.replace(device, index=0) if gpu is not None else device
-        self.device, self.gpu, self.processes = device, gpu, processes
+        self.device, self.processes = device, processes
         self._compile_fn = compile_fn
         self._futures: dict[str, concurrent.futures.Future] = {}
         self.compiled = 0
         self.dropped = 0
         self.pools_started = 0
-        self.warm = False  # a job of this pool has finished: its processes are up
         self._pool = self._new_pool()
         self.retarget(family, problem, seed)
 
     def _new_pool(self) -> concurrent.futures.ProcessPoolExecutor:
         self.pools_started += 1
-        self.warm = False
-        context = multiprocessing.get_context("spawn")
+        context = multiprocessing.get_context("fork")
         return concurrent.futures.ProcessPoolExecutor(self.processes, mp_context=context,
-                                                      initializer=_init_pool_process,
-                                                      initargs=(self._worker_device, self.gpu))
+                                                      initializer=_init_pool_process, initargs=(self.device,))
 
     def retarget(self, family: Family, problem, seed: int) -> None:
         """Compile for `problem` of `family` from now on; the last problem's queued compiles are dropped."""
-        target = (family_ref(family), dataclasses.asdict(problem), seed)
-        if getattr(self, "_target", None) == target:
+        problem_data = dataclasses.asdict(problem)
+        current = getattr(self, "_target", None)
+        if current is not None and current[:3] == (family_ref(family), problem_data, seed):
             return  # the same problem (started early by TuneSession.prestart): its queued compiles stay useful
         self.release()
-        self._target = target
+        self._target = (family_ref(family), problem_data, seed, _layout_of_inputs(family, problem, self.device, seed))
 
     def release(self) -> None:
         """Drop the compiles still queued (those running finish; nothing waits for them)."""
@@ -208,16 +279,10 @@ class CompileAhead:
     def submit(self, configs: Iterable[Config]) -> None:
         for config in configs:
             if config.hash not in self._futures:
-                future = self._submit(config.to_json())
-                future.add_done_callback(self._note_warm)
-                self._futures[config.hash] = future
-
-    def _note_warm(self, future: concurrent.futures.Future) -> None:
-        if not future.cancelled() and future.exception() is None:
-            self.warm = True
+                self._futures[config.hash] = self._submit(config.to_json())
 
     def _submit(self, config_json: str) -> concurrent.futures.Future:
-        with born_ignoring_ctrl_c():  # the pool starts its processes on a submit
+        with born_ignoring_ctrl_c(), _forking_here():  # the pool forks its processes on its first submit
             try:
                 return self._pool.submit(_compile_job, self._target, self._compile_fn, config_json)
             except concurrent.futures.process.BrokenProcessPool:
@@ -226,23 +291,17 @@ class CompileAhead:
                 self._pool = self._new_pool()
                 return self._pool.submit(_compile_job, self._target, self._compile_fn, config_json)
 
-    def wait_for(self, config: Config, limit_s: float, wait_if_cold: bool = True) -> None:
-        """Before `config`'s trial: wait (at most `limit_s`) for its compile when the pool has taken it up.
-
-        `wait_if_cold` off: while no job has finished yet, do not wait at all. A new pool's processes take
-        seconds to import torch and make a CUDA context, and the executor counts a job as running as soon as
-        it is queued for them; a trial in the tuner's own process compiles sooner itself.
-        """
+    def wait_for(self, config: Config, limit_s: float) -> None:
+        """Before `config`'s trial: wait (at most `limit_s`) for its compile when the pool has taken it up."""
         future = self._futures.pop(config.hash, None)
         if future is None:
             return
-        if future.cancel() or not (wait_if_cold or self.warm or future.done()):
+        if future.cancel():
             self.dropped += 1
             return
         try:
             future.result(timeout=limit_s)
             self.compiled += 1
-            self.warm = True  # (the done callback may not have run yet)
         except (concurrent.futures.TimeoutError, concurrent.futures.process.BrokenProcessPool):
             pass  # the trial compiles it itself
 
@@ -264,97 +323,6 @@ class CompileAhead:
             process.join(timeout=10)
 
 
-class CompileThread:
-    """One thread of the tuner's own process compiling the first configs of an in-process search.
-
-    A compile pool's processes take seconds to start (spawn, import torch and Triton, a CUDA context, the
-    problem's inputs): on the H200 an in-process search compiled its first 4-5 configs itself, one at a time
-    after the vendor op was timed, before the pool had finished a job. This thread starts with the call and
-    compiles the configs it is given (the default first, then the warm-start and seed configs) while this
-    process opens the database and the study; ptxas and the launcher's C compiler, a good part of a compile,
-    are child processes. The kernels land in this process's Triton caches, where the trial finds them.
-    `wait_for(config)` before a trial: a compile done or running is awaited, one still queued is withdrawn (the
-    trial compiles it itself). `quiet()` around a timing: no compile runs meanwhile. NOTE: on the H200 the
-    vendor op timed 0.147 ms beside the first compile and 0.069 ms alone; a compile holds the interpreter lock
-    for long stretches (Triton's code generation), which likely held up the timed launches. `close()` waits for
-    the compile running, so no compile outlives the search.
-    """
-
-    def __init__(self, family: Family, problem, device: DeviceInfo, seed: int):
-        self.family, self.problem, self.device, self.seed = family, problem, device, seed
-        self._queue: list[Config] = []
-        self._seen: set[str] = set()
-        self._running: str | None = None
-        self._quiet = 0  # timings under way: no compile starts
-        self._stopped = False
-        self._changed = threading.Condition()
-        self.compiled = 0
-        self._thread = threading.Thread(target=self._work, name="autotile-compile", daemon=False)
-        self._thread.start()
-
-    def add(self, configs: Iterable[Config]) -> None:
-        with self._changed:
-            for config in configs:
-                if config.hash not in self._seen:
-                    self._seen.add(config.hash)
-                    self._queue.append(config)
-            self._changed.notify_all()
-
-    def wait_for(self, config: Config, limit_s: float) -> None:
-        deadline = time.monotonic() + limit_s
-        with self._changed:
-            if config in self._queue:
-                self._queue.remove(config)
-                return
-            while self._running == config.hash and time.monotonic() < deadline:
-                self._changed.wait(timeout=max(0.0, deadline - time.monotonic()))
-
-    @contextlib.contextmanager
-    def quiet(self):
-        """Within this block no compile runs: one running is waited for, the next waits for the block's end."""
-        with self._changed:
-            self._quiet += 1
-            while self._running is not None:
-                self._changed.wait()
-        try:
-            yield
-        finally:
-            with self._changed:
-                self._quiet -= 1
-                self._changed.notify_all()
-
-    def close(self) -> None:
-        """Compile nothing more, and wait for the compile running (the finalists are timed next, quietly)."""
-        with self._changed:
-            self._stopped = True
-            self._queue.clear()
-            self._changed.notify_all()
-        if self._thread is not threading.current_thread():
-            self._thread.join()
-
-    def _work(self) -> None:
-        inputs = None
-        while True:
-            with self._changed:
-                while (not self._queue or self._quiet) and not self._stopped:
-                    self._changed.wait()
-                if self._stopped:
-                    return
-                config = self._queue.pop(0)
-                self._running = config.hash
-            try:
-                if inputs is None:
-                    inputs = self.family.make_inputs(self.problem, self.device, seed=self.seed)
-                compile_kernels(self.family, self.problem, config, inputs)
-                self.compiled += 1
-            except Exception as exc:  # noqa: BLE001 - the trial compiles it again and reports the failure
-                log.debug("compiling %s ahead in this process failed: %s", dict(config), exc)
-            finally:
-                with self._changed:
-                    self._running = None
-                    self._changed.notify_all()
-
-
 class NoCompileAhead:
     """Compile-ahead turned off, or the interpreter (nothing to compile): every call does nothing."""
 
@@ -364,7 +332,7 @@ class NoCompileAhead:
     def submit(self, configs: Iterable[Config]) -> None:
         pass
 
-    def wait_for(self, config: Config, limit_s: float, wait_if_cold: bool = True) -> None:
+    def wait_for(self, config: Config, limit_s: float) -> None:
         pass
 
     def release(self) -> None:
@@ -375,8 +343,8 @@ class NoCompileAhead:
 
 
 def start_compile_ahead(family: Family, problem, device: DeviceInfo, seed: int, enabled: bool,
-                        gpu: int | None = None, processes: int = DEFAULT_COMPILE_PROCESSES):
+                        processes: int = DEFAULT_COMPILE_PROCESSES):
     """A compile-ahead pool on a GPU when `enabled`; a no-op under the interpreter or when disabled."""
     if not enabled or device.interpret:
         return NoCompileAhead()
-    return CompileAhead(family, problem, device, seed, processes=processes, gpu=gpu)
+    return CompileAhead(family, problem, device, seed, processes=processes)

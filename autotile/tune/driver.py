@@ -24,7 +24,6 @@ from autotile.space import Config
 from autotile.store.db import default_db_url, normalise_url, open_engine
 from autotile.store.repo import Store
 from autotile.tune.cluster import evaluated_trials, fail_stale_trials
-from autotile.tune.compile_ahead import CompileThread
 from autotile.tune.processes import CtrlC, run_search_processes
 from autotile.tune.storage import is_journal, optuna_storage, study_journal
 from autotile.tune.retime import race
@@ -163,24 +162,19 @@ def tune_problem(
     isolate = (not device.interpret) if isolate is None else isolate
     session = session if session is not None else current_session()
     trial_timeout = trial_timeout or default_trial_timeout(device)
-    # The trial worker and the compile pool start first: their start-up (spawn, imports, CUDA context, inputs;
-    # ~11 s on the H200 machines) runs while this process opens the database and the study.
-    early = isolate and not gpus and table is None
+    # The trial worker (isolated trials) and the compile pool start first: the worker's start-up (spawn, imports,
+    # CUDA context, inputs; ~11 s on the H200 machines) runs while this process opens the database and the study,
+    # and the pool compiles the default config meanwhile.
+    early = not gpus and table is None
     # Without a session, the search's worker and pool are this call's: they stop in the background while the
     # finalists are re-timed (an in-process search that stopped its own pool waited ~2 s for running compiles).
     private = TuneSession() if session is None and not gpus and table is None else None
     session = private or session
-    # In-process on a GPU, a thread compiles the first configs while the database and the study open (and pauses
-    # while anything is timed).
-    compile_thread = (CompileThread(family, problem, device, seed)
-                      if not isolate and not gpus and table is None and compile_ahead and not device.interpret
-                      else None)
     default = family.default_config(problem, device)
     try:
         if early:
-            session.prestart(family, problem, device, seed, trial_timeout, compile_ahead, first_configs=[default])
-        if compile_thread is not None:
-            compile_thread.add([default])
+            session.prestart(family, problem, device, seed, trial_timeout, compile_ahead, first_configs=[default],
+                             isolate=isolate)
         cuda_warm = _warm_cuda(device) if table is None and not device.interpret else None
         db_url = _given_url(db_url)
         engine = open_engine(db_url, create=True)
@@ -207,8 +201,6 @@ def tune_problem(
             enqueued.extend(family.seed_configs(problem, device))
             for config in enqueued:
                 study.enqueue_trial(dict(config), skip_if_exists=True)
-            if compile_thread is not None:
-                compile_thread.add(config for config in enqueued if space.is_feasible(config))
         failed = fail_stale_trials(study)
         if failed:
             log.info("%s: %d trials a stopped run left running were marked failed", name, len(failed))
@@ -220,7 +212,7 @@ def tune_problem(
             trial_timeout=trial_timeout, compile_ahead=compile_ahead,
             lookahead=lookahead, distributed=storage_url is not None, progress=progress,
             rows_complete=rows_complete, prune=prune, patience=patience, vendor_ms=vendor_ms, table=table,
-            first_configs=tuple(enqueued), compile_thread=compile_thread,
+            first_configs=tuple(enqueued),
         )
         if not gpus:
             targets = [(None, device)]
@@ -246,9 +238,6 @@ def tune_problem(
         if private is not None:
             private.close()
         raise
-    finally:
-        if compile_thread is not None:
-            compile_thread.close()
     # The private worker and pool stop while the finalists are re-timed: a worker's exit took 1-3 s (the pool's
     # processes are terminated, compiles and all).
     closing = _close_in_background(private) if private is not None else None

@@ -8,7 +8,6 @@ config runs, counts taken from autotile's trial rows.
 from __future__ import annotations
 
 import collections
-import contextlib
 import random
 import threading
 import time
@@ -281,7 +280,6 @@ class _SearchPlan:
     vendor_ms: float | None = None  # the vendor op's time (early stop): timed before the first trial, or a table's
     table: object = None  # a simulate.TimingTable: trials return its stored outcomes instead of running
     first_configs: tuple = ()  # the configs this run enqueued (default, warm start, seeds): compiled from the start
-    compile_thread: object = None  # an in-process search's compile_ahead.CompileThread, compiling first_configs
 
 
 @dataclass
@@ -323,6 +321,7 @@ class _Search:
         self._recorded = 0  # evaluated trials of the study at the last census
         # The first search times the vendor op beside its first trial; the others read its rows (early stop).
         self._vendor_timed = slot != 0 or plan.table is not None
+        self._vendor_confirmed = False  # timed again before the search stops on having beaten it
 
     def run(self) -> None:
         session = self.session if self.session is not None else TuneSession()
@@ -357,11 +356,8 @@ class _Search:
             self.shared.stop.set()
             return
         # The enqueued configs are known now: the pool compiles them while the first trials run, however far
-        # ahead the loop asks. An in-process search's are its compile thread's (compile_ahead.CompileThread); one
-        # without compiles its first config itself: a pool still starting (imports, a CUDA context: seconds) would
-        # hold that trial up.
-        ahead_of_time = () if plan.compile_thread is not None else plan.first_configs[0 if plan.isolate else 1:]
-        compiler.submit(config for config in ahead_of_time if plan.space.is_feasible(config))
+        # ahead the loop asks.
+        compiler.submit(config for config in plan.first_configs if plan.space.is_feasible(config))
         if plan.lookahead is not None:
             ahead = plan.lookahead
         else:  # with nothing compiling ahead, ask one trial at a time
@@ -408,14 +404,9 @@ class _Search:
             compiler.submit(Config(wanted) for _, wanted in self.queue if plan.space.is_feasible(wanted))
             try:
                 if not self._vendor_timed:
-                    with self._quiet():
-                        self._time_vendor(evaluator)
-                # (An in-process trial compiles a config itself while a new pool is still starting.)
-                if plan.compile_thread is not None:
-                    plan.compile_thread.wait_for(config, plan.trial_timeout)
-                compiler.wait_for(config, plan.trial_timeout, wait_if_cold=plan.isolate)
-                with self._quiet():
-                    outcome = evaluator.evaluate(trial.number, config)
+                    self._time_vendor(evaluator)
+                compiler.wait_for(config, plan.trial_timeout)
+                outcome = evaluator.evaluate(trial.number, config)
             except WorkerSetupError as exc:
                 raise TuneError(str(exc)) from exc
             _record(plan.store, trial, self.study, outcome, config, plan.name, *plan.ids)
@@ -424,7 +415,7 @@ class _Search:
             if outcome.status is Status.OK and self.pruner(wait=False) is not None:
                 self.pruner().observe(config, outcome.timing.median_ms)
             if plan.patience:
-                reason = self._early_stop_reason()
+                reason = self._early_stop_reason(evaluator)
                 if reason:
                     self._stop(reason)
                     return
@@ -435,11 +426,6 @@ class _Search:
                 self._stop("a candidate crashed the CUDA context; every finished trial is stored - "
                            "run the same command again to resume")
                 return
-
-    def _quiet(self):
-        """Around a timing in this process: the in-process compile thread pauses (compile_ahead.CompileThread)."""
-        thread = self.plan.compile_thread
-        return thread.quiet() if thread is not None else contextlib.nullcontext()
 
     def _next_candidate(self, taken: set[str], heartbeat: Heartbeat, queue_length: int):
         """The next asked config to run, pruning infeasible and repeated ones; None when the space is exhausted."""
@@ -488,7 +474,7 @@ class _Search:
         return False
 
     # --- the vendor op ----------------------------------------------------------------------------
-    def _time_vendor(self, evaluator) -> None:
+    def _time_vendor(self, evaluator, when: str = "before the first trial") -> None:
         """Run each vendor config (cuBLAS, SDPA) as a trial before the first search trial, in the same worker,
         and store the outcomes as the vendor study's rows: the early stop knows from the first trial whether the
         vendor op is ahead, and a run shows from its start a candidate as fast as the vendor op. The final
@@ -515,8 +501,7 @@ class _Search:
                 best = timing.median_ms
         if best is not None and (plan.vendor_ms is None or best < plan.vendor_ms):
             plan.vendor_ms = best
-        log.info("%s: vendor op timed before the first trial: %s", plan.name,
-                 "no config passed" if best is None else f"{best:.4g} ms")
+        log.info("%s: vendor op timed %s: %s", plan.name, when, "no config passed" if best is None else f"{best:.4g} ms")
 
     def _vendor_ms(self) -> float | None:
         """The vendor op's best time: this run's early timing, else the study's vendor rows (another search's, or
@@ -570,7 +555,7 @@ class _Search:
             elif violations and violations[0].startswith(MEASURED + ":"):
                 self.shared.never_measured += 1
 
-    def _early_stop_reason(self) -> str:
+    def _early_stop_reason(self, evaluator) -> str:
         """Why to stop now ('' to go on): no improvement for `patience` evaluated trials, and the vendor op beaten
         or out of reach."""
         plan = self.plan
@@ -581,6 +566,13 @@ class _Search:
         vendor = self._vendor_ms()
         if vendor is None:
             return quiet
+        if best <= vendor and not self._vendor_confirmed and plan.table is None:
+            # NOTE: a timing only ever comes out too slow, never too fast: a vendor op timed once, beside the first
+            # compiles and process forks, measured 0.30 ms against 0.042 on the H200. Timed again before the search
+            # stops on it, the faster of the timings counts.
+            self._vendor_confirmed = True
+            self._time_vendor(evaluator, when="again before stopping")
+            vendor = self._vendor_ms()
         if best <= vendor:
             return f"{quiet}, faster than the vendor op ({vendor:.4g} ms)"
         pruner = self.pruner()

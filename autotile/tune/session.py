@@ -94,7 +94,7 @@ class TuneSession:
                      gpu: int | None = None, start: Callable = start_compile_ahead):
         """The device's compile-ahead pool, pointed at `problem`; a no-op pool when disabled or interpreted.
 
-        `start(family, problem, device, seed, enabled, gpu=...)` makes a new pool when the session has none.
+        `start(family, problem, device, seed, enabled)` makes a new pool when the session has none.
         """
         key = (gpu, device)
         with self._lock:
@@ -105,7 +105,7 @@ class TuneSession:
                 kept.retarget(family, problem, seed)
                 self._lent.add(id(kept))
                 return kept
-        pool = start(family, problem, device, seed, enabled, gpu=gpu)
+        pool = start(family, problem, device, seed, enabled)
         if isinstance(pool, CompileAhead):
             with self._lock:
                 if key not in self._pools:
@@ -114,8 +114,8 @@ class TuneSession:
         return pool
 
     def prestart(self, family: Family, problem, device: DeviceInfo, seed: int, trial_timeout: float,
-                 compile_ahead: bool, first_configs=(), gpu: int | None = None) -> None:
-        """Start the device's trial worker and compile-ahead pool for `problem` now, without lending them.
+                 compile_ahead: bool, first_configs=(), gpu: int | None = None, isolate: bool = True) -> None:
+        """Start the device's trial worker (`isolate`) and compile-ahead pool for `problem` now, without lending them.
 
         The worker imports torch, creates its CUDA context and builds its inputs, and the pool compiles
         `first_configs` (the configs the study will ask first), while the tuner opens its database and study;
@@ -128,18 +128,19 @@ class TuneSession:
             pool = self._pools.get(key)
             if (evaluator is not None and id(evaluator) in self._lent) or (pool is not None and id(pool) in self._lent):
                 return  # a search of this device is running: it started its own
-        if evaluator is None:
+        if isolate and evaluator is None:
             evaluator = IsolatedEvaluator(family, problem, device, seed, trial_timeout, gpu=gpu)
             with self._lock:
                 self._evaluators.setdefault(key, evaluator)
-        else:
+        elif isolate:
             evaluator.trial_timeout = trial_timeout
             evaluator.retarget(family, problem, seed)
-        evaluator.prestart()
+        if isolate:
+            evaluator.prestart()
         if not compile_ahead or device.interpret:
             return
         if pool is None:
-            pool = start_compile_ahead(family, problem, device, seed, True, gpu=gpu)
+            pool = start_compile_ahead(family, problem, device, seed, True)
             with self._lock:
                 self._pools.setdefault(key, pool)
         else:
