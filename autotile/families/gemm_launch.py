@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import operator
 from collections.abc import Callable
 
 import torch
 
 from autotile.device import current_device, ensure_triton_allocator
 from autotile.families.gemm_space import programs_per_sm, upgrade_config
+from autotile.launch import bind
 from autotile.launch import launch as launch_kernel
 from autotile.render import launching, load_kernel_module
 from autotile.space import Config
@@ -136,3 +138,69 @@ def workspace(dev: torch.device, numel: int) -> torch.Tensor:
 def forget_counters(dev: torch.device) -> None:
     """Drop the current stream's counters (after a failed launch): the next launch starts from zeros."""
     _counters.pop(_stream_key(dev), None)
+
+
+
+
+class BoundGemm:
+    """One call signature's kernel bound to its compiled launcher: a call passes new tensors and nothing else.
+
+    Shapes and strides are fixed by the signature, so the integer arguments of the first call's
+    kernel_args are kept and only the tensors (a, b, c, bias, ...) are put in their places. The workspace
+    and tile counters come from the per-stream buffers of autotile.families.gemm_launch.
+    NOTE: measured on the H200 machine, FAMILY.launch cost 27-42 us of host time per decode GEMM (the
+    plan lookup, the argument signature, the launch context), more than cuBLAS's whole call (~20 us), so
+    host-bound decode steps lost to cuBLAS although the kernel itself was faster.
+    """
+
+    __slots__ = ("launcher", "plan", "pick", "tail", "device_index", "buffers")
+
+    # The order of the values a call hands over; the kernel's tensor arguments are picked from them.
+    _VALUES = ("a", "b", "c", "bias", "residual", "ws", "counters")
+
+    def __init__(self, launcher, plan, args: list, named: dict, device_index: int):
+        self.launcher, self.plan, self.device_index = launcher, plan, device_index
+        lead = 0
+        slots = []
+        ids = {id(value): name for name, value in named.items() if value is not None}
+        while lead < len(args) and isinstance(args[lead], torch.Tensor):
+            slots.append(self._VALUES.index(ids[id(args[lead])]))
+            lead += 1
+        self.tail = tuple(args[lead:])
+        # NOTE: an itemgetter picks the tensors in one C call (a dict and a comprehension per call showed in
+        # the host time of decode GEMMs, which is their whole time in eager serving).
+        self.pick = operator.itemgetter(*slots) if len(slots) > 1 else (lambda values, i=slots[0]: (values[i],))
+        self.buffers = bool(plan.workspace or plan.counters)
+
+    def __call__(self, a, b, c, bias, residual) -> None:
+        """Launch on a, b, c, bias, residual: only their data pointers are read (b may be any tensor whose data
+        pointer is the bound B operand's, e.g. an nn.Linear weight for its transpose)."""
+        if self.buffers:
+            plan = self.plan
+            values = (a, b, c, bias, residual, workspace(a.device, plan.workspace) if plan.workspace else None,
+                      tile_counters(a.device, plan.counters) if plan.counters else None)
+        else:
+            values = (a, b, c, bias, residual)
+        self.launcher(*self.pick(values), *self.tail)
+
+
+def bind_gemm(family, problem, config, a, b, c, bias, residual):
+    """Launch once and return a BoundGemm for later calls; None: not launched (the plan serves this call and
+    every later one); False: launched through Triton's own path (the plan serves later calls)."""
+    plan = launch_plan(family, problem, config, a.device)
+    present = [id(t) for t in (a, b, c, bias, residual) if t is not None]
+    if plan.interpret or problem.dtype == "fp8" or len(set(present)) < len(present):
+        return None  # (one tensor in two places could not be told apart in later calls)
+    named = {"a": a, "b": b, "c": c, "bias": bias, "residual": residual, "scale_a": None, "scale_b": None,
+             "ws": workspace(a.device, plan.workspace) if plan.workspace else None,
+             "counters": tile_counters(a.device, plan.counters) if plan.counters else None}
+    args = plan.kernel_args(a, b, c, bias, residual, None, None, named["ws"], named["counters"], plan.stream_k)
+    try:
+        launcher = bind(plan.kernel, plan.grid, *args, **plan.constexprs)
+    except BaseException:
+        if plan.counters:
+            forget_counters(a.device)  # a failed launch may have left them half counted
+        raise
+    if launcher is None:
+        return False  # launched already, through Triton's own path: keep using the plan
+    return BoundGemm(launcher, plan, args, named, a.device.index)

@@ -8,7 +8,6 @@ host sync, no allocation a CUDA graph cannot capture.
 """
 from __future__ import annotations
 
-import operator
 import threading
 from collections.abc import Callable
 from typing import Optional
@@ -20,8 +19,7 @@ from autotile.dtypes import canonical_dtype_name, torch_dtype
 from autotile.errors import BadInputError, ShapeMismatchError
 from autotile.families.base import VENDOR_KEY
 from autotile.families.gemm import FAMILY, GemmProblem, vendor_matmul
-from autotile.families.gemm_launch import forget_counters, launch_plan, tile_counters, workspace
-from autotile.launch import bind
+from autotile.families.gemm_launch import bind_gemm
 from autotile.runtime import trace
 from autotile.runtime.dispatch import on_clear, resolve
 from autotile.runtime.eager import direct_call_ok
@@ -92,77 +90,10 @@ def _vendor_runner(problem: GemmProblem, kind: str) -> Callable:
     return run
 
 
-_SLOTS = ("a", "b", "c", "bias", "residual", "scale_a", "scale_b", "ws", "counters")
-
-
-class _BoundGemm:
-    """One call signature's kernel bound to its compiled launcher: a call passes new tensors and nothing else.
-
-    Shapes and strides are fixed by the signature, so the integer arguments of the first call's
-    kernel_args are kept and only the tensors (a, b, c, bias, ...) are put in their places. The workspace
-    and tile counters come from the per-stream buffers of autotile.families.gemm_launch.
-    NOTE: measured on the H200 machine, FAMILY.launch cost 27-42 us of host time per decode GEMM (the
-    plan lookup, the argument signature, the launch context), more than cuBLAS's whole call (~20 us), so
-    host-bound decode steps lost to cuBLAS although the kernel itself was faster.
-    """
-
-    __slots__ = ("launcher", "plan", "pick", "tail", "device_index", "buffers")
-
-    # The order of the values a call hands over; the kernel's tensor arguments are picked from them.
-    _VALUES = ("a", "b", "c", "bias", "residual", "ws", "counters")
-
-    def __init__(self, launcher, plan, args: list, named: dict, device_index: int):
-        self.launcher, self.plan, self.device_index = launcher, plan, device_index
-        lead = 0
-        slots = []
-        ids = {id(value): name for name, value in named.items() if value is not None}
-        while lead < len(args) and isinstance(args[lead], torch.Tensor):
-            slots.append(self._VALUES.index(ids[id(args[lead])]))
-            lead += 1
-        self.tail = tuple(args[lead:])
-        # NOTE: an itemgetter picks the tensors in one C call (a dict and a comprehension per call showed in
-        # the host time of decode GEMMs, which is their whole time in eager serving).
-        self.pick = operator.itemgetter(*slots) if len(slots) > 1 else (lambda values, i=slots[0]: (values[i],))
-        self.buffers = bool(plan.workspace or plan.counters)
-
-    def __call__(self, a, b, c, bias, residual) -> None:
-        """Launch on a, b, c, bias, residual: only their data pointers are read (b may be any tensor whose data
-        pointer is the bound B operand's, e.g. an nn.Linear weight for its transpose)."""
-        if self.buffers:
-            plan = self.plan
-            values = (a, b, c, bias, residual, workspace(a.device, plan.workspace) if plan.workspace else None,
-                      tile_counters(a.device, plan.counters) if plan.counters else None)
-        else:
-            values = (a, b, c, bias, residual)
-        self.launcher(*self.pick(values), *self.tail)
-
-
-def _bind_gemm(problem: GemmProblem, config, a, b, c, bias, residual):
-    """Launch once and return a _BoundGemm for later calls; None: not launched (the plan serves this call and
-    every later one); False: launched through Triton's own path (the plan serves later calls)."""
-    plan = launch_plan(FAMILY, problem, config, a.device)
-    present = [id(t) for t in (a, b, c, bias, residual) if t is not None]
-    if plan.interpret or problem.dtype == "fp8" or len(set(present)) < len(present):
-        return None  # (one tensor in two places could not be told apart in later calls)
-    named = {"a": a, "b": b, "c": c, "bias": bias, "residual": residual, "scale_a": None, "scale_b": None,
-             "ws": workspace(a.device, plan.workspace) if plan.workspace else None,
-             "counters": tile_counters(a.device, plan.counters) if plan.counters else None}
-    args = plan.kernel_args(a, b, c, bias, residual, None, None, named["ws"], named["counters"], plan.stream_k)
-    try:
-        launcher = bind(plan.kernel, plan.grid, *args, **plan.constexprs)
-    except BaseException:
-        if plan.counters:
-            forget_counters(a.device)  # a failed launch may have left them half counted
-        raise
-    if launcher is None:
-        return False  # launched already, through Triton's own path: keep using the plan
-    return _BoundGemm(launcher, plan, args, named, a.device.index)
-
-
 def _kernel_runner(problem: GemmProblem, config) -> Callable:
     out_dtype = torch_dtype(problem.out_dtype)
     shape = (problem.m, problem.n)
-    bound = None  # this signature's _BoundGemm once bound; False: the plan serves every call
+    bound = None  # this signature's BoundGemm once bound; False: the plan serves every call
     current = torch.cuda.current_device
 
     def run(a, b, bias, scale_a, scale_b, residual):
@@ -173,7 +104,7 @@ def _kernel_runner(problem: GemmProblem, config) -> Callable:
             return c
         if bound is None and a.is_cuda and a.device.index == current():
             c = torch.empty(shape, dtype=out_dtype, device=a.device)
-            bound = _bind_gemm(problem, config, a, b, c, bias, residual)
+            bound = bind_gemm(FAMILY, problem, config, a, b, c, bias, residual)
             if bound is not None:
                 return c  # launched (bound, or through Triton's own path)
             bound = False
