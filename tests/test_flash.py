@@ -321,9 +321,9 @@ def test_gpu_fp8_forward(causal):
 
 
 def test_forward_default_follows_the_h200_sweep():
-    # results/flash_policy_sweep_2026-12-01.md and _b.md: causal prefill led with 64 x 64 tiles (TMA at 4096 keys,
-    # pointer loads at 512-2048), non-causal with warp-specialised 128 x 128 tiles, D = 256 with 128 x 64 tiles on
-    # 8 warps.
+    # results/flash_policy_sweep_2026-12-01.md, _b.md and 2026-12-02.md: causal prefill led with 64 x 64 tiles (TMA
+    # at 4096 keys, pointer loads at 512-2048), non-causal with warp-specialised 128 x 128 tiles, D = 256 with 128 x 64
+    # tiles on 8 warps, and 64 x 64 on 4 warps where causal with TMA loads.
     def default(batch, seq, dim, causal, **extra):
         problem = FlashProblem("fwd", batch, 32, 8, seq, seq, dim, causal=causal, **extra)
         config = FAMILY.default_config(problem, H200)
@@ -334,6 +334,8 @@ def test_forward_default_follows_the_h200_sweep():
     assert default(16, 512, 128, True) == ("pointer", 64, 64, False, 4)
     assert default(4, 2048, 128, True) == ("pointer", 64, 64, False, 4)
     assert default(2, 4096, 96, False) == ("tma", 128, 128, True, 8)
-    assert default(1, 4096, 256, True) == ("tma", 128, 64, False, 8)
+    assert default(1, 4096, 256, True) == ("tma", 64, 64, False, 4)
+    assert default(4, 2048, 256, True) == ("pointer", 128, 64, False, 8)
+    assert default(1, 4096, 256, False) == ("tma", 128, 64, False, 8)
     assert default(1, 4096, 128, True, aligned=False)[0] == "pointer"  # TMA needs aligned rows
     assert default(1, 4096, 128, True, varlen=True)[0] == "pointer"
