@@ -86,6 +86,30 @@ def test_serving_range_spans_batch_and_lengths():
                                {"batch": [3, 4], "seq_q": [1025, 2048], "seq_k": [1025, 2048]})
 
 
+def test_a_vendor_backward_is_timed_without_its_forward(monkeypatch):
+    """The generated backward is given O and LSE; the vendor's is timed alike: its forward runs once, when the
+    timed call is made, and each timed run is the backward alone (through the kept graph)."""
+    forwards = []
+    plain = flash_vendor.forward
+
+    def counting_forward(*args, **kwargs):
+        forwards.append(1)
+        return plain(*args, **kwargs)
+
+    monkeypatch.setattr(flash_vendor, "forward", counting_forward)
+    problem = FlashProblem("bwd", 1, 2, 1, 48, 40, 32, causal=False, dtype="fp32")
+    inputs = FAMILY.make_inputs(problem, INTERPRET)
+    run = FAMILY.timed_call(problem, MATH, inputs, FAMILY.allocate_outputs(problem, inputs))
+    assert len(forwards) == 1
+    grads = [run() for _ in range(3)]
+    assert len(forwards) == 1  # no forward in the timed runs
+    want = flash_vendor.backward("sdpa-math", inputs["do"], inputs["q"], inputs["k"], inputs["v"], inputs["o"],
+                                 inputs["lse"], causal=False, scale=problem.head_dim ** -0.5)
+    for got in grads:
+        for g, w in zip(got, want):
+            assert torch.allclose(g, w, atol=1e-5, rtol=1e-5)
+
+
 # --- serving through the op, with sdpa-math standing in for SDPA on the CPU --------------------------
 @pytest.fixture
 def math_vendor(monkeypatch):
