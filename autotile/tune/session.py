@@ -1,8 +1,8 @@
 """A tuning session: the trial worker and the compile-ahead pool of a run over many problems, started once.
 
 Starting a trial worker (spawn, import torch and triton, create a CUDA context) took ~11 s on the H200
-machines (benchmarks/RESULTS.md, "Tuning throughput"), and each compile-ahead process as much; a model's
-56-84 GEMM problems paid that before every problem's first trial. A `TuneSession` keeps one worker and
+machines (benchmarks/RESULTS.md, "Tuning throughput"); a model's 56-84 GEMM problems paid that before every
+problem's first trial. (The compile-ahead pool is forked and ready at once; keeping it saves its forks.) A `TuneSession` keeps one worker and
 one pool per device for as long as it is open and points them at each problem in turn (a message, not a
 new process): `tune_problem(..., session=...)` uses it, and so does every `tune_problem` call made inside
 `with TuneSession():` in the same thread (the CLI's multi-problem runs, `tune_planned`).
