@@ -501,7 +501,8 @@ class _Search:
                 best = timing.median_ms
         if best is not None and (plan.vendor_ms is None or best < plan.vendor_ms):
             plan.vendor_ms = best
-        log.info("%s: vendor op timed %s: %s", plan.name, when, "no config passed" if best is None else f"{best:.4g} ms")
+        log.info("%s: vendor op timed %s: %s", plan.name, when,
+                 "no config passed" if best is None else f"{best:.4g} ms")
 
     def _vendor_ms(self) -> float | None:
         """The vendor op's best time: this run's early timing, else the study's vendor rows (another search's, or
