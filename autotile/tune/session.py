@@ -4,8 +4,9 @@ Starting a trial worker (spawn, import torch and triton, create a CUDA context) 
 machines (benchmarks/RESULTS.md, "Tuning throughput"); a model's 56-84 GEMM problems paid that before every
 problem's first trial (the compile-ahead pool is forked and ready at once; keeping it saves its forks). A
 `TuneSession` keeps one worker and one pool per device for as long as it is open and points them at each
-problem in turn (a message, not a new process): `tune_problem(..., session=...)` uses it, and so does every `tune_problem` call made inside
-`with TuneSession():` in the same thread (the CLI's multi-problem runs, `tune_planned`).
+problem in turn (a message, not a new process): `tune_problem(..., session=...)` uses it, and so does every
+`tune_problem` call made inside `with TuneSession():` in the same thread (the CLI's multi-problem runs,
+`tune_planned`).
 
 What stays as it was for one problem: a trial that crashes or hangs its worker is filed as `crash` or
 `timeout` and the next trial gets a new worker, which the session then keeps; a worker cut short in the
