@@ -465,7 +465,7 @@ class FlashFamily(Family):
         # Forward: measured on the H200 (_forward_default). Backward: starting points of Triton's fused-attention
         # tutorial on H100, narrowed by head dim so the accumulators fit in registers; at head dim 128 on sm90, 64 x 128
         # dK/dV tiles on 3 stages and 128 x 64 dQ tiles, the shipped H200 winner of 2 x 32 x 4096 causal, which
-        # also led seven configs timed side by side (results/flash_bwd_configs_2026-12-02.txt: 2.07 ms against
+        # also led six configs timed side by side (results/flash_bwd_configs_2026-12-02.txt: 2.07 ms against
         # 2.94 for the tutorial's). first_feasible adapts either to short sequences and other GPUs.
         p = problem
         wide = p.block_d >= 256
