@@ -27,6 +27,7 @@ import argparse
 import concurrent.futures
 import dataclasses
 import json
+import logging
 import multiprocessing
 import os
 import random
@@ -176,23 +177,19 @@ class _Collector:
                                         time.monotonic() - started, features, registers, stack))
 
 
-def build_launcher(compiled) -> bool:
+def build_launcher(compiled) -> None:
     """Build (or find on disk) the host launcher of a compiled kernel without loading the kernel, so no GPU is
-    touched. False where it could not be built here.
+    touched; where it cannot be built here, the kernel's first launch builds it.
 
     NOTE: CompiledKernel._init_handles (Triton 3.6) builds it at the first launch, together with loading the
     kernel into the GPU's context; the launcher class alone only compiles a C module and imports it.
     """
-    import logging
-
     try:
         from triton.runtime.driver import driver
 
         driver.active.launcher_cls(compiled.src, compiled.metadata)
-        return True
     except Exception as exc:  # noqa: BLE001 - the kernel's first launch builds it instead
         logging.getLogger("autotile.xcompile").debug("no launcher built ahead for %s: %s", compiled.name, exc)
-        return False
 
 
 def resource_usage(cubin: bytes | None) -> tuple[int | None, int | None]:
@@ -231,14 +228,19 @@ def _tail(text: str, limit: int = 1500) -> str:
     return text if len(text) <= limit else "..." + text[-limit:]
 
 
+def meta_tensor(shape, strides, offset: int, dtype: torch.dtype) -> torch.Tensor:
+    """A meta tensor of this shape, strides, storage offset (so the same alignment) and dtype."""
+    extent = 1 + sum((size - 1) * stride for size, stride in zip(shape, strides) if size > 0)
+    storage = torch.empty(offset + max(extent, 1), dtype=dtype, device="meta")
+    return storage.as_strided(shape, strides, offset)
+
+
 def meta_like(value):
     """A tensor as a meta tensor of the same shape, strides, dtype and storage offset (so the same alignment);
     0-d tensors (scalars the launch code reads on the host) and anything else stay as they are."""
     if not isinstance(value, torch.Tensor) or value.dim() == 0:
         return value
-    extent = 1 + sum((size - 1) * stride for size, stride in zip(value.shape, value.stride()) if size > 0)
-    storage = torch.empty(value.storage_offset() + max(extent, 1), dtype=value.dtype, device="meta")
-    return storage.as_strided(value.shape, value.stride(), value.storage_offset())
+    return meta_tensor(value.shape, value.stride(), value.storage_offset(), value.dtype)
 
 
 def meta_inputs(family: Family, problem, seed: int = 0) -> dict:

@@ -178,13 +178,13 @@ def meta_inputs_from(layout: dict) -> dict:
     """The meta tensors (and other values) an `input_layout` describes."""
     import torch
 
+    from autotile.xcompile import meta_tensor
+
     inputs = {}
     for name, value in layout.items():
         if isinstance(value, tuple) and value and value[0] == "tensor":
             _, shape, strides, offset, dtype = value
-            extent = 1 + sum((size - 1) * stride for size, stride in zip(shape, strides) if size > 0)
-            storage = torch.empty(offset + max(extent, 1), dtype=getattr(torch, dtype), device="meta")
-            inputs[name] = storage.as_strided(shape, strides, offset)
+            inputs[name] = meta_tensor(shape, strides, offset, getattr(torch, dtype))
         else:
             inputs[name] = value
     return inputs
