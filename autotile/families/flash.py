@@ -463,10 +463,11 @@ class FlashFamily(Family):
 
     def default_config(self, problem: FlashProblem, device: DeviceInfo) -> Config:
         # Forward: measured on the H200 (_forward_default). Backward: starting points of Triton's fused-attention
-        # tutorial on H100, narrowed by head dim so the accumulators fit in registers; at head dim 128 on sm90, 64 x 128
-        # dK/dV tiles on 3 stages and 128 x 64 dQ tiles, the shipped H200 winner of 2 x 32 x 4096 causal, which
-        # also led six configs timed side by side (results/flash_bwd_configs_2026-12-02.txt: 2.07 ms against
-        # 2.94 for the tutorial's). first_feasible adapts either to short sequences and other GPUs.
+        # tutorial on H100, narrowed by head dim so the accumulators fit in registers; at head dims 64 and 128 on
+        # sm90, 64 x 128 dK/dV tiles on 3 stages and 128 x 64 dQ tiles, the shipped H200 winner of 2 x 32 x 4096
+        # causal, which also led six configs timed side by side (results/flash_bwd_configs_2026-12-02.txt: 2.07 ms
+        # against 2.94 for the tutorial's); at D = 64, 4 x 32 x 2048 causal, 0.716 ms against the tutorial's 0.807
+        # (results/flash_bwd_atomic_dq_2026-12-02.txt). first_feasible adapts either to short sequences and other GPUs.
         p = problem
         wide = p.block_d >= 256
         if p.direction == "fwd":
@@ -475,7 +476,7 @@ class FlashFamily(Family):
                          num_warps=8 if p.block_d >= 128 else 4, num_stages=2)
         measured = dict(BLOCK_M1=64, BLOCK_N1=128, BLOCK_M2=128, BLOCK_N2=64, num_warps=8, num_stages=3)
         hopper = not device.interpret and device.compute_capability >= (9, 0)  # where it was measured
-        if p.block_d == 128 and hopper and self.space(problem, device).is_feasible(Config(measured)):
+        if p.block_d in (64, 128) and hopper and self.space(problem, device).is_feasible(Config(measured)):
             preferred = measured
         return device_default(self, problem, device, preferred)
 
