@@ -141,3 +141,30 @@ def test_wide_streaming_where_its_programs_fit_one_wave(m):
     assert any(seed["SWAP_AB"] for seed in FAMILY.seed_configs(two_waves, H200))  # the search still tries it
     beyond = contiguous_problem(WIDE_STREAM_MAX_M + 1, 4096, 14336, "bf16", "bf16", layout_b="col")
     assert not FAMILY.default_config(beyond, H200)["SWAP_AB"]
+
+
+@pytest.mark.parametrize("m,n,k,tile", [(256, 4096, 4096, (64, 128)), (256, 4096, 14336, (64, 128)),
+                                        (512, 3584, 18944, (128, 128)), (512, 4096, 4096, (128, 128))])
+def test_mid_tiles_on_tma_where_they_fit_one_wave(m, n, k, tile):
+    # Measured on the H200 (results/gemm_mid_tiles_2026-12-02.txt): TMA tiles that fill one wave beat the pointer-
+    # loaded 64 x 128 tiles and the long-K split; where they would take more than one wave they lost, and do not apply.
+    problem = contiguous_problem(m, n, k, "bf16", "bf16", layout_b="col")
+    config = FAMILY.default_config(problem, H200)
+    assert (config["VARIANT"], config["SCHEDULE"], (config["BLOCK_M"], config["BLOCK_N"])) == ("tma", "data_parallel", tile)
+    tiles = tile_count(problem, *tile)
+    assert FILL_SMS * H200.sm_count <= tiles <= programs(problem, config, H200)
+    two_waves = FAMILY.default_config(contiguous_problem(256, 6144, 4096, "bf16", "bf16", layout_b="col"), H200)
+    assert two_waves["VARIANT"] == "blocked", two_waves
+    # Without TMA (an A100) the rule does not apply.
+    assert FAMILY.default_config(problem, A100)["VARIANT"] == "blocked"
+
+
+def test_no_warp_specialised_four_warp_tiles_of_128_rows():
+    # Triton 3.6 left most of C unwritten with them on the H200 (results/gemm_mid_tiles_2026-12-02.txt).
+    problem = contiguous_problem(256, 4096, 4096, "bf16", "bf16", layout_b="col")
+    space = FAMILY.space(problem, H200)
+    base = dict(VARIANT="tma", SCHEDULE="data_parallel", SPLIT_K=1, PERSISTENT=False, WARP_SPECIALIZE=True,
+                FLATTEN=False, SWAP_AB=False, GROUP_M=8, BLOCK_M=128, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=4)
+    assert any("warp_specialize_tile" in v for v in space.violations(base))
+    assert space.is_feasible(dict(base, num_warps=8))
+    assert space.is_feasible(dict(base, BLOCK_M=64, BLOCK_N=128))

@@ -58,6 +58,16 @@ PREFILL_HALF_N_GAIN = 0.10
 # K from which a mid-M GEMM takes 128 x 128 tiles split over K (down projections, K = 14336-18944: 0.75-0.82x
 # of cuBLAS at M = 256, against 0.56-0.63x for unsplit 64 x 128 tiles).
 MID_LONG_K = 8192
+# Mid-M tiles on TMA loads that a problem takes where they fit one wave and keep FILL_SMS of the SMs busy, in this
+# order (results/gemm_mid_tiles_2026-12-02.txt, H200, ours / cuBLAS): 64 x 128 x 128 on 4 warps, 4 stages (256 x 4096
+# x 4096: 0.917x against 0.739x for the pointer-loaded 64 x 128 x 64 tiles; 256 x 4096 x 14336: 0.887x against
+# 0.813x split over K); 128 x 128 x 64 on 8 warps, 4 stages (512 x 3584 x 18944: 0.826x against 0.587x; 512 x 4096
+# x 4096: 0.785x against 0.792x). Where neither fits one wave they lost to the rules below (256 x 6144 x 4096: 0.64x
+# and 0.69x against 0.73x).
+ONE_WAVE_MID_TILES = (
+    dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=128, num_warps=4, num_stages=4),
+    dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=4),
+)
 
 
 def regime(problem) -> str:
@@ -226,9 +236,9 @@ def mid_config(problem, device: DeviceInfo) -> dict:
 def tiled_mid_config(problem, device: DeviceInfo) -> dict:
     """64 < M <= 512. 16-bit operands, measured at M = 256 on Llama-3-8B and Qwen2.5-7B projections
     (results/gemm_policy_sweep_2026-12-01.md; stream-K tiles, the rule before, reached 0.39-0.59x of cuBLAS):
-    128 x 256 tiles on TMA in a persistent loop where they alone fill the GPU (gate_up: 0.77-0.91x); 128 x 128
-    tiles split over a long K (down: 0.75-0.82x); else 64 x 128 tiles, split over K only as far as the SMs
-    need (qkv and o: 0.70-0.77x)."""
+    128 x 256 tiles on TMA in a persistent loop where they alone fill the GPU (gate_up: 0.77-0.91x); then the
+    ONE_WAVE_MID_TILES that fit one wave; 128 x 128 tiles split over a long K (down: 0.75-0.82x); else 64 x 128
+    tiles, split over K only as far as the SMs need (qkv and o: 0.70-0.77x)."""
     p = problem
     if p.dtype in ("bf16", "fp16"):
         tma = tma_ok(p) and arch_of(device).supports(Feature.TMA)
@@ -236,6 +246,11 @@ def tiled_mid_config(problem, device: DeviceInfo) -> dict:
             big = _base(VARIANT="tma" if tma else "blocked", PERSISTENT=tma, BLOCK_M=128, BLOCK_N=256, BLOCK_K=64,
                         GROUP_M=8, num_warps=8, num_stages=3)
             return _schedule(p, _fit_blocks(p, big), device, stream_k=False)
+        for tiles in ONE_WAVE_MID_TILES if tma else ():
+            config = _fit_stages(p, _fit_blocks(p, _base(VARIANT="tma", GROUP_M=8, **tiles)), device)
+            count, slots = tile_count(p, config["BLOCK_M"], config["BLOCK_N"]), programs(p, config, device)
+            if FILL_SMS * sm_count(device) <= count <= slots:
+                return config
         if p.k >= MID_LONG_K:
             long_k = _base(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3)
             return _schedule(p, _fit_blocks(p, long_k), device, split=True)
