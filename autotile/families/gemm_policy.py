@@ -233,12 +233,26 @@ def mid_config(problem, device: DeviceInfo) -> dict:
     return tiled_mid_config(problem, device)
 
 
+def _fewer_waves(problem, config: dict, device: DeviceInfo) -> dict:
+    """`config` with one stage fewer where that fits more programs on an SM and so takes fewer waves of its tiles
+    (results/gemm_mid_tiles_2026-12-02b_waves.txt, 64 x 128 x 64 tiles: 3 stages put 3 programs on an SM against 2,
+    one wave against two: 512 x 4608 x 3584 0.683x of cuBLAS against 0.570x, 512 x 6144 x 4096 0.805x against 0.611x;
+    where 4 stages already took one wave they led, 256 x 6144 x 4096 0.753x against 0.620x)."""
+    if config["SCHEDULE"] != "data_parallel" or config["PERSISTENT"] or config["num_stages"] <= 2:
+        return config
+    fewer = dict(config, num_stages=config["num_stages"] - 1)
+    tiles = tile_count(problem, config["BLOCK_M"], config["BLOCK_N"])
+    waves = lambda c: math.ceil(tiles / programs(problem, c, device))  # noqa: E731
+    return fewer if waves(fewer) < waves(config) else config
+
+
 def tiled_mid_config(problem, device: DeviceInfo) -> dict:
     """64 < M <= 512. 16-bit operands, measured at M = 256 on Llama-3-8B and Qwen2.5-7B projections
     (results/gemm_policy_sweep_2026-12-01.md; stream-K tiles, the rule before, reached 0.39-0.59x of cuBLAS):
     128 x 256 tiles on TMA in a persistent loop where they alone fill the GPU (gate_up: 0.77-0.91x); then the
     ONE_WAVE_MID_TILES that fit one wave; 128 x 128 tiles split over a long K (down: 0.75-0.82x); else 64 x 128
-    tiles, split over K only as far as the SMs need (qkv and o: 0.70-0.77x)."""
+    tiles, split over K only as far as the SMs need (qkv and o: 0.70-0.77x), on 3 stages where that takes fewer
+    waves than 4 (_fewer_waves)."""
     p = problem
     if p.dtype in ("bf16", "fp16"):
         tma = tma_ok(p) and arch_of(device).supports(Feature.TMA)
@@ -255,7 +269,7 @@ def tiled_mid_config(problem, device: DeviceInfo) -> dict:
             long_k = _base(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3)
             return _schedule(p, _fit_blocks(p, long_k), device, split=True)
         small = _base(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=4, num_stages=4)
-        return _schedule(p, _fit_blocks(p, small), device, split="fill")
+        return _fewer_waves(p, _schedule(p, _fit_blocks(p, small), device, split="fill"), device)
     block_m = 32 if p.m <= 32 else 64 if p.m <= 64 else 128
     config = _fit_blocks(p, _base(BLOCK_M=block_m, BLOCK_N=128, BLOCK_K=128 if p.dtype == "fp8" else 64,
                                   GROUP_M=8, num_warps=4, num_stages=4 if block_m <= 64 else 3))
