@@ -66,6 +66,19 @@ MID_VARIATIONS = (
     dict(_SPLIT, VARIANT="tma", BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_warps=8, num_stages=3),
     dict(_SPLIT, VARIANT="blocked", BLOCK_M=64, BLOCK_N=256, BLOCK_K=64, num_warps=8, num_stages=3),
     dict(_SPLIT, VARIANT="blocked", BLOCK_M=128, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=4),
+    # The policy's one-wave TMA tiles (gemm_policy.ONE_WAVE_MID_TILES) everywhere, unsplit and as stream-K (whole
+    # tiles for the full waves, the rest spread over the GPU: the untried remedy where they take 1-2 waves), and the
+    # pointer-loaded tiles on 3 stages (3 programs an SM).
+    dict(_SPLIT, SCHEDULE="data_parallel", SPLIT_K=1, VARIANT="tma", BLOCK_M=64, BLOCK_N=128, BLOCK_K=128,
+         num_warps=4, num_stages=4),
+    dict(_SPLIT, SCHEDULE="data_parallel", SPLIT_K=1, VARIANT="tma", BLOCK_M=128, BLOCK_N=128, BLOCK_K=64,
+         num_warps=8, num_stages=4),
+    dict(_SPLIT, SCHEDULE="stream_k", SPLIT_K=1, VARIANT="tma", BLOCK_M=64, BLOCK_N=128, BLOCK_K=128,
+         num_warps=4, num_stages=4),
+    dict(_SPLIT, SCHEDULE="stream_k", SPLIT_K=1, VARIANT="tma", BLOCK_M=128, BLOCK_N=128, BLOCK_K=64,
+         num_warps=8, num_stages=4),
+    dict(_SPLIT, SCHEDULE="data_parallel", SPLIT_K=1, VARIANT="blocked", BLOCK_M=64, BLOCK_N=128, BLOCK_K=64,
+         num_warps=4, num_stages=3),
 )
 # Up to SWAP_MAX_M tokens, decode's weight-streaming kernel with every token in one swapped tile (BLOCK_M, the
 # MMA's N side, set to the tokens' next power of two), split over K to fill the SMs.

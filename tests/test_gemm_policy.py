@@ -150,7 +150,8 @@ def test_mid_tiles_on_tma_where_they_fit_one_wave(m, n, k, tile):
     # loaded 64 x 128 tiles and the long-K split; where they would take more than one wave they lost, and do not apply.
     problem = contiguous_problem(m, n, k, "bf16", "bf16", layout_b="col")
     config = FAMILY.default_config(problem, H200)
-    assert (config["VARIANT"], config["SCHEDULE"], (config["BLOCK_M"], config["BLOCK_N"])) == ("tma", "data_parallel", tile)
+    assert (config["VARIANT"], config["SCHEDULE"]) == ("tma", "data_parallel"), config
+    assert (config["BLOCK_M"], config["BLOCK_N"]) == tile, config
     tiles = tile_count(problem, *tile)
     assert FILL_SMS * H200.sm_count <= tiles <= programs(problem, config, H200)
     two_waves = FAMILY.default_config(contiguous_problem(256, 6144, 4096, "bf16", "bf16", layout_b="col"), H200)
