@@ -31,7 +31,9 @@ import gemm_kernels_bench as gkb  # noqa: E402  (shapes, compile pool, checks, t
 from autotile.device import resolve_gpu  # noqa: E402
 from autotile.families.base import next_pow2  # noqa: E402
 from autotile.families.gemm import FAMILY, contiguous_problem  # noqa: E402
-from autotile.families.gemm_policy import MID_MAX_M, STREAM_MAX_M, best_split, filling_split  # noqa: E402
+from autotile.families.gemm_policy import (  # noqa: E402
+    MID_MAX_M, ONE_WAVE_MID_TILES, STREAM_MAX_M, best_split, filling_split,
+)
 from autotile.families.gemm_space import SWAP_MAX_M  # noqa: E402
 from autotile.space import Config  # noqa: E402
 
@@ -69,14 +71,8 @@ MID_VARIATIONS = (
     # The policy's one-wave TMA tiles (gemm_policy.ONE_WAVE_MID_TILES) everywhere, unsplit and as stream-K (whole
     # tiles for the full waves, the rest spread over the GPU: the untried remedy where they take 1-2 waves), and the
     # pointer-loaded tiles on 3 stages (3 programs an SM).
-    dict(_SPLIT, SCHEDULE="data_parallel", SPLIT_K=1, VARIANT="tma", BLOCK_M=64, BLOCK_N=128, BLOCK_K=128,
-         num_warps=4, num_stages=4),
-    dict(_SPLIT, SCHEDULE="data_parallel", SPLIT_K=1, VARIANT="tma", BLOCK_M=128, BLOCK_N=128, BLOCK_K=64,
-         num_warps=8, num_stages=4),
-    dict(_SPLIT, SCHEDULE="stream_k", SPLIT_K=1, VARIANT="tma", BLOCK_M=64, BLOCK_N=128, BLOCK_K=128,
-         num_warps=4, num_stages=4),
-    dict(_SPLIT, SCHEDULE="stream_k", SPLIT_K=1, VARIANT="tma", BLOCK_M=128, BLOCK_N=128, BLOCK_K=64,
-         num_warps=8, num_stages=4),
+    *(dict(_SPLIT, SCHEDULE=schedule, SPLIT_K=1, VARIANT="tma", **tiles)
+      for schedule in ("data_parallel", "stream_k") for tiles in ONE_WAVE_MID_TILES),
     dict(_SPLIT, SCHEDULE="data_parallel", SPLIT_K=1, VARIANT="blocked", BLOCK_M=64, BLOCK_N=128, BLOCK_K=64,
          num_warps=4, num_stages=3),
 )

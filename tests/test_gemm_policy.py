@@ -175,10 +175,10 @@ def test_one_stage_fewer_where_it_saves_a_wave():
     # 512 x 4608 x 3584: 288 pointer-loaded 64 x 128 tiles take two waves at 4 stages (2 programs an SM) and one at 3
     # (3 an SM); 256 x 6144 x 4096 fits one wave at 4 stages already and keeps them (H200,
     # results/gemm_mid_tiles_2026-12-02b_waves.txt).
-    saves = FAMILY.default_config(contiguous_problem(512, 4608, 3584, "bf16", "bf16", layout_b="col"), H200)
+    problem = contiguous_problem(512, 4608, 3584, "bf16", "bf16", layout_b="col")
+    saves = FAMILY.default_config(problem, H200)
     keeps = FAMILY.default_config(contiguous_problem(256, 6144, 4096, "bf16", "bf16", layout_b="col"), H200)
     assert (saves["VARIANT"], saves["BLOCK_M"], saves["BLOCK_N"], saves["num_stages"]) == ("blocked", 64, 128, 3)
     assert (keeps["VARIANT"], keeps["BLOCK_M"], keeps["BLOCK_N"], keeps["num_stages"]) == ("blocked", 64, 128, 4)
-    problem = contiguous_problem(512, 4608, 3584, "bf16", "bf16", layout_b="col")
     tiles = tile_count(problem, 64, 128)
     assert programs(problem, dict(saves, num_stages=4), H200) < tiles <= programs(problem, saves, H200)
