@@ -111,13 +111,17 @@ class Config(Mapping[str, Value]):
 class Space:
     """Axes and the constraints that prune their product."""
 
-    def __init__(self, axes: list[Axis] | tuple[Axis, ...], constraints: list[Constraint] | tuple[Constraint, ...] = ()):
+    def __init__(self, axes: list[Axis] | tuple[Axis, ...], constraints: list[Constraint] | tuple[Constraint, ...] = (),
+                 upgrade: Callable[[Mapping[str, Value]], Mapping[str, Value]] | None = None):
+        """`upgrade` maps a config from an earlier version of the space (fewer axes) onto this one, with the values
+        that reproduce the kernel it named (stored winners stay valid); `violations` and `validate` apply it first."""
         names = [a.name for a in axes]
         if len(set(names)) != len(names):
             raise ValueError(f"duplicate axis names in {names}")
         self.axes: tuple[Axis, ...] = tuple(axes)
         self.constraints: tuple[Constraint, ...] = tuple(constraints)
         self._by_name = {a.name: a for a in self.axes}
+        self._upgrade = upgrade or (lambda config: config)
 
     def axis(self, name: str) -> Axis:
         return self._by_name[name]
@@ -126,7 +130,8 @@ class Space:
         return [a.name for a in self.axes if kind is None or a.kind == kind]
 
     def violations(self, config: Mapping[str, Value]) -> list[str]:
-        """Every reason the config is not in the space (empty when it is)."""
+        """Every reason the config (upgraded) is not in the space (empty when it is)."""
+        config = self._upgrade(config)
         problems = []
         unknown = sorted(set(config) - set(self._by_name))
         if unknown:
@@ -146,10 +151,11 @@ class Space:
         return not self.violations(config)
 
     def validate(self, config: Mapping[str, Value]) -> Config:
+        """The config, upgraded to this space's axes; raises ConfigOutsideSpaceError where it is not in the space."""
         problems = self.violations(config)
         if problems:
             raise ConfigOutsideSpaceError("config is outside the search space: " + "; ".join(problems))
-        return Config(config)
+        return Config(self._upgrade(config))
 
     def grid(self) -> Iterator[Config]:
         for values in itertools.product(*(a.choices for a in self.axes)):

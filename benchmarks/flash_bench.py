@@ -292,7 +292,13 @@ def check_graph_capture(failures: list) -> None:
                     if training:
                         return (out, *torch.autograd.grad(out, leaves, torch.ones_like(out)))
                     return (out,)
-                expected = step()  # first call: resolution, compilation, outside the graph
+                # First call (resolution, compilation) outside the graph, on a side stream as PyTorch's recipe for
+                # capturing a backward asks: autograd nodes made on the default stream would tie it to the capture.
+                side = torch.cuda.Stream()
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    expected = step()
+                torch.cuda.current_stream().wait_stream(side)
                 torch.cuda.synchronize()
                 graph = torch.cuda.CUDAGraph()
                 torch.cuda.set_sync_debug_mode("error")

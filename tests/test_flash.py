@@ -27,7 +27,7 @@ H200 = DeviceInfo("h200", "NVIDIA H200", (9, 0), 132, 150_000_000_000, 232448, "
 # Small tiles keep the interpreter quick while still giving several blocks along each sequence.
 FWD_SMALL = Config(LOADS="pointer", BLOCK_M=16, BLOCK_N=16, WARP_SPECIALIZE=False, num_warps=1,
                    num_stages=2)
-BWD_SMALL = Config(BLOCK_M1=16, BLOCK_N1=32, BLOCK_M2=32, BLOCK_N2=16, num_warps=1, num_stages=2)
+BWD_SMALL = Config(LOADS="pointer", BLOCK_M1=16, BLOCK_N1=32, BLOCK_M2=32, BLOCK_N2=16, num_warps=1, num_stages=2)
 
 
 def run_and_check(problem: FlashProblem, preferred: Config, device: DeviceInfo = INTERPRET, seed: int = 0):
@@ -97,6 +97,15 @@ def test_tensor_descriptor_variant_with_tails():
     config = Config(LOADS="tma", BLOCK_M=16, BLOCK_N=32, WARP_SPECIALIZE=True, num_warps=1, num_stages=2)
     run_and_check(FlashProblem("fwd", 2, 4, 2, 45, 70, 32, causal=True, dtype="fp16"), config)
     run_and_check(FlashProblem("fwd", 1, 2, 2, 33, 19, 96, causal=False, dtype="fp16"), config)
+
+
+def test_tensor_descriptor_backward_with_tails():
+    # The backward's 'tma' loads: one 2-D descriptor per head over its rows, whose zero fill (rows past the sequence,
+    # columns past a padded head dim) replaces the masks; GQA sums over query heads, Sq != Sk both ways.
+    config = Config(BWD_SMALL, LOADS="tma")
+    run_and_check(FlashProblem("bwd", 2, 4, 2, 45, 70, 32, causal=True, dtype="fp16"), config)
+    run_and_check(FlashProblem("bwd", 1, 2, 2, 33, 19, 96, causal=False, dtype="fp16"), config)
+    run_and_check(FlashProblem("bwd", 1, 2, 1, 50, 21, 24, causal=True, dtype="fp32"), config)
 
 
 @pytest.mark.parametrize("loads", ["pointer_lookahead", "tma_lookahead"])
@@ -268,6 +277,26 @@ def test_space_covers_the_configs_known_fast_on_hopper():
     too_big = dict(LOADS="pointer", BLOCK_M=128, BLOCK_N=128, WARP_SPECIALIZE=False, num_warps=8,
                    num_stages=4)
     assert any(v.startswith("shared_memory") for v in space.violations(too_big))
+
+
+def test_backward_loads_follow_the_h200_probe():
+    # results/flash_bwd_tma_2026-12-02.txt: TMA loads led pointer loads with the same tiles at head dims 128 and 256
+    # (1-5%), pointer loads led at 64 (3%). Where TMA cannot run (alignment, packed sequences, an A100) they are
+    # pointer loads; a backward config stored before LOADS was an axis validates as the pointer-load kernel it ran.
+    def loads(dim, device=H200, **extra):
+        problem = FlashProblem("bwd", 2, 32, 8, 4096, 4096, dim, causal=True, **extra)
+        config = FAMILY.default_config(problem, device)
+        assert FAMILY.space(problem, device).is_feasible(config)
+        return config["LOADS"]
+
+    assert [loads(dim) for dim in (64, 96, 128, 256)] == ["pointer", "tma", "tma", "tma"]
+    assert loads(128, aligned=False) == loads(128, varlen=True) == loads(128, dtype="fp32") == "pointer"
+    a100 = DeviceInfo("a100", "NVIDIA A100", (8, 0), 108, 80_000_000_000, 166912, "test")
+    assert loads(128, a100) == "pointer"
+    problem = FlashProblem("bwd", 2, 32, 32, 4096, 4096, 128, causal=True)
+    stored = dict(BLOCK_M1=64, BLOCK_N1=128, BLOCK_M2=128, BLOCK_N2=64, num_warps=8, num_stages=3)
+    assert FAMILY.validate_config(problem, H200, stored)["LOADS"] == "pointer"
+    assert "TMA" in " ".join(FAMILY.space(problem, a100).violations(dict(stored, LOADS="tma")))
 
 
 def test_default_suite_and_cli():

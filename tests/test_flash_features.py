@@ -24,7 +24,7 @@ from autotile.space import Config
 INTERPRET = interpret_device()
 FWD_SMALL = Config(LOADS="pointer", BLOCK_M=16, BLOCK_N=16, WARP_SPECIALIZE=False, num_warps=1,
                    num_stages=2)
-BWD_SMALL = Config(BLOCK_M1=16, BLOCK_N1=32, BLOCK_M2=32, BLOCK_N2=16, num_warps=1, num_stages=2)
+BWD_SMALL = Config(LOADS="pointer", BLOCK_M1=16, BLOCK_N1=32, BLOCK_M2=32, BLOCK_N2=16, num_warps=1, num_stages=2)
 
 
 def run_and_check(problem: FlashProblem, preferred: Config, seed: int = 0):
@@ -180,6 +180,14 @@ def test_varlen_tma_forward_reads_each_head_rows():
     # K/V through 3-D ones; several query heads per key head, and sequences that end inside a tile.
     problem = FlashProblem("fwd", 3, 4, 2, 37, 29, 16, causal=True, dtype="fp16", varlen=True)
     run_and_check(problem, Config(FWD_SMALL, LOADS="tma"))
+
+
+def test_varlen_tma_backward_with_features():
+    # Packed sequences through the backward's TMA loads: each head's descriptor starts at its sequence's first row,
+    # so the rows of the next sequence are never read; with a window, soft-capping and ALiBi.
+    problem = FlashProblem("bwd", 3, 4, 2, 37, 29, 16, causal=True, dtype="fp16", varlen=True, window_left=6,
+                           alibi=True, softcap=2.0)
+    run_and_check(problem, Config(BWD_SMALL, LOADS="tma"))
 
 
 def test_varlen_family_with_features():

@@ -33,6 +33,20 @@ def test_constraint_names_the_rule_it_breaks():
         space.validate({"BLOCK": 16})
 
 
+def test_an_upgrade_maps_configs_of_an_earlier_space_onto_this_one():
+    # A config stored before the LOADS axis existed names the pointer-load kernel: validate fills that in, and
+    # the upgraded config is still checked against every constraint.
+    def upgrade(config):
+        return config if "LOADS" in config else {**dict(config), "LOADS": "pointer"}
+
+    space = Space([Axis("LOADS", ("pointer", "tma"), AxisKind.RENDER), Axis("BLOCK", (16, 32, 64))],
+                  [Constraint("fits", lambda c: c["BLOCK"] <= 32, "BLOCK > 32")], upgrade=upgrade)
+    assert space.validate({"BLOCK": 16}) == Config(LOADS="pointer", BLOCK=16)
+    assert space.validate({"BLOCK": 16, "LOADS": "tma"}) == Config(LOADS="tma", BLOCK=16)
+    assert space.violations({"BLOCK": 64}) == ["fits: BLOCK > 32"]
+    assert not Space([Axis("LOADS", ("pointer",)), Axis("BLOCK", (16,))]).is_feasible({"BLOCK": 16})
+
+
 def test_shared_memory_constraint_follows_the_device():
     problem = contiguous_problem(4096, 4096, 4096, "bf16", "bf16")
     big = dict(VARIANT="blocked", BLOCK_M=256, BLOCK_N=128, BLOCK_K=128, GROUP_M=8, SPLIT_K=1, PERSISTENT=False,

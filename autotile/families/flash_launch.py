@@ -127,6 +127,10 @@ class BackwardPlan:
 def backward_plan(module, problem, config, scale: float, q, k, v, o, do, lse, dq, dk, dv, alibi,
                   interpret: bool, keep: bool = False) -> BackwardPlan:
     p = problem
+    if config.get("LOADS") == "tma" and not interpret:
+        from autotile.device import ensure_triton_allocator
+
+        ensure_triton_allocator()
     varlen = p.varlen
     seq_q, seq_k = (q.shape[0], k.shape[0]) if varlen else (p.seq_q, p.seq_k)
     stride_ab = alibi.stride(0) if alibi is not None and alibi.dim() == 2 else 0

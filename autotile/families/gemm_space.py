@@ -67,8 +67,7 @@ def rule(name: str, reads: tuple[str, ...], holds: Callable[[Mapping], bool], ex
 class StagedSpace(Space):
     """A Space whose `feasible()` prunes subtrees as soon as a constraint's axes are bound.
 
-    `upgrade` maps a config from an earlier version of the space (fewer axes) onto this one, with the
-    values that reproduce the kernel it named; `violations` and `validate` apply it first.
+    `upgrade`: as Space's.
 
     >>> space = StagedSpace([Axis("A", (1, 2, 3)), Axis("B", (1, 2))],
     ...                     [rule("a_small", ("A",), lambda c: c["A"] < 3, "A < 3"),
@@ -78,7 +77,7 @@ class StagedSpace(Space):
     """
 
     def __init__(self, axes: list[Axis], rules: list[Rule], upgrade: Callable[[Mapping], Mapping] | None = None):
-        super().__init__(axes, [r.constraint for r in rules])
+        super().__init__(axes, [r.constraint for r in rules], upgrade)
         position = {a.name: i for i, a in enumerate(self.axes)}
         self._checks: list[list[Constraint]] = [[] for _ in self.axes]
         for r in rules:
@@ -86,14 +85,6 @@ class StagedSpace(Space):
             if unknown or not r.reads:
                 raise ValueError(f"constraint {r.constraint.name} reads {list(r.reads)}: not axes of this space")
             self._checks[max(position[n] for n in r.reads)].append(r.constraint)
-        self._upgrade = upgrade or (lambda config: config)
-
-    def violations(self, config: Mapping) -> list[str]:
-        return super().violations(self._upgrade(config))
-
-    def validate(self, config: Mapping) -> Config:
-        upgraded = self._upgrade(config)
-        return super().validate(upgraded)
 
     def feasible(self) -> Iterator[Config]:
         names = self.names()

@@ -315,21 +315,12 @@ def balanced_tile(problem: "PagedProblem", sm_count: int) -> dict:
 
 
 def _with_block_m(config):
+    """NOTE: configs written before BLOCK_M was an axis (shipped and user winners, exported kernels, scripts) lack
+    it; all of them are decode variants, whose BLOCK_M is fixed at the first choice, so it is filled in (the space's
+    upgrade) rather than the config refused."""
     if "BLOCK_M" in config or is_vendor(config):
         return config
     return {**dict(config), "BLOCK_M": BLOCK_M_CHOICES[0]}
-
-
-class _PagedSpace(Space):
-    """The family's space. NOTE: configs written before BLOCK_M was an axis (shipped and user winners,
-    exported kernels, scripts) lack it; all of them are decode variants, whose BLOCK_M is fixed at the
-    first choice, so it is filled in rather than the config refused."""
-
-    def violations(self, config):
-        return super().violations(_with_block_m(config))
-
-    def validate(self, config) -> Config:
-        return super().validate(_with_block_m(config))
 
 
 _SEED_CONFIGS = (
@@ -446,7 +437,7 @@ class PagedFamily(Family):
                                                                                    next_pow2(p.num_queries)),
                        "a prefill block longer than the query tokens (beyond the smallest tile) only computes padding"),
         ]
-        return _PagedSpace(axes, constraints)
+        return Space(axes, constraints, upgrade=_with_block_m)
 
     def seed_configs(self, problem: PagedProblem, device: DeviceInfo) -> list[Config]:
         """Shapes fast decode kernels use on Hopper, tried right after the default: wide token tiles,
