@@ -247,13 +247,33 @@ def resolve_gpu(requested: str, index: int = 0, planned: bool = False) -> Device
         f"tuned for {requested} here. Pass --gpu {present.profile} or --gpu auto.")
 
 
-@functools.lru_cache(maxsize=1)
-def ensure_triton_allocator() -> None:
-    """Give Triton a scratch allocator (once): kernels that build TMA descriptors on the device need one."""
+def _scratch(size: int, alignment: int, stream):
     import torch
+
+    return torch.empty(size, device="cuda", dtype=torch.int8)
+
+
+@functools.lru_cache(maxsize=1)
+def _allocator_state() -> tuple:
+    """(Triton's allocator ContextVar, its null allocator's type), or (None, None) where Triton hides them."""
+    try:
+        from triton.runtime._allocation import NullAllocator, _allocator
+    except ImportError:
+        return None, None
+    return _allocator, NullAllocator
+
+
+def ensure_triton_allocator() -> None:
+    """Give Triton a scratch allocator where this thread's context has none (a user's own is kept): kernels that
+    build TMA descriptors on the device need one at every launch.
+
+    NOTE: Triton 3.6 keeps the allocator in a ContextVar, so one set in the thread that first launched is missing in
+    another (autograd runs a backward in its own thread; a server launches from its workers). Launch paths of such
+    kernels call this before each launch: one ContextVar read (private to Triton; where that moves, the allocator is
+    set every time).
+    """
     import triton
 
-    def alloc(size: int, alignment: int, stream):
-        return torch.empty(size, device="cuda", dtype=torch.int8)
-
-    triton.set_allocator(alloc)
+    current, null = _allocator_state()
+    if current is None or isinstance(current.get(), null):
+        triton.set_allocator(_scratch)

@@ -279,24 +279,30 @@ def test_space_covers_the_configs_known_fast_on_hopper():
     assert any(v.startswith("shared_memory") for v in space.violations(too_big))
 
 
-def test_backward_loads_follow_the_h200_probe():
-    # results/flash_bwd_tma_2026-12-02.txt: TMA loads led pointer loads with the same tiles at head dims 128 and 256
-    # (1-5%), pointer loads led at 64 (3%). Where TMA cannot run (alignment, packed sequences, an A100) they are
-    # pointer loads; a backward config stored before LOADS was an axis validates as the pointer-load kernel it ran.
-    def loads(dim, device=H200, **extra):
-        problem = FlashProblem("bwd", 2, 32, 8, 4096, 4096, dim, causal=True, **extra)
-        config = FAMILY.default_config(problem, device)
-        assert FAMILY.space(problem, device).is_feasible(config)
-        return config["LOADS"]
-
-    assert [loads(dim) for dim in (64, 96, 128, 256)] == ["pointer", "tma", "tma", "tma"]
-    assert loads(128, aligned=False) == loads(128, varlen=True) == loads(128, dtype="fp32") == "pointer"
-    a100 = DeviceInfo("a100", "NVIDIA A100", (8, 0), 108, 80_000_000_000, 166912, "test")
-    assert loads(128, a100) == "pointer"
+def test_backward_loads_are_an_axis_that_stored_configs_predate():
+    # A backward config stored before LOADS was an axis validates as the pointer-load kernel it ran; TMA loads need
+    # Hopper and aligned rows.
     problem = FlashProblem("bwd", 2, 32, 32, 4096, 4096, 128, causal=True)
     stored = dict(BLOCK_M1=64, BLOCK_N1=128, BLOCK_M2=128, BLOCK_N2=64, num_warps=8, num_stages=3)
     assert FAMILY.validate_config(problem, H200, stored)["LOADS"] == "pointer"
+    assert FAMILY.space(problem, H200).is_feasible(dict(stored, LOADS="tma"))
+    a100 = DeviceInfo("a100", "NVIDIA A100", (8, 0), 108, 80_000_000_000, 166912, "test")
     assert "TMA" in " ".join(FAMILY.space(problem, a100).violations(dict(stored, LOADS="tma")))
+    unaligned = dataclasses.replace(problem, aligned=False)
+    assert "tma_alignment" in " ".join(FAMILY.space(unaligned, H200).violations(dict(stored, LOADS="tma")))
+    assert FAMILY.default_config(problem, H200)["LOADS"] == "pointer"
+
+
+def test_backward_default_takes_short_query_steps_on_short_sequences():
+    # results/flash_bwd_short_2026-12-02.txt: 32-row query steps in the dK/dV kernel led up to 1024 tokens.
+    def m1(seq, dim=128):
+        problem = FlashProblem("bwd", 16, 32, 8, seq, seq, dim, causal=True)
+        config = FAMILY.default_config(problem, H200)
+        assert FAMILY.space(problem, H200).is_feasible(config)
+        return config["BLOCK_M1"], config["BLOCK_N1"], config["num_stages"]
+
+    assert m1(512) == m1(1024) == m1(1024, 64) == (32, 128, 3)
+    assert m1(2048) == m1(4096) == (64, 128, 3)
 
 
 def test_default_suite_and_cli():
@@ -368,3 +374,22 @@ def test_forward_default_follows_the_h200_sweep():
     assert default(1, 4096, 256, False) == ("tma", 128, 64, False, 8)
     assert default(1, 4096, 128, True, aligned=False)[0] == "pointer"  # TMA needs aligned rows
     assert default(1, 4096, 128, True, varlen=True)[0] == "pointer"
+
+
+def test_launches_that_build_descriptors_ask_for_the_allocator_in_the_launching_thread(monkeypatch):
+    # The op's backward runs in autograd's thread, where the allocator the forward's thread set is missing: a TMA
+    # launch sets it (autotile.device.ensure_triton_allocator) in whichever thread launches, every time.
+    import threading
+
+    from autotile.families import flash_launch
+
+    asked = []
+    monkeypatch.setattr(flash_launch, "ensure_triton_allocator", lambda: asked.append(threading.get_ident()))
+    monkeypatch.setattr(flash_launch, "launch", lambda *args, **kwargs: None)
+    tma = flash_launch._Launch(None, (1,), (), {}, keep=False, scratch=True)
+    pointer = flash_launch._Launch(None, (1,), (), {}, keep=False)
+    worker = threading.Thread(target=lambda: (tma(), pointer()))
+    worker.start()
+    worker.join()
+    tma()
+    assert asked == [worker.ident, threading.get_ident()]

@@ -83,3 +83,35 @@ def test_kept_kernels_give_the_results_of_fresh_launches():
         out = FAMILY.allocate_outputs(problem, {"a": a, "b": b})
         FAMILY.launch(problem, config, {"a": a, "b": b}, out)
         torch.testing.assert_close(out["c"].float(), a.float() @ b.float(), atol=0.05, rtol=0.01)
+
+
+def test_triton_allocator_is_set_in_each_thread_that_launches():
+    # Triton keeps its scratch allocator in a ContextVar: autograd's backward thread and a server's workers start
+    # without the one the first launching thread set, and TMA kernels failed there ("no allocator was set").
+    import threading
+
+    import triton
+    from triton.runtime._allocation import NullAllocator, _allocator
+
+    from autotile.device import ensure_triton_allocator
+
+    def own(size, alignment, stream):  # a user's allocator
+        raise AssertionError("never called here")
+
+    seen = {}
+
+    def fresh_thread():
+        seen["none_before"] = isinstance(_allocator.get(), NullAllocator)
+        ensure_triton_allocator()
+        seen["set_after"] = not isinstance(_allocator.get(), NullAllocator)
+
+    def thread_with_its_own():
+        triton.set_allocator(own)
+        ensure_triton_allocator()
+        seen["kept"] = _allocator.get() is own
+
+    for target in (fresh_thread, thread_with_its_own):
+        worker = threading.Thread(target=target)
+        worker.start()
+        worker.join()
+    assert seen == {"none_before": True, "set_after": True, "kept": True}

@@ -61,6 +61,13 @@ _TMA_FROM_KEYS = 4096
 LOADS_CHOICES = ("pointer", "tma", "pointer_lookahead", "tma_lookahead")
 
 
+# Sequences up to this long take 32-row query steps in the untuned dK/dV kernel (64 x 128 tiles above): H200, causal,
+# pointer loads, 64 x 128 dK/dV tiles against 32 x 128, same dQ tiles: 16 x 512 (Llama, Qwen, Phi heads) 0.585 /
+# 0.539 ms, 0.555 / 0.516, 0.591 / 0.534; 8 x 1024 at D = 128 0.828 / 0.801, at D = 64 0.463 / 0.454; at 4 x 2048 a
+# tie (1.318 / 1.313); 64-row steps led by 3-7% on 4096-token GQA and non-causal shapes and on D = 64 at 2048
+# (results/flash_bwd_short_2026-12-02.txt, flash_bwd_tma_2026-12-02.txt).
+_SHORT_BACKWARD_TOKENS = 1024
+
 # The backward's loads: the tiles each kernel walks over (Q and dO for dK/dV, K and V for dQ) as masked pointer loads
 # or through TMA descriptors.
 BACKWARD_LOADS_CHOICES = ("pointer", "tma")
@@ -498,18 +505,13 @@ class FlashFamily(Family):
         hopper = not device.interpret and device.compute_capability >= (9, 0)  # where it was measured
         if p.block_d in (64, 128) and hopper and self.space(problem, device).is_feasible(Config(measured)):
             preferred = measured
-        preferred["LOADS"] = self._backward_loads(p, device)
+            if max(p.seq_q, p.seq_k) <= _SHORT_BACKWARD_TOKENS:
+                preferred = dict(measured, BLOCK_M1=32)
+        # NOTE: pointer loads while the backward's TMA loads wait for a GPU check of the op's backward (autograd's
+        # thread launches it; see autotile.device.ensure_triton_allocator). With the same tiles, TMA loads were 1-5%
+        # faster at head dims 128 and 256 and 3% slower at 64 (results/flash_bwd_tma_2026-12-02.txt).
+        preferred["LOADS"] = "pointer"
         return device_default(self, problem, device, preferred)
-
-    @staticmethod
-    def _backward_loads(p: FlashProblem, device: DeviceInfo) -> str:
-        """The untuned backward's loads: TMA for 16-bit head dims of 128 and more (H200, causal and not, GQA, 16 x 512
-        and 4096 tokens, D = 128 and 256: 1-5% faster than pointer loads with the same tiles; the dK/dV kernel's
-        spills at 64 x 128 tiles, D = 128, fall from 688 to 296 bytes), pointer loads below (D = 64: 3% slower through
-        TMA; results/flash_bwd_tma_2026-12-02.txt). NOTE: packed sequences keep pointer loads, unmeasured."""
-        tma = (arch_of(device).supports(Feature.TMA) and not device.interpret and p.aligned and not p.varlen
-               and p.dtype in ("bf16", "fp16") and p.block_d >= 128 and (p.head_dim * element_size(p.dtype)) % 16 == 0)
-        return "tma" if tma else "pointer"
 
     @staticmethod
     def _forward_default(p: FlashProblem, device: DeviceInfo) -> dict:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from autotile.device import ensure_triton_allocator
 from autotile.families.flash_reference import LOG2E
 from autotile.launch import bind, launch
 from autotile.render import launching
@@ -49,13 +50,16 @@ class _Launch:
     (autotile.launch.bind); otherwise it goes through autotile.launch.launch.
     """
 
-    __slots__ = ("kernel", "grid", "scalars", "options", "keep", "bound")
+    __slots__ = ("kernel", "grid", "scalars", "options", "keep", "bound", "scratch")
 
-    def __init__(self, kernel, grid: tuple, scalars: tuple, options: dict, keep: bool):
+    def __init__(self, kernel, grid: tuple, scalars: tuple, options: dict, keep: bool, scratch: bool = False):
         self.kernel, self.grid, self.scalars, self.options, self.keep = kernel, grid, scalars, options, keep
         self.bound = None
+        self.scratch = scratch  # builds TMA descriptors on the device: Triton's allocator must be set at each launch
 
     def __call__(self, *tensors) -> None:
+        if self.scratch:
+            ensure_triton_allocator()
         if self.bound is not None:
             self.bound(*tensors, *self.scalars)
         elif self.keep:
@@ -83,10 +87,7 @@ class ForwardPlan:
 def forward_plan(module, problem, config, scale: float, q, k, v, o, lse, alibi, interpret: bool,
                  keep: bool = False) -> ForwardPlan:
     p = problem
-    if config["LOADS"].startswith("tma") and not interpret:
-        from autotile.device import ensure_triton_allocator
-
-        ensure_triton_allocator()
+    scratch = config["LOADS"].startswith("tma") and not interpret
     varlen = p.varlen
     stride_ab = alibi.stride(0) if alibi is not None and alibi.dim() == 2 else 0
     # Packed sequences pass the totals as seq_q / seq_k (the TMA descriptors' extent); dense ones the lengths.
@@ -98,7 +99,7 @@ def forward_plan(module, problem, config, scale: float, q, k, v, o, lse, alibi, 
                    WARP_SPECIALIZE=config["WARP_SPECIALIZE"], NEGATE_Q=scale < 0, num_warps=config["num_warps"],
                    num_stages=config["num_stages"])
     grid = (_cdiv(p.seq_q, config["BLOCK_M"]), p.batch * p.heads_q)
-    return ForwardPlan(_Launch(module.attn_fwd, grid, scalars, options, keep and not interpret), interpret)
+    return ForwardPlan(_Launch(module.attn_fwd, grid, scalars, options, keep and not interpret, scratch), interpret)
 
 
 @dataclass
@@ -127,10 +128,7 @@ class BackwardPlan:
 def backward_plan(module, problem, config, scale: float, q, k, v, o, do, lse, dq, dk, dv, alibi,
                   interpret: bool, keep: bool = False) -> BackwardPlan:
     p = problem
-    if config.get("LOADS") == "tma" and not interpret:
-        from autotile.device import ensure_triton_allocator
-
-        ensure_triton_allocator()
+    scratch = config.get("LOADS") == "tma" and not interpret
     varlen = p.varlen
     seq_q, seq_k = (q.shape[0], k.shape[0]) if varlen else (p.seq_q, p.seq_k)
     stride_ab = alibi.stride(0) if alibi is not None and alibi.dim() == 2 else 0
@@ -149,8 +147,8 @@ def backward_plan(module, problem, config, scale: float, q, k, v, o, do, lse, dq
         _Launch(module.attn_bwd_preprocess, rows_grid, pre_scalars, dict(BLOCK_M=config["BLOCK_M2"], **dims, **meta),
                 keep),
         _Launch(module.attn_bwd_dkdv, (_cdiv(p.seq_k, config["BLOCK_N1"]), p.batch * p.heads_kv), dkdv_scalars,
-                dict(BLOCK_M1=config["BLOCK_M1"], BLOCK_N1=config["BLOCK_N1"], **dims, **meta), keep),
+                dict(BLOCK_M1=config["BLOCK_M1"], BLOCK_N1=config["BLOCK_N1"], **dims, **meta), keep, scratch),
         _Launch(module.attn_bwd_dq, rows_grid, dq_scalars,
-                dict(BLOCK_M2=config["BLOCK_M2"], BLOCK_N2=config["BLOCK_N2"], **dims, **meta), keep),
+                dict(BLOCK_M2=config["BLOCK_M2"], BLOCK_N2=config["BLOCK_N2"], **dims, **meta), keep, scratch),
         interpret,
     )

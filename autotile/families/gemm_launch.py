@@ -47,6 +47,7 @@ class LaunchPlan:
     counters: int  # tile counters the launch needs (0: none)
     stream_k: tuple  # (dp_tiles, sk_programs, sk_iters) for the stream_k schedule
     interpret: bool
+    scratch: bool = False  # builds TMA descriptors on the device: Triton's allocator must be set at each launch
 
 
 @functools.lru_cache(maxsize=4096)
@@ -62,13 +63,12 @@ def launch_plan(family, problem, config: Config, dev: torch.device) -> LaunchPla
     else:
         device = current_device(dev)
         programs = device.sm_count * programs_per_sm(problem, config, device)
-        if config["VARIANT"] == "tma":
-            ensure_triton_allocator()
     grid, workspace, counters, stream_k = module.launch_geometry(
         problem.m, problem.n, problem.k, config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"], config["SPLIT_K"],
         config["PERSISTENT"], programs)
     constexprs = {name: config.get(name, 1) for name in _CONSTEXPRS}  # PROMOTE_TILES is 1 where it is no axis
-    return LaunchPlan(module.gemm_kernel, module.kernel_args, grid, constexprs, workspace, counters, stream_k, interpret)
+    return LaunchPlan(module.gemm_kernel, module.kernel_args, grid, constexprs, workspace, counters, stream_k, interpret,
+                      scratch=not interpret and config["VARIANT"] == "tma")
 
 
 def run_plan(plan: LaunchPlan, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, inputs: dict) -> None:
@@ -77,6 +77,8 @@ def run_plan(plan: LaunchPlan, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor
     counters = tile_counters(a.device, plan.counters) if plan.counters else None
     args = plan.kernel_args(a, b, c, inputs.get("bias"), inputs.get("residual"), inputs.get("scale_a"),
                             inputs.get("scale_b"), ws, counters, plan.stream_k)
+    if plan.scratch:
+        ensure_triton_allocator()
     try:
         with launching(plan.interpret):
             launch_kernel(plan.kernel, plan.grid, *args, **plan.constexprs)
@@ -175,6 +177,8 @@ class BoundGemm:
     def __call__(self, a, b, c, bias, residual) -> None:
         """Launch on a, b, c, bias, residual: only their data pointers are read (b may be any tensor whose data
         pointer is the bound B operand's, e.g. an nn.Linear weight for its transpose)."""
+        if self.plan.scratch:
+            ensure_triton_allocator()
         if self.buffers:
             plan = self.plan
             values = (a, b, c, bias, residual, workspace(a.device, plan.workspace) if plan.workspace else None,
@@ -188,6 +192,8 @@ def bind_gemm(family, problem, config, a, b, c, bias, residual):
     """Launch once and return a BoundGemm for later calls; None: not launched (the plan serves this call and
     every later one); False: launched through Triton's own path (the plan serves later calls)."""
     plan = launch_plan(family, problem, config, a.device)
+    if plan.scratch:
+        ensure_triton_allocator()
     present = [id(t) for t in (a, b, c, bias, residual) if t is not None]
     if plan.interpret or problem.dtype == "fp8" or len(set(present)) < len(present):
         return None  # (one tensor in two places could not be told apart in later calls)
