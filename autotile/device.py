@@ -272,8 +272,8 @@ def ensure_triton_allocator() -> None:
     kernels call this before each launch: one ContextVar read (private to Triton; where that moves, the allocator is
     set every time).
     """
-    import triton
-
     current, null = _allocator_state()
     if current is None or isinstance(current.get(), null):
+        import triton
+
         triton.set_allocator(_scratch)

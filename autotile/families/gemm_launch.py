@@ -155,7 +155,7 @@ class BoundGemm:
     host-bound decode steps lost to cuBLAS although the kernel itself was faster.
     """
 
-    __slots__ = ("launcher", "plan", "pick", "tail", "device_index", "buffers")
+    __slots__ = ("launcher", "plan", "pick", "tail", "device_index", "buffers", "scratch")
 
     # The order of the values a call hands over; the kernel's tensor arguments are picked from them.
     _VALUES = ("a", "b", "c", "bias", "residual", "ws", "counters")
@@ -173,11 +173,12 @@ class BoundGemm:
         # the host time of decode GEMMs, which is their whole time in eager serving).
         self.pick = operator.itemgetter(*slots) if len(slots) > 1 else (lambda values, i=slots[0]: (values[i],))
         self.buffers = bool(plan.workspace or plan.counters)
+        self.scratch = plan.scratch
 
     def __call__(self, a, b, c, bias, residual) -> None:
         """Launch on a, b, c, bias, residual: only their data pointers are read (b may be any tensor whose data
         pointer is the bound B operand's, e.g. an nn.Linear weight for its transpose)."""
-        if self.plan.scratch:
+        if self.scratch:
             ensure_triton_allocator()
         if self.buffers:
             plan = self.plan
