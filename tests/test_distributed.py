@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -30,11 +31,17 @@ CPU = interpret_device()
 PROBLEM = contiguous_problem(24, 32, 64, "fp16", "fp16")
 TRIALS = 8
 _WORKER = textwrap.dedent("""
-    import json, sys
+    import json, os, pathlib, sys, time
     from autotile.device import interpret_device
     from autotile.families.gemm import FAMILY, contiguous_problem
     from autotile.tune.driver import tune_problem
-    db_url, storage_url = sys.argv[1], sys.argv[2]
+    db_url, storage_url, start = sys.argv[1], sys.argv[2], pathlib.Path(sys.argv[3])
+    # Both workers start tuning together: on a loaded CI machine one process's imports could otherwise take
+    # longer than the other's whole study, and "both ran trials" would test start-up order.
+    (start / str(os.getpid())).touch()
+    deadline = time.monotonic() + 120
+    while len(list(start.iterdir())) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
     result = tune_problem(FAMILY, contiguous_problem(24, 32, 64, "fp16", "fp16"), interpret_device(),
                           trials={trials}, db_url=db_url, storage_url=storage_url, retime_rounds=0, lookahead=1)
     print("RESULT " + json.dumps({{"this_run": result.trials_this_run}}))
@@ -146,11 +153,15 @@ def test_census_counts_a_trial_that_finishes_between_its_reads(tmp_path):
 
 
 def _run_two_workers(urls: list[tuple[str, str]]) -> list[int]:
-    """Two tuner processes, each with its (db URL, storage URL); returns the trials each ran."""
+    """Two tuner processes, each with its (db URL, storage URL), started together; returns the trials each ran."""
+    import tempfile
+
     env = {**os.environ, "TRITON_INTERPRET": "1"}
-    workers = [subprocess.Popen([sys.executable, "-c", _WORKER, db, storage], env=env, stdout=subprocess.PIPE,
+    start = tempfile.mkdtemp(prefix="autotile-start-")
+    workers = [subprocess.Popen([sys.executable, "-c", _WORKER, db, storage, start], env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True) for db, storage in urls]
     outputs = [w.communicate(timeout=300) for w in workers]
+    shutil.rmtree(start, ignore_errors=True)
     for worker, (out, err) in zip(workers, outputs):
         assert worker.returncode == 0, err[-3000:]
     this_run = [json.loads(out.split("RESULT ", 1)[1])["this_run"] for out, _ in outputs]
