@@ -393,3 +393,18 @@ def test_launches_that_build_descriptors_ask_for_the_allocator_in_the_launching_
     worker.join()
     tma()
     assert asked == [worker.ident, threading.get_ident()]
+
+
+def test_causal_kernels_start_with_their_heaviest_query_tiles():
+    # results/flash_causal_order_2026-12-02.txt: 1.01-1.04x at 2048-16k keys. Causal forward and dQ kernels count
+    # their query tiles down; others, and the dK/dV kernel (its first key block is its heaviest), keep index order.
+    from autotile.render import render_source
+
+    def source(causal, direction="fwd"):
+        problem = FlashProblem(direction, 1, 2, 2, 64, 64, 32, causal=causal)
+        config = FAMILY.default_config(problem, INTERPRET)
+        return render_source(FAMILY.template, **FAMILY.render_switches(problem, config))
+
+    down = "pid_m = tl.num_programs(0) - 1 - tl.program_id(0)"
+    assert source(True).count(down) == 1 and source(True, "bwd").count(down) == 1
+    assert down not in source(False) and down not in source(False, "bwd")

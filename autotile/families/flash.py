@@ -61,7 +61,7 @@ _TMA_FROM_KEYS = 4096
 LOADS_CHOICES = ("pointer", "tma", "pointer_lookahead", "tma_lookahead")
 
 
-# Sequences up to this long take 32-row query steps in the untuned dK/dV kernel (64 x 128 tiles above): H200, causal,
+# Sequences up to this long take 32-row query steps in the untuned dK/dV kernel (64-row steps beyond): H200, causal,
 # pointer loads, 64 x 128 dK/dV tiles against 32 x 128, same dQ tiles: 16 x 512 (Llama, Qwen, Phi heads) 0.585 /
 # 0.539 ms, 0.555 / 0.516, 0.591 / 0.534; 8 x 1024 at D = 128 0.828 / 0.801, at D = 64 0.463 / 0.454; at 4 x 2048 a
 # tie (1.318 / 1.313); 64-row steps led by 3-7% on 4096-token GQA and non-causal shapes and on D = 64 at 2048
