@@ -198,12 +198,11 @@ def device_seeds(family, problem, device: DeviceInfo, wanted: Iterable[Mapping])
     starts near each seed's tile shape; seeds outside Hopper's space too are dropped.
     On Hopper (and the interpreter) this keeps exactly the seeds in the space.
     """
-    from autotile.space import Config
 
     space = family.space(problem, device)
     seeds: list = []
     for config in wanted:
-        seed = Config(config) if space.is_feasible(config) else _fitted(family, problem, device, space, config)
+        seed = space.validate(config) if space.is_feasible(config) else _fitted(family, problem, device, space, config)
         if seed is not None and seed not in seeds:
             seeds.append(seed)
     return seeds
@@ -239,15 +238,13 @@ MIN_FITTED_STAGES = 2
 
 def _fewer_stages(space, config: Mapping):
     """`config` with the most pipeline stages below its own (at least MIN_FITTED_STAGES) that `space` holds."""
-    from autotile.space import Config
-
     if "num_stages" not in config:
         return None
     fewer = (s for s in space.axis("num_stages").choices if MIN_FITTED_STAGES <= s < config["num_stages"])
     for stages in sorted(fewer, reverse=True):
         candidate = dict(config, num_stages=stages)
         if space.is_feasible(candidate):
-            return Config(candidate)
+            return space.validate(candidate)
     return None
 
 

@@ -285,6 +285,7 @@ def test_backward_loads_are_an_axis_that_stored_configs_predate():
     problem = FlashProblem("bwd", 2, 32, 32, 4096, 4096, 128, causal=True)
     stored = dict(BLOCK_M1=64, BLOCK_N1=128, BLOCK_M2=128, BLOCK_N2=64, num_warps=8, num_stages=3)
     assert FAMILY.validate_config(problem, H200, stored)["LOADS"] == "pointer"
+    assert FAMILY.first_feasible(problem, H200, stored) == Config(stored, LOADS="pointer")  # seeds, defaults
     assert FAMILY.space(problem, H200).is_feasible(dict(stored, LOADS="tma"))
     a100 = DeviceInfo("a100", "NVIDIA A100", (8, 0), 108, 80_000_000_000, 166912, "test")
     assert "TMA" in " ".join(FAMILY.space(problem, a100).violations(dict(stored, LOADS="tma")))

@@ -192,7 +192,7 @@ class Family(abc.ABC):
         """`preferred` if it is in the space, else the feasible config that shares most values with it."""
         space = self.space(problem, device)
         if space.is_feasible(preferred):
-            return Config(preferred)
+            return space.validate(preferred)  # with any axes the space added since `preferred` was written
         best, best_score = None, -1
         for config in space.feasible():
             score = sum(config[k] == preferred.get(k) for k in config)
