@@ -192,10 +192,43 @@ def bind(kernel, grid: tuple, *args, **kwargs):
     grid_x, grid_y, grid_z = (tuple(grid) + (1, 1))[:3]
     run, function, metadata = compiled.run, compiled.function, compiled.packed_metadata
     trailing = _trailing_args(kernel, len(args), kwargs)
+    direct = c_launch(run)
+    if direct is not None:
+        c_call, cooperative, pdl = direct
+
+        def launcher(*call_args) -> None:
+            c_call(grid_x, grid_y, grid_z, get_stream(device), function, cooperative, pdl, None, None, metadata, None,
+                   None, None, *call_args, *trailing)
+        return launcher
 
     def launcher(*call_args) -> None:
         run(grid_x, grid_y, grid_z, get_stream(device), function, metadata, None, None, None, *call_args, *trailing)
     return launcher
+
+
+# The Triton version whose launcher's Python wrapper c_launch reproduces.
+_C_LAUNCH_TRITON = "3.6.0"
+
+
+def c_launch(run) -> tuple | None:
+    """(C launch function, cooperative-grid flag, PDL flag) of a compiled kernel's launcher, where calling it
+    directly does all that the launcher's Python wrapper would: Triton 3.6, and a kernel that needs no scratch
+    buffers (the wrapper's only other work is allocating them). None otherwise: call `run` itself.
+
+    NOTE: the wrapper (triton.backends.nvidia.driver.CudaLauncher.__call__) costs ~1.3 us of host time a launch
+    (a nested function and two scratch checks), a tenth of a decode GEMM's whole host budget; bound launchers skip
+    it. tests/test_launch.py checks the arguments against the wrapper's own call.
+    """
+    import triton
+
+    if triton.__version__ != _C_LAUNCH_TRITON:
+        return None
+    try:
+        if run.global_scratch_size or run.profile_scratch_size:
+            return None
+        return run.launch, run.launch_cooperative_grid, run.launch_pdl
+    except AttributeError:
+        return None
 
 
 def _trailing_args(kernel, positional: int, kwargs: dict) -> tuple:

@@ -115,3 +115,45 @@ def test_triton_allocator_is_set_in_each_thread_that_launches():
         worker.start()
         worker.join()
     assert seen == {"none_before": True, "set_after": True, "kept": True}
+
+
+def test_bound_launchers_call_tritons_c_launch_as_its_wrapper_would(monkeypatch):
+    # bind() skips the Python wrapper of Triton's launcher (~1.3 us a launch) where the kernel needs no scratch
+    # buffers: its C launch must get exactly the arguments the wrapper would hand it.
+    from types import SimpleNamespace
+
+    from triton.backends.nvidia.driver import CudaLauncher
+    from triton.runtime._allocation import _allocator
+
+    calls, wrapper_calls = [], []
+    wrapper = CudaLauncher.__call__
+    monkeypatch.setattr(CudaLauncher, "__call__", lambda self, *a: (wrapper_calls.append(1), wrapper(self, *a)))
+
+    def launcher_of(scratch: int) -> CudaLauncher:
+        run = CudaLauncher.__new__(CudaLauncher)  # Triton's own __call__, a recorder in place of the C launch
+        run.num_ctas, run.launch = 1, lambda *args: calls.append(args)
+        run.global_scratch_size, run.global_scratch_align = scratch, 128
+        run.profile_scratch_size, run.profile_scratch_align = 0, 1
+        run.launch_cooperative_grid, run.launch_pdl = False, True
+        return run
+
+    kernel = JITFunction(_signature_only)
+    monkeypatch.setattr(launch, "_driver", (lambda: 0, lambda device: 777))  # (current device, its stream)
+    token = _allocator.set(lambda size, alignment, stream: SimpleNamespace(size=size))
+    try:
+        for scratch in (0, 64):
+            run = launcher_of(scratch)
+            compiled = SimpleNamespace(run=run, function=5, packed_metadata=("meta",))
+            monkeypatch.setattr(JITFunction, "__getitem__", lambda self, grid: (lambda *a, **k: compiled))
+            bound = launch.bind(kernel, (3, 2), "x", 10, BLOCK=64, num_warps=4)
+            calls.clear()
+            wrapper_calls.clear()
+            bound("y", 11)
+            assert len(wrapper_calls) == (1 if scratch else 0)  # scratch buffers: the wrapper allocates them
+            run(3, 2, 1, 777, 5, ("meta",), None, None, None, "y", 11, 64, 7)  # the wrapper, as launch.launch calls it
+            direct, wrapped = calls
+            assert direct[:7] == wrapped[:7] and direct[8:] == wrapped[8:]
+            assert (direct[7] is None) == (wrapped[7] is None) and getattr(direct[7], "size", 0) == getattr(
+                wrapped[7], "size", 0)
+    finally:
+        _allocator.reset(token)
