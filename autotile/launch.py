@@ -25,6 +25,8 @@ import threading
 
 import torch
 
+from autotile.device import ensure_triton_allocator
+
 _compiled: dict[tuple, tuple] = {}  # key -> (CompiledKernel, trailing arguments)
 _lock = threading.Lock()
 _state = threading.local()  # .slow: Triton's own path for this thread (compile-only blocks)
@@ -136,7 +138,14 @@ def _slow_launch(kernel, grid: tuple, args: tuple, kwargs: dict):
     if compile_fn is not None:
         compile_fn(kernel, grid, args, kwargs)
         return None
+    ensure_triton_allocator()
     return kernel[grid](*args, **kwargs)
+
+
+def _needs_scratch(run) -> bool:
+    """Whether a compiled kernel's launcher allocates scratch through Triton's allocator at each launch (kernels that
+    build TMA descriptors on the device do); True where the launcher does not say."""
+    return getattr(run, "global_scratch_size", 1) != 0
 
 
 def launch(kernel, grid: tuple, *args, **kwargs) -> None:
@@ -155,15 +164,19 @@ def launch(kernel, grid: tuple, *args, **kwargs) -> None:
         key = (kernel, device, tuple(kwargs.items()), _signature(args))
         entry = _compiled.get(key)
     except (_Unknown, TypeError):  # TypeError: an unhashable keyword value
+        ensure_triton_allocator()
         kernel[grid](*args, **kwargs)
         return
     if entry is None:
+        ensure_triton_allocator()
         compiled = kernel[grid](*args, **kwargs)
         if compiled is not None and hasattr(compiled, "packed_metadata"):
             with _lock:
-                _compiled[key] = (compiled, _trailing_args(kernel, len(args), kwargs))
+                _compiled[key] = (compiled, _trailing_args(kernel, len(args), kwargs), _needs_scratch(compiled.run))
         return
-    compiled, trailing = entry
+    compiled, trailing, scratch = entry
+    if scratch:
+        ensure_triton_allocator()
     grid_y = grid[1] if len(grid) > 1 else 1
     grid_z = grid[2] if len(grid) > 2 else 1
     # The launcher takes every parameter in order, constexprs included (it skips those itself).
@@ -184,6 +197,7 @@ def bind(kernel, grid: tuple, *args, **kwargs):
     if not isinstance(kernel, jit_function) or getattr(_state, "slow", False) or _hooks_registered(runtime):
         _slow_launch(kernel, grid, args, kwargs)
         return None
+    ensure_triton_allocator()
     compiled = kernel[grid](*args, **kwargs)
     if compiled is None or not hasattr(compiled, "packed_metadata"):
         return None
@@ -201,7 +215,11 @@ def bind(kernel, grid: tuple, *args, **kwargs):
                    None, None, *call_args, *trailing)
         return launcher
 
+    scratch = _needs_scratch(run)
+
     def launcher(*call_args) -> None:
+        if scratch:
+            ensure_triton_allocator()
         run(grid_x, grid_y, grid_z, get_stream(device), function, metadata, None, None, None, *call_args, *trailing)
     return launcher
 

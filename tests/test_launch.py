@@ -117,6 +117,28 @@ def test_triton_allocator_is_set_in_each_thread_that_launches():
     assert seen == {"none_before": True, "set_after": True, "kept": True}
 
 
+def _recorded_launcher(calls: list, scratch: int):
+    """A launcher running Triton 3.6's own Python wrapper (CudaLauncher.__call__), a recorder in place of its C launch."""
+    from triton.backends.nvidia.driver import CudaLauncher
+
+    run = CudaLauncher.__new__(CudaLauncher)
+    run.num_ctas, run.launch = 1, lambda *args: calls.append(args)
+    run.global_scratch_size, run.global_scratch_align = scratch, 128
+    run.profile_scratch_size, run.profile_scratch_align = 0, 1
+    run.launch_cooperative_grid, run.launch_pdl = False, True
+    return run
+
+
+def _bind_fake(monkeypatch, run):
+    """launch.bind of a JITFunction whose compile gives a kernel launched by `run` (device 0, stream 777)."""
+    from types import SimpleNamespace
+
+    compiled = SimpleNamespace(run=run, function=5, packed_metadata=("meta",))
+    monkeypatch.setattr(launch, "_driver", (lambda: 0, lambda device: 777))  # (current device, its stream)
+    monkeypatch.setattr(JITFunction, "__getitem__", lambda self, grid: (lambda *a, **k: compiled))
+    return launch.bind(JITFunction(_signature_only), (3, 2), "x", 10, BLOCK=64, num_warps=4)
+
+
 def test_bound_launchers_call_tritons_c_launch_as_its_wrapper_would(monkeypatch):
     # bind() skips the Python wrapper of Triton's launcher (~1.3 us a launch) where the kernel needs no scratch
     # buffers: its C launch must get exactly the arguments the wrapper would hand it.
@@ -128,24 +150,11 @@ def test_bound_launchers_call_tritons_c_launch_as_its_wrapper_would(monkeypatch)
     calls, wrapper_calls = [], []
     wrapper = CudaLauncher.__call__
     monkeypatch.setattr(CudaLauncher, "__call__", lambda self, *a: (wrapper_calls.append(1), wrapper(self, *a)))
-
-    def launcher_of(scratch: int) -> CudaLauncher:
-        run = CudaLauncher.__new__(CudaLauncher)  # Triton's own __call__, a recorder in place of the C launch
-        run.num_ctas, run.launch = 1, lambda *args: calls.append(args)
-        run.global_scratch_size, run.global_scratch_align = scratch, 128
-        run.profile_scratch_size, run.profile_scratch_align = 0, 1
-        run.launch_cooperative_grid, run.launch_pdl = False, True
-        return run
-
-    kernel = JITFunction(_signature_only)
-    monkeypatch.setattr(launch, "_driver", (lambda: 0, lambda device: 777))  # (current device, its stream)
     token = _allocator.set(lambda size, alignment, stream: SimpleNamespace(size=size))
     try:
         for scratch in (0, 64):
-            run = launcher_of(scratch)
-            compiled = SimpleNamespace(run=run, function=5, packed_metadata=("meta",))
-            monkeypatch.setattr(JITFunction, "__getitem__", lambda self, grid: (lambda *a, **k: compiled))
-            bound = launch.bind(kernel, (3, 2), "x", 10, BLOCK=64, num_warps=4)
+            run = _recorded_launcher(calls, scratch)
+            bound = _bind_fake(monkeypatch, run)
             calls.clear()
             wrapper_calls.clear()
             bound("y", 11)
@@ -157,3 +166,34 @@ def test_bound_launchers_call_tritons_c_launch_as_its_wrapper_would(monkeypatch)
                 wrapped[7], "size", 0)
     finally:
         _allocator.reset(token)
+
+
+def test_launches_that_build_descriptors_ask_for_the_allocator_in_the_launching_thread(monkeypatch):
+    # The op's backward runs in autograd's thread, where the allocator the forward's thread set is missing: a bound
+    # launch of a kernel with scratch buffers sets it (autotile.device.ensure_triton_allocator) in whichever thread
+    # launches, every time; one without scratch never asks.
+    import threading
+    from types import SimpleNamespace
+
+    from triton.runtime._allocation import _allocator
+
+    asked = []
+
+    def ensure():  # records the asking thread, and gives it an allocator as the real one would
+        asked.append(threading.get_ident())
+        _allocator.set(lambda size, alignment, stream: SimpleNamespace(size=size))
+
+    monkeypatch.setattr(launch, "ensure_triton_allocator", ensure)
+    token = _allocator.set(_allocator.get())  # this thread's allocator is restored at the end
+    try:
+        tma = _bind_fake(monkeypatch, _recorded_launcher([], 64))
+        pointer = _bind_fake(monkeypatch, _recorded_launcher([], 0))
+        asked.clear()  # (binding launched each once, in this thread)
+        failed = []
+        worker = threading.Thread(target=lambda: (tma("y", 11), pointer("y", 11), failed.append(False)))
+        worker.start()
+        worker.join()
+        tma("y", 11)
+    finally:
+        _allocator.reset(token)
+    assert failed == [False] and asked == [worker.ident, threading.get_ident()]

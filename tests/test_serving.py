@@ -307,13 +307,13 @@ def test_a_bound_gemm_hands_the_launcher_the_tensors_it_was_bound_with_in_their_
     launcher = lambda *args: calls.append(args)  # noqa: E731
     a, b, c, bias = (torch.zeros(2) for _ in range(4))
     ws, counters = torch.zeros(3), torch.zeros(1, dtype=torch.int32)
-    plain = SimpleNamespace(workspace=0, counters=0, scratch=False)
+    plain = SimpleNamespace(workspace=0, counters=0)
     bound = BoundGemm(launcher, plain, [a, bias, b, c, 16, 1], dict(a=a, b=b, c=c, bias=bias, residual=None,
                                                                     ws=None, counters=None), 0)
     a2, b2, c2, bias2 = (torch.ones(2) for _ in range(4))
     bound(a2, b2, c2, bias2, None)
     assert [t is u for t, u in zip(calls[-1], (a2, bias2, b2, c2))] == [True] * 4 and calls[-1][4:] == (16, 1)
-    split = SimpleNamespace(workspace=3, counters=1, scratch=False)
+    split = SimpleNamespace(workspace=3, counters=1)
     monkeypatch.setattr(gemm_launch, "workspace", lambda dev, n: ws)
     monkeypatch.setattr(gemm_launch, "tile_counters", lambda dev, n: counters)
     bound = BoundGemm(launcher, split, [a, b, c, ws, counters, 8], dict(a=a, b=b, c=c, bias=None,

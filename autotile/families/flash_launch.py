@@ -14,7 +14,6 @@ from dataclasses import dataclass
 
 import torch
 
-from autotile.device import ensure_triton_allocator
 from autotile.families.flash_reference import LOG2E
 from autotile.launch import bind, launch
 from autotile.render import launching
@@ -50,16 +49,13 @@ class _Launch:
     (autotile.launch.bind); otherwise it goes through autotile.launch.launch.
     """
 
-    __slots__ = ("kernel", "grid", "scalars", "options", "keep", "bound", "scratch")
+    __slots__ = ("kernel", "grid", "scalars", "options", "keep", "bound")
 
-    def __init__(self, kernel, grid: tuple, scalars: tuple, options: dict, keep: bool, scratch: bool = False):
+    def __init__(self, kernel, grid: tuple, scalars: tuple, options: dict, keep: bool):
         self.kernel, self.grid, self.scalars, self.options, self.keep = kernel, grid, scalars, options, keep
         self.bound = None
-        self.scratch = scratch  # builds TMA descriptors on the device: Triton's allocator must be set at each launch
 
     def __call__(self, *tensors) -> None:
-        if self.scratch:
-            ensure_triton_allocator()
         if self.bound is not None:
             self.bound(*tensors, *self.scalars)
         elif self.keep:
@@ -87,7 +83,6 @@ class ForwardPlan:
 def forward_plan(module, problem, config, scale: float, q, k, v, o, lse, alibi, interpret: bool,
                  keep: bool = False) -> ForwardPlan:
     p = problem
-    scratch = config["LOADS"].startswith("tma") and not interpret
     varlen = p.varlen
     stride_ab = alibi.stride(0) if alibi is not None and alibi.dim() == 2 else 0
     # Packed sequences pass the totals as seq_q / seq_k (the TMA descriptors' extent); dense ones the lengths.
@@ -99,7 +94,7 @@ def forward_plan(module, problem, config, scale: float, q, k, v, o, lse, alibi, 
                    WARP_SPECIALIZE=config["WARP_SPECIALIZE"], NEGATE_Q=scale < 0, num_warps=config["num_warps"],
                    num_stages=config["num_stages"])
     grid = (_cdiv(p.seq_q, config["BLOCK_M"]), p.batch * p.heads_q)
-    return ForwardPlan(_Launch(module.attn_fwd, grid, scalars, options, keep and not interpret, scratch), interpret)
+    return ForwardPlan(_Launch(module.attn_fwd, grid, scalars, options, keep and not interpret), interpret)
 
 
 @dataclass
@@ -128,7 +123,6 @@ class BackwardPlan:
 def backward_plan(module, problem, config, scale: float, q, k, v, o, do, lse, dq, dk, dv, alibi,
                   interpret: bool, keep: bool = False) -> BackwardPlan:
     p = problem
-    scratch = config.get("LOADS") == "tma" and not interpret
     varlen = p.varlen
     seq_q, seq_k = (q.shape[0], k.shape[0]) if varlen else (p.seq_q, p.seq_k)
     stride_ab = alibi.stride(0) if alibi is not None and alibi.dim() == 2 else 0
@@ -147,8 +141,8 @@ def backward_plan(module, problem, config, scale: float, q, k, v, o, do, lse, dq
         _Launch(module.attn_bwd_preprocess, rows_grid, pre_scalars, dict(BLOCK_M=config["BLOCK_M2"], **dims, **meta),
                 keep),
         _Launch(module.attn_bwd_dkdv, (_cdiv(p.seq_k, config["BLOCK_N1"]), p.batch * p.heads_kv), dkdv_scalars,
-                dict(BLOCK_M1=config["BLOCK_M1"], BLOCK_N1=config["BLOCK_N1"], **dims, **meta), keep, scratch),
+                dict(BLOCK_M1=config["BLOCK_M1"], BLOCK_N1=config["BLOCK_N1"], **dims, **meta), keep),
         _Launch(module.attn_bwd_dq, rows_grid, dq_scalars,
-                dict(BLOCK_M2=config["BLOCK_M2"], BLOCK_N2=config["BLOCK_N2"], **dims, **meta), keep, scratch),
+                dict(BLOCK_M2=config["BLOCK_M2"], BLOCK_N2=config["BLOCK_N2"], **dims, **meta), keep),
         interpret,
     )

@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import torch
 
-from autotile.device import current_device, ensure_triton_allocator
+from autotile.device import current_device
 from autotile.families.gemm_space import programs_per_sm, upgrade_config
 from autotile.launch import bind
 from autotile.launch import launch as launch_kernel
@@ -47,7 +47,6 @@ class LaunchPlan:
     counters: int  # tile counters the launch needs (0: none)
     stream_k: tuple  # (dp_tiles, sk_programs, sk_iters) for the stream_k schedule
     interpret: bool
-    scratch: bool = False  # builds TMA descriptors on the device: Triton's allocator must be set at each launch
 
 
 @functools.lru_cache(maxsize=4096)
@@ -67,8 +66,7 @@ def launch_plan(family, problem, config: Config, dev: torch.device) -> LaunchPla
         problem.m, problem.n, problem.k, config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"], config["SPLIT_K"],
         config["PERSISTENT"], programs)
     constexprs = {name: config.get(name, 1) for name in _CONSTEXPRS}  # PROMOTE_TILES is 1 where it is no axis
-    return LaunchPlan(module.gemm_kernel, module.kernel_args, grid, constexprs, workspace, counters, stream_k, interpret,
-                      scratch=not interpret and config["VARIANT"] == "tma")
+    return LaunchPlan(module.gemm_kernel, module.kernel_args, grid, constexprs, workspace, counters, stream_k, interpret)
 
 
 def run_plan(plan: LaunchPlan, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, inputs: dict) -> None:
@@ -77,8 +75,6 @@ def run_plan(plan: LaunchPlan, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor
     counters = tile_counters(a.device, plan.counters) if plan.counters else None
     args = plan.kernel_args(a, b, c, inputs.get("bias"), inputs.get("residual"), inputs.get("scale_a"),
                             inputs.get("scale_b"), ws, counters, plan.stream_k)
-    if plan.scratch:
-        ensure_triton_allocator()
     try:
         with launching(plan.interpret):
             launch_kernel(plan.kernel, plan.grid, *args, **plan.constexprs)
@@ -155,7 +151,7 @@ class BoundGemm:
     host-bound decode steps lost to cuBLAS although the kernel itself was faster.
     """
 
-    __slots__ = ("launcher", "plan", "pick", "tail", "device_index", "buffers", "scratch")
+    __slots__ = ("launcher", "plan", "pick", "tail", "device_index", "buffers")
 
     # The order of the values a call hands over; the kernel's tensor arguments are picked from them.
     _VALUES = ("a", "b", "c", "bias", "residual", "ws", "counters")
@@ -173,13 +169,10 @@ class BoundGemm:
         # the host time of decode GEMMs, which is their whole time in eager serving).
         self.pick = operator.itemgetter(*slots) if len(slots) > 1 else (lambda values, i=slots[0]: (values[i],))
         self.buffers = bool(plan.workspace or plan.counters)
-        self.scratch = plan.scratch
 
     def __call__(self, a, b, c, bias, residual) -> None:
         """Launch on a, b, c, bias, residual: only their data pointers are read (b may be any tensor whose data
         pointer is the bound B operand's, e.g. an nn.Linear weight for its transpose)."""
-        if self.scratch:
-            ensure_triton_allocator()
         if self.buffers:
             plan = self.plan
             values = (a, b, c, bias, residual, workspace(a.device, plan.workspace) if plan.workspace else None,
@@ -193,8 +186,6 @@ def bind_gemm(family, problem, config, a, b, c, bias, residual):
     """Launch once and return a BoundGemm for later calls; None: not launched (the plan serves this call and
     every later one); False: launched through Triton's own path (the plan serves later calls)."""
     plan = launch_plan(family, problem, config, a.device)
-    if plan.scratch:
-        ensure_triton_allocator()
     present = [id(t) for t in (a, b, c, bias, residual) if t is not None]
     if plan.interpret or problem.dtype == "fp8" or len(set(present)) < len(present):
         return None  # (one tensor in two places could not be told apart in later calls)
