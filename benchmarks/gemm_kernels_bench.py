@@ -260,7 +260,8 @@ def short(config: Config | None) -> str:
     if config is None:
         return "-"
     c = config
-    flags = "".join(f"+{name}" for name, key in (("persistent", "PERSISTENT"), ("ws", "WARP_SPECIALIZE"), ("swap", "SWAP_AB"))
+    flags = "".join(f"+{name}" for name, key in (("persistent", "PERSISTENT"), ("ws", "WARP_SPECIALIZE"), ("swap", "SWAP_AB"),
+                                                     ("subtile", "EPILOGUE_SUBTILE"))
                     if c.get(key))
     schedule = {"data_parallel": "dp", "split_k": f"splitk{c['SPLIT_K']}", "stream_k": "streamk"}[c["SCHEDULE"]]
     promote = f" p{c['PROMOTE_TILES']}" if "PROMOTE_TILES" in c else ""

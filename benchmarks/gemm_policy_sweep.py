@@ -58,6 +58,13 @@ TILED_VARIATIONS = (
          num_warps=8, num_stages=3, GROUP_M=8, WARP_SPECIALIZE=True),
     dict(VARIANT="blocked", PERSISTENT=False, SCHEDULE="data_parallel", SPLIT_K=1, BLOCK_M=64, BLOCK_N=128, BLOCK_K=64,
          num_warps=4, num_stages=4, GROUP_M=8, SWAP_AB=False, FLATTEN=False, WARP_SPECIALIZE=False),
+    # C stored in halves: the staging buffer's 32 KB freed for a fourth stage of 128 x 256 x 64 tiles.
+    dict(VARIANT="tma", PERSISTENT=True, SCHEDULE="data_parallel", SPLIT_K=1, BLOCK_M=128, BLOCK_N=256, BLOCK_K=64,
+         num_warps=8, num_stages=4, GROUP_M=8, EPILOGUE_SUBTILE=True),
+    dict(VARIANT="tma", PERSISTENT=True, SCHEDULE="data_parallel", SPLIT_K=1, BLOCK_M=128, BLOCK_N=256, BLOCK_K=64,
+         num_warps=8, num_stages=3, GROUP_M=8, EPILOGUE_SUBTILE=True),
+    dict(VARIANT="tma", PERSISTENT=True, SCHEDULE="data_parallel", SPLIT_K=1, BLOCK_M=128, BLOCK_N=256, BLOCK_K=64,
+         num_warps=8, num_stages=4, GROUP_M=8, EPILOGUE_SUBTILE=True, WARP_SPECIALIZE=True),
 )
 # Mid M (STREAM_MAX_M < M <= MID_MAX_M) also tries tiles that hold more of the tokens, split over K until the
 # programs fill the SMs (SPLIT_K "fill": filling_split), so that the weight is read fewer times.
@@ -108,8 +115,26 @@ FP8_VARIATIONS = (
 )
 
 
-def fp8_shapes(sizes) -> list[gkb.Shape]:
-    return [gkb.Shape("fp8 precise", contiguous_problem(n, n, n, "fp8", "bf16", layout_b="col")) for n in sizes]
+# fp8 with fast accumulation (one accumulator, as bf16): Triton's persistent TMA tutorial's 128 x 256 x 128 tiles,
+# with C stored in halves for a fourth stage, warp-specialised, and wider groups.
+_FP8_FAST = dict(_FP8, PERSISTENT=True, BLOCK_M=128, BLOCK_N=256, BLOCK_K=128, num_warps=8)
+FP8_FAST_VARIATIONS = (
+    dict(_FP8_FAST, num_stages=3),
+    dict(_FP8_FAST, num_stages=3, EPILOGUE_SUBTILE=True),
+    dict(_FP8_FAST, num_stages=4, EPILOGUE_SUBTILE=True),
+    dict(_FP8_FAST, num_stages=4, EPILOGUE_SUBTILE=True, GROUP_M=16),
+    dict(_FP8_FAST, num_stages=3, WARP_SPECIALIZE=True),
+    dict(_FP8_FAST, num_stages=4, EPILOGUE_SUBTILE=True, WARP_SPECIALIZE=True),
+    dict(_FP8_FAST, num_stages=4, EPILOGUE_SUBTILE=True, PERSISTENT=False),
+    dict(_FP8_FAST, BLOCK_N=128, num_stages=5, EPILOGUE_SUBTILE=True),
+    dict(_FP8_FAST, BLOCK_M=256, BLOCK_N=128, num_stages=4, EPILOGUE_SUBTILE=True),
+)
+
+
+def fp8_shapes(sizes, fast: bool = False) -> list[gkb.Shape]:
+    mode = "fp8 fast" if fast else "fp8 precise"
+    return [gkb.Shape(mode, contiguous_problem(n, n, n, "fp8", "bf16", layout_b="col", fp8_fast_accum=fast))
+            for n in sizes]
 
 
 def shapes(tokens=TOKENS) -> list[gkb.Shape]:
@@ -130,7 +155,7 @@ def candidates(problem, device) -> dict[str, Config]:
     streaming = problem.m <= STREAM_MAX_M
     changes = STREAMING_VARIATIONS if streaming else TILED_VARIATIONS
     if problem.dtype == "fp8":
-        changes = FP8_VARIATIONS
+        changes = FP8_FAST_VARIATIONS if problem.fp8_fast_accum else FP8_VARIATIONS
     if STREAM_MAX_M < problem.m <= MID_MAX_M:
         changes += MID_VARIATIONS
     if STREAM_MAX_M < problem.m <= SWAP_MAX_M:
@@ -144,7 +169,11 @@ def candidates(problem, device) -> dict[str, Config]:
             wanted["SCHEDULE"] = "split_k" if wanted["SPLIT_K"] > 1 else "data_parallel"
         if space.is_feasible(wanted):
             found.setdefault(space.validate(wanted), "variation")
-    return {f"{kind} {gkb.short(config)}": config for config, kind in found.items()}
+    named: dict[str, Config] = {}
+    for config, kind in found.items():
+        name = f"{kind} {gkb.short(config)}"
+        named[name if name not in named else f"{name} g{config['GROUP_M']}"] = config  # short() omits GROUP_M
+    return named
 
 
 def sweep_shape(shape: gkb.Shape, configs: dict[str, Config], device, rounds: int, failures: list[str]) -> dict:
@@ -235,8 +264,12 @@ def main() -> int:
                         help=f"comma-separated M values (default {','.join(map(str, TOKENS))})")
     parser.add_argument("--fp8", type=lambda text: tuple(int(t) for t in text.split(",")), default=(),
                         help="also sweep fp8 (precise accumulation) at these square sizes, against _scaled_mm")
+    parser.add_argument("--fp8-fast", type=lambda text: tuple(int(t) for t in text.split(",")), default=(),
+                        help="also sweep fp8 with fast accumulation at these square sizes, against "
+                             "_scaled_mm(use_fast_accum=True)")
     args = parser.parse_args()
-    work = (shapes(args.tokens) if args.tokens else []) + fp8_shapes(args.fp8)
+    work = ((shapes(args.tokens) if args.tokens else []) + fp8_shapes(args.fp8)
+            + fp8_shapes(args.fp8_fast, fast=True))
     if args.plan:
         for shape in work:
             configs = candidates(shape.problem, gkb.H200_PLAN)

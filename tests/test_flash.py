@@ -291,7 +291,22 @@ def test_backward_loads_are_an_axis_that_stored_configs_predate():
     assert "TMA" in " ".join(FAMILY.space(problem, a100).violations(dict(stored, LOADS="tma")))
     unaligned = dataclasses.replace(problem, aligned=False)
     assert "tma_alignment" in " ".join(FAMILY.space(unaligned, H200).violations(dict(stored, LOADS="tma")))
-    assert FAMILY.default_config(problem, H200)["LOADS"] == "pointer"
+
+
+def test_backward_default_loads_through_tma_at_wide_heads_on_hopper():
+    # results/flash_bwd_tma_2026-12-02.txt: TMA loads 1-5% faster at head dims 128 and 256, 3% slower at 64.
+    def loads(problem, device=H200):
+        config = FAMILY.default_config(problem, device)
+        assert FAMILY.space(problem, device).is_feasible(config)
+        return config["LOADS"]
+
+    problem = FlashProblem("bwd", 2, 32, 8, 4096, 4096, 128, causal=True)
+    assert loads(problem) == loads(dataclasses.replace(problem, head_dim=256)) == "tma"
+    assert loads(dataclasses.replace(problem, head_dim=64)) == "pointer"
+    assert loads(dataclasses.replace(problem, aligned=False)) == "pointer"
+    assert loads(dataclasses.replace(problem, varlen=True)) == "pointer"
+    a100 = DeviceInfo("a100", "NVIDIA A100", (8, 0), 108, 80_000_000_000, 166912, "test")
+    assert loads(problem, a100) == loads(problem, INTERPRET) == "pointer"
 
 
 def test_backward_default_takes_short_query_steps_on_short_sequences():

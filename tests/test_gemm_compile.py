@@ -123,6 +123,7 @@ VARIANTS = [
     (LINEAR, cfg(VARIANT="tma", PERSISTENT=True, BLOCK_N=256)),
     (LINEAR, cfg(VARIANT="tma", PERSISTENT=True, WARP_SPECIALIZE=True, BLOCK_N=256)),
     (LINEAR, cfg(VARIANT="tma", PERSISTENT=True, FLATTEN=True)),
+    (LINEAR, cfg(VARIANT="tma", PERSISTENT=True, BLOCK_N=256, EPILOGUE_SUBTILE=True, num_stages=4)),
     (LINEAR, cfg(VARIANT="tma", SCHEDULE="stream_k", BLOCK_N=256)),
     (LINEAR, cfg(VARIANT="tma", SCHEDULE="split_k", SPLIT_K=3)),
     (DECODE, cfg(SCHEDULE="split_k", SPLIT_K=4, SWAP_AB=True, **DECODE_CFG)),
@@ -140,6 +141,7 @@ VARIANTS = [
     (FP8_DECODE, Config(dict(cfg(SCHEDULE="split_k", SPLIT_K=2, SWAP_AB=True, **DECODE_CFG), PROMOTE_TILES=2))),
     (FP8_FAST, cfg(VARIANT="tma", PERSISTENT=True, BLOCK_N=256, BLOCK_K=128)),
     (FP8_FAST, cfg(VARIANT="tma", SCHEDULE="stream_k", BLOCK_N=256, BLOCK_K=128)),
+    (FP8_FAST, cfg(VARIANT="tma", PERSISTENT=True, BLOCK_N=256, BLOCK_K=128, EPILOGUE_SUBTILE=True, num_stages=4)),
     (FP8_ROW, Config(dict(cfg(SCHEDULE="stream_k", BLOCK_K=128), PROMOTE_TILES=1))),
     (FP8_BLOCK, cfg(VARIANT="tma", PERSISTENT=True, BLOCK_K=128, num_stages=4)),
     (FP8_BLOCK_DECODE, cfg(SCHEDULE="split_k", SPLIT_K=2, SWAP_AB=True, **DECODE_CFG)),
@@ -153,7 +155,7 @@ def _id(case) -> str:
     extra = f"-{p.scale_mode}{'-fast' if p.fp8_fast_accum else ''}" if p.dtype == "fp8" else "-tf32" if p.tf32 else ""
     return (f"{p.m}x{p.n}x{p.k}-{p.dtype}{extra}-{c['VARIANT']}-{c['SCHEDULE']}{'-swap' if c['SWAP_AB'] else ''}"
             f"{'-persistent' if c['PERSISTENT'] else ''}{'-ws' if c['WARP_SPECIALIZE'] else ''}"
-            f"{'-flat' if c['FLATTEN'] else ''}")
+            f"{'-flat' if c['FLATTEN'] else ''}{'-subtile' if c.get('EPILOGUE_SUBTILE') else ''}")
 
 
 SM80 = [case for case in VARIANTS if case[1]["VARIANT"] == "blocked" and case[0].dtype != "fp8"]

@@ -507,10 +507,12 @@ class FlashFamily(Family):
             preferred = measured
             if max(p.seq_q, p.seq_k) <= _SHORT_BACKWARD_TOKENS:
                 preferred = dict(measured, BLOCK_M1=32)
-        # NOTE: pointer loads while the backward's TMA loads wait for a GPU check of the op's backward (autograd's
-        # thread launches it; see autotile.device.ensure_triton_allocator). With the same tiles, TMA loads were 1-5%
-        # faster at head dims 128 and 256 and 3% slower at 64 (results/flash_bwd_tma_2026-12-02.txt).
-        preferred["LOADS"] = "pointer"
+        # TMA loads where the GPU has them and the head dim is 128 or more: with the same tiles, 1-5% faster at head
+        # dims 128 and 256 and 3% slower at 64 (results/flash_bwd_tma_2026-12-02.txt). Packed sequences keep pointer
+        # loads, as they were measured with.
+        tma = (arch_of(device).supports(Feature.TMA) and not device.interpret and p.aligned and not p.varlen
+               and p.block_d >= 128)
+        preferred["LOADS"] = "tma" if tma else "pointer"
         return device_default(self, problem, device, preferred)
 
     @staticmethod

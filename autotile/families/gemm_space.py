@@ -139,7 +139,7 @@ def smem_bytes(problem, c: Mapping) -> int:
     """Pipelined operand tiles, plus the output tile staged for the TMA store."""
     operands = (c["BLOCK_M"] + c["BLOCK_N"]) * c["BLOCK_K"] * element_size(problem.dtype) * c["num_stages"]
     staging = c["BLOCK_M"] * c["BLOCK_N"] * element_size(problem.out_dtype) if c["VARIANT"] == "tma" else 0
-    return operands + staging
+    return operands + (staging // 2 if c.get("EPILOGUE_SUBTILE") else staging)
 
 
 def accumulator_registers(problem, c: Mapping) -> int:
@@ -176,14 +176,17 @@ def tma_ok(problem) -> bool:
 # --- the space -------------------------------------------------------------------------------------
 
 def upgrade_config(problem, config: Mapping) -> Mapping:
-    """A config stored before the schedule, SWAP_AB and PROMOTE_TILES axes existed, as a config of today's space.
+    """A config stored before the schedule, SWAP_AB, PROMOTE_TILES and EPILOGUE_SUBTILE axes existed, as a config
+    of today's space.
 
-    Such a config ran split-K exactly when SPLIT_K > 1, never swapped A and B, and (fp8) promoted the
-    tensor cores' sums once per K tile: the values filled in here run that same kernel.
+    Such a config ran split-K exactly when SPLIT_K > 1, never swapped A and B, (fp8) promoted the tensor cores'
+    sums once per K tile, and stored C whole: the values filled in here run that same kernel.
     """
-    if "SCHEDULE" in config or "VARIANT" not in config or "BLOCK_M" not in config:
+    if "VARIANT" not in config or "BLOCK_M" not in config or "EPILOGUE_SUBTILE" in config:
         return config
-    upgraded = dict(config)
+    upgraded = dict(config, EPILOGUE_SUBTILE=False)
+    if "SCHEDULE" in config:
+        return upgraded
     split_k = upgraded.get("SPLIT_K", 1)
     upgraded["SCHEDULE"] = "split_k" if isinstance(split_k, int) and split_k > 1 else "data_parallel"
     upgraded.setdefault("SWAP_AB", False)
@@ -213,6 +216,8 @@ def gemm_space(problem, device: DeviceInfo) -> StagedSpace:
         Axis("WARP_SPECIALIZE", (False, True)),
         Axis("FLATTEN", (False, True)),
         Axis("SWAP_AB", (False, True), AxisKind.RENDER),
+        # The TMA store of C in two (BLOCK_M, BLOCK_N / 2) halves: half the staging buffer, so room for a stage more.
+        Axis("EPILOGUE_SUBTILE", (False, True), AxisKind.RENDER),
         Axis("BLOCK_M", (16, 32, 64, 128, 256)),
         Axis("BLOCK_N", (32, 64, 128, 256)),
         Axis("BLOCK_K", (32, 64, 128, 256)),
@@ -237,6 +242,12 @@ def gemm_space(problem, device: DeviceInfo) -> StagedSpace:
              lambda c: (c["VARIANT"] == "tma" and c["SCHEDULE"] == "data_parallel")
              or not (c["PERSISTENT"] or c["WARP_SPECIALIZE"] or c["FLATTEN"]),
              "PERSISTENT, WARP_SPECIALIZE and FLATTEN only change the tma variant's data-parallel tile loop"),
+        rule("epilogue_subtile_tma_only", ("VARIANT", "EPILOGUE_SUBTILE"),
+             lambda c: not c["EPILOGUE_SUBTILE"] or c["VARIANT"] == "tma",
+             "EPILOGUE_SUBTILE splits the tma variant's staged store of C; pointer stores stage nothing"),
+        rule("epilogue_subtile_width", ("EPILOGUE_SUBTILE", "BLOCK_N"),
+             lambda c: not c["EPILOGUE_SUBTILE"] or c["BLOCK_N"] >= 64,
+             "EPILOGUE_SUBTILE halves BLOCK_N: it needs BLOCK_N >= 64"),
         rule("swap_ab_for_few_rows", ("SWAP_AB",), lambda c: not c["SWAP_AB"] or (p.m <= SWAP_MAX_M and tensor_cores),
              f"SWAP_AB puts N on the tensor cores' M side: for M <= {SWAP_MAX_M} with tensor-core operands"),
         rule("swap_ab_tiles", ("SWAP_AB", "BLOCK_M", "BLOCK_N"),
@@ -276,7 +287,7 @@ def gemm_space(problem, device: DeviceInfo) -> StagedSpace:
         rule("work_per_warp", ("BLOCK_M", "BLOCK_N", "num_warps"),
              lambda c: c["BLOCK_M"] * c["BLOCK_N"] >= 128 * c["num_warps"],
              "tile too small to give every warp a full mma"),
-        rule("shared_memory", ("VARIANT", "BLOCK_M", "BLOCK_N", "BLOCK_K", "num_stages"),
+        rule("shared_memory", ("VARIANT", "EPILOGUE_SUBTILE", "BLOCK_M", "BLOCK_N", "BLOCK_K", "num_stages"),
              lambda c: smem_bytes(p, c) <= device.smem_per_block,
              lambda c: f"needs {smem_bytes(p, c)} B of shared memory, the device allows {device.smem_per_block} B"),
     ]
