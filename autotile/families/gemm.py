@@ -333,9 +333,12 @@ class GemmFamily(Family):
         space = self.space(problem, device)
         seeds, seen = [], {self.default_config(problem, device)}
         for wanted in seed_variations(problem, device):
-            if space.is_feasible(wanted) and Config(wanted) not in seen:
-                seen.add(Config(wanted))
-                seeds.append(Config(wanted))
+            if not space.is_feasible(wanted):
+                continue
+            config = space.validate(wanted)  # upgraded: the policy's dicts need not name every axis
+            if config not in seen:
+                seen.add(config)
+                seeds.append(config)
         return seeds
 
     # --- data -----------------------------------------------------------------------
