@@ -143,6 +143,26 @@ def test_wide_streaming_where_its_programs_fit_one_wave(m):
     assert not FAMILY.default_config(beyond, H200)["SWAP_AB"]
 
 
+@pytest.mark.parametrize("m", [65, 96, 128])
+def test_few_tokens_beyond_one_streaming_wave(m):
+    # results/gemm_policy_sweep_2026-12-02_mid.md, M = 96 and 128 where wide streaming takes more than one wave:
+    # qkv takes the one-wave TMA tiles from FEW_TOKENS_FILL_SMS of the SMs; gate_up streams unsplit through
+    # swapped 128-token tiles, 128 weight rows deep 64 (Llama-3-8B) unless 64 rows deep 128 fill the waves
+    # better (Qwen2.5-7B: 296 tiles on 264 slots against 592 on 132).
+    def default(n, k):
+        return FAMILY.default_config(contiguous_problem(m, n, k, "bf16", "bf16", layout_b="col"), H200)
+
+    for qkv in (default(6144, 4096), default(4608, 3584)):
+        assert (qkv["VARIANT"], qkv["SCHEDULE"], qkv["BLOCK_M"], qkv["BLOCK_N"]) == ("tma", "data_parallel", 64, 128)
+    llama, qwen = default(28672, 4096), default(37888, 3584)
+    for gate_up, width in ((llama, 128), (qwen, 64)):
+        assert gate_up["SWAP_AB"] and gate_up["SCHEDULE"] == "data_parallel", gate_up
+        assert (gate_up["BLOCK_M"], gate_up["BLOCK_N"], gate_up["num_warps"]) == (WIDE_STREAM_MAX_M, width, 4), gate_up
+    # Without TMA or wgmma (an A100) the tiled rules decide, as before.
+    a100 = FAMILY.default_config(contiguous_problem(m, 28672, 4096, "bf16", "bf16", layout_b="col"), A100)
+    assert not a100["SWAP_AB"], a100
+
+
 @pytest.mark.parametrize("m,n,k,tile", [(256, 4096, 4096, (64, 128)), (256, 4096, 14336, (64, 128)),
                                         (512, 3584, 18944, (128, 128)), (512, 4096, 4096, (128, 128))])
 def test_mid_tiles_on_tma_where_they_fit_one_wave(m, n, k, tile):

@@ -7,8 +7,9 @@ The regime follows from M, N, K, the dtypes, the layouts and the GPU's SM count:
   until the programs fill the SMs (a split is worth its partial tile's round trip through the
   workspace). Its ceiling is copy bandwidth over the weight's bytes.
 - mid (16 < M <= 512): up to M = 64 (STREAM_MAX_M), decode's weight-streaming kernel with every token in
-  one tile; up to M = 128 (WIDE_STREAM_MAX_M) the same with a 128-token tile where its programs fit one wave;
-  above, tiles chosen by how well they fill the SMs (tiled_mid_config).
+  one tile; up to M = 128 (WIDE_STREAM_MAX_M) the same with a 128-token tile where its programs fit one wave,
+  else one wave of TMA tiles or the weight streamed unsplit (few_tokens_config); above, tiles chosen by how
+  well they fill the SMs (tiled_mid_config).
 - prefill (M > 512): 128 x 256 tiles on TMA loads in a persistent loop (fp8: Triton's persistent TMA
   tutorial's 128 x 256 x 128 with fast accumulation; 128 x 128 x 128 with two accumulators, promoted
   every 2 K tiles, for precise accumulation and block scales).
@@ -68,6 +69,17 @@ ONE_WAVE_MID_TILES = (
     dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=128, num_warps=4, num_stages=4),
     dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=4),
 )
+# Up to WIDE_STREAM_MAX_M tokens, where the wide streaming kernel takes more than one wave
+# (results/gemm_policy_sweep_2026-12-02_mid.md, M = 96 and 128, Llama-3-8B and Qwen2.5-7B):
+# - the one-wave TMA tiles lead from this share of the SMs on (qkv projections, 55-73% of the SMs: 0.76-0.83x
+#   of cuBLAS against 0.69-0.79x for the split 64 x 128 tiles);
+# - where they take more than one wave (gate_up), the weight streams unsplit through swapped 128-token tiles: 128
+#   weight rows deep 64 on 3 stages (two programs an SM) unless 64 rows deep 128 on 4 stages (one an SM) fill the
+#   last wave better by FEW_TOKENS_WAVE_GAIN (Llama-3-8B 0.93-0.98x against 0.88-0.92x for 64 x 128 tiles;
+#   Qwen2.5-7B, 1.12 waves against 4.48: 0.86-0.89x against 0.72-0.76x for 128 x 256 tiles).
+FEW_TOKENS_FILL_SMS = 0.5
+FEW_TOKENS_WAVE_GAIN = 0.10
+_FEW_TOKENS_STREAMS = (dict(BLOCK_N=128, BLOCK_K=64, num_stages=3), dict(BLOCK_N=64, BLOCK_K=128, num_stages=4))
 
 
 def regime(problem) -> str:
@@ -230,7 +242,30 @@ def mid_config(problem, device: DeviceInfo) -> dict:
         wide = wide_streaming_config(problem, device)
         if streams_in_one_wave(problem, wide, device):
             return wide
+        few = few_tokens_config(problem, device)
+        if few is not None:
+            return few
     return tiled_mid_config(problem, device)
+
+
+def few_tokens_config(problem, device: DeviceInfo) -> dict | None:
+    """STREAM_MAX_M < M <= WIDE_STREAM_MAX_M, 16-bit operands, where wide streaming takes more than one wave: the
+    one-wave TMA tiles from FEW_TOKENS_FILL_SMS of the SMs, else unsplit swapped streaming tiles (the one of
+    _FEW_TOKENS_STREAMS that fills its waves better; see FEW_TOKENS_FILL_SMS). None: the tiled rules decide."""
+    p = problem
+    if p.dtype not in ("bf16", "fp16") or not swap_ab_fits(p, device):
+        return None
+    if tma_ok(p) and arch_of(device).supports(Feature.TMA):
+        for tiles in ONE_WAVE_MID_TILES:
+            config = _fit_stages(p, _fit_blocks(p, _base(VARIANT="tma", GROUP_M=8, **tiles)), device)
+            count, slots = tile_count(p, config["BLOCK_M"], config["BLOCK_N"]), programs(p, config, device)
+            if FEW_TOKENS_FILL_SMS * sm_count(device) <= count <= slots:
+                return config
+    # Four warps even for 128 x 128 tiles (_fit_blocks would take 8): they led 8 warps on 4 stages by 6%.
+    streams = [_fit_stages(p, dict(_fit_blocks(p, _base(BLOCK_M=WIDE_STREAM_MAX_M, SWAP_AB=True, **tiles)), num_warps=4),
+                           device) for tiles in _FEW_TOKENS_STREAMS]
+    busy = [wave_efficiency(tile_count(p, c["BLOCK_M"], c["BLOCK_N"]), programs(p, c, device)) for c in streams]
+    return streams[1] if busy[1] >= busy[0] + FEW_TOKENS_WAVE_GAIN else streams[0]
 
 
 def _fewer_waves(problem, config: dict, device: DeviceInfo) -> dict:
