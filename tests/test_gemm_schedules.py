@@ -146,6 +146,15 @@ def test_tile_counters_are_zero_after_every_launch():
             assert not counters.any(), f"{cfg['SCHEDULE']} left counters set: {counters.nonzero().flatten()[:8]}"
 
 
+def test_split_buffers_are_the_kept_workspace_and_counters():
+    cpu = torch.device("cpu")
+    ws, counters = gemm_launch.split_buffers(cpu, 4096, 8)
+    assert ws is gemm_launch.workspace(cpu, 4096) and counters is gemm_launch.tile_counters(cpu, 8)
+    assert ws.numel() >= 4096 and counters.numel() >= 8 and not counters.any()
+    assert gemm_launch.split_buffers(cpu, 0, 8) == (None, counters)
+    assert gemm_launch.split_buffers(cpu, 4096, 0) == (ws, None)
+
+
 def test_a_failed_launch_drops_its_counters(monkeypatch):
     problem = contiguous_problem(3, 64, 256, "fp16", "fp16")
     inputs = FAMILY.make_inputs(problem, CPU, seed=1)
