@@ -1,0 +1,87 @@
+"""Host time of the pieces of a served GEMM call: where a decode step's microseconds go (GPU).
+
+    AUTOTILE_VENDOR=0 python benchmarks/host_pieces.py            # the ops serve their generated kernels
+
+A decode GEMM runs 6-40 us on the GPU; called eagerly, a step is as long as its host work when that is longer.
+This times, with 2000 calls queued each: the torch calls a served launch makes (device, strides, stream lookups,
+the split-K buffers, the output allocation), then `F.linear` beside `autotile.linear` on Llama-3-8B decode
+shapes, walking the shapes forward and back (host time on a shared machine drifts by tens of percent over
+seconds), then a cProfile of the op on the first two shapes. Prints to stdout.
+"""
+from __future__ import annotations
+
+import cProfile
+import io
+import pstats
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import autotile  # noqa: E402
+from autotile.families import gemm_launch  # noqa: E402
+
+CALLS = 2000
+SHAPES = ((1, 4096, 4096), (4, 1024, 4096), (16, 4096, 4096), (1, 14336, 4096), (8, 6144, 4096))
+
+
+def host_us(fn, calls: int = CALLS) -> float:
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    elapsed = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return elapsed / calls * 1e6
+
+
+def main() -> int:
+    if not torch.cuda.is_available():
+        print("no CUDA GPU: this measures a GPU launch path")
+        return 2
+    dev = torch.device("cuda", 0)
+    x = torch.randn(1, 4096, device=dev, dtype=torch.bfloat16)
+    pieces = {
+        "x.device": lambda: x.device,
+        "x.stride()": lambda: x.stride(),
+        "x.data_ptr()": lambda: x.data_ptr(),
+        "torch.cuda.is_current_stream_capturing": torch.cuda.is_current_stream_capturing,
+        "gemm_launch._stream_key": lambda: gemm_launch._stream_key(dev),
+        "gemm_launch.workspace": lambda: gemm_launch.workspace(dev, 4 * 64 * 16),
+        "gemm_launch.tile_counters": lambda: gemm_launch.tile_counters(dev, 64),
+        "gemm_launch.split_buffers": lambda: gemm_launch.split_buffers(dev, 4 * 64 * 16, 64),
+        "torch.empty (1, 4096)": lambda: torch.empty((1, 4096), dtype=torch.bfloat16, device=dev),
+        "x.new_empty (1, 4096)": lambda: x.new_empty((1, 4096)),
+        "torch.empty_like(x)": lambda: torch.empty_like(x),
+    }
+    for name, fn in pieces.items():
+        print(f"piece {name:40s} {host_us(fn):6.2f} us")
+    data = {shape: (torch.randn(shape[0], shape[2], device=dev, dtype=torch.bfloat16),
+                    torch.randn(shape[1], shape[2], device=dev, dtype=torch.bfloat16)) for shape in SHAPES}
+    for order in ("forward", "reversed", "forward", "reversed"):
+        for shape in SHAPES if order == "forward" else SHAPES[::-1]:
+            a, w = data[shape]
+            vendor, ours = host_us(lambda: F.linear(a, w)), host_us(lambda: autotile.linear(a, w))
+            print(f"{order:8s} {shape}: F.linear {vendor:6.2f} us, autotile.linear {ours:6.2f} us of host time a call")
+    for shape in SHAPES[:2]:
+        a, w = data[shape]
+        profile = cProfile.Profile()
+        profile.enable()
+        for _ in range(CALLS):
+            autotile.linear(a, w)
+        profile.disable()
+        torch.cuda.synchronize()
+        text = io.StringIO()
+        pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(14)
+        print(shape, "\n".join(text.getvalue().splitlines()[:40]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
