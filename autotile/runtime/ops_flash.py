@@ -168,8 +168,12 @@ def serve_forward(problem: FlashProblem, device: DeviceInfo, scale: float, sampl
              lse if cu_q is None else cu_q, lse if cu_k is None else cu_k)
     launch_here = _on_device(dev, launch)
 
+    same_dtype = o_dtype == q.dtype
+
     def run_kernel(q, k, v, alibi, cu_q, cu_k, need_lse):
-        o = torch.empty(o_shape, dtype=o_dtype, device=dev)
+        # NOTE: new_empty where O has Q's dtype: 2.7 us of host time against torch.empty's 4.3 on the H200 machine
+        # (results/host_pieces_2026-12-02.txt).
+        o = q.new_empty(o_shape) if same_dtype else torch.empty(o_shape, dtype=o_dtype, device=dev)
         if not need_lse:
             launch_here(q, k, v, o, o, alibi, cu_q, cu_k, without_lse)
             return o, None
