@@ -108,8 +108,9 @@ def test_the_result_does_not_depend_on_the_order_programs_finish(cfg):
     assert FAMILY.check(ODD, inputs, {"c": in_order}, FAMILY.reference(ODD, inputs)).ok
 
 
-# The TMA store of C in two halves: N = 72 leaves the second column tile 8 wide (its right half wholly clipped).
-SUBTILED = contiguous_problem(37, 72, 200, "bf16", "fp32", layout_b="col", bias=True, activation="gelu", residual=True)
+# The TMA store of C in two halves (C tiles of 128 x 128 at least): N = 136 leaves the second column tile 8 wide (its
+# right half wholly clipped), M = 130 the second row tile 2 rows high.
+SUBTILED = contiguous_problem(130, 136, 200, "bf16", "fp32", layout_b="col", bias=True, activation="gelu", residual=True)
 SUBTILE_CASES = [("data_parallel", 1, False), ("data_parallel", 1, True), ("split_k", 3, False), ("stream_k", 1, False)]
 
 
@@ -117,7 +118,7 @@ SUBTILE_CASES = [("data_parallel", 1, False), ("data_parallel", 1, True), ("spli
                          ids=[f"{s}-{k}{'-persistent' if p else ''}" for s, k, p in SUBTILE_CASES])
 def test_epilogue_subtile_stores_every_column(schedule, split, persistent):
     cfg = config(VARIANT="tma", SCHEDULE=schedule, SPLIT_K=split, PERSISTENT=persistent, EPILOGUE_SUBTILE=True,
-                 BLOCK_M=32, BLOCK_N=64)
+                 BLOCK_M=128, BLOCK_N=128)
     FAMILY.space(SUBTILED, CPU).validate(cfg)
     with interpreter_programs(3):
         outcome, _ = run_checked(FAMILY, SUBTILED, cfg, CPU, seed=5)
@@ -128,6 +129,8 @@ def test_epilogue_subtile_needs_tma_and_wide_tiles():
     space = FAMILY.space(SUBTILED, CPU)
     assert "epilogue_subtile_tma_only" in " ".join(space.violations(config(EPILOGUE_SUBTILE=True, BLOCK_N=64)))
     assert "epilogue_subtile_width" in " ".join(space.violations(config(VARIANT="tma", EPILOGUE_SUBTILE=True)))
+    assert "epilogue_subtile_width" in " ".join(space.violations(config(VARIANT="tma", EPILOGUE_SUBTILE=True,
+                                                                        BLOCK_M=64, BLOCK_N=128)))
     # A config stored before the axis existed stores C whole.
     stored = {k: v for k, v in config(VARIANT="tma", BLOCK_N=64).items() if k != "EPILOGUE_SUBTILE"}
     assert space.validate(stored)["EPILOGUE_SUBTILE"] is False

@@ -245,9 +245,10 @@ def gemm_space(problem, device: DeviceInfo) -> StagedSpace:
         rule("epilogue_subtile_tma_only", ("VARIANT", "EPILOGUE_SUBTILE"),
              lambda c: not c["EPILOGUE_SUBTILE"] or c["VARIANT"] == "tma",
              "EPILOGUE_SUBTILE splits the tma variant's staged store of C; pointer stores stage nothing"),
-        rule("epilogue_subtile_width", ("EPILOGUE_SUBTILE", "BLOCK_N"),
-             lambda c: not c["EPILOGUE_SUBTILE"] or c["BLOCK_N"] >= 64,
-             "EPILOGUE_SUBTILE halves BLOCK_N: it needs BLOCK_N >= 64"),
+        # Halving a staging buffer under 128 x 128 frees too little for another stage to be worth a search axis.
+        rule("epilogue_subtile_width", ("EPILOGUE_SUBTILE", "BLOCK_M", "BLOCK_N"),
+             lambda c: not c["EPILOGUE_SUBTILE"] or (c["BLOCK_N"] >= 64 and c["BLOCK_M"] * c["BLOCK_N"] >= 128 * 128),
+             "EPILOGUE_SUBTILE halves BLOCK_N: for C tiles of at least 128 x 128 (BLOCK_N >= 64)"),
         rule("swap_ab_for_few_rows", ("SWAP_AB",), lambda c: not c["SWAP_AB"] or (p.m <= SWAP_MAX_M and tensor_cores),
              f"SWAP_AB puts N on the tensor cores' M side: for M <= {SWAP_MAX_M} with tensor-core operands"),
         rule("swap_ab_tiles", ("SWAP_AB", "BLOCK_M", "BLOCK_N"),
