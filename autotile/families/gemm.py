@@ -466,7 +466,8 @@ class GemmFamily(Family):
         blocked = config["VARIANT"] == "blocked"
         return dict(
             VARIANT=config["VARIANT"], SCHEDULE=config["SCHEDULE"], SWAP_AB=config["SWAP_AB"],
-            EPILOGUE_SUBTILE=config.get("EPILOGUE_SUBTILE", False), HAS_BIAS=p.bias, HAS_RESIDUAL=p.residual, ACTIVATION=p.activation,
+            EPILOGUE_SUBTILE=config.get("EPILOGUE_SUBTILE", False),
+            HAS_BIAS=p.bias, HAS_RESIDUAL=p.residual, ACTIVATION=p.activation,
             SCALES=p.scale_mode if p.dtype == "fp8" else "none",
             FP8_PROMOTE=p.dtype == "fp8" and not p.fp8_fast_accum and p.scale_mode != "block",
             A_COL=p.layout_a == "col", B_COL=p.layout_b == "col",

@@ -262,8 +262,8 @@ def few_tokens_config(problem, device: DeviceInfo) -> dict | None:
             if FEW_TOKENS_FILL_SMS * sm_count(device) <= count <= slots:
                 return config
     # Four warps even for 128 x 128 tiles (_fit_blocks would take 8): they led 8 warps on 4 stages by 6%.
-    streams = [_fit_stages(p, dict(_fit_blocks(p, _base(BLOCK_M=WIDE_STREAM_MAX_M, SWAP_AB=True, **tiles)), num_warps=4),
-                           device) for tiles in _FEW_TOKENS_STREAMS]
+    streams = [_fit_stages(p, dict(_fit_blocks(p, _base(BLOCK_M=WIDE_STREAM_MAX_M, SWAP_AB=True, **tiles)),
+                                   num_warps=4), device) for tiles in _FEW_TOKENS_STREAMS]
     busy = [wave_efficiency(tile_count(p, c["BLOCK_M"], c["BLOCK_N"]), programs(p, c, device)) for c in streams]
     return streams[1] if busy[1] >= busy[0] + FEW_TOKENS_WAVE_GAIN else streams[0]
 
