@@ -202,7 +202,9 @@ def device_seeds(family, problem, device: DeviceInfo, wanted: Iterable[Mapping])
     space = family.space(problem, device)
     seeds: list = []
     for config in wanted:
-        seed = space.validate(config) if space.is_feasible(config) else _fitted(family, problem, device, space, config)
+        seed = space.admit(config)
+        if seed is None:
+            seed = _fitted(family, problem, device, space, config)
         if seed is not None and seed not in seeds:
             seeds.append(seed)
     return seeds
@@ -242,9 +244,9 @@ def _fewer_stages(space, config: Mapping):
         return None
     fewer = (s for s in space.axis("num_stages").choices if MIN_FITTED_STAGES <= s < config["num_stages"])
     for stages in sorted(fewer, reverse=True):
-        candidate = dict(config, num_stages=stages)
-        if space.is_feasible(candidate):
-            return space.validate(candidate)
+        candidate = space.admit(dict(config, num_stages=stages))
+        if candidate is not None:
+            return candidate
     return None
 
 

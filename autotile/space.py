@@ -131,7 +131,9 @@ class Space:
 
     def violations(self, config: Mapping[str, Value]) -> list[str]:
         """Every reason the config (upgraded) is not in the space (empty when it is)."""
-        config = self._upgrade(config)
+        return self._violations_of(self._upgrade(config))
+
+    def _violations_of(self, config: Mapping[str, Value]) -> list[str]:
         problems = []
         unknown = sorted(set(config) - set(self._by_name))
         if unknown:
@@ -152,10 +154,16 @@ class Space:
 
     def validate(self, config: Mapping[str, Value]) -> Config:
         """The config, upgraded to this space's axes; raises ConfigOutsideSpaceError where it is not in the space."""
-        problems = self.violations(config)
+        upgraded = self._upgrade(config)
+        problems = self._violations_of(upgraded)
         if problems:
             raise ConfigOutsideSpaceError("config is outside the search space: " + "; ".join(problems))
-        return Config(self._upgrade(config))
+        return Config(upgraded)
+
+    def admit(self, config: Mapping[str, Value]) -> Config | None:
+        """The config upgraded to this space's axes, or None where it is outside the space (one check, no raise)."""
+        upgraded = self._upgrade(config)
+        return None if self._violations_of(upgraded) else Config(upgraded)
 
     def grid(self) -> Iterator[Config]:
         for values in itertools.product(*(a.choices for a in self.axes)):

@@ -14,13 +14,14 @@ import cProfile
 import io
 import pstats
 import sys
-import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent.parent)]
+
+import launch_overhead  # noqa: E402  (the host-time loop)
 
 import autotile  # noqa: E402
 from autotile.families import gemm_launch  # noqa: E402
@@ -29,16 +30,8 @@ CALLS = 2000
 SHAPES = ((1, 4096, 4096), (4, 1024, 4096), (16, 4096, 4096), (1, 14336, 4096), (8, 6144, 4096))
 
 
-def host_us(fn, calls: int = CALLS) -> float:
-    for _ in range(20):
-        fn()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    elapsed = time.perf_counter() - start
-    torch.cuda.synchronize()
-    return elapsed / calls * 1e6
+def host_us(fn) -> float:
+    return launch_overhead.host_us(fn, CALLS, warmup=20)
 
 
 def main() -> int:

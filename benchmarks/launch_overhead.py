@@ -51,15 +51,17 @@ def resolve_generated(problem, device):
             os.environ["AUTOTILE_VENDOR"] = before
 
 
-def host_us(fn) -> float:
-    fn()
+def host_us(fn, calls: int = HOST_CALLS, warmup: int = 1) -> float:
+    """Host microseconds a call of `fn`, `calls` calls queued without synchronising (after `warmup` calls)."""
+    for _ in range(warmup):
+        fn()
     torch.cuda.synchronize()
     start = time.perf_counter()
-    for _ in range(HOST_CALLS):
+    for _ in range(calls):
         fn()
     elapsed = time.perf_counter() - start
     torch.cuda.synchronize()
-    return elapsed / HOST_CALLS * 1e6
+    return elapsed / calls * 1e6
 
 
 def row(name: str, fn) -> str:

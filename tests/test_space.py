@@ -44,6 +44,7 @@ def test_an_upgrade_maps_configs_of_an_earlier_space_onto_this_one():
     assert space.validate({"BLOCK": 16}) == Config(LOADS="pointer", BLOCK=16)
     assert space.validate({"BLOCK": 16, "LOADS": "tma"}) == Config(LOADS="tma", BLOCK=16)
     assert space.violations({"BLOCK": 64}) == ["fits: BLOCK > 32"]
+    assert space.admit({"BLOCK": 16}) == Config(LOADS="pointer", BLOCK=16) and space.admit({"BLOCK": 64}) is None
     assert not Space([Axis("LOADS", ("pointer",)), Axis("BLOCK", (16,))]).is_feasible({"BLOCK": 16})
 
 

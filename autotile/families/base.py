@@ -191,8 +191,9 @@ class Family(abc.ABC):
     def first_feasible(self, problem, device: DeviceInfo, preferred: Mapping) -> Config:
         """`preferred` if it is in the space, else the feasible config that shares most values with it."""
         space = self.space(problem, device)
-        if space.is_feasible(preferred):
-            return space.validate(preferred)  # with any axes the space added since `preferred` was written
+        admitted = space.admit(preferred)  # with any axes the space added since `preferred` was written
+        if admitted is not None:
+            return admitted
         best, best_score = None, -1
         for config in space.feasible():
             score = sum(config[k] == preferred.get(k) for k in config)

@@ -768,7 +768,8 @@ class FlashFamily(Family):
         return dict(
             RIGHT_BOUND=p.causal or p.window_right >= 0, LEFT_BOUND=p.window_left >= 0, SOFTCAP=p.softcap > 0,
             ALIBI=p.alibi, VARLEN=p.varlen, HEAD_PADDED=p.block_d != p.head_dim, FP8=p.dtype == "fp8",
-            LOADS=config["LOADS"].removesuffix("_lookahead") if p.direction == "fwd" else _backward_upgrade(config)["LOADS"],
+            LOADS=(config["LOADS"].removesuffix("_lookahead") if p.direction == "fwd"
+                   else _backward_upgrade(config)["LOADS"]),
             LOOKAHEAD=p.direction == "fwd" and config["LOADS"].endswith("_lookahead"),
             INPUT_PRECISION="ieee" if p.dtype == "fp32" else "", UPCAST_DOTS=False, STORE_LSE=True,
         )

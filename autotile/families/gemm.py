@@ -333,10 +333,8 @@ class GemmFamily(Family):
         space = self.space(problem, device)
         seeds, seen = [], {self.default_config(problem, device)}
         for wanted in seed_variations(problem, device):
-            if not space.is_feasible(wanted):
-                continue
-            config = space.validate(wanted)  # upgraded: the policy's dicts need not name every axis
-            if config not in seen:
+            config = space.admit(wanted)  # upgraded: the policy's dicts need not name every axis
+            if config is not None and config not in seen:
                 seen.add(config)
                 seeds.append(config)
         return seeds

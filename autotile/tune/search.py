@@ -132,7 +132,7 @@ class _ConfigSource:
         with self._lock:
             if self._feasible is None and self._candidates is not None:
                 # Only these can be feasible (a simulation's table): no need to walk the whole grid.
-                keep = [self.space.validate(c) for c in self._candidates if self.space.is_feasible(c)]
+                keep = [c for c in map(self.space.admit, self._candidates) if c is not None]
                 self._feasible = sorted(keep, key=self._grid_position)  # the order space.feasible() yields
             elif self._feasible is None:
                 self._feasible = list(self.space.feasible())
