@@ -56,6 +56,15 @@ MODELS: dict[str, ModelDims] = {m.name: m for m in (
     ModelDims("phi3-medium", 5120, 17920, 40, 10, 128),
     ModelDims("gemma2-9b", 3584, 14336, 16, 8, 256),
     ModelDims("gemma2-27b", 4608, 36864, 32, 16, 128),
+    ModelDims("gemma2-2b", 2304, 9216, 8, 4, 256),
+    ModelDims("qwen2.5-1.5b", 1536, 8960, 12, 2, 128, qkv_bias=True),
+    ModelDims("qwen2.5-3b", 2048, 11008, 16, 2, 128, qkv_bias=True),
+    ModelDims("qwen2.5-32b", 5120, 27648, 40, 8, 128, qkv_bias=True),
+    ModelDims("qwen3-4b", 2560, 9728, 32, 8, 128),
+    ModelDims("qwen3-8b", 4096, 12288, 32, 8, 128),
+    ModelDims("qwen3-14b", 5120, 17408, 40, 8, 128),
+    ModelDims("phi4", 5120, 17920, 40, 10, 128),
+    ModelDims("mistral-small-24b", 5120, 32768, 32, 8, 128),
 )}
 
 _DIM_NAMES = {"hidden": "hidden", "intermediate": "intermediate", "ffn": "intermediate", "heads": "heads",

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import math
 import os
 import statistics
@@ -93,6 +94,7 @@ def _gemm_row(name, proj, m, x, w, bias, rounds) -> dict:
     row = {"model": name, "proj": proj.name, "m": m, "n": proj.n, "k": proj.k, "ours_ms": ours,
            "vendor_ms": theirs, "ratio": theirs / ours, "rel_err": err / scale, "wrong": err / scale > 2e-2,
            "served": info["vendor"] or f"{info['source']}/{info['match']}",
+           "tuned_for": info["tuned_for"], "device": info["device"],
            "weight_tbps": proj.n * proj.k * 2 / (ours * 1e-3) / 1e12}
     if row["ratio"] < SLOW_ROW:
         row["diagnosis"] = {"ours": _where_time_goes(ours_fn), "vendor": _where_time_goes(theirs_fn),
@@ -374,6 +376,8 @@ def main() -> None:
               "Ratio = vendor time / autotile time (above 1: autotile is faster).")
     text = markdown(gemm, flash, host, graphs, header)
     (args.out / f"{args.name}.md").write_text(text)
+    # The rows as data, for benchmarks/drop_losers.py.
+    (args.out / f"{args.name}.json").write_text(json.dumps({"gemm": gemm, "flash": flash, "host": host}, indent=1))
     print(text)
 
 
