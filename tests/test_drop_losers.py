@@ -1,0 +1,45 @@
+"""benchmarks/drop_losers.py: which shipped winners lose through the public op."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.scripts import loaded_script
+
+SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "drop_losers.py"
+
+
+@pytest.fixture(scope="module")
+def drop():
+    yield from loaded_script(SCRIPT, "drop_losers_script")
+
+
+def _row(ratio, served="shipped-db/exact", tuned_for="K4", retimed=None, **extra):
+    row = {"model": "m", "proj": "kv", "m": 4, "ratio": ratio, "served": served, "tuned_for": tuned_for,
+           "device": "h200/sm90", **extra}
+    if retimed is not None:
+        row["diagnosis"] = {"retimed": retimed}  # (ours ms, vendor ms)
+    return row
+
+
+def test_a_winner_slow_in_both_timings_is_dropped(drop):
+    lost = drop.losers([_row(0.93, retimed=(0.0100, 0.0095))], 0.97)
+    assert list(lost) == [("h200/sm90", "K4")]
+
+
+def test_a_second_timing_at_par_keeps_the_winner(drop):
+    # Noise on a 10-us call: 0.94x, then 1.02x on the second timing.
+    assert drop.losers([_row(0.94, retimed=(0.0100, 0.0102))], 0.97) == {}
+
+
+def test_rows_the_winner_did_not_serve_are_ignored(drop):
+    rows = [_row(0.90, served="cuBLAS (torch.matmul)", tuned_for=None), _row(0.90, served="user-db/exact"),
+            {"model": "m", "proj": "kv", "m": 4, "error": "RuntimeError: boom"}, _row(1.05)]
+    assert drop.losers(rows, 0.97) == {}
+
+
+def test_rows_of_one_winner_are_grouped(drop):
+    lost = drop.losers([_row(0.95, tuned_for="K16"), _row(0.96, tuned_for="K16"), _row(0.99, tuned_for="K16")],
+                       0.97)
+    assert [len(rows) for rows in lost.values()] == [2]
