@@ -25,8 +25,9 @@ def model_options(family):
                           help="a model that is not in the table")(fn)
         fn = click.option("--tokens", default=None, metavar="1,16,128,2048",
                           help="token counts (M) to tune with --model (default: every bucket 1..8192)")(fn)
-        fn = click.option("--model", default=None,
-                          help="tune a model's projections (gemm) or prefill attention (flash); see autotile.models")(fn)
+        fn = click.option("--model", default=None, metavar="NAME[,NAME...]",
+                          help="tune models' projections (gemm) or prefill attention (flash), each shape once; "
+                               "see autotile.models")(fn)
         return fn
 
     return decorate
@@ -38,7 +39,7 @@ def take_model_options(options: dict) -> dict:
 
 
 def tune_model(family, model_opts: dict, shape_options: dict, device, db_url, trials, seed, **tune_kwargs) -> None:
-    from autotile.models import model_dims, parse_tokens
+    from autotile.models import parse_tokens
     from autotile.tune.plan import model_problems, parse_budget
 
     given = [name for name in ("m", "n", "k", "batch", "seq_q", "seq_k", "heads", "seq") if shape_options.get(name)]
@@ -48,23 +49,45 @@ def tune_model(family, model_opts: dict, shape_options: dict, device, db_url, tr
     if model_opts["policy"]:
         _tune_policy(family, model_opts, dtype, device, db_url, seed)
         return
-    model = model_dims(model_opts["model"], model_opts["dims"])
-    planned = model_problems(family.name, model, parse_tokens(model_opts["tokens"]), dtype)
+    models = _models(model_opts)
+    tokens = parse_tokens(model_opts["tokens"])
+    planned = _unique_problems(family, [model_problems(family.name, m, tokens, dtype) for m in models])
     budget = parse_budget(model_opts["budget"]) if model_opts["budget"] else None
-    click.echo(f"{model.name}: {len(planned)} {family.name} problems"
+    click.echo(f"{', '.join(m.name for m in models)}: {len(planned)} {family.name} problems"
                + (f" within {budget:.0f} s" if budget else f", {trials} trials each"))
     _run(planned, device, budget, db_url, trials, seed, **tune_kwargs)
 
 
-def _tune_policy(family, model_opts: dict, dtype: str, device, db_url, seed) -> None:
-    from autotile.models import model_dims, parse_tokens
-    from autotile.tune.plan import model_problems
-    from autotile.tune.policy import tune_policy
+def _models(model_opts: dict) -> list:
+    """The models of --model NAME[,NAME...] and --dims (a model not in the table)."""
+    from autotile.models import model_dims
 
     names = [n.strip() for n in (model_opts["model"] or "").split(",") if n.strip()]
     models = [model_dims(n) for n in names] + ([model_dims(None, model_opts["dims"])] if model_opts["dims"] else [])
     if not models:
-        raise click.UsageError("--policy needs the models to sample: --model NAME[,NAME...] or --dims")
+        raise click.UsageError("name the models: --model NAME[,NAME...], or describe one with --dims")
+    return models
+
+
+def _unique_problems(family, per_model: list[list]) -> list:
+    """The models' planned problems, each shape once (Mistral-7B runs Llama-3-8B's projections), cheapest first."""
+    seen, unique = set(), []
+    for planned in per_model:
+        for item in planned:
+            key = family.problem_key(item.problem)
+            if key not in seen:
+                seen.add(key)
+                unique.append(item)
+    unique.sort(key=lambda item: family.cost(item.problem).flops)
+    return unique
+
+
+def _tune_policy(family, model_opts: dict, dtype: str, device, db_url, seed) -> None:
+    from autotile.models import parse_tokens
+    from autotile.tune.plan import model_problems
+    from autotile.tune.policy import tune_policy
+
+    models = _models(model_opts)
     tokens = parse_tokens(model_opts["tokens"])
     problems = [p.problem for m in models for p in model_problems(family.name, m, tokens, dtype)]
     click.echo(f"policy: {len(problems)} {family.name} shapes of {', '.join(m.name for m in models)}")

@@ -5,6 +5,7 @@ import json
 import subprocess
 import sys
 
+import click
 import pytest
 import torch
 from click.testing import CliRunner
@@ -148,6 +149,22 @@ def test_tune_gemm_for_a_described_model(tmp_path):
     assert unknown.exit_code == 1 and "unknown model" in unknown.output
     mixed = CliRunner().invoke(cli, ["tune", "gemm", "--model", "llama3-8b", "--m", "4", "--gpu", "interpret"])
     assert mixed.exit_code != 0 and "--model describes the shapes" in mixed.output
+
+
+def test_several_models_tune_each_shared_shape_once():
+    from autotile.cli.tune_plan import _models, _unique_problems
+    from autotile.families import get_family
+    from autotile.tune.plan import model_problems
+
+    gemm = get_family("gemm")
+    models = _models({"model": "llama3-8b, mistral-7b,qwen3-8b", "dims": None})
+    planned = _unique_problems(gemm, [model_problems("gemm", m, (1,), "bf16") for m in models])
+    # Mistral-7B runs Llama-3-8B's six shapes; Qwen3-8B shares its attention projections, not its MLP's.
+    assert len(planned) == 9
+    flops = [gemm.cost(item.problem).flops for item in planned]
+    assert flops == sorted(flops)
+    with pytest.raises(click.UsageError, match="--model NAME"):
+        _models({"model": " , ", "dims": None})
 
 
 def test_linear_on_cpu_runs_the_generated_kernel():
