@@ -15,7 +15,7 @@ if [ -d .whl ]; then  # Python packages the machine lacks travel as wheels (shar
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
   export PYTHONPATH=/tmp/site:$PWD
 else
-  export PYTHONPATH=$PWD
+  export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD
 fi
 export AUTOTILE_CACHE_DIR=${AUTOTILE_CACHE_DIR:-/tmp/atc} PYTHONUNBUFFERED=1
 work=/tmp/decode-tables
