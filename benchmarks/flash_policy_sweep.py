@@ -48,6 +48,8 @@ ANCHORS = (("D=64 3x12x2000", FlashProblem("fwd", 3, 12, 12, 2000, 2000, 64, Tru
 TILES = ((64, 64, 4), (64, 128, 4), (128, 64, 4), (128, 64, 8), (128, 128, 8))
 LOADS = (("pointer", False), ("tma", False), ("tma", True))
 STAGES = (2, 3)
+# Masked key blocks in loops of their own, or in the whole blocks' loop (masked problems only; not with WS).
+MASKS = (False, True)
 FINALISTS = 4
 H200_PLAN = DeviceInfo("h200", "NVIDIA H200", (9, 0), 132, 150_000_000_000, HOPPER_SMEM_PER_BLOCK, "plan")
 
@@ -60,8 +62,8 @@ def shapes() -> list[tuple[str, FlashProblem]]:
 
 def short(config: Config) -> str:
     c = config
-    return (f"{c['LOADS']}{'+ws' if c['WARP_SPECIALIZE'] else ''} {c['BLOCK_M']}x{c['BLOCK_N']} "
-            f"w{c['num_warps']} s{c['num_stages']}")
+    return (f"{c['LOADS']}{'+ws' if c['WARP_SPECIALIZE'] else ''}{'+mil' if c.get('MASKS_IN_LOOP') else ''} "
+            f"{c['BLOCK_M']}x{c['BLOCK_N']} w{c['num_warps']} s{c['num_stages']}")
 
 
 def candidates(problem: FlashProblem, device: DeviceInfo) -> dict[str, Config]:
@@ -70,9 +72,9 @@ def candidates(problem: FlashProblem, device: DeviceInfo) -> dict[str, Config]:
     found: dict[Config, str] = {FAMILY.default_config(problem, device): "default"}
     for config in FAMILY.seed_configs(problem, device):
         found.setdefault(config, "seed")
-    for (block_m, block_n, warps), (loads, ws), stages in itertools.product(TILES, LOADS, STAGES):
-        wanted = dict(LOADS=loads, BLOCK_M=block_m, BLOCK_N=block_n, WARP_SPECIALIZE=ws, num_warps=warps,
-                      num_stages=stages)
+    for (block_m, block_n, warps), (loads, ws), stages, in_loop in itertools.product(TILES, LOADS, STAGES, MASKS):
+        wanted = dict(LOADS=loads, BLOCK_M=block_m, BLOCK_N=block_n, WARP_SPECIALIZE=ws, MASKS_IN_LOOP=in_loop,
+                      num_warps=warps, num_stages=stages)
         if space.is_feasible(wanted):
             found.setdefault(space.validate(wanted), "grid")
     return {f"{kind} {short(config)}": config for config, kind in found.items()}

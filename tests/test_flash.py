@@ -119,6 +119,29 @@ def test_lookahead_variant_with_tails_and_features(loads):
     assert FAMILY.render_switches(FlashProblem("fwd", 1, 1, 1, 8, 8, 16), config)["LOOKAHEAD"]
 
 
+@pytest.mark.parametrize("loads", ["pointer", "tma"])
+def test_masks_in_the_whole_blocks_loop_with_tails_and_features(loads):
+    # The causal diagonal and a window's edges masked inside the one pipelined loop: tiles whose keys are all
+    # masked blocks, all whole blocks, both; rows that see no key; Sq != Sk both ways; every feature together.
+    config = Config(LOADS=loads, BLOCK_M=16, BLOCK_N=16, WARP_SPECIALIZE=False, MASKS_IN_LOOP=True, num_warps=1,
+                    num_stages=2)
+    for problem in (FlashProblem("fwd", 1, 4, 2, 45, 70, 32, causal=True, dtype="fp16"),
+                    FlashProblem("fwd", 2, 2, 2, 50, 21, 24, causal=True, dtype="fp16"),
+                    FlashProblem("fwd", 1, 2, 1, 37, 29, 16, causal=True, dtype="fp16", window_left=20, softcap=2.0,
+                                 alibi=True),
+                    FlashProblem("fwd", 1, 2, 2, 33, 40, 16, dtype="fp16", window_left=5, window_right=3),
+                    FlashProblem("fwd", 3, 4, 2, 37, 29, 16, causal=True, dtype="fp16", varlen=True)):
+        assert FAMILY.first_feasible(problem, INTERPRET, config)["MASKS_IN_LOOP"]
+        run_and_check(problem, config)
+    assert FAMILY.render_switches(FlashProblem("fwd", 1, 1, 1, 8, 8, 16, causal=True), config)["MASKS_IN_LOOP"]
+    # Without a mask there is nothing to move: the space keeps such configs out (no second name for one kernel).
+    unmasked = FlashProblem("fwd", 1, 2, 2, 33, 40, 16, dtype="fp16")
+    assert not FAMILY.space(unmasked, INTERPRET).is_feasible(config)
+    # A config stored before the axis existed ran the masked blocks in loops of their own.
+    stored = {k: v for k, v in config.items() if k != "MASKS_IN_LOOP"}
+    assert FAMILY.space(unmasked, INTERPRET).admit(stored)["MASKS_IN_LOOP"] is False
+
+
 def test_default_configs_run():
     for direction in ("fwd", "bwd"):
         problem = FlashProblem(direction, 1, 2, 2, 70, 70, 32, causal=True, dtype="fp16")

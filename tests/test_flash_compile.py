@@ -76,9 +76,10 @@ def q_problem(problem: FlashProblem, arch: int, built: list) -> str:
     return "the forward's Q K^T MMAs read Q from registers, not from shared memory"
 
 
-def _fwd(loads="pointer", block_m=128, block_n=64, ws=False, warps=8, stages=3, lookahead=False) -> Config:
+def _fwd(loads="pointer", block_m=128, block_n=64, ws=False, warps=8, stages=3, lookahead=False,
+         masks_in_loop=False) -> Config:
     return Config(LOADS=loads + ("_lookahead" if lookahead else ""), BLOCK_M=block_m, BLOCK_N=block_n, WARP_SPECIALIZE=ws,
-                  num_warps=warps, num_stages=stages)
+                  MASKS_IN_LOOP=masks_in_loop, num_warps=warps, num_stages=stages)
 
 
 BWD = Config(LOADS="pointer", BLOCK_M1=64, BLOCK_N1=128, BLOCK_M2=128, BLOCK_N2=64, num_warps=8, num_stages=2)
@@ -93,6 +94,11 @@ VARIANTS = [
      _fwd("tma", 128, 128, False, 8, 2, lookahead=True), (90,)),
     ("lookahead-tma-ws", FlashProblem("fwd", 2, 32, 8, 4096, 4096, 128, causal=False),
      _fwd("tma", 128, 128, True, 8, 2, lookahead=True), (90,)),
+    # The causal diagonal masked inside the pipelined loop (short prefill's tiles), with pointer and TMA loads.
+    ("masks-in-loop-pointer", FlashProblem("fwd", 16, 32, 8, 512, 512, 128, causal=True),
+     _fwd("pointer", 64, 64, False, 4, 3, masks_in_loop=True), (90,)),
+    ("masks-in-loop-tma-window", FlashProblem("fwd", 2, 16, 8, 4096, 4096, 128, causal=True, window_left=1024),
+     _fwd("tma", 128, 64, False, 8, 2, masks_in_loop=True), (90,)),
     ("d64-wide-key-blocks", FlashProblem("fwd", 3, 12, 12, 2000, 2000, 64, causal=True), _fwd("tma", 128, 256, False, 8, 2), (90,)),
     ("d256-tma", FlashProblem("fwd", 1, 16, 8, 8192, 8192, 256, causal=True), _fwd("tma", 64, 64, False, 4, 2), (90,)),
     ("features-pointer", FlashProblem("fwd", 2, 16, 8, 4096, 4096, 128, causal=True, window_left=1024, softcap=50.0,

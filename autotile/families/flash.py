@@ -85,6 +85,14 @@ def _backward_upgrade(config):
     return {**dict(config), "LOADS": "pointer"}
 
 
+def _forward_upgrade(config):
+    """A forward config stored before MASKS_IN_LOOP was one of its axes ran its masked key blocks in loops of their
+    own."""
+    if "MASKS_IN_LOOP" in config or "BLOCK_M" not in config:
+        return config
+    return {**dict(config), "MASKS_IN_LOOP": False}
+
+
 def _rows_needed(num_warps: int) -> int:
     # An mma covers 16 rows a warp; a Hopper warpgroup (4 warps) covers 64, and more warpgroups
     # may split the other dimension of the tile instead.
@@ -391,10 +399,20 @@ class FlashFamily(Family):
             Axis("BLOCK_M", _BLOCKS),
             Axis("BLOCK_N", _BLOCKS + (_WIDE_BLOCK_N,)),
             Axis("WARP_SPECIALIZE", (False, True)),
+            # The masked key blocks in the whole blocks' pipelined loop, behind a branch (templates/flash_attention).
+            Axis("MASKS_IN_LOOP", (False, True), AxisKind.RENDER),
             Axis("num_warps", (1, 2, 4, 8)),
             Axis("num_stages", (2, 3, 4)),
         ]
+        masked = p.causal or p.window_left >= 0 or p.window_right >= 0
         constraints = [
+            Constraint("masks_in_loop_needs_masks", lambda c: masked or not c["MASKS_IN_LOOP"],
+                       "a problem without a mask has no masked key blocks to move into the loop"),
+            # The look-ahead loop peels its first and last whole blocks by hand; warp specialisation of a loop with a
+            # branch in it is unmeasured (Triton 3.6). Both keep the masked blocks in loops of their own.
+            Constraint("masks_in_loop_plain_loop",
+                       lambda c: not c["MASKS_IN_LOOP"] or not (c["LOADS"].endswith("_lookahead") or c["WARP_SPECIALIZE"]),
+                       "MASKS_IN_LOOP runs one plain loop: not with the look-ahead schedule or warp specialisation"),
             Constraint("shared_memory", lambda c: smem_bytes(c) <= device.smem_per_block,
                        lambda c: f"needs {smem_bytes(c)} B of shared memory, the device allows {device.smem_per_block} B"),
             Constraint("accumulator_registers", lambda c: accumulators(c) <= _ACCUMULATOR_REGISTERS,
@@ -424,7 +442,7 @@ class FlashFamily(Family):
             # The next block's scores overlap this block's softmax only while an asynchronous MMA runs.
             Feature.ASYNC_MMA: (lambda c: c["LOADS"].endswith("_lookahead"), "the look-ahead schedule"),
         })
-        return Space(axes, constraints)
+        return Space(axes, constraints, upgrade=_forward_upgrade)
 
     def _backward_space(self, p: FlashProblem, device: DeviceInfo) -> Space:
         size, bd = element_size(p.dtype), p.block_d
@@ -771,6 +789,7 @@ class FlashFamily(Family):
             LOADS=(config["LOADS"].removesuffix("_lookahead") if p.direction == "fwd"
                    else _backward_upgrade(config)["LOADS"]),
             LOOKAHEAD=p.direction == "fwd" and config["LOADS"].endswith("_lookahead"),
+            MASKS_IN_LOOP=p.direction == "fwd" and _forward_upgrade(config)["MASKS_IN_LOOP"],
             INPUT_PRECISION="ieee" if p.dtype == "fp32" else "", UPCAST_DOTS=False, STORE_LSE=True,
         )
 
