@@ -414,7 +414,8 @@ class FlashFamily(Family):
             # The look-ahead loop peels its first and last whole blocks by hand; warp specialisation of a loop with a
             # branch in it is unmeasured (Triton 3.6). Both keep the masked blocks in loops of their own.
             Constraint("masks_in_loop_plain_loop",
-                       lambda c: not c["MASKS_IN_LOOP"] or not (c["LOADS"].endswith("_lookahead") or c["WARP_SPECIALIZE"]),
+                       lambda c: not (c["MASKS_IN_LOOP"]
+                                      and (c["LOADS"].endswith("_lookahead") or c["WARP_SPECIALIZE"])),
                        "MASKS_IN_LOOP runs one plain loop: not with the look-ahead schedule or warp specialisation"),
             Constraint("shared_memory", lambda c: smem_bytes(c) <= device.smem_per_block,
                        lambda c: f"needs {smem_bytes(c)} B of shared memory, the device allows {device.smem_per_block} B"),
