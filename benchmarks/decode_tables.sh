@@ -11,13 +11,8 @@
 set -u
 out=$1 tokens=$2 serve_tokens=$3 budget=$4
 shift 4
-if [ -d .whl ]; then  # Python packages the machine lacks travel as wheels (shared/device/wheels.sh)
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-  export PYTHONPATH=/tmp/site:$PWD
-else
-  export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD
-fi
-export AUTOTILE_CACHE_DIR=${AUTOTILE_CACHE_DIR:-/tmp/atc} PYTHONUNBUFFERED=1
+. "$(dirname "$0")/gpu_env.sh"
+export AUTOTILE_CACHE_DIR=${AUTOTILE_CACHE_DIR:-/tmp/atc}
 work=/tmp/decode-tables
 mkdir -p "$work"
 pack() { rm -rf "$work"/*.studies "$work"/*.lock; tar czf "$out/tables.tgz" -C "$work" .; }

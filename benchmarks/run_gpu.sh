@@ -9,13 +9,7 @@
 set -u
 out=$1
 shift
-if [ -d .whl ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-  export PYTHONPATH=/tmp/site:$PWD
-else
-  export PYTHONPATH=$PWD
-fi
-export PYTHONUNBUFFERED=1
+. "$(dirname "$0")/gpu_env.sh"
 work=/tmp/autotile-results
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv
 

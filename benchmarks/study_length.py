@@ -88,7 +88,7 @@ def sample_problems(model, samples, dtype: str) -> list[tuple[str, object]]:
     from autotile.models import projections
     from autotile.tune.plan import model_problems
 
-    planned = model_problems("gemm", model, tuple(sorted({m for _, m, _ in samples})), dtype)
+    planned = model_problems("gemm", [model], tuple(sorted({m for _, m, _ in samples})), dtype)
     by_name = {p.name: p for p in projections(model)}
     labels: dict[int, str] = {}
     for label, m, name in samples:

@@ -129,7 +129,7 @@ def model_problems_for(model_name: str, count: int, interpret: bool) -> list:
     from autotile.models import model_dims
     from autotile.tune.plan import model_problems
 
-    planned = model_problems("gemm", model_dims(model_name), (1, 16), "bf16")
+    planned = model_problems("gemm", [model_dims(model_name)], (1, 16), "bf16")
     if len(planned) < count:
         raise SystemExit(f"{model_name} has {len(planned)} GEMM problems at 1 and 16 tokens, fewer than {count}")
     return [p.problem for p in planned[:count]]

@@ -51,7 +51,7 @@ def tune_model(family, model_opts: dict, shape_options: dict, device, db_url, tr
         return
     models = _models(model_opts)
     tokens = parse_tokens(model_opts["tokens"])
-    planned = _unique_problems(family, [model_problems(family.name, m, tokens, dtype) for m in models])
+    planned = model_problems(family.name, models, tokens, dtype)
     budget = parse_budget(model_opts["budget"]) if model_opts["budget"] else None
     click.echo(f"{', '.join(m.name for m in models)}: {len(planned)} {family.name} problems"
                + (f" within {budget:.0f} s" if budget else f", {trials} trials each"))
@@ -69,19 +69,6 @@ def _models(model_opts: dict) -> list:
     return models
 
 
-def _unique_problems(family, per_model: list[list]) -> list:
-    """The models' planned problems, each shape once (Mistral-7B runs Llama-3-8B's projections), cheapest first."""
-    seen, unique = set(), []
-    for planned in per_model:
-        for item in planned:
-            key = family.problem_key(item.problem)
-            if key not in seen:
-                seen.add(key)
-                unique.append(item)
-    unique.sort(key=lambda item: family.cost(item.problem).flops)
-    return unique
-
-
 def _tune_policy(family, model_opts: dict, dtype: str, device, db_url, seed) -> None:
     from autotile.models import parse_tokens
     from autotile.tune.plan import model_problems
@@ -89,7 +76,7 @@ def _tune_policy(family, model_opts: dict, dtype: str, device, db_url, seed) -> 
 
     models = _models(model_opts)
     tokens = parse_tokens(model_opts["tokens"])
-    problems = [p.problem for m in models for p in model_problems(family.name, m, tokens, dtype)]
+    problems = [p.problem for m in models for p in model_problems(family.name, [m], tokens, dtype)]
     click.echo(f"policy: {len(problems)} {family.name} shapes of {', '.join(m.name for m in models)}")
     outcomes = tune_policy(family, problems, device, db_url=db_url, seed=seed, report=lambda line: click.echo(line))
     click.echo(f"{sum(o.stored for o in outcomes)} of {len(outcomes)} groups won by the default config everywhere")

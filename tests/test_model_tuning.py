@@ -152,13 +152,13 @@ def test_tune_gemm_for_a_described_model(tmp_path):
 
 
 def test_several_models_tune_each_shared_shape_once():
-    from autotile.cli.tune_plan import _models, _unique_problems
+    from autotile.cli.tune_plan import _models
     from autotile.families import get_family
     from autotile.tune.plan import model_problems
 
     gemm = get_family("gemm")
     models = _models({"model": "llama3-8b, mistral-7b,qwen3-8b", "dims": None})
-    planned = _unique_problems(gemm, [model_problems("gemm", m, (1,), "bf16") for m in models])
+    planned = model_problems("gemm", models, (1,), "bf16")
     # Mistral-7B runs Llama-3-8B's six shapes; Qwen3-8B shares its attention projections, not its MLP's.
     assert len(planned) == 9
     flops = [gemm.cost(item.problem).flops for item in planned]

@@ -165,6 +165,11 @@ class FlashProblem:
         return max(32 if self.dtype == "fp8" else 16, next_pow2(self.head_dim))
 
     @property
+    def masked(self) -> bool:
+        """Causal or windowed: some key blocks of a query tile are masked (the diagonal, a window's edges)."""
+        return self.causal or self.window_left >= 0 or self.window_right >= 0
+
+    @property
     def has_features(self) -> bool:
         """A sliding window, soft-capping or ALiBi (what SDPA cannot express)."""
         return self.window_left >= 0 or self.window_right >= 0 or self.softcap > 0 or self.alibi
@@ -407,9 +412,8 @@ class FlashFamily(Family):
             Axis("num_warps", (1, 2, 4, 8)),
             Axis("num_stages", (2, 3, 4)),
         ]
-        masked = p.causal or p.window_left >= 0 or p.window_right >= 0
         constraints = [
-            Constraint("masks_in_loop_needs_masks", lambda c: masked or not c["MASKS_IN_LOOP"],
+            Constraint("masks_in_loop_needs_masks", lambda c: p.masked or not c["MASKS_IN_LOOP"],
                        "a problem without a mask has no masked key blocks to move into the loop"),
             # The look-ahead loop peels its first and last whole blocks by hand; warp specialisation of a loop with a
             # branch in it is unmeasured (Triton 3.6). Both keep the masked blocks in loops of their own.
@@ -503,7 +507,7 @@ class FlashFamily(Family):
         if problem.direction == "fwd":
             by_head = {256: _SEED_FORWARD_D256, 64: _SEED_FORWARD_D64}.get(problem.block_d, ())
             wanted = by_head + _SEED_FORWARD
-            if not (problem.causal or problem.window_left >= 0 or problem.window_right >= 0):
+            if not problem.masked:
                 # No masked key blocks: a seed's MASKS_IN_LOOP has nothing to move, its tile shape still counts.
                 wanted = [dict(w, MASKS_IN_LOOP=False) for w in wanted]
             if not arch_of(device).supports(Feature.TMA):
@@ -557,12 +561,11 @@ class FlashFamily(Family):
         tma = (arch_of(device).supports(Feature.TMA) and not device.interpret and p.aligned and not p.varlen
                and p.seq_k >= _TMA_FROM_KEYS)
         loads = "tma" if tma else "pointer"
-        masked = p.causal or p.window_left >= 0 or p.window_right >= 0
-        if p.block_d >= 256 and tma and masked:
+        if p.block_d >= 256 and tma and p.masked:
             return dict(LOADS=loads, BLOCK_M=64, BLOCK_N=64, WARP_SPECIALIZE=False, num_warps=4, num_stages=3)
         if p.block_d >= 256:
             return dict(LOADS=loads, BLOCK_M=128, BLOCK_N=64, WARP_SPECIALIZE=False, num_warps=8, num_stages=2)
-        if masked:
+        if p.masked:
             return dict(LOADS=loads, BLOCK_M=64, BLOCK_N=64, WARP_SPECIALIZE=False, num_warps=4, num_stages=3)
         return dict(LOADS=loads, BLOCK_M=128, BLOCK_N=128, WARP_SPECIALIZE=tma, num_warps=8, num_stages=3)
 

@@ -150,19 +150,21 @@ def tune_planned(planned: Sequence[PlannedProblem], device, *, budget_s: float |
     return outcome
 
 
-def model_problems(family_name: str, model, tokens: tuple[int, ...], dtype: str) -> list[PlannedProblem]:
-    """A model's problems for `autotile tune FAMILY --model`: gemm projections or flash prefill, fewest tokens first
-    (decode steps are the calls a served model makes most often)."""
+def model_problems(family_name: str, models: Sequence, tokens: tuple[int, ...], dtype: str) -> list[PlannedProblem]:
+    """Models' problems for `autotile tune FAMILY --model A,B`: gemm projections or flash prefill, each shape once
+    (Mistral-7B runs Llama-3-8B's projections), fewest FLOPs first (decode steps are the calls a served model makes
+    most often)."""
     from autotile.models import flash_problems, gemm_problems
 
     family = get_family(family_name)
-    if family_name == "gemm":
-        problems = gemm_problems(model, tokens, dtype)
-    elif family_name == "flash":
-        problems = flash_problems(model, tokens, dtype)
-    else:
+    if family_name not in ("gemm", "flash"):
         raise BadInputError(f"--model applies to gemm and flash, not {family_name}")
-    problems.sort(key=lambda p: family.cost(p).flops)
+    of_model = gemm_problems if family_name == "gemm" else flash_problems
+    unique = {}
+    for model in models:
+        for problem in of_model(model, tokens, dtype):
+            unique.setdefault(family.problem_key(problem), problem)
+    problems = sorted(unique.values(), key=lambda p: family.cost(p).flops)
     return [PlannedProblem(family, p, 0) for p in problems]
 
 
