@@ -43,7 +43,13 @@ def main() -> int:
     parser.add_argument("--below", type=float, default=0.97)
     parser.add_argument("--dry-run", action="store_true")
     args = parser.parse_args()
-    rows = [row for path in args.serve_json for row in json.loads(path.read_text())["gemm"]]
+    rows = []
+    for path in args.serve_json:
+        try:
+            rows += json.loads(path.read_text())["gemm"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise SystemExit(f"{path}: not the JSON serve_bench.py writes beside its table ({type(exc).__name__}: "
+                             f"{exc}); pass OUT/NAME.json of a serve_bench.py run") from None
     lost = losers(rows, args.below)
     target = shipped_db_path()
     with sqlite3.connect(target) as conn:

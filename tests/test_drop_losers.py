@@ -43,3 +43,11 @@ def test_rows_of_one_winner_are_grouped(drop):
     lost = drop.losers([_row(0.95, tuned_for="K16"), _row(0.96, tuned_for="K16"), _row(0.99, tuned_for="K16")],
                        0.97)
     assert [len(rows) for rows in lost.values()] == [2]
+
+
+def test_a_file_that_is_not_a_serve_run_is_refused_clearly(drop, tmp_path, monkeypatch):
+    bad = tmp_path / "table.md"
+    bad.write_text("| not | json |")
+    monkeypatch.setattr("sys.argv", ["drop_losers.py", str(bad), "--dry-run"])
+    with pytest.raises(SystemExit, match="not the JSON serve_bench.py writes"):
+        drop.main()
