@@ -46,7 +46,8 @@ ANCHORS = (("D=64 3x12x2000", FlashProblem("fwd", 3, 12, 12, 2000, 2000, 64, Tru
 # The grid: (BLOCK_M, BLOCK_N, num_warps) tiles x loads x stages (Triton's tutorial pairs 128-row tiles with
 # 8 warps, 64-row ones with 4).
 # 128 x 32 on 8 warps: 128-row tiles (half the K/V reads of 64-row ones) at 115-128 registers a thread, two programs
-# an SM (sm90 builds of 16 x 512 causal prefill, autotile.xcompile).
+# an SM (sm90 builds of 16 x 512 causal prefill, autotile.xcompile); measured 12-25% behind 64 x 64 tiles on short
+# prefill all the same (results/flash_policy_sweep_2026-12-02b_short.md).
 TILES = ((64, 64, 4), (64, 128, 4), (128, 32, 8), (128, 64, 4), (128, 64, 8), (128, 128, 8))
 LOADS = (("pointer", False), ("tma", False), ("tma", True))
 STAGES = (2, 3)
@@ -143,8 +144,15 @@ def render(rows: list[dict], device, seconds: float, failures: list[str]) -> str
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     gps.add_sweep_arguments(parser, "flash_policy_sweep.md")
+    parser.add_argument("--only", default="", help="comma-separated parts of shape labels to sweep (e.g. "
+                        "'16x512,llama3-8b 4x2048'); all shapes when empty")
     args = parser.parse_args()
     work = shapes()
+    if args.only:
+        wanted = [part.strip() for part in args.only.split(",") if part.strip()]
+        work = [(label, problem) for label, problem in work if any(part in label for part in wanted)]
+        if not work:
+            parser.error(f"--only {args.only!r} matches no shape; --plan lists the labels")
     if args.plan:
         for label, problem in work:
             configs = candidates(problem, H200_PLAN)

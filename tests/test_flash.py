@@ -415,6 +415,20 @@ def test_forward_default_follows_the_h200_sweep():
     assert default(1, 4096, 128, True, varlen=True)[0] == "pointer"
 
 
+def test_forward_default_moves_masked_blocks_into_the_loop_where_it_led():
+    # results/flash_policy_sweep_2026-12-02b_short.md: pointer loads at D = 96-128, 16 x 512, 0.75x of cuDNN against
+    # 0.69x; not with TMA loads (1 x 4096, 6% behind), not at D = 64 (flash_2026-12-02f_quick.md), not unmasked.
+    def in_loop(batch, seq, dim, causal=True, **extra):
+        problem = FlashProblem("fwd", batch, 32, 8, seq, seq, dim, causal=causal, **extra)
+        return FAMILY.default_config(problem, H200)["MASKS_IN_LOOP"]
+
+    assert in_loop(16, 512, 128) and in_loop(4, 2048, 96) and in_loop(2, 300, 128, causal=False, window_left=64)
+    assert not in_loop(1, 4096, 128)  # TMA loads
+    assert not in_loop(3, 2000, 64)
+    assert not in_loop(16, 512, 256)
+    assert not in_loop(16, 512, 128, causal=False)
+
+
 def test_causal_kernels_start_with_their_heaviest_query_tiles():
     # results/flash_causal_order_2026-12-02.txt: 1.01-1.04x at 2048-16k keys. Causal forward and dQ kernels count
     # their query tiles down; others, and the dK/dV kernel (its first key block is its heaviest), keep index order.

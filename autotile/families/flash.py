@@ -221,9 +221,6 @@ _SEED_FORWARD = (
     dict(LOADS="tma", BLOCK_M=128, BLOCK_N=64, WARP_SPECIALIZE=False, num_warps=8, num_stages=3),
     dict(LOADS="tma", BLOCK_M=128, BLOCK_N=128, WARP_SPECIALIZE=True, num_warps=8, num_stages=2),
     dict(LOADS="pointer", BLOCK_M=64, BLOCK_N=64, WARP_SPECIALIZE=False, num_warps=4, num_stages=3),
-    # 128-row tiles that leave room for two programs an SM (sm90, D = 128: 115 registers a thread, 80 KB of shared
-    # memory): half the K/V reads of 64-row tiles, which bound short prefill (unmeasured starting point).
-    dict(LOADS="tma", BLOCK_M=128, BLOCK_N=32, WARP_SPECIALIZE=False, MASKS_IN_LOOP=True, num_warps=8, num_stages=3),
     # FlashAttention-3's structure as far as Triton expresses it: TMA loads, the next block's scores issued
     # before this block's softmax, with and without warp specialisation (unmeasured starting points).
     dict(LOADS="tma_lookahead", BLOCK_M=128, BLOCK_N=128, WARP_SPECIALIZE=False, num_warps=8, num_stages=2),
@@ -554,6 +551,10 @@ class FlashFamily(Family):
         - TMA loads from _TMA_FROM_KEYS keys on (pointer loads led below, and take packed sequences and the
           interpreter);
         - head dims up to 128, causal: 64 x 64 tiles on 4 warps, 3 stages (the diagonal's masked blocks are small);
+          with pointer loads and head dims 96-128 the masked blocks run in the whole blocks' loop (MASKS_IN_LOOP:
+          16 x 512 prefill of Llama-3-8B and Qwen2.5-7B 0.75x of cuDNN against 0.69x, 4 x 2048 a tie,
+          results/flash_policy_sweep_2026-12-02b_short.md; with TMA loads at 1 x 4096 it lost 6%, and at D = 64,
+          3 x 12 x 2000, 250 TFLOP/s against 265, results/flash_2026-12-02f_quick.md);
         - head dims up to 128, not causal: 128 x 128 tiles on 8 warps, 3 stages, warp-specialised with TMA;
         - head dim 256: 128 x 64 tiles on 8 warps, 2 stages; causal with TMA loads, 64 x 64 tiles on 4 warps,
           3 stages (Gemma-2-9B at 1 x 4096: 0.80x of cuDNN against 0.75x, in two sweeps,
@@ -566,7 +567,8 @@ class FlashFamily(Family):
         if p.block_d >= 256:
             return dict(LOADS=loads, BLOCK_M=128, BLOCK_N=64, WARP_SPECIALIZE=False, num_warps=8, num_stages=2)
         if p.masked:
-            return dict(LOADS=loads, BLOCK_M=64, BLOCK_N=64, WARP_SPECIALIZE=False, num_warps=4, num_stages=3)
+            return dict(LOADS=loads, BLOCK_M=64, BLOCK_N=64, WARP_SPECIALIZE=False, MASKS_IN_LOOP=not tma and p.block_d >= 128,
+                        num_warps=4, num_stages=3)
         return dict(LOADS=loads, BLOCK_M=128, BLOCK_N=128, WARP_SPECIALIZE=tma, num_warps=8, num_stages=3)
 
     # --- the vendor op: SDPA's backends ------------------------------------------------
