@@ -48,7 +48,9 @@ ANCHORS = (("D=64 3x12x2000", FlashProblem("fwd", 3, 12, 12, 2000, 2000, 64, Tru
 # 128 x 32 on 8 warps: 128-row tiles (half the K/V reads of 64-row ones) at 115-128 registers a thread, two programs
 # an SM (sm90 builds of 16 x 512 causal prefill, autotile.xcompile); measured 12-25% behind 64 x 64 tiles on short
 # prefill all the same (results/flash_policy_sweep_2026-12-02b_short.md).
-TILES = ((64, 64, 4), (64, 128, 4), (128, 32, 8), (128, 64, 4), (128, 64, 8), (128, 128, 8))
+# 64 x 32 on 4 warps: three to four programs an SM at D = 128 (64 KB of shared memory at 3 stages, 114-128 registers),
+# where ncu found the 64 x 64 tiles held two, limited by shared memory (results/ncu_flash_2026-12-02/).
+TILES = ((64, 32, 4), (64, 64, 4), (64, 128, 4), (128, 32, 8), (128, 64, 4), (128, 64, 8), (128, 128, 8))
 LOADS = (("pointer", False), ("tma", False), ("tma", True))
 STAGES = (2, 3)
 # Masked key blocks in loops of their own, or in the whole blocks' loop (masked problems only; not with WS).
