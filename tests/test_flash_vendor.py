@@ -207,6 +207,33 @@ def test_a_cached_call_repeats_no_resolution(monkeypatch):
     assert len(resolved) == 1
 
 
+def test_a_signature_sdpa_serves_skips_to_it_by_shapes(math_vendor, monkeypatch):
+    # Short vendor-served calls are bound by host time: after the first call of a signature, SDPA runs behind a
+    # key of shapes and dtypes, with the call counted for AUTOTILE_RECORD.
+    # On the CPU, SDPA left to choose runs its own CPU kernel rather than the math backend listed here: both are
+    # right, and the test is about the dispatch, so SDPA's choice counts as the listed backend.
+    monkeypatch.setattr(ops_flash, "_sdpa_picks", lambda *a: True)
+    gen = torch.Generator().manual_seed(4)
+    q, k, v = _qkv(gen, 1, 4, 2, 9, 9, 16)
+    first = autotile.flash_attention(q, k, v, causal=True)
+    keys = []
+    real_key = ops_flash._call_key
+    monkeypatch.setattr(ops_flash, "_call_key", lambda *a: keys.append(a) or real_key(*a))
+    (entry,) = ops_flash._sdpa_direct.values()
+    before = entry[0][0]
+    q2, k2, v2 = _qkv(gen, 1, 4, 2, 9, 9, 16)
+    again = autotile.flash_attention(q2, k2, v2, causal=True)
+    assert not keys and entry[0][0] == before + 1
+    want = attention_math(q2.double(), k2.double(), v2.double(), causal=True, scale=0.25, dtype=torch.float64)
+    assert (again.double() - want).abs().max() < 1e-5 and first.shape == again.shape
+    # Asking for the log-sum-exp, or another mask, takes the full key.
+    autotile.flash_attention(q2, k2, v2, causal=True, return_lse=True)
+    autotile.flash_attention(q2, k2, v2, causal=False)
+    assert len(keys) == 2
+    dispatch.clear_cache()  # a new database or device: every signature is served afresh
+    assert not ops_flash._sdpa_direct
+
+
 # --- on the GPU -------------------------------------------------------------------------------------
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

@@ -296,6 +296,32 @@ def test_vendor_served_linear_calls_skip_every_check_after_the_first(monkeypatch
         dispatch.clear_cache()
 
 
+def test_vendor_served_matmul_calls_skip_every_check_after_the_first(monkeypatch):
+    monkeypatch.setattr(FAMILY, "vendor_configs", lambda problem, device: [CUBLAS])
+    dispatch.clear_cache()
+    try:
+        a, b = torch.randn(3, 16, dtype=torch.bfloat16), torch.randn(8, 16, dtype=torch.bfloat16).t()
+        first = autotile.matmul(a, b)
+        assert autotile.explain("matmul", a, b)["vendor"] == "cuBLAS (torch.matmul)"
+        (counter,) = ops_gemm._matmul_vendor.values()
+        def checked(*args):
+            raise RuntimeError("a vendor-served call was checked")
+        monkeypatch.setattr(ops_gemm, "direct_call_ok", checked)
+        assert torch.equal(autotile.matmul(a, b), first) and counter[0] == 2
+        assert torch.equal(autotile.matmul(a, b.contiguous()), first)  # other strides: torch.matmul is right too
+        a.requires_grad_(True)  # torch.matmul itself records the backward
+        autotile.matmul(a, b).float().sum().backward()
+        assert torch.allclose(a.grad.float(), b.float().sum(1).expand(3, 16), rtol=1e-2, atol=1e-2)  # bf16 rounding
+        # An epilogue, or fp32 operands, take the full signature.
+        with pytest.raises(RuntimeError, match="checked"):
+            autotile.matmul(a.detach(), b, activation="relu")
+        with pytest.raises(RuntimeError, match="checked"):
+            autotile.matmul(a.detach().float(), b.float())
+    finally:
+        dispatch.clear_cache()
+    assert not ops_gemm._matmul_vendor
+
+
 def test_a_bound_gemm_hands_the_launcher_the_tensors_it_was_bound_with_in_their_places(monkeypatch):
     """The bound fast path (a GPU's decode GEMMs) puts each call's tensors where the first call's were."""
     from types import SimpleNamespace

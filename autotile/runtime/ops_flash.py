@@ -42,23 +42,35 @@ class _Served:
     operands are fp8 (forward only: every call checks that no gradient is asked for).
     """
 
-    __slots__ = ("run", "calls", "vendor", "args", "fp8")
+    __slots__ = ("run", "calls", "vendor", "args", "fp8", "sdpa")
 
-    def __init__(self, run, calls: list, vendor: bool, args: tuple = (), fp8: bool = False):
+    def __init__(self, run, calls: list, vendor: bool, args: tuple = (), fp8: bool = False, sdpa: tuple | None = None):
         self.run = run
         self.calls = calls
         self.vendor = vendor
         self.args = args
         self.fp8 = fp8
+        # (is_causal, scale, enable_gqa) where F.scaled_dot_product_attention, left to choose, serves the call
+        # itself (no log-sum-exp asked for): the signature may skip to it (_sdpa_direct).
+        self.sdpa = sdpa
 
 
 _served: dict[tuple, _Served] = {}
 _served_lock = threading.Lock()
+# (q.shape, k.shape, v.shape, q.dtype, k.dtype, causal, scale, window, softcap) as the caller passed them ->
+# (calls, is_causal, scale, enable_gqa), for signatures SDPA itself serves with no ALiBi and no lse asked for.
+# A short key because a short call is bound by host time: the full key (strides, devices, alignment) costs
+# 2.3 us of Python on the development CPU against 0.6. NOTE: keyed by shapes and dtypes alone: a call of
+# these shapes with other strides also runs SDPA, which is right for any tensors (at worst a layout a kernel
+# would have served runs the vendor op); calls served by a kernel always take the full key.
+_sdpa_direct: dict[tuple, tuple] = {}
+_sdpa = torch.nn.functional.scaled_dot_product_attention
 
 
 def _forget_served() -> None:
     with _served_lock:
         _served.clear()
+        _sdpa_direct.clear()
 
 
 on_clear(_forget_served)
@@ -150,7 +162,7 @@ def serve_forward(problem: FlashProblem, device: DeviceInfo, scale: float, sampl
                     # The backend SDPA itself picks for this call: its C entry point costs the least host time.
                     return sdpa(q, k, v, is_causal=causal, scale=scale, enable_gqa=gqa), None
                 return flash_vendor.forward(backend, q, k, v, causal=causal, scale=scale, need_lse=need_lse)
-            return _Served(run_vendor, calls, True)
+            return _Served(run_vendor, calls, True, sdpa=(causal, scale, gqa) if own else None)
     if resolution.vendor:
         config = FAMILY.default_config(problem, device)
     q = sample["q"]
@@ -348,7 +360,8 @@ def _first_call(key: tuple, q, k, v, causal, scale, window, softcap, alibi) -> _
     if qn is not q or kn is not k or vn is not v:  # a head dim with a stride: copied, as every call of this layout
         def run(q, k, v, *rest, inner=inner.run):
             return inner(_unit_stride(q), _unit_stride(k), _unit_stride(v), *rest)
-    served = _Served(run, inner.calls, inner.vendor, (causal, scale, window, softcap), q.dtype == torch.float8_e4m3fn)
+    served = _Served(run, inner.calls, inner.vendor, (causal, scale, window, softcap), q.dtype == torch.float8_e4m3fn,
+                     inner.sdpa)
     with _served_lock:
         _served[key] = served
     return served
@@ -382,16 +395,26 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
     torch.Size([1, 2, 5, 16])
     """
     if not torch.compiler.is_compiling():
+        plain = alibi_slopes is None and not return_lse
         try:
-            key = _call_key(q, k, v, causal, scale, window, softcap, alibi_slopes)
-            served = _served.get(key)
-        except Exception:  # noqa: BLE001 - not plain tensors, an unhashable window, fake tensors: the op checks them
+            short = (q.shape, k.shape, v.shape, q.dtype, k.dtype, causal, scale, window, softcap) if plain else None
+            direct = _sdpa_direct.get(short) if plain else None
             key = served = None
+            if direct is None:
+                key = _call_key(q, k, v, causal, scale, window, softcap, alibi_slopes)
+                served = _served.get(key)
+        except Exception:  # noqa: BLE001 - not plain tensors, an unhashable window, fake tensors: the op checks them
+            direct = key = served = None
+        if direct is not None:
+            direct[0][0] += 1
+            return _sdpa(q, k, v, is_causal=direct[1], scale=direct[2], enable_gqa=direct[3])
         if key is not None:
             if served is None:
                 served = _first_call(key, q, k, v, causal, scale, window, softcap, alibi_slopes)
             if served.fp8:
                 check_fp8_grad(q, k, v)
+            if plain and served.sdpa is not None:
+                _sdpa_direct[short] = (served.calls, *served.sdpa)
             # SDPA's op records its own backward; plain tensors needing no autograd skip the dispatcher.
             if (served.vendor and not return_lse) or direct_call_ok(q, k, v, alibi_slopes):
                 served.calls[0] += 1

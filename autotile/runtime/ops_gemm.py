@@ -53,13 +53,15 @@ def problem_for(a, b, *, bias=None, activation=None, out_dtype=None, scale_a=Non
 
 
 class _Served:
-    """What calls of one signature run, worked out once; `calls` counts them for AUTOTILE_RECORD."""
+    """What calls of one signature run, worked out once; `calls` counts them for AUTOTILE_RECORD; `plain_vendor`:
+    the call is torch.matmul(a, b) itself (cuBLAS serves a 16-bit problem with no epilogue)."""
 
-    __slots__ = ("run", "calls")
+    __slots__ = ("run", "calls", "plain_vendor")
 
-    def __init__(self, run: Callable, counter: list):
+    def __init__(self, run: Callable, counter: list, plain_vendor: bool = False):
         self.run = run
         self.calls = counter  # a one-element list shared with autotile.runtime.trace
+        self.plain_vendor = plain_vendor
 
 
 _served: dict[tuple, _Served] = {}
@@ -69,6 +71,7 @@ _served_lock = threading.Lock()
 def _forget_served() -> None:
     with _served_lock:
         _served.clear()
+        _matmul_vendor.clear()
 
 
 on_clear(_forget_served)
@@ -143,7 +146,10 @@ def _serve(problem: GemmProblem, device) -> _Served:
         run = _vendor_runner(problem, resolution.config[VENDOR_KEY])
     else:
         run = _kernel_runner(problem, resolution.config)
-    return _Served(run, trace.counter(FAMILY, problem, device))
+    plain_vendor = (resolution.vendor and resolution.config[VENDOR_KEY] == "cublas" and problem.dtype in ("bf16", "fp16")
+                    and problem.out_dtype == problem.dtype and problem.activation == "none" and not problem.bias
+                    and not problem.residual)
+    return _Served(run, trace.counter(FAMILY, problem, device), plain_vendor)
 
 
 def _signature(a, b, bias, activation, out_dtype, scale_a, scale_b, residual, fast_accum) -> tuple:
@@ -175,6 +181,8 @@ def _served_for(a, b, bias, activation, out_dtype, scale_a, scale_b, residual=No
         served = _serve(problem, device)
         with _served_lock:
             _served[key] = served
+            if served.plain_vendor:
+                _matmul_vendor[(a.shape, b.shape, a.dtype, b.dtype)] = served.calls
     return served
 
 
@@ -225,6 +233,17 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None
     >>> torch.allclose(autotile.matmul(a, b, activation="relu"), torch.relu(a @ b), atol=1e-5)
     True
     """
+    if (bias is None and activation is None and out_dtype is None and scale_a is None and scale_b is None
+            and residual is None and not fp8_fast_accum and not _is_compiling()):
+        try:
+            calls = _matmul_vendor.get((a.shape, b.shape, a.dtype, b.dtype))
+        except AttributeError:  # not tensors: the checks below say what to pass
+            calls = None
+        if calls is not None:
+            # A signature cuBLAS serves as torch.matmul(a, b): called with no checks first (a short call is bound
+            # by host time, and torch.matmul is right for any strides, devices and autograd).
+            calls[0] += 1
+            return _torch_matmul(a, b)
     if direct_call_ok(a, b, bias, scale_a, scale_b, residual):
         # Eager calls of plain tensors skip the dispatcher (decode GEMMs are short kernels).
         return _run(a, b, bias, activation, _as_dtype(out_dtype), scale_a, scale_b, residual, bool(fp8_fast_accum))
@@ -304,8 +323,14 @@ _linear_served: dict[tuple, _Served] = {}
 # vendor op serves. NOTE: keyed by the weight object's id: a stale entry (a freed weight's id reused) can only
 # call F.linear, which is right for any tensors; calls served by a kernel always take the full signature.
 _linear_vendor: dict[tuple, list] = {}
+# (a.shape, b.shape, a.dtype, b.dtype) -> the call counter, for plain matmul signatures cuBLAS serves (a 16-bit
+# problem with no epilogue: _Served.plain_vendor). NOTE: keyed by shapes and dtypes alone: the same shapes with
+# other strides run torch.matmul too, which is right for any tensors (at worst a layout a tuned kernel would
+# have served runs cuBLAS); calls served by a kernel always take the full signature.
+_matmul_vendor: dict[tuple, list] = {}
 _is_compiling = torch.compiler.is_compiling
 _f_linear = torch.nn.functional.linear
+_torch_matmul = torch.matmul
 
 
 def _vendor_epilogue(y: torch.Tensor, activation, residual) -> torch.Tensor:
