@@ -46,7 +46,7 @@ def _timed_pair(ours, theirs, rounds: int) -> tuple[float, float]:
     return ms["ours"], ms["theirs"]
 
 
-def gemm_rows(models, tokens, rounds: int) -> list[dict]:
+def gemm_rows(models, tokens, rounds: int, op: str = "linear") -> list[dict]:
     import torch
 
     from autotile.models import MODELS, projections
@@ -61,7 +61,7 @@ def gemm_rows(models, tokens, rounds: int) -> list[dict]:
             for m in tokens:
                 x = torch.randn(m, proj.k, device="cuda", generator=gen, dtype=torch.bfloat16)
                 try:
-                    rows.append(_gemm_row(name, proj, m, x, w, bias, rounds))
+                    rows.append(_gemm_row(name, proj, m, x, w, bias, rounds, op))
                 except Exception as exc:  # noqa: BLE001 - the table says what failed
                     rows.append({"model": name, "proj": proj.name, "m": m, "n": proj.n, "k": proj.k,
                                  "error": f"{type(exc).__name__}: {exc}"[:300]})
@@ -78,17 +78,23 @@ def _describe(row: dict) -> str:
             f"{row['served']}" + ("  WRONG RESULT" if row.get("wrong") else ""))
 
 
-def _gemm_row(name, proj, m, x, w, bias, rounds) -> dict:
+def _gemm_row(name, proj, m, x, w, bias, rounds, op: str = "linear") -> dict:
+    import torch
     import torch.nn.functional as F
 
     import autotile
 
-    want = F.linear(x, w, bias)
-    got = autotile.linear(x, w, bias)
+    if op == "matmul":  # as a user with nn.Linear weights calls it: b = weight.t(), beside torch.matmul / addmm
+        ours_fn = lambda: autotile.matmul(x, w.t(), bias=bias)  # noqa: E731
+        theirs_fn = (lambda: torch.matmul(x, w.t())) if bias is None else (lambda: torch.addmm(bias, x, w.t()))
+        info = autotile.explain("matmul", x, w.t(), bias=bias)
+    else:
+        ours_fn, theirs_fn = (lambda: autotile.linear(x, w, bias)), (lambda: F.linear(x, w, bias))
+        info = autotile.explain("linear", x, w, bias)
+    want = theirs_fn()
+    got = ours_fn()
     err = (got.float() - want.float()).abs().max().item()
     scale = want.float().abs().max().item() + 1e-6
-    info = autotile.explain("linear", x, w, bias)
-    ours_fn, theirs_fn = (lambda: autotile.linear(x, w, bias)), (lambda: F.linear(x, w, bias))
     ours, theirs = _timed_pair(ours_fn, theirs_fn, rounds)
     # bf16 outputs of two different summation orders: a few units of bf16 roundoff of the largest value.
     row = {"model": name, "proj": proj.name, "m": m, "n": proj.n, "k": proj.k, "ours_ms": ours,
@@ -281,14 +287,16 @@ def geomean(values) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
 
 
-def markdown(gemm, flash, host, graphs, header: str) -> str:
+def markdown(gemm, flash, host, graphs, header: str, gemm_op: str = "linear") -> str:
     lines = [header, ""]
     wrong = [r for r in gemm + flash if r.get("wrong")]
     failed = [r for r in gemm + flash if "error" in r]
     lines.append(f"Checked against the vendor's output first: {len(wrong)} wrong result(s), {len(failed)} failure(s).")
     if gemm:
-        lines += ["## Projection GEMMs: autotile.linear vs F.linear (bf16)", "",
-                  "| model | proj | M | N | K | autotile us | F.linear us | ratio | served by | weight TB/s |",
+        ours, theirs = (("autotile.matmul(x, w.t())", "torch.matmul") if gemm_op == "matmul"
+                        else ("autotile.linear", "F.linear"))
+        lines += [f"## Projection GEMMs: {ours} vs {theirs} (bf16)", "",
+                  f"| model | proj | M | N | K | autotile us | {theirs} us | ratio | served by | weight TB/s |",
                   "|---|---|---|---|---|---|---|---|---|---|"]
         for r in gemm:
             if "error" in r:
@@ -347,6 +355,9 @@ def main() -> None:
     parser.add_argument("--models", default=None, help="comma-separated gemm models (default: a spread)")
     parser.add_argument("--record", default=None, help="write an AUTOTILE_RECORD trace of the shapes and exit")
     parser.add_argument("--name", default="serve_bench")
+    parser.add_argument("--gemm-op", choices=("linear", "matmul"), default="linear",
+                        help="the GEMM rows' op: autotile.linear beside F.linear, or autotile.matmul(x, w.t()) "
+                             "beside torch.matmul")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     os.environ["AUTOTILE_DB"] = args.db or f"sqlite:///{tempfile.mkdtemp()}/empty.sqlite"
@@ -365,7 +376,7 @@ def main() -> None:
         gemm_rows(models, tokens, rounds=1)
         print(f"trace written to {trace.flush()}")
         return
-    gemm = gemm_rows(models, tokens, args.rounds) if "gemm" in parts else []
+    gemm = gemm_rows(models, tokens, args.rounds, args.gemm_op) if "gemm" in parts else []
     flash = flash_rows(FLASH_MODELS[:3] if args.quick else FLASH_MODELS, PREFILL, args.rounds) if "flash" in parts else []
     host = host_overhead() if "host" in parts else []
     graphs = graph_capture() if "graph" in parts else []
@@ -374,7 +385,7 @@ def main() -> None:
               f"torch {torch.__version__}, triton {triton.__version__}, {datetime.date.today()}; user database: "
               f"{'given' if args.db else 'empty (shipped winners only)'}; medians of {args.rounds} interleaved rounds. "
               "Ratio = vendor time / autotile time (above 1: autotile is faster).")
-    text = markdown(gemm, flash, host, graphs, header)
+    text = markdown(gemm, flash, host, graphs, header, args.gemm_op)
     (args.out / f"{args.name}.md").write_text(text)
     # The rows as data, for benchmarks/drop_losers.py.
     (args.out / f"{args.name}.json").write_text(json.dumps({"gemm": gemm, "flash": flash, "host": host}, indent=1))
