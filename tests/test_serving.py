@@ -304,6 +304,9 @@ def test_vendor_served_matmul_calls_skip_every_check_after_the_first(monkeypatch
         first = autotile.matmul(a, b)
         assert autotile.explain("matmul", a, b)["vendor"] == "cuBLAS (torch.matmul)"
         (counter,) = ops_gemm._matmul_vendor.values()
+        bias = torch.randn(8, dtype=torch.bfloat16)
+        with_bias = autotile.matmul(a, b, bias=bias)  # a signature of its own, checked once
+
         def checked(*args):
             raise RuntimeError("a vendor-served call was checked")
         monkeypatch.setattr(ops_gemm, "direct_call_ok", checked)
@@ -312,6 +315,10 @@ def test_vendor_served_matmul_calls_skip_every_check_after_the_first(monkeypatch
         a.requires_grad_(True)  # torch.matmul itself records the backward
         autotile.matmul(a, b).float().sum().backward()
         assert torch.allclose(a.grad.float(), b.float().sum(1).expand(3, 16), rtol=1e-2, atol=1e-2)  # bf16 rounding
+        assert torch.equal(autotile.matmul(a.detach(), b, bias=bias), with_bias)
+        assert torch.allclose(with_bias.float(), torch.addmm(bias, a.detach(), b).float())
+        with pytest.raises(RuntimeError, match="checked"):  # a bias of another shape is checked (and refused)
+            autotile.matmul(a.detach(), b, bias=bias[:1])
         # An epilogue, or fp32 operands, take the full signature.
         with pytest.raises(RuntimeError, match="checked"):
             autotile.matmul(a.detach(), b, activation="relu")

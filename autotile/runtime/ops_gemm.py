@@ -147,8 +147,7 @@ def _serve(problem: GemmProblem, device) -> _Served:
     else:
         run = _kernel_runner(problem, resolution.config)
     plain_vendor = (resolution.vendor and resolution.config[VENDOR_KEY] == "cublas" and problem.dtype in ("bf16", "fp16")
-                    and problem.out_dtype == problem.dtype and problem.activation == "none" and not problem.bias
-                    and not problem.residual)
+                    and problem.out_dtype == problem.dtype and problem.activation == "none" and not problem.residual)
     return _Served(run, trace.counter(FAMILY, problem, device), plain_vendor)
 
 
@@ -182,7 +181,7 @@ def _served_for(a, b, bias, activation, out_dtype, scale_a, scale_b, residual=No
         with _served_lock:
             _served[key] = served
             if served.plain_vendor:
-                _matmul_vendor[(a.shape, b.shape, a.dtype, b.dtype)] = served.calls
+                _matmul_vendor[_vendor_key(a, b, bias)] = served.calls
     return served
 
 
@@ -233,17 +232,17 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None
     >>> torch.allclose(autotile.matmul(a, b, activation="relu"), torch.relu(a @ b), atol=1e-5)
     True
     """
-    if (bias is None and activation is None and out_dtype is None and scale_a is None and scale_b is None
-            and residual is None and not fp8_fast_accum and not _is_compiling()):
+    if (activation is None and out_dtype is None and scale_a is None and scale_b is None and residual is None
+            and not fp8_fast_accum and not _is_compiling()):
         try:
-            calls = _matmul_vendor.get((a.shape, b.shape, a.dtype, b.dtype))
+            calls = _matmul_vendor.get(_vendor_key(a, b, bias))
         except AttributeError:  # not tensors: the checks below say what to pass
             calls = None
         if calls is not None:
-            # A signature cuBLAS serves as torch.matmul(a, b): called with no checks first (a short call is bound
-            # by host time, and torch.matmul is right for any strides, devices and autograd).
+            # A signature cuBLAS serves as torch.matmul(a, b) (addmm with a bias): called with no checks first (a
+            # short call is bound by host time, and torch is right for any strides, devices and autograd).
             calls[0] += 1
-            return _torch_matmul(a, b)
+            return _torch_matmul(a, b) if bias is None else _torch_addmm(bias, a, b)
     if direct_call_ok(a, b, bias, scale_a, scale_b, residual):
         # Eager calls of plain tensors skip the dispatcher (decode GEMMs are short kernels).
         return _run(a, b, bias, activation, _as_dtype(out_dtype), scale_a, scale_b, residual, bool(fp8_fast_accum))
@@ -323,14 +322,21 @@ _linear_served: dict[tuple, _Served] = {}
 # vendor op serves. NOTE: keyed by the weight object's id: a stale entry (a freed weight's id reused) can only
 # call F.linear, which is right for any tensors; calls served by a kernel always take the full signature.
 _linear_vendor: dict[tuple, list] = {}
-# (a.shape, b.shape, a.dtype, b.dtype) -> the call counter, for plain matmul signatures cuBLAS serves (a 16-bit
-# problem with no epilogue: _Served.plain_vendor). NOTE: keyed by shapes and dtypes alone: the same shapes with
-# other strides run torch.matmul too, which is right for any tensors (at worst a layout a tuned kernel would
-# have served runs cuBLAS); calls served by a kernel always take the full signature.
+# _vendor_key(a, b, bias) -> the call counter, for matmul signatures cuBLAS serves as torch.matmul / addmm (a
+# 16-bit problem with no epilogue but a bias: _Served.plain_vendor). NOTE: keyed by shapes and dtypes alone: the
+# same shapes with other strides run torch too, which is right for any tensors (at worst a layout a tuned kernel
+# would have served runs cuBLAS); calls served by a kernel always take the full signature.
 _matmul_vendor: dict[tuple, list] = {}
 _is_compiling = torch.compiler.is_compiling
 _f_linear = torch.nn.functional.linear
 _torch_matmul = torch.matmul
+_torch_addmm = torch.addmm
+
+
+def _vendor_key(a, b, bias) -> tuple:
+    # The bias's shape and dtype too: addmm would broadcast a bias of another shape that the checks refuse.
+    return (a.shape, b.shape, a.dtype, b.dtype) if bias is None else (a.shape, b.shape, a.dtype, b.dtype,
+                                                                        bias.shape, bias.dtype)
 
 
 def _vendor_epilogue(y: torch.Tensor, activation, residual) -> torch.Tensor:
