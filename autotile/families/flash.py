@@ -567,8 +567,9 @@ class FlashFamily(Family):
         if p.block_d >= 256:
             return dict(LOADS=loads, BLOCK_M=128, BLOCK_N=64, WARP_SPECIALIZE=False, num_warps=8, num_stages=2)
         if p.masked:
-            return dict(LOADS=loads, BLOCK_M=64, BLOCK_N=64, WARP_SPECIALIZE=False, MASKS_IN_LOOP=not tma and p.block_d >= 128,
-                        num_warps=4, num_stages=3)
+            in_loop = not tma and p.block_d >= 128
+            return dict(LOADS=loads, BLOCK_M=64, BLOCK_N=64, WARP_SPECIALIZE=False, MASKS_IN_LOOP=in_loop, num_warps=4,
+                        num_stages=3)
         return dict(LOADS=loads, BLOCK_M=128, BLOCK_N=128, WARP_SPECIALIZE=tma, num_warps=8, num_stages=3)
 
     # --- the vendor op: SDPA's backends ------------------------------------------------

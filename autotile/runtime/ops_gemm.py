@@ -54,7 +54,8 @@ def problem_for(a, b, *, bias=None, activation=None, out_dtype=None, scale_a=Non
 
 class _Served:
     """What calls of one signature run, worked out once; `calls` counts them for AUTOTILE_RECORD; `plain_vendor`:
-    the call is torch.matmul(a, b) itself (cuBLAS serves a 16-bit problem with no epilogue)."""
+    the call is torch.matmul(a, b) or torch.addmm(bias, a, b) itself (cuBLAS serves a 16-bit problem with no
+    activation, residual or other output dtype)."""
 
     __slots__ = ("run", "calls", "plain_vendor")
 
@@ -146,8 +147,9 @@ def _serve(problem: GemmProblem, device) -> _Served:
         run = _vendor_runner(problem, resolution.config[VENDOR_KEY])
     else:
         run = _kernel_runner(problem, resolution.config)
-    plain_vendor = (resolution.vendor and resolution.config[VENDOR_KEY] == "cublas" and problem.dtype in ("bf16", "fp16")
-                    and problem.out_dtype == problem.dtype and problem.activation == "none" and not problem.residual)
+    plain_vendor = (resolution.vendor and resolution.config[VENDOR_KEY] == "cublas"
+                    and problem.dtype in ("bf16", "fp16") and problem.out_dtype == problem.dtype
+                    and problem.activation == "none" and not problem.residual)
     return _Served(run, trace.counter(FAMILY, problem, device), plain_vendor)
 
 
