@@ -57,8 +57,8 @@ class _Served:
 
 _served: dict[tuple, _Served] = {}
 _served_lock = threading.Lock()
-# (q.shape, k.shape, v.shape, q.dtype, k.dtype, causal, scale, window, softcap) as the caller passed them ->
-# (calls, is_causal, scale, enable_gqa), for signatures SDPA itself serves with no ALiBi and no lse asked for.
+# (q.shape, k.shape, v.shape, q.dtype, k.dtype, causal, scale) as the caller passed them -> (calls, is_causal,
+# scale, enable_gqa), for signatures SDPA itself serves: no window, soft-capping or ALiBi, and no lse asked for.
 # A short key because a short call is bound by host time: the full key (strides, devices, alignment) costs
 # 2.3 us of Python on the development CPU against 0.6. NOTE: keyed by shapes and dtypes alone: a call of
 # these shapes with other strides also runs SDPA, which is right for any tensors (at worst a layout a kernel
@@ -395,9 +395,10 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
     torch.Size([1, 2, 5, 16])
     """
     if not torch.compiler.is_compiling():
-        plain = alibi_slopes is None and not return_lse
+        # Only plain calls can be SDPA's (windows, soft-capping and ALiBi are not): the others skip the short key.
+        plain = alibi_slopes is None and not return_lse and window is None and not softcap
         try:
-            short = (q.shape, k.shape, v.shape, q.dtype, k.dtype, causal, scale, window, softcap) if plain else None
+            short = (q.shape, k.shape, v.shape, q.dtype, k.dtype, causal, scale) if plain else None
             direct = _sdpa_direct.get(short) if plain else None
             key = served = None
             if direct is None:

@@ -153,13 +153,19 @@ def _serve(problem: GemmProblem, device) -> _Served:
     return _Served(run, trace.counter(FAMILY, problem, device), plain_vendor)
 
 
-def _signature(a, b, bias, activation, out_dtype, scale_a, scale_b, residual, fast_accum) -> tuple:
-    # Everything the problem (and so the served config) depends on; cheap to build (~1 us).
+def _shape_key(a, b, bias) -> tuple:
+    # The shapes and dtypes of a signature: the key of the vendor fast path, and the first half of the full one.
+    # The bias's too: addmm would broadcast a bias of another shape that the checks refuse.
+    return (a.shape, b.shape, a.dtype, b.dtype) if bias is None else (a.shape, b.shape, a.dtype, b.dtype,
+                                                                        bias.shape, bias.dtype)
+
+
+def _layout_key(a, b, bias, activation, out_dtype, scale_a, scale_b, residual, fast_accum) -> tuple:
+    # The rest of what the problem (and so the served config) depends on: with _shape_key, ~1.5 us to build.
     tf32 = a.dtype is torch.float32 and torch.backends.cuda.matmul.allow_tf32
-    return (a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype, a.device, b.device,
-            not (a.data_ptr() | b.data_ptr()) & 15, _extra(bias), activation, out_dtype,
-            None if scale_a is None else scale_a.shape, None if scale_b is None else scale_b.shape, tf32,
-            _extra(residual), fast_accum)
+    return (a.stride(), b.stride(), a.device, b.device, not (a.data_ptr() | b.data_ptr()) & 15, _extra(bias),
+            activation, out_dtype, None if scale_a is None else scale_a.shape,
+            None if scale_b is None else scale_b.shape, tf32, _extra(residual), fast_accum)
 
 
 def _extra(t) -> tuple | None:
@@ -168,8 +174,11 @@ def _extra(t) -> tuple | None:
     return None if t is None else (t.shape, t.stride(), t.dtype, t.device, not t.data_ptr() & 15)
 
 
-def _served_for(a, b, bias, activation, out_dtype, scale_a, scale_b, residual=None, fast_accum=False) -> _Served:
-    key = _signature(a, b, bias, activation, out_dtype, scale_a, scale_b, residual, fast_accum)
+def _served_for(a, b, bias, activation, out_dtype, scale_a, scale_b, residual=None, fast_accum=False,
+                shapes: tuple | None = None) -> _Served:
+    """`shapes`: _shape_key(a, b, bias) where the caller has it already."""
+    shapes = _shape_key(a, b, bias) if shapes is None else shapes
+    key = (shapes, _layout_key(a, b, bias, activation, out_dtype, scale_a, scale_b, residual, fast_accum))
     served = _served.get(key)
     if served is None:
         if a.dim() == 2 and b.dim() == 2 and a.shape[1] == b.shape[0] and 0 in (a.shape[0], b.shape[1]):
@@ -183,12 +192,13 @@ def _served_for(a, b, bias, activation, out_dtype, scale_a, scale_b, residual=No
         with _served_lock:
             _served[key] = served
             if served.plain_vendor:
-                _matmul_vendor[_vendor_key(a, b, bias)] = served.calls
+                _matmul_vendor[shapes] = served.calls
     return served
 
 
-def _run(a, b, bias, activation, out_dtype, scale_a, scale_b, residual=None, fast_accum=False) -> torch.Tensor:
-    served = _served_for(a, b, bias, activation, out_dtype, scale_a, scale_b, residual, fast_accum)
+def _run(a, b, bias, activation, out_dtype, scale_a, scale_b, residual=None, fast_accum=False,
+         shapes: tuple | None = None) -> torch.Tensor:
+    served = _served_for(a, b, bias, activation, out_dtype, scale_a, scale_b, residual, fast_accum, shapes)
     served.calls[0] += 1
     return served.run(a, b, bias, scale_a, scale_b, residual)
 
@@ -234,20 +244,24 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None
     >>> torch.allclose(autotile.matmul(a, b, activation="relu"), torch.relu(a @ b), atol=1e-5)
     True
     """
-    if (activation is None and out_dtype is None and scale_a is None and scale_b is None and residual is None
-            and not fp8_fast_accum and not _is_compiling()):
+    shapes = None
+    if not _is_compiling():
         try:
-            calls = _matmul_vendor.get(_vendor_key(a, b, bias))
+            shapes = _shape_key(a, b, bias)
         except AttributeError:  # not tensors: the checks below say what to pass
-            calls = None
+            pass
+        calls = (_matmul_vendor.get(shapes) if shapes is not None and activation is None and out_dtype is None
+                 and scale_a is None and scale_b is None and residual is None and not fp8_fast_accum else None)
         if calls is not None:
             # A signature cuBLAS serves as torch.matmul(a, b) (addmm with a bias): called with no checks first (a
             # short call is bound by host time, and torch is right for any strides, devices and autograd).
             calls[0] += 1
             return _torch_matmul(a, b) if bias is None else _torch_addmm(bias, a, b)
     if direct_call_ok(a, b, bias, scale_a, scale_b, residual):
-        # Eager calls of plain tensors skip the dispatcher (decode GEMMs are short kernels).
-        return _run(a, b, bias, activation, _as_dtype(out_dtype), scale_a, scale_b, residual, bool(fp8_fast_accum))
+        # Eager calls of plain tensors skip the dispatcher (decode GEMMs are short kernels). The shapes' key is the
+        # first half of the full signature's.
+        return _run(a, b, bias, activation, _as_dtype(out_dtype), scale_a, scale_b, residual, bool(fp8_fast_accum),
+                    shapes)
     if not torch.compiler.is_compiling():
         # Bad input is reported here, before the op; traced calls meet the same checks when the op runs.
         problem_for(a, b, bias=bias, activation=activation, out_dtype=out_dtype, scale_a=scale_a, scale_b=scale_b,
@@ -324,7 +338,7 @@ _linear_served: dict[tuple, _Served] = {}
 # vendor op serves. NOTE: keyed by the weight object's id: a stale entry (a freed weight's id reused) can only
 # call F.linear, which is right for any tensors; calls served by a kernel always take the full signature.
 _linear_vendor: dict[tuple, list] = {}
-# _vendor_key(a, b, bias) -> the call counter, for matmul signatures cuBLAS serves as torch.matmul / addmm (a
+# _shape_key(a, b, bias) -> the call counter, for matmul signatures cuBLAS serves as torch.matmul / addmm (a
 # 16-bit problem with no epilogue but a bias: _Served.plain_vendor). NOTE: keyed by shapes and dtypes alone: the
 # same shapes with other strides run torch too, which is right for any tensors (at worst a layout a tuned kernel
 # would have served runs cuBLAS); calls served by a kernel always take the full signature.
@@ -333,12 +347,6 @@ _is_compiling = torch.compiler.is_compiling
 _f_linear = torch.nn.functional.linear
 _torch_matmul = torch.matmul
 _torch_addmm = torch.addmm
-
-
-def _vendor_key(a, b, bias) -> tuple:
-    # The bias's shape and dtype too: addmm would broadcast a bias of another shape that the checks refuse.
-    return (a.shape, b.shape, a.dtype, b.dtype) if bias is None else (a.shape, b.shape, a.dtype, b.dtype,
-                                                                        bias.shape, bias.dtype)
 
 
 def _vendor_epilogue(y: torch.Tensor, activation, residual) -> torch.Tensor:
