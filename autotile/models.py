@@ -65,6 +65,15 @@ MODELS: dict[str, ModelDims] = {m.name: m for m in (
     ModelDims("qwen3-14b", 5120, 17408, 40, 8, 128),
     ModelDims("phi4", 5120, 17920, 40, 10, 128),
     ModelDims("mistral-small-24b", 5120, 32768, 32, 8, 128),
+    ModelDims("mistral-large-123b", 12288, 28672, 96, 8, 128),
+    ModelDims("llama3.1-405b", 16384, 53248, 128, 8, 128),
+    ModelDims("qwen2.5-0.5b", 896, 4864, 14, 2, 64, qkv_bias=True),
+    ModelDims("qwen3-1.7b", 2048, 6144, 16, 8, 128),
+    ModelDims("qwen3-32b", 5120, 25600, 64, 8, 128),
+    ModelDims("phi4-mini", 3072, 8192, 24, 8, 128),
+    ModelDims("gemma3-4b", 2560, 10240, 8, 4, 256),
+    ModelDims("gemma3-12b", 3840, 15360, 16, 8, 256),
+    ModelDims("gemma3-27b", 5376, 21504, 32, 16, 128),
 )}
 
 _DIM_NAMES = {"hidden": "hidden", "intermediate": "intermediate", "ffn": "intermediate", "heads": "heads",
