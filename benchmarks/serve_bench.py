@@ -353,6 +353,8 @@ def main() -> None:
     parser.add_argument("--tokens", default=None,
                         help="comma-separated token counts (M) of the GEMM part, e.g. off-bucket ones: 3,12,200,3000")
     parser.add_argument("--models", default=None, help="comma-separated gemm models (default: a spread)")
+    parser.add_argument("--flash-models", default=None,
+                        help="comma-separated models of the prefill attention rows (default: a spread)")
     parser.add_argument("--record", default=None, help="write an AUTOTILE_RECORD trace of the shapes and exit")
     parser.add_argument("--name", default="serve_bench")
     parser.add_argument("--gemm-op", choices=("linear", "matmul"), default="linear",
@@ -377,7 +379,9 @@ def main() -> None:
         print(f"trace written to {trace.flush()}")
         return
     gemm = gemm_rows(models, tokens, args.rounds, args.gemm_op) if "gemm" in parts else []
-    flash = flash_rows(FLASH_MODELS[:3] if args.quick else FLASH_MODELS, PREFILL, args.rounds) if "flash" in parts else []
+    flash_models = (args.flash_models.split(",") if args.flash_models
+                    else FLASH_MODELS[:3] if args.quick else FLASH_MODELS)
+    flash = flash_rows(flash_models, PREFILL, args.rounds) if "flash" in parts else []
     host = host_overhead() if "host" in parts else []
     graphs = graph_capture() if "graph" in parts else []
     props = torch.cuda.get_device_properties(0)

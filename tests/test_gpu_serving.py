@@ -64,6 +64,36 @@ def test_vendor_off_runs_the_generated_kernel_correctly(monkeypatch):
         torch.testing.assert_close(autotile.linear(x, w, b).double(), want, atol=3e-2, rtol=2e-2)
 
 
+def test_bound_linear_short_key_guards_fall_back_where_the_signature_changed(monkeypatch):
+    # Later calls of a kernel-served linear take the short key (ops_gemm._FastLinear); each guard that fails must
+    # send the call down the full signature, never to a kernel bound for other tensors.
+    from autotile.runtime import ops_gemm
+
+    monkeypatch.setenv("AUTOTILE_VENDOR", "0")
+    x, w, b = _linear_inputs(m=8, n=520, k=1024, bias=True)
+
+    def check(x, w, b):
+        want = torch.nn.functional.linear(x.double(), w.double(), None if b is None else b.double())
+        got = autotile.linear(x, w, b)
+        assert got.shape == want.shape
+        torch.testing.assert_close(got.double(), want, atol=3e-2, rtol=2e-2)
+
+    for _ in range(3):
+        check(torch.randn_like(x), w, b)
+    assert any(isinstance(v, ops_gemm._FastLinear) for v in ops_gemm._linear_fast.values())
+    check(torch.randn(8 * 1024 + 1, device="cuda", dtype=torch.bfloat16)[1:].view(8, 1024), w, b)  # misaligned x
+    check(torch.randn(1024, 8, device="cuda", dtype=torch.bfloat16).t(), w, b)  # x of another layout
+    check(x, w, torch.randn_like(b))  # another bias object
+    w.data = torch.randn_like(w) / 32  # the weight's storage swapped, as checkpoint loaders do
+    check(x, w, b)
+    w.data = torch.randn(520, 2048, device="cuda", dtype=torch.bfloat16)[:, ::2]  # same shape, other strides
+    check(x, w, b)
+    check(torch.randn(2, 4, 1024, device="cuda", dtype=torch.bfloat16), w, None)  # leading batch dims
+    check(torch.randn(2, 4, 1024, device="cuda", dtype=torch.bfloat16), w, None)
+    with torch.inference_mode():
+        check(torch.randn(2, 4, 1024, device="cuda", dtype=torch.bfloat16), w, None)
+
+
 def test_fuse_captures_in_a_graph_without_syncs():
     f = autotile.fuse("sin(x)**2 + cos(x)*y")
     x, y = torch.randn(10_000, device="cuda"), torch.randn(10_000, device="cuda")

@@ -329,6 +329,38 @@ def test_vendor_served_matmul_calls_skip_every_check_after_the_first(monkeypatch
     assert not ops_gemm._matmul_vendor
 
 
+def test_a_bound_linear_short_key_launches_only_while_its_guards_hold(monkeypatch):
+    """ops_gemm._FastLinear stands for the full signature of a kernel-served linear: every change the kernel was not
+    bound for (the weight object or its storage, x's layout or alignment, another bias, autograd) gives None, so
+    that the call takes the full signature. CPU tensors stand in for a GPU's (device index -1)."""
+    monkeypatch.setattr(ops_gemm, "_current_cuda_device", lambda: -1)
+    launched = []
+
+    def launch(x, w, b):
+        launched.append(x)
+        return x.new_empty((x.numel() // x.shape[-1], w.shape[0]))
+    launch.device_index = -1
+    x, w, b = torch.randn(4, 16), torch.nn.Parameter(torch.randn(8, 16)), torch.randn(8)
+    served = ops_gemm._Served(None, [0])
+    fast = ops_gemm._FastLinear(served, launch, x, w, b)
+    with torch.no_grad():
+        assert fast(torch.randn(4, 16), w, b) is not None and served.calls[0] == 1
+        assert fast(torch.randn(65)[1:].view(4, 16), w, b) is None  # misaligned
+        assert fast(torch.randn(16, 4).t(), w, b) is None  # another layout
+        assert fast(x, w, torch.randn(8)) is None  # another bias object
+        assert fast(x, torch.nn.Parameter(w.detach().clone()), b) is None  # another weight object
+        assert fast(x, w, None) is None  # the kernel was bound with a bias
+    with torch.enable_grad():
+        assert fast(x, w, b) is None  # the weight requires grad: the op's dispatcher path
+    with torch.no_grad():
+        w.data = torch.randn(8, 16)  # storage swapped
+        assert fast(x, w, b) is None
+    assert len(launched) == 1 and served.calls[0] == 1
+    three_d = ops_gemm._FastLinear(served, launch, torch.randn(2, 2, 16), w, None)
+    with torch.no_grad():
+        assert three_d(torch.randn(2, 2, 16), w, None).shape == (2, 2, 8)
+
+
 def test_a_bound_gemm_hands_the_launcher_the_tensors_it_was_bound_with_in_their_places(monkeypatch):
     """The bound fast path (a GPU's decode GEMMs) puts each call's tensors where the first call's were."""
     from types import SimpleNamespace

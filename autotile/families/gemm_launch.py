@@ -89,14 +89,18 @@ def run_plan(plan: LaunchPlan, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor
 _counters: dict[tuple, torch.Tensor] = {}
 
 
+# NOTE: the private raw-stream getter (what Triton's own launcher calls) costs ~0.2 us; the public
+# current_stream() builds a Stream object (~2 us) on every call of a decode GEMM.
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+# NOTE: the C check itself; torch.cuda.is_current_stream_capturing() wraps it in a Python call.
+_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None) or torch.cuda.is_current_stream_capturing
+
+
 def _stream_key(dev: torch.device) -> tuple:
     if dev.type != "cuda":
         return (dev.type, 0)
     index = dev.index if dev.index is not None else torch.cuda.current_device()
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    # NOTE: the private raw-stream getter (what Triton's own launcher calls) costs ~0.2 us; the public
-    # current_stream() builds a Stream object (~2 us) on every call of a decode GEMM.
-    stream = raw(index) if raw is not None else torch.cuda.current_stream(index).cuda_stream
+    stream = _raw_stream(index) if _raw_stream is not None else torch.cuda.current_stream(index).cuda_stream
     return ("cuda", index, stream)
 
 
@@ -140,7 +144,7 @@ def split_buffers(dev: torch.device, numel: int, count: int) -> tuple[torch.Tens
     NOTE: apart, the two cost ~5.2 us of host time on the H200 machine (2.65 + 2.55), a third of a split-K decode
     GEMM's whole host time (results/host_pieces_2026-12-02.txt); together ~2 us.
     """
-    if dev.type == "cuda" and not torch.cuda.is_current_stream_capturing():
+    if dev.type == "cuda" and not _capturing():
         key = _stream_key(dev)
         ws, counters = _workspaces.get(key), _counters.get(key)
         if (not numel or (ws is not None and ws.numel() >= numel)) and \

@@ -9,6 +9,7 @@ host sync, no allocation a CUDA graph cannot capture.
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Optional
 
@@ -57,12 +58,14 @@ class _Served:
     the call is torch.matmul(a, b) or torch.addmm(bias, a, b) itself (cuBLAS serves a 16-bit problem with no
     activation, residual or other output dtype)."""
 
-    __slots__ = ("run", "calls", "plain_vendor")
+    __slots__ = ("run", "calls", "plain_vendor", "bound_linear")
 
     def __init__(self, run: Callable, counter: list, plain_vendor: bool = False):
         self.run = run
         self.calls = counter  # a one-element list shared with autotile.runtime.trace
         self.plain_vendor = plain_vendor
+        # linear signatures a generated kernel serves: the runner's bound_linear (see _FastLinear)
+        self.bound_linear: Callable | None = None
 
 
 _served: dict[tuple, _Served] = {}
@@ -137,7 +140,22 @@ def _kernel_runner(problem: GemmProblem, config) -> Callable:
             bound(x, weight, c, bias, None)
             return c
         return run(x, weight.t(), bias, None, None, None)
+    def bound_linear() -> Callable | None:
+        """run_linear's launch once the signature is bound, with no checks (the caller's guards hold them);
+        None before the first launch, and where it launches through Triton's own path."""
+        if not bound:
+            return None
+        launch, index = bound, bound.device_index
+
+        def launch_linear(x, weight, bias):
+            c = new_c(x)
+            launch(x, weight, c, bias, None)
+            return c
+        launch_linear.device_index = index
+        return launch_linear
+
     run.linear = run_linear
+    run.bound_linear = bound_linear
     return run
 
 
@@ -310,22 +328,31 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     True
     """
     if not _is_compiling():
-        # A signature the vendor serves runs F.linear itself, which handles autograd, subclasses and devices
-        # as it always does: found by a short key (the weight object, the tokens' shape) with no checks first.
-        calls = _linear_vendor.get((x.shape, x.dtype, id(weight), bias is None, residual is None, activation))
-        if calls is not None:
-            calls[0] += 1
+        # Signatures seen before are found by a short key (the weight object, the tokens' shape) first.
+        fast = _linear_fast.get((x.shape, x.dtype, id(weight), bias is None, residual is None, activation))
+        if fast.__class__ is list:
+            # The vendor serves it: F.linear itself, which handles autograd, subclasses and devices as it always
+            # does, with no checks first.
+            fast[0] += 1
             # NOTE: F.linear called here rather than through a runner: a call this short is bound by host time,
             # and each Python frame shows in it (the plain case; activation and residual take the runner).
             if activation is None and residual is None:
                 return _f_linear(x, weight, bias)
             return _vendor_epilogue(_f_linear(x, weight, bias), activation, residual)
+        if fast is not None:
+            out = fast(x, weight, bias)
+            if out is not None:
+                return out
     if direct_call_ok(x, weight, bias, residual):
-        served = _linear_served.get(_linear_signature(x, weight, bias, activation, residual))
+        signature = _linear_signature(x, weight, bias, activation, residual)
+        served = _linear_served.get(signature)
         if served is None:
             served = _serve_linear(x, weight, bias, activation, residual)
         served.calls[0] += 1
-        return served.run(x, weight, bias, residual)
+        out = served.run(x, weight, bias, residual)
+        if served.bound_linear is not None and residual is None:
+            _keep_fast_linear(served, x, weight, bias, activation)
+        return out
     _check_linear(x, weight, bias, residual)
     lead, n = x.shape[:-1], weight.shape[0]
     out = matmul(x.reshape(-1, x.shape[-1]), weight.t(), bias=bias, activation=activation,
@@ -334,10 +361,11 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 
 _linear_served: dict[tuple, _Served] = {}
-# (x.shape, x.dtype, id(weight), no bias, no residual, activation) -> the call counter, for signatures the
-# vendor op serves. NOTE: keyed by the weight object's id: a stale entry (a freed weight's id reused) can only
-# call F.linear, which is right for any tensors; calls served by a kernel always take the full signature.
-_linear_vendor: dict[tuple, list] = {}
+# (x.shape, x.dtype, id(weight), no bias, no residual, activation) -> the call counter (a list) for signatures
+# the vendor op serves, or a _FastLinear for those a bound kernel serves. NOTE: keyed by the weight object's id:
+# a stale vendor entry (a freed weight's id reused) can only call F.linear, which is right for any tensors; a
+# _FastLinear checks that the weight is the object it was bound with before it launches.
+_linear_fast: dict[tuple, list | _FastLinear] = {}
 # _shape_key(a, b, bias) -> the call counter, for matmul signatures cuBLAS serves as torch.matmul / addmm (a
 # 16-bit problem with no epilogue but a bias: _Served.plain_vendor). NOTE: keyed by shapes and dtypes alone: the
 # same shapes with other strides run torch too, which is right for any tensors (at worst a layout a tuned kernel
@@ -345,6 +373,8 @@ _linear_vendor: dict[tuple, list] = {}
 _matmul_vendor: dict[tuple, list] = {}
 _is_compiling = torch.compiler.is_compiling
 _f_linear = torch.nn.functional.linear
+# NOTE: the C getter itself: torch.cuda.current_device() wraps it in a Python call (~0.2 us a call).
+_current_cuda_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
 _torch_matmul = torch.matmul
 _torch_addmm = torch.addmm
 
@@ -358,7 +388,7 @@ def _vendor_epilogue(y: torch.Tensor, activation, residual) -> torch.Tensor:
 def _forget_linear() -> None:
     with _served_lock:
         _linear_served.clear()
-        _linear_vendor.clear()
+        _linear_fast.clear()
 
 
 on_clear(_forget_linear)
@@ -389,7 +419,7 @@ def _serve_linear(x, weight, bias, activation, residual) -> _Served:
         if resolution.vendor and resolution.config[VENDOR_KEY] == "cublas":
             run = vendor
             with _served_lock:
-                _linear_vendor[(x.shape, x.dtype, id(weight), bias is None, residual is None, activation)] = \
+                _linear_fast[(x.shape, x.dtype, id(weight), bias is None, residual is None, activation)] = \
                     trace.counter(FAMILY, problem, device)
         else:
             inner = (_vendor_runner(problem, resolution.config[VENDOR_KEY]) if resolution.vendor
@@ -405,9 +435,64 @@ def _serve_linear(x, weight, bias, activation, residual) -> _Served:
             if not resolution.vendor and x.dim() == 2 and residual is None:
                 run = lambda x, w, b, r, fast=inner.linear: fast(x, w, b)  # noqa: E731
         served = _Served(run, trace.counter(FAMILY, problem, device))
+        if not resolution.vendor and residual is None:
+            served.bound_linear = inner.bound_linear
     with _served_lock:
         _linear_served[key] = served
     return served
+
+
+class _FastLinear:
+    """Later calls of a linear signature a bound generated kernel serves, found by the short key: a few guards
+    stand for the full signature (~2 us of Python on the development CPU, more on the H200 machine, where a
+    decode GEMM's eager call is bound by host time).
+
+    The key fixes x's shape and dtype, the weight object and the epilogue. The guards: the weight (and bias) is
+    the object bound, at the data pointer, shape, strides and dtype bound (a `.data` assignment changes them);
+    x is contiguous (its strides are then fixed by its shape) and 16-byte aligned, on the bound device, which
+    is the current one; and the call may skip the dispatcher (direct_call_ok). Any guard failing returns None:
+    the call takes the full signature.
+    """
+
+    __slots__ = ("weight_ref", "weight_meta", "bias_ref", "bias_meta", "device_index", "launch", "out_shape",
+                 "calls")
+
+    def __init__(self, served: _Served, launch: Callable, x, weight, bias):
+        self.weight_ref, self.weight_meta = weakref.ref(weight), _tensor_meta(weight)
+        self.bias_ref = None if bias is None else weakref.ref(bias)
+        self.bias_meta = None if bias is None else _tensor_meta(bias)
+        self.device_index, self.launch, self.calls = launch.device_index, launch, served.calls
+        self.out_shape = None if x.dim() == 2 else (*x.shape[:-1], weight.shape[0])
+
+    def __call__(self, x, weight, bias) -> torch.Tensor | None:
+        if (self.weight_ref() is weight and _tensor_meta(weight) == self.weight_meta
+                and (bias is None if self.bias_ref is None
+                     else self.bias_ref() is bias and _tensor_meta(bias) == self.bias_meta)
+                and x.is_contiguous() and not x.data_ptr() & 15
+                and x.get_device() == self.device_index == _current_cuda_device()
+                and direct_call_ok(x, weight, bias)):
+            self.calls[0] += 1
+            out = self.launch(x, weight, bias)
+            return out if self.out_shape is None else out.view(self.out_shape)
+        return None
+
+
+def _tensor_meta(t: torch.Tensor) -> tuple:
+    return t.data_ptr(), t.shape, t.stride(), t.dtype
+
+
+def _keep_fast_linear(served: _Served, x, weight, bias, activation) -> None:
+    """After a kernel-served call: its signature's later calls take a _FastLinear where the guards can hold."""
+    if not (x.is_cuda and x.dtype in (torch.bfloat16, torch.float16) and x.is_contiguous()
+            and not x.data_ptr() & 15):
+        return
+    launch = served.bound_linear()
+    if launch is None:
+        served.bound_linear = None  # launched through Triton's own path: it never binds
+        return
+    with _served_lock:
+        _linear_fast[(x.shape, x.dtype, id(weight), bias is None, True, activation)] = \
+            _FastLinear(served, launch, x, weight, bias)
 
 
 __all__ = ["matmul", "linear", "problem_for", "linear_problem_for"]
