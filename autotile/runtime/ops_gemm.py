@@ -140,6 +140,7 @@ def _kernel_runner(problem: GemmProblem, config) -> Callable:
             bound(x, weight, c, bias, None)
             return c
         return run(x, weight.t(), bias, None, None, None)
+
     def bound_linear() -> Callable | None:
         """run_linear's launch once the signature is bound, with no checks (the caller's guards hold them);
         None before the first launch, and where it launches through Triton's own path."""
@@ -344,13 +345,12 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
             if out is not None:
                 return out
     if direct_call_ok(x, weight, bias, residual):
-        signature = _linear_signature(x, weight, bias, activation, residual)
-        served = _linear_served.get(signature)
+        served = _linear_served.get(_linear_signature(x, weight, bias, activation, residual))
         if served is None:
             served = _serve_linear(x, weight, bias, activation, residual)
         served.calls[0] += 1
         out = served.run(x, weight, bias, residual)
-        if served.bound_linear is not None and residual is None:
+        if served.bound_linear is not None:  # a kernel serves it: later calls may take the short key
             _keep_fast_linear(served, x, weight, bias, activation)
         return out
     _check_linear(x, weight, bias, residual)
