@@ -13,8 +13,9 @@ out=$1 tokens=$2 serve_tokens=$3 budget=$4
 shift 4
 . "$(dirname "$0")/gpu_env.sh"
 export AUTOTILE_CACHE_DIR=${AUTOTILE_CACHE_DIR:-/tmp/atc}
-work=/tmp/decode-tables
-mkdir -p "$work"
+# A new folder each call: a warm machine keeps /tmp, and an earlier call's databases must not be shipped again
+# (they may hold winners that drop_losers.py has since dropped).
+work=$(mktemp -d /tmp/decode-tables.XXXXXX)
 pack() { rm -rf "$work"/*.studies "$work"/*.lock; tar czf "$out/tables.tgz" -C "$work" .; }
 for model in "$@"; do
   timeout $((budget + budget / 2 + 20)) python -m autotile.cli.main tune gemm --model "$model" --tokens "$tokens" \
