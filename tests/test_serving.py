@@ -339,10 +339,9 @@ def test_a_bound_linear_short_key_launches_only_while_its_guards_hold(monkeypatc
     def launch(x, w, b):
         launched.append(x)
         return x.new_empty((x.numel() // x.shape[-1], w.shape[0]))
-    launch.device_index = -1
     x, w, b = torch.randn(4, 16), torch.nn.Parameter(torch.randn(8, 16)), torch.randn(8)
     served = ops_gemm._Served(None, [0])
-    fast = ops_gemm._FastLinear(served, launch, x, w, b)
+    fast = ops_gemm._FastLinear(served, launch, -1, x, w, b)
     with torch.no_grad():
         assert fast(torch.randn(4, 16), w, b) is not None and served.calls[0] == 1
         assert fast(torch.randn(65)[1:].view(4, 16), w, b) is None  # misaligned
@@ -356,7 +355,7 @@ def test_a_bound_linear_short_key_launches_only_while_its_guards_hold(monkeypatc
         w.data = torch.randn(8, 16)  # storage swapped
         assert fast(x, w, b) is None
     assert len(launched) == 1 and served.calls[0] == 1
-    three_d = ops_gemm._FastLinear(served, launch, torch.randn(2, 2, 16), w, None)
+    three_d = ops_gemm._FastLinear(served, launch, -1, torch.randn(2, 2, 16), w, None)
     with torch.no_grad():
         assert three_d(torch.randn(2, 2, 16), w, None).shape == (2, 2, 8)
 

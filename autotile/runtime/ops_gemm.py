@@ -132,28 +132,23 @@ def _kernel_runner(problem: GemmProblem, config) -> Callable:
             FAMILY.launch(problem, config, inputs, outputs)
         return outputs["c"]
 
+    def launch_linear(x, weight, bias):
+        # The bound launch of a linear call: the weight goes to the launcher as it is (its data pointer is its
+        # transpose's), saving the transpose's cost on every call.
+        c = new_c(x)
+        bound(x, weight, c, bias, None)
+        return c
+
     def run_linear(x, weight, bias):
-        """run(x, weight.t(), bias, ...) for a 2-D x and an (N, K) weight: once bound, the weight goes to the
-        launcher as it is (its data pointer is its transpose's), saving the transpose's cost on every call."""
+        """run(x, weight.t(), bias, ...) for a 2-D x and an (N, K) weight."""
         if bound and x.device.index == current():
-            c = new_c(x)
-            bound(x, weight, c, bias, None)
-            return c
+            return launch_linear(x, weight, bias)
         return run(x, weight.t(), bias, None, None, None)
 
-    def bound_linear() -> Callable | None:
-        """run_linear's launch once the signature is bound, with no checks (the caller's guards hold them);
-        None before the first launch, and where it launches through Triton's own path."""
-        if not bound:
-            return None
-        launch, index = bound, bound.device_index
-
-        def launch_linear(x, weight, bias):
-            c = new_c(x)
-            launch(x, weight, c, bias, None)
-            return c
-        launch_linear.device_index = index
-        return launch_linear
+    def bound_linear() -> tuple[Callable, int] | None:
+        """(launch_linear, its device index) once the signature is bound: a launch with no checks (the caller's
+        guards hold them); None before the first launch, and where it launches through Triton's own path."""
+        return (launch_linear, bound.device_index) if bound else None
 
     run.linear = run_linear
     run.bound_linear = bound_linear
@@ -457,11 +452,11 @@ class _FastLinear:
     __slots__ = ("weight_ref", "weight_meta", "bias_ref", "bias_meta", "device_index", "launch", "out_shape",
                  "calls")
 
-    def __init__(self, served: _Served, launch: Callable, x, weight, bias):
+    def __init__(self, served: _Served, launch: Callable, device_index: int, x, weight, bias):
         self.weight_ref, self.weight_meta = weakref.ref(weight), _tensor_meta(weight)
         self.bias_ref = None if bias is None else weakref.ref(bias)
         self.bias_meta = None if bias is None else _tensor_meta(bias)
-        self.device_index, self.launch, self.calls = launch.device_index, launch, served.calls
+        self.device_index, self.launch, self.calls = device_index, launch, served.calls
         self.out_shape = None if x.dim() == 2 else (*x.shape[:-1], weight.shape[0])
 
     def __call__(self, x, weight, bias) -> torch.Tensor | None:
@@ -483,16 +478,17 @@ def _tensor_meta(t: torch.Tensor) -> tuple:
 
 def _keep_fast_linear(served: _Served, x, weight, bias, activation) -> None:
     """After a kernel-served call: its signature's later calls take a _FastLinear where the guards can hold."""
+    # 16-bit x only: an fp32 signature also depends on torch's TF32 switch, which the short key does not hold.
     if not (x.is_cuda and x.dtype in (torch.bfloat16, torch.float16) and x.is_contiguous()
             and not x.data_ptr() & 15):
         return
-    launch = served.bound_linear()
-    if launch is None:
+    bound = served.bound_linear()
+    if bound is None:
         served.bound_linear = None  # launched through Triton's own path: it never binds
         return
     with _served_lock:
         _linear_fast[(x.shape, x.dtype, id(weight), bias is None, True, activation)] = \
-            _FastLinear(served, launch, x, weight, bias)
+            _FastLinear(served, *bound, x, weight, bias)
 
 
 __all__ = ["matmul", "linear", "problem_for", "linear_problem_for"]
