@@ -74,6 +74,10 @@ MODELS: dict[str, ModelDims] = {m.name: m for m in (
     ModelDims("gemma3-4b", 2560, 10240, 8, 4, 256),
     ModelDims("gemma3-12b", 3840, 15360, 16, 8, 256),
     ModelDims("gemma3-27b", 5376, 21504, 32, 16, 128),
+    ModelDims("llama2-7b", 4096, 11008, 32, 32, 128),
+    ModelDims("llama2-13b", 5120, 13824, 40, 40, 128),
+    ModelDims("gemma-2b", 2048, 16384, 8, 1, 256),
+    ModelDims("gemma-7b", 3072, 24576, 16, 16, 256),
 )}
 
 _DIM_NAMES = {"hidden": "hidden", "intermediate": "intermediate", "ffn": "intermediate", "heads": "heads",

@@ -1,13 +1,16 @@
 """Host time of the pieces of a served GEMM call: where a decode step's microseconds go (GPU).
 
+    python benchmarks/host_pieces.py                              # the ops serve what they would for a user
     AUTOTILE_VENDOR=0 python benchmarks/host_pieces.py            # the ops serve their generated kernels
 
 A decode GEMM runs 6-40 us on the GPU; called eagerly, a step is as long as its host work when that is longer.
 This times, with 2000 calls queued each: the torch calls a served launch makes (device, strides, stream lookups,
-the split-K buffers, the output allocation), then `F.linear` beside `autotile.linear` on Llama-3-8B decode
-shapes, walking the shapes forward and back (host time on a shared machine drifts by tens of percent over
-seconds; each op call also timed through the full signature, without the short key of ops_gemm._FastLinear),
-then a cProfile of the op on the first two shapes. Prints to stdout.
+the split-K buffers, the output allocation), then `F.linear` beside `autotile.linear` (and `torch.matmul` beside
+`autotile.matmul` on the weight's transpose) on decode shapes of Llama-3-8B, Qwen3-8B and Gemma-3-12B, walking the
+shapes forward and back (host time on a shared machine drifts by tens of percent over seconds). Each op call is
+also timed without its short path: kernel-served calls through the full signature (no ops_gemm._FastLinear),
+vendor-served ones through F.linear (no kept transpose of ops_gemm._VendorLinear). Then a cProfile of the op on
+the first two shapes. Prints to stdout.
 """
 from __future__ import annotations
 
@@ -29,7 +32,8 @@ import autotile  # noqa: E402
 from autotile.families import gemm_launch  # noqa: E402
 
 CALLS = 2000
-SHAPES = ((1, 4096, 4096), (4, 1024, 4096), (16, 4096, 4096), (1, 14336, 4096), (8, 6144, 4096))
+SHAPES = ((1, 4096, 4096), (4, 1024, 4096), (16, 4096, 4096), (1, 14336, 4096), (8, 6144, 4096),
+          (64, 1024, 4096), (64, 2048, 3840), (64, 4096, 4096))
 
 
 def host_us(fn) -> float:
@@ -37,13 +41,17 @@ def host_us(fn) -> float:
 
 
 @contextlib.contextmanager
-def full_signature():
-    """Kernel-served linear calls take the full signature, as before ops_gemm._FastLinear (the A/B of its gain)."""
+def without_short_paths():
+    """Linear calls as before their short paths (the A/B of their gain): kernel-served ones take the full
+    signature (no ops_gemm._FastLinear), vendor-served ones call F.linear (no kept transpose)."""
     from autotile.runtime import ops_gemm
 
     kept = {k: v for k, v in ops_gemm._linear_fast.items() if isinstance(v, ops_gemm._FastLinear)}
     for key in kept:
         del ops_gemm._linear_fast[key]
+    views = {k: v.weight_t for k, v in ops_gemm._linear_fast.items() if isinstance(v, ops_gemm._VendorLinear)}
+    for key in views:
+        ops_gemm._linear_fast[key].weight_t = None
     keep = ops_gemm._keep_fast_linear
     ops_gemm._keep_fast_linear = lambda *args: None
     try:
@@ -51,6 +59,8 @@ def full_signature():
     finally:
         ops_gemm._keep_fast_linear = keep
         ops_gemm._linear_fast.update(kept)
+        for key, view in views.items():
+            ops_gemm._linear_fast[key].weight_t = view
 
 
 def main() -> int:
@@ -80,10 +90,14 @@ def main() -> int:
         for shape in SHAPES if order == "forward" else SHAPES[::-1]:
             a, w = data[shape]
             vendor, ours = host_us(lambda: F.linear(a, w)), host_us(lambda: autotile.linear(a, w))
-            with full_signature():
-                full = host_us(lambda: autotile.linear(a, w))
+            with without_short_paths():
+                before = host_us(lambda: autotile.linear(a, w))
+            mm_vendor = host_us(lambda: torch.matmul(a, w.t()))
+            mm_ours = host_us(lambda: autotile.matmul(a, w.t()))
+            served = autotile.explain("linear", a, w)
             print(f"{order:8s} {shape}: F.linear {vendor:6.2f} us, autotile.linear {ours:6.2f} us of host time a "
-                  f"call ({full:6.2f} us through the full signature, without the short key)")
+                  f"call ({before:6.2f} us without its short path); torch.matmul {mm_vendor:6.2f} us, "
+                  f"autotile.matmul {mm_ours:6.2f} us; served by {served['vendor'] or served['source']}")
     for shape in SHAPES[:2]:
         a, w = data[shape]
         profile = cProfile.Profile()

@@ -29,7 +29,8 @@ def _linear_inputs(m=16, n=1024, k=512, bias=False):
 def test_linear_and_matmul_capture_in_a_graph_without_syncs(monkeypatch, vendor):
     monkeypatch.setenv("AUTOTILE_VENDOR", vendor)
     x, w, b = _linear_inputs(bias=True)
-    ops = [lambda: autotile.linear(x, w, b, activation="silu"), lambda: autotile.matmul(x, w.t())]
+    ops = [lambda: autotile.linear(x, w, b, activation="silu"), lambda: autotile.linear(x, w, b),
+           lambda: autotile.linear(x, w), lambda: autotile.matmul(x, w.t())]
     for op in ops:
         op()  # first call of the signature: resolution and compilation happen outside the graph
         torch.cuda.synchronize()
@@ -52,6 +53,13 @@ def test_untuned_shapes_are_served_by_the_vendor_and_match_it():
     info = autotile.explain("linear", x, w, b)
     assert info["source"] == "vendor" and info["vendor"] == "cuBLAS (torch.matmul)"
     torch.testing.assert_close(autotile.linear(x, w, b), torch.nn.functional.linear(x, w, b), atol=0, rtol=0)
+    # Later calls take F.linear's own cuBLAS call on a kept transpose of the weight: the same bits.
+    weight = torch.nn.Parameter(w)
+    for bias in (b, None):
+        for _ in range(2):
+            with torch.no_grad():
+                got = autotile.linear(x, weight, bias)
+            assert torch.equal(got, torch.nn.functional.linear(x, w, bias))
 
 
 def test_vendor_off_runs_the_generated_kernel_correctly(monkeypatch):

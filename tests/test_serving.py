@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import weakref
 
 import pytest
 import torch
@@ -294,6 +295,95 @@ def test_vendor_served_linear_calls_skip_every_check_after_the_first(monkeypatch
         assert torch.allclose(x.grad, w.sum(0).expand(3, 16))
     finally:
         dispatch.clear_cache()
+
+
+@pytest.fixture
+def vendor_linear(monkeypatch):
+    """Linear calls served by the vendor op, with F.linear watched: the interpreter has no vendor op of its own."""
+    monkeypatch.setattr(FAMILY, "vendor_configs", lambda problem, device: [CUBLAS])
+    f_linear_calls = []
+
+    def f_linear(*args):
+        f_linear_calls.append(args)
+        return torch.nn.functional.linear(*args)
+    monkeypatch.setattr(ops_gemm, "_f_linear", f_linear)
+    dispatch.clear_cache()
+    yield f_linear_calls
+    dispatch.clear_cache()
+
+
+def test_a_vendor_served_2d_linear_is_the_cublas_call_of_f_linear_on_a_kept_transpose(vendor_linear):
+    torch.manual_seed(0)
+    x, w, bias = torch.randn(3, 16), torch.randn(8, 16), torch.randn(8)
+    autotile.linear(x, w), autotile.linear(x, w, bias)  # the first calls: served, and their entries kept
+    vendor_linear.clear()
+    # at::linear makes a 2-D x mm(x, w.t()), with a bias addmm(bias, x, w.t()): the same numbers, bit for bit.
+    assert torch.equal(autotile.linear(x, w), torch.mm(x, w.t()))
+    assert torch.equal(autotile.linear(x, w, bias), torch.addmm(bias, x, w.t()))
+    assert not vendor_linear
+    # The weight updated in place (an optimizer's step, a copy_ of new weights): the kept view shares its storage.
+    with torch.no_grad():
+        w.mul_(2)
+    assert torch.equal(autotile.linear(x, w), torch.mm(x, w.t()))
+    assert not vendor_linear
+
+
+@pytest.mark.parametrize("change", ["new storage", "rows sliced in place", "transposed in place", "other dtype"])
+def test_a_vendor_served_linear_takes_f_linear_once_the_weight_is_not_what_was_kept(vendor_linear, change):
+    torch.manual_seed(0)
+    x, w = torch.randn(4, 16), torch.randn(16, 16)
+    autotile.linear(x, w)
+    vendor_linear.clear()
+    if change == "new storage":  # nn.Module.to() and .half() keep the Parameter and replace its data
+        w.data = torch.randn(16, 16)
+    elif change == "rows sliced in place":  # the same data pointer, fewer rows
+        w.data = w.data[:8]
+    elif change == "transposed in place":  # the same data pointer and shape, other strides
+        w.data = w.data.t()
+    else:  # the same data pointer and shape, another 32-bit dtype
+        w.data = w.data.view(torch.int32)
+        with pytest.raises(RuntimeError):
+            autotile.linear(x, w)
+        assert vendor_linear
+        return
+    assert torch.equal(autotile.linear(x, w), torch.nn.functional.linear(x, w))
+    assert vendor_linear
+
+
+def test_a_vendor_served_linear_takes_f_linear_where_autograd_modes_or_rank_need_it(vendor_linear):
+    torch.manual_seed(0)
+    w = torch.nn.Parameter(torch.randn(8, 16))
+    x, x3 = torch.randn(3, 16), torch.randn(2, 3, 16)
+    with torch.no_grad():
+        autotile.linear(x, w), autotile.linear(x3, w)
+        vendor_linear.clear()
+        autotile.linear(x, w)
+        assert not vendor_linear  # a Parameter under no_grad: the kept transpose
+        autotile.linear(x3, w)
+        assert len(vendor_linear) == 1  # leading batch dims: F.linear
+    vendor_linear.clear()
+    out = autotile.linear(x, w)  # grad on, and the weight requires it: F.linear records the backward
+    assert len(vendor_linear) == 1 and out.requires_grad
+    out.sum().backward()
+    assert torch.allclose(w.grad, x.sum(0).expand(8, 16))
+
+    class Watch(torch.overrides.TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+    vendor_linear.clear()
+    with torch.no_grad(), Watch():  # a function mode may handle F.linear itself
+        autotile.linear(x, w)
+    assert len(vendor_linear) == 1
+
+
+def test_a_freed_weight_takes_its_vendor_entry_and_the_kept_view_with_it(vendor_linear):
+    x, w = torch.randn(3, 16), torch.randn(8, 16)
+    autotile.linear(x, w)
+    (entry,) = [e for e in ops_gemm._linear_fast.values() if isinstance(e, ops_gemm._VendorLinear)]
+    storage = weakref.ref(entry.weight_t)
+    vendor_linear.clear()  # the watched first call's arguments
+    del entry, w
+    assert not ops_gemm._linear_fast and storage() is None
 
 
 def test_vendor_served_matmul_calls_skip_every_check_after_the_first(monkeypatch):

@@ -270,7 +270,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None
             # A signature cuBLAS serves as torch.matmul(a, b) (addmm with a bias): called with no checks first (a
             # short call is bound by host time, and torch is right for any strides, devices and autograd).
             calls[0] += 1
-            return _torch_matmul(a, b) if bias is None else _torch_addmm(bias, a, b)
+            return _torch_mm(a, b) if bias is None else _torch_addmm(bias, a, b)
     if direct_call_ok(a, b, bias, scale_a, scale_b, residual):
         # Eager calls of plain tensors skip the dispatcher (decode GEMMs are short kernels). The shapes' key is the
         # first half of the full signature's.
@@ -326,13 +326,20 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if not _is_compiling():
         # Signatures seen before are found by a short key (the weight object, the tokens' shape) first.
         fast = _linear_fast.get((x.shape, x.dtype, id(weight), bias is None, residual is None, activation))
-        if fast.__class__ is list:
-            # The vendor serves it: F.linear itself, which handles autograd, subclasses and devices as it always
-            # does, with no checks first.
-            fast[0] += 1
-            # NOTE: F.linear called here rather than through a runner: a call this short is bound by host time,
-            # and each Python frame shows in it (the plain case; activation and residual take the runner).
+        if fast.__class__ is _VendorLinear:
+            # The vendor serves it. NOTE: inlined rather than through a runner: a call this short is bound by host
+            # time, and each Python frame shows in it (the plain case; activation and residual take the runner).
+            fast.calls[0] += 1
             if activation is None and residual is None:
+                weight_t = fast.weight_t
+                if (weight_t is not None and x.__class__ is _Tensor
+                        and (weight.data_ptr(), weight.shape, weight.stride(), weight.dtype) == fast.weight_meta
+                        and not _function_mode_on()
+                        and not (_grad_enabled() and (weight.requires_grad
+                                                      or (bias is not None and bias.requires_grad)))):
+                    # F.linear's own cuBLAS call on a 2-D x, without its per-call transpose of the weight.
+                    return _torch_mm(x, weight_t) if bias is None else _torch_addmm(bias, x, weight_t)
+                # F.linear itself: right for autograd, subclasses, modes and devices, as it always is.
                 return _f_linear(x, weight, bias)
             return _vendor_epilogue(_f_linear(x, weight, bias), activation, residual)
         if fast is not None:
@@ -356,11 +363,11 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 
 _linear_served: dict[tuple, _Served] = {}
-# (x.shape, x.dtype, id(weight), no bias, no residual, activation) -> the call counter (a list) for signatures
-# the vendor op serves, or a _FastLinear for those a bound kernel serves. NOTE: keyed by the weight object's id:
-# a stale vendor entry (a freed weight's id reused) can only call F.linear, which is right for any tensors; a
+# (x.shape, x.dtype, id(weight), no bias, no residual, activation) -> a _VendorLinear for signatures the vendor op
+# serves, or a _FastLinear for those a bound kernel serves. NOTE: keyed by the weight object's id: a
+# _VendorLinear leaves the table when its weight is freed (so an id reused later never finds it), and a
 # _FastLinear checks that the weight is the object it was bound with before it launches.
-_linear_fast: dict[tuple, list | _FastLinear] = {}
+_linear_fast: dict[tuple, _VendorLinear | _FastLinear] = {}
 # _shape_key(a, b, bias) -> the call counter, for matmul signatures cuBLAS serves as torch.matmul / addmm (a
 # 16-bit problem with no epilogue but a bias: _Served.plain_vendor). NOTE: keyed by shapes and dtypes alone: the
 # same shapes with other strides run torch too, which is right for any tensors (at worst a layout a tuned kernel
@@ -370,8 +377,11 @@ _is_compiling = torch.compiler.is_compiling
 _f_linear = torch.nn.functional.linear
 # NOTE: the C getter itself: torch.cuda.current_device() wraps it in a Python call (~0.2 us a call).
 _current_cuda_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
-_torch_matmul = torch.matmul
+_torch_mm = torch.mm
 _torch_addmm = torch.addmm
+_Tensor = torch.Tensor
+_grad_enabled = torch._C.is_grad_enabled
+_function_mode_on = torch._C._is_torch_function_mode_enabled
 
 
 def _vendor_epilogue(y: torch.Tensor, activation, residual) -> torch.Tensor:
@@ -413,9 +423,8 @@ def _serve_linear(x, weight, bias, activation, residual) -> _Served:
         resolution = resolve(FAMILY, problem, device)
         if resolution.vendor and resolution.config[VENDOR_KEY] == "cublas":
             run = vendor
-            with _served_lock:
-                _linear_fast[(x.shape, x.dtype, id(weight), bias is None, residual is None, activation)] = \
-                    trace.counter(FAMILY, problem, device)
+            _keep_vendor_linear((x.shape, x.dtype, id(weight), bias is None, residual is None, activation),
+                                trace.counter(FAMILY, problem, device), x, weight)
         else:
             inner = (_vendor_runner(problem, resolution.config[VENDOR_KEY]) if resolution.vendor
                      else _kernel_runner(problem, resolution.config))
@@ -435,6 +444,44 @@ def _serve_linear(x, weight, bias, activation, residual) -> _Served:
     with _served_lock:
         _linear_served[key] = served
     return served
+
+
+class _VendorLinear:
+    """Later calls of a linear signature the vendor op serves, found by the short key (x's shape and dtype, the
+    weight object, the epilogue): F.linear itself, with no checks first, or, for a 2-D x, F.linear's own cuBLAS
+    call (torch.mm / torch.addmm on the weight's transpose, as at::linear makes it) on a transposed view of the
+    weight kept here.
+
+    NOTE: the kept transpose saves the view F.linear builds on every call, and the layers around it: ~1 us of
+    host time on the development CPU, where a decode step's eager call is bound by host time. It is taken only
+    while it computes exactly what F.linear would: x a plain tensor; the weight at the data pointer, shape,
+    strides and dtype it was kept at (a `.data` assignment changes them); no torch function mode (one may
+    handle F.linear itself); and no weight or bias the call would record a backward for (the view is
+    detached, so that it holds the weight's storage but not the weight: a freed weight drops its entry).
+    """
+
+    __slots__ = ("calls", "weight_t", "weight_meta", "weight_ref", "__weakref__")
+
+    def __init__(self, calls: list, x, weight):
+        self.calls = calls
+        plain = x.dim() == 2 and type(weight) in (torch.Tensor, torch.nn.Parameter) and weight.layout == torch.strided
+        self.weight_t = weight.detach().t() if plain else None
+        self.weight_meta = _tensor_meta(weight)
+        self.weight_ref = None  # set by _keep_vendor_linear: its callback drops the entry
+
+
+def _keep_vendor_linear(key: tuple, calls: list, x, weight) -> None:
+    entry = _VendorLinear(calls, x, weight)
+    entry_ref = weakref.ref(entry)
+
+    def forget(_, key=key):
+        # The weight is freed: its entry goes, with the storage its view holds. NOTE: no lock here: a collection
+        # can run this inside a section that holds _served_lock; dict operations are atomic on their own.
+        if _linear_fast.get(key) is entry_ref():
+            _linear_fast.pop(key, None)
+    entry.weight_ref = weakref.ref(weight, forget)
+    with _served_lock:
+        _linear_fast[key] = entry
 
 
 class _FastLinear:
