@@ -4,13 +4,14 @@
     AUTOTILE_VENDOR=0 python benchmarks/host_pieces.py            # the ops serve their generated kernels
 
 A decode GEMM runs 6-40 us on the GPU; called eagerly, a step is as long as its host work when that is longer.
-This times, with 2000 calls queued each: the torch calls a served launch makes (device, strides, stream lookups,
-the split-K buffers, the output allocation), then `F.linear` beside `autotile.linear` (and `torch.matmul` beside
-`autotile.matmul` on the weight's transpose) on decode shapes of Llama-3-8B, Qwen3-8B and Gemma-3-12B, walking the
-shapes forward and back (host time on a shared machine drifts by tens of percent over seconds). Each op call is
-also timed without its short path: kernel-served calls through the full signature (no ops_gemm._FastLinear),
-vendor-served ones through F.linear (no kept transpose of ops_gemm._VendorLinear). Then a cProfile of the op on
-the first two shapes. Prints to stdout.
+This times, with 1000 calls queued each: the torch calls a served launch makes (device, strides, stream lookups,
+the split-K buffers, the output allocation), then `F.linear` beside `autotile.linear` (with x 2-D and as a decode
+step's (batch, 1, hidden)) and `torch.matmul` beside `autotile.matmul` on the weight's transpose, on decode
+shapes of Llama-3-8B, Qwen3-8B and Gemma-3-12B. The calls of a shape take turns over 7 rounds (host time on a
+shared machine drifts by tens of percent over seconds). `autotile.linear` is also timed without its short path:
+kernel-served calls through the full signature (no ops_gemm._FastLinear), vendor-served ones through F.linear
+(no kept transpose of ops_gemm._VendorLinear). Then a cProfile of the op on the first two shapes. Prints to
+stdout.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import contextlib
 import cProfile
 import io
 import pstats
+import statistics
 import sys
 from pathlib import Path
 
@@ -31,7 +33,8 @@ import launch_overhead  # noqa: E402  (the host-time loop)
 import autotile  # noqa: E402
 from autotile.families import gemm_launch  # noqa: E402
 
-CALLS = 2000
+CALLS = 1000
+ROUNDS = 7
 SHAPES = ((1, 4096, 4096), (4, 1024, 4096), (16, 4096, 4096), (1, 14336, 4096), (8, 6144, 4096),
           (64, 1024, 4096), (64, 2048, 3840), (64, 4096, 4096))
 
@@ -86,18 +89,23 @@ def main() -> int:
         print(f"piece {name:40s} {host_us(fn):6.2f} us")
     data = {shape: (torch.randn(shape[0], shape[2], device=dev, dtype=torch.bfloat16),
                     torch.randn(shape[1], shape[2], device=dev, dtype=torch.bfloat16)) for shape in SHAPES}
-    for order in ("forward", "reversed", "forward", "reversed"):
-        for shape in SHAPES if order == "forward" else SHAPES[::-1]:
-            a, w = data[shape]
-            vendor, ours = host_us(lambda: F.linear(a, w)), host_us(lambda: autotile.linear(a, w))
+    # Host time on a shared machine drifts by tens of percent over seconds: each shape's calls take turns over
+    # ROUNDS rounds, and the medians are printed.
+    for shape in SHAPES:
+        a, w = data[shape]
+        steps = a.view(a.shape[0], 1, a.shape[1])  # the same tokens as a decode step's (batch, 1, hidden)
+        calls = {"F.linear": lambda: F.linear(a, w), "autotile.linear": lambda: autotile.linear(a, w),
+                 "F.linear 3-D": lambda: F.linear(steps, w), "autotile.linear 3-D": lambda: autotile.linear(steps, w),
+                 "torch.matmul": lambda: torch.matmul(a, w.t()), "autotile.matmul": lambda: autotile.matmul(a, w.t())}
+        times = {name: [] for name in [*calls, "autotile.linear, no short path"]}
+        for _ in range(ROUNDS):
+            for name, fn in calls.items():
+                times[name].append(host_us(fn))
             with without_short_paths():
-                before = host_us(lambda: autotile.linear(a, w))
-            mm_vendor = host_us(lambda: torch.matmul(a, w.t()))
-            mm_ours = host_us(lambda: autotile.matmul(a, w.t()))
-            served = autotile.explain("linear", a, w)
-            print(f"{order:8s} {shape}: F.linear {vendor:6.2f} us, autotile.linear {ours:6.2f} us of host time a "
-                  f"call ({before:6.2f} us without its short path); torch.matmul {mm_vendor:6.2f} us, "
-                  f"autotile.matmul {mm_ours:6.2f} us; served by {served['vendor'] or served['source']}")
+                times["autotile.linear, no short path"].append(host_us(lambda: autotile.linear(a, w)))
+        served = autotile.explain("linear", a, w)
+        print(f"{shape} served by {served['vendor'] or served['source']}: host us a call, median of {ROUNDS}: "
+              + ", ".join(f"{name} {statistics.median(values):.2f}" for name, values in times.items()))
     for shape in SHAPES[:2]:
         a, w = data[shape]
         profile = cProfile.Profile()

@@ -55,11 +55,12 @@ def test_untuned_shapes_are_served_by_the_vendor_and_match_it():
     torch.testing.assert_close(autotile.linear(x, w, b), torch.nn.functional.linear(x, w, b), atol=0, rtol=0)
     # Later calls take F.linear's own cuBLAS call on a kept transpose of the weight: the same bits.
     weight = torch.nn.Parameter(w)
-    for bias in (b, None):
+    steps = torch.randn(4, 1, 777, device="cuda", dtype=torch.bfloat16)  # a decode step's (batch, 1, hidden)
+    for inputs, bias in ((x, b), (x, None), (steps, None), (steps, b)):
         for _ in range(2):
             with torch.no_grad():
-                got = autotile.linear(x, weight, bias)
-            assert torch.equal(got, torch.nn.functional.linear(x, w, bias))
+                got = autotile.linear(inputs, weight, bias)
+            assert torch.equal(got, torch.nn.functional.linear(inputs, w, bias))
 
 
 def test_vendor_off_runs_the_generated_kernel_correctly(monkeypatch):

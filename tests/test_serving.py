@@ -354,13 +354,16 @@ def test_a_vendor_served_linear_takes_f_linear_where_autograd_modes_or_rank_need
     torch.manual_seed(0)
     w = torch.nn.Parameter(torch.randn(8, 16))
     x, x3 = torch.randn(3, 16), torch.randn(2, 3, 16)
+    bias = torch.randn(8)
     with torch.no_grad():
-        autotile.linear(x, w), autotile.linear(x3, w)
+        autotile.linear(x, w), autotile.linear(x3, w), autotile.linear(x3, w, bias)
         vendor_linear.clear()
         autotile.linear(x, w)
         assert not vendor_linear  # a Parameter under no_grad: the kept transpose
-        autotile.linear(x3, w)
-        assert len(vendor_linear) == 1  # leading batch dims: F.linear
+        assert torch.equal(autotile.linear(x3, w), torch.matmul(x3, w.t()))  # leading dims, no bias: at::linear's
+        assert not vendor_linear
+        autotile.linear(x3, w, bias)
+        assert len(vendor_linear) == 1  # leading dims and a bias: F.linear
     vendor_linear.clear()
     out = autotile.linear(x, w)  # grad on, and the weight requires it: F.linear records the backward
     assert len(vendor_linear) == 1 and out.requires_grad

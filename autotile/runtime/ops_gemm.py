@@ -332,13 +332,13 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
             fast.calls[0] += 1
             if activation is None and residual is None:
                 weight_t = fast.weight_t
-                if (weight_t is not None and x.__class__ is _Tensor
+                if (weight_t is not None and (bias is None or fast.two_d) and x.__class__ is _Tensor
                         and (weight.data_ptr(), weight.shape, weight.stride(), weight.dtype) == fast.weight_meta
                         and not _function_mode_on()
                         and not (_grad_enabled() and (weight.requires_grad
                                                       or (bias is not None and bias.requires_grad)))):
-                    # F.linear's own cuBLAS call on a 2-D x, without its per-call transpose of the weight.
-                    return _torch_mm(x, weight_t) if bias is None else _torch_addmm(bias, x, weight_t)
+                    # F.linear's own call, without its per-call transpose of the weight.
+                    return fast.matmul(x, weight_t) if bias is None else _torch_addmm(bias, x, weight_t)
                 # F.linear itself: right for autograd, subclasses, modes and devices, as it always is.
                 return _f_linear(x, weight, bias)
             return _vendor_epilogue(_f_linear(x, weight, bias), activation, residual)
@@ -448,9 +448,9 @@ def _serve_linear(x, weight, bias, activation, residual) -> _Served:
 
 class _VendorLinear:
     """Later calls of a linear signature the vendor op serves, found by the short key (x's shape and dtype, the
-    weight object, the epilogue): F.linear itself, with no checks first, or, for a 2-D x, F.linear's own cuBLAS
-    call (torch.mm / torch.addmm on the weight's transpose, as at::linear makes it) on a transposed view of the
-    weight kept here.
+    weight object, the epilogue): F.linear itself, with no checks first, or the call F.linear makes, on a
+    transposed view of the weight kept here. at::linear calls torch.mm(x, w.t()) on a 2-D x (torch.addmm with a
+    bias), and torch.matmul(x, w.t()) on any other x with no bias (a decode step's (batch, 1, hidden)).
 
     NOTE: the kept transpose saves the view F.linear builds on every call, and the layers around it: ~1 us of
     host time on the development CPU, where a decode step's eager call is bound by host time. It is taken only
@@ -460,12 +460,14 @@ class _VendorLinear:
     detached, so that it holds the weight's storage but not the weight: a freed weight drops its entry).
     """
 
-    __slots__ = ("calls", "weight_t", "weight_meta", "weight_ref", "__weakref__")
+    __slots__ = ("calls", "weight_t", "weight_meta", "two_d", "matmul", "weight_ref", "__weakref__")
 
     def __init__(self, calls: list, x, weight):
         self.calls = calls
-        plain = x.dim() == 2 and type(weight) in (torch.Tensor, torch.nn.Parameter) and weight.layout == torch.strided
+        plain = type(weight) in (torch.Tensor, torch.nn.Parameter) and weight.layout == torch.strided
         self.weight_t = weight.detach().t() if plain else None
+        self.two_d = x.dim() == 2  # the key fixes x's rank
+        self.matmul = torch.mm if self.two_d else torch.matmul
         self.weight_meta = _tensor_meta(weight)
         self.weight_ref = None  # set by _keep_vendor_linear: its callback drops the entry
 
