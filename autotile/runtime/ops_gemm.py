@@ -333,7 +333,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
             if activation is None and residual is None:
                 weight_t = fast.weight_t
                 if (weight_t is not None and (bias is None or fast.two_d) and x.__class__ is _Tensor
-                        and (weight.data_ptr(), weight.shape, weight.stride(), weight.dtype) == fast.weight_meta
+                        and weight.is_set_to(fast.weight_kept) and weight.dtype is fast.weight_dtype
                         and not _function_mode_on()
                         and not (_grad_enabled() and (weight.requires_grad
                                                       or (bias is not None and bias.requires_grad)))):
@@ -452,23 +452,27 @@ class _VendorLinear:
     transposed view of the weight kept here. at::linear calls torch.mm(x, w.t()) on a 2-D x (torch.addmm with a
     bias), and torch.matmul(x, w.t()) on any other x with no bias (a decode step's (batch, 1, hidden)).
 
-    NOTE: the kept transpose saves the view F.linear builds on every call, and the layers around it: ~1 us of
-    host time on the development CPU, where a decode step's eager call is bound by host time. It is taken only
-    while it computes exactly what F.linear would: x a plain tensor; the weight at the data pointer, shape,
-    strides and dtype it was kept at (a `.data` assignment changes them); no torch function mode (one may
-    handle F.linear itself); and no weight or bias the call would record a backward for (the view is
-    detached, so that it holds the weight's storage but not the weight: a freed weight drops its entry).
+    NOTE: the kept transpose saves the view F.linear builds on every call, and the layers around it: 0.2-1.0 us
+    of host time on the development CPU before the guards (0.4-1.1 us net on the H200 machine,
+    results/host_pieces_2026-12-02c_vendor.txt), where a decode step's eager call is bound by host time. It is
+    taken only while it computes exactly what F.linear would: x a plain tensor; the weight on the storage, offset,
+    sizes, strides and dtype it was kept at (a `.data` assignment changes them); no torch function mode (one may
+    handle F.linear itself); and no weight or bias the call would record a backward for (the views are
+    detached, so that they hold the weight's storage but not the weight: a freed weight drops its entry).
     """
 
-    __slots__ = ("calls", "weight_t", "weight_meta", "two_d", "matmul", "weight_ref", "__weakref__")
+    __slots__ = ("calls", "weight_t", "weight_kept", "weight_dtype", "two_d", "matmul", "weight_ref", "__weakref__")
 
     def __init__(self, calls: list, x, weight):
         self.calls = calls
         plain = type(weight) in (torch.Tensor, torch.nn.Parameter) and weight.layout == torch.strided
-        self.weight_t = weight.detach().t() if plain else None
+        # The guard: weight.is_set_to(weight_kept) (the same storage, offset, sizes and strides: one C call, ~0.2 us
+        # less than comparing the data pointer, shape and strides) and the same dtype.
+        self.weight_kept = weight.detach()
+        self.weight_t = self.weight_kept.t() if plain else None
+        self.weight_dtype = weight.dtype
         self.two_d = x.dim() == 2  # the key fixes x's rank
         self.matmul = torch.mm if self.two_d else torch.matmul
-        self.weight_meta = _tensor_meta(weight)
         self.weight_ref = None  # set by _keep_vendor_linear: its callback drops the entry
 
 
