@@ -8,9 +8,9 @@ This times, with 1000 calls queued each: the torch calls a served launch makes (
 the split-K buffers, the output allocation), then `F.linear` beside `autotile.linear` (with x 2-D and as a decode
 step's (batch, 1, hidden)) and `torch.matmul` beside `autotile.matmul` on the weight's transpose, on decode
 shapes of Llama-3-8B, Qwen3-8B and Gemma-3-12B. The calls of a shape take turns over 7 rounds (host time on a
-shared machine drifts by tens of percent over seconds). `autotile.linear` is also timed without its short path:
-kernel-served calls through the full signature (no ops_gemm._FastLinear), vendor-served ones through F.linear
-(no kept transpose of ops_gemm._VendorLinear). Then a cProfile of the op on the first two shapes. Prints to
+shared machine drifts by tens of percent over seconds). Both ops are also timed without their short paths:
+kernel-served calls through the full signature (no ops_gemm._FastLinear or _FastMatmul), vendor-served linear
+calls through F.linear (no kept transpose of ops_gemm._VendorLinear). Then a cProfile of the op on the first two shapes. Prints to
 stdout.
 """
 from __future__ import annotations
@@ -45,23 +45,28 @@ def host_us(fn) -> float:
 
 @contextlib.contextmanager
 def without_short_paths():
-    """Linear calls as before their short paths (the A/B of their gain): kernel-served ones take the full
-    signature (no ops_gemm._FastLinear), vendor-served ones call F.linear (no kept transpose)."""
+    """Calls as before their short paths (the A/B of their gain): kernel-served linear and matmul calls take the
+    full signature (no ops_gemm._FastLinear or _FastMatmul), vendor-served linear calls call F.linear (no kept
+    transpose)."""
     from autotile.runtime import ops_gemm
 
     kept = {k: v for k, v in ops_gemm._linear_fast.items() if isinstance(v, ops_gemm._FastLinear)}
     for key in kept:
         del ops_gemm._linear_fast[key]
+    kept_matmul = {k: v for k, v in ops_gemm._matmul_fast.items() if isinstance(v, ops_gemm._FastMatmul)}
+    for key in kept_matmul:
+        del ops_gemm._matmul_fast[key]
     views = {k: v.weight_t for k, v in ops_gemm._linear_fast.items() if isinstance(v, ops_gemm._VendorLinear)}
     for key in views:
         ops_gemm._linear_fast[key].weight_t = None
-    keep = ops_gemm._keep_fast_linear
-    ops_gemm._keep_fast_linear = lambda *args: None
+    keep, keep_matmul = ops_gemm._keep_fast_linear, ops_gemm._keep_fast_matmul
+    ops_gemm._keep_fast_linear = ops_gemm._keep_fast_matmul = lambda *args: None
     try:
         yield
     finally:
-        ops_gemm._keep_fast_linear = keep
+        ops_gemm._keep_fast_linear, ops_gemm._keep_fast_matmul = keep, keep_matmul
         ops_gemm._linear_fast.update(kept)
+        ops_gemm._matmul_fast.update(kept_matmul)
         for key, view in views.items():
             ops_gemm._linear_fast[key].weight_t = view
 
@@ -97,12 +102,13 @@ def main() -> int:
         calls = {"F.linear": lambda: F.linear(a, w), "autotile.linear": lambda: autotile.linear(a, w),
                  "F.linear 3-D": lambda: F.linear(steps, w), "autotile.linear 3-D": lambda: autotile.linear(steps, w),
                  "torch.matmul": lambda: torch.matmul(a, w.t()), "autotile.matmul": lambda: autotile.matmul(a, w.t())}
-        times = {name: [] for name in [*calls, "autotile.linear, no short path"]}
+        times = {name: [] for name in [*calls, "autotile.linear, no short path", "autotile.matmul, no short path"]}
         for _ in range(ROUNDS):
             for name, fn in calls.items():
                 times[name].append(host_us(fn))
             with without_short_paths():
                 times["autotile.linear, no short path"].append(host_us(lambda: autotile.linear(a, w)))
+                times["autotile.matmul, no short path"].append(host_us(lambda: autotile.matmul(a, w.t())))
         served = autotile.explain("linear", a, w)
         print(f"{shape} served by {served['vendor'] or served['source']}: host us a call, median of {ROUNDS}: "
               + ", ".join(f"{name} {statistics.median(values):.2f}" for name, values in times.items()))

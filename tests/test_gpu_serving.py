@@ -103,6 +103,28 @@ def test_bound_linear_short_key_guards_fall_back_where_the_signature_changed(mon
         check(torch.randn(2, 4, 1024, device="cuda", dtype=torch.bfloat16), w, None)
 
 
+def test_bound_matmul_short_key_guards_fall_back_where_the_signature_changed(monkeypatch):
+    # Later calls of a kernel-served matmul take the shapes' key (ops_gemm._FastMatmul); a call of other strides or
+    # alignment must take the full signature, never the kernel bound for the first layout.
+    from autotile.runtime import ops_gemm
+
+    monkeypatch.setenv("AUTOTILE_VENDOR", "0")
+    x, w, b = _linear_inputs(m=8, n=520, k=1024, bias=True)
+
+    def check(a, b_operand, bias):
+        want = a.double() @ b_operand.double() + (0 if bias is None else bias.double())
+        torch.testing.assert_close(autotile.matmul(a, b_operand, bias=bias).double(), want, atol=3e-2, rtol=2e-2)
+
+    for _ in range(3):
+        check(torch.randn_like(x), w.t(), b)
+    assert any(isinstance(v, ops_gemm._FastMatmul) for v in ops_gemm._matmul_fast.values())
+    check(torch.randn(8 * 1024 + 1, device="cuda", dtype=torch.bfloat16)[1:].view(8, 1024), w.t(), b)  # misaligned
+    check(torch.randn(1024, 8, device="cuda", dtype=torch.bfloat16).t(), w.t(), b)  # a of another layout
+    check(x, w.t().contiguous(), b)  # b row-major
+    check(x, (torch.randn_like(w) / 32).t(), torch.randn_like(b))  # another weight and bias: the same layout
+    check(x, w.t(), torch.randn(1040, device="cuda", dtype=torch.bfloat16)[::2])  # a strided bias
+
+
 def test_fuse_captures_in_a_graph_without_syncs():
     f = autotile.fuse("sin(x)**2 + cos(x)*y")
     x, y = torch.randn(10_000, device="cuda"), torch.randn(10_000, device="cuda")

@@ -396,7 +396,7 @@ def test_vendor_served_matmul_calls_skip_every_check_after_the_first(monkeypatch
         a, b = torch.randn(3, 16, dtype=torch.bfloat16), torch.randn(8, 16, dtype=torch.bfloat16).t()
         first = autotile.matmul(a, b)
         assert autotile.explain("matmul", a, b)["vendor"] == "cuBLAS (torch.matmul)"
-        (counter,) = ops_gemm._matmul_vendor.values()
+        (counter,) = ops_gemm._matmul_fast.values()
         bias = torch.randn(8, dtype=torch.bfloat16)
         with_bias = autotile.matmul(a, b, bias=bias)  # a signature of its own, checked once
 
@@ -419,7 +419,7 @@ def test_vendor_served_matmul_calls_skip_every_check_after_the_first(monkeypatch
             autotile.matmul(a.detach().float(), b.float())
     finally:
         dispatch.clear_cache()
-    assert not ops_gemm._matmul_vendor
+    assert not ops_gemm._matmul_fast
 
 
 def test_a_bound_linear_short_key_launches_only_while_its_guards_hold(monkeypatch):
@@ -451,6 +451,48 @@ def test_a_bound_linear_short_key_launches_only_while_its_guards_hold(monkeypatc
     three_d = ops_gemm._FastLinear(served, launch, -1, torch.randn(2, 2, 16), w, None)
     with torch.no_grad():
         assert three_d(torch.randn(2, 2, 16), w, None).shape == (2, 2, 8)
+
+
+def test_a_bound_matmul_short_key_launches_only_while_its_guards_hold(monkeypatch):
+    """ops_gemm._FastMatmul stands for the rest of a kernel-served matmul's signature: other strides of a, b or the
+    bias, a misaligned operand or autograd give None (the full signature). CPU tensors stand in for a GPU's."""
+    monkeypatch.setattr(ops_gemm, "_current_cuda_device", lambda: -1)
+    launched = []
+
+    def launch(a, b, bias):
+        launched.append(a)
+        return a.new_empty((a.shape[0], b.shape[1]))
+    w, bias = torch.randn(8, 16), torch.randn(8)
+    a, b = torch.randn(4, 16), w.t()
+    served = ops_gemm._Served(None, [0])
+    fast = ops_gemm._FastMatmul(served, launch, -1, a, b, bias)
+    assert fast(torch.randn(4, 16), w.t(), bias) is not None and served.calls[0] == 1  # a new view of the weight
+    assert fast(torch.randn(65)[1:].view(4, 16), b, bias) is None  # misaligned a
+    assert fast(torch.randn(16, 4).t(), b, bias) is None  # a of another layout
+    assert fast(a, w.t().contiguous(), bias) is None  # b row-major: another problem
+    assert fast(a, b, torch.randn(16)[::2]) is None  # a strided bias
+    assert fast(a, b, torch.randn(9)[1:]) is None  # a misaligned bias
+    assert fast(a.requires_grad_(), b, bias) is None  # autograd: the op's dispatcher path
+    assert len(launched) == 1 and served.calls[0] == 1
+
+
+def test_only_kernel_served_16_bit_matmuls_keep_a_short_key(monkeypatch):
+    # The interpreter never binds a launcher: a bound launch is stood in for, to see which signatures keep one.
+    monkeypatch.setattr(ops_gemm, "_current_cuda_device", lambda: -1)
+    dispatch.clear_cache()
+    try:
+        served = ops_gemm._Served(lambda *args: None, [0])
+        served.run.bound_matmul = lambda: (lambda a, b, bias: None, -1)
+        a, b = torch.randn(4, 16, dtype=torch.bfloat16), torch.randn(8, 16, dtype=torch.bfloat16).t()
+        ops_gemm._keep_fast_matmul(served, ops_gemm._shape_key(a, b, None), a, b, None)
+        assert not ops_gemm._matmul_fast  # CPU tensors: no kernel is bound for them
+        monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda t: True))
+        ops_gemm._keep_fast_matmul(served, ops_gemm._shape_key(a.float(), b.float(), None), a.float(), b.float(), None)
+        assert not ops_gemm._matmul_fast  # fp32: its signature also depends on the TF32 switch
+        ops_gemm._keep_fast_matmul(served, ops_gemm._shape_key(a, b, None), a, b, None)
+        assert isinstance(ops_gemm._matmul_fast[ops_gemm._shape_key(a, b, None)], ops_gemm._FastMatmul)
+    finally:
+        dispatch.clear_cache()
 
 
 def test_a_bound_gemm_hands_the_launcher_the_tensors_it_was_bound_with_in_their_places(monkeypatch):

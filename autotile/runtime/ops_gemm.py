@@ -58,7 +58,7 @@ class _Served:
     the call is torch.matmul(a, b) or torch.addmm(bias, a, b) itself (cuBLAS serves a 16-bit problem with no
     activation, residual or other output dtype)."""
 
-    __slots__ = ("run", "calls", "plain_vendor", "bound_linear")
+    __slots__ = ("run", "calls", "plain_vendor", "bound_linear", "short_key_tried")
 
     def __init__(self, run: Callable, counter: list, plain_vendor: bool = False):
         self.run = run
@@ -66,6 +66,7 @@ class _Served:
         self.plain_vendor = plain_vendor
         # linear signatures a generated kernel serves: the runner's bound_linear (see _FastLinear)
         self.bound_linear: Callable | None = None
+        self.short_key_tried = False  # matmul: whether _keep_fast_matmul has seen a call of this signature
 
 
 _served: dict[tuple, _Served] = {}
@@ -75,7 +76,7 @@ _served_lock = threading.Lock()
 def _forget_served() -> None:
     with _served_lock:
         _served.clear()
-        _matmul_vendor.clear()
+        _matmul_fast.clear()
 
 
 on_clear(_forget_served)
@@ -150,8 +151,18 @@ def _kernel_runner(problem: GemmProblem, config) -> Callable:
         guards hold them); None before the first launch, and where it launches through Triton's own path."""
         return (launch_linear, bound.device_index) if bound else None
 
+    def launch_matmul(a, b, bias):
+        c = new_c(a)
+        bound(a, b, c, bias, None)
+        return c
+
+    def bound_matmul() -> tuple[Callable, int] | None:
+        """(launch_matmul, its device index), as bound_linear, for matmul calls with no residual."""
+        return (launch_matmul, bound.device_index) if bound else None
+
     run.linear = run_linear
     run.bound_linear = bound_linear
+    run.bound_matmul = bound_matmul
     return run
 
 
@@ -206,7 +217,7 @@ def _served_for(a, b, bias, activation, out_dtype, scale_a, scale_b, residual=No
         with _served_lock:
             _served[key] = served
             if served.plain_vendor:
-                _matmul_vendor[shapes] = served.calls
+                _matmul_fast[shapes] = served.calls
     return served
 
 
@@ -264,18 +275,29 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None
             shapes = _shape_key(a, b, bias)
         except AttributeError:  # not tensors: the checks below say what to pass
             pass
-        calls = (_matmul_vendor.get(shapes) if shapes is not None and activation is None and out_dtype is None
-                 and scale_a is None and scale_b is None and residual is None and not fp8_fast_accum else None)
-        if calls is not None:
+        plain = (shapes is not None and activation is None and out_dtype is None and scale_a is None
+                 and scale_b is None and residual is None and not fp8_fast_accum)
+        fast = _matmul_fast.get(shapes) if plain else None
+        if fast.__class__ is list:
             # A signature cuBLAS serves as torch.matmul(a, b) (addmm with a bias): called with no checks first (a
             # short call is bound by host time, and torch is right for any strides, devices and autograd).
-            calls[0] += 1
+            fast[0] += 1
             return _torch_mm(a, b) if bias is None else _torch_addmm(bias, a, b)
+        if fast is not None:
+            out = fast(a, b, bias)
+            if out is not None:
+                return out
     if direct_call_ok(a, b, bias, scale_a, scale_b, residual):
         # Eager calls of plain tensors skip the dispatcher (decode GEMMs are short kernels). The shapes' key is the
         # first half of the full signature's.
-        return _run(a, b, bias, activation, _as_dtype(out_dtype), scale_a, scale_b, residual, bool(fp8_fast_accum),
-                    shapes)
+        served = _served_for(a, b, bias, activation, _as_dtype(out_dtype), scale_a, scale_b, residual,
+                             bool(fp8_fast_accum), shapes)
+        served.calls[0] += 1
+        out = served.run(a, b, bias, scale_a, scale_b, residual)
+        if plain and not served.short_key_tried:  # once: whether the signature can take one is known by now
+            served.short_key_tried = True
+            _keep_fast_matmul(served, shapes, a, b, bias)
+        return out
     if not torch.compiler.is_compiling():
         # Bad input is reported here, before the op; traced calls meet the same checks when the op runs.
         problem_for(a, b, bias=bias, activation=activation, out_dtype=out_dtype, scale_a=scale_a, scale_b=scale_b,
@@ -369,10 +391,11 @@ _linear_served: dict[tuple, _Served] = {}
 # _FastLinear checks that the weight is the object it was bound with before it launches.
 _linear_fast: dict[tuple, _VendorLinear | _FastLinear] = {}
 # _shape_key(a, b, bias) -> the call counter, for matmul signatures cuBLAS serves as torch.matmul / addmm (a
-# 16-bit problem with no epilogue but a bias: _Served.plain_vendor). NOTE: keyed by shapes and dtypes alone: the
-# same shapes with other strides run torch too, which is right for any tensors (at worst a layout a tuned kernel
-# would have served runs cuBLAS); calls served by a kernel always take the full signature.
-_matmul_vendor: dict[tuple, list] = {}
+# 16-bit problem with no epilogue but a bias: _Served.plain_vendor), or a _FastMatmul for a 16-bit signature with
+# no epilogue but a bias that a bound kernel serves. NOTE: keyed by shapes and dtypes alone: the same shapes with
+# other strides run torch too, which is right for any tensors (at worst a layout a tuned kernel would have served
+# runs cuBLAS); a _FastMatmul checks the layout it was bound for, and any other takes the full signature.
+_matmul_fast: dict[tuple, list | _FastMatmul] = {}
 _is_compiling = torch.compiler.is_compiling
 _f_linear = torch.nn.functional.linear
 # NOTE: the C getter itself: torch.cuda.current_device() wraps it in a Python call (~0.2 us a call).
@@ -523,6 +546,50 @@ class _FastLinear:
             out = self.launch(x, weight, bias)
             return out if self.out_shape is None else out.view(self.out_shape)
         return None
+
+
+class _FastMatmul:
+    """Later calls of a matmul signature a bound generated kernel serves, found by the shapes' key: a few guards
+    stand for the rest of the full signature (_layout_key and the walk to the runner: ~1 us of Python on the
+    development CPU, 2.5-4 us on the H200 machine's, where a decode GEMM's eager call is bound by host time).
+
+    The key fixes the shapes and dtypes of a, b and the bias, and the caller asks for no epilogue but the bias.
+    The guards: a, b and the bias have the strides bound and are 16-byte aligned, on the bound device, which is
+    the current one; and the call may skip the dispatcher (direct_call_ok). Any guard failing returns None: the
+    call takes the full signature.
+    """
+
+    __slots__ = ("a_stride", "b_stride", "bias_stride", "device_index", "launch", "calls")
+
+    def __init__(self, served: _Served, launch: Callable, device_index: int, a, b, bias):
+        self.a_stride, self.b_stride = a.stride(), b.stride()
+        self.bias_stride = None if bias is None else bias.stride()
+        self.device_index, self.launch, self.calls = device_index, launch, served.calls
+
+    def __call__(self, a, b, bias) -> torch.Tensor | None:
+        index = self.device_index
+        if (a.stride() == self.a_stride and b.stride() == self.b_stride and not (a.data_ptr() | b.data_ptr()) & 15
+                and a.get_device() == index == _current_cuda_device() and b.get_device() == index
+                and (bias is None or (bias.stride() == self.bias_stride and not bias.data_ptr() & 15
+                                      and bias.get_device() == index))
+                and direct_call_ok(a, b, bias)):
+            self.calls[0] += 1
+            return self.launch(a, b, bias)
+        return None
+
+
+def _keep_fast_matmul(served: _Served, shapes: tuple, a, b, bias) -> None:
+    """After a kernel-served matmul call with no epilogue but a bias: later calls of its shapes may take a
+    _FastMatmul where the guards can hold."""
+    bound = getattr(served.run, "bound_matmul", None)
+    # 16-bit operands only (an fp32 signature also depends on torch's TF32 switch, fp8 on its scales), aligned.
+    if bound is None or not (a.is_cuda and a.dtype in (torch.bfloat16, torch.float16)
+                             and not (a.data_ptr() | b.data_ptr() | (0 if bias is None else bias.data_ptr())) & 15):
+        return
+    bound = bound()
+    if bound is not None:
+        with _served_lock:
+            _matmul_fast.setdefault(shapes, _FastMatmul(served, *bound, a, b, bias))
 
 
 def _tensor_meta(t: torch.Tensor) -> tuple:
