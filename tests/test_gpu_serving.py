@@ -93,6 +93,7 @@ def test_bound_linear_short_key_guards_fall_back_where_the_signature_changed(mon
     check(torch.randn(8 * 1024 + 1, device="cuda", dtype=torch.bfloat16)[1:].view(8, 1024), w, b)  # misaligned x
     check(torch.randn(1024, 8, device="cuda", dtype=torch.bfloat16).t(), w, b)  # x of another layout
     check(x, w, torch.randn_like(b))  # another bias object
+    check(x, w, torch.randn(1040, device="cuda", dtype=torch.bfloat16)[::2])  # a strided bias
     w.data = torch.randn_like(w) / 32  # the weight's storage swapped, as checkpoint loaders do
     check(x, w, b)
     w.data = torch.randn(520, 2048, device="cuda", dtype=torch.bfloat16)[:, ::2]  # same shape, other strides

@@ -280,6 +280,18 @@ def test_linear_and_matmul_take_a_residual():
         autotile.linear(x, w, residual=torch.randn(3, 24))
 
 
+def test_a_strided_bias_is_read_where_its_elements_are():
+    # The kernel reads the bias at unit stride: a strided one (a view of every other element) is made contiguous.
+    torch.manual_seed(2)
+    x, w, bias = torch.randn(5, 16), torch.randn(8, 16), torch.randn(16)[::2]
+    want = x.double() @ w.double().T + bias.double()
+    torch.testing.assert_close(autotile.matmul(x, w.t(), bias=bias).double(), want, atol=1e-4, rtol=1e-4)
+    for _ in range(2):  # the linear signature's later calls too
+        torch.testing.assert_close(autotile.linear(x, w, bias).double(), want, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(autotile.linear(x.view(5, 1, 16), w, bias).double(), want.view(5, 1, 8),
+                               atol=1e-4, rtol=1e-4)
+
+
 def test_vendor_served_linear_calls_skip_every_check_after_the_first(monkeypatch):
     # The interpreter has no vendor op; give the family one here so the served path is F.linear itself.
     monkeypatch.setattr(FAMILY, "vendor_configs", lambda problem, device: [CUBLAS])

@@ -166,12 +166,22 @@ def _kernel_runner(problem: GemmProblem, config) -> Callable:
     return run
 
 
-def _serve(problem: GemmProblem, device) -> _Served:
+def _contiguous_bias(run: Callable) -> Callable:
+    """A kernel's runner for a signature whose bias is strided: the kernel reads the bias at unit stride. (No
+    short key takes such a signature: the wrapper has no bound launch to give.)"""
+    def run_with_contiguous_bias(a, b, bias, *rest):
+        return run(a, b, bias.contiguous(), *rest)
+    return run_with_contiguous_bias
+
+
+def _serve(problem: GemmProblem, device, strided_bias: bool = False) -> _Served:
     resolution = resolve(FAMILY, problem, device)
     if resolution.vendor:
         run = _vendor_runner(problem, resolution.config[VENDOR_KEY])
     else:
         run = _kernel_runner(problem, resolution.config)
+        if strided_bias:
+            run = _contiguous_bias(run)
     plain_vendor = (resolution.vendor and resolution.config[VENDOR_KEY] == "cublas"
                     and problem.dtype in ("bf16", "fp16") and problem.out_dtype == problem.dtype
                     and problem.activation == "none" and not problem.residual)
@@ -213,7 +223,7 @@ def _served_for(a, b, bias, activation, out_dtype, scale_a, scale_b, residual=No
         _, problem, device = problem_for(a, b, bias=bias, activation=activation, out_dtype=out_dtype,
                                          scale_a=scale_a, scale_b=scale_b, residual=residual,
                                          fp8_fast_accum=fast_accum)
-        served = _serve(problem, device)
+        served = _serve(problem, device, bias is not None and bias.stride(0) != 1)
         with _served_lock:
             _served[key] = served
             if served.plain_vendor:
@@ -444,6 +454,8 @@ def _serve_linear(x, weight, bias, activation, residual) -> _Served:
         _, problem, device = problem_for(a, weight.t(), bias=bias, activation=activation,
                                          residual=None if residual is None else residual.reshape(-1, n))
         resolution = resolve(FAMILY, problem, device)
+        # The kernel's own launches (no reshapes, the short key) take a bias at unit stride only.
+        kernel_launch = not resolution.vendor and (bias is None or bias.stride(0) == 1)
         if resolution.vendor and resolution.config[VENDOR_KEY] == "cublas":
             run = vendor
             _keep_vendor_linear((x.shape, x.dtype, id(weight), bias is None, residual is None, activation),
@@ -451,6 +463,8 @@ def _serve_linear(x, weight, bias, activation, residual) -> _Served:
         else:
             inner = (_vendor_runner(problem, resolution.config[VENDOR_KEY]) if resolution.vendor
                      else _kernel_runner(problem, resolution.config))
+            if not (resolution.vendor or kernel_launch):
+                inner = _contiguous_bias(inner)
 
             def general(x, w, b, r):
                 flat = None if r is None else r.reshape(-1, w.shape[0])
@@ -459,10 +473,10 @@ def _serve_linear(x, weight, bias, activation, residual) -> _Served:
             # The signature fixes x's rank: a 2-D x with no residual (a decode step's projection) takes the
             # kernel without the reshapes and the transpose, each a torch call of a few us of host time.
             run = general
-            if not resolution.vendor and x.dim() == 2 and residual is None:
+            if kernel_launch and x.dim() == 2 and residual is None:
                 run = lambda x, w, b, r, fast=inner.linear: fast(x, w, b)  # noqa: E731
         served = _Served(run, trace.counter(FAMILY, problem, device))
-        if not resolution.vendor and residual is None:
+        if kernel_launch and residual is None:
             served.bound_linear = inner.bound_linear
     with _served_lock:
         _linear_served[key] = served
