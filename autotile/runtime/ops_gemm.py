@@ -190,7 +190,8 @@ def _serve(problem: GemmProblem, device, strided_bias: bool = False) -> _Served:
 
 def _shape_key(a, b, bias) -> tuple:
     # The shapes and dtypes of a signature: the key of the vendor fast path, and the first half of the full one.
-    # The bias's too: addmm would broadcast a bias of another shape that the checks refuse.
+    # The bias's too: addmm would broadcast a bias of another shape that the checks refuse. (matmul builds it
+    # inline: keep the two alike.)
     return (a.shape, b.shape, a.dtype, b.dtype) if bias is None else (a.shape, b.shape, a.dtype, b.dtype,
                                                                         bias.shape, bias.dtype)
 
@@ -282,7 +283,10 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None
     shapes = None
     if not _is_compiling():
         try:
-            shapes = _shape_key(a, b, bias)
+            # _shape_key(a, b, bias), inlined (keep the two alike): a call this short is bound by host time, and a
+            # Python frame shows in it.
+            shapes = ((a.shape, b.shape, a.dtype, b.dtype) if bias is None
+                      else (a.shape, b.shape, a.dtype, b.dtype, bias.shape, bias.dtype))
         except AttributeError:  # not tensors: the checks below say what to pass
             pass
         plain = (shapes is not None and activation is None and out_dtype is None and scale_a is None
