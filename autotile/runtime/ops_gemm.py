@@ -521,11 +521,12 @@ def _keep_vendor_linear(key: tuple, calls: list, x, weight) -> None:
     entry = _VendorLinear(calls, x, weight)
     entry_ref = weakref.ref(entry)
 
-    def forget(_, key=key):
+    def forget(_, key=key, table=_linear_fast):
         # The weight is freed: its entry goes, with the storage its view holds. NOTE: no lock here: a collection
-        # can run this inside a section that holds _served_lock; dict operations are atomic on their own.
-        if _linear_fast.get(key) is entry_ref():
-            _linear_fast.pop(key, None)
+        # can run this inside a section that holds _served_lock; dict operations are atomic on their own. The
+        # table is bound here, so that a weight freed at interpreter exit still finds it.
+        if table.get(key) is entry_ref():
+            table.pop(key, None)
     entry.weight_ref = weakref.ref(weight, forget)
     with _served_lock:
         _linear_fast[key] = entry
