@@ -494,8 +494,8 @@ class _VendorLinear:
     bias), and torch.matmul(x, w.t()) on any other x with no bias (a decode step's (batch, 1, hidden)).
 
     NOTE: the kept transpose saves the view F.linear builds on every call, and the layers around it: 0.2-1.0 us
-    of host time on the development CPU before the guards (0.4-1.1 us net on the H200 machine,
-    results/host_pieces_2026-12-02c_vendor.txt), where a decode step's eager call is bound by host time. It is
+    of host time on the development CPU before the guards, 0.7-1.0 us net on the H200 machine
+    (results/host_pieces_2026-12-02e_shortkeys.txt), where a decode step's eager call is bound by host time. It is
     taken only while it computes exactly what F.linear would: x a plain tensor; the weight on the storage, offset,
     sizes, strides and dtype it was kept at (a `.data` assignment changes them); no torch function mode (one may
     handle F.linear itself); and no weight or bias the call would record a backward for (the views are
@@ -509,7 +509,7 @@ class _VendorLinear:
         plain = type(weight) in (torch.Tensor, torch.nn.Parameter) and weight.layout == torch.strided
         # The guard: weight.is_set_to(weight_kept) (the same storage, offset, sizes and strides: one C call, ~0.2 us
         # less than comparing the data pointer, shape and strides) and the same dtype.
-        self.weight_kept = weight.detach()
+        self.weight_kept = weight.detach() if plain else None
         self.weight_t = self.weight_kept.t() if plain else None
         self.weight_dtype = weight.dtype
         self.two_d = x.dim() == 2  # the key fixes x's rank
