@@ -494,7 +494,7 @@ def test_only_kernel_served_16_bit_matmuls_keep_a_short_key(monkeypatch):
     dispatch.clear_cache()
     try:
         served = ops_gemm._Served(lambda *args: None, [0])
-        served.run.bound_matmul = lambda: (lambda a, b, bias: None, -1)
+        served.run.bound_launch = lambda: (lambda a, b, bias: None, -1)
         a, b = torch.randn(4, 16, dtype=torch.bfloat16), torch.randn(8, 16, dtype=torch.bfloat16).t()
         ops_gemm._keep_fast_matmul(served, ops_gemm._shape_key(a, b, None), a, b, None)
         assert not ops_gemm._matmul_fast  # CPU tensors: no kernel is bound for them

@@ -73,10 +73,7 @@ def run_plan(plan: LaunchPlan, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor
     """Launch `plan` on operands a (M, K), b (K, N) into c (M, N); bias, residual and scales come from `inputs`."""
     ws = workspace(a.device, plan.workspace) if plan.workspace else None
     counters = tile_counters(a.device, plan.counters) if plan.counters else None
-    bias = inputs.get("bias")
-    if bias is not None and bias.stride(0) != 1:
-        bias = bias.contiguous()  # the kernel reads the bias at unit stride
-    args = plan.kernel_args(a, b, c, bias, inputs.get("residual"), inputs.get("scale_a"),
+    args = plan.kernel_args(a, b, c, inputs.get("bias"), inputs.get("residual"), inputs.get("scale_a"),
                             inputs.get("scale_b"), ws, counters, plan.stream_k)
     try:
         with launching(plan.interpret):

@@ -64,7 +64,7 @@ class _Served:
         self.run = run
         self.calls = counter  # a one-element list shared with autotile.runtime.trace
         self.plain_vendor = plain_vendor
-        # linear signatures a generated kernel serves: the runner's bound_linear (see _FastLinear)
+        # linear signatures a generated kernel serves: the runner's bound_launch (see _FastLinear)
         self.bound_linear: Callable | None = None
         self.short_key_tried = False  # matmul: whether _keep_fast_matmul has seen a call of this signature
 
@@ -133,55 +133,36 @@ def _kernel_runner(problem: GemmProblem, config) -> Callable:
             FAMILY.launch(problem, config, inputs, outputs)
         return outputs["c"]
 
-    def launch_linear(x, weight, bias):
-        # The bound launch of a linear call: the weight goes to the launcher as it is (its data pointer is its
-        # transpose's), saving the transpose's cost on every call.
-        c = new_c(x)
-        bound(x, weight, c, bias, None)
+    def launch_bound(a, b, bias):
+        # The bound launch of a call with no residual. A linear call passes its weight as b, as it is (its data
+        # pointer is its transpose's), saving the transpose's cost on every call.
+        c = new_c(a)
+        bound(a, b, c, bias, None)
         return c
 
     def run_linear(x, weight, bias):
         """run(x, weight.t(), bias, ...) for a 2-D x and an (N, K) weight."""
         if bound and x.device.index == current():
-            return launch_linear(x, weight, bias)
+            return launch_bound(x, weight, bias)
         return run(x, weight.t(), bias, None, None, None)
 
-    def bound_linear() -> tuple[Callable, int] | None:
-        """(launch_linear, its device index) once the signature is bound: a launch with no checks (the caller's
-        guards hold them); None before the first launch, and where it launches through Triton's own path."""
-        return (launch_linear, bound.device_index) if bound else None
-
-    def launch_matmul(a, b, bias):
-        c = new_c(a)
-        bound(a, b, c, bias, None)
-        return c
-
-    def bound_matmul() -> tuple[Callable, int] | None:
-        """(launch_matmul, its device index), as bound_linear, for matmul calls with no residual."""
-        return (launch_matmul, bound.device_index) if bound else None
+    def bound_launch() -> tuple[Callable, int] | None:
+        """(launch_bound, its device index) once the signature is bound: a launch with no checks (the caller's
+        guards hold them: _FastLinear, _FastMatmul); None before the first launch, and where it launches through
+        Triton's own path."""
+        return (launch_bound, bound.device_index) if bound else None
 
     run.linear = run_linear
-    run.bound_linear = bound_linear
-    run.bound_matmul = bound_matmul
+    run.bound_launch = bound_launch
     return run
 
 
-def _contiguous_bias(run: Callable) -> Callable:
-    """A kernel's runner for a signature whose bias is strided: the kernel reads the bias at unit stride. (No
-    short key takes such a signature: the wrapper has no bound launch to give.)"""
-    def run_with_contiguous_bias(a, b, bias, *rest):
-        return run(a, b, bias.contiguous(), *rest)
-    return run_with_contiguous_bias
-
-
-def _serve(problem: GemmProblem, device, strided_bias: bool = False) -> _Served:
+def _serve(problem: GemmProblem, device) -> _Served:
     resolution = resolve(FAMILY, problem, device)
     if resolution.vendor:
         run = _vendor_runner(problem, resolution.config[VENDOR_KEY])
     else:
         run = _kernel_runner(problem, resolution.config)
-        if strided_bias:
-            run = _contiguous_bias(run)
     plain_vendor = (resolution.vendor and resolution.config[VENDOR_KEY] == "cublas"
                     and problem.dtype in ("bf16", "fp16") and problem.out_dtype == problem.dtype
                     and problem.activation == "none" and not problem.residual)
@@ -224,7 +205,7 @@ def _served_for(a, b, bias, activation, out_dtype, scale_a, scale_b, residual=No
         _, problem, device = problem_for(a, b, bias=bias, activation=activation, out_dtype=out_dtype,
                                          scale_a=scale_a, scale_b=scale_b, residual=residual,
                                          fp8_fast_accum=fast_accum)
-        served = _serve(problem, device, bias is not None and bias.stride(0) != 1)
+        served = _serve(problem, device)
         with _served_lock:
             _served[key] = served
             if served.plain_vendor:
@@ -458,8 +439,6 @@ def _serve_linear(x, weight, bias, activation, residual) -> _Served:
         _, problem, device = problem_for(a, weight.t(), bias=bias, activation=activation,
                                          residual=None if residual is None else residual.reshape(-1, n))
         resolution = resolve(FAMILY, problem, device)
-        # The kernel's own launches (no reshapes, the short key) take a bias at unit stride only.
-        kernel_launch = not resolution.vendor and (bias is None or bias.stride(0) == 1)
         if resolution.vendor and resolution.config[VENDOR_KEY] == "cublas":
             run = vendor
             _keep_vendor_linear((x.shape, x.dtype, id(weight), bias is None, residual is None, activation),
@@ -467,8 +446,6 @@ def _serve_linear(x, weight, bias, activation, residual) -> _Served:
         else:
             inner = (_vendor_runner(problem, resolution.config[VENDOR_KEY]) if resolution.vendor
                      else _kernel_runner(problem, resolution.config))
-            if not (resolution.vendor or kernel_launch):
-                inner = _contiguous_bias(inner)
 
             def general(x, w, b, r):
                 flat = None if r is None else r.reshape(-1, w.shape[0])
@@ -477,11 +454,11 @@ def _serve_linear(x, weight, bias, activation, residual) -> _Served:
             # The signature fixes x's rank: a 2-D x with no residual (a decode step's projection) takes the
             # kernel without the reshapes and the transpose, each a torch call of a few us of host time.
             run = general
-            if kernel_launch and x.dim() == 2 and residual is None:
+            if not resolution.vendor and x.dim() == 2 and residual is None:
                 run = lambda x, w, b, r, fast=inner.linear: fast(x, w, b)  # noqa: E731
         served = _Served(run, trace.counter(FAMILY, problem, device))
-        if kernel_launch and residual is None:
-            served.bound_linear = inner.bound_linear
+        if not resolution.vendor and residual is None:
+            served.bound_linear = inner.bound_launch
     with _served_lock:
         _linear_served[key] = served
     return served
@@ -600,7 +577,7 @@ class _FastMatmul:
 def _keep_fast_matmul(served: _Served, shapes: tuple, a, b, bias) -> None:
     """After a kernel-served matmul call with no epilogue but a bias: later calls of its shapes may take a
     _FastMatmul where the guards can hold."""
-    bound = getattr(served.run, "bound_matmul", None)
+    bound = getattr(served.run, "bound_launch", None)
     # 16-bit operands only (an fp32 signature also depends on torch's TF32 switch, fp8 on its scales), aligned.
     if bound is None or not (a.is_cuda and a.dtype in (torch.bfloat16, torch.float16)
                              and not (a.data_ptr() | b.data_ptr() | (0 if bias is None else bias.data_ptr())) & 15):
