@@ -137,6 +137,8 @@ def compile_kernel(kernel, target, args: tuple, kwargs: dict):
     from triton.compiler import ASTSource
 
     _, options, signature, constexprs, attrs, bound = bind_arguments(kernel, target, args, kwargs)
+    if getattr(kernel, "is_gluon", lambda: False)():  # a Gluon kernel (gemm's gluon_ws variant) builds from its own IR
+        from triton.experimental.gluon._runtime import GluonASTSource as ASTSource
     source = ASTSource(kernel, signature, constexprs, attrs)
     return triton.compile(source, target=target, options=options.__dict__), bound
 

@@ -65,11 +65,15 @@ def test_the_interpreter_is_hopper_unless_told_otherwise():
 
 @pytest.mark.parametrize("case", CASES, ids=_id)
 def test_the_interpreter_keeps_the_h200_space(case):
+    """All of it but the GEMM family's Gluon variant, which Triton's interpreter does not run."""
     family_name, problem = case
     family = get_family(family_name)
     h200 = planned_device("h200")
-    assert set(family.space(problem, interpret_device()).feasible()) == set(family.space(problem, h200).feasible())
-    assert family.seed_configs(problem, interpret_device()) == family.seed_configs(problem, h200)
+    triton_only = lambda configs: [c for c in configs if c.get("VARIANT") != "gluon_ws"]  # noqa: E731
+    interpreted = list(family.space(problem, interpret_device()).feasible())
+    assert triton_only(interpreted) == interpreted
+    assert set(interpreted) == set(triton_only(family.space(problem, h200).feasible()))
+    assert family.seed_configs(problem, interpret_device()) == triton_only(family.seed_configs(problem, h200))
 
 
 @pytest.mark.parametrize("gpu", GPUS)

@@ -81,3 +81,39 @@ def test_split_k_and_stream_k_launches_capture_in_cuda_graphs():
         for out in (outputs, eager):
             result = FAMILY.check(problem, inputs, out, expected)
             assert result.ok, f"{config.to_json()}: {result.message}"
+
+
+GLUON_PROBLEMS = [
+    contiguous_problem(77, 1000, 784, "bf16", "bf16", layout_b="row", bias=True, activation="gelu", residual=True),
+    contiguous_problem(513, 4104, 2056, "fp16", "fp16", layout_b="col", activation="silu"),
+    contiguous_problem(200, 1008, 768, "fp8", "bf16", layout_b="col"),
+    contiguous_problem(3000, 5008, 1536, "fp8", "bf16", layout_b="col", scale_mode="row", bias=True),
+    contiguous_problem(1000, 4096, 4096, "fp8", "bf16", layout_b="col", fp8_fast_accum=True),
+]
+
+
+@pytest.mark.parametrize("problem", GLUON_PROBLEMS, ids=lambda p: f"{p.m}x{p.n}x{p.k}-{p.dtype}-{p.scale_mode}"
+                         f"{'-fast' if p.fp8_fast_accum else ''}")
+def test_gluon_ws_matches_float64_and_repeats_bit_for_bit(problem):
+    """The Gluon variant at each tile shape it offers for the problem: one and two consumer warpgroups, whole tiles
+    and stream-K's split ones (every shape here leaves a part-empty last wave), with each epilogue."""
+    device = cuda_device(0)
+    inputs = FAMILY.make_inputs(problem, device, seed=5)
+    expected = FAMILY.reference(problem, inputs)
+    configs = {}
+    for c in FAMILY.space(problem, device).feasible():
+        if c["VARIANT"] == "gluon_ws" and c["BLOCK_K"] <= 128 and c["BLOCK_N"] >= 128:
+            key = (c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_K"])
+            configs[key] = max(configs.get(key, c), c, key=lambda x: (x["GROUP_M"], x["num_stages"]))
+    assert configs, "the space offers no gluon_ws config"
+    for config in configs.values():
+        runs = []
+        for _ in range(3):
+            outputs = FAMILY.allocate_outputs(problem, inputs)
+            poison(outputs)
+            FAMILY.launch(problem, config, inputs, outputs)
+            runs.append(bits(outputs["c"]).clone())
+        torch.cuda.synchronize()
+        result = FAMILY.check(problem, inputs, {"c": runs[0].view(outputs["c"].dtype)}, expected)
+        assert result.ok, f"{config.to_json()}: {result.message}"
+        assert all(torch.equal(runs[0], r) for r in runs[1:]), f"{config.to_json()}: results differ between runs"

@@ -81,8 +81,12 @@ def test_prefill_takes_large_tma_tiles_and_irregular_shapes_stream_k():
 
 def test_fp8_accumulation_modes():
     precise = contiguous_problem(4096, 4096, 4096, "fp8", "bf16", layout_b="col")
-    config = FAMILY.default_config(precise, H200)
-    assert 1 < config["PROMOTE_TILES"] and config["PROMOTE_TILES"] * config["BLOCK_K"] <= FP8_PRECISE_INTERVAL
+    # On Hopper, precise fp8 is the Gluon variant's (one promotion per 128-wide K tile); the tma variant, whose
+    # promotion drains the MMAs, is seeded summing two K tiles between promotions.
+    gluon = FAMILY.default_config(precise, H200)
+    assert gluon["VARIANT"] == "gluon_ws" and gluon["PROMOTE_TILES"] * gluon["BLOCK_K"] <= FP8_PRECISE_INTERVAL
+    config = next(c for c in FAMILY.seed_configs(precise, H200) if c["VARIANT"] == "tma" and c["PROMOTE_TILES"] > 1)
+    assert config["PROMOTE_TILES"] * config["BLOCK_K"] <= FP8_PRECISE_INTERVAL
     fast = FAMILY.default_config(dataclasses.replace(precise, fp8_fast_accum=True), H200)
     assert "PROMOTE_TILES" not in fast and (fast["BLOCK_N"], fast["BLOCK_K"]) == (256, 128)
     block = FAMILY.default_config(dataclasses.replace(precise, scale_mode="block"), H200)

@@ -31,8 +31,8 @@ from autotile.device import DeviceInfo
 from autotile.dtypes import element_size
 from autotile.families.base import next_pow2
 from autotile.families.gemm_space import (
-    FP8_PRECISE_INTERVAL, SPLIT_K_CHOICES, SPLIT_K_MAX_TILES_PER_SM, has_promote_axis, programs_per_sm, sm_count,
-    smem_bytes, tile_count, tma_ok,
+    FP8_PRECISE_INTERVAL, GLUON_WS, SPLIT_K_CHOICES, SPLIT_K_MAX_TILES_PER_SM, gluon_ws_ok, has_promote_axis,
+    programs_per_sm, sm_count, smem_bytes, tile_count, tma_ok,
 )
 
 DECODE_MAX_M = 16
@@ -311,8 +311,29 @@ def tiled_mid_config(problem, device: DeviceInfo) -> dict:
     return _schedule(p, config, device)
 
 
-def prefill_config(problem, device: DeviceInfo) -> dict:
+def gluon_config(problem, **tiles) -> dict:
+    """A config of the Gluon variant (templates/gemm_gluon_ws.py.j2): a 128-row tile on two consumer warpgroups."""
+    config = _base(VARIANT=GLUON_WS, SCHEDULE="stream_k", GROUP_M=8, num_warps=4, BLOCK_M=128, BLOCK_N=128,
+                   BLOCK_K=128, num_stages=4)
+    config.update(tiles)
+    if has_promote_axis(problem):
+        config["PROMOTE_TILES"] = 1
+    return config
+
+
+# Seeds of the Gluon variant for fp8 on Hopper: precise 128 x 128 tiles (their fp32 sum and per-tile accumulator
+# fit a consumer's registers; 128 x 256 spills: 0.40x), fast 128 x 256 (8192^3: 1.061x of
+# _scaled_mm(use_fast_accum=True)) and 128 x 128 on five stages (results/gluon_gemm_prototype_2026-12-02.txt).
+_GLUON_FP8_TILES = (dict(num_stages=4), dict(num_stages=5), dict(BLOCK_N=256, num_stages=3))
+
+
+def prefill_config(problem, device: DeviceInfo, gluon: bool = True) -> dict:
     p = problem
+    if gluon and p.dtype == "fp8" and not p.fp8_fast_accum and gluon_ws_ok(p, device):
+        # Precise fp8 on Hopper: the Gluon kernel's two consumer warpgroups overlap one's promotion with the other's
+        # MMAs, which Triton 3.6's tl.dot loop cannot (0.900x / 0.967x of _scaled_mm at 4096^3 / 8192^3, against
+        # 0.756x for the tma variant in the same run; results/gluon_gemm_2026-12-02.md).
+        return gluon_config(p)
     tma = tma_ok(p) and arch_of(device).supports(Feature.TMA)
     if p.dtype == "fp8":
         if p.fp8_fast_accum:
@@ -400,6 +421,11 @@ def seed_variations(problem, device: DeviceInfo) -> list[dict]:
         wanted.append(dict(first, VARIANT="tma"))
     elif first["VARIANT"] == "tma":
         wanted.append(dict(first, VARIANT="blocked", PERSISTENT=False, WARP_SPECIALIZE=False, FLATTEN=False))
-    if has_promote_axis(p):
+    if has_promote_axis(p) and first["VARIANT"] != GLUON_WS:
         wanted += [dict(first, PROMOTE_TILES=promote) for promote in (1, 2, 4) if promote != first.get("PROMOTE_TILES")]
+    if kind == "prefill" and p.dtype == "fp8" and gluon_ws_ok(p, device):
+        wanted += [gluon_config(p, **tiles) for tiles in _GLUON_FP8_TILES]
+        if first["VARIANT"] == GLUON_WS:  # and the tma variant's own default, with its promotion intervals
+            tiled = prefill_config(p, device, gluon=False)
+            wanted += [dict(tiled, PROMOTE_TILES=promote) for promote in (1, 2, 4)]
     return wanted

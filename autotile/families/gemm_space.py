@@ -22,6 +22,10 @@ from autotile.families.base import next_pow2
 from autotile.space import Axis, AxisKind, Config, Constraint, Space
 
 SCHEDULES = ("data_parallel", "split_k", "stream_k")
+# The Gluon variant (templates/gemm_gluon_ws.py.j2): warp-specialised, persistent, stream-K over the last wave;
+# one consumer warpgroup per GLUON_WG_ROWS rows of a tile.
+GLUON_WS = "gluon_ws"
+GLUON_WG_ROWS = 64
 SPLIT_K_CHOICES = (1, 2, 3, 4, 6, 8, 12, 16)
 PROMOTE_CHOICES = (1, 2, 4)
 # Precise fp8 sums at most this many products in the tensor cores' reduced-precision accumulator
@@ -138,19 +142,23 @@ def two_level_accumulation(problem) -> bool:
 def smem_bytes(problem, c: Mapping) -> int:
     """Pipelined operand tiles, plus the output tile staged for the TMA store."""
     operands = (c["BLOCK_M"] + c["BLOCK_N"]) * c["BLOCK_K"] * element_size(problem.dtype) * c["num_stages"]
-    staging = c["BLOCK_M"] * c["BLOCK_N"] * element_size(problem.out_dtype) if c["VARIANT"] == "tma" else 0
+    staged = c["VARIANT"] in ("tma", GLUON_WS)
+    staging = c["BLOCK_M"] * c["BLOCK_N"] * element_size(problem.out_dtype) if staged else 0
     return operands + (staging // 2 if c.get("EPILOGUE_SUBTILE") else staging)
 
 
 def accumulator_registers(problem, c: Mapping) -> int:
-    """fp32 accumulator registers per thread."""
+    """fp32 accumulator registers per thread (gluon_ws: per consumer thread, whose warpgroup owns 64 rows)."""
     copies = 2 if two_level_accumulation(problem) else 1
+    if c["VARIANT"] == GLUON_WS:
+        return copies * GLUON_WG_ROWS * c["BLOCK_N"] // 128
     return copies * c["BLOCK_M"] * c["BLOCK_N"] // (32 * c["num_warps"])
 
 
 def programs_per_sm(problem, c: Mapping, device: DeviceInfo) -> int:
     """How many programs of config `c` one SM holds at once (by shared memory, registers and threads)."""
-    threads = 32 * c["num_warps"]
+    # gluon_ws: a warpgroup per 64 rows, and the producer warp's warpgroup
+    threads = 128 * (c["BLOCK_M"] // GLUON_WG_ROWS + 1) if c["VARIANT"] == GLUON_WS else 32 * c["num_warps"]
     arch = arch_of(device)
     by_smem = (device.smem_per_block + SMEM_RESERVED_PER_BLOCK) // (smem_bytes(problem, c) + SMEM_RESERVED_PER_BLOCK)
     registers = min(255, 8 * math.ceil((accumulator_registers(problem, c) + REGISTERS_BESIDE_ACCUMULATORS) / 8))
@@ -171,6 +179,16 @@ def tma_ok(problem) -> bool:
     p = problem
     return (p.aligned and p.layout_a != "strided" and p.layout_b != "strided"
             and (p.n * element_size(p.out_dtype)) % 16 == 0)
+
+
+def gluon_ws_ok(problem, device: DeviceInfo) -> bool:
+    """Whether the Gluon variant (templates/gemm_gluon_ws.py.j2) applies: Hopper's wgmma and TMA compiled by Triton
+    (never its interpreter, which does not run Gluon), 16-bit or fp8 tensor cores with tensor or row scales, row-major
+    A and TMA-able operands; fp8 wgmma reads B K-major, so an fp8 B is given as W (N, K)."""
+    p = problem
+    return (not device.interpret and device.compute_capability[0] == 9 and tma_ok(p)
+            and p.dtype in ("bf16", "fp16", "fp8") and p.layout_a != "col"
+            and (p.dtype != "fp8" or p.layout_b == "col") and p.scale_mode != "block")
 
 
 # --- the space -------------------------------------------------------------------------------------
@@ -209,7 +227,7 @@ def gemm_space(problem, device: DeviceInfo) -> StagedSpace:
     sms = sm_count(device)
 
     axes = [
-        Axis("VARIANT", ("blocked", "tma"), AxisKind.RENDER),
+        Axis("VARIANT", ("blocked", "tma", GLUON_WS), AxisKind.RENDER),
         Axis("SCHEDULE", SCHEDULES, AxisKind.RENDER),
         Axis("SPLIT_K", SPLIT_K_CHOICES),
         Axis("PERSISTENT", (False, True)),
@@ -236,6 +254,15 @@ def gemm_space(problem, device: DeviceInfo) -> StagedSpace:
                                               "the tma variant")),
         Rule(("WARP_SPECIALIZE",), feature_constraint(device, Feature.WARP_SPECIALIZE,
                                                       lambda c: c["WARP_SPECIALIZE"], "WARP_SPECIALIZE")),
+        rule("gluon_ws_applies", ("VARIANT",), lambda c: c["VARIANT"] != GLUON_WS or gluon_ws_ok(p, device),
+             "the gluon_ws variant is for Hopper, 16-bit or fp8 (tensor or row scales) operands that TMA can load, "
+             "with A row-major and an fp8 B as W (N, K)"),
+        rule("gluon_ws_structure", ("VARIANT", "SCHEDULE", "SWAP_AB", "BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps"),
+             lambda c: c["VARIANT"] != GLUON_WS or (
+                 c["SCHEDULE"] == "stream_k" and not c["SWAP_AB"] and c["BLOCK_M"] in (64, 128)
+                 and c["BLOCK_N"] >= 64 and c["BLOCK_K"] >= 64 and c["num_warps"] == 4),
+             "gluon_ws is persistent with stream-K over the last wave, one consumer warpgroup (4 warps) per 64 rows "
+             "of a 64- or 128-row tile, BLOCK_N and BLOCK_K of at least 64, A and B unswapped"),
         rule("schedule_split_k", ("SCHEDULE", "SPLIT_K"), lambda c: (c["SCHEDULE"] == "split_k") == (c["SPLIT_K"] > 1),
              "SPLIT_K > 1 is the split_k schedule, which needs SPLIT_K > 1"),
         rule("persistent_tma_only", ("VARIANT", "SCHEDULE", "PERSISTENT", "WARP_SPECIALIZE", "FLATTEN"),
@@ -293,6 +320,9 @@ def gemm_space(problem, device: DeviceInfo) -> StagedSpace:
              lambda c: f"needs {smem_bytes(p, c)} B of shared memory, the device allows {device.smem_per_block} B"),
     ]
     if has_promote_axis(p):
+        rules.append(rule("gluon_ws_promotes_every_tile", ("VARIANT", "PROMOTE_TILES"),
+                          lambda c: c["VARIANT"] != GLUON_WS or c["PROMOTE_TILES"] == 1,
+                          "gluon_ws promotes precise fp8 sums once per K tile"))
         rules.append(rule("promote_interval", ("BLOCK_K", "PROMOTE_TILES"),
                           lambda c: c["BLOCK_K"] * c["PROMOTE_TILES"] <= FP8_PRECISE_INTERVAL,
                           f"precise fp8 promotes at least every {FP8_PRECISE_INTERVAL} products"))

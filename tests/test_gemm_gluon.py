@@ -1,0 +1,155 @@
+"""The GEMM family's Gluon variant (templates/gemm_gluon_ws.py.j2) on the CPU: where the space offers it, what the
+policy serves with it, its stream-K partition, and its kernels compiled for sm90 with Triton's own ptxas.
+
+Gluon kernels do not run under Triton's interpreter; tests/test_gemm_gpu.py runs them against float64.
+"""
+from __future__ import annotations
+
+import json
+import random
+import sys
+
+import pytest
+
+from autotile.device import interpret_device, planned_device
+from autotile.families.gemm import FAMILY, contiguous_problem
+from autotile.render import render_source
+
+H200 = planned_device("h200")
+FP8_PRECISE = contiguous_problem(4096, 4096, 4096, "fp8", "bf16", layout_b="col")
+
+
+def gluon_configs(problem, device):
+    return [c for c in FAMILY.space(problem, device).feasible() if c["VARIANT"] == "gluon_ws"]
+
+
+def test_the_space_offers_gluon_ws_on_hopper_only():
+    assert gluon_configs(FP8_PRECISE, H200)
+    assert not gluon_configs(FP8_PRECISE, interpret_device())  # Gluon does not run under the interpreter
+    assert not gluon_configs(contiguous_problem(4096, 4096, 4096, "bf16", "bf16", layout_b="col"), planned_device("a100"))
+
+
+@pytest.mark.parametrize("problem", [
+    contiguous_problem(4096, 4096, 4096, "fp8", "bf16", layout_b="row"),  # fp8 wgmma reads B K-major only
+    contiguous_problem(4096, 4096, 4096, "bf16", "bf16", layout_a="col"),
+    contiguous_problem(4096, 4096, 4096, "fp8", "bf16", layout_b="col", scale_mode="block"),
+    contiguous_problem(1000, 1000, 1003, "bf16", "bf16"),  # rows of 1003 elements: no TMA
+], ids=["fp8-b-row", "a-col", "block-scales", "unaligned"])
+def test_gluon_ws_is_infeasible_where_it_does_not_apply(problem):
+    assert not gluon_configs(problem, H200)
+
+
+def test_gluon_ws_configs_keep_its_structure():
+    for config in gluon_configs(FP8_PRECISE, H200):
+        assert config["SCHEDULE"] == "stream_k" and config["num_warps"] == 4 and not config["SWAP_AB"]
+        assert config["BLOCK_M"] in (64, 128) and config["PROMOTE_TILES"] == 1
+        assert config["BLOCK_N"] <= 128  # precise: its fp32 sum and a K tile's accumulator fit a consumer
+
+
+def test_precise_fp8_prefill_defaults_to_gluon_ws_with_the_tma_variant_among_the_seeds():
+    default = FAMILY.default_config(FP8_PRECISE, H200)
+    assert (default["VARIANT"], default["BLOCK_M"], default["BLOCK_N"], default["BLOCK_K"]) == ("gluon_ws", 128, 128, 128)
+    assert any(c["VARIANT"] == "tma" for c in FAMILY.seed_configs(FP8_PRECISE, H200))
+    fast = contiguous_problem(4096, 4096, 4096, "fp8", "bf16", layout_b="col", fp8_fast_accum=True)
+    assert FAMILY.default_config(fast, H200)["VARIANT"] == "tma"
+    assert any(c["VARIANT"] == "gluon_ws" for c in FAMILY.seed_configs(fast, H200))
+
+
+def _launch_geometry():
+    """The rendering's host-side launch_geometry, plain Python, taken from its source.
+
+    NOTE: importing the rendered module would import Gluon, whose decorators fail in a process where Triton runs
+    its interpreter (TRITON_INTERPRET=1, as in this test process).
+    """
+    switches = dict(VARIANT="gluon_ws", SCHEDULE="stream_k", SWAP_AB=False, EPILOGUE_SUBTILE=False, HAS_BIAS=False,
+                    HAS_RESIDUAL=False, ACTIVATION="none", SCALES="none", FP8_PROMOTE=False, A_COL=False, B_COL=True,
+                    EVEN_N=False, EVEN_K=False, STREAM_B=False, INPUT_PRECISION="", INDEX_64=False, UPCAST_DOTS=False)
+    source = render_source(FAMILY.template, **switches)
+    host = source[source.index("def launch_geometry"):source.index("def kernel_args")]
+    namespace: dict = {}
+    exec(host, namespace)  # noqa: S102 - the template's own host code
+    return namespace["launch_geometry"]
+
+
+def test_stream_k_shares_cover_every_k_iteration_once_and_name_their_contributors():
+    """The kernel's partition, written out: whole tiles round-robin, then each program's even share of the rest;
+    a split tile's contributors are the programs the kernel's q_first..q_last formula names, in order."""
+    geometry = _launch_geometry()
+    rng = random.Random(0)
+    for _ in range(3000):
+        m, n, k = rng.randint(1, 3000), rng.randint(1, 3000), rng.randint(1, 3000)
+        bm, bn, bk = rng.choice((64, 128)), rng.choice((64, 128, 256)), rng.choice((64, 128))
+        programs = rng.randint(1, 140)
+        (grid,), _, _, (dp_tiles, sk_iters, sk_programs) = geometry(m, n, k, bm, bn, bk, 1, False, programs)
+        tiles, k_tiles = -(-m // bm) * -(-n // bn), -(-k // bk)
+        assert grid <= programs and dp_tiles % programs == 0 or dp_tiles == tiles
+        covered = [0] * (tiles * k_tiles)
+        owners: dict[int, list] = {}
+        for q in range(grid):
+            for tile in range(q, dp_tiles, grid):
+                for it in range(tile * k_tiles, (tile + 1) * k_tiles):
+                    covered[it] += 1
+            pid = min(q, sk_programs)
+            lo = dp_tiles * k_tiles + pid * sk_iters // sk_programs
+            hi = dp_tiles * k_tiles + min(pid + 1, sk_programs) * sk_iters // sk_programs
+            it = lo
+            while it < hi:
+                tile = it // k_tiles
+                seg_end = min(hi, (tile + 1) * k_tiles)
+                for i in range(it, seg_end):
+                    covered[i] += 1
+                if not (it == tile * k_tiles and seg_end == (tile + 1) * k_tiles):
+                    owners.setdefault(tile, []).append((q, it != lo))
+                it = seg_end
+        assert set(covered) == {1}, (m, n, k, bm, bn, bk, programs)
+        for tile, contributors in owners.items():
+            first = tile * k_tiles - dp_tiles * k_tiles
+            q_first = ((first + 1) * sk_programs - 1) // sk_iters
+            q_last = ((first + k_tiles) * sk_programs - 1) // sk_iters
+            assert [q for q, _ in contributors] == list(range(q_first, q_last + 1))
+            assert all((q * sk_iters // sk_programs < first) == second for q, second in contributors)
+
+
+CASES = [
+    (dict(m=300, n=1000, k=784, dtype="fp16", out_dtype="fp16", layout_b="row", bias=True, activation="gelu",
+          residual=True), dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, num_stages=4)),
+    (dict(m=512, n=1024, k=512, dtype="bf16", out_dtype="bf16", layout_b="col", activation="silu"),
+     dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_stages=3)),
+    (dict(m=512, n=512, k=512, dtype="fp8", out_dtype="bf16", layout_b="col", scale_mode="row"),
+     dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=128, num_stages=4, PROMOTE_TILES=1)),
+    (dict(m=512, n=512, k=512, dtype="fp8", out_dtype="bf16", layout_b="col", fp8_fast_accum=True, bias=True),
+     dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=128, num_stages=3)),
+]
+
+
+def _compile_cases() -> list:
+    from autotile.xcompile import compile_config
+
+    out = []
+    for problem, tiles in CASES:
+        p = contiguous_problem(**problem)
+        config = dict(VARIANT="gluon_ws", SCHEDULE="stream_k", SPLIT_K=1, PERSISTENT=False, WARP_SPECIALIZE=False,
+                      FLATTEN=False, SWAP_AB=False, EPILOGUE_SUBTILE=False, GROUP_M=8, num_warps=4, **tiles)
+        feasible = FAMILY.space(p, H200).admit(config) is not None
+        kernels = compile_config(FAMILY, p, config, H200)
+        out.append(dict(feasible=feasible, kernels=[(k.name, k.shared, k.registers, k.stack, list(k.ptx_features))
+                                                    for k in kernels]))
+    return out
+
+
+def test_gluon_ws_kernels_compile_for_sm90():
+    from compile_child import run_compile_child
+
+    results = run_compile_child(__file__)
+    assert len(results) == len(CASES)
+    for (problem, tiles), result in zip(CASES, results):
+        assert result["feasible"], (problem, tiles)
+        (name, shared, registers, stack, features), = result["kernels"]
+        assert name == "gemm_kernel" and shared <= H200.smem_per_block
+        assert "wgmma" in " ".join(features)
+        if problem["dtype"] == "fp8" and not problem.get("fp8_fast_accum"):
+            assert stack == 0, "precise fp8 128 x 128 tiles fit the consumers' registers"
+
+
+if __name__ == "__main__":
+    sys.stdout.write(json.dumps(_compile_cases()) + "\n")
