@@ -178,3 +178,16 @@ def test_cost_counts_the_residual():
     plain = FAMILY.cost(contiguous_problem(128, 256, 64, "bf16", "bf16"))
     with_residual = FAMILY.cost(contiguous_problem(128, 256, 64, "bf16", "bf16", residual=True))
     assert with_residual.bytes - plain.bytes == 128 * 256 * 2
+
+
+def test_fp8_bounds_grow_with_the_reduced_precision_runs_and_stay_far_below_a_wrong_result():
+    """fp8's ~14-bit running sums: an outlier output's run of additions rounds by 2^-14 of its own size, so the
+    relative part of the bound grows with the run (fast accumulation: all of K). Seen on the H200 at 8192^3 fast:
+    324.66 computed as 320 by torch._scaled_mm(use_fast_accum=True) and by both of the family's variants."""
+    fast = FAMILY.tolerance(contiguous_problem(8192, 8192, 8192, "fp8", "bf16", layout_b="col", fp8_fast_accum=True))
+    precise = FAMILY.tolerance(contiguous_problem(8192, 8192, 8192, "fp8", "bf16", layout_b="col"))
+    assert fast.atol + fast.rtol * 324.657 > abs(320 - 324.657)
+    assert precise.rtol < fast.rtol
+    # A wrong result, an eighth off at a typical output (sqrt(K) ~ 90), still fails both bounds by far.
+    for tol in (fast, precise):
+        assert tol.atol + tol.rtol * 90.5 < 90.5 / 8
