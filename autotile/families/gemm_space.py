@@ -255,8 +255,8 @@ def gemm_space(problem, device: DeviceInfo) -> StagedSpace:
         Rule(("WARP_SPECIALIZE",), feature_constraint(device, Feature.WARP_SPECIALIZE,
                                                       lambda c: c["WARP_SPECIALIZE"], "WARP_SPECIALIZE")),
         rule("gluon_ws_applies", ("VARIANT",), lambda c: c["VARIANT"] != GLUON_WS or gluon_ws_ok(p, device),
-             "the gluon_ws variant is for Hopper, 16-bit or fp8 (tensor or row scales) operands that TMA can load, "
-             "with A row-major and an fp8 B as W (N, K)"),
+             "the gluon_ws variant runs on Hopper GPUs (not Triton's interpreter), for 16-bit or fp8 (tensor or row "
+             "scales) operands that TMA can load, with A row-major and an fp8 B as W (N, K)"),
         rule("gluon_ws_structure", ("VARIANT", "SCHEDULE", "SWAP_AB", "BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps"),
              lambda c: c["VARIANT"] != GLUON_WS or (
                  c["SCHEDULE"] == "stream_k" and not c["SWAP_AB"] and c["BLOCK_M"] in (64, 128)
