@@ -1,0 +1,237 @@
+"""Prototype, not yet run on a GPU: a FlashAttention forward in Gluon with FlashAttention-3's structure on Hopper.
+
+Status: it compiles for sm90 with Triton 3.6's ptxas, without spills and without serialised wgmma
+(tests/test_gluon_flash_prototype.py checks that on the CPU). It has never run. It is not a flash family variant, and nothing in autotile calls it. The next GPU run must:
+    python benchmarks/prototypes/gluon_flash_fwd.py          # checks against float64, then times beside SDPA
+If it is correct and beats the family's forward, it becomes a render variant of templates/flash_attention.py.j2
+(as gemm's gluon_ws did for the GEMM family).
+
+Structure (what Triton 3.6's tl.dot loops could not be made to do, RESULTS.md "thirteenth run"):
+  - one producer warp loads this program's Q tile once, then K and V tiles into a ring of STAGES slots (TMA);
+  - two consumer warpgroups, each its own partition with its own barriers, take 64 query rows each. Each does
+    S = Q K^T (wgmma from shared memory), the online softmax in registers, and O += P V with P from registers.
+    While one warpgroup runs its softmax, the other's wgmmas run: FlashAttention-3's ping-pong, unscheduled.
+  - within a warpgroup, FlashAttention-3's intra-warpgroup order: S_j = Q K_j^T is issued, then O += P_{j-1} V_{j-1};
+    block j's softmax runs while that P V does, and O is rescaled once both are done (rescaling it while a wgmma
+    runs would make ptxas serialise them all: C7515).
+Layout: q (B, H, SQ, D), k and v (B, HKV, SK, D), contiguous, bf16 or fp16; GQA by H // HKV. Causal masks align
+the last query with the last key, as FlashAttention's do.
+"""
+from __future__ import annotations
+
+import math
+import sys
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+
+WG_ROWS = gl.constexpr(64)  # query rows a consumer warpgroup owns (the wgmma's M)
+LOG2E = 1.4426950408889634
+
+
+@gluon.jit
+def _key_blocks(pid_m, SQ, SK, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+    # Key blocks this query tile reads: all of them, or (causal) up to the last key its last row may see; at least
+    # one, fully masked where no row sees a key (more queries than keys), so that every program has a first block.
+    if CAUSAL:
+        last = gl.minimum(SK, (pid_m + 1) * BLOCK_M + SK - SQ)
+        return gl.maximum(gl.cdiv(gl.maximum(last, 0), BLOCK_N), 1)
+    else:
+        return gl.cdiv(SK, BLOCK_N)
+
+
+@gluon.jit
+def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, empty, SQ, SK, H, HKV,
+              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+    pid_m = gl.program_id(0)
+    bh = gl.program_id(1)
+    kv_row = ((bh // H) * HKV + (bh % H) // (H // HKV)) * SK
+    mbarrier.expect(q_bar, q_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(q_desc, [bh * SQ + pid_m * BLOCK_M, 0], q_bar, q_smem)
+    for j in range(_key_blocks(pid_m, SQ, SK, BLOCK_M, BLOCK_N, CAUSAL)):
+        s = j % STAGES
+        mbarrier.wait(empty.index(s), ((j // STAGES) & 1) ^ 1)  # a slot's first use passes at once
+        mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc, [kv_row + j * BLOCK_N, 0], k_ready.index(s), k_smem.index(s))
+        mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(v_desc, [kv_row + j * BLOCK_N, 0], v_ready.index(s), v_smem.index(s))
+
+
+@gluon.jit
+def _scores(q, k_smem, k_ready, j, zero, STAGES: gl.constexpr):
+    # Issue S_j = Q K_j^T (async): wait for K_j, return the accumulator token.
+    s = j % STAGES
+    mbarrier.wait(k_ready.index(s), (j // STAGES) & 1)
+    return warpgroup_mma(q, k_smem.index(s).permute((1, 0)), zero, use_acc=False, is_async=True)
+
+
+@gluon.jit
+def _softmax_step(scores, m_i, j, cols, limit, masked_from, qk_scale, BLOCK_N: gl.constexpr):
+    # Block j's probabilities against the running row maxima m_i: (p, the new maxima, the factor for the old sums).
+    scores = scores * qk_scale
+    if j * BLOCK_N >= masked_from:
+        keys = j * BLOCK_N + cols
+        scores = gl.where(keys[None, :] < limit[:, None], scores, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(scores, axis=1))
+    m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no key yet
+    return gl.exp2(scores - m_safe[:, None]), m_new, gl.exp2(m_i - m_safe)
+
+
+@gluon.jit
+def _consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, empty, o_ptr, SQ, SK, H, qk_scale,
+              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr,
+              CAUSAL: gl.constexpr):
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_D, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    pid_m = gl.program_id(0)
+    bh = gl.program_id(1)
+    n_blocks = _key_blocks(pid_m, SQ, SK, BLOCK_M, BLOCK_N, CAUSAL)
+    rows = pid_m * BLOCK_M + WG * WG_ROWS + gl.arange(0, WG_ROWS, layout=row_s)  # query index of each row
+    cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+    # Keys at or past `limit` are masked for each row: the sequence's end, and (causal) the row's diagonal.
+    if CAUSAL:
+        limit = gl.minimum(rows + 1 + SK - SQ, SK)
+        masked_from = pid_m * BLOCK_M + WG * WG_ROWS + 1 + SK - SQ  # the first block that needs the mask
+    else:
+        limit = gl.zeros([WG_ROWS], gl.int32, row_s) + SK
+        masked_from = SK
+    masked_from = gl.maximum(gl.minimum(masked_from, SK), 0) // BLOCK_N * BLOCK_N
+    zero = gl.zeros([WG_ROWS, BLOCK_N], gl.float32, s_layout)
+    mbarrier.wait(q_bar, 0)
+    q = q_smem.slice(WG * WG_ROWS, WG_ROWS, dim=0)
+    # Block 0: its scores and probabilities; O is still zero, nothing to rescale.
+    scores = warpgroup_mma_wait(0, deps=(_scores(q, k_smem, k_ready, 0, zero, STAGES), ))
+    m_i = gl.full([WG_ROWS], float("-inf"), gl.float32, row_s)
+    p, m_i, alpha = _softmax_step(scores, m_i, 0, cols, limit, masked_from, qk_scale, BLOCK_N)
+    l_i = gl.sum(p, axis=1)
+    acc = gl.zeros([WG_ROWS, HEAD_D], gl.float32, o_layout)
+    # FlashAttention-3's order: issue S_j = Q K_j^T, then O += P_{j-1} V_{j-1}; the softmax of block j runs while
+    # that P V does; O is rescaled once both are done, so no register a running wgmma owns is touched meanwhile.
+    for j in range(1, n_blocks):
+        prev = (j - 1) % STAGES
+        s_tok = _scores(q, k_smem, k_ready, j, zero, STAGES)
+        p_op = gl.convert_layout(p.to(q_smem.dtype), p_layout)
+        mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
+        acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
+        scores = warpgroup_mma_wait(1, deps=(s_tok, ))  # S_j, issued first, is done; P V may still run
+        p, m_i, alpha = _softmax_step(scores, m_i, j, cols, limit, masked_from, qk_scale, BLOCK_N)
+        l_i = l_i * alpha + gl.sum(p, axis=1)
+        acc = warpgroup_mma_wait(0, deps=(acc, ))
+        mbarrier.arrive(empty.index(prev), count=1)
+        acc = acc * gl.convert_layout(alpha, row_o)[:, None]
+    last = (n_blocks - 1) % STAGES
+    p_op = gl.convert_layout(p.to(q_smem.dtype), p_layout)
+    mbarrier.wait(v_ready.index(last), ((n_blocks - 1) // STAGES) & 1)
+    acc = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
+    acc = warpgroup_mma_wait(0, deps=(acc, ))
+    mbarrier.arrive(empty.index(last), count=1)
+    l_o = gl.convert_layout(l_i, row_o)
+    acc = acc / gl.where(l_o == 0.0, 1.0, l_o)[:, None]
+    rows_o = pid_m * BLOCK_M + WG * WG_ROWS + gl.arange(0, WG_ROWS, layout=row_o)
+    dims = gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, o_layout))
+    offsets = (bh * SQ + rows_o).to(gl.int64)[:, None] * HEAD_D + dims[None, :]
+    gl.store(o_ptr + offsets, acc.to(o_ptr.dtype.element_ty), mask=(rows_o < SQ)[:, None])
+
+
+@gluon.jit
+def flash_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, SQ, SK, H, HKV, qk_scale,
+                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr,
+                     CAUSAL: gl.constexpr, num_warps: gl.constexpr):
+    gl.static_assert(BLOCK_M == 2 * WG_ROWS, "two consumer warpgroups of 64 query rows")
+    dtype: gl.constexpr = q_ptr.dtype.element_ty
+    q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_D], dtype)
+    kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_D], dtype)
+    BH = gl.num_programs(1)
+    q_desc = tma.make_tensor_descriptor(q_ptr, [BH * SQ, HEAD_D], [HEAD_D, 1], [BLOCK_M, HEAD_D], q_layout)
+    rows_kv = (BH // H) * HKV * SK
+    k_desc = tma.make_tensor_descriptor(k_ptr, [rows_kv, HEAD_D], [HEAD_D, 1], [BLOCK_N, HEAD_D], kv_layout)
+    v_desc = tma.make_tensor_descriptor(v_ptr, [rows_kv, HEAD_D], [HEAD_D, 1], [BLOCK_N, HEAD_D], kv_layout)
+    q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_D], q_layout)
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_D], kv_layout)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_D], kv_layout)
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=1)
+    for s in gl.static_range(STAGES):
+        mbarrier.init(k_ready.index(s), count=1)
+        mbarrier.init(v_ready.index(s), count=1)
+        mbarrier.init(empty.index(s), count=2)  # both consumer warpgroups release each slot
+    gl.warp_specialize([
+        (_consumer, (0, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, empty, o_ptr, SQ, SK, H, qk_scale,
+                     BLOCK_M, BLOCK_N, HEAD_D, STAGES, CAUSAL)),
+        (_consumer, (1, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, empty, o_ptr, SQ, SK, H, qk_scale,
+                     BLOCK_M, BLOCK_N, HEAD_D, STAGES, CAUSAL)),
+        (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, empty, SQ, SK, H, HKV,
+                     BLOCK_M, BLOCK_N, STAGES, CAUSAL))], [4, 1], [240, 24])
+
+
+def flash_fwd(q, k, v, causal=False, scale=None, block_n=128, stages=2):
+    """softmax(q k^T * scale) v for q (B, H, SQ, D), k and v (B, HKV, SK, D), contiguous 16-bit tensors."""
+    B, H, SQ, D = q.shape
+    HKV, SK = k.shape[1], k.shape[2]
+    scale = 1.0 / math.sqrt(D) if scale is None else scale
+    o = torch.empty_like(q)
+    grid = (triton.cdiv(SQ, 128), B * H)
+    flash_fwd_kernel[grid](q, k, v, o, SQ, SK, H, HKV, scale * LOG2E, BLOCK_M=128, BLOCK_N=block_n, HEAD_D=D,
+                           STAGES=stages, CAUSAL=causal, num_warps=4)
+    return o
+
+
+def _reference(q, k, v, causal, scale):
+    group = q.shape[1] // k.shape[1]
+    k, v = k.double().repeat_interleave(group, 1), v.double().repeat_interleave(group, 1)
+    s = q.double() @ k.transpose(-1, -2) * scale
+    if causal:
+        sq, sk = s.shape[-2:]
+        keep = torch.ones(sq, sk, dtype=torch.bool, device=q.device).tril(sk - sq)
+        s = s.masked_fill(~keep, float("-inf"))
+    return torch.nan_to_num(torch.softmax(s, -1)) @ v
+
+
+def main() -> int:
+    from triton.testing import do_bench
+
+    triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+    torch.manual_seed(0)
+    bad = 0
+    for (B, H, HKV, SQ, SK, D, causal) in [(1, 2, 2, 300, 300, 128, False), (2, 4, 2, 1000, 1000, 128, True),
+                                          (1, 4, 1, 200, 777, 128, True), (1, 2, 2, 129, 64, 64, False)]:
+        q = torch.randn(B, H, SQ, D, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(B, HKV, SK, D, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn(B, HKV, SK, D, device="cuda", dtype=torch.bfloat16)
+        out = flash_fwd(q, k, v, causal)
+        err = (out.double() - _reference(q, k, v, causal, 1 / math.sqrt(D))).abs().max().item()
+        ok = err < 2e-2
+        bad += not ok
+        print(f"check B={B} H={H}/{HKV} {SQ}x{SK} D={D} causal={causal}: max err {err:.3g} {'ok' if ok else 'WRONG'}",
+              flush=True)
+    if bad:
+        return 1
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    for (B, H, HKV, S, causal) in [(1, 32, 8, 4096, True), (1, 32, 8, 4096, False), (16, 32, 8, 512, True)]:
+        q = torch.randn(B, H, S, 128, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(B, HKV, S, 128, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn(B, HKV, S, 128, device="cuda", dtype=torch.bfloat16)
+        kr, vr = k.repeat_interleave(H // HKV, 1), v.repeat_interleave(H // HKV, 1)
+        flops = 4 * B * H * S * S * 128 / (2 if causal else 1)
+        times = {}
+        for stages in (2, 3):
+            times[f"gluon s{stages}"] = do_bench(lambda: flash_fwd(q, k, v, causal, stages=stages), return_mode="median")
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            times["cudnn"] = do_bench(lambda: torch.nn.functional.scaled_dot_product_attention(q, kr, vr, is_causal=causal),
+                                      return_mode="median")
+        print(f"{B}x{H}/{HKV}x{S} causal={causal}: " + ", ".join(
+            f"{name} {flops / ms / 1e9:.0f} TFLOP/s" for name, ms in times.items()), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

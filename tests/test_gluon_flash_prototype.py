@@ -1,0 +1,54 @@
+"""benchmarks/prototypes/gluon_flash_fwd.py, a FlashAttention forward in Gluon not yet run on a GPU, compiles for sm90
+with Triton's own ptxas: causal and not, at head dims 64 and 128, without spills, within the H200's shared memory.
+The compile runs in a child process (this one runs Triton's interpreter, which does not take Gluon)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from autotile.device import planned_device
+
+CASES = [(False, 128, 128, 2), (True, 128, 128, 2), (True, 64, 128, 3), (False, 128, 64, 3)]
+
+
+def _compile_cases() -> list:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks" / "prototypes"))
+    import gluon_flash_fwd
+
+    out = []
+    for causal, head_d, block_n, stages in CASES:
+        signature = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "o_ptr": "*bf16", "SQ": "i32", "SK": "i32",
+                     "H": "i32", "HKV": "i32", "qk_scale": "fp32"}
+        constexprs = {"BLOCK_M": 128, "BLOCK_N": block_n, "HEAD_D": head_d, "STAGES": stages, "CAUSAL": causal,
+                      "num_warps": 4}
+        signature.update({name: "constexpr" for name in constexprs})
+        kernel = triton.compile(GluonASTSource(gluon_flash_fwd.flash_fwd_kernel, signature, constexprs),
+                                target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+        with tempfile.NamedTemporaryFile("w", suffix=".ptx") as ptx:
+            ptx.write(kernel.asm["ptx"])
+            ptx.flush()
+            report = subprocess.run([triton.knobs.nvidia.ptxas.path, "-arch=sm_90a", "-v", ptx.name, "-o", "/dev/null"],
+                                    capture_output=True, text=True).stderr
+        out.append({"shared": kernel.metadata.shared, "ptxas": report})
+    return out
+
+
+def test_the_prototype_compiles_for_sm90_without_spills():
+    from compile_child import run_compile_child
+
+    limit = planned_device("h200").smem_per_block
+    for case, result in zip(CASES, run_compile_child(__file__)):
+        assert result["shared"] <= limit, case
+        assert "0 bytes spill stores" in result["ptxas"], (case, result["ptxas"])
+        assert "C7515" not in result["ptxas"] and "C7517" not in result["ptxas"], (case, "wgmma serialised")
+
+
+if __name__ == "__main__":
+    sys.stdout.write(json.dumps(_compile_cases()) + "\n")
