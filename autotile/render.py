@@ -21,6 +21,7 @@ from pathlib import Path
 from types import ModuleType
 
 import jinja2
+import jinja2.meta
 
 from autotile.errors import AutotileError
 from autotile.resources import templates_dir
@@ -84,8 +85,27 @@ def render_source(template: str, **switches) -> str:
 
 @functools.lru_cache(maxsize=None)
 def template_sha(template: str) -> str:
-    """Hash of a template file's text: timings measured with another version of it are not comparable."""
-    return hashlib.sha256((templates_dir() / template).read_bytes()).hexdigest()[:12]
+    """Hash of a template's text and of the templates it includes or imports (gemm.py.j2 renders gemm_gluon_ws.py.j2
+    and takes macros from gemm_common.j2): timings measured with another version of any of them are not comparable.
+    A template that uses no other hashes as its own file's bytes alone."""
+    digest = hashlib.sha256()
+    for name in template_files(template):
+        digest.update((templates_dir() / name).read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def template_files(template: str) -> list[str]:
+    """`template` first, then every template it includes or imports, directly or not, sorted by name."""
+    seen: set[str] = set()
+    pending = [template]
+    while pending:
+        name = pending.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        source = (templates_dir() / name).read_text()
+        pending += [n for n in jinja2.meta.find_referenced_templates(environment().parse(source)) if n is not None]
+    return [template] + sorted(seen - {template})
 
 
 def source_sha(source: str) -> str:

@@ -4,9 +4,7 @@ The compile runs in a child process (this one runs Triton's interpreter, which d
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 from autotile.device import planned_device
@@ -21,6 +19,7 @@ def _compile_cases() -> list:
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks" / "prototypes"))
     import gluon_flash_fwd
+    from test_gemm_compile import ptxas_report
 
     out = []
     for causal, head_d, block_n, stages in CASES:
@@ -31,12 +30,7 @@ def _compile_cases() -> list:
         signature.update({name: "constexpr" for name in constexprs})
         kernel = triton.compile(GluonASTSource(gluon_flash_fwd.flash_fwd_kernel, signature, constexprs),
                                 target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
-        with tempfile.NamedTemporaryFile("w", suffix=".ptx") as ptx:
-            ptx.write(kernel.asm["ptx"])
-            ptx.flush()
-            report = subprocess.run([triton.knobs.nvidia.ptxas.path, "-arch=sm_90a", "-v", ptx.name, "-o", "/dev/null"],
-                                    capture_output=True, text=True).stderr
-        out.append({"shared": kernel.metadata.shared, "ptxas": report})
+        out.append({"shared": kernel.metadata.shared, "ptxas": ptxas_report(kernel, 90)})
     return out
 
 

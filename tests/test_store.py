@@ -178,3 +178,27 @@ def test_a_changed_template_starts_a_new_study(tmp_path, monkeypatch):
     assert second.study != first.study and second.study.endswith(":t0123456789ab")
     assert second.trials_this_run == 2  # the old kernels' timings are not reused
     assert len(Store(open_engine(url)).trials("gemm")) == 4  # and not lost either
+
+
+def test_a_template_hash_covers_the_templates_it_includes(tmp_path, monkeypatch):
+    """gemm.py.j2 renders gemm_gluon_ws.py.j2 and takes macros from gemm_common.j2: a change to either is a new
+    version of the GEMM template, and so a new study (test above)."""
+    from autotile import render
+
+    for name in ("gemm.py.j2", "gemm_gluon_ws.py.j2", "gemm_common.j2", "flash_attention.py.j2"):
+        (tmp_path / name).write_text((render.templates_dir() / name).read_text())
+    monkeypatch.setattr(render, "templates_dir", lambda: tmp_path)
+    render.environment.cache_clear()
+    render.template_sha.cache_clear()
+    try:
+        assert render.template_files("gemm.py.j2") == ["gemm.py.j2", "gemm_common.j2", "gemm_gluon_ws.py.j2"]
+        assert render.template_files("flash_attention.py.j2") == ["flash_attention.py.j2"]
+        before = render.template_sha("gemm.py.j2")
+        flash = render.template_sha("flash_attention.py.j2")
+        (tmp_path / "gemm_common.j2").write_text((tmp_path / "gemm_common.j2").read_text() + "{# changed #}\n")
+        render.template_sha.cache_clear()
+        assert render.template_sha("gemm.py.j2") != before
+        assert render.template_sha("flash_attention.py.j2") == flash
+    finally:
+        render.environment.cache_clear()
+        render.template_sha.cache_clear()

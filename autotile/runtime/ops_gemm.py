@@ -577,12 +577,13 @@ class _FastMatmul:
 def _keep_fast_matmul(served: _Served, shapes: tuple, a, b, bias) -> None:
     """After a kernel-served matmul call with no epilogue but a bias: later calls of its shapes may take a
     _FastMatmul where the guards can hold."""
-    bound = getattr(served.run, "bound_launch", None)
+    bound_launch = getattr(served.run, "bound_launch", None)
     # 16-bit operands only (an fp32 signature also depends on torch's TF32 switch, fp8 on its scales), aligned.
-    if bound is None or not (a.is_cuda and a.dtype in (torch.bfloat16, torch.float16)
-                             and not (a.data_ptr() | b.data_ptr() | (0 if bias is None else bias.data_ptr())) & 15):
+    if bound_launch is None or not (a.is_cuda and a.dtype in (torch.bfloat16, torch.float16)):
         return
-    bound = bound()
+    if (a.data_ptr() | b.data_ptr() | (0 if bias is None else bias.data_ptr())) & 15:
+        return
+    bound = bound_launch()
     if bound is not None:
         with _served_lock:
             _matmul_fast.setdefault(shapes, _FastMatmul(served, *bound, a, b, bias))
