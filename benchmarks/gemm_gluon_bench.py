@@ -54,8 +54,13 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     device = cuda_device(0)
+    import datetime
+
+    import triton
+
     lines = [f"# gluon_ws beside the tma variant and the vendor op ({torch.cuda.get_device_name(0)})", "",
-             f"Medians of do_bench medians over {args.rounds} interleaved rounds; the family's kernels alone "
+             f"{datetime.date.today().isoformat()}, torch {torch.__version__}, triton {triton.__version__}, "
+             f"CUDA {torch.version.cuda}. Medians of do_bench medians over {args.rounds} interleaved rounds; the family's kernels alone "
              "(AUTOTILE_VENDOR=0); ratios are vendor time over ours.", "",
              "| shape | problem | vendor us | tma (prefill policy) | best gluon_ws | its tiles | all gluon_ws |",
              "|---|---|---|---|---|---|---|"]
