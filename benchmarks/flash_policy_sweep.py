@@ -9,8 +9,8 @@ configs (query and key tiles with their warps, pointer or TMA loads, warp specia
 space holds) plus the
 default and the seeds, so that the default policy (FlashFamily.default_config) can be set from measurements.
 Shapes: causal prefill of Llama-3-8B (32/8 heads, D = 128), Qwen2.5-7B (28/4), Phi-3-mini (32/32, D = 96) and
-Gemma-2-9B (16/8, D = 256) at 1 x 4096, 4 x 2048 and 16 x 512 tokens, and issue 14's D = 64 and non-causal
-anchors. Each candidate is checked against the float64 reference, then all are timed interleaved with SDPA's
+Gemma-2-9B (16/8, D = 256) at 1 x 4096, 4 x 2048 and 16 x 512 tokens, and issue 14's anchors (D = 64, non-causal,
+16k tokens, Sq != Sk). Each candidate is checked against the float64 reference, then all are timed interleaved with SDPA's
 cuDNN backend: one screening round, then the best four, the default and cuDNN over --rounds rounds; medians
 of do_bench medians. Kernels are compiled first by a pool of CPU processes. Markdown to --out, JSON beside it.
 """
@@ -42,7 +42,11 @@ from autotile.space import Config  # noqa: E402
 MODELS = (("llama3-8b", 32, 8, 128), ("qwen2.5-7b", 28, 4, 128), ("phi3-mini", 32, 32, 96), ("gemma2-9b", 16, 8, 256))
 PREFILL = ((1, 4096), (4, 2048), (16, 512))
 ANCHORS = (("D=64 3x12x2000", FlashProblem("fwd", 3, 12, 12, 2000, 2000, 64, True)),
-           ("D=128 2x32x4096 non-causal", FlashProblem("fwd", 2, 32, 32, 4096, 4096, 128, False)))
+           ("D=128 2x32x4096 non-causal", FlashProblem("fwd", 2, 32, 32, 4096, 4096, 128, False)),
+           ("llama3-8b 1x16384", FlashProblem("fwd", 1, 32, 8, 16384, 16384, 128, True)),
+           ("GQA 16/4 1000x3000 non-causal", FlashProblem("fwd", 1, 16, 4, 1000, 3000, 128, False)),
+           ("D=64 4x16x4096 non-causal", FlashProblem("fwd", 4, 16, 16, 4096, 4096, 64, False)),
+           ("gemma2-9b 1x8192 non-causal", FlashProblem("fwd", 1, 16, 8, 8192, 8192, 256, False)))
 # The grid: (BLOCK_M, BLOCK_N, num_warps) tiles x loads x stages (Triton's tutorial pairs 128-row tiles with
 # 8 warps, 64-row ones with 4).
 # 128 x 32 on 8 warps: 128-row tiles (half the K/V reads of 64-row ones) at 115-128 registers a thread, two programs
@@ -55,6 +59,8 @@ LOADS = (("pointer", False), ("tma", False), ("tma", True))
 STAGES = (2, 3)
 # Masked key blocks in loops of their own, or in the whole blocks' loop (masked problems only; not with WS).
 MASKS = (False, True)
+# The gluon_ws forward (templates/flash_gluon_ws.py.j2): its key blocks and K/V slots; the rest of its tile is fixed.
+GLUON = tuple(itertools.product((64, 128), (2, 3, 4)))
 FINALISTS = 4
 H200_PLAN = DeviceInfo("h200", "NVIDIA H200", (9, 0), 132, 150_000_000_000, HOPPER_SMEM_PER_BLOCK, "plan")
 
@@ -80,6 +86,11 @@ def candidates(problem: FlashProblem, device: DeviceInfo) -> dict[str, Config]:
     for (block_m, block_n, warps), (loads, ws), stages, in_loop in itertools.product(TILES, LOADS, STAGES, MASKS):
         wanted = dict(LOADS=loads, BLOCK_M=block_m, BLOCK_N=block_n, WARP_SPECIALIZE=ws, MASKS_IN_LOOP=in_loop,
                       num_warps=warps, num_stages=stages)
+        if space.is_feasible(wanted):
+            found.setdefault(space.validate(wanted), "grid")
+    for block_n, stages in GLUON:
+        wanted = dict(LOADS="gluon_ws", BLOCK_M=128, BLOCK_N=block_n, WARP_SPECIALIZE=False, MASKS_IN_LOOP=False,
+                      num_warps=4, num_stages=stages)
         if space.is_feasible(wanted):
             found.setdefault(space.validate(wanted), "grid")
     return {f"{kind} {short(config)}": config for config, kind in found.items()}

@@ -1,5 +1,5 @@
-"""benchmarks/prototypes/gluon_flash_fwd.py, a FlashAttention forward in Gluon not yet run on a GPU, compiles for sm90
-with Triton's own ptxas: causal and not, at head dims 64 and 128, without spills, within the H200's shared memory.
+"""benchmarks/prototypes/gluon_flash_fwd.py, a FlashAttention forward in Gluon, compiles for sm90 with Triton's own
+ptxas: causal and not, ping-pong and not, at head dims 64, 128 and 256, without spills, within the H200's shared memory.
 The compile runs in a child process (this one runs Triton's interpreter, which does not take Gluon)."""
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from pathlib import Path
 
 from autotile.device import planned_device
 
-CASES = [(False, 128, 128, 2), (True, 128, 128, 2), (True, 64, 128, 3), (False, 128, 64, 3)]
+# (causal, head dim, BLOCK_N, stages, ping-pong)
+CASES = [(False, 128, 128, 2, False), (True, 128, 128, 3, True), (True, 64, 128, 3, False), (False, 256, 64, 2, True)]
 
 
 def _compile_cases() -> list:
@@ -22,11 +23,12 @@ def _compile_cases() -> list:
     from test_gemm_compile import ptxas_report
 
     out = []
-    for causal, head_d, block_n, stages in CASES:
-        signature = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "o_ptr": "*bf16", "SQ": "i32", "SK": "i32",
-                     "H": "i32", "HKV": "i32", "qk_scale": "fp32"}
+    for causal, head_d, block_n, stages, pingpong in CASES:
+        signature = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "o_ptr": "*bf16"}
+        signature.update({f"stride_{t}{d}": "i32" for t in "qkvo" for d in "bhs"})
+        signature.update({"SQ": "i32", "SK": "i32", "H": "i32", "HKV": "i32", "qk_scale": "fp32"})
         constexprs = {"BLOCK_M": 128, "BLOCK_N": block_n, "HEAD_D": head_d, "STAGES": stages, "CAUSAL": causal,
-                      "num_warps": 4}
+                      "PINGPONG": pingpong, "num_warps": 4}
         signature.update({name: "constexpr" for name in constexprs})
         kernel = triton.compile(GluonASTSource(gluon_flash_fwd.flash_fwd_kernel, signature, constexprs),
                                 target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})

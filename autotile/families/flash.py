@@ -58,7 +58,15 @@ _WIDE_BLOCK_N = 256
 _TMA_FROM_KEYS = 4096
 
 
-LOADS_CHOICES = ("pointer", "tma", "pointer_lookahead", "tma_lookahead")
+# The forward written in Gluon with FlashAttention-3's structure (templates/flash_gluon_ws.py.j2): persistent, a TMA
+# producer warp and two consumer warpgroups of 64 query rows each.
+GLUON_WS = "gluon_ws"
+LOADS_CHOICES = ("pointer", "tma", "pointer_lookahead", "tma_lookahead", GLUON_WS)
+# gluon_ws's fixed structure: a 128-row query tile (two warpgroups), one warpgroup (4 warps) a partition, key
+# blocks of 64 (head dim 256, whose accumulators take 128 registers a thread) or 128.
+_GLUON_BLOCK_M = 128
+_GLUON_BLOCK_N = (64, 128)
+_GLUON_HEAD_DIMS = (64, 128, 256)
 
 
 # Sequences up to this long take 32-row query steps in the untuned dK/dV kernel (64-row steps beyond): H200, causal,
@@ -75,7 +83,17 @@ BACKWARD_LOADS_CHOICES = ("pointer", "tma")
 
 def uses_tma(config) -> bool:
     """A config whose streamed tiles arrive through TMA tensor descriptors."""
-    return config["LOADS"].startswith("tma")
+    return config["LOADS"].startswith("tma") or config["LOADS"] == GLUON_WS
+
+
+def gluon_ws_ok(problem, device: DeviceInfo) -> bool:
+    """Whether the gluon_ws forward (templates/flash_gluon_ws.py.j2) applies: Hopper's wgmma and TMA compiled by
+    Triton (never its interpreter, which does not run Gluon), 16-bit dense tensors with TMA-able strides, a head dim
+    of 64, 128 or 256, and no feature but a right bound (causal, or a window's right side)."""
+    p = problem
+    return (not device.interpret and device.compute_capability[0] == 9 and p.direction == "fwd"
+            and p.dtype in ("bf16", "fp16") and p.aligned and p.head_dim in _GLUON_HEAD_DIMS
+            and p.window_left < 0 and p.softcap <= 0 and not p.alibi and not p.varlen)
 
 
 def _backward_upgrade(config):
@@ -240,6 +258,13 @@ _SEED_FORWARD_D64 = (
     dict(LOADS="tma", BLOCK_M=128, BLOCK_N=128, WARP_SPECIALIZE=True, num_warps=8, num_stages=3),
     dict(LOADS="pointer", BLOCK_M=64, BLOCK_N=128, WARP_SPECIALIZE=False, num_warps=4, num_stages=3),
 )
+# The gluon_ws forward on Hopper (templates/flash_gluon_ws.py.j2): 128-key blocks on three K/V slots (head dims up to
+# 128; the prototype's best from 4k keys, 0.89-1.02x of cuDNN, results/gluon_flash_2026-12-03.txt) and 64-key blocks
+# on two (the one that fits at head dim 256).
+_SEED_FORWARD_GLUON = (
+    dict(LOADS=GLUON_WS, BLOCK_M=128, BLOCK_N=128, WARP_SPECIALIZE=False, num_warps=4, num_stages=3),
+    dict(LOADS=GLUON_WS, BLOCK_M=128, BLOCK_N=64, WARP_SPECIALIZE=False, num_warps=4, num_stages=2),
+)
 _SEED_BACKWARD = (
     dict(LOADS="pointer", BLOCK_M1=32, BLOCK_N1=128, BLOCK_M2=128, BLOCK_N2=32, num_warps=8, num_stages=2),
     dict(LOADS="pointer", BLOCK_M1=64, BLOCK_N1=128, BLOCK_M2=128, BLOCK_N2=64, num_warps=8, num_stages=2),
@@ -393,8 +418,10 @@ class FlashFamily(Family):
             return (c["BLOCK_M"] * bd + 2 * c["BLOCK_N"] * bd * c["num_stages"]) * size
 
         def accumulators(c) -> float:
-            # O accumulator (BLOCK_M, BLOCK_D) and the score tile (BLOCK_M, BLOCK_N), fp32, per thread.
-            return (c["BLOCK_M"] * bd + c["BLOCK_M"] * c["BLOCK_N"]) / (32 * c["num_warps"])
+            # O accumulator (BLOCK_M, BLOCK_D) and the score tile (BLOCK_M, BLOCK_N), fp32, per thread; gluon_ws's
+            # 4-warp consumers each own 64 of the rows.
+            rows = 64 if c["LOADS"] == GLUON_WS else c["BLOCK_M"]
+            return (rows * bd + rows * c["BLOCK_N"]) / (32 * c["num_warps"])
 
         axes = [
             # How K/V tiles arrive (pointer loads or TMA descriptors), and whether the whole key blocks run
@@ -440,6 +467,15 @@ class FlashFamily(Family):
             # results/flash_policy_sweep_2026-12-01b.md); 8 warps compile.
             Constraint("warp_specialize_eight_warps", lambda c: not c["WARP_SPECIALIZE"] or c["num_warps"] >= 8,
                        "warp specialisation compiles with 8 warps only (Triton 3.6)"),
+            Constraint("gluon_ws_applies", lambda c: c["LOADS"] != GLUON_WS or gluon_ws_ok(p, device),
+                       "the gluon_ws forward runs on Hopper GPUs (not Triton's interpreter) for dense bf16/fp16 tensors "
+                       "with TMA-able strides, head dims 64, 128 or 256, and no window's left side, soft-capping or ALiBi"),
+            Constraint("gluon_ws_structure",
+                       lambda c: c["LOADS"] != GLUON_WS or (
+                           c["BLOCK_M"] == _GLUON_BLOCK_M and c["BLOCK_N"] in _GLUON_BLOCK_N and c["num_warps"] == 4
+                           and not c["WARP_SPECIALIZE"] and not c["MASKS_IN_LOOP"]),
+                       f"gluon_ws takes {_GLUON_BLOCK_M}-row query tiles on two 4-warp consumer warpgroups, key blocks "
+                       f"of {' or '.join(map(str, _GLUON_BLOCK_N))}, its own warp specialisation and masks in its loop"),
         ]
         constraints += architecture_constraints(device, {
             Feature.TMA: (uses_tma, "TMA loads"),
@@ -504,6 +540,8 @@ class FlashFamily(Family):
         if problem.direction == "fwd":
             by_head = {256: _SEED_FORWARD_D256, 64: _SEED_FORWARD_D64}.get(problem.block_d, ())
             wanted = by_head + _SEED_FORWARD
+            if gluon_ws_ok(problem, device):
+                wanted = _SEED_FORWARD_GLUON + wanted
             if not problem.masked:
                 # No masked key blocks: a seed's MASKS_IN_LOOP has nothing to move, its tile shape still counts.
                 wanted = [dict(w, MASKS_IN_LOOP=False) for w in wanted]

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from autotile.device import current_device
 from autotile.families.flash_reference import LOG2E
 from autotile.launch import bind, launch
 from autotile.render import launching
@@ -94,6 +95,10 @@ def forward_plan(module, problem, config, scale: float, q, k, v, o, lse, alibi, 
                    WARP_SPECIALIZE=config["WARP_SPECIALIZE"], NEGATE_Q=scale < 0, num_warps=config["num_warps"],
                    num_stages=config["num_stages"])
     grid = (_cdiv(p.seq_q, config["BLOCK_M"]), p.batch * p.heads_q)
+    if config["LOADS"] == "gluon_ws":
+        # Persistent (templates/flash_gluon_ws.py.j2): a program per SM at most, each walking its share of the tiles;
+        # its shared memory (a Q tile and num_stages K/V slots) leaves room for one program an SM.
+        grid = (min(grid[0] * grid[1], current_device(q.device).sm_count),)
     return ForwardPlan(_Launch(module.attn_fwd, grid, scalars, options, keep and not interpret), interpret)
 
 

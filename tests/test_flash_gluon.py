@@ -1,0 +1,96 @@
+"""The flash family's Gluon forward (templates/flash_gluon_ws.py.j2) on the CPU: where the space offers it, the
+structure its configs keep, and its kernel compiled for sm90 with Triton's own ptxas, without spills.
+
+Gluon kernels do not run under Triton's interpreter; tests/test_flash_gluon_gpu.py runs them against float64.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+
+import pytest
+
+from autotile.device import interpret_device, planned_device
+from autotile.families.flash import FAMILY, GLUON_WS, FlashProblem
+
+H200 = planned_device("h200")
+LLAMA_4K = FlashProblem("fwd", 1, 32, 8, 4096, 4096, 128, causal=True)
+
+
+def gluon_configs(problem, device):
+    return [c for c in FAMILY.space(problem, device).feasible() if c["LOADS"] == GLUON_WS]
+
+
+def test_the_space_offers_gluon_ws_on_hopper_only():
+    assert gluon_configs(LLAMA_4K, H200)
+    assert not gluon_configs(LLAMA_4K, interpret_device())  # Gluon does not run under the interpreter
+    assert not gluon_configs(LLAMA_4K, planned_device("a100"))
+
+
+@pytest.mark.parametrize("change", [
+    dict(direction="bwd"), dict(dtype="fp32"), dict(dtype="fp8"), dict(head_dim=96), dict(aligned=False),
+    dict(window_left=256), dict(softcap=50.0), dict(alibi=True), dict(varlen=True),
+], ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()))
+def test_gluon_ws_is_infeasible_where_it_does_not_apply(change):
+    problem = dataclasses.replace(LLAMA_4K, **change)
+    if problem.direction == "bwd":
+        assert all(c["LOADS"] != GLUON_WS for c in FAMILY.space(problem, H200).feasible())
+    else:
+        assert not gluon_configs(problem, H200)
+
+
+def test_a_window_right_side_alone_keeps_gluon_ws():
+    assert gluon_configs(dataclasses.replace(LLAMA_4K, causal=False, window_right=100), H200)
+
+
+@pytest.mark.parametrize("head_dim, block_ns", [(64, {64, 128}), (128, {64, 128}), (256, {64})])
+def test_gluon_ws_configs_keep_its_structure(head_dim, block_ns):
+    configs = gluon_configs(dataclasses.replace(LLAMA_4K, head_dim=head_dim), H200)
+    assert {c["BLOCK_N"] for c in configs} == block_ns  # D = 256 with 128-key blocks would not fit shared memory
+    for c in configs:
+        assert c["BLOCK_M"] == 128 and c["num_warps"] == 4 and not c["WARP_SPECIALIZE"] and not c["MASKS_IN_LOOP"]
+
+
+# (problem, BLOCK_N, num_stages): causal and not, the three head dims, GQA, a right window, fp16.
+CASES = [
+    (LLAMA_4K, 128, 3),
+    (FlashProblem("fwd", 2, 16, 16, 1000, 3000, 64, causal=False, dtype="fp16"), 128, 4),
+    (FlashProblem("fwd", 1, 16, 8, 8192, 8192, 256, causal=True), 64, 2),
+    (FlashProblem("fwd", 1, 8, 2, 777, 777, 128, window_right=64), 64, 3),
+]
+
+
+def _compile_cases() -> list:
+    from autotile.xcompile import compile_config
+
+    out = []
+    for problem, block_n, stages in CASES:
+        config = dict(LOADS=GLUON_WS, BLOCK_M=128, BLOCK_N=block_n, WARP_SPECIALIZE=False, MASKS_IN_LOOP=False,
+                      num_warps=4, num_stages=stages)
+        feasible = FAMILY.space(problem, H200).admit(config) is not None
+        kernels = compile_config(FAMILY, problem, config, H200)
+        out.append(dict(feasible=feasible, kernels=[(k.name, k.shared, k.registers, k.stack, list(k.ptx_features))
+                                                    for k in kernels]))
+    return out
+
+
+def test_gluon_ws_kernels_compile_for_sm90_without_spills():
+    from compile_child import run_compile_child
+
+    results = run_compile_child(__file__)
+    assert len(results) == len(CASES)
+    for case, result in zip(CASES, results):
+        assert result["feasible"], case
+        (name, shared, registers, stack, features), = result["kernels"]
+        assert name == "attn_fwd" and shared <= H200.smem_per_block, (case, shared)
+        assert "wgmma" in features and "tma" in features and "setmaxnreg" in features, (case, features)
+        # NOTE: ptxas keeps a few per-tile values (the first key block's wgmma operand descriptors, hoisted out of the
+        # persistent tile loop) on the stack for some shapes (non-causal, D = 256: 40-128 bytes) and reloads them once a
+        # tile, outside the key loop (cuobjdump -sass: the LDLs sit around a tile's first Q K^T or last P V). A spill in the key
+        # loop would take the accumulators' registers: hundreds of bytes.
+        assert stack <= 128, (case, f"{stack} bytes of stack a thread: registers spill")
+
+
+if __name__ == "__main__":
+    sys.stdout.write(json.dumps(_compile_cases()) + "\n")

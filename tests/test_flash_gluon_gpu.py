@@ -1,0 +1,73 @@
+"""The flash family's Gluon forward (templates/flash_gluon_ws.py.j2) on a Hopper GPU against float64: O and LSE,
+causal and not, odd lengths, more queries than keys (rows that see no key), GQA and MQA, the three head dims, fp16,
+a window's right side, strided (B, S, H, D) projections seen through .transpose(1, 2), and the same bits run after
+run. Skipped without a Hopper GPU; tests/test_flash_gluon.py covers what the CPU can.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from autotile.bench import poison
+from autotile.families.flash import FAMILY, GLUON_WS, FlashProblem
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9, reason="needs a Hopper GPU")]
+
+SHAPES = [  # (batch, heads_q, heads_kv, seq_q, seq_k, head_dim)
+    (2, 4, 4, 113, 203, 128), (1, 2, 2, 799, 3, 128), (2, 8, 2, 1000, 1000, 128), (1, 8, 1, 257, 511, 256),
+    (1, 4, 4, 300, 1030, 64), (3, 6, 2, 65, 4000, 64),
+]
+
+
+def gluon_configs(problem, device):
+    """For each key block the space allows, its deepest pipeline."""
+    found = {}
+    for c in FAMILY.space(problem, device).feasible():
+        if c["LOADS"] == GLUON_WS and c["num_stages"] > found.get(c["BLOCK_N"], {}).get("num_stages", 0):
+            found[c["BLOCK_N"]] = c
+    assert found, problem
+    return list(found.values())
+
+
+def run_checked(problem, config, inputs) -> dict:
+    outputs = FAMILY.allocate_outputs(problem, inputs)
+    poison(outputs)
+    FAMILY.launch(problem, config, inputs, outputs)
+    torch.cuda.synchronize()
+    result = FAMILY.check(problem, inputs, outputs, FAMILY.reference(problem, inputs))
+    assert result.ok, f"{problem} {config.to_json()}: {result.message}"
+    return outputs
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_gluon_ws_matches_float64(shape, dtype):
+    from autotile.device import cuda_device
+
+    device = cuda_device()
+    for causal in (False, True):
+        problem = FlashProblem("fwd", *shape, causal=causal, dtype=dtype)
+        inputs = FAMILY.make_inputs(problem, device, seed=7)
+        for config in gluon_configs(problem, device):
+            first = run_checked(problem, config, inputs)
+            again = run_checked(problem, config, inputs)
+            assert torch.equal(first["o"], again["o"]) and torch.equal(first["lse"], again["lse"]), config.to_json()
+
+
+def test_gluon_ws_reads_strided_projections_and_a_right_window():
+    from autotile.device import cuda_device
+
+    device = cuda_device()
+    base = FlashProblem("fwd", 2, 8, 2, 777, 901, 128, causal=True)
+    for problem in (base, dataclasses.replace(base, causal=False, window_right=37)):
+        gen = torch.Generator(device="cpu").manual_seed(3)
+        # (B, S, H, D) storage, as a projection writes it, seen as (B, H, S, D).
+        inputs = {name: torch.randn(problem.batch, seq, heads, problem.head_dim, generator=gen).to(
+                      device.torch_device, torch.bfloat16).transpose(1, 2)
+                  for name, seq, heads in (("q", problem.seq_q, problem.heads_q), ("k", problem.seq_k, problem.heads_kv),
+                                           ("v", problem.seq_k, problem.heads_kv))}
+        for config in gluon_configs(problem, device):
+            run_checked(problem, config, inputs)
