@@ -596,7 +596,19 @@ class FlashFamily(Family):
         - head dims up to 128, not causal: 128 x 128 tiles on 8 warps, 3 stages, warp-specialised with TMA;
         - head dim 256: 128 x 64 tiles on 8 warps, 2 stages; causal with TMA loads, 64 x 64 tiles on 4 warps,
           3 stages (Gemma-2-9B at 1 x 4096: 0.80x of cuDNN against 0.75x, in two sweeps,
-          results/flash_policy_sweep_2026-12-02.md)."""
+          results/flash_policy_sweep_2026-12-02.md).
+        Before all of these, on Hopper, the gluon_ws forward where it led the sweep with its candidates
+        (results/flash_policy_sweep_2026-12-03_gluon.md, one run): head dim 128, 128-key blocks on 3 slots, at every
+        length (causal Llama-3-8B and Qwen2.5-7B prefill 0.98-1.03x of cuDNN from 4 x 2048 tokens, the rule before
+        0.79-0.86x; 16 x 512 0.78x against 0.75x; 16k 1.02x against 0.88x; non-causal 4k 0.92x against 0.84x; GQA
+        1000 x 3000 0.95x against 0.84x); head dim 256 below _TMA_FROM_KEYS keys, 64-key blocks on 2 slots (Gemma-2-9B
+        4 x 2048 0.76x against 0.72x, 16 x 512 0.66x against 0.62x; from 4096 keys a tie or 2% behind). At head dim 64
+        it lost (3 x 12 x 2000 causal 0.84x against 0.92x, 4 x 16 x 4096 0.87x against 0.90x). A query tile of 128
+        rows needs more than 64 queries."""
+        if gluon_ws_ok(p, device) and p.seq_q > 64 and (
+                p.head_dim == 128 or (p.head_dim == 256 and p.seq_k < _TMA_FROM_KEYS)):
+            return dict(LOADS=GLUON_WS, BLOCK_M=_GLUON_BLOCK_M, BLOCK_N=128 if p.head_dim <= 128 else 64,
+                        WARP_SPECIALIZE=False, num_warps=4, num_stages=3 if p.head_dim <= 128 else 2)
         tma = (arch_of(device).supports(Feature.TMA) and not device.interpret and p.aligned and not p.varlen
                and p.seq_k >= _TMA_FROM_KEYS)
         loads = "tma" if tma else "pointer"
