@@ -1,10 +1,11 @@
 """Prototype: a FlashAttention forward in Gluon with FlashAttention-3's structure on Hopper.
 
-Status: correct against float64 on the H200 and 0.87-1.01x of cuDNN at D = 128 from 4k tokens
-(results/gluon_flash_2026-12-01.txt). It compiles for sm90 with Triton 3.6's ptxas, without spills and without
-serialised wgmma (tests/test_gluon_flash_prototype.py checks that on the CPU). On the GPU:
+Status: correct against float64 on the H200; 0.89-1.04x of cuDNN at D = 128 from 4k tokens, 0.50x on 16 x 512
+(results/gluon_flash_2026-12-03.txt); ping-pong turns gained nothing. Made persistent, it became the flash family's
+gluon_ws forward (templates/flash_gluon_ws.py.j2), which this script times as "family" (the public op with
+AUTOTILE_VENDOR=0). It compiles for sm90 with Triton 3.6's ptxas, without spills and without serialised wgmma
+(tests/test_gluon_flash_prototype.py checks that on the CPU). On the GPU:
     python benchmarks/prototypes/gluon_flash_fwd.py          # checks against float64, then times beside SDPA
-What it measures goes into templates/flash_gluon_ws.py.j2, the flash family's gluon_ws forward.
 
 Structure (what Triton 3.6's tl.dot loops could not be made to do, RESULTS.md "thirteenth run"):
   - one producer warp loads this program's Q tile once, then K and V tiles into a ring of STAGES slots (TMA);
