@@ -507,11 +507,14 @@ def varlen_vs_dense(device, quick: bool) -> dict:
     # default (what a padded batch gets served: on Hopper the gluon_ws forward, which takes no packed sequences).
     config = FAMILY.default_config(varlen, device)
     dense_default = FAMILY.default_config(dense, device)
-    fns, problems = {}, {"varlen": varlen, "dense": dense, "dense default": dense}
+    # The packed problem's Triton default before gluon_ws took packed sequences (pointer loads, masks in the loop).
+    triton = FAMILY.first_feasible(varlen, device, dict(LOADS="pointer", BLOCK_M=64, BLOCK_N=64, WARP_SPECIALIZE=False,
+                                                        MASKS_IN_LOOP=True, num_warps=4, num_stages=3))
+    fns, problems = {}, {"varlen": varlen, "dense": dense, "dense default": dense, "varlen triton": varlen}
+    chosen = {"dense default": dense_default, "varlen triton": triton}
     for name, problem in problems.items():
         inputs = FAMILY.make_inputs(problem, device, seed=1)
-        chosen = dense_default if name == "dense default" else config
-        fns[name] = kernel_call(problem, FAMILY.validate_config(problem, device, chosen), inputs)
+        fns[name] = kernel_call(problem, FAMILY.validate_config(problem, device, chosen.get(name, config)), inputs)
     timings = interleaved(fns, QUICK_ROUNDS if quick else ROUNDS)
     row = {"config": config.to_json(), "dense_default_config": dense_default.to_json(), "spread": timings["spread"]}
     for name, problem in problems.items():
@@ -519,9 +522,10 @@ def varlen_vs_dense(device, quick: bool) -> dict:
     row["ratio"] = row["varlen"] / row["dense"]
     row["vs_padded"] = timings["dense"] / timings["varlen"]
     row["vs_padded_default"] = timings["dense default"] / timings["varlen"]
+    row["triton_config"] = triton.to_json()
     log(f"  varlen {row['varlen']:.0f} TFLOP/s on real tokens, dense {row['dense']:.0f}: {row['ratio']:.2f}x; "
         f"padded dense time / varlen time {row['vs_padded']:.2f}x (the dense default's: "
-        f"{row['vs_padded_default']:.2f}x)")
+        f"{row['vs_padded_default']:.2f}x); varlen with {row['triton_config']}: {row['varlen triton']:.0f} TFLOP/s")
     return row
 
 
@@ -654,7 +658,8 @@ def render(device, rows: list[dict], varlen: dict | None, host: list[dict], fail
                   "packed sequences padded to 2048: the padded kernel on the same tokens takes "
                   f"{varlen.get('vs_padded', float('nan')):.2f}x the varlen kernel's time (target: varlen within 5%); "
                   f"the dense problem's own default (`{varlen.get('dense_default_config', '')}`) "
-                  f"{varlen.get('vs_padded_default', float('nan')):.2f}x."]
+                  f"{varlen.get('vs_padded_default', float('nan')):.2f}x. The packed problem with the Triton variant "
+                  f"(`{varlen.get('triton_config', '')}`): {cell(varlen.get('varlen triton'))}."]
     if host:
         lines += ["", f"Host us per call, {HOST_CALLS} calls queued (1 x 8/2 heads x 128 x 128, bf16, causal):", "",
                   "| call | host us | served config |", "|---|---|---|"]

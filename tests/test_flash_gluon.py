@@ -30,7 +30,7 @@ def test_the_space_offers_gluon_ws_on_hopper_only():
 
 @pytest.mark.parametrize("change", [
     dict(direction="bwd"), dict(dtype="fp32"), dict(dtype="fp8"), dict(head_dim=96), dict(aligned=False),
-    dict(window_left=256), dict(softcap=50.0), dict(alibi=True), dict(varlen=True),
+    dict(window_left=256), dict(softcap=50.0), dict(alibi=True),
 ], ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()))
 def test_gluon_ws_is_infeasible_where_it_does_not_apply(change):
     problem = dataclasses.replace(LLAMA_4K, **change)
@@ -40,11 +40,12 @@ def test_gluon_ws_is_infeasible_where_it_does_not_apply(change):
         assert not gluon_configs(problem, H200)
 
 
-def test_a_window_right_side_alone_keeps_gluon_ws():
+def test_a_window_right_side_alone_and_packed_sequences_keep_gluon_ws():
     assert gluon_configs(dataclasses.replace(LLAMA_4K, causal=False, window_right=100), H200)
+    assert gluon_configs(dataclasses.replace(LLAMA_4K, varlen=True), H200)
 
 
-@pytest.mark.parametrize("head_dim, block_ns", [(64, {64, 128}), (128, {64, 128}), (256, {64})])
+@pytest.mark.parametrize("head_dim, block_ns", [(64, {64, 128, 256}), (128, {64, 128}), (256, {64})])
 def test_gluon_ws_configs_keep_its_structure(head_dim, block_ns):
     configs = gluon_configs(dataclasses.replace(LLAMA_4K, head_dim=head_dim), H200)
     assert {c["BLOCK_N"] for c in configs} == block_ns  # D = 256 with 128-key blocks would not fit shared memory
@@ -52,10 +53,12 @@ def test_gluon_ws_configs_keep_its_structure(head_dim, block_ns):
         assert c["BLOCK_M"] == 128 and c["num_warps"] == 4 and not c["WARP_SPECIALIZE"] and not c["MASKS_IN_LOOP"]
 
 
-# (problem, BLOCK_N, num_stages): causal and not, the three head dims, GQA, a right window, fp16.
+# (problem, BLOCK_N, num_stages): causal and not, the three head dims, GQA, a right window, fp16, packed sequences.
 CASES = [
     (LLAMA_4K, 128, 3),
     (FlashProblem("fwd", 2, 16, 16, 1000, 3000, 64, causal=False, dtype="fp16"), 128, 4),
+    (FlashProblem("fwd", 3, 12, 12, 2000, 2000, 64, causal=True), 256, 3),
+    (FlashProblem("fwd", 8, 32, 8, 2048, 2048, 128, causal=True, varlen=True), 128, 3),
     (FlashProblem("fwd", 1, 16, 8, 8192, 8192, 256, causal=True), 64, 2),
     (FlashProblem("fwd", 1, 8, 2, 777, 777, 128, window_right=64), 64, 3),
 ]

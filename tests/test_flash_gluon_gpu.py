@@ -1,7 +1,7 @@
 """The flash family's Gluon forward (templates/flash_gluon_ws.py.j2) on a Hopper GPU against float64: O and LSE,
-causal and not, odd lengths, more queries than keys (rows that see no key), GQA and MQA, the three head dims, fp16,
-a window's right side, strided (B, S, H, D) projections seen through .transpose(1, 2), and the same bits run after
-run. Skipped without a Hopper GPU; tests/test_flash_gluon.py covers what the CPU can.
+causal and not, odd lengths, more queries than keys (rows that see no key), GQA and MQA, the three head dims (and
+256-key blocks at 64), fp16, packed sequences, a window's right side, strided (B, S, H, D) projections seen through
+.transpose(1, 2), and the same bits run after run. Skipped without a Hopper GPU; tests/test_flash_gluon.py covers what the CPU can.
 """
 from __future__ import annotations
 
@@ -55,6 +55,21 @@ def test_gluon_ws_matches_float64(shape, dtype):
             first = run_checked(problem, config, inputs)
             again = run_checked(problem, config, inputs)
             assert torch.equal(first["o"], again["o"]) and torch.equal(first["lse"], again["lse"]), config.to_json()
+
+
+@pytest.mark.parametrize("shape", [(5, 8, 2, 700, 900, 128), (3, 4, 4, 1500, 1500, 64), (9, 4, 1, 130, 2000, 256)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_gluon_ws_packed_sequences_match_float64(shape):
+    """Packed (varlen) sequences of random lengths up to the given ones: tiles past a short sequence's end skipped,
+    keys of the next sequence masked, each sequence's own causal diagonal."""
+    from autotile.device import cuda_device
+
+    device = cuda_device()
+    for causal in (False, True):
+        problem = FlashProblem("fwd", *shape, causal=causal, varlen=True)
+        inputs = FAMILY.make_inputs(problem, device, seed=11)
+        for config in gluon_configs(problem, device):
+            run_checked(problem, config, inputs)
 
 
 def test_gluon_ws_reads_strided_projections_and_a_right_window():

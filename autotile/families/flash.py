@@ -63,9 +63,10 @@ _TMA_FROM_KEYS = 4096
 GLUON_WS = "gluon_ws"
 LOADS_CHOICES = ("pointer", "tma", "pointer_lookahead", "tma_lookahead", GLUON_WS)
 # gluon_ws's fixed structure: a 128-row query tile (two warpgroups), one warpgroup (4 warps) a partition, key
-# blocks of 64 (head dim 256, whose accumulators take 128 registers a thread) or 128.
+# blocks of 64 (head dim 256, whose accumulators take 128 registers a thread), 128, or 256 (head dims <= 64, as
+# wide_key_blocks allows: a (64, 256) score tile costs a consumer what a (64, 128) one does at head dim 128).
 _GLUON_BLOCK_M = 128
-_GLUON_BLOCK_N = (64, 128)
+_GLUON_BLOCK_N = (64, 128, _WIDE_BLOCK_N)
 _GLUON_HEAD_DIMS = (64, 128, 256)
 
 
@@ -89,11 +90,11 @@ def uses_tma(config) -> bool:
 def gluon_ws_ok(problem, device: DeviceInfo) -> bool:
     """Whether the gluon_ws forward (templates/flash_gluon_ws.py.j2) applies: Hopper's wgmma and TMA compiled by
     Triton (never its interpreter, which does not run Gluon), 16-bit dense tensors with TMA-able strides, a head dim
-    of 64, 128 or 256, and no feature but a right bound (causal, or a window's right side)."""
+    of 64, 128 or 256, dense or packed, and no feature but a right bound (causal, or a window's right side)."""
     p = problem
     return (not device.interpret and device.compute_capability[0] == 9 and p.direction == "fwd"
             and p.dtype in ("bf16", "fp16") and p.aligned and p.head_dim in _GLUON_HEAD_DIMS
-            and p.window_left < 0 and p.softcap <= 0 and not p.alibi and not p.varlen)
+            and p.window_left < 0 and p.softcap <= 0 and not p.alibi)
 
 
 def _backward_upgrade(config):
@@ -468,8 +469,8 @@ class FlashFamily(Family):
             Constraint("warp_specialize_eight_warps", lambda c: not c["WARP_SPECIALIZE"] or c["num_warps"] >= 8,
                        "warp specialisation compiles with 8 warps only (Triton 3.6)"),
             Constraint("gluon_ws_applies", lambda c: c["LOADS"] != GLUON_WS or gluon_ws_ok(p, device),
-                       "the gluon_ws forward runs on Hopper GPUs (not Triton's interpreter) for dense bf16/fp16 tensors "
-                       "with TMA-able strides, head dims 64, 128 or 256, and no window's left side, soft-capping or ALiBi"),
+                       "the gluon_ws forward runs on Hopper GPUs (not Triton's interpreter) for bf16/fp16 tensors with "
+                       "TMA-able strides, head dims 64, 128 or 256, and no window's left side, soft-capping or ALiBi"),
             Constraint("gluon_ws_structure",
                        lambda c: c["LOADS"] != GLUON_WS or (
                            c["BLOCK_M"] == _GLUON_BLOCK_M and c["BLOCK_N"] in _GLUON_BLOCK_N and c["num_warps"] == 4
@@ -604,7 +605,7 @@ class FlashFamily(Family):
         1000 x 3000 0.95x against 0.84x); head dim 256 below _TMA_FROM_KEYS keys, 64-key blocks on 2 slots (Gemma-2-9B
         4 x 2048 0.76x against 0.72x, 16 x 512 0.66x against 0.62x; from 4096 keys a tie or 2% behind). At head dim 64
         it lost (3 x 12 x 2000 causal 0.84x against 0.92x, 4 x 16 x 4096 0.87x against 0.90x). A query tile of 128
-        rows needs more than 64 queries."""
+        rows needs more than 64 queries. Packed sequences take the same rule (their longest sequence as Sq)."""
         if gluon_ws_ok(p, device) and p.seq_q > 64 and (
                 p.head_dim == 128 or (p.head_dim == 256 and p.seq_k < _TMA_FROM_KEYS)):
             return dict(LOADS=GLUON_WS, BLOCK_M=_GLUON_BLOCK_M, BLOCK_N=128 if p.head_dim <= 128 else 64,
