@@ -31,6 +31,7 @@ import logging
 import multiprocessing
 import os
 import random
+import re
 import sys
 import time
 from collections.abc import Iterable, Sequence
@@ -59,6 +60,8 @@ class KernelBuild:
     ptx_features: tuple[str, ...] = ()  # the notable instructions its PTX uses (wgmma, mma.sync, cp.async, TMA)
     registers: int | None = None  # registers a thread, as ptxas allotted them (None: not read)
     stack: int | None = None  # bytes of stack a thread: register spills, or local arrays (None: not read)
+    # local loads and stores (spills) inside the innermost loops that issue wgmma (None: not read, or no such loop)
+    mma_loop_spills: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,8 +178,9 @@ class _Collector:
         ptx = compiled.asm.get("ptx", "")
         features = tuple(label for label, text in _PTX_FEATURES.items() if text in ptx)
         registers, stack = resource_usage(compiled.asm.get("cubin")) if self.read_resources else (None, None)
+        loop_spills = mma_loop_spills(compiled.asm.get("cubin")) if self.read_resources and stack else None
         self.kernels.append(KernelBuild(name, shared, int(compiled.metadata.num_warps),
-                                        time.monotonic() - started, features, registers, stack))
+                                        time.monotonic() - started, features, registers, stack, loop_spills))
 
 
 def build_launcher(compiled) -> None:
@@ -223,6 +227,56 @@ def resource_usage(cubin: bytes | None) -> tuple[int | None, int | None]:
         return int(fields["REG"]), int(fields["STACK"])
     except (KeyError, ValueError):
         return None, None
+
+
+def _cuobjdump(cubin: bytes, *flags: str) -> str | None:
+    import subprocess
+    import tempfile
+
+    try:
+        from triton import knobs
+
+        tool = knobs.nvidia.cuobjdump.path
+    except Exception:  # noqa: BLE001 - another Triton: nothing to read with
+        return None
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as handle:
+        handle.write(cubin)
+        handle.flush()
+        try:
+            return subprocess.run([tool, *flags, handle.name], capture_output=True, text=True, timeout=60).stdout
+        except (OSError, subprocess.SubprocessError):
+            return None
+
+
+_SASS_LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?);")
+
+
+def mma_loop_spills(cubin: bytes | None) -> int | None:
+    """Local loads and stores (LDL/STL: spilled registers) inside the innermost loops of a kernel's SASS that issue
+    wgmma (HGMMA), or None (no cubin, no cuobjdump, no such loop). A spill there costs every iteration; one that
+    ptxas places outside (a value kept across a persistent kernel's tiles) costs once a tile.
+    Loops are read from backward branches: the addresses from a branch's target to the branch. NOTE: ptxas puts the
+    retry paths of barrier waits after the kernel's last EXIT, branching back into it; those are not loops."""
+    sass = _cuobjdump(cubin, "-sass") if cubin else None
+    return sass_mma_loop_spills(sass) if sass else None
+
+
+def sass_mma_loop_spills(sass: str) -> int | None:
+    """mma_loop_spills on `cuobjdump -sass` text."""
+    code = [(int(m.group(1), 16), m.group(2)) for m in _SASS_LINE.finditer(sass)]
+    last_exit = max((a for a, t in code if re.search(r"\bEXIT\b", t)), default=None)
+    loops = []
+    for address, text in code:
+        target = re.search(r"\bBRA\s+(?:`\()?0x([0-9a-f]+)", text)
+        if target and int(target.group(1), 16) < address and (last_exit is None or address < last_exit):
+            body = [t for a, t in code if int(target.group(1), 16) <= a <= address]
+            if any("HGMMA" in t for t in body):
+                loops.append((int(target.group(1), 16), address))
+    innermost = [(lo, hi) for lo, hi in loops
+                 if not any((lo, hi) != (l2, h2) and lo <= l2 and h2 <= hi for l2, h2 in loops)]
+    if not innermost:
+        return None
+    return sum(1 for a, t in code for lo, hi in innermost if lo <= a <= hi and re.search(r"\b(LDL|STL)\b", t))
 
 
 def _tail(text: str, limit: int = 1500) -> str:

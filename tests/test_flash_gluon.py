@@ -45,7 +45,7 @@ def test_a_window_right_side_alone_and_packed_sequences_keep_gluon_ws():
     assert gluon_configs(dataclasses.replace(LLAMA_4K, varlen=True), H200)
 
 
-@pytest.mark.parametrize("head_dim, block_ns", [(64, {64, 128, 256}), (128, {64, 128}), (256, {64})])
+@pytest.mark.parametrize("head_dim, block_ns", [(64, {64, 128}), (128, {64, 128}), (256, {64})])
 def test_gluon_ws_configs_keep_its_structure(head_dim, block_ns):
     configs = gluon_configs(dataclasses.replace(LLAMA_4K, head_dim=head_dim), H200)
     assert {c["BLOCK_N"] for c in configs} == block_ns  # D = 256 with 128-key blocks would not fit shared memory
@@ -57,7 +57,7 @@ def test_gluon_ws_configs_keep_its_structure(head_dim, block_ns):
 CASES = [
     (LLAMA_4K, 128, 3),
     (FlashProblem("fwd", 2, 16, 16, 1000, 3000, 64, causal=False, dtype="fp16"), 128, 4),
-    (FlashProblem("fwd", 3, 12, 12, 2000, 2000, 64, causal=True), 256, 3),
+    (FlashProblem("fwd", 3, 12, 12, 2000, 2000, 64, causal=True), 128, 3),
     (FlashProblem("fwd", 8, 32, 8, 2048, 2048, 128, causal=True, varlen=True), 128, 3),
     (FlashProblem("fwd", 1, 16, 8, 8192, 8192, 256, causal=True), 64, 2),
     (FlashProblem("fwd", 1, 8, 2, 777, 777, 128, window_right=64), 64, 3),
@@ -73,26 +73,25 @@ def _compile_cases() -> list:
                       num_warps=4, num_stages=stages)
         feasible = FAMILY.space(problem, H200).admit(config) is not None
         kernels = compile_config(FAMILY, problem, config, H200)
-        out.append(dict(feasible=feasible, kernels=[(k.name, k.shared, k.registers, k.stack, list(k.ptx_features))
-                                                    for k in kernels]))
+        out.append(dict(feasible=feasible, kernels=[(k.name, k.shared, k.stack, k.mma_loop_spills,
+                                                     list(k.ptx_features)) for k in kernels]))
     return out
 
 
-def test_gluon_ws_kernels_compile_for_sm90_without_spills():
+def test_gluon_ws_kernels_compile_for_sm90_without_spills_in_the_key_loop():
     from compile_child import run_compile_child
 
     results = run_compile_child(__file__)
     assert len(results) == len(CASES)
     for case, result in zip(CASES, results):
         assert result["feasible"], case
-        (name, shared, registers, stack, features), = result["kernels"]
+        (name, shared, stack, loop_spills, features), = result["kernels"]
         assert name == "attn_fwd" and shared <= H200.smem_per_block, (case, shared)
         assert "wgmma" in features and "tma" in features and "setmaxnreg" in features, (case, features)
         # NOTE: ptxas keeps a few per-tile values (the first key block's wgmma operand descriptors, hoisted out of the
-        # persistent tile loop) on the stack for some shapes (non-causal, D = 256: 40-128 bytes) and reloads them once a
-        # tile, outside the key loop (cuobjdump -sass: the LDLs sit around a tile's first Q K^T or last P V). A spill in the key
-        # loop would take the accumulators' registers: hundreds of bytes.
-        assert stack <= 128, (case, f"{stack} bytes of stack a thread: registers spill")
+        # persistent tile loop) on the stack for some shapes (non-causal, D = 256: 8-128 bytes) and reloads them once a
+        # tile; what must not spill is the key loop, where the wgmmas run.
+        assert stack == 0 or loop_spills == 0, (case, f"{loop_spills} spill loads/stores in the key loop")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """The flash family's Gluon forward (templates/flash_gluon_ws.py.j2) on a Hopper GPU against float64: O and LSE,
-causal and not, odd lengths, more queries than keys (rows that see no key), GQA and MQA, the three head dims (and
-256-key blocks at 64), fp16, packed sequences, a window's right side, strided (B, S, H, D) projections seen through
+causal and not, odd lengths, more queries than keys (rows that see no key), GQA and MQA, the three head dims, fp16,
+packed sequences, any scale, a window's right side, strided (B, S, H, D) projections seen through
 .transpose(1, 2), and the same bits run after run. Skipped without a Hopper GPU; tests/test_flash_gluon.py covers what the CPU can.
 """
 from __future__ import annotations
@@ -86,3 +86,25 @@ def test_gluon_ws_reads_strided_projections_and_a_right_window():
                                            ("v", problem.seq_k, problem.heads_kv))}
         for config in gluon_configs(problem, device):
             run_checked(problem, config, inputs)
+
+
+@pytest.mark.parametrize("scale", [-0.07, 0.0, 0.3])
+def test_gluon_ws_takes_any_scale(scale):
+    """A negative scale (NEGATE_Q: the logits are scaled before their maxima are taken), zero (uniform weights over
+    the keys a row sees) and a large one; causal with more queries than keys, so some rows see no key."""
+    from autotile.device import cuda_device
+
+    device = cuda_device()
+    problem = FlashProblem("fwd", 2, 4, 2, 600, 300, 128, causal=True)
+    inputs = FAMILY.make_inputs(problem, device, seed=5)
+    q, k, v = (inputs[n].double() for n in "qkv")
+    want, want_lse = FAMILY._attend(problem, inputs, q, k, v, dtype=torch.float64, lse=True, scale=scale)
+    for config in gluon_configs(problem, device):
+        outputs = FAMILY.allocate_outputs(problem, inputs)
+        poison(outputs)
+        FAMILY.run(problem, config, inputs, outputs, scale=scale)
+        torch.cuda.synchronize()
+        assert (outputs["o"].double() - want).abs().max().item() < 2e-2, (scale, config.to_json())
+        seen = torch.isfinite(want_lse)
+        assert torch.equal(torch.isfinite(outputs["lse"]), seen), (scale, config.to_json())
+        assert (outputs["lse"].double()[seen] - want_lse[seen]).abs().max().item() < 1e-3, (scale, config.to_json())

@@ -233,3 +233,20 @@ def test_an_unknown_gpu_is_compiled_for_its_own_architecture():
 
 if __name__ == "__main__":
     print(json.dumps(_compile_all()))
+
+
+def test_spills_count_inside_wgmma_loops_only():
+    """sass_mma_loop_spills reads loops from backward branches; a barrier wait's retry path after the last EXIT,
+    which branches back into the kernel, is no loop."""
+    from autotile.xcompile import sass_mma_loop_spills
+
+    def sass(*lines):
+        return "\n".join(f"        /*{16 * i:04x}*/  {text} ;" for i, text in enumerate(lines))
+
+    in_loop = sass("LDL R2, [R1]", "HGMMA.64x128x16.F32.BF16 R24, gdesc[UR4], RZ", "LDL R3, [R1+0x4]",
+                   "@P0 BRA 0x10", "EXIT", "BRA 0x50")
+    assert sass_mma_loop_spills(in_loop) == 1  # the LDL before the loop is once a run
+    outside = sass("LDL R2, [R1]", "HGMMA.64x128x16.F32.BF16 R24, gdesc[UR4], RZ", "@P0 BRA 0x10", "EXIT",
+                   "LDL R3, [R1+0x4]", "BRA 0x0")
+    assert sass_mma_loop_spills(outside) == 0
+    assert sass_mma_loop_spills(sass("LDL R2, [R1]", "@P0 BRA 0x0", "EXIT")) is None  # no wgmma loop

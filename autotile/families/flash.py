@@ -63,10 +63,11 @@ _TMA_FROM_KEYS = 4096
 GLUON_WS = "gluon_ws"
 LOADS_CHOICES = ("pointer", "tma", "pointer_lookahead", "tma_lookahead", GLUON_WS)
 # gluon_ws's fixed structure: a 128-row query tile (two warpgroups), one warpgroup (4 warps) a partition, key
-# blocks of 64 (head dim 256, whose accumulators take 128 registers a thread), 128, or 256 (head dims <= 64, as
-# wide_key_blocks allows: a (64, 256) score tile costs a consumer what a (64, 128) one does at head dim 128).
+# blocks of 64 (head dim 256, whose accumulators take 128 registers a thread) or 128. NOTE: 256-key blocks at head
+# dim 64 (the score tile's 128 fp32 registers and P's 64 a thread) spill P's registers around the P V wgmmas in the key
+# loop (sm90 build, cuobjdump -sass: LDL.LU.64 before each HGMMA.64x64x16).
 _GLUON_BLOCK_M = 128
-_GLUON_BLOCK_N = (64, 128, _WIDE_BLOCK_N)
+_GLUON_BLOCK_N = (64, 128)
 _GLUON_HEAD_DIMS = (64, 128, 256)
 
 
