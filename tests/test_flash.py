@@ -418,8 +418,7 @@ def test_forward_default_follows_the_h200_sweep():
     assert default(1, 4096, 256, True) == ("tma", 64, 64, False, 4)
     assert default(1, 4096, 256, False) == ("tma", 128, 64, False, 8)
     assert default(1, 4096, 128, True, aligned=False)[0] == "pointer"  # TMA needs aligned rows
-    assert default(1, 4096, 128, True, varlen=True)[0] == "gluon_ws"
-    assert default(1, 4096, 96, True, varlen=True)[0] == "pointer"  # packed sequences: pointer loads
+    assert default(1, 4096, 128, True, varlen=True)[0] == "pointer"  # gluon_ws on packed sequences: not timed yet
     assert default(1, 4096, 128, True, softcap=50.0)[0] == "tma"
     assert FAMILY.default_config(FlashProblem("fwd", 1, 32, 8, 4096, 4096, 128, True), INTERPRET)["LOADS"] != "gluon_ws"
 

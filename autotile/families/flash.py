@@ -606,8 +606,9 @@ class FlashFamily(Family):
         1000 x 3000 0.95x against 0.84x); head dim 256 below _TMA_FROM_KEYS keys, 64-key blocks on 2 slots (Gemma-2-9B
         4 x 2048 0.76x against 0.72x, 16 x 512 0.66x against 0.62x; from 4096 keys a tie or 2% behind). At head dim 64
         it lost (3 x 12 x 2000 causal 0.84x against 0.92x, 4 x 16 x 4096 0.87x against 0.90x). A query tile of 128
-        rows needs more than 64 queries. Packed sequences take the same rule (their longest sequence as Sq)."""
-        if gluon_ws_ok(p, device) and p.seq_q > 64 and (
+        rows needs more than 64 queries. Packed sequences keep the rules above: gluon_ws takes them (a candidate of
+        the search, checked against float64 before it is timed) but has not been timed on them."""
+        if gluon_ws_ok(p, device) and not p.varlen and p.seq_q > 64 and (
                 p.head_dim == 128 or (p.head_dim == 256 and p.seq_k < _TMA_FROM_KEYS)):
             return dict(LOADS=GLUON_WS, BLOCK_M=_GLUON_BLOCK_M, BLOCK_N=128 if p.head_dim <= 128 else 64,
                         WARP_SPECIALIZE=False, num_warps=4, num_stages=3 if p.head_dim <= 128 else 2)
