@@ -202,24 +202,9 @@ def resource_usage(cubin: bytes | None) -> tuple[int | None, int | None]:
     """(registers a thread, bytes of stack a thread) of a compiled kernel, read with the cuobjdump Triton ships;
     (None, None) when there is no cubin or no cuobjdump. Stack holds spilled registers, or local arrays (libdevice's
     sin and cos keep one for large arguments): stack at the 255-register ceiling is spilling."""
-    import subprocess
-    import tempfile
-
-    if not cubin:
+    out = _cuobjdump(cubin, "-res-usage") if cubin else None
+    if out is None:
         return None, None
-    try:
-        from triton import knobs
-
-        tool = knobs.nvidia.cuobjdump.path
-    except Exception:  # noqa: BLE001 - another Triton: report nothing rather than fail the compile check
-        return None, None
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as handle:
-        handle.write(cubin)
-        handle.flush()
-        try:
-            out = subprocess.run([tool, "-res-usage", handle.name], capture_output=True, text=True, timeout=60).stdout
-        except (OSError, subprocess.SubprocessError):
-            return None, None
     # e.g. "REG:254 STACK:0 SHARED:1024 LOCAL:0 CONSTANT[0]:712 ..."
     fields = dict(item.split(":", 1) for line in out.splitlines() if "REG:" in line for item in line.split()
                   if ":" in item)
@@ -230,6 +215,7 @@ def resource_usage(cubin: bytes | None) -> tuple[int | None, int | None]:
 
 
 def _cuobjdump(cubin: bytes, *flags: str) -> str | None:
+    """`cuobjdump FLAGS` on a cubin with the cuobjdump Triton ships; None where there is none or it fails."""
     import subprocess
     import tempfile
 
@@ -237,7 +223,7 @@ def _cuobjdump(cubin: bytes, *flags: str) -> str | None:
         from triton import knobs
 
         tool = knobs.nvidia.cuobjdump.path
-    except Exception:  # noqa: BLE001 - another Triton: nothing to read with
+    except Exception:  # noqa: BLE001 - another Triton: report nothing rather than fail the compile check
         return None
     with tempfile.NamedTemporaryFile(suffix=".cubin") as handle:
         handle.write(cubin)
@@ -265,13 +251,13 @@ def sass_mma_loop_spills(sass: str) -> int | None:
     """mma_loop_spills on `cuobjdump -sass` text."""
     code = [(int(m.group(1), 16), m.group(2)) for m in _SASS_LINE.finditer(sass)]
     last_exit = max((a for a, t in code if re.search(r"\bEXIT\b", t)), default=None)
+    mma = [a for a, t in code if "HGMMA" in t]
     loops = []
     for address, text in code:
-        target = re.search(r"\bBRA\s+(?:`\()?0x([0-9a-f]+)", text)
-        if target and int(target.group(1), 16) < address and (last_exit is None or address < last_exit):
-            body = [t for a, t in code if int(target.group(1), 16) <= a <= address]
-            if any("HGMMA" in t for t in body):
-                loops.append((int(target.group(1), 16), address))
+        branch = re.search(r"\bBRA\s+(?:`\()?0x([0-9a-f]+)", text)
+        target = int(branch.group(1), 16) if branch else address
+        if target < address and (last_exit is None or address < last_exit) and any(target <= a <= address for a in mma):
+            loops.append((target, address))
     innermost = [(lo, hi) for lo, hi in loops
                  if not any((lo, hi) != (l2, h2) and lo <= l2 and h2 <= hi for l2, h2 in loops)]
     if not innermost:

@@ -35,7 +35,7 @@ import gemm_policy_sweep as gps  # noqa: E402  (options, saving, a swept row's r
 from autotile.bench import poison  # noqa: E402
 from autotile.device import HOPPER_SMEM_PER_BLOCK, DeviceInfo, resolve_gpu  # noqa: E402
 from autotile.families import flash_vendor  # noqa: E402
-from autotile.families.flash import FAMILY, FlashProblem, default_scale  # noqa: E402
+from autotile.families.flash import FAMILY, GLUON_WS, FlashProblem, default_scale  # noqa: E402
 from autotile.space import Config  # noqa: E402
 
 # (label, heads_q, heads_kv, head_dim) and (batch, sequence) of the causal prefill shapes.
@@ -89,7 +89,7 @@ def candidates(problem: FlashProblem, device: DeviceInfo) -> dict[str, Config]:
         if space.is_feasible(wanted):
             found.setdefault(space.validate(wanted), "grid")
     for block_n, stages in GLUON:
-        wanted = dict(LOADS="gluon_ws", BLOCK_M=128, BLOCK_N=block_n, WARP_SPECIALIZE=False, MASKS_IN_LOOP=False,
+        wanted = dict(LOADS=GLUON_WS, BLOCK_M=128, BLOCK_N=block_n, WARP_SPECIALIZE=False, MASKS_IN_LOOP=False,
                       num_warps=4, num_stages=stages)
         if space.is_feasible(wanted):
             found.setdefault(space.validate(wanted), "grid")

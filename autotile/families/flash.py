@@ -31,7 +31,7 @@ from autotile.families import flash_vendor
 from autotile.families.base import (VENDOR_KEY, Baseline, CheckResult, Cost, Family, ProblemOption, Tensors,
                                     Tolerance, canonical_json, is_vendor, next_pow2, problem_to_dict)
 from autotile.families.checks import compare
-from autotile.families.flash_launch import backward_plan, forward_plan
+from autotile.families.flash_launch import GLUON_WS, backward_plan, forward_plan
 from autotile.families.flash_reference import (LOG2E, Scores, attention_grads, attention_math,  # noqa: F401 - re-exported
                                                causal_seen, default_scale, fa_rule_check, join_packed, log2_sum_exp,
                                                map_head_chunks, per_batch_slopes, plain_fp8_forward, seen_pairs,
@@ -58,9 +58,6 @@ _WIDE_BLOCK_N = 256
 _TMA_FROM_KEYS = 4096
 
 
-# The forward written in Gluon with FlashAttention-3's structure (templates/flash_gluon_ws.py.j2): persistent, a TMA
-# producer warp and two consumer warpgroups of 64 query rows each.
-GLUON_WS = "gluon_ws"
 LOADS_CHOICES = ("pointer", "tma", "pointer_lookahead", "tma_lookahead", GLUON_WS)
 # gluon_ws's fixed structure: a 128-row query tile (two warpgroups), one warpgroup (4 warps) a partition, key
 # blocks of 64 (head dim 256, whose accumulators take 128 registers a thread) or 128. NOTE: 256-key blocks at head

@@ -19,6 +19,10 @@ from autotile.families.flash_reference import LOG2E
 from autotile.launch import bind, launch
 from autotile.render import launching
 
+# The forward written in Gluon with FlashAttention-3's structure (templates/flash_gluon_ws.py.j2): persistent, a TMA
+# producer warp and two consumer warpgroups of 64 query rows each. A value of the forward's LOADS axis.
+GLUON_WS = "gluon_ws"
+
 
 def _cdiv(x: int, y: int) -> int:
     return (x + y - 1) // y
@@ -95,7 +99,7 @@ def forward_plan(module, problem, config, scale: float, q, k, v, o, lse, alibi, 
                    WARP_SPECIALIZE=config["WARP_SPECIALIZE"], NEGATE_Q=scale < 0, num_warps=config["num_warps"],
                    num_stages=config["num_stages"])
     grid = (_cdiv(p.seq_q, config["BLOCK_M"]), p.batch * p.heads_q)
-    if config["LOADS"] == "gluon_ws":
+    if config["LOADS"] == GLUON_WS:
         # Persistent (templates/flash_gluon_ws.py.j2): a program per SM at most, each walking its share of the tiles;
         # its shared memory (a Q tile and num_stages K/V slots) leaves room for one program an SM.
         grid = (min(grid[0] * grid[1], current_device(q.device).sm_count),)
