@@ -23,11 +23,12 @@ SHAPES = [  # (batch, heads_q, heads_kv, seq_q, seq_k, head_dim)
 
 
 def gluon_configs(problem, device):
-    """For each key block the space allows, its deepest pipeline."""
+    """For each query tile and key block the space allows (two or three consumer warpgroups), its deepest pipeline."""
     found = {}
     for c in FAMILY.space(problem, device).feasible():
-        if c["LOADS"] == GLUON_WS and c["num_stages"] > found.get(c["BLOCK_N"], {}).get("num_stages", 0):
-            found[c["BLOCK_N"]] = c
+        tile = (c["BLOCK_M"], c["BLOCK_N"])
+        if c["LOADS"] == GLUON_WS and c["num_stages"] > found.get(tile, {}).get("num_stages", 0):
+            found[tile] = c
     assert found, problem
     return list(found.values())
 

@@ -65,6 +65,11 @@ LOADS_CHOICES = ("pointer", "tma", "pointer_lookahead", "tma_lookahead", GLUON_W
 # loop (sm90 build, cuobjdump -sass: LDL.LU.64 before each HGMMA.64x64x16).
 _GLUON_BLOCK_M = 128
 _GLUON_BLOCK_N = (64, 128)
+# Three consumer warpgroups take 192-row query tiles (FlashAttention-3's tile for head dim 64) within 160 registers
+# a thread (templates/flash_gluon_ws.py.j2): fp32 score and O accumulators of at most 96 values a thread leave room
+# for P and the addresses (64-key blocks at head dim 128, 128-key ones at 64; not head dim 256).
+_GLUON_WIDE_BLOCK_M = 192
+_GLUON_WIDE_ACCUMULATORS = 96
 _GLUON_HEAD_DIMS = (64, 128, 256)
 
 
@@ -259,10 +264,12 @@ _SEED_FORWARD_D64 = (
 )
 # The gluon_ws forward on Hopper (templates/flash_gluon_ws.py.j2): 128-key blocks on three K/V slots (head dims up to
 # 128; the prototype's best from 4k keys, 0.89-1.02x of cuDNN, results/gluon_flash_2026-12-03.txt) and 64-key blocks
-# on two (the one that fits at head dim 256).
+# on two (the one that fits at head dim 256); three consumer warpgroups on 192-row tiles with 128-key blocks
+# (FlashAttention-3's head-dim-64 tile; infeasible from head dim 128).
 _SEED_FORWARD_GLUON = (
     dict(LOADS=GLUON_WS, BLOCK_M=128, BLOCK_N=128, WARP_SPECIALIZE=False, num_warps=4, num_stages=3),
     dict(LOADS=GLUON_WS, BLOCK_M=128, BLOCK_N=64, WARP_SPECIALIZE=False, num_warps=4, num_stages=2),
+    dict(LOADS=GLUON_WS, BLOCK_M=192, BLOCK_N=128, WARP_SPECIALIZE=False, num_warps=4, num_stages=3),
 )
 _SEED_BACKWARD = (
     dict(LOADS="pointer", BLOCK_M1=32, BLOCK_N1=128, BLOCK_M2=128, BLOCK_N2=32, num_warps=8, num_stages=2),
@@ -427,7 +434,7 @@ class FlashFamily(Family):
             # the look-ahead schedule (the next block's scores before this block's softmax). One axis, so
             # configs stored before the schedule existed stay points of the space.
             Axis("LOADS", LOADS_CHOICES, AxisKind.RENDER),
-            Axis("BLOCK_M", _BLOCKS),
+            Axis("BLOCK_M", _BLOCKS + (_GLUON_WIDE_BLOCK_M,)),
             Axis("BLOCK_N", _BLOCKS + (_WIDE_BLOCK_N,)),
             Axis("WARP_SPECIALIZE", (False, True)),
             # The masked key blocks in the whole blocks' pipelined loop, behind a branch (templates/flash_attention).
@@ -471,10 +478,18 @@ class FlashFamily(Family):
                        "TMA-able strides, head dims 64, 128 or 256, and no window's left side, soft-capping or ALiBi"),
             Constraint("gluon_ws_structure",
                        lambda c: c["LOADS"] != GLUON_WS or (
-                           c["BLOCK_M"] == _GLUON_BLOCK_M and c["BLOCK_N"] in _GLUON_BLOCK_N and c["num_warps"] == 4
-                           and not c["WARP_SPECIALIZE"] and not c["MASKS_IN_LOOP"]),
-                       f"gluon_ws takes {_GLUON_BLOCK_M}-row query tiles on two 4-warp consumer warpgroups, key blocks "
-                       f"of {' or '.join(map(str, _GLUON_BLOCK_N))}, its own warp specialisation and masks in its loop"),
+                           c["BLOCK_M"] in (_GLUON_BLOCK_M, _GLUON_WIDE_BLOCK_M) and c["BLOCK_N"] in _GLUON_BLOCK_N
+                           and c["num_warps"] == 4 and not c["WARP_SPECIALIZE"] and not c["MASKS_IN_LOOP"]),
+                       f"gluon_ws takes {_GLUON_BLOCK_M}- or {_GLUON_WIDE_BLOCK_M}-row query tiles on two or three 4-warp "
+                       f"consumer warpgroups, key blocks of {' or '.join(map(str, _GLUON_BLOCK_N))}, its own warp "
+                       f"specialisation and masks in its loop"),
+            Constraint("wide_query_tiles_gluon_only",
+                       lambda c: c["BLOCK_M"] != _GLUON_WIDE_BLOCK_M or c["LOADS"] == GLUON_WS,
+                       f"{_GLUON_WIDE_BLOCK_M}-row query tiles are gluon_ws's three consumer warpgroups"),
+            Constraint("three_consumer_registers",
+                       lambda c: c["BLOCK_M"] != _GLUON_WIDE_BLOCK_M or accumulators(c) <= _GLUON_WIDE_ACCUMULATORS,
+                       lambda c: f"three consumer warpgroups keep 160 registers a thread: {accumulators(c):.0f} fp32 "
+                                 f"accumulator values and P would spill"),
         ]
         constraints += architecture_constraints(device, {
             Feature.TMA: (uses_tma, "TMA loads"),

@@ -1,0 +1,151 @@
+"""Variants of the flash family's gluon_ws forward timed side by side with cuDNN, in one run.
+
+A variant is a config of the family (query tile of two or three consumer warpgroups, key block, K/V slots) and
+optionally a patch of the rendered kernel's source, for changes tried before they go into
+templates/flash_gluon_ws.py.j2. Each variant's output is compared with cuDNN's (bf16 tolerance; the float64 checks
+are tests/test_flash_gluon_gpu.py's), then all are timed interleaved: medians of do_bench medians over --rounds.
+On a Hopper GPU:
+    python benchmarks/prototypes/gluon_flash_variants.py
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+sys.path[:0] = [str(Path(__file__).resolve().parents[2])]
+
+from autotile.families.flash import FAMILY, GLUON_WS, FlashProblem, default_scale  # noqa: E402
+from autotile.families.flash_launch import forward_plan  # noqa: E402
+from autotile.space import Config  # noqa: E402
+
+# The softmax step as FlashAttention-3 writes it: the raw scores' row maxima scaled once a row, then one FFMA an
+# element (score * scale - max) instead of a multiply and a subtract. Positive scales only (a negative one turns
+# the raw maxima into minima), which is what this script launches.
+_SCALE_FIRST = """    scores = scores * qk_scale
+    if j * BLOCK_N >= masked_from:
+        keys = j * BLOCK_N + cols
+        scores = gl.where(keys[None, :] < limit[:, None], scores, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(scores, axis=1))
+    m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no key yet
+    return gl.exp2(scores - m_safe[:, None]), m_new, gl.exp2(m_i - m_safe)"""
+_FFMA = """    if j * BLOCK_N >= masked_from:
+        keys = j * BLOCK_N + cols
+        scores = gl.where(keys[None, :] < limit[:, None], scores, float("-inf"))
+    m_raw = gl.max(scores, axis=1)
+    m_new = gl.maximum(m_i, gl.where(m_raw == float("-inf"), m_raw, m_raw * qk_scale))
+    m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no key yet
+    return gl.exp2(scores * qk_scale - m_safe[:, None]), m_new, gl.exp2(m_i - m_safe)"""
+PATCHES = {"ffma": (_SCALE_FIRST, _FFMA)}
+
+
+def gluon(block_m: int, block_n: int, stages: int) -> Config:
+    return Config(dict(LOADS=GLUON_WS, BLOCK_M=block_m, BLOCK_N=block_n, WARP_SPECIALIZE=False, MASKS_IN_LOOP=False,
+                       num_warps=4, num_stages=stages))
+
+
+# (label, problem, {variant name: (config, patch or None)}).
+def cases() -> list:
+    def p(b, hq, hkv, s, sk, d, causal):
+        return FlashProblem("fwd", b, hq, hkv, s, sk, d, causal)
+
+    d128 = {"128x128 s3": (gluon(128, 128, 3), None), "128x128 s3 ffma": (gluon(128, 128, 3), "ffma"),
+            "192x64 s3": (gluon(192, 64, 3), None), "192x64 s3 ffma": (gluon(192, 64, 3), "ffma")}
+    d64 = {"128x128 s3": (gluon(128, 128, 3), None), "128x128 s3 ffma": (gluon(128, 128, 3), "ffma"),
+           "192x128 s3": (gluon(192, 128, 3), None), "192x128 s3 ffma": (gluon(192, 128, 3), "ffma"),
+           "192x64 s3": (gluon(192, 64, 3), None), "192x64 s4": (gluon(192, 64, 4), None)}
+    d256 = {"128x64 s2": (gluon(128, 64, 2), None), "128x64 s2 ffma": (gluon(128, 64, 2), "ffma")}
+    return [
+        ("llama 1x4096 causal", p(1, 32, 8, 4096, 4096, 128, True), d128),
+        ("D=128 2x32x4096", p(2, 32, 32, 4096, 4096, 128, False), d128),
+        ("llama 16x512 causal", p(16, 32, 8, 512, 512, 128, True), d128),
+        ("llama 1x1024 causal", p(1, 32, 8, 1024, 1024, 128, True), d128),
+        ("llama 1x1025 causal", p(1, 32, 8, 1025, 1025, 128, True), d128),
+        ("qwen 1x1025 causal", p(1, 28, 4, 1025, 1025, 128, True), d128),
+        ("GQA 1000x3000", p(1, 16, 4, 1000, 3000, 128, False), d128),
+        ("D=64 3x12x2000 causal", p(3, 12, 12, 2000, 2000, 64, True), d64),
+        ("D=64 4x16x4096", p(4, 16, 16, 4096, 4096, 64, False), d64),
+        ("gemma 4x2048 causal", p(4, 16, 8, 2048, 2048, 256, True), d256),
+        ("gemma 1x8192", p(1, 16, 8, 8192, 8192, 256, False), d256),
+    ]
+
+
+def _patched(module, patch: str):
+    old, new = PATCHES[patch]
+    source = Path(module.__file__).read_text()
+    if source.count(old) != 1:
+        raise SystemExit(f"patch {patch!r} no longer matches the rendered kernel: update this script")
+    path = Path(tempfile.mkdtemp()) / f"gluon_variant_{patch}.py"
+    path.write_text(source.replace(old, new))
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    patched = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(patched)
+    return patched
+
+
+def main() -> None:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from triton.testing import do_bench
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    F = torch.nn.functional
+    for label, problem, variants in cases():
+        pr = problem
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        q = torch.randn(pr.batch, pr.heads_q, pr.seq_q, pr.head_dim, device="cuda", dtype=torch.bfloat16, generator=gen)
+        k, v = (torch.randn(pr.batch, pr.heads_kv, pr.seq_k, pr.head_dim, device="cuda", dtype=torch.bfloat16,
+                            generator=gen) for _ in range(2))
+        kr, vr = (t.repeat_interleave(pr.heads_q // pr.heads_kv, 1) for t in (k, v))
+        scale = default_scale(pr.head_dim)
+
+        def cudnn():
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                return F.scaled_dot_product_attention(q, kr, vr, is_causal=pr.causal, scale=scale)
+
+        want = cudnn()
+        fns = {"cudnn": cudnn}
+        for name, (config, patch) in variants.items():
+            if FAMILY.space(pr, _device()).admit(config) is None:
+                print(f"  {label}: {name} is outside the space, skipped")
+                continue
+            module = FAMILY.kernel_module(pr, config, interpret=False, store_lse=False)
+            if patch:
+                module = _patched(module, patch)
+            o = torch.empty_like(q)
+            lse = torch.empty(pr.batch, pr.heads_q, pr.seq_q, device="cuda", dtype=torch.float32)
+            plan = forward_plan(module, pr, config, scale, q, k, v, o, lse, None, False, keep=True)
+
+            def run(plan=plan, o=o, lse=lse):
+                plan(q, k, v, o, lse, lse, lse, lse, lse)
+                return o
+
+            err = (run().float() - want.float()).abs().max().item()
+            if not err < 3e-2:
+                print(f"  {label}: {name} differs from cuDNN by {err:.3g}, not timed")
+                continue
+            fns[name] = run
+        pairs = pr.seq_q * pr.seq_k - (pr.seq_q * (pr.seq_q - 1) // 2 if pr.causal else 0)
+        flops = 4 * pr.batch * pr.heads_q * pairs * pr.head_dim
+        times = {n: [] for n in fns}
+        for _ in range(args.rounds):
+            for n, f in fns.items():
+                times[n].append(do_bench(f, warmup=10, rep=40, return_mode="median"))
+        best = {n: sorted(t)[len(t) // 2] for n, t in times.items()}
+        print(f"{label}: " + ", ".join(f"{n} {flops / ms / 1e9:.0f} ({best['cudnn'] / ms:.2f}x)"
+                                       for n, ms in best.items()), flush=True)
+
+
+def _device():
+    from autotile.device import cuda_device
+
+    return cuda_device()
+
+
+if __name__ == "__main__":
+    main()
