@@ -45,24 +45,12 @@ def test_a_window_right_side_alone_and_packed_sequences_keep_gluon_ws():
     assert gluon_configs(dataclasses.replace(LLAMA_4K, varlen=True), H200)
 
 
-# (query tile, key block) pairs: D = 256 with 128-key blocks would not fit shared memory; three consumer warpgroups
-# (192 rows) keep 160 registers a thread, which 128-key blocks overflow from D = 128 and any block at D = 256.
-@pytest.mark.parametrize("head_dim, tiles", [
-    (64, {(128, 64), (128, 128), (192, 64), (192, 128)}),
-    (128, {(128, 64), (128, 128), (192, 64)}),
-    (256, {(128, 64)}),
-])
-def test_gluon_ws_configs_keep_its_structure(head_dim, tiles):
+@pytest.mark.parametrize("head_dim, block_ns", [(64, {64, 128}), (128, {64, 128}), (256, {64})])
+def test_gluon_ws_configs_keep_its_structure(head_dim, block_ns):
     configs = gluon_configs(dataclasses.replace(LLAMA_4K, head_dim=head_dim), H200)
-    assert {(c["BLOCK_M"], c["BLOCK_N"]) for c in configs} == tiles
+    assert {c["BLOCK_N"] for c in configs} == block_ns  # D = 256 with 128-key blocks would not fit shared memory
     for c in configs:
-        assert c["num_warps"] == 4 and not c["WARP_SPECIALIZE"] and not c["MASKS_IN_LOOP"]
-
-
-def test_192_row_query_tiles_are_gluon_ws_only():
-    problem = dataclasses.replace(LLAMA_4K, head_dim=64)
-    assert all(c["LOADS"] == GLUON_WS for c in FAMILY.space(problem, H200).feasible() if c["BLOCK_M"] == 192)
-    assert not [c for c in FAMILY.space(problem, interpret_device()).feasible() if c["BLOCK_M"] == 192]
+        assert c["BLOCK_M"] == 128 and c["num_warps"] == 4 and not c["WARP_SPECIALIZE"] and not c["MASKS_IN_LOOP"]
 
 
 # (problem, BLOCK_N, num_stages): causal and not, the three head dims, GQA, a right window, fp16, packed sequences.
@@ -73,10 +61,6 @@ CASES = [
     (FlashProblem("fwd", 8, 32, 8, 2048, 2048, 128, causal=True, varlen=True), 128, 3),
     (FlashProblem("fwd", 1, 16, 8, 8192, 8192, 256, causal=True), 64, 2),
     (FlashProblem("fwd", 1, 8, 2, 777, 777, 128, window_right=64), 64, 3),
-    # Three consumer warpgroups (192-row tiles): causal D = 64, D = 128 with 64-key blocks, packed sequences.
-    (FlashProblem("fwd", 3, 12, 12, 2000, 2000, 64, causal=True), 128, 3, 192),
-    (FlashProblem("fwd", 2, 32, 32, 4096, 4096, 128, causal=False), 64, 3, 192),
-    (FlashProblem("fwd", 8, 32, 8, 2048, 2048, 128, causal=True, varlen=True), 64, 3, 192),
 ]
 
 
@@ -84,8 +68,8 @@ def _compile_cases() -> list:
     from autotile.xcompile import compile_config
 
     out = []
-    for problem, block_n, stages, *block_m in CASES:
-        config = dict(LOADS=GLUON_WS, BLOCK_M=block_m[0] if block_m else 128, BLOCK_N=block_n, WARP_SPECIALIZE=False, MASKS_IN_LOOP=False,
+    for problem, block_n, stages in CASES:
+        config = dict(LOADS=GLUON_WS, BLOCK_M=128, BLOCK_N=block_n, WARP_SPECIALIZE=False, MASKS_IN_LOOP=False,
                       num_warps=4, num_stages=stages)
         feasible = FAMILY.space(problem, H200).admit(config) is not None
         kernels = compile_config(FAMILY, problem, config, H200)
