@@ -415,6 +415,8 @@ def test_forward_default_follows_the_h200_sweep():
     assert default(16, 512, 64, True) == ("pointer", 64, 64, False, 4)
     assert default(4, 2048, 96, True) == ("pointer", 64, 64, False, 4)
     assert default(2, 4096, 96, False) == ("tma", 128, 128, True, 8)
+    # results/flash_policy_sweep_2026-12-03c.md: head dim 64 without a mask, TMA loads, 4 warps, no specialisation.
+    assert default(4, 4096, 64, False) == ("tma", 128, 128, False, 4)
     assert default(1, 4096, 256, True) == ("tma", 64, 64, False, 4)
     assert default(1, 4096, 256, False) == ("tma", 128, 64, False, 8)
     assert default(1, 4096, 128, True, aligned=False)[0] == "pointer"  # TMA needs aligned rows
