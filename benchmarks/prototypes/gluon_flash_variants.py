@@ -1,8 +1,9 @@
 """Variants of the flash family's gluon_ws forward timed side by side with cuDNN, in one run.
 
-A variant is a config of the family (key block, K/V slots) and optionally a patch of the rendered kernel's source, for changes tried before they go into
-templates/flash_gluon_ws.py.j2. Each variant's output is compared with cuDNN's (bf16 tolerance; the float64 checks
-are tests/test_flash_gluon_gpu.py's), then all are timed interleaved: medians of do_bench medians over --rounds.
+A variant is a config of the family and optionally a patch of the rendered kernel's source: the template's changes
+are timed against what they replace (the patch puts that back). Each variant's output is compared with cuDNN's
+(bf16 tolerance; the float64 checks are tests/test_flash_gluon_gpu.py's), then all are timed interleaved: medians
+of do_bench medians over --rounds; every shape also times the family's default config.
 On a Hopper GPU:
     python benchmarks/prototypes/gluon_flash_variants.py
 """
@@ -25,7 +26,9 @@ from autotile.space import Config  # noqa: E402
 # Source patches, (old, new) text of the rendered kernel. scale_first: the softmax as it was before the FFMA form
 # (the logits scaled before their row maxima are taken, then a subtract), which the template keeps for negative
 # scales only: 2026-12-03 it ran 0.87x of cuDNN where the FFMA form ran 0.97x (D = 128, 2 x 32 x 4096).
-PATCHES = {"scale_first": ("    if NEGATE_Q:\n", "    if True:  # scale first, whatever the scale's sign\n")}
+# forwards: every round deals the tiles out in program order (the schedule before odd rounds went backwards).
+PATCHES = {"scale_first": ("    if NEGATE_Q:\n", "    if True:  # scale first, whatever the scale's sign\n"),
+           "forwards": ("    return r * P + pid + (r % 2) * (P - 1 - 2 * pid)\n", "    return r * P + pid\n")}
 
 
 def gluon(block_m: int, block_n: int, stages: int) -> Config:
@@ -33,26 +36,34 @@ def gluon(block_m: int, block_n: int, stages: int) -> Config:
                        num_warps=4, num_stages=stages))
 
 
-# (label, problem, {variant name: (config, patch or None)}).
+def triton(loads: str, block_m: int, block_n: int, warps: int, stages: int, masks_in_loop: bool = False) -> Config:
+    return Config(dict(LOADS=loads, BLOCK_M=block_m, BLOCK_N=block_n, WARP_SPECIALIZE=False,
+                       MASKS_IN_LOOP=masks_in_loop, num_warps=warps, num_stages=stages))
+
+
+# (label, problem, {variant name: (config, patch or None)}); every shape also times the family's default config.
 def cases() -> list:
     def p(b, hq, hkv, s, sk, d, causal):
         return FlashProblem("fwd", b, hq, hkv, s, sk, d, causal)
 
-    d128 = {"128x128 s3": (gluon(128, 128, 3), None), "128x128 s3 scale-first": (gluon(128, 128, 3), "scale_first"),
-            "128x64 s3": (gluon(128, 64, 3), None)}
-    d64 = {"128x128 s3": (gluon(128, 128, 3), None), "128x128 s3 scale-first": (gluon(128, 128, 3), "scale_first"),
-           "128x128 s4": (gluon(128, 128, 4), None), "128x64 s3": (gluon(128, 64, 3), None)}
-    d256 = {"128x64 s2": (gluon(128, 64, 2), None), "128x64 s2 scale-first": (gluon(128, 64, 2), "scale_first")}
+    d128 = {"gluon 128x128 s3": (gluon(128, 128, 3), None),
+            "gluon 128x128 s3 forwards": (gluon(128, 128, 3), "forwards")}
+    short = {"gluon 128x128 s3": (gluon(128, 128, 3), None),
+             "gluon 128x128 s3 forwards": (gluon(128, 128, 3), "forwards"),
+             "pointer+mil 64x32 s3": (triton("pointer", 64, 32, 4, 3, True), None)}
+    d64 = {"gluon 128x128 s3": (gluon(128, 128, 3), None),
+           "gluon 128x128 s3 forwards": (gluon(128, 128, 3), "forwards")}
+    d256 = {"gluon 128x64 s2": (gluon(128, 64, 2), None), "gluon 128x64 s2 forwards": (gluon(128, 64, 2), "forwards"),
+            "tma 64x64 s3": (triton("tma", 64, 64, 4, 3), None)}
     return [
         ("llama 1x4096 causal", p(1, 32, 8, 4096, 4096, 128, True), d128),
-        ("D=128 2x32x4096", p(2, 32, 32, 4096, 4096, 128, False), d128),
-        ("llama 16x512 causal", p(16, 32, 8, 512, 512, 128, True), d128),
-        ("llama 1x1024 causal", p(1, 32, 8, 1024, 1024, 128, True), d128),
+        ("qwen 1x4096 causal", p(1, 28, 4, 4096, 4096, 128, True), d128),
         ("llama 1x1025 causal", p(1, 32, 8, 1025, 1025, 128, True), d128),
-        ("qwen 1x1025 causal", p(1, 28, 4, 1025, 1025, 128, True), d128),
-        ("GQA 1000x3000", p(1, 16, 4, 1000, 3000, 128, False), d128),
+        ("llama 4x2048 causal", p(4, 32, 8, 2048, 2048, 128, True), d128),
+        ("D=128 2x32x4096", p(2, 32, 32, 4096, 4096, 128, False), d128),
+        ("llama 16x512 causal", p(16, 32, 8, 512, 512, 128, True), short),
         ("D=64 3x12x2000 causal", p(3, 12, 12, 2000, 2000, 64, True), d64),
-        ("D=64 4x16x4096", p(4, 16, 16, 4096, 4096, 64, False), d64),
+        ("D=64 32/8 1x4096 causal", p(1, 32, 8, 4096, 4096, 64, True), d64),
         ("gemma 4x2048 causal", p(4, 16, 8, 2048, 2048, 256, True), d256),
         ("gemma 1x8192", p(1, 16, 8, 8192, 8192, 256, False), d256),
     ]
@@ -94,6 +105,9 @@ def main() -> None:
 
         want = cudnn()
         fns = {"cudnn": cudnn}
+        default = FAMILY.default_config(pr, _device())
+        if all(patch or config.to_json() != default.to_json() for config, patch in variants.values()):
+            variants = {"default " + default.to_json(): (default, None), **variants}
         for name, (config, patch) in variants.items():
             if FAMILY.space(pr, _device()).admit(config) is None:
                 print(f"  {label}: {name} is outside the space, skipped")
