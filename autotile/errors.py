@@ -27,3 +27,7 @@ class DeviceMismatchError(AutotileError):
 
 class DatabaseError(AutotileError):
     """A database that is not autotile's, is corrupt, or has a schema this version cannot read."""
+
+
+class KernelUnusableError(AutotileError):
+    """No kernel can serve a call here: the generated ones failed to build or launch, and no vendor op computes it."""

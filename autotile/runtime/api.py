@@ -6,7 +6,7 @@ import importlib
 
 from autotile.errors import BadInputError
 from autotile.families.base import vendor_label
-from autotile.runtime.dispatch import resolve
+from autotile.runtime import fallback
 
 OP_MODULES = {
     "matmul": "autotile.runtime.ops_gemm",
@@ -71,7 +71,9 @@ def explain(op_name: str, *args, **kwargs) -> dict:
 
     `source` is 'user-db' or 'shipped-db' (a stored winner: `match` says 'exact' or 'range'), 'vendor' (a shape
     nobody tuned, served by the vendor library) or 'default'; `vendor` names the library call when one runs
-    (a stored winner may be the vendor op too).
+    (a stored winner may be the vendor op too). `unusable` lists the configs of this problem that failed to
+    build or launch in this process (config, source, error): `match` is then 'fallback', and `config` what
+    serves the call instead (autotile.runtime.fallback).
 
     >>> import torch, autotile
     >>> info = autotile.explain("matmul", torch.randn(8, 4), torch.randn(4, 8))
@@ -81,7 +83,7 @@ def explain(op_name: str, *args, **kwargs) -> dict:
     module = _op_module(op_name)
     problem_for = getattr(module, f"{op_name}_problem_for", None) or module.problem_for
     family, problem, device = problem_for(*args, **kwargs)
-    resolution = resolve(family, problem, device)
+    resolution = fallback.usable(family, problem, device)
     served = getattr(module, "served_config", None)  # ops whose plans adapt the resolved config (paged)
     config = served(problem, device, resolution) if served else resolution.config
     return {
@@ -96,4 +98,5 @@ def explain(op_name: str, *args, **kwargs) -> dict:
         "tuned_for": resolution.tuned_for,
         "device": device.key,
         "interpreted": device.interpret,
+        "unusable": [mark.as_dict() for mark in fallback.marks_for(family, problem)],
     }

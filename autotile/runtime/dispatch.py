@@ -47,7 +47,9 @@ class Resolution:
     device_key: str
     problem_key: str
     tuned_for: str | None = None  # the problem key whose winner serves this one (None for vendor and default)
-    match: str = "default"  # 'exact' | 'range' | 'bucket' | 'nearest' | 'policy' | 'vendor' | 'default'
+    # 'exact' | 'range' | 'bucket' | 'nearest' | 'policy' | 'vendor' | 'default'; 'fallback': the next choice after a
+    # config that failed to build or launch here (autotile.runtime.fallback)
+    match: str = "default"
 
     @property
     def vendor(self) -> bool:

@@ -25,8 +25,8 @@ from autotile.errors import BadInputError, ShapeMismatchError
 from autotile.expr import Expression, InputSpec, infer_types, parse
 from autotile.families.elementwise import FAMILY, LaunchPlan, Plan
 from autotile.launch import bind
-from autotile.runtime import trace
-from autotile.runtime.dispatch import on_clear, resolve
+from autotile.runtime import fallback, trace
+from autotile.runtime.dispatch import on_clear
 from autotile.runtime.eager import direct_call_ok
 
 
@@ -112,28 +112,44 @@ def _forget_prepared() -> None:
 on_clear(_forget_prepared)
 
 
-def _prepare(expression: Expression, values: dict) -> _Prepared:
-    key = _signature(expression.canonical, values)
-    hit = _prepared.get(key)
-    if hit is not None:
-        return hit
-    problem, device_info, values = problem_from(expression, values)
-    config = resolve(FAMILY, problem, device_info).config
+def _prepare(problem, device_info, values: dict, config) -> _Prepared:
     tensors = [values[n] for n in FAMILY.plan(problem).tensor_names]
     device = tensors[0].device
-    prepared = _Prepared(FAMILY.plan(problem), FAMILY.launch_plan(problem, config, values),
-                         tuple(torch.broadcast_shapes(*(t.shape for t in tensors))), device,
-                         trace.counter(FAMILY, problem, device_info),
-                         device.type == "cpu" or device.index == torch.cuda.current_device(), [None])
-    with _prepared_lock:
-        _prepared[key] = prepared
-    return prepared
+    return _Prepared(FAMILY.plan(problem), FAMILY.launch_plan(problem, config, values),
+                     tuple(torch.broadcast_shapes(*(t.shape for t in tensors))), device,
+                     trace.counter(FAMILY, problem, device_info),
+                     device.type == "cpu" or device.index == torch.cuda.current_device(), [None])
 
 
 def _execute(expression: Expression, values: dict) -> list[torch.Tensor]:
     _check_names(expression, values)
     values, _ = _on_one_device(values)
-    return _launch(_prepare(expression, values), values)
+    prepared = _prepared.get(_signature(expression.canonical, values))
+    if prepared is None:
+        return _first_launch(expression, values)
+    return _launch(prepared, values)
+
+
+def _first_launch(expression: Expression, values: dict) -> list[torch.Tensor]:
+    """A new signature: prepare it, launch it, and keep it once it ran. A config that cannot build or launch here
+    hands the call (and the signature) to the default config (autotile.runtime.fallback)."""
+    key = _signature(expression.canonical, values)
+    problem, device_info, values = problem_from(expression, values)
+    resolution = fallback.usable(FAMILY, problem, device_info)
+    while True:
+        prepared = _prepare(problem, device_info, values, resolution.config)
+        try:
+            outputs = _launch(prepared, values)
+        except Exception as exc:
+            if not fallback.recoverable(exc):
+                raise
+            choice = fallback.Choice(FAMILY, problem, device_info, resolution.config, resolution.source)
+            resolution = fallback.fail_over(choice, exc)
+            fallback.warn(choice, resolution.config)
+            continue
+        with _prepared_lock:
+            _prepared[key] = prepared
+        return outputs
 
 
 def _launch(prepared: _Prepared, values: dict) -> list[torch.Tensor]:

@@ -28,9 +28,10 @@ from autotile.errors import BadInputError, UnsupportedDtypeError
 from autotile.families import flash_vendor
 from autotile.families.base import VENDOR_KEY
 from autotile.families.flash import FAMILY, FlashFamily, FlashProblem, default_scale, window_pair
-from autotile.runtime import trace
-from autotile.runtime.dispatch import on_clear, resolve
+from autotile.runtime import fallback, trace
+from autotile.runtime.dispatch import on_clear
 from autotile.runtime.eager import direct_call_ok
+from autotile.space import Config
 
 LN2 = math.log(2.0)
 
@@ -56,6 +57,9 @@ class _Served:
 
 
 _served: dict[tuple, _Served] = {}
+# flash_attention's raw call key -> what serves it: the _Served of its normalised signature, or a copy whose runner
+# makes the head dim's stride 1 first (see _first_call).
+_calls: dict[tuple, _Served] = {}
 _served_lock = threading.Lock()
 # (q.shape, k.shape, v.shape, q.dtype, k.dtype, causal, scale) as the caller passed them -> (calls, is_causal,
 # scale, enable_gqa), for signatures SDPA itself serves: no window, soft-capping or ALiBi, and no lse asked for.
@@ -70,7 +74,13 @@ _sdpa = torch.nn.functional.scaled_dot_product_attention
 def _forget_served() -> None:
     with _served_lock:
         _served.clear()
+        _calls.clear()
         _sdpa_direct.clear()
+
+
+def _forget_calls() -> None:
+    with _served_lock:
+        _calls.clear()
 
 
 on_clear(_forget_served)
@@ -144,8 +154,28 @@ def serve_forward(problem: FlashProblem, device: DeviceInfo, scale: float, sampl
     lse is (B, Hq, Sq) (packed: (Hq, total_q)) fp32 in log2 units. `sample` holds tensors shaped and
     strided as every call of this runner will pass them (the runner keeps none of them).
     """
-    resolution = resolve(FAMILY, problem, device)
-    calls = trace.counter(FAMILY, problem, device)
+    served = _Served(None, trace.counter(FAMILY, problem, device), False)
+
+    def install(run) -> None:
+        served.run = run
+        _forget_calls()  # flash_attention's entries by raw call key hold the runner they were made with
+
+    def rebuild(resolution, q, k, v, o, lse, alibi, cu_q, cu_k) -> tuple:
+        return _forward_runner(served, problem, device, scale, resolution, {"q": q, "k": k, "v": v, "alibi": alibi},
+                               install, rebuild)
+
+    served.run = _forward_runner(served, problem, device, scale, fallback.usable(FAMILY, problem, device), sample,
+                                 install, rebuild)[1]
+    return served
+
+
+def _forward_runner(served: _Served, problem: FlashProblem, device: DeviceInfo, scale: float, resolution,
+                    sample: dict, install, rebuild) -> tuple:
+    """(config, run) of serve_forward for `resolution`; sets the served object's vendor and sdpa fields.
+
+    Each render's first launch is guarded (autotile.runtime.fallback): a kernel that cannot build here hands its
+    calls to the next choice, which `install` keeps.
+    """
     config = resolution.config
     # NOTE: SDPA's backends give NaN for a zero or negative scale (seen on the H200 with cuDNN); the generated
     # kernel handles them, so such calls never go to the vendor.
@@ -162,9 +192,13 @@ def serve_forward(problem: FlashProblem, device: DeviceInfo, scale: float, sampl
                     # The backend SDPA itself picks for this call: its C entry point costs the least host time.
                     return sdpa(q, k, v, is_causal=causal, scale=scale, enable_gqa=gqa), None
                 return flash_vendor.forward(backend, q, k, v, causal=causal, scale=scale, need_lse=need_lse)
-            return _Served(run_vendor, calls, True, sdpa=(causal, scale, gqa) if own else None)
+            served.vendor, served.sdpa = True, (causal, scale, gqa) if own else None
+            return Config({VENDOR_KEY: backend}), run_vendor
+    source = resolution.source
     if resolution.vendor:
-        config = FAMILY.default_config(problem, device)
+        config, source = FAMILY.default_config(problem, device), "default"
+        fallback.check_default(FAMILY, problem, config)
+    served.vendor, served.sdpa = False, None
     q = sample["q"]
     outputs = FAMILY.allocate_outputs(problem, {"q": q})
     # Two renders of the forward: one writes the log-sum-exp (autograd, return_lse), one does not (inference).
@@ -174,12 +208,35 @@ def serve_forward(problem: FlashProblem, device: DeviceInfo, scale: float, sampl
     # fp8 tensors passed by users carry their values as they are: unit descales.
     descale = torch.ones(3, dtype=torch.float32, device=dev) if problem.dtype == "fp8" else None
 
-    def launch(q, k, v, o, lse, alibi, cu_q, cu_k, plan):
-        # Pointers a render does not read get any tensor (here the output or the lse).
-        plan(q, k, v, o, lse, lse if descale is None else descale, lse if alibi is None else alibi,
-             lse if cu_q is None else cu_q, lse if cu_k is None else cu_k)
-    launch_here = _on_device(dev, launch)
+    def launcher(plan):
+        def launch(q, k, v, o, lse, alibi, cu_q, cu_k):
+            # Pointers a render does not read get any tensor (here the output or the lse).
+            plan(q, k, v, o, lse, lse if descale is None else descale, lse if alibi is None else alibi,
+                 lse if cu_q is None else cu_q, lse if cu_k is None else cu_k)
+        return _on_device(dev, launch)
 
+    def redo(need_lse: bool):
+        def compute(runner, q, k, v, o, lse, alibi, cu_q, cu_k):
+            # A render that failed is one launch of a call: the next choice computes the call, into its outputs.
+            o_next, lse_next = runner(q, k, v, alibi, cu_q, cu_k, need_lse)
+            o.copy_(o_next)
+            if need_lse:
+                lse.copy_(lse_next)
+        return compute
+
+    def proven_without(launch) -> None:
+        nonlocal launch_without
+        launch_without = launch
+
+    def proven_with(launch) -> None:
+        nonlocal launch_with
+        launch_with = launch
+
+    # Each render compiles at its first launch (an inference call may come long before the first with autograd).
+    choice = fallback.Choice(FAMILY, problem, device, config, source)
+    launch_without = fallback.guard(choice, launcher(without_lse), rebuild, install, proven=proven_without,
+                                    redo=redo(False))
+    launch_with = fallback.guard(choice, launcher(with_lse), rebuild, install, proven=proven_with, redo=redo(True))
     same_dtype = o_dtype == q.dtype
 
     def run_kernel(q, k, v, alibi, cu_q, cu_k, need_lse):
@@ -187,12 +244,12 @@ def serve_forward(problem: FlashProblem, device: DeviceInfo, scale: float, sampl
         # (results/host_pieces_2026-12-02.txt).
         o = q.new_empty(o_shape) if same_dtype else torch.empty(o_shape, dtype=o_dtype, device=dev)
         if not need_lse:
-            launch_here(q, k, v, o, o, alibi, cu_q, cu_k, without_lse)
+            launch_without(q, k, v, o, o, alibi, cu_q, cu_k)
             return o, None
         lse = torch.empty(lse_shape, dtype=torch.float32, device=dev)
-        launch_here(q, k, v, o, lse, alibi, cu_q, cu_k, with_lse)
+        launch_with(q, k, v, o, lse, alibi, cu_q, cu_k)
         return o, lse
-    return _Served(run_kernel, calls, False)
+    return config, run_kernel
 
 
 def _sdpa_picks(backend: str, problem: FlashProblem, sample: dict, scale: float) -> bool:
@@ -214,9 +271,24 @@ def _sdpa_picks(backend: str, problem: FlashProblem, sample: dict, scale: float)
 
 def serve_backward(problem: FlashProblem, device: DeviceInfo, scale: float, sample: dict, has_dlse: bool) -> _Served:
     """The backward runner: run(q, k, v, o, do, lse, alibi, cu_q, cu_k, dlse) -> (dq, dk, dv)."""
-    resolution = resolve(FAMILY, problem, device)
-    calls = trace.counter(FAMILY, problem, device)
-    config = resolution.config
+    served = _Served(None, trace.counter(FAMILY, problem, device), False)
+
+    def install(run) -> None:
+        served.run = run
+
+    def rebuild(resolution, q, k, v, o, do, lse, alibi, cu_q, cu_k, dlse) -> tuple:
+        sample = {"q": q, "k": k, "v": v, "o": o, "do": do, "lse": lse, "alibi": alibi}
+        return _backward_runner(served, problem, device, scale, resolution, sample, has_dlse, install, rebuild)
+
+    served.run = _backward_runner(served, problem, device, scale, fallback.usable(FAMILY, problem, device), sample,
+                                  has_dlse, install, rebuild)[1]
+    return served
+
+
+def _backward_runner(served: _Served, problem: FlashProblem, device: DeviceInfo, scale: float, resolution,
+                     sample: dict, has_dlse: bool, install, rebuild) -> tuple:
+    """(config, run) of serve_backward for `resolution`; a generated kernel's first call is guarded (see fallback)."""
+    config, source = resolution.config, resolution.source
     if resolution.vendor:
         usable = not has_dlse and scale > 0  # see serve_forward on scales
         backend = _vendor_for(problem, device, config[VENDOR_KEY], sample, grad=True) if usable else None
@@ -225,10 +297,13 @@ def serve_backward(problem: FlashProblem, device: DeviceInfo, scale: float, samp
 
             def run_vendor(q, k, v, o, do, lse, alibi, cu_q, cu_k, dlse):
                 return flash_vendor.backward(backend, do, q, k, v, o, lse, causal=causal, scale=scale)
-            return _Served(run_vendor, calls, True)
+            served.vendor = True
+            return Config({VENDOR_KEY: backend}), run_vendor
         # SDPA's backward takes no gradient of the log-sum-exp (and no backend may take these tensors):
         # the generated kernel computes this one.
-        config = FAMILY.default_config(problem, device)
+        config, source = FAMILY.default_config(problem, device), "default"
+        fallback.check_default(FAMILY, problem, config)
+    served.vendor = False
     q, k, v = sample["q"], sample["k"], sample["v"]
     outputs = FAMILY.allocate_outputs(problem, sample)
     plan = FAMILY.plan(problem, config, sample, outputs, scale=scale, keep=True)
@@ -246,7 +321,8 @@ def serve_backward(problem: FlashProblem, device: DeviceInfo, scale: float, samp
         dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=dev) for t in (q, k, v))
         launch_here(q, k, v, o, do, lse, alibi, cu_q, cu_k, dlse, dq, dk, dv)
         return dq, dk, dv
-    return _Served(run_kernel, calls, False)
+    choice = fallback.Choice(FAMILY, problem, device, config, source)
+    return config, fallback.guard(choice, run_kernel, rebuild, install)
 
 
 def _layout(t: torch.Tensor | None) -> tuple | None:
@@ -363,7 +439,7 @@ def _first_call(key: tuple, q, k, v, causal, scale, window, softcap, alibi) -> _
     served = _Served(run, inner.calls, inner.vendor, (causal, scale, window, softcap), q.dtype == torch.float8_e4m3fn,
                      inner.sdpa)
     with _served_lock:
-        _served[key] = served
+        _calls[key] = served
     return served
 
 
@@ -403,7 +479,7 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
             key = served = None
             if direct is None:
                 key = _call_key(q, k, v, causal, scale, window, softcap, alibi_slopes)
-                served = _served.get(key)
+                served = _calls.get(key)
         except Exception:  # noqa: BLE001 - not plain tensors, an unhashable window, fake tensors: the op checks them
             direct = key = served = None
         if direct is not None:

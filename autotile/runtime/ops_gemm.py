@@ -21,8 +21,8 @@ from autotile.errors import BadInputError, ShapeMismatchError
 from autotile.families.base import VENDOR_KEY
 from autotile.families.gemm import FAMILY, GemmProblem, vendor_matmul
 from autotile.families.gemm_launch import bind_gemm
-from autotile.runtime import trace
-from autotile.runtime.dispatch import on_clear, resolve
+from autotile.runtime import fallback, trace
+from autotile.runtime.dispatch import on_clear
 from autotile.runtime.eager import direct_call_ok
 
 _ACTIVATIONS = {"none": None, "relu": torch.relu, "silu": torch.nn.functional.silu, "gelu": torch.nn.functional.gelu}
@@ -158,15 +158,24 @@ def _kernel_runner(problem: GemmProblem, config) -> Callable:
 
 
 def _serve(problem: GemmProblem, device) -> _Served:
-    resolution = resolve(FAMILY, problem, device)
-    if resolution.vendor:
-        run = _vendor_runner(problem, resolution.config[VENDOR_KEY])
-    else:
-        run = _kernel_runner(problem, resolution.config)
+    resolution = fallback.usable(FAMILY, problem, device)
     plain_vendor = (resolution.vendor and resolution.config[VENDOR_KEY] == "cublas"
                     and problem.dtype in ("bf16", "fp16") and problem.out_dtype == problem.dtype
                     and problem.activation == "none" and not problem.residual)
-    return _Served(run, trace.counter(FAMILY, problem, device), plain_vendor)
+    served = _Served(None, trace.counter(FAMILY, problem, device), plain_vendor)
+
+    def install(run) -> None:
+        served.run = run
+
+    def build(resolution, *call) -> tuple:
+        # A generated kernel's first call may fail over to the next choice (autotile.runtime.fallback).
+        if resolution.vendor:
+            return resolution.config, _vendor_runner(problem, resolution.config[VENDOR_KEY])
+        choice = fallback.Choice(FAMILY, problem, device, resolution.config, resolution.source)
+        return resolution.config, fallback.guard(choice, _kernel_runner(problem, resolution.config), build, install)
+
+    served.run = build(resolution)[1]
+    return served
 
 
 def _shape_key(a, b, bias) -> tuple:
@@ -438,27 +447,44 @@ def _serve_linear(x, weight, bias, activation, residual) -> _Served:
         n = weight.shape[0]
         _, problem, device = problem_for(a, weight.t(), bias=bias, activation=activation,
                                          residual=None if residual is None else residual.reshape(-1, n))
-        resolution = resolve(FAMILY, problem, device)
+        resolution = fallback.usable(FAMILY, problem, device)
         if resolution.vendor and resolution.config[VENDOR_KEY] == "cublas":
-            run = vendor
+            served = _Served(vendor, trace.counter(FAMILY, problem, device))
             _keep_vendor_linear((x.shape, x.dtype, id(weight), bias is None, residual is None, activation),
                                 trace.counter(FAMILY, problem, device), x, weight)
         else:
-            inner = (_vendor_runner(problem, resolution.config[VENDOR_KEY]) if resolution.vendor
-                     else _kernel_runner(problem, resolution.config))
+            served = _Served(None, trace.counter(FAMILY, problem, device))
 
-            def general(x, w, b, r):
-                flat = None if r is None else r.reshape(-1, w.shape[0])
-                return inner(x.reshape(-1, x.shape[-1]), w.t(), b, None, None, flat).view(*x.shape[:-1], w.shape[0])
+            def install(run) -> None:
+                served.run = run
 
-            # The signature fixes x's rank: a 2-D x with no residual (a decode step's projection) takes the
-            # kernel without the reshapes and the transpose, each a torch call of a few us of host time.
-            run = general
-            if not resolution.vendor and x.dim() == 2 and residual is None:
-                run = lambda x, w, b, r, fast=inner.linear: fast(x, w, b)  # noqa: E731
-        served = _Served(run, trace.counter(FAMILY, problem, device))
-        if not resolution.vendor and residual is None:
-            served.bound_linear = inner.bound_launch
+            def build(resolution, *call) -> tuple:
+                # A generated kernel's first call may fail over to the next choice (autotile.runtime.fallback).
+                served.bound_linear = None
+                if resolution.vendor and resolution.config[VENDOR_KEY] == "cublas":
+                    return resolution.config, vendor
+                inner = (_vendor_runner(problem, resolution.config[VENDOR_KEY]) if resolution.vendor
+                         else _kernel_runner(problem, resolution.config))
+
+                def general(x, w, b, r):
+                    flat = None if r is None else r.reshape(-1, w.shape[0])
+                    return inner(x.reshape(-1, x.shape[-1]), w.t(), b, None, None, flat).view(*x.shape[:-1],
+                                                                                              w.shape[0])
+
+                if resolution.vendor:
+                    return resolution.config, general
+                # The signature fixes x's rank: a 2-D x with no residual (a decode step's projection) takes the
+                # kernel without the reshapes and the transpose, each a torch call of a few us of host time.
+                run = general
+                if two_d_plain:
+                    run = lambda x, w, b, r, fast=inner.linear: fast(x, w, b)  # noqa: E731
+                if residual is None:
+                    served.bound_linear = inner.bound_launch
+                choice = fallback.Choice(FAMILY, problem, device, resolution.config, resolution.source)
+                return resolution.config, fallback.guard(choice, run, build, install)
+
+            two_d_plain = x.dim() == 2 and residual is None
+            served.run = build(resolution)[1]
     with _served_lock:
         _linear_served[key] = served
     return served

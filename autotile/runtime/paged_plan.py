@@ -50,11 +50,12 @@ import torch
 
 from autotile.device import DeviceInfo, cuda_device, interpret_device
 from autotile.dtypes import canonical_dtype_name
-from autotile.errors import BadInputError, ShapeMismatchError, UnsupportedDtypeError
+from autotile.errors import BadInputError, KernelUnusableError, ShapeMismatchError, UnsupportedDtypeError
 from autotile.families.paged import (
     CACHE_DTYPES, FAMILY, PARTITION_CHOICES, QUERY_DTYPES, PagedLaunch, PagedProblem, SplitConstants, balanced_tile,
     cdiv, check_head_dim, context_bucket,
 )
+from autotile.runtime import fallback
 from autotile.runtime.paged_fresh import fresh_prefill, is_fresh_uniform
 from autotile.space import Config
 
@@ -97,9 +98,7 @@ def _device_info(device: torch.device) -> DeviceInfo:
 
 
 def _resolve(problem: PagedProblem, info: DeviceInfo):
-    from autotile.runtime.dispatch import resolve
-
-    return resolve(FAMILY, problem, info)
+    return fallback.usable(FAMILY, problem, info)
 
 
 def served_config(problem: PagedProblem, device: DeviceInfo, resolution) -> Config:
@@ -119,6 +118,10 @@ def served_config(problem: PagedProblem, device: DeviceInfo, resolution) -> Conf
         if space.is_feasible(candidate):
             return Config(candidate)
     return config
+
+
+def _choice(problem: PagedProblem, info: DeviceInfo, resolution) -> fallback.Choice:
+    return fallback.Choice(FAMILY, problem, info, resolution.config, resolution.source)
 
 
 def _shape_dtypes(num_q_heads: int, num_kv_heads: int, head_dim: int, page_size: int, dtype, kv_dtype) -> tuple:
@@ -184,6 +187,37 @@ class _PlanBase:
         elif k_scale is not None or v_scale is not None:
             raise BadInputError(f"k_scale/v_scale apply to fp8 caches only; these caches are {self.kv_dtype}")
 
+    def _first_launch(self, *args, **kwargs) -> None:
+        """The plan's first launch. A config dispatch chose that cannot build or launch here hands the plan to the next
+        choice (autotile.runtime.fallback); once a launch returns, runs call the kernel's launch directly."""
+        while True:
+            try:
+                self._kernel_launch()(*args, **kwargs)
+            except Exception as exc:
+                if self._choice is None or not fallback.recoverable(exc):
+                    raise  # a config the caller gave is run as given
+                try:
+                    self._fail_over(exc)
+                except KernelUnusableError as err:
+                    self._launch_step = fallback.refusal(err)  # later runs say so at once
+                    raise
+                continue
+            self._launch_step = self._kernel_launch()
+            return
+
+    def _fail_over(self, exc: BaseException) -> None:
+        failed, first = self.config, self._choice
+        while True:
+            resolution = fallback.fail_over(self._choice, exc)
+            self._choice = fallback.Choice(FAMILY, self.problem, first.device, resolution.config, resolution.source)
+            config, source = self._config_for(resolution, first.device)
+            if config != failed:
+                break
+            # The next choice runs the very kernel that failed (as this plan adapts it): unusable too.
+        fallback.warn(first, config)
+        self.config, self.source = config, source
+        self.launch = self._make_launch()
+
     def _check_output(self, name: str, t, shape: tuple, dtype: torch.dtype) -> None:
         if t is not None and (tuple(t.shape) != shape or t.dtype != dtype or t.device != self.device):
             raise ShapeMismatchError(f"{name} must be {shape} {dtype} on {self.device}, got "
@@ -219,17 +253,30 @@ class PagedAttentionPlan(_PlanBase):
         self.problem = PagedProblem(self.batch, self.num_q_heads, self.num_kv_heads, self.head_dim, self.page_size,
                                     bound, mean, self.num_queries, self.dtype_name, self.kv_dtype_name)
         info = _device_info(self.device)
+        self._num_sms = num_sms
+        self._choice = None  # the generated kernel dispatch chose (autotile.runtime.fallback); None: a config given
         if config is not None:
             self.config, self.source = FAMILY.validate_config(self.problem, info, Config(config)), "given"
         else:
             resolution = _resolve(self.problem, info)
-            self.config = served_config(self.problem, info, resolution)
-            self.source = f"{resolution.source}, {resolution.match}" + (
-                ", balanced" if self.config is not resolution.config else "")
+            self.config, self.source = self._config_for(resolution, info)
+            self._choice = _choice(self.problem, info, resolution)
+        self.launch = self._make_launch()
+        self._launch_step = self._first_launch
+
+    def _config_for(self, resolution, info: DeviceInfo) -> tuple[Config, str]:
+        config = served_config(self.problem, info, resolution)
+        balanced = ", balanced" if config is not resolution.config else ""
+        return config, f"{resolution.source}, {resolution.match}{balanced}"
+
+    def _make_launch(self) -> PagedLaunch:
         # A prefill config (query groups too wide for a decode tile, G x Q > 64) runs the tensor-core query
         # blocks over the batch's uniform Q tokens a sequence.
-        self.launch = PagedLaunch(self.problem, self.config, self.device, return_lse=self.return_lse, num_sms=num_sms,
-                                  split_constants=self.split_constants)
+        return PagedLaunch(self.problem, self.config, self.device, return_lse=self.return_lse, num_sms=self._num_sms,
+                           split_constants=self.split_constants)
+
+    def _kernel_launch(self):
+        return self.launch.decode_or_prefill
 
     def __repr__(self) -> str:
         return (f"PagedAttentionPlan(batch={self.batch}, heads={self.num_q_heads}/{self.num_kv_heads}, "
@@ -270,8 +317,8 @@ class PagedAttentionPlan(_PlanBase):
             lse = torch.empty(lse_shape, dtype=torch.float32, device=self.device)
         q4, out4 = (q.unsqueeze(1), out.unsqueeze(1)) if three_d else (q, out)
         lse4 = lse.unsqueeze(1) if lse is not None and three_d else lse
-        self.launch.decode_or_prefill(q4, k_cache, v_cache, block_table, context_lens, out4, scale=scale,
-                                      k_scale=k_scale, v_scale=v_scale, lse=lse4)
+        self._launch_step(q4, k_cache, v_cache, block_table, context_lens, out4, scale=scale, k_scale=k_scale,
+                          v_scale=v_scale, lse=lse4)
         return (out, lse) if self.return_lse else out
 
 
@@ -326,16 +373,28 @@ class PagedPrefillPlan(_PlanBase):
         self.problem = PagedProblem(self.batch, self.num_q_heads, self.num_kv_heads, self.head_dim, self.page_size,
                                     bound, bound, queries, self.dtype_name, self.kv_dtype_name)
         info = _device_info(self.device)
+        self._choice = None  # the generated kernel dispatch chose (autotile.runtime.fallback); None: a config given
         if config is not None:
             self.config, self.source = FAMILY.validate_config(self.problem, info, Config(config)), "given"
         else:
             resolution = _resolve(self.problem, info)
-            self.config, self.source = resolution.config, resolution.source
-            if self.config["VARIANT"] != "prefill":
-                self.config, self.source = FAMILY.prefill_config(self.problem, info), "default"
+            self.config, self.source = self._config_for(resolution, info)
+            self._choice = _choice(self.problem, info, resolution)
         if self.config["VARIANT"] != "prefill":
             raise BadInputError(f"{self.config.to_json()} is not a prefill config (VARIANT must be 'prefill')")
-        self.launch = PagedLaunch(self.problem, self.config, self.device, return_lse=self.return_lse)
+        self.launch = self._make_launch()
+        self._launch_step = self._first_launch
+
+    def _config_for(self, resolution, info: DeviceInfo) -> tuple[Config, str]:
+        if resolution.config["VARIANT"] != "prefill":
+            return FAMILY.prefill_config(self.problem, info), "default"
+        return resolution.config, resolution.source
+
+    def _make_launch(self) -> PagedLaunch:
+        return PagedLaunch(self.problem, self.config, self.device, return_lse=self.return_lse)
+
+    def _kernel_launch(self):
+        return self.launch.prefill
 
     def run(self, q, k_cache, v_cache, block_table, cu_seqlens_q, context_lens, *, k_new=None, v_new=None,
             slot_mapping=None, scale=None, k_scale=None, v_scale=None, out=None, lse=None):
@@ -372,8 +431,8 @@ class PagedPrefillPlan(_PlanBase):
         out = torch.empty(q.shape, dtype=self.dtype, device=self.device) if out is None else out
         if self.return_lse and lse is None:
             lse = torch.empty((tokens, self.num_q_heads), dtype=torch.float32, device=self.device)
-        self.launch.prefill(q, k_cache, v_cache, block_table, cu_seqlens_q, context_lens, out, scale=scale,
-                            k_scale=k_scale, v_scale=v_scale, lse=lse)
+        self._launch_step(q, k_cache, v_cache, block_table, cu_seqlens_q, context_lens, out, scale=scale,
+                          k_scale=k_scale, v_scale=v_scale, lse=lse)
         return (out, lse) if self.return_lse else out
 
 
