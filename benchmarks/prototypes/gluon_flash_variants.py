@@ -88,9 +88,13 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--only", default="", help="comma-separated parts of shape labels to run (default: all)")
     args = parser.parse_args()
+    wanted = [part for part in args.only.split(",") if part]
     F = torch.nn.functional
     for label, problem, variants in cases():
+        if wanted and not any(part in label for part in wanted):
+            continue
         pr = problem
         gen = torch.Generator(device="cuda").manual_seed(0)
         q = torch.randn(pr.batch, pr.heads_q, pr.seq_q, pr.head_dim, device="cuda", dtype=torch.bfloat16, generator=gen)
