@@ -50,6 +50,7 @@ def cases() -> list:
             "gluon 128x128 s3 forwards": (gluon(128, 128, 3), "forwards")}
     short = {"gluon 128x128 s3": (gluon(128, 128, 3), None),
              "gluon 128x128 s3 forwards": (gluon(128, 128, 3), "forwards"),
+             "gluon 128x64 s4": (gluon(128, 64, 4), None),
              "pointer+mil 64x32 s3": (triton("pointer", 64, 32, 4, 3, True), None)}
     d64 = {"gluon 128x128 s3": (gluon(128, 128, 3), None),
            "gluon 128x128 s3 forwards": (gluon(128, 128, 3), "forwards")}
