@@ -66,6 +66,9 @@ LOADS_CHOICES = ("pointer", "tma", "pointer_lookahead", "tma_lookahead", GLUON_W
 _GLUON_BLOCK_M = 128
 _GLUON_BLOCK_N = (64, 128)
 _GLUON_HEAD_DIMS = (64, 128, 256)
+# Keys from which the gluon_ws forward is the causal default at head dim 64: it led at 2000 and 4096 keys once its
+# persistent rounds alternated direction (results/gluon_variants_2026-12-03b.txt; shorter ones unmeasured).
+_GLUON_D64_CAUSAL_FROM_KEYS = 2000
 
 
 # Sequences up to this long take 32-row query steps in the untuned dK/dV kernel (64-row steps beyond): H200, causal,
@@ -602,11 +605,15 @@ class FlashFamily(Family):
         0.79-0.86x; 16 x 512 0.78x against 0.75x; 16k 1.02x against 0.88x; non-causal 4k 0.92x against 0.84x; GQA
         1000 x 3000 0.95x against 0.84x); head dim 256 below _TMA_FROM_KEYS keys, 64-key blocks on 2 slots (Gemma-2-9B
         4 x 2048 0.76x against 0.72x, 16 x 512 0.66x against 0.62x; from 4096 keys a tie or 2% behind). At head dim 64
-        it lost (3 x 12 x 2000 causal 0.84x against 0.92x, 4 x 16 x 4096 0.87x against 0.90x). A query tile of 128
-        rows needs more than 64 queries. Packed sequences keep the rules above: gluon_ws takes them (a candidate of
-        the search, checked against float64 before it is timed) but has not been timed on them."""
-        if gluon_ws_ok(p, device) and not p.varlen and p.seq_q > 64 and (
-                p.head_dim == 128 or (p.head_dim == 256 and p.seq_k < _TMA_FROM_KEYS)):
+        it lost (3 x 12 x 2000 causal 0.84x against 0.92x, 4 x 16 x 4096 0.87x against 0.90x) until its persistent
+        rounds alternated direction (results/gluon_variants_2026-12-03b.txt): causal, from 2000 keys, it leads (3 x 12
+        x 2000 279 TFLOP/s against the pointer default's 264; 1 x 32/8 x 4096 394 against the TMA default's 339).
+        Packed sequences (results/flash_2026-12-03d_varlen.md: 8 sequences of 512-2048 tokens, Llama heads) ran
+        at 410 TFLOP/s on real tokens against the pointer default's 345, once gluon_ws numbered only the tiles that
+        hold rows. A query tile of 128 rows needs more than 64 queries."""
+        if gluon_ws_ok(p, device) and p.seq_q > 64 and (
+                p.head_dim == 128 or (p.head_dim == 256 and p.seq_k < _TMA_FROM_KEYS)
+                or (p.head_dim == 64 and p.causal and p.seq_k >= _GLUON_D64_CAUSAL_FROM_KEYS)):
             return dict(LOADS=GLUON_WS, BLOCK_M=_GLUON_BLOCK_M, BLOCK_N=128 if p.head_dim <= 128 else 64,
                         WARP_SPECIALIZE=False, num_warps=4, num_stages=3 if p.head_dim <= 128 else 2)
         tma = (arch_of(device).supports(Feature.TMA) and not device.interpret and p.aligned and not p.varlen
