@@ -66,9 +66,10 @@ LOADS_CHOICES = ("pointer", "tma", "pointer_lookahead", "tma_lookahead", GLUON_W
 _GLUON_BLOCK_M = 128
 _GLUON_BLOCK_N = (64, 128)
 _GLUON_HEAD_DIMS = (64, 128, 256)
-# Keys from which the gluon_ws forward is the causal default at head dim 64: it led at 2000 and 4096 keys once its
-# persistent rounds alternated direction (results/gluon_variants_2026-12-03b.txt; shorter ones unmeasured).
-_GLUON_D64_CAUSAL_FROM_KEYS = 2000
+# Keys from which the gluon_ws forward is the default at head dim 64: it led at 2000 and 4096 keys once its persistent
+# rounds alternated direction and O left through a TMA store; at 16 x 512 the pointer default led
+# (results/gluon_variants_2026-12-03b.txt, _c.txt).
+_GLUON_D64_FROM_KEYS = 2000
 
 
 # Sequences up to this long take 32-row query steps in the untuned dK/dV kernel (64-row steps beyond): H200, causal,
@@ -606,14 +607,16 @@ class FlashFamily(Family):
         1000 x 3000 0.95x against 0.84x); head dim 256 below _TMA_FROM_KEYS keys, 64-key blocks on 2 slots (Gemma-2-9B
         4 x 2048 0.76x against 0.72x, 16 x 512 0.66x against 0.62x; from 4096 keys a tie or 2% behind). At head dim 64
         it lost (3 x 12 x 2000 causal 0.84x against 0.92x, 4 x 16 x 4096 0.87x against 0.90x) until its persistent
-        rounds alternated direction (results/gluon_variants_2026-12-03b.txt): causal, from 2000 keys, it leads (3 x 12
-        x 2000 279 TFLOP/s against the pointer default's 264; 1 x 32/8 x 4096 394 against the TMA default's 339).
+        rounds alternated direction and O left through a TMA store (results/gluon_variants_2026-12-03b.txt, _c.txt):
+        from 2000 keys it leads (causal 3 x 12 x 2000 283 TFLOP/s against the pointer default's 264, 1 x 32/8 x 4096
+        395 against the TMA default's 339; not causal, 4 x 16 x 4096, 439 against 410), at 16 x 512 it does not
+        (200 against 217).
         Packed sequences (results/flash_2026-12-03d_varlen.md: 8 sequences of 512-2048 tokens, Llama heads) ran
         at 410 TFLOP/s on real tokens against the pointer default's 345, once gluon_ws numbered only the tiles that
         hold rows. A query tile of 128 rows needs more than 64 queries."""
         if gluon_ws_ok(p, device) and p.seq_q > 64 and (
                 p.head_dim == 128 or (p.head_dim == 256 and p.seq_k < _TMA_FROM_KEYS)
-                or (p.head_dim == 64 and p.causal and p.seq_k >= _GLUON_D64_CAUSAL_FROM_KEYS)):
+                or (p.head_dim == 64 and p.seq_k >= _GLUON_D64_FROM_KEYS)):
             return dict(LOADS=GLUON_WS, BLOCK_M=_GLUON_BLOCK_M, BLOCK_N=128 if p.head_dim <= 128 else 64,
                         WARP_SPECIALIZE=False, num_warps=4, num_stages=3 if p.head_dim <= 128 else 2)
         tma = (arch_of(device).supports(Feature.TMA) and not device.interpret and p.aligned and not p.varlen
@@ -628,8 +631,9 @@ class FlashFamily(Family):
             return dict(LOADS=loads, BLOCK_M=64, BLOCK_N=64, WARP_SPECIALIZE=False, MASKS_IN_LOOP=in_loop, num_warps=4,
                         num_stages=3)
         if p.block_d <= 64 and tma:
-            # Head dim 64, not causal, 4 x 16 x 4096: 0.91x of cuDNN on 4 warps without warp specialisation, against
-            # 0.75x for the 8 warp-specialised ones below (results/flash_policy_sweep_2026-12-03c.md).
+            # Head dim 64, not causal, 4 x 16 x 4096 (where gluon_ws does not apply): 0.91x of cuDNN on 4 warps without
+            # warp specialisation, against 0.75x for the 8 warp-specialised ones below
+            # (results/flash_policy_sweep_2026-12-03c.md).
             return dict(LOADS=loads, BLOCK_M=128, BLOCK_N=128, WARP_SPECIALIZE=False, num_warps=4, num_stages=3)
         return dict(LOADS=loads, BLOCK_M=128, BLOCK_N=128, WARP_SPECIALIZE=tma, num_warps=8, num_stages=3)
 

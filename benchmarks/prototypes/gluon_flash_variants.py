@@ -28,10 +28,18 @@ from autotile.space import Config  # noqa: E402
 # scales only: 2026-12-03 it ran 0.87x of cuDNN where the FFMA form ran 0.97x (D = 128, 2 x 32 x 4096).
 # forwards: every round deals the tiles out in program order (the schedule before odd rounds went backwards; it
 # ran 0.91-0.93x of the alternating one on causal shapes, results/gluon_variants_2026-12-03b.txt).
-# gl_store: O stored from the wgmma's registers, as before it left through a K slot and a TMA store.
+# gl_store: dense O stored from the wgmma's registers, as before it left through a key block's slot and a TMA store
+# (1.0-1.17x with 128-key blocks, results/gluon_variants_2026-12-03c.txt).
+# A patch is (old, new), or (first line, line after, new) for the text from the first line up to the line after.
+_REGISTER_STORE = """            mbarrier.arrive(empty.index(last), count=1)
+            rows_o = row0 + gl.arange(0, WG_ROWS, layout=row_o)
+            o_base = o_ptr + b.to(gl.int64) * stride_ob + h.to(gl.int64) * stride_oh
+            offsets = (q_first + rows_o).to(gl.int64)[:, None] * stride_os + dims[None, :]
+            gl.store(o_base + offsets, acc.to(o_ptr.dtype.element_ty), mask=(rows_o < len_q)[:, None])
+"""
 PATCHES = {"scale_first": ("    if NEGATE_Q:\n", "    if True:  # scale first, whatever the scale's sign\n"),
            "forwards": ("    return r * P + pid + (r % 2) * (P - 1 - 2 * pid)\n", "    return r * P + pid\n"),
-           "gl_store": ("            if BLOCK_N == BLOCK_M:\n", "            if False:\n")}
+           "gl_store": ("            if O_IN_V:\n", "            it += n_blocks\n", _REGISTER_STORE)}
 
 
 def gluon(block_m: int, block_n: int, stages: int) -> Config:
@@ -57,7 +65,8 @@ def cases() -> list:
              "pointer+mil 64x32 s3": (triton("pointer", 64, 32, 4, 3, True), None)}
     d64 = {"gluon 128x128 s3": (gluon(128, 128, 3), None),
            "gluon 128x128 s3 gl_store": (gluon(128, 128, 3), "gl_store")}
-    d256 = {"gluon 128x64 s2": (gluon(128, 64, 2), None), "tma 64x64 s3": (triton("tma", 64, 64, 4, 3), None)}
+    d256 = {"gluon 128x64 s2": (gluon(128, 64, 2), None), "gluon 128x64 s2 gl_store": (gluon(128, 64, 2), "gl_store"),
+            "tma 64x64 s3": (triton("tma", 64, 64, 4, 3), None)}
     return [
         ("llama 1x4096 causal", p(1, 32, 8, 4096, 4096, 128, True), d128),
         ("qwen 1x4096 causal", p(1, 28, 4, 4096, 4096, 128, True), d128),
@@ -75,8 +84,15 @@ def cases() -> list:
 
 
 def _patched(module, patch: str):
-    old, new = PATCHES[patch]
     source = Path(module.__file__).read_text()
+    if len(PATCHES[patch]) == 3:
+        first, after, new = PATCHES[patch]
+        if source.count(first) != 1 or after not in source[source.find(first):]:
+            raise SystemExit(f"patch {patch!r} no longer matches the rendered kernel: update this script")
+        start = source.index(first)
+        old = source[start:source.index(after, start)]
+    else:
+        old, new = PATCHES[patch]
     if source.count(old) != 1:
         raise SystemExit(f"patch {patch!r} no longer matches the rendered kernel: update this script")
     path = Path(tempfile.mkdtemp()) / f"gluon_variant_{patch}.py"
