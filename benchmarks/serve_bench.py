@@ -249,12 +249,17 @@ def graph_capture() -> list[dict]:
     w = torch.randn(1024, 512, device="cuda", dtype=torch.bfloat16)
     q = torch.randn(2, 8, 256, 64, device="cuda", dtype=torch.bfloat16)
     kv = torch.randn(2, 2, 256, 64, device="cuda", dtype=torch.bfloat16)
+    # Llama-3-8B's heads at 2048 tokens: a shipped H200 policy serves the generated kernel there.
+    q_policy = torch.randn(1, 32, 2048, 128, device="cuda", dtype=torch.bfloat16)
+    kv_policy = torch.randn(1, 8, 2048, 128, device="cuda", dtype=torch.bfloat16)
     x = torch.randn(10000, device="cuda")
     sincos = autotile.fuse("sin(x)*2 + x")
     cases = {
         "linear": (lambda: autotile.linear(a, w), [a]),
         "matmul": (lambda: autotile.matmul(a, w.t()), [a]),
         "flash_attention": (lambda: autotile.flash_attention(q, kv, kv, causal=True), [q]),
+        "flash_attention 1x2048 (policy)": (lambda: autotile.flash_attention(q_policy, kv_policy, kv_policy, causal=True),
+                                            [q_policy]),
         "fuse": (lambda: sincos(x=x), [x]),
     }
     for name, (fn, inputs) in cases.items():
