@@ -210,7 +210,9 @@ def add_sweep_arguments(parser: argparse.ArgumentParser, out_name: str) -> None:
     """The options every policy sweep takes (this one and flash_policy_sweep.py)."""
     parser.add_argument("--out", type=Path, default=Path(out_name))
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--budget-s", type=float, default=None, help="no shape starts after this many seconds")
+    parser.add_argument("--budget-s", type=float, default=None,
+                        help="no shape starts after this many seconds from the start (compiling every shape's "
+                        "candidates ahead counts: narrow a short run with --only)")
     parser.add_argument("--plan", action="store_true", help="list shapes and candidates (H200 policy) and exit")
     parser.add_argument("--workers", type=int, default=max(1, min(14, (os.cpu_count() or 2) - 2)),
                         help="processes compiling kernels ahead")
