@@ -1,0 +1,372 @@
+"""Prototype: a FlashAttention backward in Gluon with FlashAttention-3's structure on Hopper.
+
+Status: compiles for sm90 with Triton 3.6's ptxas (tests/test_gluon_flash_bwd_prototype.py); not yet run on a GPU.
+The family's backward (Triton tl.dot kernels: dK/dV, then dQ, each recomputing P and dP) runs at 0.74x of cuDNN at
+D = 128, 4k (benchmarks/RESULTS.md); its dK/dV kernel alone took as long as cuDNN's whole backward, and adding dQ
+there with atomics did not pay in Triton (RESULTS.md "ninth run"). This is FlashAttention-3's answer, written where
+each warpgroup's registers and barriers can be stated. On the GPU:
+    python benchmarks/prototypes/gluon_flash_bwd.py          # checks against float64, then times beside SDPA
+    python benchmarks/prototypes/gluon_flash_bwd.py --quick  # three checks and two shapes, two stages only
+
+Structure: a program owns one block of 128 keys of one KV head and walks every query block (64 rows) of the query
+heads that share it (GQA: no reduction of dK/dV across programs).
+  - one producer warp loads K and V once, then each query block's Q and dO into a ring of STAGES slots (TMA);
+  - two consumer warpgroups, each its own partition, own 64 of the 128 keys each and keep dK and dV for them in
+    registers. For each query block i, with P^T and dP^T (keys x queries) from wgmmas of shared-memory operands:
+        S^T = K Q_i^T, dP^T = V dO_i^T         issued together
+        P^T = exp2(S^T * scale * log2(e) - LSE_i)    (LSE in the log2 domain, as the forward writes it)
+        dV += P^T dO_i                         P^T from registers
+        dS^T = P^T * (dP^T - Delta_i)           Delta = rowsum(dO * O)
+        dK += dS^T Q_i                         dS^T from registers
+        dQ_i += dS K                           dS^T through shared memory, read transposed; added to an fp32 dQ
+                                               with atomics, scaled and cast afterwards
+  - dQ: with D = 128 both warpgroups' dS^T halves meet in shared memory (a barrier between them) and each computes
+    half of dQ_i's columns over all 128 keys (32 registers of fp32 a thread); with D = 64 each computes dQ_i over its
+    own 64 keys, all columns, and both add (no barrier). dS^T is double-buffered, so a warpgroup one block ahead
+    never overwrites what the other still reads.
+Not here (yet): FlashAttention-3's TMA reduce-add for dQ (Gluon 3.6 exposes no bulk reduction: element atomics from
+registers instead), a deterministic mode, windows and other features, D = 256, packed sequences.
+Layout: q, o, do (B, H, SQ, D), k, v (B, HKV, SK, D), 16-byte aligned rows, unit stride along D, bf16 or fp16.
+Causal masks align the last query with the last key.
+"""
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
+
+WG_KEYS = gl.constexpr(64)  # keys a consumer warpgroup owns (the wgmma's M for S^T, dP^T, dK and dV)
+BLOCK_N = 128  # keys a program owns: two consumer warpgroups
+BLOCK_M = 64  # query rows a step
+LOG2E = 1.4426950408889634
+
+
+@gluon.jit
+def _first_block(kb, SQ, SK, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+    # The first query block that sees a key of key block kb: query i sees key j when j <= i + SK - SQ (causal).
+    if CAUSAL:
+        return gl.maximum(kb * BLOCK_N - (SK - SQ), 0) // BLOCK_M
+    else:
+        return 0
+
+
+@gluon.jit
+def _producer(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_bar, ready, empty, b, h_kv, group,
+              SQ, SK, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+    kb = gl.program_id(0)
+    mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(k_desc, [b, h_kv, kb * BLOCK_N, 0], kv_bar, k_smem)
+    tma.async_copy_global_to_shared(v_desc, [b, h_kv, kb * BLOCK_N, 0], kv_bar, v_smem)
+    first = _first_block(kb, SQ, SK, BLOCK_M, BLOCK_N, CAUSAL)
+    n_m = gl.cdiv(SQ, BLOCK_M)
+    it = 0
+    for g in range(group):
+        h = h_kv * group + g
+        for i in range(first, n_m):
+            s = it % STAGES
+            mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)  # a slot's first use passes at once
+            mbarrier.expect(ready.index(s), q_desc.block_type.nbytes + do_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(q_desc, [b, h, i * BLOCK_M, 0], ready.index(s), q_smem.index(s))
+            tma.async_copy_global_to_shared(do_desc, [b, h, i * BLOCK_M, 0], ready.index(s), do_smem.index(s))
+            it += 1
+
+
+@gluon.jit
+def _consumer(WG: gl.constexpr, q_smem, do_smem, k_smem, v_smem, ds_smem, kv_bar, ready, empty, ds_ready,
+              lse_ptr, delta_ptr, dq_ptr, dk_ptr, dv_ptr, b, h_kv, group, H, SQ, SK, qk_scale, sm_scale,
+              stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs,
+              HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+              CAUSAL: gl.constexpr, DQ_BY_KEYS: gl.constexpr):
+    # S^T, dP^T: (64 keys, BLOCK_M queries); dK, dV: (64 keys, HEAD_D); dQ: (BLOCK_M queries, DQ_COLS).
+    DQ_COLS: gl.constexpr = HEAD_D if DQ_BY_KEYS else HEAD_D // 2
+    st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, BLOCK_M, 16])
+    kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, HEAD_D, 16])
+    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, DQ_COLS, 16])
+    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
+    dtype: gl.constexpr = q_smem.dtype
+    kb = gl.program_id(0)
+    key0 = kb * BLOCK_N + WG * WG_KEYS
+    keys = key0 + gl.arange(0, WG_KEYS, layout=gl.SliceLayout(1, st_layout))
+    cols = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, st_layout))
+    zero_st = gl.zeros([WG_KEYS, BLOCK_M], gl.float32, st_layout)
+    zero_dq = gl.zeros([BLOCK_M, DQ_COLS], gl.float32, dq_layout)
+    # Row statistics load one per thread (one address) and move to the columns of S^T through shared memory; dQ's
+    # atomics go out of a layout of 4 contiguous columns a thread, whose addresses are one register and constant
+    # offsets. Loaded or added straight from the wgmma layout, every element had its own 64-bit address, and ptxas
+    # spilled them (270 spill instructions in the loop).
+    stat_layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    atomic_layout: gl.constexpr = gl.BlockedLayout([1, 4], [32 * 4 // DQ_COLS, DQ_COLS // 4], [4, 1], [1, 0])
+    stat_index = gl.arange(0, BLOCK_M, layout=stat_layout)
+    dq_rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, atomic_layout))
+    dq_cols = gl.arange(0, DQ_COLS, layout=gl.SliceLayout(0, atomic_layout))
+    if not DQ_BY_KEYS:
+        dq_cols = dq_cols + WG * DQ_COLS
+    dq_offsets = dq_rows[:, None] * HEAD_D + dq_cols[None, :]
+    mbarrier.wait(kv_bar, 0)
+    k_mine = k_smem.reshape([BLOCK_N, HEAD_D]).slice(WG * WG_KEYS, WG_KEYS, dim=0)
+    v_mine = v_smem.reshape([BLOCK_N, HEAD_D]).slice(WG * WG_KEYS, WG_KEYS, dim=0)
+    if DQ_BY_KEYS:
+        k_dq = k_mine  # (64 own keys, HEAD_D)
+    else:
+        k_dq = k_smem.reshape([BLOCK_N, HEAD_D]).slice(WG * DQ_COLS, DQ_COLS, dim=1)  # (128 keys, half the columns)
+    dk = gl.zeros([WG_KEYS, HEAD_D], gl.float32, kv_layout)
+    dv = gl.zeros([WG_KEYS, HEAD_D], gl.float32, kv_layout)
+    first = _first_block(kb, SQ, SK, BLOCK_M, BLOCK_N, CAUSAL)
+    n_m = gl.cdiv(SQ, BLOCK_M)
+    it = 0
+    for g in range(group):
+        h = h_kv * group + g
+        row_base = (b * H + h).to(gl.int64) * SQ  # LSE, Delta: (B, H, SQ) contiguous
+        lse_rows = lse_ptr + row_base
+        delta_rows = delta_ptr + row_base
+        dq_base = dq_ptr + row_base * HEAD_D  # the fp32 dQ accumulator: (B, H, SQ, HEAD_D) contiguous
+        for i in range(first, n_m):
+            s = it % STAGES
+            mbarrier.wait(ready.index(s), (it // STAGES) & 1)
+            q_t = q_smem.index(s).reshape([BLOCK_M, HEAD_D])
+            do_t = do_smem.index(s).reshape([BLOCK_M, HEAD_D])
+            st_tok = warpgroup_mma(k_mine, q_t.permute((1, 0)), zero_st, use_acc=False, is_async=True)
+            dpt_tok = warpgroup_mma(v_mine, do_t.permute((1, 0)), zero_st, use_acc=False, is_async=True)
+            # The rows' statistics load while the two wgmmas run. Rows past SQ: LSE +inf, so P^T is 0 there.
+            q0 = i * BLOCK_M
+            inside = stat_index < SQ - q0
+            lse = gl.load(lse_rows + q0 + stat_index, mask=inside, other=float("inf"))
+            delta = gl.load(delta_rows + q0 + stat_index, mask=inside, other=0.0)
+            lse = gl.convert_layout(lse, gl.SliceLayout(0, st_layout))
+            st = warpgroup_mma_wait(1, deps=(st_tok, ))
+            pt = gl.exp2(st * qk_scale - lse[None, :])
+            if CAUSAL:
+                # Key j is seen by query i when j <= i + SK - SQ; only blocks across the diagonal need the mask.
+                if q0 + SK - SQ < key0 + WG_KEYS - 1:
+                    pt = gl.where(keys[:, None] <= (q0 + cols)[None, :] + (SK - SQ), pt, 0.0)
+            pt_op = gl.convert_layout(pt.to(dtype), op_layout)
+            dv = warpgroup_mma(pt_op, do_t, dv, is_async=True)
+            dpt = warpgroup_mma_wait(1, deps=(dpt_tok, ))  # dP^T, issued before dV, is done
+            delta = gl.convert_layout(delta, gl.SliceLayout(0, st_layout))  # where LSE's registers are free
+            dst = (pt * (dpt - delta[None, :])).to(dtype)
+            # dS^T to shared memory for dQ (it is read transposed there), double-buffered by step.
+            buf = ds_smem.index(it % 2)
+            buf.slice(WG * WG_KEYS, WG_KEYS, dim=0).store(dst)
+            fence_async_shared()
+            if not DQ_BY_KEYS:
+                mbarrier.arrive(ds_ready.index(it % 2), count=1)
+            dk = warpgroup_mma(gl.convert_layout(dst, op_layout), q_t, dk, is_async=True)
+            if DQ_BY_KEYS:
+                ds_t = buf.slice(WG * WG_KEYS, WG_KEYS, dim=0).permute((1, 0))  # (queries, own keys)
+            else:
+                mbarrier.wait(ds_ready.index(it % 2), (it // 2) & 1)  # the other warpgroup's half is there too
+                ds_t = buf.permute((1, 0))  # (queries, all 128 keys)
+            dq_tok = warpgroup_mma(ds_t, k_dq, zero_dq, use_acc=False, is_async=True)
+            dq, dv, dk = warpgroup_mma_wait(0, deps=(dq_tok, dv, dk))
+            mbarrier.arrive(empty.index(s), count=1)
+            dq = gl.convert_layout(dq * sm_scale, atomic_layout)
+            gl.atomic_add(dq_base + q0 * HEAD_D + dq_offsets, dq, mask=(dq_rows < SQ - q0)[:, None], sem="relaxed")
+            it += 1
+    # dK = scale * sum dS^T Q; dV = sum P^T dO. Rows past SK are not stored.
+    out_rows = key0 + gl.arange(0, WG_KEYS, layout=gl.SliceLayout(1, kv_layout))
+    dims = gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, kv_layout))
+    keep = (out_rows < SK)[:, None]
+    dk_offsets = b.to(gl.int64) * stride_dkb + h_kv.to(gl.int64) * stride_dkh + \
+        out_rows.to(gl.int64)[:, None] * stride_dks + dims[None, :]
+    gl.store(dk_ptr + dk_offsets, (dk * sm_scale).to(dk_ptr.dtype.element_ty), mask=keep)
+    dv_offsets = b.to(gl.int64) * stride_dvb + h_kv.to(gl.int64) * stride_dvh + \
+        out_rows.to(gl.int64)[:, None] * stride_dvs + dims[None, :]
+    gl.store(dv_ptr + dv_offsets, dv.to(dv_ptr.dtype.element_ty), mask=keep)
+
+
+@gluon.jit
+def flash_bwd_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, dk_ptr, dv_ptr,
+                     stride_qb, stride_qh, stride_qs, stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs,
+                     stride_dob, stride_doh, stride_dos, stride_dkb, stride_dkh, stride_dks,
+                     stride_dvb, stride_dvh, stride_dvs, B, H, HKV, SQ, SK, qk_scale, sm_scale,
+                     HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                     CAUSAL: gl.constexpr, num_warps: gl.constexpr):
+    # grid: (cdiv(SK, BLOCK_N), B * HKV)
+    gl.static_assert(BLOCK_N == 2 * WG_KEYS, "two consumer warpgroups of 64 keys")
+    gl.static_assert(num_warps == 4, "each partition is one warpgroup")
+    DQ_BY_KEYS: gl.constexpr = HEAD_D <= 64  # half of 64 columns would split a 128-byte swizzle atom
+    dtype: gl.constexpr = q_ptr.dtype.element_ty
+    bh = gl.program_id(1)
+    b = bh // HKV
+    h_kv = bh % HKV
+    group = H // HKV
+    q_block: gl.constexpr = [1, 1, BLOCK_M, HEAD_D]
+    kv_block: gl.constexpr = [1, 1, BLOCK_N, HEAD_D]
+    q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for(q_block, dtype)
+    kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for(kv_block, dtype)
+    ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)
+    q_desc = tma.make_tensor_descriptor(q_ptr, [B, H, SQ, HEAD_D], [stride_qb, stride_qh, stride_qs, 1], q_block,
+                                        q_layout)
+    do_desc = tma.make_tensor_descriptor(do_ptr, [B, H, SQ, HEAD_D], [stride_dob, stride_doh, stride_dos, 1], q_block,
+                                         q_layout)
+    k_desc = tma.make_tensor_descriptor(k_ptr, [B, HKV, SK, HEAD_D], [stride_kb, stride_kh, stride_ks, 1], kv_block,
+                                        kv_layout)
+    v_desc = tma.make_tensor_descriptor(v_ptr, [B, HKV, SK, HEAD_D], [stride_vb, stride_vh, stride_vs, 1], kv_block,
+                                        kv_layout)
+    q_smem = gl.allocate_shared_memory(dtype, [STAGES] + q_block, q_layout)
+    do_smem = gl.allocate_shared_memory(dtype, [STAGES] + q_block, q_layout)
+    k_smem = gl.allocate_shared_memory(dtype, kv_block, kv_layout)
+    v_smem = gl.allocate_shared_memory(dtype, kv_block, kv_layout)
+    ds_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_N, BLOCK_M], ds_layout)
+    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_bar, count=1)
+    for s in gl.static_range(STAGES):
+        mbarrier.init(ready.index(s), count=1)
+        mbarrier.init(empty.index(s), count=2)  # both consumer warpgroups release each slot
+    for s in gl.static_range(2):
+        mbarrier.init(ds_ready.index(s), count=2)  # both warpgroups' halves of dS^T are in the buffer
+    gl.warp_specialize([
+        (_consumer, (0, q_smem, do_smem, k_smem, v_smem, ds_smem, kv_bar, ready, empty, ds_ready, lse_ptr, delta_ptr,
+                     dq_ptr, dk_ptr, dv_ptr, b, h_kv, group, H, SQ, SK, qk_scale, sm_scale, stride_dkb, stride_dkh,
+                     stride_dks, stride_dvb, stride_dvh, stride_dvs, HEAD_D, BLOCK_M, BLOCK_N, STAGES, CAUSAL,
+                     DQ_BY_KEYS)),
+        (_consumer, (1, q_smem, do_smem, k_smem, v_smem, ds_smem, kv_bar, ready, empty, ds_ready, lse_ptr, delta_ptr,
+                     dq_ptr, dk_ptr, dv_ptr, b, h_kv, group, H, SQ, SK, qk_scale, sm_scale, stride_dkb, stride_dkh,
+                     stride_dks, stride_dvb, stride_dvh, stride_dvs, HEAD_D, BLOCK_M, BLOCK_N, STAGES, CAUSAL,
+                     DQ_BY_KEYS)),
+        (_producer, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_bar, ready, empty, b, h_kv,
+                     group, SQ, SK, BLOCK_M, BLOCK_N, STAGES, CAUSAL))], [4, 1], [240, 24])
+
+
+def flash_bwd(q, k, v, o, do, lse2, causal=False, scale=None, stages=2):
+    """(dq, dk, dv) of softmax(q k^T * scale) v for q, o, do (B, H, SQ, D), k and v (B, HKV, SK, D), 16-bit, unit
+    stride along D and 16-byte aligned rows; lse2 (B, H, SQ) fp32: each row's log-sum-exp of the scaled logits in
+    the log2 domain (+inf for a row that sees no key), as the forward writes it."""
+    B, H, SQ, D = q.shape
+    HKV, SK = k.shape[1], k.shape[2]
+    scale = 1.0 / math.sqrt(D) if scale is None else scale
+    delta = (do.float() * o.float()).sum(-1).contiguous()  # the family's preprocess kernel, in torch here
+    dq_acc = torch.zeros(B, H, SQ, D, device=q.device, dtype=torch.float32)
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    grid = (triton.cdiv(SK, BLOCK_N), B * HKV)
+    flash_bwd_kernel[grid](q, k, v, do, lse2.contiguous(), delta, dq_acc, dk, dv, *q.stride()[:3], *k.stride()[:3],
+                           *v.stride()[:3], *do.stride()[:3], *dk.stride()[:3], *dv.stride()[:3], B, H, HKV, SQ, SK,
+                           scale * LOG2E, scale, HEAD_D=D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=stages,
+                           CAUSAL=causal, num_warps=4)
+    return dq_acc.to(q.dtype), dk, dv
+
+
+def _reference(q, k, v, do, causal, scale, dtype=torch.float64):
+    """(o, lse2, dq, dk, dv) by autograd at `dtype`: float64 the reference, float32 the plain-torch bar."""
+    group = q.shape[1] // k.shape[1]
+    qd, kd, vd = (t.detach().to(dtype).requires_grad_() for t in (q, k, v))
+    kr, vr = kd.repeat_interleave(group, 1), vd.repeat_interleave(group, 1)
+    s = qd @ kr.transpose(-1, -2) * scale
+    sq, sk = s.shape[-2:]
+    keep = torch.ones(sq, sk, dtype=torch.bool, device=q.device)
+    if causal:
+        keep = keep.tril(sk - sq)
+    # Masked logits at -1e30 underflow to probability 0 exactly; rows that see no key (more queries than keys) are
+    # zeroed outright, so that neither they nor their gradients are NaN.
+    s = s.masked_fill(~keep, -1e30)
+    seen = keep.any(-1)
+    lse = torch.logsumexp(s, -1)
+    o = (torch.softmax(s, -1) * seen[:, None]) @ vr
+    o.backward(do.to(dtype))
+    lse2 = torch.where(seen, lse * LOG2E, torch.full_like(lse, float("inf")))
+    return o.detach(), lse2.float(), qd.grad, kd.grad, vd.grad
+
+
+def _time_cases(do_bench, quick: bool) -> None:
+    """bf16 backward TFLOP/s (2.5x the forward's FLOPs) beside cuDNN's and the flash backend's, and the family's."""
+    import os
+    os.environ["AUTOTILE_VENDOR"] = "0"  # the family's generated kernels only
+    import autotile
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    F = torch.nn.functional
+    shapes = [(2, 32, 32, 4096, 128, True), (1, 32, 8, 4096, 128, True), (2, 32, 32, 4096, 128, False),
+              (4, 32, 32, 2048, 64, True), (16, 32, 8, 512, 128, True)]
+    for (B, H, HKV, S, D, causal) in (shapes[:2] if quick else shapes):
+        q = torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        k = torch.randn(B, HKV, S, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        v = torch.randn(B, HKV, S, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        do = torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16)
+        scale = 1 / math.sqrt(D)
+        with torch.no_grad():
+            kr, vr = k.repeat_interleave(H // HKV, 1), v.repeat_interleave(H // HKV, 1)
+            s = (q.float() @ kr.float().transpose(-1, -2)) * scale
+            if causal:
+                s = s.masked_fill(~torch.ones(S, S, dtype=torch.bool, device="cuda").tril(), float("-inf"))
+            lse2 = (torch.logsumexp(s, -1) * LOG2E).contiguous()
+            o = (torch.softmax(s, -1) @ vr.float()).to(q.dtype)
+            del s
+        pairs = S * S - (S * (S - 1) // 2 if causal else 0)
+        flops = 2.5 * 4 * B * H * pairs * D
+        fns = {f"gluon s{st}": (lambda st=st: flash_bwd(q, k, v, o, do, lse2, causal, stages=st))
+               for st in ((2, ) if quick else (2, 3))}
+        out_family = autotile.flash_attention(q, k, v, causal=causal)
+        fns["family"] = lambda: torch.autograd.grad(out_family, (q, k, v), do, retain_graph=True)
+        kr2, vr2 = (t.detach().repeat_interleave(H // HKV, 1).requires_grad_() for t in (k, v))
+        for name, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)):
+            with sdpa_kernel(backend):
+                out = F.scaled_dot_product_attention(q, kr2, vr2, is_causal=causal)
+            fns[name] = lambda out=out: torch.autograd.grad(out, (q, kr2, vr2), do, retain_graph=True)
+        times = {}
+        for name, fn in fns.items():
+            try:
+                fn()
+                times[name] = []
+            except Exception as exc:  # noqa: BLE001 - a backend that does not take the case
+                print(f"  {name}: {type(exc).__name__}: {str(exc)[:120]}", flush=True)
+        for _ in range(3):  # interleaved rounds, medians: repeated timings differ by up to ~9%
+            for name in times:
+                times[name].append(do_bench(fns[name], warmup=5, rep=30, return_mode="median"))
+        best = {name: sorted(ts)[1] for name, ts in times.items()}
+        cudnn = best.get("cudnn")
+        print(f"bwd {B}x{H}/{HKV} {S} D={D} causal={causal}: " + ", ".join(
+            f"{name} {flops / ms / 1e9:.0f}" + (f" ({cudnn / ms:.2f}x cuDNN)" if cudnn else "")
+            for name, ms in best.items()) + " TFLOP/s", flush=True)
+
+
+def main() -> int:
+    from triton.testing import do_bench
+
+    sys.path[:0] = [str(Path(__file__).resolve().parents[2])]
+    from autotile.families.flash_reference import fa_rule_check
+
+    triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+    quick = "--quick" in sys.argv[1:]
+    torch.manual_seed(0)
+    bad = 0
+    # (B, H, HKV, SQ, SK, D, causal): odd lengths, Sq != Sk both ways, GQA and MQA, D = 64 and 128.
+    checks = [(2, 4, 2, 1000, 1000, 128, True), (1, 2, 2, 300, 300, 128, False), (1, 4, 1, 777, 200, 128, True),
+              (2, 2, 1, 333, 555, 64, True), (1, 4, 1, 200, 777, 128, True), (1, 3, 3, 129, 64, 64, False)]
+    for (B, H, HKV, SQ, SK, D, causal) in (checks[:3] if quick else checks):
+        q = torch.randn(B, H, SQ, D, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(B, HKV, SK, D, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn(B, HKV, SK, D, device="cuda", dtype=torch.bfloat16)
+        do = torch.randn(B, H, SQ, D, device="cuda", dtype=torch.bfloat16)
+        scale = 1 / math.sqrt(D)
+        o, lse2, *want = _reference(q, k, v, do, causal, scale)
+        # FlashAttention's rule, as the family checks its own backward: within twice plain torch's error (the
+        # same math in fp32, rounded to bf16) plus a rounding floor.
+        plain = [g.to(q.dtype) for g in _reference(q, k, v, do, causal, scale, torch.float32)[2:]]
+        for stages in ((2, ) if quick else (2, 3)):
+            got = flash_bwd(q, k, v, o.to(q.dtype), do, lse2, causal, scale, stages=stages)
+            results = [fa_rule_check(name, g, w, pl, "bf16", SK if name == "dq" else (H // HKV) * SQ)
+                       for name, g, w, pl in zip(("dq", "dk", "dv"), got, want, plain)]
+            ok = all(r.ok for r in results)
+            bad += not ok
+            print(f"check B={B} H={H}/{HKV} {SQ}x{SK} D={D} causal={causal} stages={stages}: "
+                  + "; ".join(r.message for r in results) + (" ok" if ok else " WRONG"), flush=True)
+    if bad:
+        return 1
+    _time_cases(do_bench, quick)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
