@@ -873,6 +873,7 @@ class FlashFamily(Family):
             LOOKAHEAD=p.direction == "fwd" and config["LOADS"].endswith("_lookahead"),
             MASKS_IN_LOOP=p.direction == "fwd" and _forward_upgrade(config)["MASKS_IN_LOOP"],
             INPUT_PRECISION="ieee" if p.dtype == "fp32" else "", UPCAST_DOTS=False, STORE_LSE=True,
+            Q_REG_COLS=0, Q_SLOTS=1, OWN_KEY_BLOCKS=False,
         )
 
     def kernel_module(self, problem: FlashProblem, config: Config, interpret: bool, store_lse: bool = True):

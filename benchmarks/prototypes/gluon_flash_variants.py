@@ -30,7 +30,9 @@ from autotile.space import Config  # noqa: E402
 # ran 0.91-0.93x of the alternating one on causal shapes, results/gluon_variants_2026-12-03b.txt).
 # gl_store: dense O stored from the wgmma's registers, as before it left through a key block's slot and a TMA store
 # (1.0-1.17x with 128-key blocks, results/gluon_variants_2026-12-03c.txt).
-# A patch is (old, new), or (first line, line after, new) for the text from the first line up to the line after.
+# q_slots2, own_blocks, q_regs64, q_regs128: the template's switches Q_SLOTS, OWN_KEY_BLOCKS and Q_REG_COLS turned on.
+# A patch is (old, new), or (first line, line after, new) for the text from the first line up to the line after;
+# patches join with '+'.
 _REGISTER_STORE = """            mbarrier.arrive(empty.index(last), count=1)
             rows_o = row0 + gl.arange(0, WG_ROWS, layout=row_o)
             o_base = o_ptr + b.to(gl.int64) * stride_ob + h.to(gl.int64) * stride_oh
@@ -39,7 +41,11 @@ _REGISTER_STORE = """            mbarrier.arrive(empty.index(last), count=1)
 """
 PATCHES = {"scale_first": ("    if NEGATE_Q:\n", "    if True:  # scale first, whatever the scale's sign\n"),
            "forwards": ("    return r * P + pid + (r % 2) * (P - 1 - 2 * pid)\n", "    return r * P + pid\n"),
-           "gl_store": ("            if O_IN_V:\n", "            it += n_blocks\n", _REGISTER_STORE)}
+           "gl_store": ("            if O_IN_V:\n", "            it += n_blocks\n", _REGISTER_STORE),
+           "q_slots2": ("Q_SLOTS = gl.constexpr(1)\n", "Q_SLOTS = gl.constexpr(2)\n"),
+           "own_blocks": ("OWN_KEY_BLOCKS = gl.constexpr(False)\n", "OWN_KEY_BLOCKS = gl.constexpr(True)\n"),
+           "q_regs64": ("Q_REG_COLS = gl.constexpr(0)\n", "Q_REG_COLS = gl.constexpr(64)\n"),
+           "q_regs128": ("Q_REG_COLS = gl.constexpr(0)\n", "Q_REG_COLS = gl.constexpr(128)\n")}
 
 
 def gluon(block_m: int, block_n: int, stages: int) -> Config:
@@ -57,27 +63,31 @@ def cases() -> list:
     def p(b, hq, hkv, s, sk, d, causal):
         return FlashProblem("fwd", b, hq, hkv, s, sk, d, causal)
 
+    causal = {"gluon 128x128 s3": (gluon(128, 128, 3), None),
+              "gluon 128x128 s2 q_slots2": (gluon(128, 128, 2), "q_slots2"),
+              "gluon 128x64 s4": (gluon(128, 64, 4), None),
+              "gluon 128x64 s4 own_blocks": (gluon(128, 64, 4), "own_blocks"),
+              "gluon 128x64 s4 q_slots2+own_blocks": (gluon(128, 64, 4), "q_slots2+own_blocks")}
     d128 = {"gluon 128x128 s3": (gluon(128, 128, 3), None),
-            "gluon 128x128 s3 gl_store": (gluon(128, 128, 3), "gl_store")}
-    short = {"gluon 128x128 s3": (gluon(128, 128, 3), None),
-             "gluon 128x128 s3 gl_store": (gluon(128, 128, 3), "gl_store"),
-             "gluon 128x128 s2": (gluon(128, 128, 2), None),
-             "pointer+mil 64x32 s3": (triton("pointer", 64, 32, 4, 3, True), None)}
+            "gluon 128x128 s2 q_slots2": (gluon(128, 128, 2), "q_slots2"),
+            "gluon 128x64 s4 q_slots2": (gluon(128, 64, 4), "q_slots2")}
     d64 = {"gluon 128x128 s3": (gluon(128, 128, 3), None),
-           "gluon 128x128 s3 gl_store": (gluon(128, 128, 3), "gl_store")}
-    d256 = {"gluon 128x64 s2": (gluon(128, 64, 2), None), "gluon 128x64 s2 gl_store": (gluon(128, 64, 2), "gl_store"),
+           "gluon 128x128 s3 q_slots2": (gluon(128, 128, 3), "q_slots2"),
+           "gluon 128x64 s4 q_slots2+own_blocks": (gluon(128, 64, 4), "q_slots2+own_blocks")}
+    d256 = {"gluon 128x64 s2": (gluon(128, 64, 2), None), "gluon 128x64 s2 q_regs64": (gluon(128, 64, 2), "q_regs64"),
+            "gluon 128x64 s2 q_regs128": (gluon(128, 64, 2), "q_regs128"),
+            "gluon 128x64 s2 own_blocks": (gluon(128, 64, 2), "own_blocks"),
             "tma 64x64 s3": (triton("tma", 64, 64, 4, 3), None)}
     return [
-        ("llama 1x4096 causal", p(1, 32, 8, 4096, 4096, 128, True), d128),
-        ("qwen 1x4096 causal", p(1, 28, 4, 4096, 4096, 128, True), d128),
-        ("llama 1x1025 causal", p(1, 32, 8, 1025, 1025, 128, True), d128),
-        ("llama 4x2048 causal", p(4, 32, 8, 2048, 2048, 128, True), d128),
+        ("llama 1x4096 causal", p(1, 32, 8, 4096, 4096, 128, True), causal),
+        ("llama 1x1025 causal", p(1, 32, 8, 1025, 1025, 128, True), causal),
+        ("llama 4x2048 causal", p(4, 32, 8, 2048, 2048, 128, True), causal),
+        ("llama 16x512 causal", p(16, 32, 8, 512, 512, 128, True), causal),
+        ("qwen 8x1024 causal", p(8, 28, 4, 1024, 1024, 128, True), causal),
         ("D=128 2x32x4096", p(2, 32, 32, 4096, 4096, 128, False), d128),
-        ("llama 16x512 causal", p(16, 32, 8, 512, 512, 128, True), short),
+        ("GQA 16/4 1000x3000", p(1, 16, 4, 1000, 3000, 128, False), d128),
         ("D=64 3x12x2000 causal", p(3, 12, 12, 2000, 2000, 64, True), d64),
-        ("D=64 32/8 1x4096 causal", p(1, 32, 8, 4096, 4096, 64, True), d64),
-        ("D=64 16x512 causal", p(16, 32, 8, 512, 512, 64, True), {"gluon 128x128 s3": (gluon(128, 128, 3), None)}),
-        ("D=64 4x16x4096", p(4, 16, 16, 4096, 4096, 64, False), {"gluon 128x128 s3": (gluon(128, 128, 3), None)}),
+        ("D=64 16x512 causal", p(16, 32, 8, 512, 512, 64, True), d64),
         ("gemma 4x2048 causal", p(4, 16, 8, 2048, 2048, 256, True), d256),
         ("gemma 1x8192", p(1, 16, 8, 8192, 8192, 256, False), d256),
     ]
@@ -85,18 +95,20 @@ def cases() -> list:
 
 def _patched(module, patch: str):
     source = Path(module.__file__).read_text()
-    if len(PATCHES[patch]) == 3:
-        first, after, new = PATCHES[patch]
-        if source.count(first) != 1 or after not in source[source.find(first):]:
-            raise SystemExit(f"patch {patch!r} no longer matches the rendered kernel: update this script")
-        start = source.index(first)
-        old = source[start:source.index(after, start)]
-    else:
-        old, new = PATCHES[patch]
-    if source.count(old) != 1:
-        raise SystemExit(f"patch {patch!r} no longer matches the rendered kernel: update this script")
-    path = Path(tempfile.mkdtemp()) / f"gluon_variant_{patch}.py"
-    path.write_text(source.replace(old, new))
+    for part in patch.split("+"):
+        if len(PATCHES[part]) == 3:
+            first, after, new = PATCHES[part]
+            if source.count(first) != 1 or after not in source[source.find(first):]:
+                raise SystemExit(f"patch {part!r} no longer matches the rendered kernel: update this script")
+            start = source.index(first)
+            old = source[start:source.index(after, start)]
+        else:
+            old, new = PATCHES[part]
+        if source.count(old) != 1:
+            raise SystemExit(f"patch {part!r} no longer matches the rendered kernel: update this script")
+        source = source.replace(old, new)
+    path = Path(tempfile.mkdtemp()) / f"gluon_variant_{patch.replace('+', '_')}.py"
+    path.write_text(source)
     spec = importlib.util.spec_from_file_location(path.stem, path)
     patched = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(patched)
