@@ -407,7 +407,11 @@ def test_forward_default_follows_the_h200_sweep():
     # results/flash_policy_sweep_2026-12-03_gluon.md: the gluon_ws forward on Hopper at head dim 128, and at 256 below
     # 4096 keys; the rules above where it does not apply.
     assert default(1, 4096, 128, True) == ("gluon_ws", 128, 128, False, 4)
-    assert default(16, 512, 128, True) == ("gluon_ws", 128, 128, False, 4)
+    # results/gluon_variants_2026-12-03e.txt: causal up to 1024 keys on 64-key blocks (each warpgroup its own blocks).
+    assert default(16, 512, 128, True) == ("gluon_ws", 128, 64, False, 4)
+    assert default(8, 1024, 128, True) == ("gluon_ws", 128, 64, False, 4)
+    assert default(4, 2048, 128, True) == ("gluon_ws", 128, 128, False, 4)
+    assert default(16, 512, 128, False) == ("gluon_ws", 128, 128, False, 4)
     assert default(2, 4096, 128, False) == ("gluon_ws", 128, 128, False, 4)
     assert default(4, 2048, 256, True) == ("gluon_ws", 128, 64, False, 4)
     assert default(1, 64, 128, True)[0] != "gluon_ws"  # 64 queries: less than its 128-row query tile

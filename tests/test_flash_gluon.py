@@ -45,6 +45,18 @@ def test_a_window_right_side_alone_and_packed_sequences_keep_gluon_ws():
     assert gluon_configs(dataclasses.replace(LLAMA_4K, varlen=True), H200)
 
 
+def test_two_q_slots_where_64_key_blocks_leave_room():
+    from autotile.families.flash import gluon_q_slots
+
+    def slots(head_dim, block_n, stages):
+        return gluon_q_slots(dataclasses.replace(LLAMA_4K, head_dim=head_dim),
+                             dict(BLOCK_M=128, BLOCK_N=block_n, num_stages=stages))
+
+    assert slots(128, 64, 4) == 2 and slots(64, 64, 4) == 2
+    assert slots(256, 64, 2) == 1  # 2 x 64 KB of Q and 2 x 64 KB of K and V: more than 227 KB
+    assert slots(128, 128, 2) == 1  # 128-key blocks keep one (measured only at 64)
+
+
 @pytest.mark.parametrize("head_dim, block_ns", [(64, {64, 128}), (128, {64, 128}), (256, {64})])
 def test_gluon_ws_configs_keep_its_structure(head_dim, block_ns):
     configs = gluon_configs(dataclasses.replace(LLAMA_4K, head_dim=head_dim), H200)
@@ -61,6 +73,7 @@ CASES = [
     (FlashProblem("fwd", 8, 32, 8, 2048, 2048, 128, causal=True, varlen=True), 128, 3),
     (FlashProblem("fwd", 1, 16, 8, 8192, 8192, 256, causal=True), 64, 2),
     (FlashProblem("fwd", 1, 8, 2, 777, 777, 128, window_right=64), 64, 3),
+    (FlashProblem("fwd", 16, 32, 8, 512, 512, 128, causal=True), 64, 4),  # two Q slots, each warpgroup its own blocks
 ]
 
 

@@ -66,6 +66,19 @@ LOADS_CHOICES = ("pointer", "tma", "pointer_lookahead", "tma_lookahead", GLUON_W
 _GLUON_BLOCK_M = 128
 _GLUON_BLOCK_N = (64, 128)
 _GLUON_HEAD_DIMS = (64, 128, 256)
+# Shared memory a gluon_ws program may take on Hopper (227 KB).
+_HOPPER_SMEM = 232448
+
+
+def gluon_q_slots(problem, config) -> int:
+    """Q slots of a gluon_ws forward: two (the next tile's Q loads during this tile's key loop) with 64-key blocks
+    where they fit beside the K/V stages, else one. 16 x 512 Llama-3-8B causal at 128 x 64 on 4 stages: 0.93x of
+    cuDNN with one slot, 0.95x with two; 1 x 4096 1.02x and 1.01x (results/gluon_variants_2026-12-03e.txt)."""
+    size, bd = element_size(problem.dtype), problem.block_d
+    two = (2 * config["BLOCK_M"] * bd + 2 * config["BLOCK_N"] * bd * config["num_stages"]) * size
+    return 2 if config["BLOCK_N"] == 64 and two <= _HOPPER_SMEM - 1024 else 1
+# Keys up to which causal gluon_ws forwards at head dim 128 take 64-key blocks (see FlashFamily._forward_default).
+_GLUON_SHORT_KEYS = 1024
 # Keys from which the gluon_ws forward is the default at head dim 64: it led at 2000 and 4096 keys once its persistent
 # rounds alternated direction and O left through a TMA store; at 16 x 512 the pointer default led
 # (results/gluon_variants_2026-12-03b.txt, _c.txt).
@@ -417,8 +430,9 @@ class FlashFamily(Family):
         size, bd = element_size(p.dtype), p.block_d
 
         def smem_bytes(c) -> int:
-            # The resident Q tile, plus K and V tiles for every pipeline stage.
-            return (c["BLOCK_M"] * bd + 2 * c["BLOCK_N"] * bd * c["num_stages"]) * size
+            # The resident Q tile (gluon_ws: one or two), plus K and V tiles for every pipeline stage.
+            q_tiles = gluon_q_slots(p, c) if c["LOADS"] == GLUON_WS else 1
+            return (q_tiles * c["BLOCK_M"] * bd + 2 * c["BLOCK_N"] * bd * c["num_stages"]) * size
 
         def accumulators(c) -> float:
             # O accumulator (BLOCK_M, BLOCK_D) and the score tile (BLOCK_M, BLOCK_N), fp32, per thread; gluon_ws's
@@ -613,10 +627,17 @@ class FlashFamily(Family):
         (200 against 217).
         Packed sequences (results/flash_2026-12-03d_varlen.md: 8 sequences of 512-2048 tokens, Llama heads) ran
         at 410 TFLOP/s on real tokens against the pointer default's 345, once gluon_ws numbered only the tiles that
-        hold rows. A query tile of 128 rows needs more than 64 queries."""
+        hold rows. A query tile of 128 rows needs more than 64 queries.
+        Causal at head dim 128 up to _GLUON_SHORT_KEYS keys, 64-key blocks on 4 slots, where each warpgroup reads only
+        the blocks its rows see and two Q slots fit (results/gluon_variants_2026-12-03e.txt: Llama-3-8B 16 x 512
+        0.95x of cuDNN against 0.89x for 128-key blocks, Qwen2.5-7B 8 x 1024 0.99x against 0.98x; 4 x 2048 0.96x
+        against 1.01x)."""
         if gluon_ws_ok(p, device) and p.seq_q > 64 and (
                 p.head_dim == 128 or (p.head_dim == 256 and p.seq_k < _TMA_FROM_KEYS)
                 or (p.head_dim == 64 and p.seq_k >= _GLUON_D64_FROM_KEYS)):
+            if p.head_dim == 128 and p.causal and not p.varlen and p.seq_k <= _GLUON_SHORT_KEYS:
+                return dict(LOADS=GLUON_WS, BLOCK_M=_GLUON_BLOCK_M, BLOCK_N=64, WARP_SPECIALIZE=False, num_warps=4,
+                            num_stages=4)
             return dict(LOADS=GLUON_WS, BLOCK_M=_GLUON_BLOCK_M, BLOCK_N=128 if p.head_dim <= 128 else 64,
                         WARP_SPECIALIZE=False, num_warps=4, num_stages=3 if p.head_dim <= 128 else 2)
         tma = (arch_of(device).supports(Feature.TMA) and not device.interpret and p.aligned and not p.varlen
@@ -873,7 +894,7 @@ class FlashFamily(Family):
             LOOKAHEAD=p.direction == "fwd" and config["LOADS"].endswith("_lookahead"),
             MASKS_IN_LOOP=p.direction == "fwd" and _forward_upgrade(config)["MASKS_IN_LOOP"],
             INPUT_PRECISION="ieee" if p.dtype == "fp32" else "", UPCAST_DOTS=False, STORE_LSE=True,
-            Q_REG_COLS=0, Q_SLOTS=1, OWN_KEY_BLOCKS=False,
+            Q_SLOTS=gluon_q_slots(p, config) if config["LOADS"] == GLUON_WS and p.direction == "fwd" else 1,
         )
 
     def kernel_module(self, problem: FlashProblem, config: Config, interpret: bool, store_lse: bool = True):

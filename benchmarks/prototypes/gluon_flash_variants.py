@@ -30,7 +30,10 @@ from autotile.space import Config  # noqa: E402
 # ran 0.91-0.93x of the alternating one on causal shapes, results/gluon_variants_2026-12-03b.txt).
 # gl_store: dense O stored from the wgmma's registers, as before it left through a key block's slot and a TMA store
 # (1.0-1.17x with 128-key blocks, results/gluon_variants_2026-12-03c.txt).
-# q_slots2, own_blocks, q_regs64, q_regs128: the template's switches Q_SLOTS, OWN_KEY_BLOCKS and Q_REG_COLS turned on.
+# one_q_slot: one Q slot where the family renders two (64-key blocks; 2026-12-03 two led by 0-2%,
+# results/gluon_variants_2026-12-03e.txt). all_blocks: both warpgroups read all of a causal tile's key blocks, as
+# before each read its own (0.88x -> 0.93x of cuDNN at 16 x 512, same file). l2_all / l2_12mb: causal tiles in one
+# group of all heads (the order before) / in groups of 12 MB of K and V instead of 24.
 # A patch is (old, new), or (first line, line after, new) for the text from the first line up to the line after;
 # patches join with '+'.
 _REGISTER_STORE = """            mbarrier.arrive(empty.index(last), count=1)
@@ -42,10 +45,11 @@ _REGISTER_STORE = """            mbarrier.arrive(empty.index(last), count=1)
 PATCHES = {"scale_first": ("    if NEGATE_Q:\n", "    if True:  # scale first, whatever the scale's sign\n"),
            "forwards": ("    return r * P + pid + (r % 2) * (P - 1 - 2 * pid)\n", "    return r * P + pid\n"),
            "gl_store": ("            if O_IN_V:\n", "            it += n_blocks\n", _REGISTER_STORE),
-           "q_slots2": ("Q_SLOTS = gl.constexpr(1)\n", "Q_SLOTS = gl.constexpr(2)\n"),
-           "own_blocks": ("OWN_KEY_BLOCKS = gl.constexpr(False)\n", "OWN_KEY_BLOCKS = gl.constexpr(True)\n"),
-           "q_regs64": ("Q_REG_COLS = gl.constexpr(0)\n", "Q_REG_COLS = gl.constexpr(64)\n"),
-           "q_regs128": ("Q_REG_COLS = gl.constexpr(0)\n", "Q_REG_COLS = gl.constexpr(128)\n")}
+           "one_q_slot": ("Q_SLOTS = gl.constexpr(2)\n", "Q_SLOTS = gl.constexpr(1)\n"),
+           "all_blocks": ("mine = _own_key_blocks(n_blocks, row0, len_q, len_k, win_right, BLOCK_N)",
+                          "mine = n_blocks"),
+           "l2_all": ("L2_KV_BYTES = gl.constexpr(24 * 1024 * 1024)\n", "L2_KV_BYTES = gl.constexpr(1 << 30)\n"),
+           "l2_12mb": ("L2_KV_BYTES = gl.constexpr(24 * 1024 * 1024)\n", "L2_KV_BYTES = gl.constexpr(12 * 1024 * 1024)\n")}
 
 
 def gluon(block_m: int, block_n: int, stages: int) -> Config:
@@ -64,20 +68,17 @@ def cases() -> list:
         return FlashProblem("fwd", b, hq, hkv, s, sk, d, causal)
 
     causal = {"gluon 128x128 s3": (gluon(128, 128, 3), None),
-              "gluon 128x128 s2 q_slots2": (gluon(128, 128, 2), "q_slots2"),
+              "gluon 128x128 s3 l2_all": (gluon(128, 128, 3), "l2_all"),
               "gluon 128x64 s4": (gluon(128, 64, 4), None),
-              "gluon 128x64 s4 own_blocks": (gluon(128, 64, 4), "own_blocks"),
-              "gluon 128x64 s4 q_slots2+own_blocks": (gluon(128, 64, 4), "q_slots2+own_blocks")}
+              "gluon 128x64 s4 l2_all": (gluon(128, 64, 4), "l2_all")}
     d128 = {"gluon 128x128 s3": (gluon(128, 128, 3), None),
-            "gluon 128x128 s2 q_slots2": (gluon(128, 128, 2), "q_slots2"),
-            "gluon 128x64 s4 q_slots2": (gluon(128, 64, 4), "q_slots2")}
+            "gluon 128x64 s4": (gluon(128, 64, 4), None)}
     d64 = {"gluon 128x128 s3": (gluon(128, 128, 3), None),
-           "gluon 128x128 s3 q_slots2": (gluon(128, 128, 3), "q_slots2"),
-           "gluon 128x64 s4 q_slots2+own_blocks": (gluon(128, 64, 4), "q_slots2+own_blocks")}
-    d256 = {"gluon 128x64 s2": (gluon(128, 64, 2), None), "gluon 128x64 s2 q_regs64": (gluon(128, 64, 2), "q_regs64"),
-            "gluon 128x64 s2 q_regs128": (gluon(128, 64, 2), "q_regs128"),
-            "gluon 128x64 s2 own_blocks": (gluon(128, 64, 2), "own_blocks"),
-            "tma 64x64 s3": (triton("tma", 64, 64, 4, 3), None)}
+           "gluon 128x64 s4": (gluon(128, 64, 4), None),
+           "gluon 128x64 s4 l2_all": (gluon(128, 64, 4), "l2_all")}
+    d256 = {"gluon 128x64 s2": (gluon(128, 64, 2), None), "gluon 128x64 s2 l2_all": (gluon(128, 64, 2), "l2_all"),
+            "gluon 128x64 s2 l2_12mb": (gluon(128, 64, 2), "l2_12mb"),
+            "gluon 128x64 s2 l2_all+all_blocks": (gluon(128, 64, 2), "l2_all+all_blocks")}
     return [
         ("llama 1x4096 causal", p(1, 32, 8, 4096, 4096, 128, True), causal),
         ("llama 1x1025 causal", p(1, 32, 8, 1025, 1025, 128, True), causal),
@@ -89,7 +90,8 @@ def cases() -> list:
         ("D=64 3x12x2000 causal", p(3, 12, 12, 2000, 2000, 64, True), d64),
         ("D=64 16x512 causal", p(16, 32, 8, 512, 512, 64, True), d64),
         ("gemma 4x2048 causal", p(4, 16, 8, 2048, 2048, 256, True), d256),
-        ("gemma 1x8192", p(1, 16, 8, 8192, 8192, 256, False), d256),
+        ("gemma 1x8192 causal", p(1, 16, 8, 8192, 8192, 256, True), d256),
+        ("gemma 16x512 causal", p(16, 16, 8, 512, 512, 256, True), d256),
     ]
 
 
