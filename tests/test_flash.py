@@ -425,7 +425,8 @@ def test_forward_default_follows_the_h200_sweep():
     # results/flash_policy_sweep_2026-12-03c.md: head dim 64 without a mask, TMA loads, 4 warps, no specialisation
     # (fp32 output: gluon_ws does not apply).
     assert default(4, 4096, 64, False, dtype="fp32")[:2] == ("tma", 128)
-    assert default(1, 4096, 256, True) == ("tma", 64, 64, False, 4)
+    assert default(1, 4096, 256, True) == ("gluon_ws", 128, 64, False, 4)  # results/gluon_variants_2026-12-03f.txt
+    assert default(1, 4096, 256, True, window_left=512) == ("tma", 64, 64, False, 4)  # a left window: no gluon_ws
     assert default(1, 4096, 256, False) == ("tma", 128, 64, False, 8)
     assert default(1, 4096, 128, True, aligned=False)[0] == "pointer"  # TMA needs aligned rows
     assert default(1, 4096, 128, True, varlen=True)[0] == "gluon_ws"  # results/flash_2026-12-03d_varlen.md

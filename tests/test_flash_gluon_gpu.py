@@ -111,15 +111,3 @@ def test_gluon_ws_takes_any_scale(scale):
         assert torch.equal(torch.isfinite(outputs["lse"]), seen), (scale, config.to_json())
         assert (outputs["lse"].double()[seen] - want_lse[seen]).abs().max().item() < 1e-3, (scale, config.to_json())
 
-
-def test_gluon_ws_causal_tiles_in_head_groups():
-    """Causal tiles are dealt in groups of heads whose K and V fit in L2 (the template's L2_KV_BYTES): at 4096 keys
-    and head dim 256, 6 KV heads (12 query heads) a group, so 16 heads make a group of 12 and a last one of 4; every
-    tile must still be computed once."""
-    from autotile.device import cuda_device
-
-    device = cuda_device()
-    problem = FlashProblem("fwd", 1, 16, 8, 4096, 4096, 256, causal=True)
-    inputs = FAMILY.make_inputs(problem, device, seed=13)
-    for config in gluon_configs(problem, device):
-        run_checked(problem, config, inputs)

@@ -631,9 +631,10 @@ class FlashFamily(Family):
         Causal at head dim 128 up to _GLUON_SHORT_KEYS keys, 64-key blocks on 4 slots, where each warpgroup reads only
         the blocks its rows see and two Q slots fit (results/gluon_variants_2026-12-03e.txt: Llama-3-8B 16 x 512
         0.95x of cuDNN against 0.89x for 128-key blocks, Qwen2.5-7B 8 x 1024 0.99x against 0.98x; 4 x 2048 0.96x
-        against 1.01x)."""
+        against 1.01x). Causal at head dim 256 at every length, once each warpgroup read only its own key blocks
+        (results/gluon_variants_2026-12-03f.txt: Gemma-2-9B 1 x 8192 0.81x of cuDNN against the TMA default's 0.79x)."""
         if gluon_ws_ok(p, device) and p.seq_q > 64 and (
-                p.head_dim == 128 or (p.head_dim == 256 and p.seq_k < _TMA_FROM_KEYS)
+                p.head_dim == 128 or (p.head_dim == 256 and (p.seq_k < _TMA_FROM_KEYS or p.causal))
                 or (p.head_dim == 64 and p.seq_k >= _GLUON_D64_FROM_KEYS)):
             if p.head_dim == 128 and p.causal and not p.varlen and p.seq_k <= _GLUON_SHORT_KEYS:
                 return dict(LOADS=GLUON_WS, BLOCK_M=_GLUON_BLOCK_M, BLOCK_N=64, WARP_SPECIALIZE=False, num_warps=4,

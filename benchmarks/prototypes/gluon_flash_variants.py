@@ -32,8 +32,7 @@ from autotile.space import Config  # noqa: E402
 # (1.0-1.17x with 128-key blocks, results/gluon_variants_2026-12-03c.txt).
 # one_q_slot: one Q slot where the family renders two (64-key blocks; 2026-12-03 two led by 0-2%,
 # results/gluon_variants_2026-12-03e.txt). all_blocks: both warpgroups read all of a causal tile's key blocks, as
-# before each read its own (0.88x -> 0.93x of cuDNN at 16 x 512, same file). l2_all / l2_12mb: causal tiles in one
-# group of all heads (the order before) / in groups of 12 MB of K and V instead of 24.
+# before each read its own (0.88x -> 0.93x of cuDNN at 16 x 512, same file).
 # A patch is (old, new), or (first line, line after, new) for the text from the first line up to the line after;
 # patches join with '+'.
 _REGISTER_STORE = """            mbarrier.arrive(empty.index(last), count=1)
@@ -48,8 +47,7 @@ PATCHES = {"scale_first": ("    if NEGATE_Q:\n", "    if True:  # scale first, w
            "one_q_slot": ("Q_SLOTS = gl.constexpr(2)\n", "Q_SLOTS = gl.constexpr(1)\n"),
            "all_blocks": ("mine = _own_key_blocks(n_blocks, row0, len_q, len_k, win_right, BLOCK_N)",
                           "mine = n_blocks"),
-           "l2_all": ("L2_KV_BYTES = gl.constexpr(24 * 1024 * 1024)\n", "L2_KV_BYTES = gl.constexpr(1 << 30)\n"),
-           "l2_12mb": ("L2_KV_BYTES = gl.constexpr(24 * 1024 * 1024)\n", "L2_KV_BYTES = gl.constexpr(12 * 1024 * 1024)\n")}
+}
 
 
 def gluon(block_m: int, block_n: int, stages: int) -> Config:
@@ -68,17 +66,16 @@ def cases() -> list:
         return FlashProblem("fwd", b, hq, hkv, s, sk, d, causal)
 
     causal = {"gluon 128x128 s3": (gluon(128, 128, 3), None),
-              "gluon 128x128 s3 l2_all": (gluon(128, 128, 3), "l2_all"),
               "gluon 128x64 s4": (gluon(128, 64, 4), None),
-              "gluon 128x64 s4 l2_all": (gluon(128, 64, 4), "l2_all")}
+              "gluon 128x64 s4 one_q_slot": (gluon(128, 64, 4), "one_q_slot"),
+              "gluon 128x64 s4 all_blocks": (gluon(128, 64, 4), "all_blocks")}
     d128 = {"gluon 128x128 s3": (gluon(128, 128, 3), None),
             "gluon 128x64 s4": (gluon(128, 64, 4), None)}
     d64 = {"gluon 128x128 s3": (gluon(128, 128, 3), None),
-           "gluon 128x64 s4": (gluon(128, 64, 4), None),
-           "gluon 128x64 s4 l2_all": (gluon(128, 64, 4), "l2_all")}
-    d256 = {"gluon 128x64 s2": (gluon(128, 64, 2), None), "gluon 128x64 s2 l2_all": (gluon(128, 64, 2), "l2_all"),
-            "gluon 128x64 s2 l2_12mb": (gluon(128, 64, 2), "l2_12mb"),
-            "gluon 128x64 s2 l2_all+all_blocks": (gluon(128, 64, 2), "l2_all+all_blocks")}
+           "gluon 128x64 s4": (gluon(128, 64, 4), None)}
+    d256 = {"gluon 128x64 s2": (gluon(128, 64, 2), None),
+            "gluon 128x64 s2 all_blocks": (gluon(128, 64, 2), "all_blocks"),
+            "tma 64x64 s3": (triton("tma", 64, 64, 4, 3), None)}
     return [
         ("llama 1x4096 causal", p(1, 32, 8, 4096, 4096, 128, True), causal),
         ("llama 1x1025 causal", p(1, 32, 8, 1025, 1025, 128, True), causal),
