@@ -34,7 +34,8 @@ from autotile.space import Config  # noqa: E402
 # results/gluon_variants_2026-12-03e.txt). all_blocks: both warpgroups read all of a causal tile's key blocks, as
 # before each read its own (0.88x -> 0.93x of cuDNN at 16 x 512, same file). head_major: causal tiles one head after
 # another, each head's query tiles heaviest first (the order L2 favours; ncu: 39% L2 hits at Gemma-2-9B 4 x 2048 for
-# the default order, cuDNN 72%), where the default deals every head's heaviest tile first.
+# the tile-major order, cuDNN 72%), which the template takes at head dim 256 up to 16 query tiles a head; head_major
+# takes it at every head dim and tile_major never.
 # A patch is (old, new), or (first line, line after, new) for the text from the first line up to the line after;
 # patches join with '+'.
 _REGISTER_STORE = """            mbarrier.arrive(empty.index(last), count=1)
@@ -46,8 +47,8 @@ _REGISTER_STORE = """            mbarrier.arrive(empty.index(last), count=1)
 PATCHES = {"scale_first": ("    if NEGATE_Q:\n", "    if True:  # scale first, whatever the scale's sign\n"),
            "forwards": ("    return r * P + pid + (r % 2) * (P - 1 - 2 * pid)\n", "    return r * P + pid\n"),
            "gl_store": ("            if O_IN_V:\n", "            it += n_blocks\n", _REGISTER_STORE),
-           "head_major": ("    pid_m = n_m - 1 - c // bh_count\n    bh = c % bh_count\n",
-                          "    pid_m = n_m - 1 - c % n_m\n    bh = c // n_m\n"),
+           "head_major": ("    if HEAD_DIM == 256 and n_m <= HEAD_MAJOR_TILES:\n", "    if n_m <= HEAD_MAJOR_TILES:\n"),
+           "tile_major": ("    if HEAD_DIM == 256 and n_m <= HEAD_MAJOR_TILES:\n", "    if False:\n"),
            "one_q_slot": ("Q_SLOTS = gl.constexpr(2)\n", "Q_SLOTS = gl.constexpr(1)\n"),
            "all_blocks": ("mine = _own_key_blocks(n_blocks, row0, len_q, len_k, win_right, BLOCK_N)",
                           "mine = n_blocks"),
@@ -78,7 +79,7 @@ def cases() -> list:
     d64 = {"gluon 128x128 s3": (gluon(128, 128, 3), None),
            "gluon 128x64 s4": (gluon(128, 64, 4), None)}
     d256 = {"gluon 128x64 s2": (gluon(128, 64, 2), None),
-            "gluon 128x64 s2 head_major": (gluon(128, 64, 2), "head_major")}
+            "gluon 128x64 s2 tile_major": (gluon(128, 64, 2), "tile_major")}
     major = {"gluon 128x128 s3": (gluon(128, 128, 3), None),
              "gluon 128x128 s3 head_major": (gluon(128, 128, 3), "head_major")}
     return [
@@ -87,6 +88,8 @@ def cases() -> list:
         ("llama 4x2048 causal", p(4, 32, 8, 2048, 2048, 128, True), causal),
         ("llama 4x2048 major", p(4, 32, 8, 2048, 2048, 128, True), major),
         ("llama 1x8192 major", p(1, 32, 8, 8192, 8192, 128, True), major),
+        ("llama 16x512 major", p(16, 32, 8, 512, 512, 128, True),
+         {"gluon 128x64 s4": (gluon(128, 64, 4), None), "gluon 128x64 s4 head_major": (gluon(128, 64, 4), "head_major")}),
         ("llama 16x512 causal", p(16, 32, 8, 512, 512, 128, True), causal),
         ("qwen 8x1024 causal", p(8, 28, 4, 1024, 1024, 128, True), causal),
         ("D=128 2x32x4096", p(2, 32, 32, 4096, 4096, 128, False), d128),
