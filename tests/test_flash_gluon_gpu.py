@@ -110,4 +110,3 @@ def test_gluon_ws_takes_any_scale(scale):
         seen = torch.isfinite(want_lse)
         assert torch.equal(torch.isfinite(outputs["lse"]), seen), (scale, config.to_json())
         assert (outputs["lse"].double()[seen] - want_lse[seen]).abs().max().item() < 1e-3, (scale, config.to_json())
-

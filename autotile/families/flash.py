@@ -24,7 +24,7 @@ import torch
 
 from autotile.arch import (Feature, arch_of, architecture_constraints, device_default, device_seeds,
                            require_dtypes)
-from autotile.device import DeviceInfo
+from autotile.device import HOPPER_SMEM_PER_BLOCK, DeviceInfo
 from autotile.dtypes import element_size, torch_dtype
 from autotile.errors import BadInputError, ShapeMismatchError, UnsupportedDtypeError
 from autotile.families import flash_vendor
@@ -66,17 +66,22 @@ LOADS_CHOICES = ("pointer", "tma", "pointer_lookahead", "tma_lookahead", GLUON_W
 _GLUON_BLOCK_M = 128
 _GLUON_BLOCK_N = (64, 128)
 _GLUON_HEAD_DIMS = (64, 128, 256)
-# Shared memory a gluon_ws program may take on Hopper (227 KB).
-_HOPPER_SMEM = 232448
+
+
+def forward_tiles_bytes(problem, config, q_tiles: int = 1) -> int:
+    """Shared memory of a forward's resident Q tiles and its K and V tiles for every pipeline stage."""
+    bd = problem.block_d
+    return (q_tiles * config["BLOCK_M"] * bd + 2 * config["BLOCK_N"] * bd * config["num_stages"]) * element_size(
+        problem.dtype)
 
 
 def gluon_q_slots(problem, config) -> int:
-    """Q slots of a gluon_ws forward: two (the next tile's Q loads during this tile's key loop) with 64-key blocks
-    where they fit beside the K/V stages, else one. 16 x 512 Llama-3-8B causal at 128 x 64 on 4 stages: 0.93x of
-    cuDNN with one slot, 0.95x with two; 1 x 4096 1.02x and 1.01x (results/gluon_variants_2026-12-03e.txt)."""
-    size, bd = element_size(problem.dtype), problem.block_d
-    two = (2 * config["BLOCK_M"] * bd + 2 * config["BLOCK_N"] * bd * config["num_stages"]) * size
-    return 2 if config["BLOCK_N"] == 64 and two <= _HOPPER_SMEM - 1024 else 1
+    """Q slots of a gluon_ws forward (Hopper only): two (the next tile's Q loads during this tile's key loop) with
+    64-key blocks where they fit beside the K/V stages, its barriers and tile buffer (1 KB), else one. 16 x 512
+    Llama-3-8B causal at 128 x 64 on 4 stages: 0.93x of cuDNN with one slot, 0.95x with two; 1 x 4096 1.02x and 1.01x
+    (results/gluon_variants_2026-12-03e.txt)."""
+    fits = forward_tiles_bytes(problem, config, q_tiles=2) <= HOPPER_SMEM_PER_BLOCK - 1024
+    return 2 if config["BLOCK_N"] == 64 and fits else 1
 # Keys up to which causal gluon_ws forwards at head dim 128 take 64-key blocks (see FlashFamily._forward_default).
 _GLUON_SHORT_KEYS = 1024
 # Keys from which the gluon_ws forward is the default at head dim 64: it led at 2000 and 4096 keys once its persistent
@@ -430,9 +435,8 @@ class FlashFamily(Family):
         size, bd = element_size(p.dtype), p.block_d
 
         def smem_bytes(c) -> int:
-            # The resident Q tile (gluon_ws: one or two), plus K and V tiles for every pipeline stage.
-            q_tiles = gluon_q_slots(p, c) if c["LOADS"] == GLUON_WS else 1
-            return (q_tiles * c["BLOCK_M"] * bd + 2 * c["BLOCK_N"] * bd * c["num_stages"]) * size
+            # gluon_ws keeps one or two Q tiles.
+            return forward_tiles_bytes(p, c, gluon_q_slots(p, c) if c["LOADS"] == GLUON_WS else 1)
 
         def accumulators(c) -> float:
             # O accumulator (BLOCK_M, BLOCK_D) and the score tile (BLOCK_M, BLOCK_N), fp32, per thread; gluon_ws's

@@ -50,7 +50,7 @@ PATCHES = {"scale_first": ("    if NEGATE_Q:\n", "    if True:  # scale first, w
            "head_major": ("    if HEAD_DIM == 256 and n_m <= HEAD_MAJOR_TILES:\n", "    if n_m <= HEAD_MAJOR_TILES:\n"),
            "tile_major": ("    if HEAD_DIM == 256 and n_m <= HEAD_MAJOR_TILES:\n", "    if False:\n"),
            "one_q_slot": ("Q_SLOTS = gl.constexpr(2)\n", "Q_SLOTS = gl.constexpr(1)\n"),
-           "all_blocks": ("mine = _own_key_blocks(n_blocks, row0, len_q, len_k, win_right, BLOCK_N)",
+           "all_blocks": ("mine = _key_blocks(row0 + WG_ROWS, len_q, len_k, win_right, BLOCK_N)",
                           "mine = n_blocks"),
 }
 
