@@ -5,6 +5,7 @@ policy's Triton config), and gluon_ws configs of several tile shapes, each check
 timed interleaved (medians of do_bench medians over rounds). The family's kernels alone (AUTOTILE_VENDOR=0).
 
     python benchmarks/gemm_gluon_bench.py --out results/gluon_gemm.md      # ~2 min on an H200
+    python benchmarks/gemm_gluon_bench.py --set bf16 --out results/gluon_gemm_bf16.md  # LLM projections, both schedules
 """
 from __future__ import annotations
 
@@ -31,10 +32,41 @@ FP8_TILES = [dict(num_stages=4), dict(num_stages=5)]
 FAST_TILES = [dict(BLOCK_N=256, num_stages=3), dict(num_stages=5)]
 BF16_TILES = [dict(BLOCK_M=64, BLOCK_K=64, num_stages=6), dict(BLOCK_K=64, num_stages=5),
               dict(BLOCK_N=256, BLOCK_K=64, num_stages=3)]
+DP = dict(SCHEDULE="data_parallel")
+# --set bf16: both schedules, and 128 x 256 tiles on four stages beside C staged in halves.
+BF16_SCHEDULE_TILES = [dict(BLOCK_N=256, BLOCK_K=64, num_stages=3), dict(BLOCK_N=256, BLOCK_K=64, num_stages=3, **DP),
+                       dict(BLOCK_N=256, BLOCK_K=64, num_stages=4, EPILOGUE_SUBTILE=True, **DP),
+                       dict(BLOCK_K=64, num_stages=5), dict(BLOCK_K=64, num_stages=5, **DP),
+                       dict(BLOCK_K=64, num_stages=6, EPILOGUE_SUBTILE=True, **DP),
+                       dict(BLOCK_M=64, BLOCK_N=256, BLOCK_K=64, num_stages=4, **DP),
+                       dict(BLOCK_M=64, BLOCK_K=64, num_stages=6, **DP)]
+FP8_SCHEDULE_TILES = [dict(num_stages=4), dict(num_stages=4, **DP), dict(num_stages=5, EPILOGUE_SUBTILE=True, **DP)]
+FAST_SCHEDULE_TILES = [dict(BLOCK_N=256, num_stages=3), dict(BLOCK_N=256, num_stages=3, **DP),
+                       dict(BLOCK_N=256, num_stages=4, EPILOGUE_SUBTILE=True, **DP)]
+# nn.Linear projections (tokens x out x in) of Llama-3-8B, Qwen2.5-7B and Mistral-7B, prefill and mid-sized.
+BF16_PROJECTIONS = [
+    (2048, 6144, 4096, "Llama-3-8B qkv"), (2048, 4096, 4096, "Llama-3-8B o"), (2048, 28672, 4096, "Llama-3-8B gate_up"),
+    (2048, 4096, 14336, "Llama-3-8B down"), (2048, 4608, 3584, "Qwen2.5-7B qkv"), (2048, 3584, 18944, "Qwen2.5-7B down"),
+    (4096, 6144, 4096, "Llama-3-8B qkv"), (8192, 4096, 14336, "Mistral-7B down"), (3000, 5000, 1536, "irregular"),
+    (512, 6144, 4096, "Llama-3-8B qkv"), (512, 28672, 4096, "Llama-3-8B gate_up"), (512, 4096, 14336, "Llama-3-8B down"),
+    (256, 6144, 4096, "Llama-3-8B qkv"), (256, 37888, 3584, "Qwen2.5-7B gate_up"), (128, 4608, 3584, "Qwen2.5-7B qkv"),
+]
 
 
-def shapes() -> list[tuple[str, object, list[dict]]]:
+def shapes(which: str = "all") -> list[tuple[str, object, list[dict]]]:
     out = []
+    if which == "bf16":
+        for m, n, k, label in BF16_PROJECTIONS:
+            out.append((f"bf16 {label}", contiguous_problem(m, n, k, "bf16", "bf16", layout_b="col"),
+                        BF16_SCHEDULE_TILES))
+        return out
+    if which == "fp8":
+        for size in (4096, 8192):
+            out.append(("fp8 precise tensor", contiguous_problem(size, size, size, "fp8", "bf16", layout_b="col"),
+                        FP8_SCHEDULE_TILES))
+            out.append(("fp8 fast", contiguous_problem(size, size, size, "fp8", "bf16", layout_b="col",
+                                                       fp8_fast_accum=True), FAST_SCHEDULE_TILES))
+        return out
     for size in (4096, 8192):
         for scale in ("tensor", "row"):
             out.append((f"fp8 precise {scale}", contiguous_problem(size, size, size, "fp8", "bf16", layout_b="col",
@@ -48,10 +80,19 @@ def shapes() -> list[tuple[str, object, list[dict]]]:
     return out
 
 
+def config_name(config) -> str:
+    schedule = "dp" if config["SCHEDULE"] == "data_parallel" else "sk"
+    sub = " sub" if config.get("EPILOGUE_SUBTILE") else ""
+    return (f"gluon {config['BLOCK_M']}x{config['BLOCK_N']}x{config['BLOCK_K']} s{config['num_stages']} "
+            f"{schedule}{sub}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("gluon_gemm.md"))
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--set", choices=("all", "bf16", "fp8"), default="all",
+                        help="bf16: LLM projections under both schedules; fp8: 4096^3 and 8192^3 under both")
     args = parser.parse_args()
     device = cuda_device(0)
     import datetime
@@ -65,16 +106,22 @@ def main() -> int:
              "| shape | problem | vendor us | tma (prefill policy) | best gluon_ws | its tiles | all gluon_ws |",
              "|---|---|---|---|---|---|---|"]
     failures = 0
-    for label, problem, tiles in shapes():
+    for label, problem, tiles in shapes(args.set):
         inputs = FAMILY.make_inputs(problem, device, seed=11)
         reference = FAMILY.reference(problem, inputs)
         outputs = FAMILY.allocate_outputs(problem, inputs)
         space = FAMILY.space(problem, device)
         configs = {"tma default": space.admit(prefill_config(problem, device, gluon=False))}
+        default = FAMILY.default_config(problem, device)
+        if dict(default) != dict(configs["tma default"] or {}):
+            configs["family default"] = default
         for t in tiles:
-            config = space.admit(gluon_config(problem, **t))
+            # One row of tiles: the grouped order has nothing to group.
+            config = space.admit(gluon_config(problem, **t)) or space.admit(gluon_config(problem, **t, GROUP_M=1))
             if config is not None:
-                configs[f"gluon {config['BLOCK_M']}x{config['BLOCK_N']}x{config['BLOCK_K']} s{config['num_stages']}"] = config
+                configs[config_name(config)] = config
+            else:
+                print(f"infeasible for {label}: {t}: {space.violations(gluon_config(problem, **t))}", flush=True)
         fns = {}
         for name, config in configs.items():
             if config is None:
@@ -94,6 +141,8 @@ def main() -> int:
         gluon = {k: x for k, x in ms.items() if k.startswith("gluon")}
         best = min(gluon, key=gluon.get) if gluon else None
         tma = f"{v / ms['tma default']:.3f}x" if "tma default" in ms else "failed its check"
+        if "family default" in ms:
+            tma += f" (family default {v / ms['family default']:.3f}x)"
         row = (f"| {label} | {problem.m}x{problem.n}x{problem.k} | {v * 1e3:.1f} | {tma} | " + (f"{v / gluon[best]:.3f}x | {best[6:]} | " if best else "- | - | ")
                + ", ".join(f"{k[6:]} {v / x:.3f}x" for k, x in gluon.items()) + " |")
         print(row, flush=True)

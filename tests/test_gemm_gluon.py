@@ -41,7 +41,7 @@ def test_gluon_ws_is_infeasible_where_it_does_not_apply(problem):
 
 def test_gluon_ws_configs_keep_its_structure():
     for config in gluon_configs(FP8_PRECISE, H200):
-        assert config["SCHEDULE"] == "stream_k" and config["num_warps"] == 4 and not config["SWAP_AB"]
+        assert config["SCHEDULE"] in ("stream_k", "data_parallel") and config["num_warps"] == 4 and not config["SWAP_AB"]
         assert config["BLOCK_M"] in (64, 128) and config["PROMOTE_TILES"] == 1
         assert config["BLOCK_N"] <= 128  # precise: its fp32 sum and a K tile's accumulator fit a consumer
 
@@ -119,6 +119,9 @@ CASES = [
      dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=128, num_stages=4, PROMOTE_TILES=1)),
     (dict(m=512, n=512, k=512, dtype="fp8", out_dtype="bf16", layout_b="col", fp8_fast_accum=True, bias=True),
      dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=128, num_stages=3)),
+    # Whole tiles only, C through a half-width buffer: four stages of 128 x 256 x 64 fit beside it.
+    (dict(m=1000, n=3000, k=776, dtype="bf16", out_dtype="bf16", layout_b="col", bias=True, residual=True),
+     dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_stages=4, SCHEDULE="data_parallel", EPILOGUE_SUBTILE=True)),
 ]
 
 
@@ -128,8 +131,8 @@ def _compile_cases() -> list:
     out = []
     for problem, tiles in CASES:
         p = contiguous_problem(**problem)
-        config = dict(VARIANT="gluon_ws", SCHEDULE="stream_k", SPLIT_K=1, PERSISTENT=False, WARP_SPECIALIZE=False,
-                      FLATTEN=False, SWAP_AB=False, EPILOGUE_SUBTILE=False, GROUP_M=8, num_warps=4, **tiles)
+        config = dict(dict(VARIANT="gluon_ws", SCHEDULE="stream_k", SPLIT_K=1, PERSISTENT=False, WARP_SPECIALIZE=False,
+                           FLATTEN=False, SWAP_AB=False, EPILOGUE_SUBTILE=False, GROUP_M=8, num_warps=4), **tiles)
         feasible = FAMILY.space(p, H200).admit(config) is not None
         kernels = compile_config(FAMILY, p, config, H200)
         out.append(dict(feasible=feasible, kernels=[(k.name, k.shared, k.registers, k.stack, list(k.ptx_features))

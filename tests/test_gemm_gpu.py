@@ -102,15 +102,21 @@ GLUON_PROBLEMS = [
                          f"{'-fast' if p.fp8_fast_accum else ''}")
 def test_gluon_ws_matches_float64_and_repeats_bit_for_bit(problem):
     """The Gluon variant at each tile shape it offers for the problem: one and two consumer warpgroups, whole tiles
-    and stream-K's split ones (every shape here leaves a part-empty last wave), with each epilogue."""
+    and stream-K's split ones (every shape here leaves a part-empty last wave), with each epilogue; and, for
+    128-row tiles of the narrowest K step, whole tiles only (data_parallel) with C stored whole and in halves."""
     device = cuda_device(0)
     inputs = FAMILY.make_inputs(problem, device, seed=5)
     expected = FAMILY.reference(problem, inputs)
+    feasible = [c for c in FAMILY.space(problem, device).feasible()
+                if c["VARIANT"] == "gluon_ws" and c["BLOCK_K"] <= 128 and c["BLOCK_N"] >= 128]
+    narrowest_k = min((c["BLOCK_K"] for c in feasible), default=0)
     configs = {}
-    for c in FAMILY.space(problem, device).feasible():
-        if c["VARIANT"] == "gluon_ws" and c["BLOCK_K"] <= 128 and c["BLOCK_N"] >= 128:
-            key = (c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_K"])
-            configs[key] = max(configs.get(key, c), c, key=lambda x: (x["GROUP_M"], x["num_stages"]))
+    for c in feasible:
+        plain = c["SCHEDULE"] == "stream_k" and not c["EPILOGUE_SUBTILE"]
+        if not (plain or (c["BLOCK_M"] == 128 and c["BLOCK_K"] == narrowest_k and c["SCHEDULE"] == "data_parallel")):
+            continue
+        key = (c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_K"], c["SCHEDULE"], c["EPILOGUE_SUBTILE"])
+        configs[key] = max(configs.get(key, c), c, key=lambda x: (x["GROUP_M"], x["num_stages"]))
     assert configs, "the space offers no gluon_ws config"
     for config in configs.values():
         assert_right_and_repeatable(problem, config, inputs, expected, runs=3)

@@ -22,9 +22,10 @@ from autotile.families.base import next_pow2
 from autotile.space import Axis, AxisKind, Config, Constraint, Space
 
 SCHEDULES = ("data_parallel", "split_k", "stream_k")
-# The Gluon variant (templates/gemm_gluon_ws.py.j2): warp-specialised, persistent, stream-K over the last wave;
-# one consumer warpgroup per GLUON_WG_ROWS rows of a tile.
+# The Gluon variant (templates/gemm_gluon_ws.py.j2): warp-specialised, persistent, stream-K over the last wave or
+# whole tiles only; one consumer warpgroup per GLUON_WG_ROWS rows of a tile.
 GLUON_WS = "gluon_ws"
+GLUON_SCHEDULES = ("stream_k", "data_parallel")
 GLUON_WG_ROWS = 64
 SPLIT_K_CHOICES = (1, 2, 3, 4, 6, 8, 12, 16)
 PROMOTE_CHOICES = (1, 2, 4)
@@ -259,19 +260,19 @@ def gemm_space(problem, device: DeviceInfo) -> StagedSpace:
              "scales) operands that TMA can load, with A row-major and an fp8 B as W (N, K)"),
         rule("gluon_ws_structure", ("VARIANT", "SCHEDULE", "SWAP_AB", "BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps"),
              lambda c: c["VARIANT"] != GLUON_WS or (
-                 c["SCHEDULE"] == "stream_k" and not c["SWAP_AB"] and c["BLOCK_M"] in (64, 128)
+                 c["SCHEDULE"] in GLUON_SCHEDULES and not c["SWAP_AB"] and c["BLOCK_M"] in (64, 128)
                  and c["BLOCK_N"] >= 64 and c["BLOCK_K"] >= 64 and c["num_warps"] == 4),
-             "gluon_ws is persistent with stream-K over the last wave, one consumer warpgroup (4 warps) per 64 rows "
-             "of a 64- or 128-row tile, BLOCK_N and BLOCK_K of at least 64, A and B unswapped"),
+             "gluon_ws is persistent, with stream-K over the last wave or whole tiles only, one consumer warpgroup "
+             "(4 warps) per 64 rows of a 64- or 128-row tile, BLOCK_N and BLOCK_K of at least 64, A and B unswapped"),
         rule("schedule_split_k", ("SCHEDULE", "SPLIT_K"), lambda c: (c["SCHEDULE"] == "split_k") == (c["SPLIT_K"] > 1),
              "SPLIT_K > 1 is the split_k schedule, which needs SPLIT_K > 1"),
         rule("persistent_tma_only", ("VARIANT", "SCHEDULE", "PERSISTENT", "WARP_SPECIALIZE", "FLATTEN"),
              lambda c: (c["VARIANT"] == "tma" and c["SCHEDULE"] == "data_parallel")
              or not (c["PERSISTENT"] or c["WARP_SPECIALIZE"] or c["FLATTEN"]),
              "PERSISTENT, WARP_SPECIALIZE and FLATTEN only change the tma variant's data-parallel tile loop"),
-        rule("epilogue_subtile_tma_only", ("VARIANT", "EPILOGUE_SUBTILE"),
-             lambda c: not c["EPILOGUE_SUBTILE"] or c["VARIANT"] == "tma",
-             "EPILOGUE_SUBTILE splits the tma variant's staged store of C; pointer stores stage nothing"),
+        rule("epilogue_subtile_staged_only", ("VARIANT", "EPILOGUE_SUBTILE"),
+             lambda c: not c["EPILOGUE_SUBTILE"] or c["VARIANT"] in ("tma", GLUON_WS),
+             "EPILOGUE_SUBTILE splits the staged TMA store of C (tma and gluon_ws); pointer stores stage nothing"),
         # Halving a staging buffer under 128 x 128 frees too little for another stage to be worth a search axis.
         rule("epilogue_subtile_width", ("EPILOGUE_SUBTILE", "BLOCK_M", "BLOCK_N"),
              lambda c: not c["EPILOGUE_SUBTILE"] or (c["BLOCK_N"] >= 64 and c["BLOCK_M"] * c["BLOCK_N"] >= 128 * 128),
