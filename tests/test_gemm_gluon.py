@@ -46,13 +46,14 @@ def test_gluon_ws_configs_keep_its_structure():
         assert config["BLOCK_N"] <= 128  # precise: its fp32 sum and a K tile's accumulator fit a consumer
 
 
-def test_precise_fp8_prefill_defaults_to_gluon_ws_with_the_tma_variant_among_the_seeds():
+def test_fp8_prefill_defaults_to_gluon_ws_with_the_tma_variant_among_the_seeds():
     default = FAMILY.default_config(FP8_PRECISE, H200)
     assert (default["VARIANT"], default["BLOCK_M"], default["BLOCK_N"], default["BLOCK_K"]) == ("gluon_ws", 128, 128, 128)
     assert any(c["VARIANT"] == "tma" for c in FAMILY.seed_configs(FP8_PRECISE, H200))
     fast = contiguous_problem(4096, 4096, 4096, "fp8", "bf16", layout_b="col", fp8_fast_accum=True)
-    assert FAMILY.default_config(fast, H200)["VARIANT"] == "tma"
-    assert any(c["VARIANT"] == "gluon_ws" for c in FAMILY.seed_configs(fast, H200))
+    default = FAMILY.default_config(fast, H200)
+    assert (default["VARIANT"], default["BLOCK_N"], default["SCHEDULE"]) == ("gluon_ws", 256, "data_parallel")
+    assert any(c["VARIANT"] == "tma" for c in FAMILY.seed_configs(fast, H200))
 
 
 def _launch_geometry():

@@ -9,7 +9,10 @@ import pytest
 
 from autotile.device import HOPPER_SMEM_PER_BLOCK, DeviceInfo, interpret_device
 from autotile.families.gemm import FAMILY, contiguous_problem
-from autotile.families.gemm_policy import FILL_SMS, STREAM_MAX_M, WIDE_STREAM_MAX_M, programs, regime, wave_efficiency
+from autotile.families.gemm_policy import (
+    FILL_SMS, MID_GLUON_BUSY, STREAM_MAX_M, WIDE_STREAM_MAX_M, prefill_config, programs, regime, tiled_mid_config,
+    wave_efficiency,
+)
 from autotile.families.gemm_space import FP8_PRECISE_INTERVAL, SPLIT_K_CHOICES, SPLIT_K_WORKSPACE_LIMIT, tile_count
 from autotile.models import MODELS, TOKEN_BUCKETS, projections
 
@@ -64,19 +67,45 @@ def test_decode_streams_the_weight_with_split_k():
 
 
 def test_prefill_takes_large_tma_tiles_and_irregular_shapes_stream_k():
-    square = FAMILY.default_config(contiguous_problem(4096, 4096, 4096, "bf16", "bf16", layout_b="col"), H200)
+    # The Triton variants' prefill rule (Hopper serves the Gluon variant instead: the next test).
+    square = prefill_config(contiguous_problem(4096, 4096, 4096, "bf16", "bf16", layout_b="col"), H200, gluon=False)
     assert (square["VARIANT"], square["PERSISTENT"], square["BLOCK_M"], square["BLOCK_N"]) == ("tma", True, 128, 256)
     # A last wave a third empty: stream-K for fp8 (and tf32); 16-bit operands keep the persistent data-parallel
     # tiles, which the H200 measured faster (gemm_policy.prefill_config).
     for dtype, out, extra, schedule in (("fp8", "bf16", {}, "stream_k"), ("bf16", "bf16", {}, "data_parallel")):
         irregular = contiguous_problem(3000, 5000, 1536, dtype, out, layout_b="col", **extra)
-        config = FAMILY.default_config(irregular, H200)
+        config = prefill_config(irregular, H200, gluon=False)
         tiles = tile_count(irregular, config["BLOCK_M"], config["BLOCK_N"])
         assert wave_efficiency(tiles, programs(irregular, config, H200)) < 0.92
         assert config["SCHEDULE"] == schedule, dtype
     assert config["PERSISTENT"]
     unaligned = FAMILY.default_config(contiguous_problem(1000, 3000, 777, "bf16", "bf16"), H200)
     assert unaligned["VARIANT"] == "blocked"
+
+
+def test_hopper_prefill_takes_the_gluon_variant_in_whole_tiles():
+    # results/gluon_gemm_2026-12-04_bf16.md: whole 128 x 256 x 64 tiles, 128 x 128 where those fill the waves better
+    # (2048 x 4608 x 3584: 73% of the slots busy against 87%); the tma variant's default is the first seed.
+    def default(m, n, k, dtype="bf16", **extra):
+        problem = contiguous_problem(m, n, k, dtype, "bf16", layout_b="col", **extra)
+        return problem, FAMILY.default_config(problem, H200)
+
+    for m, n, k, width in ((4096, 4096, 4096, 256), (3000, 5000, 1536, 256), (2048, 4608, 3584, 128)):
+        problem, config = default(m, n, k)
+        assert (config["VARIANT"], config["SCHEDULE"], config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]) == \
+            ("gluon_ws", "data_parallel", 128, width, 64), config
+        seeds = FAMILY.seed_configs(problem, H200)
+        assert seeds[0]["VARIANT"] == "tma" and seeds[0]["PERSISTENT"]
+        assert any(s["VARIANT"] == "gluon_ws" and s["EPILOGUE_SUBTILE"] for s in seeds)
+        assert any(s["VARIANT"] == "gluon_ws" and s["SCHEDULE"] == "stream_k" for s in seeds)
+    _, precise = default(4096, 4096, 4096, "fp8")
+    _, fast = default(4096, 4096, 4096, "fp8", fp8_fast_accum=True)
+    assert (precise["VARIANT"], precise["SCHEDULE"], precise["BLOCK_N"]) == ("gluon_ws", "data_parallel", 128)
+    assert (fast["VARIANT"], fast["SCHEDULE"], fast["BLOCK_N"]) == ("gluon_ws", "data_parallel", 256)
+    # Where Gluon does not run (an A100, the interpreter) the Triton variants' rules decide.
+    for device in (A100, interpret_device()):
+        assert FAMILY.default_config(contiguous_problem(4096, 4096, 4096, "bf16", "bf16", layout_b="col"),
+                                     device)["VARIANT"] != "gluon_ws"
 
 
 def test_fp8_accumulation_modes():
@@ -172,8 +201,10 @@ def test_few_tokens_beyond_one_streaming_wave(m):
 def test_mid_tiles_on_tma_where_they_fit_one_wave(m, n, k, tile):
     # Measured on the H200 (results/gemm_mid_tiles_2026-12-02.txt): TMA tiles that fill one wave beat the pointer-
     # loaded 64 x 128 tiles and the long-K split; where they would take more than one wave they lost, and do not apply.
+    # The Triton variants' rule (at 512 tokens Hopper serves the Gluon variant's tiles: the next test).
     problem = contiguous_problem(m, n, k, "bf16", "bf16", layout_b="col")
-    config = FAMILY.default_config(problem, H200)
+    config = tiled_mid_config(problem, H200, gluon=False)
+    assert FAMILY.space(problem, H200).is_feasible(config)
     assert (config["VARIANT"], config["SCHEDULE"]) == ("tma", "data_parallel"), config
     assert (config["BLOCK_M"], config["BLOCK_N"]) == tile, config
     tiles = tile_count(problem, *tile)
@@ -182,6 +213,24 @@ def test_mid_tiles_on_tma_where_they_fit_one_wave(m, n, k, tile):
     assert two_waves["VARIANT"] == "blocked", two_waves
     # Without TMA (an A100) the rule does not apply.
     assert FAMILY.default_config(problem, A100)["VARIANT"] == "blocked"
+
+
+@pytest.mark.parametrize("m,n,k,gluon", [(512, 28672, 4096, True), (512, 4096, 14336, True), (256, 37888, 3584, True),
+                                         (512, 6144, 4096, False), (256, 6144, 4096, False), (256, 4096, 4096, False)])
+def test_mid_gluon_tiles_where_they_fill_their_waves(m, n, k, gluon):
+    # results/gluon_gemm_2026-12-04_bf16.md: the Gluon variant's whole 128 x 128 tiles won where they kept 90-97% of
+    # their waves' slots busy and lost at 73% (512 x 6144 x 4096: 192 tiles, 1.45 waves) and below.
+    problem = contiguous_problem(m, n, k, "bf16", "bf16", layout_b="col")
+    config = FAMILY.default_config(problem, H200)
+    tiles = tile_count(problem, 128, 128)
+    busy = tiles >= FILL_SMS * H200.sm_count and wave_efficiency(tiles, H200.sm_count) >= MID_GLUON_BUSY
+    assert busy == gluon
+    assert (config["VARIANT"] == "gluon_ws") == gluon, config
+    if gluon:
+        assert (config["SCHEDULE"], config["BLOCK_M"], config["BLOCK_N"]) == ("data_parallel", 128, 128)
+    else:
+        assert any(s["VARIANT"] == "gluon_ws" for s in FAMILY.seed_configs(problem, H200))  # still searched
+    assert FAMILY.default_config(problem, A100)["VARIANT"] != "gluon_ws"
 
 
 def test_no_warp_specialised_four_warp_tiles_of_128_rows():

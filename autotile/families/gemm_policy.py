@@ -9,10 +9,13 @@ The regime follows from M, N, K, the dtypes, the layouts and the GPU's SM count:
 - mid (16 < M <= 512): up to M = 64 (STREAM_MAX_M), decode's weight-streaming kernel with every token in
   one tile; up to M = 128 (WIDE_STREAM_MAX_M) the same with a 128-token tile where its programs fit one wave,
   else one wave of TMA tiles or the weight streamed unsplit (few_tokens_config); above, tiles chosen by how
-  well they fill the SMs (tiled_mid_config).
-- prefill (M > 512): 128 x 256 tiles on TMA loads in a persistent loop (fp8: Triton's persistent TMA
-  tutorial's 128 x 256 x 128 with fast accumulation; 128 x 128 x 128 with two accumulators, promoted
-  every 2 K tiles, for precise accumulation and block scales).
+  well they fill the SMs (tiled_mid_config), on Hopper the Gluon variant's 128 x 128 tiles where they fill
+  their waves.
+- prefill (M > 512): on Hopper, the Gluon variant (warp-specialised, whole tiles): 128 x 256 x 64 for 16-bit
+  operands, 128 x 128 x 128 for precise fp8, 128 x 256 x 128 with fast accumulation. Elsewhere 128 x 256 tiles
+  on TMA loads in a persistent loop (fp8: Triton's persistent TMA tutorial's 128 x 256 x 128 with fast
+  accumulation; 128 x 128 x 128 with two accumulators, promoted every 2 K tiles, for precise accumulation and
+  block scales).
 - irregular (fp8 and tf32 mid and prefill): when whole tiles leave the last wave (or the only one) less than
   STREAM_K_BELOW busy, stream-K: data-parallel full waves, then the rest spread evenly over the GPU. For 16-bit
   operands the H200 measured persistent data-parallel tiles faster (prefill_config).
@@ -281,14 +284,18 @@ def _fewer_waves(problem, config: dict, device: DeviceInfo) -> dict:
     return fewer if waves(fewer) < waves(config) else config
 
 
-def tiled_mid_config(problem, device: DeviceInfo) -> dict:
-    """64 < M <= 512. 16-bit operands, measured at M = 256 on Llama-3-8B and Qwen2.5-7B projections
+def tiled_mid_config(problem, device: DeviceInfo, gluon: bool = True) -> dict:
+    """64 < M <= 512. On Hopper, the Gluon variant's 128 x 128 tiles where they fill their waves (_mid_gluon_config).
+    Otherwise 16-bit operands, measured at M = 256 on Llama-3-8B and Qwen2.5-7B projections
     (results/gemm_policy_sweep_2026-12-01.md; stream-K tiles, the rule before, reached 0.39-0.59x of cuBLAS):
     128 x 256 tiles on TMA in a persistent loop where they alone fill the GPU (gate_up: 0.77-0.91x); then the
     ONE_WAVE_MID_TILES that fit one wave; 128 x 128 tiles split over a long K (down: 0.75-0.82x); else 64 x 128
     tiles, split over K only as far as the SMs need (qkv and o: 0.70-0.77x), on 3 stages where that takes fewer
     waves than 4 (_fewer_waves)."""
     p = problem
+    wide_gluon = _mid_gluon_config(p, device) if gluon else None
+    if wide_gluon is not None:
+        return wide_gluon
     if p.dtype in ("bf16", "fp16"):
         tma = tma_ok(p) and arch_of(device).supports(Feature.TMA)
         if tile_count(p, 128, 256) >= sm_count(device):
@@ -312,28 +319,75 @@ def tiled_mid_config(problem, device: DeviceInfo) -> dict:
 
 
 def gluon_config(problem, **tiles) -> dict:
-    """A config of the Gluon variant (templates/gemm_gluon_ws.py.j2): a 128-row tile on two consumer warpgroups."""
-    config = _base(VARIANT=GLUON_WS, SCHEDULE="stream_k", GROUP_M=8, num_warps=4, BLOCK_M=128, BLOCK_N=128,
+    """A config of the Gluon variant (templates/gemm_gluon_ws.py.j2): a 128-row tile on two consumer warpgroups,
+    whole tiles only. Its stream-K schedule lost to whole tiles on 13 of 15 bf16 projections, by up to 1.5x
+    (2048 x 4096 x 14336, 128 x 256 tiles: 0.718x of cuBLAS against 1.054x; results/gluon_gemm_2026-12-04_bf16.md)."""
+    config = _base(VARIANT=GLUON_WS, SCHEDULE="data_parallel", GROUP_M=8, num_warps=4, BLOCK_M=128, BLOCK_N=128,
                    BLOCK_K=128, num_stages=4)
     config.update(tiles)
+    if math.ceil(problem.m / config["BLOCK_M"]) == 1:
+        config["GROUP_M"] = 1  # one row of tiles: nothing to group
     if has_promote_axis(problem):
         config["PROMOTE_TILES"] = 1
     return config
 
 
+# The Gluon variant's 16-bit tiles on Hopper (results/gluon_gemm_2026-12-04_bf16.md, H200, x cuBLAS, whole tiles):
+# 128 x 256 x 64 on 3 stages for prefill (2048-8192 tokens, Llama-3-8B, Qwen2.5-7B, Mistral-7B: 0.94-1.05x where
+# the tma variant's same tiles ran 0.93-1.07x, 2048 x 4608 x 3584 aside), 128 x 128 x 64 on 5 stages where those
+# fill the waves better (_GLUON_PREFILL_HALF) and for mid-sized M (_mid_gluon_config). C staged in halves buys 128 x
+# 256 tiles a fourth stage: within 3% either way, a seed.
+_GLUON_WIDE = dict(BLOCK_N=256, BLOCK_K=64, num_stages=3)
+_GLUON_HALF = dict(BLOCK_N=128, BLOCK_K=64, num_stages=5)
+_GLUON_16BIT_SEEDS = (dict(BLOCK_N=256, BLOCK_K=64, num_stages=4, EPILOGUE_SUBTILE=True),
+                      dict(BLOCK_N=128, BLOCK_K=64, num_stages=6, EPILOGUE_SUBTILE=True),
+                      dict(BLOCK_N=256, BLOCK_K=64, num_stages=3, SCHEDULE="stream_k"))
+# Mid-sized M takes the Gluon variant's 128 x 128 tiles from this busy share of their waves' program slots:
+# they won at 0.90-0.97 (512 x 28672 x 4096 0.954x of cuBLAS against 0.900x; 512 x 4096 x 14336 0.933x against
+# 0.863x; 256 x 37888 x 3584 0.845x against 0.756x) and lost at 0.73 (512 x 6144 x 4096 0.722x against 0.810x,
+# 256 x 6144 x 4096 0.425x against 0.747x); results/gluon_gemm_2026-12-04_bf16.md.
+MID_GLUON_BUSY = 0.8
+
+
+def _gluon_16bit(problem, device: DeviceInfo) -> bool:
+    return problem.dtype in ("bf16", "fp16") and gluon_ws_ok(problem, device)
+
+
+def _mid_gluon_config(problem, device: DeviceInfo) -> dict | None:
+    """16-bit mid-sized M on Hopper: the Gluon variant's 128 x 128 tiles where they fill FILL_SMS of the SMs and
+    MID_GLUON_BUSY of their waves' slots; None elsewhere."""
+    p = problem
+    if not _gluon_16bit(p, device):
+        return None
+    config = gluon_config(p, **_GLUON_HALF)
+    count = tile_count(p, config["BLOCK_M"], config["BLOCK_N"])
+    slots = programs(p, config, device)
+    if count >= FILL_SMS * sm_count(device) and wave_efficiency(count, slots) >= MID_GLUON_BUSY:
+        return config
+    return None
+
+
 # Seeds of the Gluon variant for fp8 on Hopper: precise 128 x 128 tiles (their fp32 sum and per-tile accumulator
 # fit a consumer's registers; 128 x 256 spills: 0.40x), fast 128 x 256 (8192^3: 1.061x of
-# _scaled_mm(use_fast_accum=True)) and 128 x 128 on five stages (results/gluon_gemm_prototype_2026-12-02.txt).
-_GLUON_FP8_TILES = (dict(num_stages=4), dict(num_stages=5), dict(BLOCK_N=256, num_stages=3))
+# _scaled_mm(use_fast_accum=True)) and 128 x 128 on five stages (results/gluon_gemm_prototype_2026-12-02.txt),
+# and stream-K over the last wave, which led precise 8192^3 by 1% (results/gluon_gemm_2026-12-04_fp8.md).
+_GLUON_FP8_TILES = (dict(num_stages=4), dict(num_stages=5), dict(BLOCK_N=256, num_stages=3),
+                    dict(num_stages=4, SCHEDULE="stream_k"))
 
 
 def prefill_config(problem, device: DeviceInfo, gluon: bool = True) -> dict:
     p = problem
-    if gluon and p.dtype == "fp8" and not p.fp8_fast_accum and gluon_ws_ok(p, device):
-        # Precise fp8 on Hopper: the Gluon kernel's two consumer warpgroups overlap one's promotion with the other's
-        # MMAs, which Triton 3.6's tl.dot loop cannot (0.900x / 0.967x of _scaled_mm at 4096^3 / 8192^3, against
-        # 0.756x for the tma variant in the same run; results/gluon_gemm_2026-12-02.md).
-        return gluon_config(p)
+    if gluon and p.dtype == "fp8" and gluon_ws_ok(p, device):
+        # fp8 on Hopper. Precise: the Gluon kernel's two consumer warpgroups overlap one's promotion with the other's
+        # MMAs, which Triton 3.6's tl.dot loop cannot (4096^3: 0.954x of _scaled_mm, 0.751x for the tma variant).
+        # Fast accumulation: 128 x 256 tiles, 0.996x / 1.046x of _scaled_mm(use_fast_accum=True) at 4096^3 / 8192^3
+        # against the tma variant's 0.946x / 1.020x (results/gluon_gemm_2026-12-04_fp8.md).
+        return gluon_config(p, BLOCK_N=256, num_stages=3) if p.fp8_fast_accum else gluon_config(p)
+    if gluon and _gluon_16bit(p, device):
+        # 16-bit on Hopper: whole 128 x 256 tiles, or 128 x 128 where those fill the waves better, as below.
+        wide, half = gluon_config(p, **_GLUON_WIDE), gluon_config(p, **_GLUON_HALF)
+        busy = lambda c: wave_efficiency(tile_count(p, c["BLOCK_M"], c["BLOCK_N"]), programs(p, c, device))  # noqa: E731
+        return half if busy(half) >= busy(wide) + PREFILL_HALF_N_GAIN else wide
     tma = tma_ok(p) and arch_of(device).supports(Feature.TMA)
     if p.dtype == "fp8":
         if p.fp8_fast_accum:
@@ -401,15 +455,19 @@ def seed_variations(problem, device: DeviceInfo) -> list[dict]:
     kind = regime(p)
     shapes = {"decode": _DECODE_TILES, "mid": _MID_TILES}.get(kind, _FP8_TILES if p.dtype == "fp8" else _PREFILL_TILES)
     wanted = [first]
-    tiled = first
+    # The tiles varied below are the Triton variants' (the Gluon variant's own seeds come last).
+    tiled = first if first["VARIANT"] != GLUON_WS else (
+        prefill_config(p, device, gluon=False) if kind == "prefill" else tiled_mid_config(p, device, gluon=False))
+    if tiled is not first:
+        wanted.append(tiled)
     if kind == "mid" and p.m <= STREAM_MAX_M:
         # The default streams the weight: try its 128-column tiles, and the tiled kernel and its variations.
-        tiled = tiled_mid_config(p, device)
+        tiled = tiled_mid_config(p, device, gluon=False)
         wanted += [_schedule(p, _fit_blocks(p, dict(first, BLOCK_N=128, SCHEDULE="data_parallel", SPLIT_K=1)), device,
                              split=True), tiled]
     elif kind == "mid" and p.m <= WIDE_STREAM_MAX_M:
         # Streaming and tiles each won some shapes here: whichever is the default, the other is tried too.
-        tiled = tiled_mid_config(p, device)
+        tiled = tiled_mid_config(p, device, gluon=False)
         wanted += [wide_streaming_config(p, device), tiled]
     for shape in shapes:
         config = _fit_blocks(p, dict(tiled, **shape))
@@ -427,5 +485,7 @@ def seed_variations(problem, device: DeviceInfo) -> list[dict]:
         wanted += [gluon_config(p, **tiles) for tiles in _GLUON_FP8_TILES]
         if first["VARIANT"] == GLUON_WS:  # and the tma variant's own default, with its promotion intervals
             tiled = prefill_config(p, device, gluon=False)
-            wanted += [dict(tiled, PROMOTE_TILES=promote) for promote in (1, 2, 4)]
+            wanted += [dict(tiled, PROMOTE_TILES=promote) for promote in (1, 2, 4)] if has_promote_axis(p) else [tiled]
+    if kind in ("mid", "prefill") and _gluon_16bit(p, device):
+        wanted += [gluon_config(p, **tiles) for tiles in (_GLUON_WIDE, _GLUON_HALF) + _GLUON_16BIT_SEEDS]
     return wanted
