@@ -40,6 +40,15 @@ BF16_SCHEDULE_TILES = [dict(BLOCK_N=256, BLOCK_K=64, num_stages=3), dict(BLOCK_N
                        dict(BLOCK_K=64, num_stages=6, EPILOGUE_SUBTILE=True, **DP),
                        dict(BLOCK_M=64, BLOCK_N=256, BLOCK_K=64, num_stages=4, **DP),
                        dict(BLOCK_M=64, BLOCK_K=64, num_stages=6, **DP)]
+SPLIT = dict(SCHEDULE="split_k")
+# --set tail: shapes whose whole tiles leave the last wave part-empty; whole tiles against the tail split over K.
+TAIL_TILES = [dict(BLOCK_N=256, BLOCK_K=64, num_stages=3, **DP), dict(BLOCK_K=64, num_stages=5, **DP)] + [
+    dict(BLOCK_N=256, BLOCK_K=64, num_stages=3, SPLIT_K=s, **SPLIT) for s in (2, 3, 4, 6, 8)] + [
+    dict(BLOCK_K=64, num_stages=5, SPLIT_K=s, **SPLIT) for s in (2, 3, 4)]
+TAIL_SHAPES = [(2048, 4608, 3584, "Qwen2.5-7B qkv"), (4096, 4608, 3584, "Qwen2.5-7B qkv"),
+               (1024, 4608, 3584, "Qwen2.5-7B qkv"), (512, 4608, 3584, "Qwen2.5-7B qkv"),
+               (2048, 3584, 3584, "Qwen2.5-7B o"), (1024, 3584, 3584, "Qwen2.5-7B o"), (512, 3584, 3584, "Qwen2.5-7B o"),
+               (512, 6144, 4096, "Llama-3-8B qkv"), (256, 6144, 4096, "Llama-3-8B qkv"), (3000, 5000, 1536, "irregular")]
 FP8_SCHEDULE_TILES = [dict(num_stages=4), dict(num_stages=4, **DP), dict(num_stages=5, EPILOGUE_SUBTILE=True, **DP)]
 FAST_SCHEDULE_TILES = [dict(BLOCK_N=256, num_stages=3), dict(BLOCK_N=256, num_stages=3, **DP),
                        dict(BLOCK_N=256, num_stages=4, EPILOGUE_SUBTILE=True, **DP)]
@@ -60,6 +69,9 @@ def shapes(which: str = "all") -> list[tuple[str, object, list[dict]]]:
             out.append((f"bf16 {label}", contiguous_problem(m, n, k, "bf16", "bf16", layout_b="col"),
                         BF16_SCHEDULE_TILES))
         return out
+    if which == "tail":
+        return [(f"bf16 {label}", contiguous_problem(m, n, k, "bf16", "bf16", layout_b="col"), TAIL_TILES)
+                for m, n, k, label in TAIL_SHAPES]
     if which == "fp8":
         for size in (4096, 8192):
             out.append(("fp8 precise tensor", contiguous_problem(size, size, size, "fp8", "bf16", layout_b="col"),
@@ -81,7 +93,7 @@ def shapes(which: str = "all") -> list[tuple[str, object, list[dict]]]:
 
 
 def config_name(config) -> str:
-    schedule = "dp" if config["SCHEDULE"] == "data_parallel" else "sk"
+    schedule = {"data_parallel": "dp", "stream_k": "sk", "split_k": f"split{config['SPLIT_K']}"}[config["SCHEDULE"]]
     sub = " sub" if config.get("EPILOGUE_SUBTILE") else ""
     return (f"gluon {config['BLOCK_M']}x{config['BLOCK_N']}x{config['BLOCK_K']} s{config['num_stages']} "
             f"{schedule}{sub}")
@@ -91,8 +103,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("gluon_gemm.md"))
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--set", choices=("all", "bf16", "fp8"), default="all",
-                        help="bf16: LLM projections under both schedules; fp8: 4096^3 and 8192^3 under both")
+    parser.add_argument("--set", choices=("all", "bf16", "fp8", "tail"), default="all",
+                        help="bf16: LLM projections under both schedules; fp8: 4096^3 and 8192^3 under both; "
+                        "tail: part-empty last waves, whole tiles against the tail split over K")
     args = parser.parse_args()
     device = cuda_device(0)
     import datetime

@@ -41,7 +41,8 @@ def test_gluon_ws_is_infeasible_where_it_does_not_apply(problem):
 
 def test_gluon_ws_configs_keep_its_structure():
     for config in gluon_configs(FP8_PRECISE, H200):
-        assert config["SCHEDULE"] in ("stream_k", "data_parallel") and config["num_warps"] == 4 and not config["SWAP_AB"]
+        assert config["SCHEDULE"] in ("stream_k", "data_parallel", "split_k") and config["num_warps"] == 4
+        assert not config["SWAP_AB"]
         assert config["BLOCK_M"] in (64, 128) and config["PROMOTE_TILES"] == 1
         assert config["BLOCK_N"] <= 128  # precise: its fp32 sum and a K tile's accumulator fit a consumer
 
@@ -56,13 +57,13 @@ def test_fp8_prefill_defaults_to_gluon_ws_with_the_tma_variant_among_the_seeds()
     assert any(c["VARIANT"] == "tma" for c in FAMILY.seed_configs(fast, H200))
 
 
-def _launch_geometry():
+def _launch_geometry(schedule: str = "stream_k"):
     """The rendering's host-side launch_geometry, plain Python, taken from its source.
 
     NOTE: importing the rendered module would import Gluon, whose decorators fail in a process where Triton runs
     its interpreter (TRITON_INTERPRET=1, as in this test process).
     """
-    switches = dict(VARIANT="gluon_ws", SCHEDULE="stream_k", SWAP_AB=False, EPILOGUE_SUBTILE=False, HAS_BIAS=False,
+    switches = dict(VARIANT="gluon_ws", SCHEDULE=schedule, SWAP_AB=False, EPILOGUE_SUBTILE=False, HAS_BIAS=False,
                     HAS_RESIDUAL=False, ACTIVATION="none", SCALES="none", FP8_PROMOTE=False, A_COL=False, B_COL=True,
                     EVEN_N=False, EVEN_K=False, STREAM_B=False, INPUT_PRECISION="", INDEX_64=False, UPCAST_DOTS=False)
     source = render_source(FAMILY.template, **switches)
@@ -111,6 +112,35 @@ def test_stream_k_shares_cover_every_k_iteration_once_and_name_their_contributor
             assert all((q * sk_iters // sk_programs < first) == second for q, second in contributors)
 
 
+def test_split_tail_covers_every_k_iteration_once_at_shared_offsets():
+    """split_k: whole waves of whole tiles, then each tile left over in SPLIT_K parts (fewer where K is short) at the
+    same K offsets for every such tile; every unit writes its own workspace slot and every tail tile has a counter."""
+    geometry = _launch_geometry("split_k")
+    rng = random.Random(1)
+    for _ in range(3000):
+        m, n, k = rng.randint(1, 5000), rng.randint(1, 5000), rng.randint(1, 5000)
+        bm, bn, bk = rng.choice((64, 128)), rng.choice((64, 128, 256)), rng.choice((64, 128))
+        split, programs = rng.choice((2, 3, 4, 6, 8, 12, 16)), rng.randint(1, 140)
+        (grid,), ws, counters, (dp_tiles, splits, units) = geometry(m, n, k, bm, bn, bk, split, False, programs)
+        tiles, k_tiles = -(-m // bm) * -(-n // bn), -(-k // bk)
+        assert 1 <= grid <= programs and dp_tiles % programs == 0 or dp_tiles == tiles
+        covered = [0] * (tiles * k_tiles)
+        for q in range(grid):
+            for tile in range(q, dp_tiles, grid):
+                for kt in range(k_tiles):
+                    covered[tile * k_tiles + kt] += 1
+            for u in range(q, units, grid):  # the kernel's tail loop
+                r, j = u % (tiles - dp_tiles), u // (tiles - dp_tiles)
+                k_lo, k_hi = j * k_tiles // splits, (j + 1) * k_tiles // splits
+                assert k_hi > k_lo, "every split holds a K tile"
+                for kt in range(k_lo, k_hi):
+                    covered[(dp_tiles + r) * k_tiles + kt] += 1
+        assert set(covered) == {1}, (m, n, k, bm, bn, bk, split, programs)
+        if units:
+            assert splits == min(split, k_tiles) > 1 and units == (tiles - dp_tiles) * splits
+            assert ws >= units * bm * bn and counters == (tiles - dp_tiles) * (bm // 64)
+
+
 CASES = [
     (dict(m=300, n=1000, k=784, dtype="fp16", out_dtype="fp16", layout_b="row", bias=True, activation="gelu",
           residual=True), dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, num_stages=4)),
@@ -123,6 +153,9 @@ CASES = [
     # Whole tiles only, C through a half-width buffer: four stages of 128 x 256 x 64 fit beside it.
     (dict(m=1000, n=3000, k=776, dtype="bf16", out_dtype="bf16", layout_b="col", bias=True, residual=True),
      dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_stages=4, SCHEDULE="data_parallel", EPILOGUE_SUBTILE=True)),
+    # The tail split over K, with a bias and a residual.
+    (dict(m=3000, n=5000, k=1536, dtype="bf16", out_dtype="bf16", layout_b="col", bias=True, residual=True),
+     dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_stages=3, SCHEDULE="split_k", SPLIT_K=3)),
 ]
 
 

@@ -101,22 +101,25 @@ GLUON_PROBLEMS = [
 @pytest.mark.parametrize("problem", GLUON_PROBLEMS, ids=lambda p: f"{p.m}x{p.n}x{p.k}-{p.dtype}-{p.scale_mode}"
                          f"{'-fast' if p.fp8_fast_accum else ''}")
 def test_gluon_ws_matches_float64_and_repeats_bit_for_bit(problem):
-    """The Gluon variant at each tile shape it offers for the problem: one and two consumer warpgroups, whole tiles
-    and stream-K's split ones (every shape here leaves a part-empty last wave), with each epilogue; and, for
-    128-row tiles of the narrowest K step, whole tiles only (data_parallel) with C stored whole and in halves."""
+    """The Gluon variant under each schedule (whole tiles; then stream-K's or split-K's share of the last wave:
+    every shape here leaves one part-empty), with one and two consumer warpgroups, C stored whole and in halves,
+    and each epilogue."""
     device = cuda_device(0)
     inputs = FAMILY.make_inputs(problem, device, seed=5)
     expected = FAMILY.reference(problem, inputs)
     feasible = [c for c in FAMILY.space(problem, device).feasible()
                 if c["VARIANT"] == "gluon_ws" and c["BLOCK_K"] <= 128 and c["BLOCK_N"] >= 128]
     narrowest_k = min((c["BLOCK_K"] for c in feasible), default=0)
+    widest_n = max((c["BLOCK_N"] for c in feasible), default=0)
     configs = {}
     for c in feasible:
-        plain = c["SCHEDULE"] == "stream_k" and not c["EPILOGUE_SUBTILE"]
-        if not (plain or (c["BLOCK_M"] == 128 and c["BLOCK_K"] == narrowest_k and c["SCHEDULE"] == "data_parallel")):
+        two = c["BLOCK_M"] == 128 and c["BLOCK_N"] == widest_n
+        one = c["BLOCK_M"] == 64 and c["BLOCK_N"] == 128
+        halves = c["EPILOGUE_SUBTILE"] and not (two and c["SCHEDULE"] == "data_parallel")
+        if c["BLOCK_K"] != narrowest_k or not (two or one) or halves or c["SPLIT_K"] not in (1, 3):
             continue
-        key = (c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_K"], c["SCHEDULE"], c["EPILOGUE_SUBTILE"])
+        key = (c["BLOCK_M"], c["BLOCK_N"], c["SCHEDULE"], c["EPILOGUE_SUBTILE"])
         configs[key] = max(configs.get(key, c), c, key=lambda x: (x["GROUP_M"], x["num_stages"]))
-    assert configs, "the space offers no gluon_ws config"
+    assert {key[2] for key in configs} == {"data_parallel", "stream_k", "split_k"}, configs.keys()
     for config in configs.values():
         assert_right_and_repeatable(problem, config, inputs, expected, runs=3)

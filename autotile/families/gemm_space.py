@@ -22,10 +22,11 @@ from autotile.families.base import next_pow2
 from autotile.space import Axis, AxisKind, Config, Constraint, Space
 
 SCHEDULES = ("data_parallel", "split_k", "stream_k")
-# The Gluon variant (templates/gemm_gluon_ws.py.j2): warp-specialised, persistent, stream-K over the last wave or
-# whole tiles only; one consumer warpgroup per GLUON_WG_ROWS rows of a tile.
+# The Gluon variant (templates/gemm_gluon_ws.py.j2): warp-specialised, persistent; whole waves of tiles, then the
+# tiles left over by stream-K, split over K (split_k: only those split) or whole; one consumer warpgroup per
+# GLUON_WG_ROWS rows of a tile.
 GLUON_WS = "gluon_ws"
-GLUON_SCHEDULES = ("stream_k", "data_parallel")
+GLUON_SCHEDULES = ("stream_k", "data_parallel", "split_k")
 GLUON_WG_ROWS = 64
 SPLIT_K_CHOICES = (1, 2, 3, 4, 6, 8, 12, 16)
 PROMOTE_CHOICES = (1, 2, 4)
@@ -262,7 +263,7 @@ def gemm_space(problem, device: DeviceInfo) -> StagedSpace:
              lambda c: c["VARIANT"] != GLUON_WS or (
                  c["SCHEDULE"] in GLUON_SCHEDULES and not c["SWAP_AB"] and c["BLOCK_M"] in (64, 128)
                  and c["BLOCK_N"] >= 64 and c["BLOCK_K"] >= 64 and c["num_warps"] == 4),
-             "gluon_ws is persistent, with stream-K over the last wave or whole tiles only, one consumer warpgroup "
+             "gluon_ws is persistent (whole waves of tiles, then stream-K, split-K or whole tiles), one consumer warpgroup "
              "(4 warps) per 64 rows of a 64- or 128-row tile, BLOCK_N and BLOCK_K of at least 64, A and B unswapped"),
         rule("schedule_split_k", ("SCHEDULE", "SPLIT_K"), lambda c: (c["SCHEDULE"] == "split_k") == (c["SPLIT_K"] > 1),
              "SPLIT_K > 1 is the split_k schedule, which needs SPLIT_K > 1"),
@@ -297,8 +298,9 @@ def gemm_space(problem, device: DeviceInfo) -> StagedSpace:
         rule("split_k_workspace", ("SPLIT_K", "BLOCK_M", "BLOCK_N"),
              lambda c: c["SPLIT_K"] == 1 or tiles(c) * c["SPLIT_K"] * c["BLOCK_M"] * c["BLOCK_N"] <= SPLIT_K_WORKSPACE_LIMIT,
              "the split-K workspace would exceed 1 GiB"),
-        rule("split_k_fills_the_gpu", ("SCHEDULE", "BLOCK_M", "BLOCK_N"),
-             lambda c: c["SCHEDULE"] != "split_k" or tiles(c) < SPLIT_K_MAX_TILES_PER_SM * sms,
+        # gluon_ws splits only the tiles left over after whole waves: it applies at any tile count.
+        rule("split_k_fills_the_gpu", ("VARIANT", "SCHEDULE", "BLOCK_M", "BLOCK_N"),
+             lambda c: c["SCHEDULE"] != "split_k" or c["VARIANT"] == GLUON_WS or tiles(c) < SPLIT_K_MAX_TILES_PER_SM * sms,
              f"split-K is for problems with fewer than {SPLIT_K_MAX_TILES_PER_SM} tiles per SM"),
         rule("group_m_useful", ("BLOCK_M", "GROUP_M"), lambda c: c["GROUP_M"] == 1 or math.ceil(p.m / c["BLOCK_M"]) > 1,
              "grouped ordering needs more than one row of tiles"),
