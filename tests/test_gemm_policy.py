@@ -98,6 +98,7 @@ def test_hopper_prefill_takes_the_gluon_variant_in_whole_tiles():
         assert seeds[0]["VARIANT"] == "tma" and seeds[0]["PERSISTENT"]
         assert any(s["VARIANT"] == "gluon_ws" and s["EPILOGUE_SUBTILE"] for s in seeds)
         assert any(s["VARIANT"] == "gluon_ws" and s["SCHEDULE"] == "stream_k" for s in seeds)
+        assert any(s["VARIANT"] == "gluon_ws" and s["SCHEDULE"] == "split_k" and s["SPLIT_K"] == 2 for s in seeds)
     _, precise = default(4096, 4096, 4096, "fp8")
     _, fast = default(4096, 4096, 4096, "fp8", fp8_fast_accum=True)
     assert (precise["VARIANT"], precise["SCHEDULE"], precise["BLOCK_N"]) == ("gluon_ws", "data_parallel", 128)

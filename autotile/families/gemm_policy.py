@@ -339,8 +339,13 @@ def gluon_config(problem, **tiles) -> dict:
 # 256 tiles a fourth stage: within 3% either way, a seed.
 _GLUON_WIDE = dict(BLOCK_N=256, BLOCK_K=64, num_stages=3)
 _GLUON_HALF = dict(BLOCK_N=128, BLOCK_K=64, num_stages=5)
+# The tail split over K (SCHEDULE=split_k) in two, on 128 x 128 tiles, led whole tiles by 3-7% on 4 of 10 shapes
+# with part-empty last waves (2048 x 4608 x 3584 0.885x of cuBLAS against 0.858x, 512 x 6144 x 4096 0.781x against
+# 0.732x) and lost up to 30% on the others; more splits, and 128 x 256 tiles, lost nearly everywhere
+# (results/gluon_gemm_2026-12-04_tail.md): a seed, not a default.
 _GLUON_16BIT_SEEDS = (dict(BLOCK_N=256, BLOCK_K=64, num_stages=4, EPILOGUE_SUBTILE=True),
                       dict(BLOCK_N=128, BLOCK_K=64, num_stages=6, EPILOGUE_SUBTILE=True),
+                      dict(BLOCK_N=128, BLOCK_K=64, num_stages=5, SCHEDULE="split_k", SPLIT_K=2),
                       dict(BLOCK_N=256, BLOCK_K=64, num_stages=3, SCHEDULE="stream_k"))
 # Mid-sized M takes the Gluon variant's 128 x 128 tiles from this busy share of their waves' program slots:
 # they won at 0.90-0.97 (512 x 28672 x 4096 0.954x of cuBLAS against 0.900x; 512 x 4096 x 14336 0.933x against
