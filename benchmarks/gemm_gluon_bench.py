@@ -49,6 +49,12 @@ TAIL_SHAPES = [(2048, 4608, 3584, "Qwen2.5-7B qkv"), (4096, 4608, 3584, "Qwen2.5
                (1024, 4608, 3584, "Qwen2.5-7B qkv"), (512, 4608, 3584, "Qwen2.5-7B qkv"),
                (2048, 3584, 3584, "Qwen2.5-7B o"), (1024, 3584, 3584, "Qwen2.5-7B o"), (512, 3584, 3584, "Qwen2.5-7B o"),
                (512, 6144, 4096, "Llama-3-8B qkv"), (256, 6144, 4096, "Llama-3-8B qkv"), (3000, 5000, 1536, "irregular")]
+# --set wide: 192-column tiles (WIDE_N) beside 128 and 256, where 192 divides N or fills the waves better.
+WIDE_TILES = [dict(BLOCK_N=256, BLOCK_K=64, num_stages=3, **DP), dict(BLOCK_K=64, num_stages=5, **DP),
+              dict(BLOCK_N=192, BLOCK_K=64, num_stages=4, **DP), dict(BLOCK_N=192, BLOCK_K=64, num_stages=3, **DP)]
+WIDE_SHAPES = [(512, 6144, 4096, "Llama-3-8B qkv"), (2048, 4608, 3584, "Qwen2.5-7B qkv"),
+               (4096, 4608, 3584, "Qwen2.5-7B qkv"), (2048, 6144, 4096, "Llama-3-8B qkv"),
+               (1024, 6144, 4096, "Llama-3-8B qkv"), (3000, 5000, 1536, "irregular")]
 FP8_SCHEDULE_TILES = [dict(num_stages=4), dict(num_stages=4, **DP), dict(num_stages=5, EPILOGUE_SUBTILE=True, **DP)]
 FAST_SCHEDULE_TILES = [dict(BLOCK_N=256, num_stages=3), dict(BLOCK_N=256, num_stages=3, **DP),
                        dict(BLOCK_N=256, num_stages=4, EPILOGUE_SUBTILE=True, **DP)]
@@ -69,6 +75,9 @@ def shapes(which: str = "all") -> list[tuple[str, object, list[dict]]]:
             out.append((f"bf16 {label}", contiguous_problem(m, n, k, "bf16", "bf16", layout_b="col"),
                         BF16_SCHEDULE_TILES))
         return out
+    if which == "wide":
+        return [(f"bf16 {label}", contiguous_problem(m, n, k, "bf16", "bf16", layout_b="col"), WIDE_TILES)
+                for m, n, k, label in WIDE_SHAPES]
     if which == "tail":
         return [(f"bf16 {label}", contiguous_problem(m, n, k, "bf16", "bf16", layout_b="col"), TAIL_TILES)
                 for m, n, k, label in TAIL_SHAPES]
@@ -103,9 +112,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("gluon_gemm.md"))
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--set", choices=("all", "bf16", "fp8", "tail"), default="all",
+    parser.add_argument("--set", choices=("all", "bf16", "fp8", "tail", "wide"), default="all",
                         help="bf16: LLM projections under both schedules; fp8: 4096^3 and 8192^3 under both; "
-                        "tail: part-empty last waves, whole tiles against the tail split over K")
+                        "tail: part-empty last waves, whole tiles against the tail split over K; "
+                        "wide: 192-column tiles beside 128 and 256")
     args = parser.parse_args()
     device = cuda_device(0)
     import datetime

@@ -65,7 +65,8 @@ def _launch_geometry(schedule: str = "stream_k"):
     """
     switches = dict(VARIANT="gluon_ws", SCHEDULE=schedule, SWAP_AB=False, EPILOGUE_SUBTILE=False, HAS_BIAS=False,
                     HAS_RESIDUAL=False, ACTIVATION="none", SCALES="none", FP8_PROMOTE=False, A_COL=False, B_COL=True,
-                    EVEN_N=False, EVEN_K=False, STREAM_B=False, INPUT_PRECISION="", INDEX_64=False, UPCAST_DOTS=False)
+                    EVEN_N=False, EVEN_K=False, STREAM_B=False, INPUT_PRECISION="", INDEX_64=False, UPCAST_DOTS=False,
+                    WIDE_N=False)
     source = render_source(FAMILY.template, **switches)
     host = source[source.index("def launch_geometry"):source.index("def kernel_args")]
     namespace: dict = {}
@@ -112,6 +113,17 @@ def test_stream_k_shares_cover_every_k_iteration_once_and_name_their_contributor
             assert all((q * sk_iters // sk_programs < first) == second for q, second in contributors)
 
 
+def test_192_column_tiles_are_the_gluon_variants_for_16_bit_whole_tiles():
+    problem = contiguous_problem(512, 4608, 3584, "bf16", "bf16", layout_b="col")
+    space = FAMILY.space(problem, H200)
+    wide = [c for c in space.feasible() if c["BLOCK_N"] == 192]
+    assert wide and all(c["VARIANT"] == "gluon_ws" and c["SCHEDULE"] == "data_parallel"
+                        and not c["EPILOGUE_SUBTILE"] for c in wide)
+    assert not [c for c in FAMILY.space(FP8_PRECISE, H200).feasible() if c["BLOCK_N"] == 192]
+    assert not [c for c in FAMILY.space(problem, interpret_device()).feasible() if c["BLOCK_N"] == 192]
+    assert FAMILY.render_switches(problem, wide[0])["WIDE_N"]
+
+
 def test_split_tail_covers_every_k_iteration_once_at_shared_offsets():
     """split_k: whole waves of whole tiles, then each tile left over in SPLIT_K parts (fewer where K is short) at the
     same K offsets for every such tile; every unit writes its own workspace slot and every tail tile has a counter."""
@@ -153,6 +165,9 @@ CASES = [
     # Whole tiles only, C through a half-width buffer: four stages of 128 x 256 x 64 fit beside it.
     (dict(m=1000, n=3000, k=776, dtype="bf16", out_dtype="bf16", layout_b="col", bias=True, residual=True),
      dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_stages=4, SCHEDULE="data_parallel", EPILOGUE_SUBTILE=True)),
+    # 192-column tiles as a 128- and a 64-column part (WIDE_N), B row-major, with an activation.
+    (dict(m=512, n=4608, k=3584, dtype="bf16", out_dtype="bf16", layout_b="row", activation="silu"),
+     dict(BLOCK_M=128, BLOCK_N=192, BLOCK_K=64, num_stages=4, SCHEDULE="data_parallel")),
     # The tail split over K, with a bias and a residual.
     (dict(m=3000, n=5000, k=1536, dtype="bf16", out_dtype="bf16", layout_b="col", bias=True, residual=True),
      dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_stages=3, SCHEDULE="split_k", SPLIT_K=3)),

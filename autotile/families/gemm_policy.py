@@ -343,7 +343,9 @@ _GLUON_HALF = dict(BLOCK_N=128, BLOCK_K=64, num_stages=5)
 # with part-empty last waves (2048 x 4608 x 3584 0.885x of cuBLAS against 0.858x, 512 x 6144 x 4096 0.781x against
 # 0.732x) and lost up to 30% on the others; more splits, and 128 x 256 tiles, lost nearly everywhere
 # (results/gluon_gemm_2026-12-04_tail.md): a seed, not a default.
-_GLUON_16BIT_SEEDS = (dict(BLOCK_N=256, BLOCK_K=64, num_stages=4, EPILOGUE_SUBTILE=True),
+# 192-column tiles (WIDE_N), not yet timed on the GPU: a seed.
+_GLUON_16BIT_SEEDS = (dict(BLOCK_N=192, BLOCK_K=64, num_stages=4),
+                      dict(BLOCK_N=256, BLOCK_K=64, num_stages=4, EPILOGUE_SUBTILE=True),
                       dict(BLOCK_N=128, BLOCK_K=64, num_stages=6, EPILOGUE_SUBTILE=True),
                       dict(BLOCK_N=128, BLOCK_K=64, num_stages=5, SCHEDULE="split_k", SPLIT_K=2),
                       dict(BLOCK_N=256, BLOCK_K=64, num_stages=3, SCHEDULE="stream_k"))
