@@ -339,12 +339,22 @@ def gluon_config(problem, **tiles) -> dict:
 # 256 tiles a fourth stage: within 3% either way, a seed.
 _GLUON_WIDE = dict(BLOCK_N=256, BLOCK_K=64, num_stages=3)
 _GLUON_HALF = dict(BLOCK_N=128, BLOCK_K=64, num_stages=5)
+# 192-column tiles (WIDE_N: a 128- and a 64-column part) on 4 stages (results/gluon_gemm_2026-12-04_wide.md): where
+# they kept the most slots busy by 5% or more they led (2048 x 4608 x 3584: 97% against 87%, 0.897x of cuBLAS against
+# 0.846x for 128 x 128; 3000 x 5000 x 1536: 98% against 91%, 0.921x against 0.907x for 128 x 256); where they tied on
+# busy slots they ran 3-5% behind (4096 x 4608 x 3584, 1024 and 2048 x 6144 x 4096). 3 stages: 0.73-0.77x.
+_GLUON_192 = dict(BLOCK_N=192, BLOCK_K=64, num_stages=4)
+PREFILL_WIDE_N_GAIN = 0.05
+# The Gluon variant's 128 x 128 tiles replace 128 x 256 ones from this gain in busy slots (the tma variant's rule asks
+# PREFILL_HALF_N_GAIN): they led by 5% at +0.097 (4096 x 4608 x 3584: 0.963x of cuBLAS against 0.914x) and by 11-25%
+# above; at equal busy shares 128 x 256 led by 2-5% (3000 x 5000 x 1536, 2048 x 4096 x 4096;
+# results/gluon_gemm_2026-12-04_bf16.md and _wide.md).
+GLUON_HALF_N_GAIN = 0.05
 # The tail split over K (SCHEDULE=split_k) in two, on 128 x 128 tiles, led whole tiles by 3-7% on 4 of 10 shapes
 # with part-empty last waves (2048 x 4608 x 3584 0.885x of cuBLAS against 0.858x, 512 x 6144 x 4096 0.781x against
 # 0.732x) and lost up to 30% on the others; more splits, and 128 x 256 tiles, lost nearly everywhere
 # (results/gluon_gemm_2026-12-04_tail.md): a seed, not a default.
-# 192-column tiles (WIDE_N), not yet timed on the GPU: a seed.
-_GLUON_16BIT_SEEDS = (dict(BLOCK_N=192, BLOCK_K=64, num_stages=4),
+_GLUON_16BIT_SEEDS = (_GLUON_192,
                       dict(BLOCK_N=256, BLOCK_K=64, num_stages=4, EPILOGUE_SUBTILE=True),
                       dict(BLOCK_N=128, BLOCK_K=64, num_stages=6, EPILOGUE_SUBTILE=True),
                       dict(BLOCK_N=128, BLOCK_K=64, num_stages=5, SCHEDULE="split_k", SPLIT_K=2),
@@ -391,10 +401,16 @@ def prefill_config(problem, device: DeviceInfo, gluon: bool = True) -> dict:
         # against the tma variant's 0.946x / 1.020x (results/gluon_gemm_2026-12-04_fp8.md).
         return gluon_config(p, BLOCK_N=256, num_stages=3) if p.fp8_fast_accum else gluon_config(p)
     if gluon and _gluon_16bit(p, device):
-        # 16-bit on Hopper: whole 128 x 256 tiles, or 128 x 128 where those fill the waves better, as below.
+        # 16-bit on Hopper: whole 128 x 256 tiles, or 128 x 128 where those fill the waves better by GLUON_HALF_N_GAIN;
+        # 192-column tiles where they fill them better than both by PREFILL_WIDE_N_GAIN.
         wide, half = gluon_config(p, **_GLUON_WIDE), gluon_config(p, **_GLUON_HALF)
         busy = lambda c: wave_efficiency(tile_count(p, c["BLOCK_M"], c["BLOCK_N"]), programs(p, c, device))  # noqa: E731
-        return half if busy(half) >= busy(wide) + PREFILL_HALF_N_GAIN else wide
+        best = half if busy(half) >= busy(wide) + GLUON_HALF_N_GAIN else wide
+        if p.n > 128:
+            n192 = gluon_config(p, **_GLUON_192)
+            if busy(n192) >= max(busy(wide), busy(half)) + PREFILL_WIDE_N_GAIN:
+                return n192
+        return best
     tma = tma_ok(p) and arch_of(device).supports(Feature.TMA)
     if p.dtype == "fp8":
         if p.fp8_fast_accum:
