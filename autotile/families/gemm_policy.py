@@ -335,7 +335,7 @@ def gluon_config(problem, **tiles) -> dict:
 # The Gluon variant's 16-bit tiles on Hopper (results/gluon_gemm_2026-12-04_bf16.md, H200, x cuBLAS, whole tiles):
 # 128 x 256 x 64 on 3 stages for prefill (2048-8192 tokens, Llama-3-8B, Qwen2.5-7B, Mistral-7B: 0.94-1.05x where
 # the tma variant's same tiles ran 0.93-1.07x, 2048 x 4608 x 3584 aside), 128 x 128 x 64 on 5 stages where those
-# fill the waves better (_GLUON_PREFILL_HALF) and for mid-sized M (_mid_gluon_config). C staged in halves buys 128 x
+# fill the waves better (GLUON_HALF_N_GAIN) and for mid-sized M (_mid_gluon_config). C staged in halves buys 128 x
 # 256 tiles a fourth stage: within 3% either way, a seed.
 _GLUON_WIDE = dict(BLOCK_N=256, BLOCK_K=64, num_stages=3)
 _GLUON_HALF = dict(BLOCK_N=128, BLOCK_K=64, num_stages=5)
@@ -361,8 +361,8 @@ _GLUON_16BIT_SEEDS = (_GLUON_192,
                       dict(BLOCK_N=256, BLOCK_K=64, num_stages=3, SCHEDULE="stream_k"))
 # Mid-sized M takes the Gluon variant's 128 x 128 tiles from this busy share of their waves' program slots:
 # they won at 0.90-0.97 (512 x 28672 x 4096 0.954x of cuBLAS against 0.900x; 512 x 4096 x 14336 0.933x against
-# 0.863x; 256 x 37888 x 3584 0.845x against 0.756x) and lost at 0.73 (512 x 6144 x 4096 0.722x against 0.810x,
-# 256 x 6144 x 4096 0.425x against 0.747x); results/gluon_gemm_2026-12-04_bf16.md.
+# 0.863x; 256 x 37888 x 3584 0.845x against 0.756x) and lost or tied at 0.73 (512 x 6144 x 4096 0.722x against
+# 0.810x; 256 x 6144 x 4096 0.753-0.759x against 0.747-0.756x); results/gluon_gemm_2026-12-04_bf16.md, _retime.txt.
 MID_GLUON_BUSY = 0.8
 
 
