@@ -97,6 +97,11 @@ def safe_url(url: str) -> str:
         return url
 
 
+class IncompleteSchemaError(DatabaseError):
+    """Autotile tables without their schema version: damaged, or being created by another process right now
+    (open_engine judges it again under the schema lock, which the creating process holds)."""
+
+
 def check_schema(engine: Engine, url: str) -> str:
     """'empty', 'ok' or 'old'; raises DatabaseError for foreign, corrupt or newer databases."""
     try:
@@ -122,12 +127,12 @@ def check_schema(engine: Engine, url: str) -> str:
                                 "use a new file or an empty database")
         return "empty"
     if Meta.__tablename__ not in ours:
-        raise DatabaseError(f"{url} has autotile tables but no {Meta.__tablename__}: it is damaged; "
-                            "export what you need with sqlite3 and start a new file")
+        raise IncompleteSchemaError(f"{url} has autotile tables but no {Meta.__tablename__}: it is damaged; "
+                                    "export what you need with sqlite3 and start a new file")
     with engine.connect() as conn:
         row = conn.execute(select(Meta.value).where(Meta.key == "schema_version")).scalar_one_or_none()
     if row is None or not row.isdigit():
-        raise DatabaseError(f"{url} has no schema version: it is damaged")
+        raise IncompleteSchemaError(f"{url} has no schema version: it is damaged")
     version = int(row)
     if version > SCHEMA_VERSION:
         raise DatabaseError(f"{url} has schema version {version}, newer than this autotile's {SCHEMA_VERSION}; "
@@ -174,7 +179,13 @@ def open_engine(url: str | None = None, *, create: bool = True, read_only: bool 
     """
     url = normalise_url(url) if url else default_db_url()
     create = create and not read_only
-    engine, state = inspect_database(url, create=create, read_only=read_only)
+    try:
+        engine, state = inspect_database(url, create=create, read_only=read_only)
+    except IncompleteSchemaError:
+        if not create:
+            raise
+        # Another process may be creating the tables at this moment: judged again under the schema lock below.
+        engine, state = _engine(url), "incomplete"
     if state == "old" and not create:
         raise DatabaseError(f"{url} has an older schema; run `autotile db upgrade --db {url}`")
     if state == "empty" and not create:
