@@ -6,6 +6,7 @@ timed interleaved (medians of do_bench medians over rounds). The family's kernel
 
     python benchmarks/gemm_gluon_bench.py --out results/gluon_gemm.md      # ~2 min on an H200
     python benchmarks/gemm_gluon_bench.py --set bf16 --out results/gluon_gemm_bf16.md  # LLM projections, both schedules
+    python benchmarks/gemm_gluon_bench.py --set parts --out results/gluon_gemm_parts.md  # two-part tile widths
 """
 from __future__ import annotations
 
@@ -55,6 +56,25 @@ WIDE_TILES = [dict(BLOCK_N=256, BLOCK_K=64, num_stages=3, **DP), dict(BLOCK_K=64
 WIDE_SHAPES = [(512, 6144, 4096, "Llama-3-8B qkv"), (2048, 4608, 3584, "Qwen2.5-7B qkv"),
                (4096, 4608, 3584, "Qwen2.5-7B qkv"), (2048, 6144, 4096, "Llama-3-8B qkv"),
                (1024, 6144, 4096, "Llama-3-8B qkv"), (3000, 5000, 1536, "irregular")]
+# --set parts: two-part widths (96 = 64 + 32, 144 = 128 + 16, 160 = 128 + 32, 192 = 128 + 64) on shapes whose N they
+# divide into 32 tiles a row, beside the power-of-two tiles; (tokens, N, K, label, width).
+PARTS_SHAPES = [(512, 4608, 3584, "Qwen2.5-7B qkv", 144), (1024, 4608, 3584, "Qwen2.5-7B qkv", 144),
+                (2048, 4608, 3584, "Qwen2.5-7B qkv", 144), (4096, 4608, 3584, "Qwen2.5-7B qkv", 144),
+                (1024, 5120, 5120, "Mistral-Nemo-12B o", 160), (2048, 5120, 5120, "Mistral-Nemo-12B o", 160),
+                (1024, 3072, 3072, "Phi-3-mini o", 96), (2048, 3072, 3072, "Phi-3-mini o", 96),
+                (256, 4608, 3584, "Qwen2.5-7B qkv", 144), (256, 6144, 4096, "Llama-3-8B qkv", 192)]
+
+
+def parts_tiles(m: int, width: int) -> list[dict]:
+    tiles = [dict(BLOCK_K=64, num_stages=5, **DP), dict(BLOCK_N=256, BLOCK_K=64, num_stages=3, **DP),
+             dict(BLOCK_N=width, BLOCK_K=64, num_stages=4, **DP)]
+    if width < 192:
+        tiles.append(dict(BLOCK_N=width, BLOCK_K=64, num_stages=5, **DP))
+    if m <= 512:  # 64-row tiles: one consumer warpgroup, twice the tiles
+        tiles.append(dict(BLOCK_M=64, BLOCK_N=width, BLOCK_K=64, num_stages=6, **DP))
+    return tiles
+
+
 FP8_SCHEDULE_TILES = [dict(num_stages=4), dict(num_stages=4, **DP), dict(num_stages=5, EPILOGUE_SUBTILE=True, **DP)]
 FAST_SCHEDULE_TILES = [dict(BLOCK_N=256, num_stages=3), dict(BLOCK_N=256, num_stages=3, **DP),
                        dict(BLOCK_N=256, num_stages=4, EPILOGUE_SUBTILE=True, **DP)]
@@ -78,6 +98,9 @@ def shapes(which: str = "all") -> list[tuple[str, object, list[dict]]]:
     if which == "wide":
         return [(f"bf16 {label}", contiguous_problem(m, n, k, "bf16", "bf16", layout_b="col"), WIDE_TILES)
                 for m, n, k, label in WIDE_SHAPES]
+    if which == "parts":
+        return [(f"bf16 {label}", contiguous_problem(m, n, k, "bf16", "bf16", layout_b="col"), parts_tiles(m, width))
+                for m, n, k, label, width in PARTS_SHAPES]
     if which == "tail":
         return [(f"bf16 {label}", contiguous_problem(m, n, k, "bf16", "bf16", layout_b="col"), TAIL_TILES)
                 for m, n, k, label in TAIL_SHAPES]
@@ -112,10 +135,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("gluon_gemm.md"))
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--set", choices=("all", "bf16", "fp8", "tail", "wide"), default="all",
+    parser.add_argument("--set", choices=("all", "bf16", "fp8", "tail", "wide", "parts"), default="all",
                         help="bf16: LLM projections under both schedules; fp8: 4096^3 and 8192^3 under both; "
                         "tail: part-empty last waves, whole tiles against the tail split over K; "
-                        "wide: 192-column tiles beside 128 and 256")
+                        "wide: 192-column tiles beside 128 and 256; parts: 96-, 144-, 160- and 192-column tiles where "
+                        "they divide N")
     args = parser.parse_args()
     device = cuda_device(0)
     import datetime

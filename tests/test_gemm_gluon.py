@@ -13,6 +13,7 @@ import pytest
 
 from autotile.device import interpret_device, planned_device
 from autotile.families.gemm import FAMILY, contiguous_problem
+from autotile.families.gemm_space import GLUON_WIDE_NS
 from autotile.render import render_source
 
 H200 = planned_device("h200")
@@ -113,15 +114,18 @@ def test_stream_k_shares_cover_every_k_iteration_once_and_name_their_contributor
             assert all((q * sk_iters // sk_programs < first) == second for q, second in contributors)
 
 
-def test_192_column_tiles_are_the_gluon_variants_for_16_bit_whole_tiles():
+@pytest.mark.parametrize("width", GLUON_WIDE_NS)
+def test_two_part_tile_widths_are_the_gluon_variants_for_16_bit_whole_tiles(width):
     problem = contiguous_problem(512, 4608, 3584, "bf16", "bf16", layout_b="col")
     space = FAMILY.space(problem, H200)
-    wide = [c for c in space.feasible() if c["BLOCK_N"] == 192]
+    wide = [c for c in space.feasible() if c["BLOCK_N"] == width]
     assert wide and all(c["VARIANT"] == "gluon_ws" and c["SCHEDULE"] == "data_parallel"
                         and not c["EPILOGUE_SUBTILE"] for c in wide)
-    assert not [c for c in FAMILY.space(FP8_PRECISE, H200).feasible() if c["BLOCK_N"] == 192]
-    assert not [c for c in FAMILY.space(problem, interpret_device()).feasible() if c["BLOCK_N"] == 192]
+    assert {c["BLOCK_M"] for c in wide} == {64, 128}
+    assert not [c for c in FAMILY.space(FP8_PRECISE, H200).feasible() if c["BLOCK_N"] == width]
+    assert not [c for c in FAMILY.space(problem, interpret_device()).feasible() if c["BLOCK_N"] == width]
     assert FAMILY.render_switches(problem, wide[0])["WIDE_N"]
+    assert not FAMILY.render_switches(problem, space.admit(dict(wide[0], BLOCK_N=128)))["WIDE_N"]
 
 
 def test_split_tail_covers_every_k_iteration_once_at_shared_offsets():
@@ -168,6 +172,13 @@ CASES = [
     # 192-column tiles as a 128- and a 64-column part (WIDE_N), B row-major, with an activation.
     (dict(m=512, n=4608, k=3584, dtype="bf16", out_dtype="bf16", layout_b="row", activation="silu"),
      dict(BLOCK_M=128, BLOCK_N=192, BLOCK_K=64, num_stages=4, SCHEDULE="data_parallel")),
+    # The other two-part widths: 128 + 16 (B as W), 128 + 32 (B row-major, a bias), 64 + 32 on one consumer.
+    (dict(m=1024, n=4608, k=3584, dtype="bf16", out_dtype="bf16", layout_b="col"),
+     dict(BLOCK_M=128, BLOCK_N=144, BLOCK_K=64, num_stages=4, SCHEDULE="data_parallel")),
+    (dict(m=1000, n=5000, k=1000, dtype="fp16", out_dtype="fp16", layout_b="row", bias=True),
+     dict(BLOCK_M=128, BLOCK_N=160, BLOCK_K=64, num_stages=4, SCHEDULE="data_parallel")),
+    (dict(m=300, n=3072, k=3072, dtype="bf16", out_dtype="bf16", layout_b="col", residual=True),
+     dict(BLOCK_M=64, BLOCK_N=96, BLOCK_K=64, num_stages=6, SCHEDULE="data_parallel")),
     # The tail split over K, with a bias and a residual.
     (dict(m=3000, n=5000, k=1536, dtype="bf16", out_dtype="bf16", layout_b="col", bias=True, residual=True),
      dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_stages=3, SCHEDULE="split_k", SPLIT_K=3)),

@@ -11,6 +11,7 @@ import torch
 from autotile.bench import poison
 from autotile.device import cuda_device
 from autotile.families.gemm import FAMILY, contiguous_problem
+from autotile.families.gemm_space import GLUON_WIDE_NS
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
@@ -93,17 +94,19 @@ def test_split_k_and_stream_k_launches_capture_in_cuda_graphs():
     contiguous_problem(300, 1000, 784, "bf16", "bf16", layout_b="row", bias=True, activation="gelu", residual=True),
     contiguous_problem(513, 4616, 2056, "fp16", "fp16", layout_b="col", activation="silu"),
 ], ids=["bf16-b-row", "fp16-b-col"])
-def test_gluon_ws_192_column_tiles_match_float64(problem):
-    """WIDE_N: 192-column tiles held as a 128- and a 64-column part, N not a multiple of either, each epilogue."""
+def test_gluon_ws_two_part_tiles_match_float64(problem):
+    """WIDE_N: 96-, 144-, 160- and 192-column tiles held as a power-of-two part and a 16-, 32- or 64-column rest, N
+    not a multiple of any, each epilogue, one and two consumer warpgroups."""
     device = cuda_device(0)
     inputs = FAMILY.make_inputs(problem, device, seed=5)
     expected = FAMILY.reference(problem, inputs)
-    configs = [c for c in FAMILY.space(problem, device).feasible() if c["BLOCK_N"] == 192 and c["BLOCK_K"] == 64
-               and c["num_stages"] == 4 and c["GROUP_M"] in (1, 8)]
-    assert {c["BLOCK_M"] for c in configs} == {64, 128}
-    for block_m in (64, 128):
-        config = next(c for c in configs if c["BLOCK_M"] == block_m)
-        assert_right_and_repeatable(problem, config, inputs, expected, runs=2)
+    for width in GLUON_WIDE_NS:
+        configs = [c for c in FAMILY.space(problem, device).feasible() if c["BLOCK_N"] == width
+                   and c["BLOCK_K"] == 64 and c["num_stages"] == 4 and c["GROUP_M"] in (1, 8)]
+        assert {c["BLOCK_M"] for c in configs} == {64, 128}
+        for block_m in (64, 128):
+            config = next(c for c in configs if c["BLOCK_M"] == block_m)
+            assert_right_and_repeatable(problem, config, inputs, expected, runs=2)
 
 
 GLUON_PROBLEMS = [

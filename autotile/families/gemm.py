@@ -29,7 +29,7 @@ from autotile.families.base import (
 )
 from autotile.families.gemm_launch import bind_gemm, launch_plan, run_plan
 from autotile.families.gemm_policy import preferred_config, seed_variations
-from autotile.families.gemm_space import FP8_PRECISE_INTERVAL, GLUON_WIDE_N, GLUON_WS, SCALE_BLOCK, gemm_space
+from autotile.families.gemm_space import FP8_PRECISE_INTERVAL, GLUON_WIDE_NS, GLUON_WS, SCALE_BLOCK, gemm_space
 from autotile.space import Config, Space
 
 OPERAND_DTYPES = ("fp32", "fp16", "bf16", "fp8")
@@ -479,7 +479,7 @@ class GemmFamily(Family):
             STREAM_B=blocked and math.ceil(p.m / config["BLOCK_M"]) == 1,
             INPUT_PRECISION=("tf32" if p.tf32 else "ieee") if p.dtype == "fp32" else "",
             INDEX_64=index_64, UPCAST_DOTS=False,
-            WIDE_N=config["VARIANT"] == GLUON_WS and config["BLOCK_N"] == GLUON_WIDE_N,
+            WIDE_N=config["VARIANT"] == GLUON_WS and config["BLOCK_N"] in GLUON_WIDE_NS,
         )
 
     def launch(self, problem: GemmProblem, config: Config, inputs: Tensors, outputs: Tensors) -> None:

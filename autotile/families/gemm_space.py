@@ -27,10 +27,11 @@ SCHEDULES = ("data_parallel", "split_k", "stream_k")
 # GLUON_WG_ROWS rows of a tile.
 GLUON_WS = "gluon_ws"
 GLUON_SCHEDULES = ("stream_k", "data_parallel", "split_k")
-# A tile width no power of two gives: the Gluon variant holds it as a 128- and a 64-column part (WIDE_N), so that
-# projections whose 128- and 256-wide tiles leave a wave part-empty can fill it (N = 4608: 24 tiles a row; 6144: 32).
-# cuBLAS picks such widths too (112 at 512 x 3584 x 3584, results/ncu_gemm_2026-12-04/).
-GLUON_WIDE_N = 192
+# Tile widths no power of two: the Gluon variant holds one as two parts (WIDE_N), the largest power of two below it
+# and a 16-, 32- or 64-column rest, so that projections whose 128- and 256-wide tiles leave a wave part-empty can
+# fill it: N = 3072 is 32 tiles of 96 a row, 4608 32 of 144, 5120 32 of 160, 6144 32 of 192. cuBLAS picks such
+# widths too (112 at 512 x 3584 x 3584, results/ncu_gemm_2026-12-04/).
+GLUON_WIDE_NS = (96, 144, 160, 192)
 GLUON_WG_ROWS = 64
 SPLIT_K_CHOICES = (1, 2, 3, 4, 6, 8, 12, 16)
 PROMOTE_CHOICES = (1, 2, 4)
@@ -243,7 +244,7 @@ def gemm_space(problem, device: DeviceInfo) -> StagedSpace:
         # The TMA store of C in two (BLOCK_M, BLOCK_N / 2) halves: half the staging buffer, so room for a stage more.
         Axis("EPILOGUE_SUBTILE", (False, True), AxisKind.RENDER),
         Axis("BLOCK_M", (16, 32, 64, 128, 256)),
-        Axis("BLOCK_N", (32, 64, 128, GLUON_WIDE_N, 256)),
+        Axis("BLOCK_N", (32, 64, 96, 128, 144, 160, 192, 256)),
         Axis("BLOCK_K", (32, 64, 128, 256)),
     ]
     if has_promote_axis(p):
@@ -270,10 +271,11 @@ def gemm_space(problem, device: DeviceInfo) -> StagedSpace:
              "gluon_ws is persistent (whole waves of tiles, then stream-K, split-K or whole tiles), one consumer warpgroup "
              "(4 warps) per 64 rows of a 64- or 128-row tile, BLOCK_N and BLOCK_K of at least 64, A and B unswapped"),
         rule("wide_n_gluon_only", ("VARIANT", "SCHEDULE", "EPILOGUE_SUBTILE", "BLOCK_N"),
-             lambda c: c["BLOCK_N"] != GLUON_WIDE_N or (
+             lambda c: c["BLOCK_N"] not in GLUON_WIDE_NS or (
                  c["VARIANT"] == GLUON_WS and c["SCHEDULE"] == "data_parallel" and not c["EPILOGUE_SUBTILE"]
                  and p.dtype in ("bf16", "fp16")),
-             f"BLOCK_N = {GLUON_WIDE_N} (no power of two) is the gluon_ws variant's, for 16-bit operands in whole tiles"),
+             f"BLOCK_N of {', '.join(map(str, GLUON_WIDE_NS))} (no power of two) is the gluon_ws variant's, for 16-bit "
+             "operands in whole tiles"),
         rule("schedule_split_k", ("SCHEDULE", "SPLIT_K"), lambda c: (c["SCHEDULE"] == "split_k") == (c["SPLIT_K"] > 1),
              "SPLIT_K > 1 is the split_k schedule, which needs SPLIT_K > 1"),
         rule("persistent_tma_only", ("VARIANT", "SCHEDULE", "PERSISTENT", "WARP_SPECIALIZE", "FLATTEN"),
