@@ -354,7 +354,19 @@ GLUON_HALF_N_GAIN = 0.05
 # with part-empty last waves (2048 x 4608 x 3584 0.885x of cuBLAS against 0.858x, 512 x 6144 x 4096 0.781x against
 # 0.732x) and lost up to 30% on the others; more splits, and 128 x 256 tiles, lost nearly everywhere
 # (results/gluon_gemm_2026-12-04_tail.md): a seed, not a default.
-_GLUON_16BIT_SEEDS = (_GLUON_192,
+# Two-part tiles of 128 + 16 and 128 + 32 columns on 5 stages (results/gluon_gemm_2026-12-04_parts.md), for prefill
+# where their whole waves beat the others' by PREFILL_PARTS_GAIN in the model of _modelled_waves: 1024 x 4608 x 3584
+# (Qwen2.5-7B qkv) 144 wide 0.805x of cuBLAS against 0.716x for 128 x 128, 1024 x 5120 x 5120 (Mistral-Nemo o) 160
+# wide 0.852x against 0.789x. Their extra wgmma and C store cost: PART_EFFICIENCY is the throughput a column keeps,
+# from the same table (2048 x 4608 x 3584, 144 wide: 4 waves against 5 of 128 x 128, yet 2% behind; 2048 x 5120 x
+# 5120, 160 wide: 4 waves against 5, 4% behind). 4 stages were 3-9% behind 5; at 256 and 512 tokens both widths
+# lost (512 x 4608 x 3584, one wave of 144: 0.50x against 0.58x for two of 128), and 96 (64 + 32) lost everywhere.
+_GLUON_PARTS = (dict(BLOCK_N=144, BLOCK_K=64, num_stages=5), dict(BLOCK_N=160, BLOCK_K=64, num_stages=5))
+PART_EFFICIENCY = {144: 0.88, 160: 0.90}
+PREFILL_PARTS_GAIN = 0.05
+_GLUON_16BIT_SEEDS = (_GLUON_192, *_GLUON_PARTS,
+                      # 64 x 192: one wave of 128 tiles at 256 x 6144 x 4096, 0.795x against 0.754x for the default.
+                      dict(BLOCK_M=64, BLOCK_N=192, BLOCK_K=64, num_stages=6),
                       dict(BLOCK_N=256, BLOCK_K=64, num_stages=4, EPILOGUE_SUBTILE=True),
                       dict(BLOCK_N=128, BLOCK_K=64, num_stages=6, EPILOGUE_SUBTILE=True),
                       dict(BLOCK_N=128, BLOCK_K=64, num_stages=5, SCHEDULE="split_k", SPLIT_K=2),
@@ -392,6 +404,14 @@ _GLUON_FP8_TILES = (dict(num_stages=4), dict(num_stages=5), dict(BLOCK_N=256, nu
                     dict(num_stages=4, SCHEDULE="stream_k"))
 
 
+def _modelled_waves(problem, config: dict, device: DeviceInfo) -> float:
+    """Whole waves of `config`'s tiles times their width, over the throughput a column keeps (PART_EFFICIENCY; 1 for
+    other widths): a makespan in units of one 128-row, one-column K sweep, for comparing tile widths."""
+    width = config["BLOCK_N"]
+    waves = math.ceil(tile_count(problem, config["BLOCK_M"], width) / programs(problem, config, device))
+    return waves * width / PART_EFFICIENCY.get(width, 1.0)
+
+
 def prefill_config(problem, device: DeviceInfo, gluon: bool = True) -> dict:
     p = problem
     if gluon and p.dtype == "fp8" and gluon_ws_ok(p, device):
@@ -402,14 +422,19 @@ def prefill_config(problem, device: DeviceInfo, gluon: bool = True) -> dict:
         return gluon_config(p, BLOCK_N=256, num_stages=3) if p.fp8_fast_accum else gluon_config(p)
     if gluon and _gluon_16bit(p, device):
         # 16-bit on Hopper: whole 128 x 256 tiles, or 128 x 128 where those fill the waves better by GLUON_HALF_N_GAIN;
-        # 192-column tiles where they fill them better than both by PREFILL_WIDE_N_GAIN.
+        # 192-column tiles where they fill them better than both by PREFILL_WIDE_N_GAIN; 144 or 160 where their
+        # modelled waves are shorter than the chosen one's by PREFILL_PARTS_GAIN.
         wide, half = gluon_config(p, **_GLUON_WIDE), gluon_config(p, **_GLUON_HALF)
         busy = lambda c: wave_efficiency(tile_count(p, c["BLOCK_M"], c["BLOCK_N"]), programs(p, c, device))  # noqa: E731
         best = half if busy(half) >= busy(wide) + GLUON_HALF_N_GAIN else wide
         if p.n > 128:
             n192 = gluon_config(p, **_GLUON_192)
             if busy(n192) >= max(busy(wide), busy(half)) + PREFILL_WIDE_N_GAIN:
-                return n192
+                best = n192
+            parts = [gluon_config(p, **tiles) for tiles in _GLUON_PARTS]
+            part = min(parts, key=lambda c: _modelled_waves(p, c, device))
+            if _modelled_waves(p, part, device) <= (1 - PREFILL_PARTS_GAIN) * _modelled_waves(p, best, device):
+                return part
         return best
     tma = tma_ok(p) and arch_of(device).supports(Feature.TMA)
     if p.dtype == "fp8":
