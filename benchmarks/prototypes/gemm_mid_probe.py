@@ -1,0 +1,94 @@
+"""Why the Gluon GEMM loses at mid-sized M: its configs timed cold (L2 flushed before each call, as do_bench and
+every benchmark here time) and warm (50 calls back to back, the weight left in L2), beside cuBLAS, in a fresh
+process; GROUP_M 8 against 1, and one wave against two. Each config is checked against float64 first.
+
+    python benchmarks/prototypes/gemm_mid_probe.py            # on a Hopper GPU, ~2 min
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+from pathlib import Path
+
+os.environ["AUTOTILE_VENDOR"] = "0"
+sys.path[:0] = [str(Path(__file__).resolve().parents[2]), str(Path(__file__).resolve().parents[1])]
+
+import torch  # noqa: E402
+import triton.testing  # noqa: E402
+
+from gemm_kernels_bench import check  # noqa: E402
+
+from autotile.device import cuda_device  # noqa: E402
+from autotile.families.gemm import FAMILY, contiguous_problem  # noqa: E402
+from autotile.families.gemm_policy import gluon_config  # noqa: E402
+from autotile.space import Config  # noqa: E402
+
+SHAPES = ((512, 4608, 3584), (1024, 4608, 3584), (256, 6144, 4096), (512, 3584, 3584))
+TILES = {"g128x128": dict(BLOCK_N=128, BLOCK_K=64, num_stages=5),
+         "g128x128 gm1": dict(BLOCK_N=128, BLOCK_K=64, num_stages=5, GROUP_M=1),
+         "g128x144": dict(BLOCK_N=144, BLOCK_K=64, num_stages=5),
+         "g128x256": dict(BLOCK_N=256, BLOCK_K=64, num_stages=3),
+         "g64x192": dict(BLOCK_M=64, BLOCK_N=192, BLOCK_K=64, num_stages=6),
+         "g64x128": dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, num_stages=6)}
+WARM_CALLS = 50
+
+
+def warm_ms(fn) -> float:
+    """Mean ms of WARM_CALLS calls queued back to back (no flush: the operands stay in L2)."""
+    fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(WARM_CALLS):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / WARM_CALLS
+
+
+def main() -> int:
+    device = cuda_device(0)
+    print(f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}, triton {triton.__version__}; "
+          "x cuBLAS, cold (L2 flushed) / warm (back to back), medians of 3 interleaved rounds", flush=True)
+    failures = 0
+    for m, n, k in SHAPES:
+        p = contiguous_problem(m, n, k, "bf16", "bf16", layout_b="col")
+        inputs, space = FAMILY.make_inputs(p, device, seed=3), FAMILY.space(p, device)
+        reference = FAMILY.reference(p, inputs)
+        outputs = FAMILY.allocate_outputs(p, inputs)
+        configs = {"default": FAMILY.default_config(p, device)}
+        for name, tiles in TILES.items():
+            config = space.admit(gluon_config(p, **tiles))
+            if config is not None:
+                configs[name] = config
+        fns = {}
+        for name, config in configs.items():
+            ok, _, message = check(p, Config(config), inputs, reference)
+            if not ok:
+                failures += 1
+                print(f"FAILED {m}x{n}x{k} {name}: {message}", flush=True)
+                continue
+            fns[name] = (lambda c=config: FAMILY.launch(p, c, inputs, outputs))
+        a, w = inputs["a"], inputs["b"].t()
+        fns["cuBLAS"] = lambda: torch.matmul(a, w.t())
+        cold = {name: [] for name in fns}
+        warm = {name: [] for name in fns}
+        for _ in range(3):
+            for name, fn in fns.items():
+                cold[name].append(triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="median"))
+                warm[name].append(warm_ms(fn))
+        cold = {name: statistics.median(t) for name, t in cold.items()}
+        warm = {name: statistics.median(t) for name, t in warm.items()}
+        print(f"{m}x{n}x{k}: cuBLAS cold {cold['cuBLAS'] * 1e3:.1f} us, warm {warm['cuBLAS'] * 1e3:.1f} us; "
+              f"default = {configs['default']['VARIANT']} {configs['default']['BLOCK_M']}x{configs['default']['BLOCK_N']}",
+              flush=True)
+        for name in fns:
+            if name != "cuBLAS":
+                print(f"  {name:14s} cold {cold['cuBLAS'] / cold[name]:.3f}x ({cold[name] * 1e3:6.1f} us)  "
+                      f"warm {warm['cuBLAS'] / warm[name]:.3f}x ({warm[name] * 1e3:6.1f} us)", flush=True)
+    print(f"{failures} failed checks")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
