@@ -1,5 +1,5 @@
 """Why the Gluon GEMM loses at mid-sized M: its configs timed cold (L2 flushed before each call, as do_bench and
-every benchmark here time) and warm (50 calls back to back, the weight left in L2), beside cuBLAS, in a fresh
+every benchmark here time) and warm (50 calls replayed in one CUDA graph, the weight left in L2), beside cuBLAS, in a fresh
 process; GROUP_M 8 against 1, and one wave against two. Each config is checked against float64 first.
 
     python benchmarks/prototypes/gemm_mid_probe.py            # on a Hopper GPU, ~2 min
@@ -35,12 +35,18 @@ WARM_CALLS = 50
 
 
 def warm_ms(fn) -> float:
-    """Mean ms of WARM_CALLS calls queued back to back (no flush: the operands stay in L2)."""
+    """Mean ms of a call replayed WARM_CALLS times in one CUDA graph (no flush: the operands stay in L2; no host
+    time: queued back to back from Python, a Gluon launch's host path outlasted its kernel)."""
     fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(WARM_CALLS):
+            fn()
+    graph.replay()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
-    for _ in range(WARM_CALLS):
-        fn()
+    graph.replay()
     end.record()
     torch.cuda.synchronize()
     return start.elapsed_time(end) / WARM_CALLS
