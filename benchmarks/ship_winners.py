@@ -1,6 +1,7 @@
 """Copy the winners and tuned policies of GPU tuning runs into tuning_db/ and rewrite its text dump.
 
     python benchmarks/ship_winners.py results/gemm/gemm.sqlite results/flash/flash.sqlite ...
+    python benchmarks/ship_winners.py --keep-generated trace_tuned.sqlite   # fill gaps only (store.ship.copy_winners)
 """
 from __future__ import annotations
 
@@ -15,10 +16,12 @@ from autotile.store.db import open_engine  # noqa: E402
 from autotile.store.ship import copy_policies, copy_winners, write_dump  # noqa: E402
 
 
-def main(paths: list[str]) -> int:
+def main(args: list[str]) -> int:
+    keep_generated = "--keep-generated" in args
+    paths = [a for a in args if a != "--keep-generated"]
     target = shipped_db_path()
     for path in paths:
-        n = copy_winners(f"sqlite:///{Path(path).resolve()}", f"sqlite:///{target}")
+        n = copy_winners(f"sqlite:///{Path(path).resolve()}", f"sqlite:///{target}", keep_generated=keep_generated)
         policies = copy_policies(f"sqlite:///{Path(path).resolve()}", f"sqlite:///{target}")
         print(f"{path}: {n} winners, {policies} policies")
     # The shipped file is opened read-only and immutable: keep it in rollback-journal mode, one file

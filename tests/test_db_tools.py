@@ -232,3 +232,57 @@ def test_stale_winners_are_served_then_revalidated_from_their_top_configs(tuned_
     assert winner.toolchain["triton"] == "3.6.0" and not winner.stale and winner.verify_status == "ok"
     assert winner.provenance.startswith("revalidated (torch 2.0.0") and winner.trials_run == 3
     assert revalidate_stale(tuned_copy, CPU, "gemm") == []  # fresh now: nothing to re-time
+
+
+def _copy_db(source_url: str, path) -> str:
+    with sqlite3.connect(source_url.removeprefix("sqlite:///")) as src, sqlite3.connect(path) as dst:
+        src.backup(dst)
+    return f"sqlite:///{path}"
+
+
+def _set_winner(url: str, config: dict | None = None, verified_range: dict | None = None, delete: bool = False):
+    with sqlite3.connect(url.removeprefix("sqlite:///")) as conn:
+        if delete:
+            conn.execute("DELETE FROM autotile_winners")
+            return
+        if config is not None:
+            conn.execute("UPDATE autotile_winners SET config = ?", (json.dumps(config),))
+        conn.execute("UPDATE autotile_winners SET verified_range = ?",
+                     (json.dumps(verified_range) if verified_range else None,))
+
+
+def _winner_config(url: str) -> dict | None:
+    winners = Store(open_engine(url, create=False)).winners()
+    return json.loads(winners[0].config) if winners else None
+
+
+def test_shipping_with_keep_generated_only_fills_gaps(tuned_copy, tmp_path):
+    """copy_winners(keep_generated=True), as `ship_winners.py --keep-generated` ships a model's trace tuning: a
+    generated winner verified over its bucket replaces a vendor verdict or fills a missing one; it never replaces a
+    generated winner, and a vendor winner or an unverified kernel replaces nothing."""
+    from autotile.store.ship import copy_winners
+
+    generated = _winner_config(tuned_copy)
+    vendor = {"VENDOR": "cublas"}
+    bucket = {"m": [17, 32]}
+    source = _copy_db(tuned_copy, tmp_path / "source.sqlite")
+    _set_winner(source, dict(generated, GROUP_M=16 if generated["GROUP_M"] != 16 else 8), bucket)
+    cases = [  # (target's winner: config or None for none, source verified over its bucket?, copied?)
+        (generated, True, False), (vendor, True, True), (vendor, False, False), (None, True, True), (None, False, False)]
+    for index, (target_config, verified, copied) in enumerate(cases):
+        target = _copy_db(tuned_copy, tmp_path / f"target{index}.sqlite")
+        if target_config is None:
+            _set_winner(target, delete=True)
+        else:
+            _set_winner(target, target_config)
+        _set_winner(source, verified_range=bucket if verified else None)
+        before = _winner_config(target)
+        assert copy_winners(source, target, keep_generated=True) == int(copied), (target_config, verified)
+        assert _winner_config(target) == (_winner_config(source) if copied else before)
+    # A vendor winner goes only where there is none; without keep_generated everything is copied.
+    _set_winner(source, vendor, bucket)
+    target = _copy_db(tuned_copy, tmp_path / "target_last.sqlite")
+    assert copy_winners(source, target, keep_generated=True) == 0 and _winner_config(target) == generated
+    assert copy_winners(source, target) == 1 and _winner_config(target) == vendor
+    _set_winner(target, delete=True)
+    assert copy_winners(source, target, keep_generated=True) == 1 and _winner_config(target) == vendor

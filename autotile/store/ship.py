@@ -12,6 +12,7 @@ from pathlib import Path
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
+from autotile.families.base import VENDOR_KEY
 from autotile.store.db import open_engine, read_only_url
 from autotile.store.models import Device, Policy, Problem, Toolchain, Winner
 
@@ -61,10 +62,25 @@ def _device_and_toolchain(src: Session, target, device_row, toolchain_row) -> tu
     return device_id, toolchain_id
 
 
-def copy_winners(source_url: str, target_url: str) -> int:
-    """Copy every winner of `source_url` (with its problem, device and toolchain) into `target_url`.
+def _is_vendor(config_text: str) -> bool:
+    return VENDOR_KEY in json.loads(config_text)
 
-    A winner for the same (problem, device) in the target is replaced. Returns how many were copied.
+
+def _fills_a_gap(source: Winner, existing: Winner | None) -> bool:
+    """copy_winners(keep_generated=True): a generated winner verified over its bucket goes where the target has no
+    winner or the vendor op's; a vendor winner only where it has none; a generated winner is never replaced."""
+    if _is_vendor(source.config):
+        return existing is None
+    return bool(source.verified_range) and (existing is None or _is_vendor(existing.config))
+
+
+def copy_winners(source_url: str, target_url: str, *, keep_generated: bool = False) -> int:
+    """Copy the winners of `source_url` (with their problem, device and toolchain) into `target_url`.
+
+    A winner for the same (problem, device) in the target is replaced. With `keep_generated`, only what fills a
+    gap is copied (_fills_a_gap): a short tuning run (a model's trace) adds the kernels it found where the target
+    serves the vendor op or nothing, and never undoes the generated winners of a longer one. Returns how many
+    were copied.
     """
     from autotile.store.repo import Store
 
@@ -83,6 +99,8 @@ def copy_winners(source_url: str, target_url: str) -> int:
             with Session(target.engine) as dst:
                 existing = dst.execute(select(Winner).where(Winner.problem_id == problem_id,
                                                             Winner.device_key == w.device_key)).scalar_one_or_none()
+                if keep_generated and not _fills_a_gap(w, existing):
+                    continue
                 if existing is not None:
                     dst.delete(existing)
                     dst.flush()
