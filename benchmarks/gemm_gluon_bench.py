@@ -11,7 +11,6 @@ timed interleaved (medians of do_bench medians over rounds). The family's kernel
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 from pathlib import Path
@@ -124,6 +123,20 @@ def shapes(which: str = "all") -> list[tuple[str, object, list[dict]]]:
     return out
 
 
+def checked_launches(problem, configs: dict, inputs: dict, reference: dict, outputs: dict,
+                     label: str) -> tuple[dict, int]:
+    """({name: a launch of that config into `outputs`} for the configs that pass their check, failed checks)."""
+    fns, failures = {}, 0
+    for name, config in configs.items():
+        ok, _, message = check(problem, Config(config), inputs, reference)
+        if not ok:
+            failures += 1
+            print(f"FAILED {label} {name}: {message}", flush=True)
+            continue
+        fns[name] = (lambda c=config: FAMILY.launch(problem, c, inputs, outputs))
+    return fns, failures
+
+
 def config_name(config) -> str:
     schedule = {"data_parallel": "dp", "stream_k": "sk", "split_k": f"split{config['SPLIT_K']}"}[config["SCHEDULE"]]
     sub = " sub" if config.get("EPILOGUE_SUBTILE") else ""
@@ -169,16 +182,9 @@ def main() -> int:
                 configs[config_name(config)] = config
             else:
                 print(f"infeasible for {label}: {t}: {space.violations(gluon_config(problem, **t))}", flush=True)
-        fns = {}
-        for name, config in configs.items():
-            if config is None:
-                continue
-            ok, _, message = check(problem, Config(config), inputs, reference)
-            if not ok:
-                failures += 1
-                print(f"FAILED {label} {name}: {message}", flush=True)
-                continue
-            fns[name] = (lambda c=config: FAMILY.launch(problem, c, inputs, outputs))
+        fns, failed = checked_launches(problem, {n: c for n, c in configs.items() if c is not None}, inputs,
+                                       reference, outputs, label)
+        failures += failed
         vendor = vendor_fns(problem, inputs)
         vendor_name = next(iter(vendor)) if problem.dtype != "fp8" else (
             "_scaled_mm fast" if problem.fp8_fast_accum else "_scaled_mm")

@@ -17,12 +17,11 @@ sys.path[:0] = [str(Path(__file__).resolve().parents[2]), str(Path(__file__).res
 import torch  # noqa: E402
 import triton.testing  # noqa: E402
 
-from gemm_kernels_bench import check  # noqa: E402
+from gemm_gluon_bench import checked_launches  # noqa: E402
 
 from autotile.device import cuda_device  # noqa: E402
 from autotile.families.gemm import FAMILY, contiguous_problem  # noqa: E402
 from autotile.families.gemm_policy import gluon_config  # noqa: E402
-from autotile.space import Config  # noqa: E402
 
 SHAPES = ((512, 4608, 3584), (1024, 4608, 3584), (256, 6144, 4096), (512, 3584, 3584))
 TILES = {"g128x128": dict(BLOCK_N=128, BLOCK_K=64, num_stages=5),
@@ -52,6 +51,25 @@ def warm_ms(fn) -> float:
     return start.elapsed_time(end) / WARM_CALLS
 
 
+def timed_beside_cublas(problem, inputs: dict, fns: dict, rounds: int, note: str = "") -> None:
+    """Time `fns` and cuBLAS on `inputs` cold and warm in `rounds` interleaved rounds; print each x cuBLAS."""
+    a, w = inputs["a"], inputs["b"].t()
+    fns = {**fns, "cuBLAS": lambda: torch.matmul(a, w.t())}
+    cold, warm = {name: [] for name in fns}, {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            cold[name].append(triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="median"))
+            warm[name].append(warm_ms(fn))
+    cold = {name: statistics.median(t) for name, t in cold.items()}
+    warm = {name: statistics.median(t) for name, t in warm.items()}
+    print(f"{problem.m}x{problem.n}x{problem.k}: cuBLAS cold {cold['cuBLAS'] * 1e3:.1f} us, "
+          f"warm {warm['cuBLAS'] * 1e3:.1f} us" + (f"; {note}" if note else ""), flush=True)
+    for name in fns:
+        if name != "cuBLAS":
+            print(f"  {name:18s} cold {cold['cuBLAS'] / cold[name]:.3f}x ({cold[name] * 1e3:6.1f} us)  "
+                  f"warm {warm['cuBLAS'] / warm[name]:.3f}x ({warm[name] * 1e3:6.1f} us)", flush=True)
+
+
 def main() -> int:
     device = cuda_device(0)
     print(f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}, triton {triton.__version__}; "
@@ -67,31 +85,10 @@ def main() -> int:
             config = space.admit(gluon_config(p, **tiles))
             if config is not None:
                 configs[name] = config
-        fns = {}
-        for name, config in configs.items():
-            ok, _, message = check(p, Config(config), inputs, reference)
-            if not ok:
-                failures += 1
-                print(f"FAILED {m}x{n}x{k} {name}: {message}", flush=True)
-                continue
-            fns[name] = (lambda c=config: FAMILY.launch(p, c, inputs, outputs))
-        a, w = inputs["a"], inputs["b"].t()
-        fns["cuBLAS"] = lambda: torch.matmul(a, w.t())
-        cold = {name: [] for name in fns}
-        warm = {name: [] for name in fns}
-        for _ in range(3):
-            for name, fn in fns.items():
-                cold[name].append(triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="median"))
-                warm[name].append(warm_ms(fn))
-        cold = {name: statistics.median(t) for name, t in cold.items()}
-        warm = {name: statistics.median(t) for name, t in warm.items()}
-        print(f"{m}x{n}x{k}: cuBLAS cold {cold['cuBLAS'] * 1e3:.1f} us, warm {warm['cuBLAS'] * 1e3:.1f} us; "
-              f"default = {configs['default']['VARIANT']} {configs['default']['BLOCK_M']}x{configs['default']['BLOCK_N']}",
-              flush=True)
-        for name in fns:
-            if name != "cuBLAS":
-                print(f"  {name:14s} cold {cold['cuBLAS'] / cold[name]:.3f}x ({cold[name] * 1e3:6.1f} us)  "
-                      f"warm {warm['cuBLAS'] / warm[name]:.3f}x ({warm[name] * 1e3:6.1f} us)", flush=True)
+        fns, failed = checked_launches(p, configs, inputs, reference, outputs, f"{m}x{n}x{k}")
+        failures += failed
+        default = configs["default"]
+        timed_beside_cublas(p, inputs, fns, 3, f"default = {default['VARIANT']} {default['BLOCK_M']}x{default['BLOCK_N']}")
     print(f"{failures} failed checks")
     return 1 if failures else 0
 

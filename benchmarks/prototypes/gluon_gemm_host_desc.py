@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 from pathlib import Path
 
@@ -72,6 +71,14 @@ def host_descriptors(config, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) 
             desc(c, [64, config["BLOCK_N"]])]
 
 
+def host_args(module, config, a, b, c, bias, residual, ws, counters, stream_k) -> list:
+    """The patched kernel's arguments: the family's kernel_args with the descriptors after the pointers."""
+    args = module.kernel_args(a, b, c, bias, residual, None, None, ws, counters, stream_k)
+    first_int = next(i for i, x in enumerate(args) if not isinstance(x, torch.Tensor))
+    args[first_int:first_int] = host_descriptors(config, a, b, c)
+    return args
+
+
 def host_launch(problem, config, inputs, outputs, device: torch.device):
     """(kernel, grid, args, constexprs) of one host-descriptor launch."""
     plan = launch_plan(FAMILY, problem, config, device)
@@ -79,10 +86,7 @@ def host_launch(problem, config, inputs, outputs, device: torch.device):
     a, b, c = inputs["a"], inputs["b"], outputs["c"]
     ws = torch.empty(max(1, plan.workspace), dtype=torch.float32, device=device)
     counters = torch.zeros(max(1, plan.counters), dtype=torch.int32, device=device)
-    args = module.kernel_args(a, b, c, inputs.get("bias"), inputs.get("residual"), None, None, ws, counters,
-                              plan.stream_k)
-    first_int = next(i for i, x in enumerate(args) if not isinstance(x, torch.Tensor))
-    args[first_int:first_int] = host_descriptors(config, a, b, c)
+    args = host_args(module, config, a, b, c, inputs.get("bias"), inputs.get("residual"), ws, counters, plan.stream_k)
     return module.gemm_kernel, plan.grid, args, plan.constexprs
 
 
@@ -107,10 +111,8 @@ def compile_variants(shapes=SHAPES, tiles=TILES) -> list[dict]:
                        torch.empty(m, n, dtype=torch.bfloat16))
             _, _, _, stream_k = module.launch_geometry(m, n, k, config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"],
                                                        config["SPLIT_K"], config["PERSISTENT"], h200.sm_count)
-            args = module.kernel_args(a, b, c, None, None, None, None, torch.empty(1), torch.empty(1, dtype=torch.int32),
-                                      stream_k)
-            first_int = next(i for i, x in enumerate(args) if not isinstance(x, torch.Tensor))
-            args[first_int:first_int] = host_descriptors(config, a, b, c)
+            args = host_args(module, config, a, b, c, None, None, torch.empty(1), torch.empty(1, dtype=torch.int32),
+                             stream_k)
             constexprs = {key: config.get(key, 1) for key in _CONSTEXPRS}
             compiled, _ = compile_kernel(module.gemm_kernel, GPUTarget("cuda", 90, 32), tuple(args), constexprs)
             out.append({"shape": [m, n, k], "tiles": name, "shared": compiled.metadata.shared,
@@ -127,9 +129,8 @@ def main() -> int:
                   f"global scratch {built['scratch']} B", flush=True)
         return 0
     import triton
-    import triton.testing
 
-    from gemm_mid_probe import warm_ms
+    from gemm_mid_probe import timed_beside_cublas
 
     from autotile.device import cuda_device
 
@@ -157,20 +158,7 @@ def main() -> int:
                 continue
             fns[f"device {name}"] = (lambda c=config: FAMILY.launch(p, c, inputs, outputs))
             fns[f"host {name}"] = (lambda kn=kernel, g=grid, a=args, ce=constexprs: kn[g](*a, **ce))
-        a, w = inputs["a"], inputs["b"].t()
-        fns["cuBLAS"] = lambda: torch.matmul(a, w.t())
-        cold, warm = {name: [] for name in fns}, {name: [] for name in fns}
-        for _ in range(5):
-            for name, fn in fns.items():
-                cold[name].append(triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="median"))
-                warm[name].append(warm_ms(fn))
-        cold = {name: statistics.median(t) for name, t in cold.items()}
-        warm = {name: statistics.median(t) for name, t in warm.items()}
-        print(f"{m}x{n}x{k}: cuBLAS cold {cold['cuBLAS'] * 1e3:.1f} us, warm {warm['cuBLAS'] * 1e3:.1f} us", flush=True)
-        for name in fns:
-            if name != "cuBLAS":
-                print(f"  {name:18s} cold {cold['cuBLAS'] / cold[name]:.3f}x ({cold[name] * 1e3:6.1f} us)  "
-                      f"warm {warm['cuBLAS'] / warm[name]:.3f}x ({warm[name] * 1e3:6.1f} us)", flush=True)
+        timed_beside_cublas(p, inputs, fns, 5)
     print(f"{failures} failed checks")
     return 1 if failures else 0
 
