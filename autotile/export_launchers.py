@@ -94,7 +94,7 @@ def _check(name, t, shape, dtype, layout):
         raise ValueError(f"{{name}} must be {{shape}} {{dtype}} for this kernel, got {{tuple(t.shape)}} {{t.dtype}}")
     if layout is not None and _layout(t) != layout:
         raise ValueError(f"{{name}} must have layout {{layout!r}} (the kernel was rendered for it), got {{_layout(t)!r}}")
-    if _VARIANT == "tma" and (t.data_ptr() % 16 or (max(t.stride()) * t.element_size()) % 16):
+    if _VARIANT in ("tma", "gluon_ws") and (t.data_ptr() % 16 or (max(t.stride()) * t.element_size()) % 16):
         raise ValueError(f"{{name}}: the TMA kernel needs 16-byte aligned base pointers and leading strides")
 
 
@@ -131,7 +131,8 @@ def matmul(a, b, bias=None, scale_a=None, scale_b=None, residual=None):
         if a.is_cuda and not _allocator_set:  # TMA descriptors built on the device need scratch memory
             triton.set_allocator(lambda size, alignment, stream: torch.empty(size, device="cuda", dtype=torch.int8))
             _allocator_set = True
-    args = kernel_args(a, b, c, bias, residual, scale_a, scale_b, ws, tile_counters, stream_k)
+    args = kernel_args(a, b, c, bias, residual, scale_a, scale_b, ws, tile_counters, stream_k,
+                       (_CONSTEXPRS["BLOCK_M"], _CONSTEXPRS["BLOCK_N"], _CONSTEXPRS["BLOCK_K"]))
     gemm_kernel[grid](*args, **_CONSTEXPRS, num_warps=_NUM_WARPS, num_stages=_NUM_STAGES)
     return c
 '''

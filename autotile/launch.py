@@ -57,9 +57,27 @@ def _signature(args: tuple) -> tuple:
             out.append((x.dtype, not x.data_ptr() & 15))
         elif kind in _PLAIN:
             out.append(kind)
+        elif kind is _host_descriptor_type():
+            # Triton specialises a descriptor on its base's dtype, its block shape and its layout (key None).
+            out.append((kind, x.base.dtype, tuple(x.block_shape), x.layout, x.padding))
         else:
             raise _Unknown
     return tuple(out)
+
+
+_descriptor_type = None
+
+
+def _host_descriptor_type():
+    """Gluon's host-built TMA descriptor class (templates/gemm_gluon_ws.py.j2 takes them), imported once."""
+    global _descriptor_type
+    if _descriptor_type is None:
+        try:
+            from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+        except ImportError:  # a Triton without Gluon: no argument is one
+            TensorDescriptor = type("NoTensorDescriptor", (), {})
+        _descriptor_type = TensorDescriptor
+    return _descriptor_type
 
 
 def argument_signature(args: tuple) -> tuple:
@@ -224,14 +242,74 @@ def bind(kernel, grid: tuple, *args, **kwargs):
     return launcher
 
 
+def bind_descriptors(kernel, grid: tuple, *args, **kwargs):
+    """`bind` for a kernel whose leading arguments include host-built TMA descriptors (Gluon TensorDescriptors):
+    launch now, and return (launcher, encoders) for later calls, or None where the fast path does not apply.
+
+    Triton's launcher turns each descriptor into a CUtensorMap (cuTensorMapEncodeTiled) on every call. Here the
+    caller does it, once per base address: `encoders[i](tensor)` is the i-th descriptor argument with `tensor` as
+    its base (the shape, strides and block of the descriptor bound), expanded as the C launcher takes it; and
+    `launcher(*call_args)` takes the arguments with each descriptor so expanded.
+    """
+    jit_function, runtime = _triton_bindings()
+    if not isinstance(kernel, jit_function) or getattr(_state, "slow", False) or _hooks_registered(runtime):
+        _slow_launch(kernel, grid, args, kwargs)
+        return None
+    ensure_triton_allocator()
+    compiled = kernel[grid](*args, **kwargs)
+    if compiled is None or not hasattr(compiled, "packed_metadata"):
+        return None
+    direct = c_launch(compiled.run, expanded=True)
+    if direct is None:
+        return None
+    c_call, cooperative, pdl = direct
+    from triton.backends.nvidia.driver import make_tensordesc_arg
+
+    descriptors = [x for x in args if type(x) is _host_descriptor_type()]
+    metas = getattr(compiled.metadata, "tensordesc_meta", None) or [None] * len(descriptors)
+    if len(metas) != len(descriptors):
+        return None
+
+    def encoder(bound, meta):
+        def encode(tensor) -> tuple:
+            # Triton's own expansion, of a stand-in with the bound shape, strides and padding and this base.
+            stand_in = _DescriptorStandIn(tensor, bound.shape, bound.strides, bound.padding)
+            return tuple(make_tensordesc_arg(stand_in, meta))
+        return encode
+
+    get_device, get_stream = _driver_calls()
+    device = get_device()
+    grid_x, grid_y, grid_z = (tuple(grid) + (1, 1))[:3]
+    function, metadata = compiled.function, compiled.packed_metadata
+    trailing = _trailing_args(kernel, len(args), kwargs)
+
+    def launcher(*call_args) -> None:
+        c_call(grid_x, grid_y, grid_z, get_stream(device), function, cooperative, pdl, None, None, metadata, None,
+               None, None, *call_args, *trailing)
+    return launcher, [encoder(d, m) for d, m in zip(descriptors, metas)]
+
+
+class _DescriptorStandIn:
+    """What Triton's make_tensordesc_arg reads of a TensorDescriptor, without its checks (done at bind time)."""
+
+    __slots__ = ("base", "shape", "strides", "padding")
+
+    def __init__(self, base, shape, strides, padding):
+        self.base, self.shape, self.strides, self.padding = base, shape, strides, padding
+
+
 # The Triton version whose launcher's Python wrapper c_launch reproduces.
 _C_LAUNCH_TRITON = "3.6.0"
 
 
-def c_launch(run) -> tuple | None:
+def c_launch(run, expanded: bool = False) -> tuple | None:
     """(C launch function, cooperative-grid flag, PDL flag) of a compiled kernel's launcher, where calling it
     directly does all that the launcher's Python wrapper would: Triton 3.6, and a kernel that needs no scratch
     buffers (the wrapper's only other work is allocating them). None otherwise: call `run` itself.
+
+    A kernel with TMA descriptor arguments has its C function wrapped in one that expands each descriptor
+    (triton.backends.nvidia.driver.wrap_handle_tensordesc): `expanded` asks for the C function under it, which
+    takes the descriptors expanded already (bind_descriptors); without `expanded`, the wrapper.
 
     NOTE: the wrapper (triton.backends.nvidia.driver.CudaLauncher.__call__) costs ~1.3 us of host time a launch
     (a nested function and two scratch checks), a tenth of a decode GEMM's whole host budget; bound launchers skip
@@ -244,9 +322,21 @@ def c_launch(run) -> tuple | None:
     try:
         if run.global_scratch_size or run.profile_scratch_size:
             return None
-        return run.launch, run.launch_cooperative_grid, run.launch_pdl
+        launch = run.launch
+        if expanded:
+            launch = _unwrapped(launch)
+        return launch, run.launch_cooperative_grid, run.launch_pdl
     except AttributeError:
         return None
+
+
+def _unwrapped(launch):
+    """The C launch function under Triton 3.6's descriptor-expanding wrapper (the closure's `launcher`), or
+    `launch` itself where it is not wrapped."""
+    code = getattr(launch, "__code__", None)
+    if code is None or "launcher" not in code.co_freevars:
+        return launch
+    return launch.__closure__[code.co_freevars.index("launcher")].cell_contents
 
 
 def _trailing_args(kernel, positional: int, kwargs: dict) -> tuple:

@@ -62,6 +62,8 @@ class KernelBuild:
     stack: int | None = None  # bytes of stack a thread: register spills, or local arrays (None: not read)
     # local loads and stores (spills) inside the innermost loops that issue wgmma (None: not read, or no such loop)
     mma_loop_spills: int | None = None
+    # bytes of global scratch a program, which the launch allocates each time (TMA descriptors built on the device)
+    global_scratch: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,7 +182,8 @@ class _Collector:
         registers, stack = resource_usage(compiled.asm.get("cubin")) if self.read_resources else (None, None)
         loop_spills = mma_loop_spills(compiled.asm.get("cubin")) if self.read_resources and stack else None
         self.kernels.append(KernelBuild(name, shared, int(compiled.metadata.num_warps),
-                                        time.monotonic() - started, features, registers, stack, loop_spills))
+                                        time.monotonic() - started, features, registers, stack, loop_spills,
+                                        int(getattr(compiled.metadata, "global_scratch_size", 0) or 0)))
 
 
 def build_launcher(compiled) -> None:

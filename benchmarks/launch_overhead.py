@@ -33,8 +33,9 @@ from autotile.families.gemm_launch import launch_plan  # noqa: E402
 from autotile.families.base import is_vendor  # noqa: E402
 from autotile.runtime.dispatch import resolve  # noqa: E402
 
-# Llama-3-8B's q/o projection at 1, 16 and 2048 tokens, its kv projection at 4, and an irregular shape.
-SHAPES = ((1, 4096, 4096), (4, 1024, 4096), (16, 4096, 4096), (2048, 4096, 4096), (1000, 3000, 777))
+# Llama-3-8B's q/o projection at 1, 16 and 2048 tokens, its kv projection at 4, Qwen2.5-7B's qkv at 768 (the gluon_ws
+# kernel with host-built descriptors, untuned), and an irregular shape.
+SHAPES = ((1, 4096, 4096), (4, 1024, 4096), (16, 4096, 4096), (768, 4608, 3584), (2048, 4096, 4096), (1000, 3000, 777))
 HOST_CALLS = 200
 
 
@@ -92,7 +93,7 @@ def main() -> int:
         # The generated kernel: the one served, or the one the op would serve with the vendor op off.
         config = served if not is_vendor(served) else resolve_generated(problem, device)
         plan = launch_plan(FAMILY, problem, config, a.device)
-        launch_args = plan.kernel_args(a, b, c, None, None, None, None, None, None, plan.stream_k)
+        launch_args = plan.kernel_args(a, b, c, None, None, None, None, None, None, plan.stream_k, plan.tiles)
 
         def triton_launch():
             plan.kernel[plan.grid](*launch_args, **plan.constexprs)

@@ -71,7 +71,8 @@ def compile_for(problem: GemmProblem, config, arch: int, device: DeviceInfo = H2
     ws = torch.empty(workspace, dtype=torch.float32) if workspace else None
     tile_counters = torch.zeros(counters, dtype=torch.int32) if counters else None
     args = module.kernel_args(inputs["a"], inputs["b"], c, inputs.get("bias"), inputs.get("residual"),
-                              inputs.get("scale_a"), inputs.get("scale_b"), ws, tile_counters, stream_k)
+                              inputs.get("scale_a"), inputs.get("scale_b"), ws, tile_counters, stream_k,
+                              (config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]))
     kwargs = {name: config.get(name, 1) for name in _CONSTEXPRS}
     # Bound as JITFunction.run binds a launch, and built from Gluon's own IR for the gluon_ws variant.
     compiled, _ = compile_kernel(module.gemm_kernel, GPUTarget("cuda", arch, 32), tuple(args), kwargs)

@@ -195,8 +195,8 @@ def _compile_cases() -> list:
                            FLATTEN=False, SWAP_AB=False, EPILOGUE_SUBTILE=False, GROUP_M=8, num_warps=4), **tiles)
         feasible = FAMILY.space(p, H200).admit(config) is not None
         kernels = compile_config(FAMILY, p, config, H200)
-        out.append(dict(feasible=feasible, kernels=[(k.name, k.shared, k.registers, k.stack, list(k.ptx_features))
-                                                    for k in kernels]))
+        out.append(dict(feasible=feasible, kernels=[(k.name, k.shared, k.registers, k.stack, list(k.ptx_features),
+                                                     k.global_scratch) for k in kernels]))
     return out
 
 
@@ -207,8 +207,9 @@ def test_gluon_ws_kernels_compile_for_sm90():
     assert len(results) == len(CASES)
     for (problem, tiles), result in zip(CASES, results):
         assert result["feasible"], (problem, tiles)
-        (name, shared, registers, stack, features), = result["kernels"]
+        (name, shared, registers, stack, features, scratch), = result["kernels"]
         assert name == "gemm_kernel" and shared <= H200.smem_per_block
+        assert scratch == 0, "the TMA descriptors are kernel parameters, built on the host (no scratch a launch)"
         assert "wgmma" in " ".join(features)
         if problem["dtype"] == "fp8" and not problem.get("fp8_fast_accum"):
             assert stack == 0, "precise fp8 128 x 128 tiles fit the consumers' registers"

@@ -126,6 +126,41 @@ def test_bound_matmul_short_key_guards_fall_back_where_the_signature_changed(mon
     check(x, w.t(), torch.randn(1040, device="cuda", dtype=torch.bfloat16)[::2])  # a strided bias
 
 
+@pytest.mark.parametrize("n", [1024, 4608])  # 128-column tiles; 144-column ones (two descriptors of B and C)
+def test_gluon_ws_linear_takes_host_descriptors_of_each_calls_tensors(monkeypatch, n):
+    # The gluon_ws kernel takes TMA descriptors built on the host, kept per base address by the bound launch: calls
+    # with new activations, a swapped weight and a CUDA-graph capture must each get descriptors of their own tensors.
+    from autotile.runtime import ops_gemm
+
+    monkeypatch.setenv("AUTOTILE_VENDOR", "0")
+    x, w, b = _linear_inputs(m=600 if n == 1024 else 1024, n=n, k=512 if n == 1024 else 3584, bias=True)
+    assert autotile.explain("linear", x, w, b)["config"]["VARIANT"] == "gluon_ws"
+
+    def check(x, w, b, got=None):
+        want = torch.nn.functional.linear(x.double(), w.double(), b.double())
+        got = autotile.linear(x, w, b) if got is None else got
+        torch.testing.assert_close(got.double(), want, atol=3e-2, rtol=2e-2)
+
+    for _ in range(3):
+        check(torch.randn_like(x), w, b)
+    assert any(isinstance(v, ops_gemm._FastLinear) for v in ops_gemm._linear_fast.values())
+    w.data = torch.randn_like(w) / 32  # the weight's storage swapped: a new base address
+    check(torch.randn_like(x), w, b)
+    autotile.linear(x, w, b)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with torch.cuda.graph(graph):
+            out = autotile.linear(x, w, b)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    torch.cuda.synchronize()
+    check(x, w, b, out)
+
+
 def test_fuse_captures_in_a_graph_without_syncs():
     f = autotile.fuse("sin(x)**2 + cos(x)*y")
     x, y = torch.randn(10_000, device="cuda"), torch.randn(10_000, device="cuda")

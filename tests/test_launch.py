@@ -197,3 +197,53 @@ def test_launches_that_build_descriptors_ask_for_the_allocator_in_the_launching_
     finally:
         _allocator.reset(token)
     assert failed == [False] and asked == [worker.ident, threading.get_ident()]
+
+
+def _descriptor(t, block, swizzle_dtype=None):
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    gl_dtype = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32}
+    layout = gl.NVMMASharedLayout.get_default_for(block, gl_dtype[swizzle_dtype or t.dtype])
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), block, layout)
+
+
+def test_descriptor_arguments_key_as_triton_specialises_them():
+    # Host-built TMA descriptors (the gluon_ws GEMM's) take the short launch path: their key must separate what
+    # Triton's does (base dtype, block shape, layout), or a kept kernel would be reused for another descriptor.
+    bf16, f16 = torch.zeros(64, 64, dtype=torch.bfloat16), torch.zeros(64, 64, dtype=torch.float16)
+    values = [_descriptor(bf16, [64, 32]), _descriptor(bf16, [32, 64]), _descriptor(f16, [64, 32]),
+              _descriptor(bf16[:32], [64, 32]), _descriptor(bf16, [64, 32], torch.float32),
+              _descriptor(torch.zeros(128, 64, dtype=torch.bfloat16), [64, 32])]
+    for x, y in itertools.combinations(values, 2):
+        if launch._signature((x,)) == launch._signature((y,)):
+            assert _triton_key(x) == _triton_key(y), (x, y)
+    assert len({launch._signature((x,)) for x in values}) == 4  # the base's shape is no specialisation
+
+
+def test_bound_descriptor_launchers_call_tritons_c_launch_as_its_wrapper_would(monkeypatch):
+    # bind_descriptors hands Triton's C launch the descriptors expanded by the caller's encoders (once a base
+    # address): the C launch must get exactly what Triton's wrapper (which expands them itself) would hand it.
+    from types import SimpleNamespace
+
+    from triton.backends.nvidia.driver import CudaLauncher, wrap_handle_tensordesc
+
+    calls = []
+    run = CudaLauncher.__new__(CudaLauncher)
+    signature = {"x_ptr": "tensordesc<bf16[16, 32]>", "n": "i32", "BLOCK": "constexpr", "EXTRA": "constexpr"}
+    run.num_ctas = 1
+    run.launch = wrap_handle_tensordesc(lambda *args: calls.append(args), signature, None)
+    run.global_scratch_size, run.global_scratch_align, run.profile_scratch_size, run.profile_scratch_align = 0, 1, 0, 1
+    run.launch_cooperative_grid, run.launch_pdl = False, True
+    compiled = SimpleNamespace(run=run, function=5, packed_metadata=("meta",), metadata=SimpleNamespace())
+    monkeypatch.setattr(launch, "_driver", (lambda: 0, lambda device: 777))
+    monkeypatch.setattr(JITFunction, "__getitem__", lambda self, grid: (lambda *a, **k: compiled))
+    bound_with = torch.zeros(32, 64, dtype=torch.bfloat16)
+    launcher, encoders = launch.bind_descriptors(JITFunction(_signature_only), (3, 2), _descriptor(bound_with, [16, 32]),
+                                                 10, BLOCK=64, num_warps=4)
+    other = torch.zeros(32, 64, dtype=torch.bfloat16)
+    calls.clear()
+    launcher(*encoders[0](other), 11)
+    run(3, 2, 1, 777, 5, ("meta",), None, None, None, _descriptor(other, [16, 32]), 11, 64, 7)
+    direct, wrapped = calls
+    assert direct == wrapped and direct[13] is other

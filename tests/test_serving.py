@@ -531,3 +531,39 @@ def test_a_bound_gemm_hands_the_launcher_the_tensors_it_was_bound_with_in_their_
                                                                         residual=None, ws=ws, counters=counters), 0)
     bound(a2, b2, c2, None, None)
     assert [t is u for t, u in zip(calls[-1], (a2, b2, c2, ws, counters))] == [True] * 5 and calls[-1][5:] == (8,)
+
+
+def test_a_bound_descriptor_gemm_encodes_each_base_address_once_and_keeps_the_argument_order(monkeypatch):
+    """The gluon_ws kernel takes host-built TMA descriptors: a bound call passes each operand's encoding, made the
+    first time its base address is seen (the weight's once), then the pointers in their places."""
+    from types import SimpleNamespace
+
+    from autotile.families import gemm_launch
+    from autotile.families.gemm_launch import BoundDescriptorGemm
+
+    calls, encoded = [], []
+    launcher = lambda *args: calls.append(args)  # noqa: E731
+
+    def encoder(role):
+        def encode(t):
+            encoded.append((role, t.data_ptr()))
+            return (f"map of {role} at {t.data_ptr()}", 7, 8)
+        return encode
+
+    a, b, c, bias = (torch.zeros(4) for _ in range(4))
+    ws, counters = torch.zeros(3), torch.zeros(1, dtype=torch.int32)
+    monkeypatch.setattr(gemm_launch, "split_buffers", lambda dev, n, count: (ws, counters))
+    plan = SimpleNamespace(workspace=3, counters=1, descriptor_sources=("a", "b", "b", "c"))
+    args = ["a desc", "b desc", "b2 desc", "c desc", bias, ws, counters, 16, 8, 32, 1]
+    bound = BoundDescriptorGemm(launcher, [encoder("a"), encoder("b"), encoder("b2"), encoder("c")], plan, args,
+                                dict(a=a, b=b, c=c, bias=bias, residual=None, ws=ws, counters=counters), 0)
+    a2, c2, c3, bias2 = (torch.ones(4) for _ in range(4))
+    bound(a2, b, c2, bias2, None)
+    bound(a2, b.view(2, 2).t(), c3, bias2, None)  # the weight as its transpose: one base address
+    first, second = calls
+    p = lambda t: t.data_ptr()  # noqa: E731
+    assert first[:12] == (f"map of a at {p(a2)}", 7, 8, f"map of b at {p(b)}", 7, 8, f"map of b2 at {p(b)}", 7, 8,
+                          f"map of c at {p(c2)}", 7, 8)
+    assert [t is u for t, u in zip(first[12:15], (bias2, ws, counters))] == [True] * 3 and first[15:] == (16, 8, 32, 1)
+    assert second[9] == f"map of c at {p(c3)}" and second[:9] == first[:9]
+    assert encoded == [("a", p(a2)), ("b", p(b)), ("b2", p(b)), ("c", p(c2)), ("c", p(c3))]

@@ -19,7 +19,7 @@ import torch
 
 from autotile.device import current_device
 from autotile.families.gemm_space import programs_per_sm, upgrade_config
-from autotile.launch import bind
+from autotile.launch import bind, bind_descriptors
 from autotile.launch import launch as launch_kernel
 from autotile.render import launching, load_kernel_module
 from autotile.space import Config
@@ -47,6 +47,10 @@ class LaunchPlan:
     counters: int  # tile counters the launch needs (0: none)
     stream_k: tuple  # (dp_tiles, sk_programs, sk_iters) for the stream_k schedule
     interpret: bool
+    tiles: tuple  # (BLOCK_M, BLOCK_N, BLOCK_K): kernel_args' last argument
+    # The operands ('a', 'b', 'c') whose host-built TMA descriptors lead the kernel's arguments, in order; empty
+    # where the kernel takes pointers only (it may build descriptors on the device).
+    descriptor_sources: tuple = ()
 
 
 @functools.lru_cache(maxsize=4096)
@@ -66,7 +70,9 @@ def launch_plan(family, problem, config: Config, dev: torch.device) -> LaunchPla
         problem.m, problem.n, problem.k, config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"], config["SPLIT_K"],
         config["PERSISTENT"], programs)
     constexprs = {name: config.get(name, 1) for name in _CONSTEXPRS}  # PROMOTE_TILES is 1 where it is no axis
-    return LaunchPlan(module.gemm_kernel, module.kernel_args, grid, constexprs, workspace, counters, stream_k, interpret)
+    tiles = (config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"])
+    return LaunchPlan(module.gemm_kernel, module.kernel_args, grid, constexprs, workspace, counters, stream_k, interpret,
+                      tiles, getattr(module, "DESCRIPTOR_SOURCES", ()))
 
 
 def run_plan(plan: LaunchPlan, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, inputs: dict) -> None:
@@ -74,7 +80,7 @@ def run_plan(plan: LaunchPlan, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor
     ws = workspace(a.device, plan.workspace) if plan.workspace else None
     counters = tile_counters(a.device, plan.counters) if plan.counters else None
     args = plan.kernel_args(a, b, c, inputs.get("bias"), inputs.get("residual"), inputs.get("scale_a"),
-                            inputs.get("scale_b"), ws, counters, plan.stream_k)
+                            inputs.get("scale_b"), ws, counters, plan.stream_k, plan.tiles)
     try:
         with launching(plan.interpret):
             launch_kernel(plan.kernel, plan.grid, *args, **plan.constexprs)
@@ -200,6 +206,56 @@ class BoundGemm:
         self.launcher(*self.pick(values), *self.tail)
 
 
+class BoundDescriptorGemm:
+    """BoundGemm for a kernel that takes host-built TMA descriptors of a, b and c (templates/gemm_gluon_ws.py.j2):
+    a call encodes a descriptor only for a base address it has not seen, and otherwise passes the kept encoding.
+
+    Shapes and strides are fixed by the signature, so a descriptor depends only on its base address: the
+    weight's is encoded once, and activations and outputs, which the caching allocator hands out at few
+    addresses, mostly hit. NOTE: encoding (cuTensorMapEncodeTiled through Triton's make_tensordesc_arg) costs a
+    few us of host time a descriptor; a kept one costs a dict lookup.
+    """
+
+    __slots__ = ("launcher", "plan", "descriptors", "pick", "tail", "device_index", "buffers")
+
+    # Base addresses kept per descriptor before its encodings are dropped and begun again.
+    KEPT_ADDRESSES = 64
+
+    def __init__(self, launcher, encoders, plan, args: list, named: dict, device_index: int):
+        self.launcher, self.plan, self.device_index = launcher, plan, device_index
+        values = BoundGemm._VALUES
+        # (index of the descriptor's operand among a call's values, its encoder, its kept encodings)
+        self.descriptors = tuple((values.index(source), encode, {})
+                                 for source, encode in zip(plan.descriptor_sources, encoders))
+        ids = {id(value): name for name, value in named.items() if value is not None}
+        lead = len(self.descriptors)
+        slots = []
+        while lead < len(args) and isinstance(args[lead], torch.Tensor):
+            slots.append(values.index(ids[id(args[lead])]))
+            lead += 1
+        self.tail = tuple(args[lead:])
+        # The pointer arguments after the descriptors: the workspace and counters at least (never empty here).
+        self.pick = operator.itemgetter(*slots) if len(slots) > 1 else (lambda values, i=slots[0]: (values[i],))
+        self.buffers = bool(plan.workspace or plan.counters)
+
+    def __call__(self, a, b, c, bias, residual) -> None:
+        if self.buffers:
+            values = (a, b, c, bias, residual, *split_buffers(a.device, self.plan.workspace, self.plan.counters))
+        else:
+            values = (a, b, c, bias, residual)
+        expanded = []
+        for source, encode, kept in self.descriptors:
+            tensor = values[source]
+            address = tensor.data_ptr()
+            encoding = kept.get(address)
+            if encoding is None:
+                if len(kept) >= self.KEPT_ADDRESSES:
+                    kept.clear()
+                encoding = kept[address] = encode(tensor)
+            expanded += encoding
+        self.launcher(*expanded, *self.pick(values), *self.tail)
+
+
 def bind_gemm(family, problem, config, a, b, c, bias, residual):
     """Launch once and return a BoundGemm for later calls; None: not launched (the plan serves this call and
     every later one); False: launched through Triton's own path (the plan serves later calls)."""
@@ -210,13 +266,21 @@ def bind_gemm(family, problem, config, a, b, c, bias, residual):
     named = {"a": a, "b": b, "c": c, "bias": bias, "residual": residual, "scale_a": None, "scale_b": None,
              "ws": workspace(a.device, plan.workspace) if plan.workspace else None,
              "counters": tile_counters(a.device, plan.counters) if plan.counters else None}
-    args = plan.kernel_args(a, b, c, bias, residual, None, None, named["ws"], named["counters"], plan.stream_k)
+    args = plan.kernel_args(a, b, c, bias, residual, None, None, named["ws"], named["counters"], plan.stream_k,
+                            plan.tiles)
+    sources = plan.descriptor_sources
     try:
-        launcher = bind(plan.kernel, plan.grid, *args, **plan.constexprs)
+        if sources:
+            bound = bind_descriptors(plan.kernel, plan.grid, *args, **plan.constexprs)
+        else:
+            bound = bind(plan.kernel, plan.grid, *args, **plan.constexprs)
     except BaseException:
         if plan.counters:
             forget_counters(a.device)  # a failed launch may have left them half counted
         raise
-    if launcher is None:
+    if bound is None:
         return False  # launched already, through Triton's own path: keep using the plan
-    return BoundGemm(launcher, plan, args, named, a.device.index)
+    if sources:
+        launcher, encoders = bound
+        return BoundDescriptorGemm(launcher, encoders, plan, args, named, a.device.index)
+    return BoundGemm(bound, plan, args, named, a.device.index)
