@@ -567,3 +567,31 @@ def test_a_bound_descriptor_gemm_encodes_each_base_address_once_and_keeps_the_ar
     assert [t is u for t, u in zip(first[12:15], (bias2, ws, counters))] == [True] * 3 and first[15:] == (16, 8, 32, 1)
     assert second[9] == f"map of c at {p(c3)}" and second[:9] == first[:9]
     assert encoded == [("a", p(a2)), ("b", p(b)), ("b2", p(b)), ("c", p(c2)), ("c", p(c3))]
+
+
+def test_family_launches_of_descriptor_kernels_bind_once_per_signature(monkeypatch):
+    """FAMILY.launch of a gluon_ws plan (tuning and the benchmarks time through it) takes a bound launch kept per
+    plan and call signature: the descriptors are not rebuilt per call, and another stride or plan binds anew."""
+    from types import SimpleNamespace
+
+    from autotile.families import gemm_launch
+
+    binds, calls = [], []
+
+    def bind_plan(plan, a, b, c, bias, residual):
+        binds.append((plan, a.stride()))
+        return lambda *tensors: calls.append((plan, tensors))
+
+    monkeypatch.setattr(gemm_launch, "bind_plan", bind_plan)
+    monkeypatch.setattr(gemm_launch, "_descriptor_launches", {})
+    plan = SimpleNamespace(descriptor_sources=("a", "b", "c"), interpret=False)
+    other = SimpleNamespace(descriptor_sources=("a", "b", "c"), interpret=False)
+    a, b, c = torch.zeros(4, 8, dtype=torch.bfloat16), torch.zeros(8, 2, dtype=torch.bfloat16), torch.zeros(4, 2)
+    padded = torch.zeros(4, 16, dtype=torch.bfloat16)[:, :8]
+    for _ in range(3):
+        assert gemm_launch._run_bound_descriptors(plan, a, b, c, {"bias": None})
+    assert gemm_launch._run_bound_descriptors(plan, padded, b, c, {})
+    assert gemm_launch._run_bound_descriptors(other, a, b, c, {})
+    assert binds == [(plan, (8, 1)), (plan, (16, 1)), (other, (8, 1))] and len(calls) == 2
+    scales = {"scale_a": torch.ones(1), "scale_b": torch.ones(1)}
+    assert not gemm_launch._run_bound_descriptors(plan, a.to(torch.float16), b, c, scales)  # fp8: launched as before
