@@ -285,7 +285,7 @@ def _fewer_waves(problem, config: dict, device: DeviceInfo) -> dict:
 
 
 def tiled_mid_config(problem, device: DeviceInfo, gluon: bool = True) -> dict:
-    """64 < M <= 512. On Hopper, the Gluon variant's 128 x 128 tiles where they fill their waves (_mid_gluon_config).
+    """64 < M <= 512. On Hopper, the Gluon variant's tiles where they fill the SMs (_mid_gluon_config).
     Otherwise 16-bit operands, measured at M = 256 on Llama-3-8B and Qwen2.5-7B projections
     (results/gemm_policy_sweep_2026-12-01.md; stream-K tiles, the rule before, reached 0.39-0.59x of cuBLAS):
     128 x 256 tiles on TMA in a persistent loop where they alone fill the GPU (gate_up: 0.77-0.91x); then the
@@ -335,7 +335,7 @@ def gluon_config(problem, **tiles) -> dict:
 # The Gluon variant's 16-bit tiles on Hopper (results/gluon_gemm_2026-12-04_bf16.md, H200, x cuBLAS, whole tiles):
 # 128 x 256 x 64 on 3 stages for prefill (2048-8192 tokens, Llama-3-8B, Qwen2.5-7B, Mistral-7B: 0.94-1.05x where
 # the tma variant's same tiles ran 0.93-1.07x, 2048 x 4608 x 3584 aside), 128 x 128 x 64 on 5 stages where those
-# fill the waves better (GLUON_HALF_N_GAIN) and for mid-sized M (_mid_gluon_config). C staged in halves buys 128 x
+# fill the waves better (GLUON_HALF_N_GAIN); mid-sized M has its own rule (_mid_gluon_config). C staged in halves buys 128 x
 # 256 tiles a fourth stage: within 3% either way, a seed.
 _GLUON_WIDE = dict(BLOCK_N=256, BLOCK_K=64, num_stages=3)
 _GLUON_HALF = dict(BLOCK_N=128, BLOCK_K=64, num_stages=5)
@@ -371,11 +371,24 @@ _GLUON_16BIT_SEEDS = (_GLUON_192, *_GLUON_PARTS,
                       dict(BLOCK_N=128, BLOCK_K=64, num_stages=6, EPILOGUE_SUBTILE=True),
                       dict(BLOCK_N=128, BLOCK_K=64, num_stages=5, SCHEDULE="split_k", SPLIT_K=2),
                       dict(BLOCK_N=256, BLOCK_K=64, num_stages=3, SCHEDULE="stream_k"))
-# Mid-sized M takes the Gluon variant's 128 x 128 tiles from this busy share of their waves' program slots:
-# they won at 0.90-0.97 (512 x 28672 x 4096 0.954x of cuBLAS against 0.900x; 512 x 4096 x 14336 0.933x against
-# 0.863x; 256 x 37888 x 3584 0.845x against 0.756x) and lost or tied at 0.73 (512 x 6144 x 4096 0.722x against
-# 0.810x; 256 x 6144 x 4096 0.753-0.759x against 0.747-0.756x); results/gluon_gemm_2026-12-04_bf16.md, _retime.txt.
-MID_GLUON_BUSY = 0.8
+# Mid-sized M on Hopper takes the Gluon variant's tile of the shortest modelled makespan (_mid_gluon_config), among
+# those whose tiles fill MID_GLUON_FILL of the SMs: whole waves times the tile's area over MID_GLUON_EFFICIENCY, the
+# throughput it keeps against 128 x 128 tiles. Measured with host-built descriptors, every candidate of 16 Llama-3-8B
+# and Qwen2.5-7B projections at 256 and 512 tokens (results/gemm_policy_sweep_2026-12-04_mid.md): the rule picks the
+# best Gluon tile, or one within 4%, on each, at 0.88-1.03x of cuBLAS (64 x 192 at 256 x {6144, 4608} x {4096, 3584}:
+# 0.91-0.92x, where the tiled default ran 0.73-0.75x; 144 wide at 512 x 4608 x 3584: 0.89x against 0.69x; 192 wide
+# at 512 x 6144 x 4096: 0.91x against 0.81x). Where no tile fills the SMs (K from MID_LONG_K, or N of 3584-4096 at
+# 256 tokens: 58-67%) the Gluon tiles ran 0.73-0.87x against the tiled rules' 0.82-0.91x, which keep those. 128 x 128
+# tiles take C in halves on 6 stages: 2-7% ahead of whole C on 5 stages on 12 of the 16 (within 1% elsewhere).
+MID_GLUON_FILL = 0.7
+_MID_GLUON_TILES = (dict(BLOCK_N=128, BLOCK_K=64, num_stages=6, EPILOGUE_SUBTILE=True),
+                    dict(BLOCK_M=64, BLOCK_N=192, BLOCK_K=64, num_stages=6),
+                    dict(BLOCK_N=144, BLOCK_K=64, num_stages=5), dict(BLOCK_N=160, BLOCK_K=64, num_stages=5),
+                    dict(BLOCK_N=192, BLOCK_K=64, num_stages=4),
+                    dict(BLOCK_N=256, BLOCK_K=64, num_stages=4, EPILOGUE_SUBTILE=True))
+# From the same table, time per tile area per wave against 128 x 128 (one round; a median of its rows).
+MID_GLUON_EFFICIENCY = {(128, 128): 1.0, (64, 192): 0.87, (128, 144): 0.95, (128, 160): 0.93, (128, 192): 0.96,
+                        (128, 256): 0.95}
 
 
 def _gluon_16bit(problem, device: DeviceInfo) -> bool:
@@ -383,17 +396,23 @@ def _gluon_16bit(problem, device: DeviceInfo) -> bool:
 
 
 def _mid_gluon_config(problem, device: DeviceInfo) -> dict | None:
-    """16-bit mid-sized M on Hopper: the Gluon variant's 128 x 128 tiles where they fill FILL_SMS of the SMs and
-    MID_GLUON_BUSY of their waves' slots; None elsewhere."""
+    """16-bit mid-sized M on Hopper: of _MID_GLUON_TILES whose tiles fill MID_GLUON_FILL of the SMs, the one of the
+    shortest modelled makespan (whole waves times tile area over MID_GLUON_EFFICIENCY); None where none fills them."""
     p = problem
     if not _gluon_16bit(p, device):
         return None
-    config = gluon_config(p, **_GLUON_HALF)
-    count = tile_count(p, config["BLOCK_M"], config["BLOCK_N"])
-    slots = programs(p, config, device)
-    if count >= FILL_SMS * sm_count(device) and wave_efficiency(count, slots) >= MID_GLUON_BUSY:
-        return config
-    return None
+    best, best_time = None, math.inf
+    for tiles in _MID_GLUON_TILES:
+        config = gluon_config(p, **tiles)
+        block_m, block_n = config["BLOCK_M"], config["BLOCK_N"]
+        count = tile_count(p, block_m, block_n)
+        if count < MID_GLUON_FILL * sm_count(device):
+            continue
+        waves = math.ceil(count / programs(p, config, device))
+        time = waves * block_m * block_n / MID_GLUON_EFFICIENCY[block_m, block_n]
+        if time < best_time:
+            best, best_time = config, time
+    return best
 
 
 # Seeds of the Gluon variant for fp8 on Hopper: precise 128 x 128 tiles (their fp32 sum and per-tile accumulator
