@@ -57,27 +57,32 @@ def _signature(args: tuple) -> tuple:
             out.append((x.dtype, not x.data_ptr() & 15))
         elif kind in _PLAIN:
             out.append(kind)
-        elif kind is _host_descriptor_type():
-            # Triton specialises a descriptor on its base's dtype, its block shape and its layout (key None).
-            out.append((kind, x.base.dtype, tuple(x.block_shape), x.layout, x.padding))
+        elif kind in _descriptor_types():
+            # Triton specialises a descriptor on its base's dtype, its block shape and (Gluon's) its layout; key None.
+            out.append((kind, x.base.dtype, tuple(x.block_shape), getattr(x, "layout", None), x.padding))
         else:
             raise _Unknown
     return tuple(out)
 
 
-_descriptor_type = None
+_host_descriptors = None
 
 
-def _host_descriptor_type():
-    """Gluon's host-built TMA descriptor class (templates/gemm_gluon_ws.py.j2 takes them), imported once."""
-    global _descriptor_type
-    if _descriptor_type is None:
+def _descriptor_types() -> tuple:
+    """The classes of host-built TMA descriptors, Triton's and Gluon's (the GEMM templates take them), imported once."""
+    global _host_descriptors
+    if _host_descriptors is None:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        types = [TensorDescriptor]
         try:
-            from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-        except ImportError:  # a Triton without Gluon: no argument is one
-            TensorDescriptor = type("NoTensorDescriptor", (), {})
-        _descriptor_type = TensorDescriptor
-    return _descriptor_type
+            from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonTensorDescriptor
+
+            types.append(GluonTensorDescriptor)
+        except ImportError:  # a Triton without Gluon
+            pass
+        _host_descriptors = tuple(types)
+    return _host_descriptors
 
 
 def argument_signature(args: tuple) -> tuple:
@@ -243,7 +248,7 @@ def bind(kernel, grid: tuple, *args, **kwargs):
 
 
 def bind_descriptors(kernel, grid: tuple, *args, **kwargs):
-    """`bind` for a kernel whose leading arguments include host-built TMA descriptors (Gluon TensorDescriptors):
+    """`bind` for a kernel whose arguments include host-built TMA descriptors (Triton's or Gluon's TensorDescriptors):
     launch now, and return (launcher, encoders) for later calls, or None where the fast path does not apply.
 
     Triton's launcher turns each descriptor into a CUtensorMap (cuTensorMapEncodeTiled) on every call. Here the
@@ -265,7 +270,7 @@ def bind_descriptors(kernel, grid: tuple, *args, **kwargs):
     c_call, cooperative, pdl = direct
     from triton.backends.nvidia.driver import make_tensordesc_arg
 
-    descriptors = [x for x in args if type(x) is _host_descriptor_type()]
+    descriptors = [x for x in args if type(x) in _descriptor_types()]
     metas = getattr(compiled.metadata, "tensordesc_meta", None) or [None] * len(descriptors)
     if len(metas) != len(descriptors):
         return None

@@ -183,6 +183,7 @@ def _compile_one(job: tuple) -> tuple[str, dict]:
         compiled = compile_for(problem, config, arch, device)
         ptx = compiled.asm["ptx"]
         return name, {"error": None, "wgmma": "wgmma.mma_async" in ptx, "mma_sync": "mma.sync" in ptx,
+                      "scratch": compiled.metadata.global_scratch_size,
                       "ptxas": ptxas_report(compiled, arch) if name.startswith("policy-") else "",
                       "config": config.to_json()}
     except Exception as exc:  # noqa: BLE001 - reported per case by the tests
@@ -208,6 +209,8 @@ def test_every_variant_compiles_for_sm90(compiled, case):
     FAMILY.space(problem, H200).validate(config)
     result = compiled[f"sm90-{_id(case)}"]
     assert result["error"] is None, result["error"]
+    # The TMA descriptors are kernel parameters built on the host: no kernel takes scratch memory at each launch.
+    assert result["scratch"] == 0, result
     if problem.dtype != "fp32" and (config["SWAP_AB"] or config["BLOCK_M"] >= 64):
         # A warpgroup's MMA covers 64 rows: enough rows (or N on that side) runs Hopper's asynchronous wgmma.
         assert result["wgmma"], "expected wgmma.mma_async in the PTX"

@@ -143,3 +143,31 @@ def test_gluon_ws_matches_float64_and_repeats_bit_for_bit(problem):
     assert {key[2] for key in configs} == {"data_parallel", "stream_k", "split_k"}, configs.keys()
     for config in configs.values():
         assert_right_and_repeatable(problem, config, inputs, expected, runs=3)
+
+
+TMA_PROBLEMS = [
+    contiguous_problem(1000, 3000, 776, "bf16", "bf16", layout_b="col", bias=True, residual=True),
+    contiguous_problem(512, 4104, 2048, "fp16", "fp16", layout_a="col", layout_b="row", activation="silu"),
+    contiguous_problem(2048, 2048, 2048, "fp8", "bf16", layout_b="col", scale_mode="block"),
+]
+
+
+@pytest.mark.parametrize("problem", TMA_PROBLEMS, ids=lambda p: f"{p.m}x{p.n}x{p.k}-{p.dtype}-a{p.layout_a}")
+def test_tma_variant_takes_host_descriptors_of_each_calls_tensors(problem):
+    """The tma variant's descriptors are built on the host, kept per base address: each schedule, persistent and
+    not, C whole and in halves, A column-major, fp8 scales; every run writes a new C (a new descriptor)."""
+    device = cuda_device(0)
+    inputs = FAMILY.make_inputs(problem, device, seed=7)
+    expected = FAMILY.reference(problem, inputs)
+    wanted = {("data_parallel", True, False), ("data_parallel", False, True), ("split_k", False, False),
+              ("stream_k", False, True)}  # (schedule, persistent, C in halves)
+    picked = {}
+    for c in FAMILY.space(problem, device).feasible():
+        key = (c["SCHEDULE"], c["PERSISTENT"], c["EPILOGUE_SUBTILE"])
+        if (c["VARIANT"] == "tma" and key in wanted and not c["WARP_SPECIALIZE"] and not c["FLATTEN"]
+                and c["BLOCK_M"] == 128 and c["BLOCK_K"] == 64 and c["num_stages"] == 3 and c["GROUP_M"] == 8):
+            if key not in picked or c["BLOCK_N"] > picked[key]["BLOCK_N"]:
+                picked[key] = c
+    assert set(picked) == wanted, picked
+    for config in picked.values():
+        assert_right_and_repeatable(problem, config, inputs, expected, runs=3)
