@@ -567,6 +567,13 @@ def test_a_bound_descriptor_gemm_encodes_each_base_address_once_and_keeps_the_ar
     assert [t is u for t, u in zip(first[12:15], (bias2, ws, counters))] == [True] * 3 and first[15:] == (16, 8, 32, 1)
     assert second[9] == f"map of c at {p(c3)}" and second[:9] == first[:9]
     assert encoded == [("a", p(a2)), ("b", p(b)), ("b2", p(b)), ("c", p(c2)), ("c", p(c3))]
+    # The tma variant unsplit, with no epilogue tensor: the descriptors and the integers only.
+    plain = SimpleNamespace(workspace=0, counters=0, descriptor_sources=("a", "b", "c"))
+    bound = BoundDescriptorGemm(launcher, [encoder("a"), encoder("b"), encoder("c")], plain,
+                                ["a desc", "b desc", "c desc", 16, 8, 32], dict(a=a, b=b, c=c), 0)
+    bound(a2, b, c2, None, None)
+    assert calls[-1] == (f"map of a at {p(a2)}", 7, 8, f"map of b at {p(b)}", 7, 8, f"map of c at {p(c2)}", 7, 8,
+                         16, 8, 32)
 
 
 def test_family_launches_of_descriptor_kernels_bind_once_per_signature(monkeypatch):

@@ -275,8 +275,13 @@ class BoundDescriptorGemm:
             slots.append(values.index(ids[id(args[lead])]))
             lead += 1
         self.tail = tuple(args[lead:])
-        # The pointer arguments after the descriptors: the workspace and counters at least (never empty here).
-        self.pick = operator.itemgetter(*slots) if len(slots) > 1 else (lambda values, i=slots[0]: (values[i],))
+        # The pointer arguments after the descriptors: none for an unsplit tma-variant kernel with no epilogue tensor.
+        if len(slots) > 1:
+            self.pick = operator.itemgetter(*slots)
+        elif slots:
+            self.pick = lambda values, i=slots[0]: (values[i],)
+        else:
+            self.pick = lambda values: ()
         self.buffers = bool(plan.workspace or plan.counters)
 
     def __call__(self, a, b, c, bias, residual) -> None:
