@@ -78,7 +78,6 @@ _PROGRAMS_PER_SM = {per_sm}  # programs of this config one Hopper SM holds at on
 _CPU_PROGRAMS = {cpu_programs}  # programs the interpreter pretends run at once
 _DTYPES = {{"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16,
            "fp8": getattr(torch, "float8_e4m3fn", None)}}
-_allocator_set = False
 
 
 def _layout(t):
@@ -126,11 +125,7 @@ def matmul(a, b, bias=None, scale_a=None, scale_b=None, residual=None):
         _PERSISTENT, programs)
     ws = torch.empty(workspace, dtype=torch.float32, device=a.device) if workspace else None
     tile_counters = torch.zeros(counters, dtype=torch.int32, device=a.device) if counters else None
-    if _VARIANT == "tma":
-        global _allocator_set
-        if a.is_cuda and not _allocator_set:  # TMA descriptors built on the device need scratch memory
-            triton.set_allocator(lambda size, alignment, stream: torch.empty(size, device="cuda", dtype=torch.int8))
-            _allocator_set = True
+    # The TMA variants' descriptors are built on the host by kernel_args: no launch needs Triton's scratch allocator.
     args = kernel_args(a, b, c, bias, residual, scale_a, scale_b, ws, tile_counters, stream_k,
                        (_CONSTEXPRS["BLOCK_M"], _CONSTEXPRS["BLOCK_N"], _CONSTEXPRS["BLOCK_K"]))
     gemm_kernel[grid](*args, **_CONSTEXPRS, num_warps=_NUM_WARPS, num_stages=_NUM_STAGES)
