@@ -239,8 +239,8 @@ def test_bound_descriptor_launchers_call_tritons_c_launch_as_its_wrapper_would(m
     monkeypatch.setattr(launch, "_driver", (lambda: 0, lambda device: 777))
     monkeypatch.setattr(JITFunction, "__getitem__", lambda self, grid: (lambda *a, **k: compiled))
     bound_with = torch.zeros(32, 64, dtype=torch.bfloat16)
-    launcher, encoders = launch.bind_descriptors(JITFunction(_signature_only), (3, 2), _descriptor(bound_with, [16, 32]),
-                                                 10, BLOCK=64, num_warps=4)
+    launcher, encoders = launch.bind_descriptors(JITFunction(_signature_only), (3, 2),
+                                                 _descriptor(bound_with, [16, 32]), 10, BLOCK=64, num_warps=4)
     other = torch.zeros(32, 64, dtype=torch.bfloat16)
     calls.clear()
     launcher(*encoders[0](other), 11)

@@ -71,8 +71,8 @@ def launch_plan(family, problem, config: Config, dev: torch.device) -> LaunchPla
         config["PERSISTENT"], programs)
     constexprs = {name: config.get(name, 1) for name in _CONSTEXPRS}  # PROMOTE_TILES is 1 where it is no axis
     tiles = (config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"])
-    return LaunchPlan(module.gemm_kernel, module.kernel_args, grid, constexprs, workspace, counters, stream_k, interpret,
-                      tiles, getattr(module, "DESCRIPTOR_SOURCES", ()))
+    return LaunchPlan(module.gemm_kernel, module.kernel_args, grid, constexprs, workspace, counters, stream_k,
+                      interpret, tiles, getattr(module, "DESCRIPTOR_SOURCES", ()))
 
 
 def run_plan(plan: LaunchPlan, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, inputs: dict) -> None:

@@ -335,8 +335,8 @@ def gluon_config(problem, **tiles) -> dict:
 # The Gluon variant's 16-bit tiles on Hopper (results/gluon_gemm_2026-12-04_bf16.md, H200, x cuBLAS, whole tiles):
 # 128 x 256 x 64 on 3 stages for prefill (2048-8192 tokens, Llama-3-8B, Qwen2.5-7B, Mistral-7B: 0.94-1.05x where
 # the tma variant's same tiles ran 0.93-1.07x, 2048 x 4608 x 3584 aside), 128 x 128 x 64 on 5 stages where those
-# fill the waves better (GLUON_HALF_N_GAIN); mid-sized M has its own rule (_mid_gluon_config). C staged in halves buys 128 x
-# 256 tiles a fourth stage: within 3% either way, a seed.
+# fill the waves better (GLUON_HALF_N_GAIN); mid-sized M has its own rule (_mid_gluon_config). C staged in halves buys
+# 128 x 256 tiles a fourth stage: within 3% either way, a seed.
 _GLUON_WIDE = dict(BLOCK_N=256, BLOCK_K=64, num_stages=3)
 _GLUON_HALF = dict(BLOCK_N=128, BLOCK_K=64, num_stages=5)
 # 192-column tiles (WIDE_N: a 128- and a 64-column part) on 4 stages (results/gluon_gemm_2026-12-04_wide.md): where

@@ -73,7 +73,8 @@ def timed_beside_cublas(problem, inputs: dict, fns: dict, rounds: int, note: str
 def main() -> int:
     device = cuda_device(0)
     print(f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}, triton {triton.__version__}; "
-          "x cuBLAS, cold (L2 flushed) / warm (back to back), medians of 3 interleaved rounds", flush=True)
+          f"x cuBLAS, cold (L2 flushed) / warm (a CUDA graph of {WARM_CALLS} calls), medians of 3 interleaved rounds",
+          flush=True)
     failures = 0
     for m, n, k in SHAPES:
         p = contiguous_problem(m, n, k, "bf16", "bf16", layout_b="col")
