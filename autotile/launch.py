@@ -216,28 +216,17 @@ def bind(kernel, grid: tuple, *args, **kwargs):
     the current stream of this device: no signature is computed per call. Returns None where the fast path
     does not apply (the interpreter, launch hooks, compile-only blocks); the caller then keeps calling `launch`.
     """
-    jit_function, runtime = _triton_bindings()
-    if not isinstance(kernel, jit_function) or getattr(_state, "slow", False) or _hooks_registered(runtime):
-        _slow_launch(kernel, grid, args, kwargs)
+    compiled = _launch_compiled(kernel, grid, args, kwargs)
+    if compiled is None:
         return None
-    ensure_triton_allocator()
-    compiled = kernel[grid](*args, **kwargs)
-    if compiled is None or not hasattr(compiled, "packed_metadata"):
-        return None
+    trailing = _trailing_args(kernel, len(args), kwargs)
+    direct = c_launch(compiled.run)
+    if direct is not None:
+        return _direct_launcher(direct, compiled, grid, trailing)
     get_device, get_stream = _driver_calls()
     device = get_device()
     grid_x, grid_y, grid_z = (tuple(grid) + (1, 1))[:3]
     run, function, metadata = compiled.run, compiled.function, compiled.packed_metadata
-    trailing = _trailing_args(kernel, len(args), kwargs)
-    direct = c_launch(run)
-    if direct is not None:
-        c_call, cooperative, pdl = direct
-
-        def launcher(*call_args) -> None:
-            c_call(grid_x, grid_y, grid_z, get_stream(device), function, cooperative, pdl, None, None, metadata, None,
-                   None, None, *call_args, *trailing)
-        return launcher
-
     scratch = _needs_scratch(run)
 
     def launcher(*call_args) -> None:
@@ -256,18 +245,12 @@ def bind_descriptors(kernel, grid: tuple, *args, **kwargs):
     its base (the shape, strides and block of the descriptor bound), expanded as the C launcher takes it; and
     `launcher(*call_args)` takes the arguments with each descriptor so expanded.
     """
-    jit_function, runtime = _triton_bindings()
-    if not isinstance(kernel, jit_function) or getattr(_state, "slow", False) or _hooks_registered(runtime):
-        _slow_launch(kernel, grid, args, kwargs)
-        return None
-    ensure_triton_allocator()
-    compiled = kernel[grid](*args, **kwargs)
-    if compiled is None or not hasattr(compiled, "packed_metadata"):
+    compiled = _launch_compiled(kernel, grid, args, kwargs)
+    if compiled is None:
         return None
     direct = c_launch(compiled.run, expanded=True)
     if direct is None:
         return None
-    c_call, cooperative, pdl = direct
     from triton.backends.nvidia.driver import make_tensordesc_arg
 
     descriptors = [x for x in args if type(x) in _descriptor_types()]
@@ -282,16 +265,35 @@ def bind_descriptors(kernel, grid: tuple, *args, **kwargs):
             return tuple(make_tensordesc_arg(stand_in, meta))
         return encode
 
+    launcher = _direct_launcher(direct, compiled, grid, _trailing_args(kernel, len(args), kwargs))
+    return launcher, [encoder(d, m) for d, m in zip(descriptors, metas)]
+
+
+def _launch_compiled(kernel, grid: tuple, args: tuple, kwargs: dict):
+    """Launch `kernel[grid](*args, **kwargs)` now; the CompiledKernel it ran, where a bound launcher may follow, else
+    None (the interpreter, launch hooks, compile-only blocks: launched through Triton's own path or the hook)."""
+    jit_function, runtime = _triton_bindings()
+    if not isinstance(kernel, jit_function) or getattr(_state, "slow", False) or _hooks_registered(runtime):
+        _slow_launch(kernel, grid, args, kwargs)
+        return None
+    ensure_triton_allocator()
+    compiled = kernel[grid](*args, **kwargs)
+    return compiled if compiled is not None and hasattr(compiled, "packed_metadata") else None
+
+
+def _direct_launcher(direct: tuple, compiled, grid: tuple, trailing: tuple):
+    """A launcher calling the C launch function of `direct` (c_launch's) with `compiled`'s kernel on the current
+    stream of this device."""
+    c_call, cooperative, pdl = direct
     get_device, get_stream = _driver_calls()
     device = get_device()
     grid_x, grid_y, grid_z = (tuple(grid) + (1, 1))[:3]
     function, metadata = compiled.function, compiled.packed_metadata
-    trailing = _trailing_args(kernel, len(args), kwargs)
 
     def launcher(*call_args) -> None:
         c_call(grid_x, grid_y, grid_z, get_stream(device), function, cooperative, pdl, None, None, metadata, None,
                None, None, *call_args, *trailing)
-    return launcher, [encoder(d, m) for d, m in zip(descriptors, metas)]
+    return launcher
 
 
 class _DescriptorStandIn:
