@@ -259,8 +259,10 @@ class BoundDescriptorGemm:
 
     __slots__ = ("launcher", "plan", "descriptors", "pick", "tail", "device_index", "buffers")
 
-    # Base addresses kept per descriptor before its encodings are dropped and begun again.
-    KEPT_ADDRESSES = 64
+    # Base addresses kept per descriptor before its encodings are dropped and begun again. One signature serves a
+    # projection of every layer (80 weights of one shape in Llama-3-70B), and a cache that cycles through more
+    # addresses than it keeps would encode on every call.
+    KEPT_ADDRESSES = 1024
 
     def __init__(self, launcher, encoders, plan, args: list, named: dict, device_index: int):
         self.launcher, self.plan, self.device_index = launcher, plan, device_index
