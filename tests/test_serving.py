@@ -590,9 +590,8 @@ def test_family_launches_of_descriptor_kernels_bind_once_per_signature(monkeypat
         return lambda *tensors: calls.append((plan, tensors))
 
     monkeypatch.setattr(gemm_launch, "bind_plan", bind_plan)
-    monkeypatch.setattr(gemm_launch, "_descriptor_launches", {})
-    plan = SimpleNamespace(descriptor_sources=("a", "b", "c"), interpret=False)
-    other = SimpleNamespace(descriptor_sources=("a", "b", "c"), interpret=False)
+    plan = SimpleNamespace(descriptor_sources=("a", "b", "c"), interpret=False, bound={})
+    other = SimpleNamespace(descriptor_sources=("a", "b", "c"), interpret=False, bound={})
     a, b, c = torch.zeros(4, 8, dtype=torch.bfloat16), torch.zeros(8, 2, dtype=torch.bfloat16), torch.zeros(4, 2)
     padded = torch.zeros(4, 16, dtype=torch.bfloat16)[:, :8]
     for _ in range(3):
@@ -601,4 +600,5 @@ def test_family_launches_of_descriptor_kernels_bind_once_per_signature(monkeypat
     assert gemm_launch._run_bound_descriptors(other, a, b, c, {})
     assert binds == [(plan, (8, 1)), (plan, (16, 1)), (other, (8, 1))] and len(calls) == 2
     scales = {"scale_a": torch.ones(1), "scale_b": torch.ones(1)}
-    assert not gemm_launch._run_bound_descriptors(plan, a.to(torch.float16), b, c, scales)  # fp8: launched as before
+    fp8 = a.to(torch.float8_e4m3fn)
+    assert not gemm_launch._run_bound_descriptors(plan, fp8, b, c, scales)  # fp8: launched as before

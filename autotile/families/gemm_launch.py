@@ -49,8 +49,10 @@ class LaunchPlan:
     interpret: bool
     tiles: tuple  # (BLOCK_M, BLOCK_N, BLOCK_K): kernel_args' last argument
     # The operands ('a', 'b', 'c') whose host-built TMA descriptors lead the kernel's arguments, in order; empty
-    # where the kernel takes pointers only (it may build descriptors on the device).
+    # where the kernel takes pointers only.
     descriptor_sources: tuple = ()
+    # FAMILY.launch's bound launches of a descriptor kernel, per call signature (_run_bound_descriptors).
+    bound: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -92,42 +94,33 @@ def run_plan(plan: LaunchPlan, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor
         raise
 
 
-# (id of the plan, the signature's strides and alignments) -> (the plan, its BoundDescriptorGemm, or False: launched
-# through Triton's own path).
-_descriptor_launches: dict[tuple, tuple] = {}
-_KEPT_DESCRIPTOR_LAUNCHES = 4096
-
-
 def _pointer_meta(t) -> tuple | None:
     return None if t is None else (t.stride(), not t.data_ptr() & 15, t.dtype)
 
 
 def _run_bound_descriptors(plan: LaunchPlan, a, b, c, inputs: dict) -> bool:
-    """Launch a plan whose kernel takes host-built TMA descriptors through a BoundDescriptorGemm kept per call
-    signature; False where it does not apply (fp8 scales, the interpreter), and the caller launches.
+    """Launch a plan whose kernel takes host-built TMA descriptors through a BoundDescriptorGemm it keeps per call
+    signature; False where that does not apply (fp8, the interpreter), and the caller launches.
 
     NOTE: built per call (kernel_args, then Triton's own encoding at launch), the descriptors cost ~20 us of host
     time, and FAMILY.launch outlasted the L2 flush and kernel of a mid-sized GEMM: do_bench timed the host
     (512 x 3584 x 3584 at 88 us, beside 21 us replayed in a CUDA graph: results/gemm_mid_probe_2026-12-04e.txt).
     Tuning and the benchmarks time through FAMILY.launch, so it takes the bound launch that serving takes.
     """
-    bias, residual = inputs.get("bias"), inputs.get("residual")
-    if plan.interpret or inputs.get("scale_a") is not None or a.dtype not in (torch.bfloat16, torch.float16):
+    if plan.interpret or a.dtype not in (torch.bfloat16, torch.float16):
         return False
-    # (A plan holds a dict, so it is no key itself: its id is, with the plan kept beside it to tell a reused id.)
-    key = (id(plan), a.stride(), b.stride(), c.stride(), a.device, _pointer_meta(bias), _pointer_meta(residual))
-    kept = _descriptor_launches.get(key)
-    if kept is not None and kept[0] is plan:
-        if kept[1] is False:
-            return False
-        kept[1](a, b, c, bias, residual)
+    bias, residual = inputs.get("bias"), inputs.get("residual")
+    key = (a.stride(), b.stride(), c.stride(), a.device, _pointer_meta(bias), _pointer_meta(residual))
+    bound = plan.bound.get(key)
+    if bound:
+        bound(a, b, c, bias, residual)
         return True
+    if bound is False:
+        return False  # launched through Triton's own path, which the caller takes
     bound = bind_plan(plan, a, b, c, bias, residual)
     if bound is None:
         return False  # not launched
-    if len(_descriptor_launches) >= _KEPT_DESCRIPTOR_LAUNCHES:
-        _descriptor_launches.clear()
-    _descriptor_launches[key] = (plan, bound)
+    plan.bound[key] = bound
     return True  # launched, bound or through Triton's own path
 
 
@@ -223,9 +216,10 @@ class BoundGemm:
     # The order of the values a call hands over; the kernel's tensor arguments are picked from them.
     _VALUES = ("a", "b", "c", "bias", "residual", "ws", "counters")
 
-    def __init__(self, launcher, plan, args: list, named: dict, device_index: int):
+    def __init__(self, launcher, plan, args: list, named: dict, device_index: int, first: int = 0):
+        """`args`: the first call's kernel arguments, whose tensors from `first` on are `named`'s values."""
         self.launcher, self.plan, self.device_index = launcher, plan, device_index
-        lead = 0
+        lead = first
         slots = []
         ids = {id(value): name for name, value in named.items() if value is not None}
         while lead < len(args) and isinstance(args[lead], torch.Tensor):
@@ -233,8 +227,14 @@ class BoundGemm:
             lead += 1
         self.tail = tuple(args[lead:])
         # NOTE: an itemgetter picks the tensors in one C call (a dict and a comprehension per call showed in
-        # the host time of decode GEMMs, which is their whole time in eager serving).
-        self.pick = operator.itemgetter(*slots) if len(slots) > 1 else (lambda values, i=slots[0]: (values[i],))
+        # the host time of decode GEMMs, which is their whole time in eager serving). A descriptor kernel may take
+        # no pointer at all (the tma variant unsplit, with no epilogue tensor).
+        if len(slots) > 1:
+            self.pick = operator.itemgetter(*slots)
+        elif slots:
+            self.pick = lambda values, i=slots[0]: (values[i],)
+        else:
+            self.pick = lambda values: ()
         self.buffers = bool(plan.workspace or plan.counters)
 
     def __call__(self, a, b, c, bias, residual) -> None:
@@ -247,9 +247,10 @@ class BoundGemm:
         self.launcher(*self.pick(values), *self.tail)
 
 
-class BoundDescriptorGemm:
-    """BoundGemm for a kernel that takes host-built TMA descriptors of a, b and c (templates/gemm_gluon_ws.py.j2):
-    a call encodes a descriptor only for a base address it has not seen, and otherwise passes the kept encoding.
+class BoundDescriptorGemm(BoundGemm):
+    """BoundGemm for a kernel that takes host-built TMA descriptors of a, b and c (the gluon_ws and tma variants)
+    before its pointers: a call encodes a descriptor only for a base address it has not seen, and otherwise passes
+    the kept encoding.
 
     Shapes and strides are fixed by the signature, so a descriptor depends only on its base address: the
     weight's is encoded once, and activations and outputs, which the caching allocator hands out at few
@@ -257,7 +258,7 @@ class BoundDescriptorGemm:
     few us of host time a descriptor; a kept one costs a dict lookup.
     """
 
-    __slots__ = ("launcher", "plan", "descriptors", "pick", "tail", "device_index", "buffers")
+    __slots__ = ("descriptors",)
 
     # Base addresses kept per descriptor before its encodings are dropped and begun again. One signature serves a
     # projection of every layer (80 weights of one shape in Llama-3-70B), and a cache that cycles through more
@@ -265,26 +266,10 @@ class BoundDescriptorGemm:
     KEPT_ADDRESSES = 1024
 
     def __init__(self, launcher, encoders, plan, args: list, named: dict, device_index: int):
-        self.launcher, self.plan, self.device_index = launcher, plan, device_index
-        values = BoundGemm._VALUES
+        super().__init__(launcher, plan, args, named, device_index, first=len(encoders))
         # (index of the descriptor's operand among a call's values, its encoder, its kept encodings)
-        self.descriptors = tuple((values.index(source), encode, {})
+        self.descriptors = tuple((self._VALUES.index(source), encode, {})
                                  for source, encode in zip(plan.descriptor_sources, encoders))
-        ids = {id(value): name for name, value in named.items() if value is not None}
-        lead = len(self.descriptors)
-        slots = []
-        while lead < len(args) and isinstance(args[lead], torch.Tensor):
-            slots.append(values.index(ids[id(args[lead])]))
-            lead += 1
-        self.tail = tuple(args[lead:])
-        # The pointer arguments after the descriptors: none for an unsplit tma-variant kernel with no epilogue tensor.
-        if len(slots) > 1:
-            self.pick = operator.itemgetter(*slots)
-        elif slots:
-            self.pick = lambda values, i=slots[0]: (values[i],)
-        else:
-            self.pick = lambda values: ()
-        self.buffers = bool(plan.workspace or plan.counters)
 
     def __call__(self, a, b, c, bias, residual) -> None:
         if self.buffers:

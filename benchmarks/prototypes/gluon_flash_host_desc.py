@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-sys.path[:0] = [str(Path(__file__).resolve().parents[2])]
+sys.path[:0] = [str(Path(__file__).resolve().parents[2]), str(Path(__file__).resolve().parent)]
 
 from autotile.families.flash import FAMILY, FlashProblem, default_scale  # noqa: E402
 from autotile.families.flash_launch import forward_plan  # noqa: E402
@@ -142,7 +142,7 @@ def main() -> int:
             print(built, flush=True)
         return 0
     import triton
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from gluon_flash_variants import inputs_and_cudnn
     from triton.testing import do_bench
 
     from autotile.device import cuda_device
@@ -158,17 +158,8 @@ def main() -> int:
         if config["LOADS"] != "gluon_ws":
             print(f"{label}: the default is {config['LOADS']}, skipped", flush=True)
             continue
-        gen = torch.Generator(device="cuda").manual_seed(0)
-        q = torch.randn(p.batch, p.heads_q, p.seq_q, p.head_dim, device="cuda", dtype=torch.bfloat16, generator=gen)
-        k, v = (torch.randn(p.batch, p.heads_kv, p.seq_k, p.head_dim, device="cuda", dtype=torch.bfloat16,
-                            generator=gen) for _ in range(2))
-        kr, vr = (t.repeat_interleave(p.heads_q // p.heads_kv, 1) for t in (k, v))
+        q, k, v, cudnn = inputs_and_cudnn(p)
         scale = default_scale(p.head_dim)
-
-        def cudnn():
-            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                return torch.nn.functional.scaled_dot_product_attention(q, kr, vr, is_causal=p.causal, scale=scale)
-
         want = cudnn()
         lse = torch.empty(p.batch, p.heads_q, p.seq_q, device="cuda", dtype=torch.float32)
         o_device, o_host = torch.empty_like(q), torch.empty_like(q)

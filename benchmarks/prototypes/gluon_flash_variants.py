@@ -124,8 +124,25 @@ def _patched(module, patch: str):
     return patched
 
 
-def main() -> None:
+def inputs_and_cudnn(pr: FlashProblem) -> tuple:
+    """(q, k, v, cudnn): random bf16 (B, H, S, D) inputs of `pr` on the GPU, and a call of SDPA's cuDNN backend on
+    them (K and V repeated to the query heads)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(pr.batch, pr.heads_q, pr.seq_q, pr.head_dim, device="cuda", dtype=torch.bfloat16, generator=gen)
+    k, v = (torch.randn(pr.batch, pr.heads_kv, pr.seq_k, pr.head_dim, device="cuda", dtype=torch.bfloat16,
+                        generator=gen) for _ in range(2))
+    kr, vr = (t.repeat_interleave(pr.heads_q // pr.heads_kv, 1) for t in (k, v))
+    scale = default_scale(pr.head_dim)
+
+    def cudnn():
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return torch.nn.functional.scaled_dot_product_attention(q, kr, vr, is_causal=pr.causal, scale=scale)
+    return q, k, v, cudnn
+
+
+def main() -> None:
     from triton.testing import do_bench
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -133,22 +150,12 @@ def main() -> None:
     parser.add_argument("--only", default="", help="comma-separated parts of shape labels to run (default: all)")
     args = parser.parse_args()
     wanted = [part for part in args.only.split(",") if part]
-    F = torch.nn.functional
     for label, problem, variants in cases():
         if wanted and not any(part in label for part in wanted):
             continue
         pr = problem
-        gen = torch.Generator(device="cuda").manual_seed(0)
-        q = torch.randn(pr.batch, pr.heads_q, pr.seq_q, pr.head_dim, device="cuda", dtype=torch.bfloat16, generator=gen)
-        k, v = (torch.randn(pr.batch, pr.heads_kv, pr.seq_k, pr.head_dim, device="cuda", dtype=torch.bfloat16,
-                            generator=gen) for _ in range(2))
-        kr, vr = (t.repeat_interleave(pr.heads_q // pr.heads_kv, 1) for t in (k, v))
+        q, k, v, cudnn = inputs_and_cudnn(pr)
         scale = default_scale(pr.head_dim)
-
-        def cudnn():
-            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                return F.scaled_dot_product_attention(q, kr, vr, is_causal=pr.causal, scale=scale)
-
         want = cudnn()
         fns = {"cudnn": cudnn}
         default = FAMILY.default_config(pr, _device())
