@@ -269,6 +269,37 @@ def bind_descriptors(kernel, grid: tuple, *args, **kwargs):
     return launcher, [encoder(d, m) for d, m in zip(descriptors, metas)]
 
 
+class KeptEncodings:
+    """One descriptor argument of a bound launch (an encoder of bind_descriptors), its encodings kept per base address.
+
+    A bound launch fixes the descriptor's shape, strides and block, so its encoding depends only on the base
+    tensor's address: a weight's is encoded once, and activations and outputs, which the caching allocator hands
+    out at few addresses, mostly hit. NOTE: encoding (cuTensorMapEncodeTiled through Triton's make_tensordesc_arg)
+    costs a few us of host time a descriptor; a kept one costs a dict lookup.
+    """
+
+    __slots__ = ("encode", "kept")
+
+    # Base addresses kept before the encodings are dropped and begun again. One signature serves a projection of
+    # every layer (80 weights of one shape in Llama-3-70B), and a cache that cycles through more addresses than it
+    # keeps would encode on every call.
+    KEPT_ADDRESSES = 1024
+
+    def __init__(self, encode):
+        self.encode = encode
+        self.kept: dict[int, tuple] = {}
+
+    def __call__(self, tensor) -> tuple:
+        """The descriptor over `tensor`, expanded as the bound launcher takes it."""
+        address = tensor.data_ptr()
+        encoding = self.kept.get(address)
+        if encoding is None:
+            if len(self.kept) >= self.KEPT_ADDRESSES:
+                self.kept.clear()
+            encoding = self.kept[address] = self.encode(tensor)
+        return encoding
+
+
 def _launch_compiled(kernel, grid: tuple, args: tuple, kwargs: dict):
     """Launch `kernel[grid](*args, **kwargs)` now; the CompiledKernel it ran, where a bound launcher may follow, else
     None (the interpreter, launch hooks, compile-only blocks: launched through Triton's own path or the hook)."""

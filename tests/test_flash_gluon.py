@@ -10,6 +10,7 @@ import json
 import sys
 
 import pytest
+import torch
 
 from autotile.device import interpret_device, planned_device
 from autotile.families.flash import FAMILY, GLUON_WS, FlashProblem
@@ -91,19 +92,21 @@ def _compile_cases() -> list:
         feasible = FAMILY.space(problem, H200).admit(config) is not None
         kernels = compile_config(FAMILY, problem, config, H200)
         out.append(dict(feasible=feasible, kernels=[(k.name, k.shared, k.stack, k.mma_loop_spills,
-                                                     list(k.ptx_features)) for k in kernels]))
+                                                     list(k.ptx_features), k.global_scratch) for k in kernels]))
     return out
 
 
-def test_gluon_ws_kernels_compile_for_sm90_without_spills_in_the_key_loop():
+def test_gluon_ws_kernels_compile_for_sm90_without_spills_in_the_key_loop_or_launch_scratch():
     from compile_child import run_compile_child
 
     results = run_compile_child(__file__)
     assert len(results) == len(CASES)
     for case, result in zip(CASES, results):
         assert result["feasible"], case
-        (name, shared, stack, loop_spills, features), = result["kernels"]
+        (name, shared, stack, loop_spills, features, scratch), = result["kernels"]
         assert name == "attn_fwd" and shared <= H200.smem_per_block, (case, shared)
+        # The TMA descriptors come built from the host: none is built in device scratch at launch.
+        assert scratch == 0, (case, f"{scratch} B of global scratch a launch")
         assert "wgmma" in features and "tma" in features and "setmaxnreg" in features, (case, features)
         # NOTE: ptxas keeps a few per-tile values (the first key block's wgmma operand descriptors, hoisted out of the
         # persistent tile loop) on the stack for some shapes (non-causal, D = 256: 8-128 bytes) and reloads them once a
@@ -111,6 +114,40 @@ def test_gluon_ws_kernels_compile_for_sm90_without_spills_in_the_key_loop():
         # L1 hit beside two 64 x 128 x 128 wgmmas. What must not spill is the key loop's tiles: P spilled around the
         # P V wgmmas at 68 loads and stores a block (256-key blocks at D = 64).
         assert stack == 0 or loop_spills <= KEY_LOOP_RELOADS, (case, f"{loop_spills} spills in the key loop")
+
+
+def test_a_kept_forward_plan_encodes_each_descriptor_once_per_base_address(monkeypatch):
+    """The gluon_ws forward's kept launch binds with descriptors of the first call's q, k, v and o, then hands the C
+    launcher the kept encoding of each tensor's base address, encoding only addresses it has not seen."""
+    from autotile.families import flash_launch
+
+    binds, calls, encoded = [], [], []
+
+    def encoder(role):
+        def encode(t):
+            encoded.append((role, t.data_ptr()))
+            return (f"map of {role} at {t.data_ptr()}", 7)
+        return encode
+
+    def bind_descriptors(kernel, grid, *args, **options):
+        binds.append((kernel, grid, args, options))
+        return (lambda *call: calls.append(call)), [encoder(role) for role in "qkvo"]
+
+    monkeypatch.setattr(flash_launch, "bind_descriptors", bind_descriptors)
+    described = lambda q, k, v, o: [f"{name} desc" for name in "qkvo"]  # noqa: E731
+    fwd = flash_launch._DescriptorLaunch("attn_fwd", (132,), (64, 1.5), dict(BLOCK_M=128), True, described)
+    q, k, v, o, o2, lse = (torch.zeros(4) for _ in range(6))
+    fwd(q, k, v, o, lse)  # the first call launches as it binds
+    fwd(q, k, v, o, lse)
+    fwd(q, k, v, o2, lse)
+    assert [b[2] for b in binds] == [("q desc", "k desc", "v desc", "o desc", q, k, v, o, lse, 64, 1.5)]
+    p = lambda t: t.data_ptr()  # noqa: E731
+    first, second = calls
+    assert first[:8] == (f"map of q at {p(q)}", 7, f"map of k at {p(k)}", 7, f"map of v at {p(v)}", 7,
+                         f"map of o at {p(o)}", 7)
+    assert [t is u for t, u in zip(first[8:13], (q, k, v, o, lse))] == [True] * 5 and first[13:] == (64, 1.5)
+    assert second[:6] == first[:6] and second[6] == f"map of o at {p(o2)}" and second[11] is o2
+    assert encoded == [("q", p(q)), ("k", p(k)), ("v", p(v)), ("o", p(o)), ("o", p(o2))]
 
 
 if __name__ == "__main__":

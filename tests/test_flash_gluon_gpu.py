@@ -110,3 +110,68 @@ def test_gluon_ws_takes_any_scale(scale):
         seen = torch.isfinite(want_lse)
         assert torch.equal(torch.isfinite(outputs["lse"]), seen), (scale, config.to_json())
         assert (outputs["lse"].double()[seen] - want_lse[seen]).abs().max().item() < 1e-3, (scale, config.to_json())
+
+
+@pytest.mark.parametrize("varlen", [False, True], ids=["dense", "packed"])
+def test_the_served_forward_takes_descriptors_of_each_calls_tensors(monkeypatch, tmp_path, varlen):
+    """The op's kept plan encodes the TMA descriptors once per base address: calls with new q, k, v (and so new
+    outputs) and a CUDA graph's own output must each read and write their own tensors, with no host sync."""
+    import autotile
+    from autotile.runtime import dispatch
+
+    monkeypatch.setenv("AUTOTILE_VENDOR", "0")
+    monkeypatch.setenv("AUTOTILE_DB", f"sqlite:///{tmp_path / 'empty.sqlite'}")
+    dispatch.clear_cache()
+    batch, heads_q, heads_kv, seq, head_dim = 2, 8, 2, 700, 128
+    lengths = torch.tensor([0, seq, 2 * seq - 123], device="cuda", dtype=torch.int32)
+    gen = torch.Generator(device="cuda").manual_seed(9)
+
+    def inputs():
+        if varlen:
+            return [torch.randn(int(lengths[-1]), h, head_dim, device="cuda", generator=gen).bfloat16()
+                    for h in (heads_q, heads_kv, heads_kv)]
+        return [torch.randn(batch, h, seq, head_dim, device="cuda", generator=gen).bfloat16()
+                for h in (heads_q, heads_kv, heads_kv)]
+
+    def attend(q, k, v):
+        if varlen:
+            return autotile.flash_attention_varlen(q, k, v, lengths, lengths, seq, seq, causal=True)
+        return autotile.flash_attention(q, k, v, causal=True)
+
+    def check(q, k, v, got):
+        if varlen:  # each packed sequence as a batch of one
+            pieces = [(q[s:e].transpose(0, 1)[None], k[s:e].transpose(0, 1)[None], v[s:e].transpose(0, 1)[None],
+                       got[s:e].transpose(0, 1)[None]) for s, e in zip(lengths[:-1].tolist(), lengths[1:].tolist())]
+        else:
+            pieces = [(q, k, v, got)]
+        for q, k, v, got in pieces:
+            group = q.shape[1] // k.shape[1]
+            want = torch.nn.functional.scaled_dot_product_attention(
+                q.double(), k.double().repeat_interleave(group, 1), v.double().repeat_interleave(group, 1),
+                is_causal=True)
+            assert (got.double() - want).abs().max().item() < 2e-2
+
+    q, k, v = inputs()
+    if varlen:
+        served = autotile.explain("flash_attention_varlen", q, k, v, lengths, lengths, seq, seq, causal=True)
+    else:
+        served = autotile.explain("flash_attention", q, k, v, causal=True)
+    assert served["config"]["LOADS"] == GLUON_WS, served
+    for _ in range(3):
+        q, k, v = inputs()
+        check(q, k, v, attend(q, k, v))
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with torch.cuda.graph(graph):
+            out = attend(q, k, v)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    fresh = inputs()
+    for t, new in zip((q, k, v), fresh):
+        t.copy_(new)
+    graph.replay()
+    torch.cuda.synchronize()
+    check(q, k, v, out)
+    dispatch.clear_cache()

@@ -16,7 +16,7 @@ import torch
 
 from autotile.device import current_device
 from autotile.families.flash_reference import LOG2E
-from autotile.launch import bind, launch
+from autotile.launch import KeptEncodings, bind, bind_descriptors, launch
 from autotile.render import launching
 
 # The forward written in Gluon with FlashAttention-3's structure (templates/flash_gluon_ws.py.j2): persistent, a TMA
@@ -70,6 +70,38 @@ class _Launch:
             launch(self.kernel, self.grid, *tensors, *self.scalars, **self.options)
 
 
+class _DescriptorLaunch(_Launch):
+    """A _Launch of the gluon_ws forward, whose leading arguments are host-built TMA descriptors of the call's first
+    four tensors (q, k, v, o): `describe(q, k, v, o)` builds them (the rendered module's tensor_descriptors).
+
+    A kept launch binds with bind_descriptors, and then encodes a descriptor only for a base address it has not
+    seen (autotile.launch.KeptEncodings): the plan fixes shapes and strides.
+    """
+
+    __slots__ = ("describe", "encodings")
+
+    def __init__(self, kernel, grid: tuple, scalars: tuple, options: dict, keep: bool, describe):
+        super().__init__(kernel, grid, scalars, options, keep)
+        self.describe = describe
+        self.encodings = ()
+
+    def __call__(self, *tensors) -> None:
+        if self.bound is not None:
+            q_enc, k_enc, v_enc, o_enc = self.encodings
+            self.bound(*q_enc(tensors[0]), *k_enc(tensors[1]), *v_enc(tensors[2]), *o_enc(tensors[3]), *tensors,
+                       *self.scalars)
+        elif self.keep:
+            bound = bind_descriptors(self.kernel, self.grid, *self.describe(*tensors[:4]), *tensors, *self.scalars,
+                                     **self.options)
+            if bound is None:  # launched through Triton's own path (launch hooks): the ordinary path from now on
+                self.keep = False
+            else:
+                self.bound, encoders = bound
+                self.encodings = tuple(KeptEncodings(encode) for encode in encoders)
+        else:
+            launch(self.kernel, self.grid, *self.describe(*tensors[:4]), *tensors, *self.scalars, **self.options)
+
+
 @dataclass
 class ForwardPlan:
     """attn_fwd with every argument but the tensors fixed: call it with (q, k, v, o, lse, descale, alibi, cu_q, cu_k)."""
@@ -99,11 +131,18 @@ def forward_plan(module, problem, config, scale: float, q, k, v, o, lse, alibi, 
                    WARP_SPECIALIZE=config["WARP_SPECIALIZE"], NEGATE_Q=scale < 0, num_warps=config["num_warps"],
                    num_stages=config["num_stages"])
     grid = (_cdiv(p.seq_q, config["BLOCK_M"]), p.batch * p.heads_q)
+    keep = keep and not interpret
     if config["LOADS"] == GLUON_WS:
         # Persistent (templates/flash_gluon_ws.py.j2): a program per SM at most, each walking its share of the tiles;
         # its shared memory (a Q tile and num_stages K/V slots) leaves room for one program an SM.
         grid = (min(grid[0] * grid[1], current_device(q.device).sm_count),)
-    return ForwardPlan(_Launch(module.attn_fwd, grid, scalars, options, keep and not interpret), interpret)
+        block_m, block_n = config["BLOCK_M"], config["BLOCK_N"]
+
+        def describe(q, k, v, o):
+            return module.tensor_descriptors(q, k, v, o, block_m, block_n)
+
+        return ForwardPlan(_DescriptorLaunch(module.attn_fwd, grid, scalars, options, keep, describe), interpret)
+    return ForwardPlan(_Launch(module.attn_fwd, grid, scalars, options, keep), interpret)
 
 
 @dataclass

@@ -19,7 +19,7 @@ import torch
 
 from autotile.device import current_device
 from autotile.families.gemm_space import programs_per_sm, upgrade_config
-from autotile.launch import bind, bind_descriptors
+from autotile.launch import KeptEncodings, bind, bind_descriptors
 from autotile.launch import launch as launch_kernel
 from autotile.render import launching, load_kernel_module
 from autotile.space import Config
@@ -250,25 +250,15 @@ class BoundGemm:
 class BoundDescriptorGemm(BoundGemm):
     """BoundGemm for a kernel that takes host-built TMA descriptors of a, b and c (the gluon_ws and tma variants)
     before its pointers: a call encodes a descriptor only for a base address it has not seen, and otherwise passes
-    the kept encoding.
-
-    Shapes and strides are fixed by the signature, so a descriptor depends only on its base address: the
-    weight's is encoded once, and activations and outputs, which the caching allocator hands out at few
-    addresses, mostly hit. NOTE: encoding (cuTensorMapEncodeTiled through Triton's make_tensordesc_arg) costs a
-    few us of host time a descriptor; a kept one costs a dict lookup.
+    the kept encoding (autotile.launch.KeptEncodings).
     """
 
     __slots__ = ("descriptors",)
 
-    # Base addresses kept per descriptor before its encodings are dropped and begun again. One signature serves a
-    # projection of every layer (80 weights of one shape in Llama-3-70B), and a cache that cycles through more
-    # addresses than it keeps would encode on every call.
-    KEPT_ADDRESSES = 1024
-
     def __init__(self, launcher, encoders, plan, args: list, named: dict, device_index: int):
         super().__init__(launcher, plan, args, named, device_index, first=len(encoders))
-        # (index of the descriptor's operand among a call's values, its encoder, its kept encodings)
-        self.descriptors = tuple((self._VALUES.index(source), encode, {})
+        # (index of the descriptor's operand among a call's values, its kept encodings)
+        self.descriptors = tuple((self._VALUES.index(source), KeptEncodings(encode))
                                  for source, encode in zip(plan.descriptor_sources, encoders))
 
     def __call__(self, a, b, c, bias, residual) -> None:
@@ -277,15 +267,8 @@ class BoundDescriptorGemm(BoundGemm):
         else:
             values = (a, b, c, bias, residual)
         expanded = []
-        for source, encode, kept in self.descriptors:
-            tensor = values[source]
-            address = tensor.data_ptr()
-            encoding = kept.get(address)
-            if encoding is None:
-                if len(kept) >= self.KEPT_ADDRESSES:
-                    kept.clear()
-                encoding = kept[address] = encode(tensor)
-            expanded += encoding
+        for source, encoded in self.descriptors:
+            expanded += encoded(values[source])
         self.launcher(*expanded, *self.pick(values), *self.tail)
 
 
