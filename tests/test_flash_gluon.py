@@ -30,7 +30,7 @@ def test_the_space_offers_gluon_ws_on_hopper_only():
 
 
 @pytest.mark.parametrize("change", [
-    dict(direction="bwd"), dict(dtype="fp32"), dict(dtype="fp8"), dict(head_dim=96), dict(aligned=False),
+    dict(direction="bwd"), dict(dtype="fp32"), dict(dtype="fp8"), dict(head_dim=100), dict(aligned=False),
     dict(window_left=256), dict(softcap=50.0), dict(alibi=True),
 ], ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()))
 def test_gluon_ws_is_infeasible_where_it_does_not_apply(change):
@@ -39,6 +39,17 @@ def test_gluon_ws_is_infeasible_where_it_does_not_apply(change):
         assert all(c["LOADS"] != GLUON_WS for c in FAMILY.space(problem, H200).feasible())
     else:
         assert not gluon_configs(problem, H200)
+
+
+def test_head_dims_that_pad_to_a_gluon_tile_take_it_by_the_padded_tiles_rules():
+    # Phi-3's 96 (and 80) pad to 128-wide tiles, whose extra columns TMA fills with zeros.
+    for head_dim in (80, 96):
+        problem = dataclasses.replace(LLAMA_4K, head_dim=head_dim)
+        assert {c["BLOCK_N"] for c in gluon_configs(problem, H200)} == {64, 128}
+        assert FAMILY.default_config(problem, H200)["LOADS"] == GLUON_WS
+    short = FlashProblem("fwd", 16, 32, 32, 512, 512, 96, causal=True)
+    assert dict(FAMILY.default_config(short, H200)) == dict(FAMILY.default_config(
+        dataclasses.replace(short, head_dim=128), H200))
 
 
 def test_a_window_right_side_alone_and_packed_sequences_keep_gluon_ws():
@@ -75,6 +86,8 @@ CASES = [
     (FlashProblem("fwd", 1, 16, 8, 8192, 8192, 256, causal=True), 64, 2),
     (FlashProblem("fwd", 1, 8, 2, 777, 777, 128, window_right=64), 64, 3),
     (FlashProblem("fwd", 16, 32, 8, 512, 512, 128, causal=True), 64, 4),  # two Q slots, each warpgroup its own blocks
+    (FlashProblem("fwd", 16, 32, 32, 512, 512, 96, causal=True), 64, 4),  # Phi-3's head dim, padded to 128
+    (FlashProblem("fwd", 4, 32, 32, 1000, 1000, 96, causal=True, varlen=True), 128, 3),
 ]
 
 

@@ -1,5 +1,6 @@
 """The flash family's Gluon forward (templates/flash_gluon_ws.py.j2) on a Hopper GPU against float64: O and LSE,
-causal and not, odd lengths, more queries than keys (rows that see no key), GQA and MQA, the three head dims, fp16,
+causal and not, odd lengths, more queries than keys (rows that see no key), GQA and MQA, the three head dims and two
+padded ones (96, 80), fp16,
 packed sequences, any scale, a window's right side, strided (B, S, H, D) projections seen through
 .transpose(1, 2), and the same bits run after run. Skipped without a Hopper GPU; tests/test_flash_gluon.py covers what the CPU can.
 """
@@ -19,6 +20,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
 SHAPES = [  # (batch, heads_q, heads_kv, seq_q, seq_k, head_dim)
     (2, 4, 4, 113, 203, 128), (1, 2, 2, 799, 3, 128), (2, 8, 2, 1000, 1000, 128), (1, 8, 1, 257, 511, 256),
     (1, 4, 4, 300, 1030, 64), (3, 6, 2, 65, 4000, 64),
+    (2, 8, 2, 333, 517, 96), (1, 4, 4, 250, 700, 80),  # padded head dims: TMA's zeros fill the tiles' columns
 ]
 
 
@@ -59,7 +61,8 @@ def test_gluon_ws_matches_float64(shape, dtype):
 
 
 @pytest.mark.parametrize("shape", [(5, 8, 2, 700, 900, 128), (3, 4, 4, 1500, 1500, 64), (9, 4, 1, 130, 2000, 256),
-                                   (40, 2, 1, 300, 300, 128)], ids=lambda s: "x".join(map(str, s)))
+                                   (40, 2, 1, 300, 300, 128), (4, 8, 8, 600, 600, 96)],
+                         ids=lambda s: "x".join(map(str, s)))
 def test_gluon_ws_packed_sequences_match_float64(shape):
     """Packed (varlen) sequences of random lengths up to the given ones: only tiles that hold rows are numbered (40
     sequences: more than the producer warp's 32 lanes take at once), keys of the next sequence masked, each

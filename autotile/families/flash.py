@@ -110,10 +110,11 @@ def uses_tma(config) -> bool:
 def gluon_ws_ok(problem, device: DeviceInfo) -> bool:
     """Whether the gluon_ws forward (templates/flash_gluon_ws.py.j2) applies: Hopper's wgmma and TMA compiled by
     Triton (never its interpreter, which does not run Gluon), 16-bit dense tensors with TMA-able strides, a head dim
-    of 64, 128 or 256, dense or packed, and no feature but a right bound (causal, or a window's right side)."""
+    that is or pads to 64, 128 or 256 (96 -> 128: TMA fills the padding), dense or packed, and no feature but a right
+    bound (causal, or a window's right side)."""
     p = problem
     return (not device.interpret and device.compute_capability[0] == 9 and p.direction == "fwd"
-            and p.dtype in ("bf16", "fp16") and p.aligned and p.head_dim in _GLUON_HEAD_DIMS
+            and p.dtype in ("bf16", "fp16") and p.aligned and p.block_d in _GLUON_HEAD_DIMS and p.head_dim % 8 == 0
             and p.window_left < 0 and p.softcap <= 0 and not p.alibi)
 
 
@@ -637,14 +638,16 @@ class FlashFamily(Family):
         0.95x of cuDNN against 0.89x for 128-key blocks, Qwen2.5-7B 8 x 1024 0.99x against 0.98x; 4 x 2048 0.96x
         against 1.01x). Causal at head dim 256 at every length, once each warpgroup read only its own key blocks
         (results/gluon_variants_2026-12-03f.txt: Gemma-2-9B 1 x 8192 0.81x of cuDNN against the TMA default's 0.79x)."""
+        # A padded head dim (96 -> 128) runs its tile's rules: the kernel's work is the padded tile's.
+        bd = p.block_d
         if gluon_ws_ok(p, device) and p.seq_q > 64 and (
-                p.head_dim == 128 or (p.head_dim == 256 and (p.seq_k < _TMA_FROM_KEYS or p.causal))
-                or (p.head_dim == 64 and p.seq_k >= _GLUON_D64_FROM_KEYS)):
-            if p.head_dim == 128 and p.causal and not p.varlen and p.seq_k <= _GLUON_SHORT_KEYS:
+                bd == 128 or (bd == 256 and (p.seq_k < _TMA_FROM_KEYS or p.causal))
+                or (bd == 64 and p.seq_k >= _GLUON_D64_FROM_KEYS)):
+            if bd == 128 and p.causal and not p.varlen and p.seq_k <= _GLUON_SHORT_KEYS:
                 return dict(LOADS=GLUON_WS, BLOCK_M=_GLUON_BLOCK_M, BLOCK_N=64, WARP_SPECIALIZE=False, num_warps=4,
                             num_stages=4)
-            return dict(LOADS=GLUON_WS, BLOCK_M=_GLUON_BLOCK_M, BLOCK_N=128 if p.head_dim <= 128 else 64,
-                        WARP_SPECIALIZE=False, num_warps=4, num_stages=3 if p.head_dim <= 128 else 2)
+            return dict(LOADS=GLUON_WS, BLOCK_M=_GLUON_BLOCK_M, BLOCK_N=128 if bd <= 128 else 64,
+                        WARP_SPECIALIZE=False, num_warps=4, num_stages=3 if bd <= 128 else 2)
         tma = (arch_of(device).supports(Feature.TMA) and not device.interpret and p.aligned and not p.varlen
                and p.seq_k >= _TMA_FROM_KEYS)
         loads = "tma" if tma else "pointer"

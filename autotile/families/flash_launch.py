@@ -136,10 +136,10 @@ def forward_plan(module, problem, config, scale: float, q, k, v, o, lse, alibi, 
         # Persistent (templates/flash_gluon_ws.py.j2): a program per SM at most, each walking its share of the tiles;
         # its shared memory (a Q tile and num_stages K/V slots) leaves room for one program an SM.
         grid = (min(grid[0] * grid[1], current_device(q.device).sm_count),)
-        block_m, block_n = config["BLOCK_M"], config["BLOCK_N"]
+        block_m, block_n, block_d = config["BLOCK_M"], config["BLOCK_N"], p.block_d
 
         def describe(q, k, v, o):
-            return module.tensor_descriptors(q, k, v, o, block_m, block_n)
+            return module.tensor_descriptors(q, k, v, o, block_m, block_n, block_d)
 
         return ForwardPlan(_DescriptorLaunch(module.attn_fwd, grid, scalars, options, keep, describe), interpret)
     return ForwardPlan(_Launch(module.attn_fwd, grid, scalars, options, keep), interpret)
