@@ -419,7 +419,8 @@ def test_forward_default_follows_the_h200_sweep():
     assert default(1, 4096, 64, True) == ("gluon_ws", 128, 128, False, 4)
     assert default(3, 2000, 64, True) == ("gluon_ws", 128, 128, False, 4)
     assert default(16, 512, 64, True) == ("pointer", 64, 64, False, 4)
-    # Head dim 96 (Phi-3) takes the rules of its padded 128-wide tiles; where gluon_ws does not apply, the rules above.
+    # Head dim 96 (Phi-3) takes the rules of its padded 128-wide tiles (results/gluon_variants_2026-12-04_phi_d96.txt);
+    # where gluon_ws does not apply, the rules above.
     assert default(16, 512, 96, True) == ("gluon_ws", 128, 64, False, 4)
     assert default(4, 2048, 96, True) == ("gluon_ws", 128, 128, False, 4)
     assert default(2, 4096, 96, False) == ("gluon_ws", 128, 128, False, 4)

@@ -637,7 +637,11 @@ class FlashFamily(Family):
         the blocks its rows see and two Q slots fit (results/gluon_variants_2026-12-03e.txt: Llama-3-8B 16 x 512
         0.95x of cuDNN against 0.89x for 128-key blocks, Qwen2.5-7B 8 x 1024 0.99x against 0.98x; 4 x 2048 0.96x
         against 1.01x). Causal at head dim 256 at every length, once each warpgroup read only its own key blocks
-        (results/gluon_variants_2026-12-03f.txt: Gemma-2-9B 1 x 8192 0.81x of cuDNN against the TMA default's 0.79x)."""
+        (results/gluon_variants_2026-12-03f.txt: Gemma-2-9B 1 x 8192 0.81x of cuDNN against the TMA default's 0.79x).
+        A head dim that pads to a gluon_ws tile takes that tile's rules: Phi-3-mini's 96 in 128-wide tiles ran 0.91x
+        of cuDNN at 16 x 512 against the pointer default's 0.75x, 0.95x at 4 x 2048 against 0.73x, 1.16x at 1 x 4096
+        against 0.77x, and not causal at 2 x 4096 0.97x against the TMA default's 0.79x
+        (results/gluon_variants_2026-12-04_phi_d96.txt)."""
         # A padded head dim (96 -> 128) runs its tile's rules: the kernel's work is the padded tile's.
         bd = p.block_d
         if gluon_ws_ok(p, device) and p.seq_q > 64 and (
