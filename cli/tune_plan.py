@@ -125,11 +125,14 @@ def tune_group(factory) -> click.Group:
     @click.option("--trials", default=40, show_default=True, type=click.IntRange(1),
                   help="most trials per problem (with --from-trace)")
     @click.option("--family", "families", multiple=True, help="only these families of the trace (repeatable)")
+    @click.option("--shard", default=None, metavar="K/N",
+                  help="tune the K-th of N shards of the trace (every N-th problem, most called first), within "
+                       "--budget: several GPUs or runs share one trace")
     @click.option("--seed", default=0, show_default=True, type=int)
     @db_option
     @click.pass_context
     @friendly_errors
-    def callback(ctx, trace_path, budget, gpu, trials, families, seed, db_url):
+    def callback(ctx, trace_path, budget, gpu, trials, families, shard, seed, db_url):
         if ctx.invoked_subcommand is not None:
             if trace_path:
                 raise click.UsageError("--from-trace tunes what the trace holds; give it without a family")
@@ -139,9 +142,10 @@ def tune_group(factory) -> click.Group:
             return
         from autotile.device import resolve_gpu
         from autotile.runtime.trace import read_trace
-        from autotile.tune.plan import parse_budget, plan_from_trace
+        from autotile.tune.plan import parse_budget, parse_shard, plan_from_trace, shard_of
 
         seconds = parse_budget(budget) if budget else None
+        part = parse_shard(shard) if shard else None
         entries = read_trace(trace_path)
         device = resolve_gpu(gpu)
         planned, notes = plan_from_trace(entries, families or None)
@@ -150,7 +154,11 @@ def tune_group(factory) -> click.Group:
         others = sorted({e.device for e in entries} - {device.key})
         if others:
             click.echo(f"note: the trace was recorded on {', '.join(others)}; tuning for {device.key}", err=True)
-        click.echo(f"{trace_path}: {len(entries)} recorded problem(s) -> {len(planned)} to tune"
+        total = len(planned)
+        if part:
+            planned = shard_of(planned, *part)
+        click.echo(f"{trace_path}: {len(entries)} recorded problem(s) -> {total} to tune"
+                   + (f", {len(planned)} in shard {part[0]}/{part[1]}" if part else "")
                    + (f" within {seconds:.0f} s" if seconds else ""))
         _run(planned, device, seconds, db_url, trials, seed)
 

@@ -70,6 +70,21 @@ def test_a_trace_plan_merges_one_bucket_and_puts_most_calls_first():
     assert any("unknown family" in n for n in notes)
 
 
+def test_the_shards_of_a_plan_hold_every_problem_once_and_share_the_most_called():
+    from autotile.errors import BadInputError
+    from autotile.families.gemm import contiguous_problem
+    from autotile.tune.plan import parse_shard, shard_of
+
+    planned = [PlannedProblem(autotile_family(), contiguous_problem(m, 32, 32), 100 - m) for m in range(1, 8)]
+    first, second = shard_of(planned, 1, 2), shard_of(planned, 2, 2)
+    assert [p.problem.m for p in first] == [1, 3, 5, 7] and [p.problem.m for p in second] == [2, 4, 6]
+    assert shard_of(planned, 3, 3) == [planned[2], planned[5]] and shard_of(planned, 1, 1) == planned
+    assert parse_shard(" 2 / 3 ") == (2, 3)
+    for bad in ("0/2", "3/2", "1", "a/b", "1/0"):
+        with pytest.raises(BadInputError, match="--shard"):
+            parse_shard(bad)
+
+
 def test_the_budget_is_shared_and_what_it_misses_is_reported():
     from autotile.families.gemm import contiguous_problem
 
@@ -126,6 +141,16 @@ def test_recorded_trace_is_tuned_from_the_cli_and_its_winners_are_served(tmp_pat
     assert "2 recorded problem(s) -> 2 to tune" in result.output and "tuned 2 problem(s)" in result.output
     keys = {w.params["m"] for w in Store(open_engine(f"sqlite:///{db}", create=False)).winners("gemm")}
     assert keys == {3, 6}
+    # The second of two shards: the less called problem alone, into its own database.
+    shard_db = tmp_path / "shard.sqlite"
+    result = CliRunner().invoke(cli, ["tune", "--from-trace", str(trace), "--gpu", "interpret", "--trials", "2",
+                                      "--shard", "2/2", "--db", str(shard_db)])
+    assert result.exit_code == 0, result.output
+    assert "2 to tune, 1 in shard 2/2" in result.output and "tuned 1 problem(s)" in result.output
+    keys = {w.params["m"] for w in Store(open_engine(f"sqlite:///{shard_db}", create=False)).winners("gemm")}
+    assert keys == {6}
+    result = CliRunner().invoke(cli, ["tune", "--from-trace", str(trace), "--gpu", "interpret", "--shard", "3/2"])
+    assert result.exit_code != 0 and "--shard" in result.output and "Traceback" not in result.output
 
 
 def test_from_trace_refuses_bad_files_in_one_line(tmp_path):

@@ -98,6 +98,25 @@ def plan_from_trace(entries: Sequence, families: Sequence[str] | None = None) ->
     return planned, notes
 
 
+def parse_shard(text: str) -> tuple[int, int]:
+    """'2/3' -> (2, 3): the second of three shards of a plan (see shard_of).
+
+    >>> parse_shard("1/2")
+    (1, 2)
+    """
+    parts = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", str(text))
+    if parts is None or not 1 <= int(parts.group(1)) <= int(parts.group(2)):
+        raise BadInputError(f"--shard {text!r}: give K/N with 1 <= K <= N, e.g. 1/2 for the first of two shards")
+    return int(parts.group(1)), int(parts.group(2))
+
+
+def shard_of(planned: Sequence[PlannedProblem], index: int, count: int) -> list[PlannedProblem]:
+    """The index-th of `count` shards of a plan (1-based): every count-th problem from the index-th, so the shards
+    together hold every problem once and each gets its share of the most called. One trace is tuned by several
+    machines, or by several runs of one budget each (a device call that cannot hold the whole budget)."""
+    return list(planned[index - 1::count])
+
+
 @in_session
 def tune_planned(planned: Sequence[PlannedProblem], device, *, budget_s: float | None, db_url: str | None,
                  trials: int = MAX_TRIALS, seed: int = 0, tune: Callable | None = None,
@@ -168,4 +187,5 @@ def model_problems(family_name: str, models: Sequence, tokens: tuple[int, ...], 
     return [PlannedProblem(family, p, 0) for p in problems]
 
 
-__all__ = ["PlannedProblem", "PlanOutcome", "parse_budget", "plan_from_trace", "tune_planned", "model_problems"]
+__all__ = ["PlannedProblem", "PlanOutcome", "parse_budget", "parse_shard", "plan_from_trace", "shard_of",
+           "tune_planned", "model_problems"]
