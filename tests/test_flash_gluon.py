@@ -93,28 +93,39 @@ CASES = [
 
 # Spill instructions the key loop may hold: a per-tile scalar reloaded (above), never a tile of registers.
 KEY_LOOP_RELOADS = 2
+# The causal cases rendered with TILE_QUEUE (tiles from an atomic queue; benchmarks/prototypes/gluon_flash_variants.py
+# times it): Gemma-2's head dim 256 and Llama-3's short and long prefill.
+QUEUE_CASES = [CASES[4], CASES[6], (FlashProblem("fwd", 4, 32, 8, 2048, 2048, 128, causal=True), 128, 3)]
 
 
-def _compile_cases() -> list:
+def _build(problem, block_n, stages) -> dict:
     from autotile.xcompile import compile_config
 
-    out = []
-    for problem, block_n, stages in CASES:
-        config = dict(LOADS=GLUON_WS, BLOCK_M=128, BLOCK_N=block_n, WARP_SPECIALIZE=False, MASKS_IN_LOOP=False,
-                      num_warps=4, num_stages=stages)
-        feasible = FAMILY.space(problem, H200).admit(config) is not None
-        kernels = compile_config(FAMILY, problem, config, H200)
-        out.append(dict(feasible=feasible, kernels=[(k.name, k.shared, k.stack, k.mma_loop_spills,
-                                                     list(k.ptx_features), k.global_scratch) for k in kernels]))
-    return out
+    config = dict(LOADS=GLUON_WS, BLOCK_M=128, BLOCK_N=block_n, WARP_SPECIALIZE=False, MASKS_IN_LOOP=False,
+                  num_warps=4, num_stages=stages)
+    feasible = FAMILY.space(problem, H200).admit(config) is not None
+    kernels = compile_config(FAMILY, problem, config, H200)
+    return dict(feasible=feasible, kernels=[(k.name, k.shared, k.stack, k.mma_loop_spills, list(k.ptx_features),
+                                             k.global_scratch) for k in kernels])
+
+
+def _compile_cases() -> dict:
+    static = [_build(*case) for case in CASES]
+    rendered = FAMILY.render_switches
+    FAMILY.render_switches = lambda problem, config: {**rendered(problem, config), "TILE_QUEUE": True}
+    try:
+        queued = [_build(*case) for case in QUEUE_CASES]
+    finally:
+        FAMILY.render_switches = rendered
+    return dict(static=static, queued=queued)
 
 
 def test_gluon_ws_kernels_compile_for_sm90_without_spills_in_the_key_loop_or_launch_scratch():
     from compile_child import run_compile_child
 
     results = run_compile_child(__file__)
-    assert len(results) == len(CASES)
-    for case, result in zip(CASES, results):
+    assert len(results["static"]) == len(CASES) and len(results["queued"]) == len(QUEUE_CASES)
+    for case, result in [*zip(CASES, results["static"]), *zip(QUEUE_CASES, results["queued"])]:
         assert result["feasible"], case
         (name, shared, stack, loop_spills, features, scratch), = result["kernels"]
         assert name == "attn_fwd" and shared <= H200.smem_per_block, (case, shared)
@@ -161,6 +172,59 @@ def test_a_kept_forward_plan_encodes_each_descriptor_once_per_base_address(monke
     assert [t is u for t, u in zip(first[8:13], (q, k, v, o, lse))] == [True] * 5 and first[13:] == (64, 1.5)
     assert second[:6] == first[:6] and second[6] == f"map of o at {p(o2)}" and second[11] is o2
     assert encoded == [("q", p(q)), ("k", p(k)), ("v", p(v)), ("o", p(o)), ("o", p(o2))]
+
+
+def test_a_queued_forward_takes_the_streams_zeroed_counters_after_its_descriptors(monkeypatch):
+    """TILE_QUEUE's kernel takes two int32 counters after the descriptors, zero at launch: the current stream's tile
+    counters, which every kernel using them leaves zero, bound and unbound alike."""
+    from autotile.families import flash_launch, gemm_launch
+
+    launched, calls = [], []
+
+    def bind_descriptors(kernel, grid, *args, **options):
+        launched.append(args)
+        return (lambda *call: calls.append(call)), [lambda t: ("map",)] * 4
+
+    monkeypatch.setattr(flash_launch, "bind_descriptors", bind_descriptors)
+    monkeypatch.setattr(flash_launch, "launch", lambda kernel, grid, *args, **options: launched.append(args))
+    described = lambda q, k, v, o: ["q desc", "k desc", "v desc", "o desc"]  # noqa: E731
+    q, k, v, o = (torch.zeros(4) for _ in range(4))
+    counters = gemm_launch.tile_counters(q.device, 2)
+    for keep in (True, False):
+        fwd = flash_launch._DescriptorLaunch("attn_fwd", (132,), (7,), {}, keep, described, queue=True)
+        fwd(q, k, v, o)
+        fwd(q, k, v, o)
+    assert [a[4] is counters for a in launched] == [True] * 3 and launched[0][5:] == (q, k, v, o, 7)
+    assert calls[0][4] is counters and calls[0][5:] == (q, k, v, o, 7)
+
+
+def _variants_script():
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks" / "prototypes"))
+    import gluon_flash_variants
+
+    return gluon_flash_variants
+
+
+def test_every_source_patch_of_the_variants_script_still_matches_the_kernel():
+    # A patch that no longer matches stops a GPU run at its first shape: renames in the template must carry over.
+    variants = _variants_script()
+    problem = FlashProblem("fwd", 16, 32, 8, 512, 512, 128, causal=True)
+    for name in [*variants.PATCHES, *variants.SWITCHES]:
+        variants._rendered(problem, variants.gluon(128, 64, 4), name)
+
+
+def test_the_variants_script_renders_the_queue_as_a_switch():
+    from pathlib import Path
+
+    gluon_flash_variants = _variants_script()
+    config = gluon_flash_variants.gluon(128, 64, 2)
+    problem = FlashProblem("fwd", 4, 16, 8, 2048, 2048, 256, causal=True)
+    queued = gluon_flash_variants._rendered(problem, config, "tile_major+queue")
+    assert queued.TILE_QUEUE and "if False:" in Path(queued.__file__).read_text()  # the tile_major patch applied
+    assert not gluon_flash_variants._rendered(problem, config, None).TILE_QUEUE
 
 
 if __name__ == "__main__":

@@ -907,6 +907,7 @@ class FlashFamily(Family):
             MASKS_IN_LOOP=p.direction == "fwd" and _forward_upgrade(config)["MASKS_IN_LOOP"],
             INPUT_PRECISION="ieee" if p.dtype == "fp32" else "", UPCAST_DOTS=False, STORE_LSE=True,
             Q_SLOTS=gluon_q_slots(p, config) if config["LOADS"] == GLUON_WS and p.direction == "fwd" else 1,
+            TILE_QUEUE=False,  # gluon_ws's dynamic tile queue: rendered by benchmarks/prototypes only, until measured
         )
 
     def kernel_module(self, problem: FlashProblem, config: Config, interpret: bool, store_lse: bool = True):

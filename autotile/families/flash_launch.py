@@ -16,6 +16,7 @@ import torch
 
 from autotile.device import current_device
 from autotile.families.flash_reference import LOG2E
+from autotile.families.gemm_launch import tile_counters
 from autotile.launch import KeptEncodings, bind, bind_descriptors, launch
 from autotile.render import launching
 
@@ -78,28 +79,35 @@ class _DescriptorLaunch(_Launch):
     seen (autotile.launch.KeptEncodings): the plan fixes shapes and strides.
     """
 
-    __slots__ = ("describe", "encodings")
+    __slots__ = ("describe", "encodings", "queue")
 
-    def __init__(self, kernel, grid: tuple, scalars: tuple, options: dict, keep: bool, describe):
+    def __init__(self, kernel, grid: tuple, scalars: tuple, options: dict, keep: bool, describe, queue: bool = False):
         super().__init__(kernel, grid, scalars, options, keep)
         self.describe = describe
         self.encodings = ()
+        # The kernel takes a tile queue after the descriptors (TILE_QUEUE): two counters, zero at launch and left
+        # zero, from the current stream's (gemm_launch.tile_counters, which every kernel using them leaves zero).
+        self.queue = queue
+
+    def _queue(self, q) -> tuple:
+        return (tile_counters(q.device, 2),) if self.queue else ()
 
     def __call__(self, *tensors) -> None:
         if self.bound is not None:
             q_enc, k_enc, v_enc, o_enc = self.encodings
-            self.bound(*q_enc(tensors[0]), *k_enc(tensors[1]), *v_enc(tensors[2]), *o_enc(tensors[3]), *tensors,
-                       *self.scalars)
+            self.bound(*q_enc(tensors[0]), *k_enc(tensors[1]), *v_enc(tensors[2]), *o_enc(tensors[3]),
+                       *self._queue(tensors[0]), *tensors, *self.scalars)
         elif self.keep:
-            bound = bind_descriptors(self.kernel, self.grid, *self.describe(*tensors[:4]), *tensors, *self.scalars,
-                                     **self.options)
+            bound = bind_descriptors(self.kernel, self.grid, *self.describe(*tensors[:4]), *self._queue(tensors[0]),
+                                     *tensors, *self.scalars, **self.options)
             if bound is None:  # launched through Triton's own path (launch hooks): the ordinary path from now on
                 self.keep = False
             else:
                 self.bound, encoders = bound
                 self.encodings = tuple(KeptEncodings(encode) for encode in encoders)
         else:
-            launch(self.kernel, self.grid, *self.describe(*tensors[:4]), *tensors, *self.scalars, **self.options)
+            launch(self.kernel, self.grid, *self.describe(*tensors[:4]), *self._queue(tensors[0]), *tensors,
+                   *self.scalars, **self.options)
 
 
 @dataclass
@@ -141,7 +149,9 @@ def forward_plan(module, problem, config, scale: float, q, k, v, o, lse, alibi, 
         def describe(q, k, v, o):
             return module.tensor_descriptors(q, k, v, o, block_m, block_n, block_d)
 
-        return ForwardPlan(_DescriptorLaunch(module.attn_fwd, grid, scalars, options, keep, describe), interpret)
+        queue = getattr(module, "TILE_QUEUE", False)
+        return ForwardPlan(_DescriptorLaunch(module.attn_fwd, grid, scalars, options, keep, describe, queue),
+                           interpret)
     return ForwardPlan(_Launch(module.attn_fwd, grid, scalars, options, keep), interpret)
 
 

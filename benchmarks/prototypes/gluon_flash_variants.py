@@ -37,7 +37,9 @@ from autotile.space import Config  # noqa: E402
 # the tile-major order, cuDNN 72%), which the template takes at head dim 256 up to 16 query tiles a head; head_major
 # takes it at every head dim and tile_major never.
 # A patch is (old, new), or (first line, line after, new) for the text from the first line up to the line after;
-# patches join with '+'.
+# patches join with '+'. A patch named in SWITCHES renders the template with that switch on instead: queue, the
+# dense tiles taken from a queue (an atomic counter) by whichever program is free, FlashAttention-3's dynamic
+# persistent schedule, where static rounds deal tiles of unequal weight (causal) and leave programs waiting.
 _REGISTER_STORE = """            mbarrier.arrive(empty.index(last), count=1)
             rows_o = row0 + gl.arange(0, WG_ROWS, layout=row_o)
             o_base = o_ptr + b.to(gl.int64) * stride_ob + h.to(gl.int64) * stride_oh
@@ -47,12 +49,15 @@ _REGISTER_STORE = """            mbarrier.arrive(empty.index(last), count=1)
 PATCHES = {"scale_first": ("    if NEGATE_Q:\n", "    if True:  # scale first, whatever the scale's sign\n"),
            "forwards": ("    return r * P + pid + (r % 2) * (P - 1 - 2 * pid)\n", "    return r * P + pid\n"),
            "gl_store": ("            if O_IN_V:\n", "            it += n_blocks\n", _REGISTER_STORE),
-           "head_major": ("    if HEAD_DIM == 256 and n_m <= HEAD_MAJOR_TILES:\n", "    if n_m <= HEAD_MAJOR_TILES:\n"),
-           "tile_major": ("    if HEAD_DIM == 256 and n_m <= HEAD_MAJOR_TILES:\n", "    if False:\n"),
+           "head_major": ("    if BLOCK_D == 256 and n_m <= HEAD_MAJOR_TILES:\n", "    if n_m <= HEAD_MAJOR_TILES:\n"),
+           "tile_major": ("    if BLOCK_D == 256 and n_m <= HEAD_MAJOR_TILES:\n", "    if False:\n"),
            "one_q_slot": ("Q_SLOTS = gl.constexpr(2)\n", "Q_SLOTS = gl.constexpr(1)\n"),
            "all_blocks": ("mine = _key_blocks(row0 + WG_ROWS, len_q, len_k, win_right, BLOCK_N)",
                           "mine = n_blocks"),
 }
+
+
+SWITCHES = {"queue": "TILE_QUEUE"}
 
 
 def gluon(block_m: int, block_n: int, stages: int) -> Config:
@@ -71,7 +76,9 @@ def cases() -> list:
         return FlashProblem("fwd", b, hq, hkv, s, sk, d, causal)
 
     causal = {"gluon 128x128 s3": (gluon(128, 128, 3), None),
+              "gluon 128x128 s3 queue": (gluon(128, 128, 3), "queue"),
               "gluon 128x64 s4": (gluon(128, 64, 4), None),
+              "gluon 128x64 s4 queue": (gluon(128, 64, 4), "queue"),
               "gluon 128x64 s4 one_q_slot": (gluon(128, 64, 4), "one_q_slot"),
               "gluon 128x64 s4 all_blocks": (gluon(128, 64, 4), "all_blocks")}
     d128 = {"gluon 128x128 s3": (gluon(128, 128, 3), None),
@@ -79,6 +86,8 @@ def cases() -> list:
     d64 = {"gluon 128x128 s3": (gluon(128, 128, 3), None),
            "gluon 128x64 s4": (gluon(128, 64, 4), None)}
     d256 = {"gluon 128x64 s2": (gluon(128, 64, 2), None),
+            "gluon 128x64 s2 queue": (gluon(128, 64, 2), "queue"),
+            "gluon 128x64 s2 tile_major+queue": (gluon(128, 64, 2), "tile_major+queue"),
             "gluon 128x64 s2 tile_major": (gluon(128, 64, 2), "tile_major")}
     d96_causal = {"gluon 128x128 s3": (gluon(128, 128, 3), None),
                   "gluon 128x64 s4": (gluon(128, 64, 4), None),
@@ -112,6 +121,21 @@ def cases() -> list:
              LOADS="tma", BLOCK_M=128, BLOCK_N=128, WARP_SPECIALIZE=True, MASKS_IN_LOOP=False, num_warps=8,
              num_stages=3)), None)}),
     ]
+
+
+def _rendered(pr: FlashProblem, config: Config, patch: str | None):
+    """The family's forward module for `config`, with the patch's SWITCHES on and its source patches applied."""
+    from autotile.render import load_kernel_module
+
+    parts = [part for part in (patch or "").split("+") if part]
+    switches = {SWITCHES[part]: True for part in parts if part in SWITCHES}
+    if switches:
+        rendered = {**FAMILY.render_switches(pr, config), "UPCAST_DOTS": False, "STORE_LSE": False, **switches}
+        module = load_kernel_module(FAMILY.template, interpret=False, **rendered)
+    else:
+        module = FAMILY.kernel_module(pr, config, interpret=False, store_lse=False)
+    source_patches = "+".join(part for part in parts if part not in SWITCHES)
+    return _patched(module, source_patches) if source_patches else module
 
 
 def _patched(module, patch: str):
@@ -177,9 +201,7 @@ def main() -> None:
             if FAMILY.space(pr, _device()).admit(config) is None:
                 print(f"  {label}: {name} is outside the space, skipped")
                 continue
-            module = FAMILY.kernel_module(pr, config, interpret=False, store_lse=False)
-            if patch:
-                module = _patched(module, patch)
+            module = _rendered(pr, config, patch)
             o = torch.empty_like(q)
             lse = torch.empty(pr.batch, pr.heads_q, pr.seq_q, device="cuda", dtype=torch.float32)
             plan = forward_plan(module, pr, config, scale, q, k, v, o, lse, None, False, keep=True)
