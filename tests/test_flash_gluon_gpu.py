@@ -184,15 +184,15 @@ def test_the_served_forward_takes_descriptors_of_each_calls_tensors(monkeypatch,
                          ids=lambda s: "x".join(map(str, s)))
 def test_tiles_taken_from_a_queue_match_float64_launch_after_launch(monkeypatch, shape):
     """TILE_QUEUE (tiles from an atomic queue): every tile computed once, and the queue left at zero for the next
-    launch, which would otherwise skip tiles (poisoned outputs show them); causal and not."""
+    launch, which would otherwise skip tiles (poisoned outputs show them); causal and not, dense and packed."""
     from autotile.device import cuda_device
 
     device = cuda_device()
     rendered = FAMILY.render_switches
     monkeypatch.setattr(FAMILY, "render_switches",
                         lambda problem, config: {**rendered(problem, config), "TILE_QUEUE": True})
-    for causal in (True, False):
-        problem = FlashProblem("fwd", *shape, causal=causal)
+    for causal, varlen in ((True, False), (False, False), (True, True)):
+        problem = FlashProblem("fwd", *shape, causal=causal, varlen=varlen)
         inputs = FAMILY.make_inputs(problem, device, seed=13)
         for config in gluon_configs(problem, device):
             first = run_checked(problem, config, inputs)
