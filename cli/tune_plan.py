@@ -42,16 +42,19 @@ def tune_model(family, model_opts: dict, shape_options: dict, device, db_url, tr
     from autotile.models import parse_tokens
     from autotile.tune.plan import model_problems, parse_budget
 
-    given = [name for name in ("m", "n", "k", "batch", "seq_q", "seq_k", "heads", "seq") if shape_options.get(name)]
+    # Flash prefill takes --batch beside --model: sequences a call, each of --tokens (default 1).
+    given = [name for name in ("m", "n", "k", "seq_q", "seq_k", "heads", "seq") + (() if family.name == "flash" else (
+        "batch",)) if shape_options.get(name)]
     if given:
         raise click.UsageError(f"--model describes the shapes; drop {', '.join('--' + g for g in given)}")
     dtype = _dtype(shape_options.get("dtype"))
+    batch = shape_options.get("batch") or 1
     if model_opts["policy"]:
-        _tune_policy(family, model_opts, dtype, device, db_url, seed)
+        _tune_policy(family, model_opts, dtype, device, db_url, seed, batch)
         return
     models = _models(model_opts)
     tokens = parse_tokens(model_opts["tokens"])
-    planned = model_problems(family.name, models, tokens, dtype)
+    planned = model_problems(family.name, models, tokens, dtype, batch)
     budget = parse_budget(model_opts["budget"]) if model_opts["budget"] else None
     click.echo(f"{', '.join(m.name for m in models)}: {len(planned)} {family.name} problems"
                + (f" within {budget:.0f} s" if budget else f", {trials} trials each"))
@@ -69,14 +72,14 @@ def _models(model_opts: dict) -> list:
     return models
 
 
-def _tune_policy(family, model_opts: dict, dtype: str, device, db_url, seed) -> None:
+def _tune_policy(family, model_opts: dict, dtype: str, device, db_url, seed, batch: int = 1) -> None:
     from autotile.models import parse_tokens
     from autotile.tune.plan import model_problems
     from autotile.tune.policy import tune_policy
 
     models = _models(model_opts)
     tokens = parse_tokens(model_opts["tokens"])
-    problems = [p.problem for m in models for p in model_problems(family.name, [m], tokens, dtype)]
+    problems = [p.problem for m in models for p in model_problems(family.name, [m], tokens, dtype, batch)]
     click.echo(f"policy: {len(problems)} {family.name} shapes of {', '.join(m.name for m in models)}")
     outcomes = tune_policy(family, problems, device, db_url=db_url, seed=seed, report=lambda line: click.echo(line))
     click.echo(f"{sum(o.stored for o in outcomes)} of {len(outcomes)} groups won by the default config everywhere")

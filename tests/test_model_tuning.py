@@ -192,6 +192,28 @@ def test_several_models_tune_each_shared_shape_once():
         _models({"model": " , ", "dims": None})
 
 
+def test_flash_prefill_of_a_model_takes_a_batch_and_gemm_refuses_one(tmp_path):
+    from autotile.cli.tune_plan import _models
+    from autotile.errors import BadInputError
+    from autotile.tune.plan import model_problems
+
+    models = _models({"model": "llama3-8b", "dims": None})
+    planned = model_problems("flash", models, (512, 2048), "bf16", batch=4)
+    assert [(item.problem.batch, item.problem.seq_q, item.problem.heads_q) for item in planned] == [(4, 512, 32),
+                                                                                                   (4, 2048, 32)]
+    assert {item.problem.batch for item in model_problems("flash", models, (512,), "bf16")} == {1}
+    with pytest.raises(BadInputError, match="--batch"):
+        model_problems("gemm", models, (512,), "bf16", batch=4)
+    # From the CLI: --batch beside --model is flash's batch, and gemm's --model refuses a shape option.
+    db = tmp_path / "flash.sqlite"
+    result = CliRunner().invoke(cli, ["tune", "flash", "--dims", "hidden=64,intermediate=128,heads=4,kv_heads=2,head_dim=16",
+                                      "--tokens", "40", "--batch", "3", "--dtype", "fp32", "--gpu", "interpret",
+                                      "--trials", "1", "--db", str(db)])
+    assert result.exit_code == 0, result.output
+    (winner,) = Store(open_engine(f"sqlite:///{db}", create=False)).winners("flash")
+    assert (winner.params["batch"], winner.params["seq_q"], winner.params["heads_q"]) == (3, 40, 4)
+
+
 def test_linear_on_cpu_runs_the_generated_kernel():
     x, w = torch.randn(3, 32), torch.randn(40, 32)
     info = autotile.explain("linear", x, w)

@@ -169,19 +169,24 @@ def tune_planned(planned: Sequence[PlannedProblem], device, *, budget_s: float |
     return outcome
 
 
-def model_problems(family_name: str, models: Sequence, tokens: tuple[int, ...], dtype: str) -> list[PlannedProblem]:
-    """Models' problems for `autotile tune FAMILY --model A,B`: gemm projections or flash prefill, each shape once
-    (Mistral-7B runs Llama-3-8B's projections), fewest FLOPs first (decode steps are the calls a served model makes
-    most often)."""
+def model_problems(family_name: str, models: Sequence, tokens: tuple[int, ...], dtype: str,
+                   batch: int = 1) -> list[PlannedProblem]:
+    """Models' problems for `autotile tune FAMILY --model A,B`: gemm projections or flash prefill (`batch` sequences
+    of each token count), each shape once (Mistral-7B runs Llama-3-8B's projections), fewest FLOPs first (decode
+    steps are the calls a served model makes most often)."""
     from autotile.models import flash_problems, gemm_problems
 
     family = get_family(family_name)
     if family_name not in ("gemm", "flash"):
         raise BadInputError(f"--model applies to gemm and flash, not {family_name}")
-    of_model = gemm_problems if family_name == "gemm" else flash_problems
+    if batch < 1 or (batch != 1 and family_name != "flash"):
+        raise BadInputError(f"--batch {batch}: flash prefill takes a batch of 1 or more sequences; gemm's tokens are "
+                            "its M (give them with --tokens)")
     unique = {}
     for model in models:
-        for problem in of_model(model, tokens, dtype):
+        problems = gemm_problems(model, tokens, dtype) if family_name == "gemm" else flash_problems(
+            model, tokens, dtype, batch=batch)
+        for problem in problems:
             unique.setdefault(family.problem_key(problem), problem)
     problems = sorted(unique.values(), key=lambda p: family.cost(p).flops)
     return [PlannedProblem(family, p, 0) for p in problems]
