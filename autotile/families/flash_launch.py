@@ -89,25 +89,23 @@ class _DescriptorLaunch(_Launch):
         # zero, from the current stream's (gemm_launch.tile_counters, which every kernel using them leaves zero).
         self.queue = queue
 
-    def _queue(self, q) -> tuple:
-        return (tile_counters(q.device, 2),) if self.queue else ()
-
     def __call__(self, *tensors) -> None:
+        queue = (tile_counters(tensors[0].device, 2),) if self.queue else ()
         if self.bound is not None:
             q_enc, k_enc, v_enc, o_enc = self.encodings
-            self.bound(*q_enc(tensors[0]), *k_enc(tensors[1]), *v_enc(tensors[2]), *o_enc(tensors[3]),
-                       *self._queue(tensors[0]), *tensors, *self.scalars)
+            self.bound(*q_enc(tensors[0]), *k_enc(tensors[1]), *v_enc(tensors[2]), *o_enc(tensors[3]), *queue,
+                       *tensors, *self.scalars)
         elif self.keep:
-            bound = bind_descriptors(self.kernel, self.grid, *self.describe(*tensors[:4]), *self._queue(tensors[0]),
-                                     *tensors, *self.scalars, **self.options)
+            bound = bind_descriptors(self.kernel, self.grid, *self.describe(*tensors[:4]), *queue, *tensors,
+                                     *self.scalars, **self.options)
             if bound is None:  # launched through Triton's own path (launch hooks): the ordinary path from now on
                 self.keep = False
             else:
                 self.bound, encoders = bound
                 self.encodings = tuple(KeptEncodings(encode) for encode in encoders)
         else:
-            launch(self.kernel, self.grid, *self.describe(*tensors[:4]), *self._queue(tensors[0]), *tensors,
-                   *self.scalars, **self.options)
+            launch(self.kernel, self.grid, *self.describe(*tensors[:4]), *queue, *tensors, *self.scalars,
+                   **self.options)
 
 
 @dataclass

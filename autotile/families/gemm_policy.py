@@ -405,14 +405,19 @@ def _mid_gluon_config(problem, device: DeviceInfo) -> dict | None:
     for tiles in _MID_GLUON_TILES:
         config = gluon_config(p, **tiles)
         block_m, block_n = config["BLOCK_M"], config["BLOCK_N"]
-        count = tile_count(p, block_m, block_n)
-        if count < MID_GLUON_FILL * sm_count(device):
+        if tile_count(p, block_m, block_n) < MID_GLUON_FILL * sm_count(device):
             continue
-        waves = math.ceil(count / programs(p, config, device))
-        time = waves * block_m * block_n / MID_GLUON_EFFICIENCY[block_m, block_n]
+        time = _makespan(p, config, device, MID_GLUON_EFFICIENCY[block_m, block_n])
         if time < best_time:
             best, best_time = config, time
     return best
+
+
+def _makespan(problem, config: dict, device: DeviceInfo, efficiency: float) -> float:
+    """Whole waves of `config`'s tiles times their area, over the throughput the tile keeps (`efficiency`, against
+    a 128 x 128 tile): a modelled makespan for comparing tile shapes of one problem."""
+    count = tile_count(problem, config["BLOCK_M"], config["BLOCK_N"])
+    return math.ceil(count / programs(problem, config, device)) * config["BLOCK_M"] * config["BLOCK_N"] / efficiency
 
 
 # Seeds of the Gluon variant for fp8 on Hopper: precise 128 x 128 tiles (their fp32 sum and per-tile accumulator
@@ -424,11 +429,8 @@ _GLUON_FP8_TILES = (dict(num_stages=4), dict(num_stages=5), dict(BLOCK_N=256, nu
 
 
 def _modelled_waves(problem, config: dict, device: DeviceInfo) -> float:
-    """Whole waves of `config`'s tiles times their width, over the throughput a column keeps (PART_EFFICIENCY; 1 for
-    other widths): a makespan in units of one 128-row, one-column K sweep, for comparing tile widths."""
-    width = config["BLOCK_N"]
-    waves = math.ceil(tile_count(problem, config["BLOCK_M"], width) / programs(problem, config, device))
-    return waves * width / PART_EFFICIENCY.get(width, 1.0)
+    """_makespan with the throughput a column keeps (PART_EFFICIENCY; 1 for other widths), for comparing widths."""
+    return _makespan(problem, config, device, PART_EFFICIENCY.get(config["BLOCK_N"], 1.0))
 
 
 def prefill_config(problem, device: DeviceInfo, gluon: bool = True) -> dict:
