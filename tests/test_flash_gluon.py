@@ -77,6 +77,29 @@ def test_gluon_ws_configs_keep_its_structure(head_dim, block_ns):
         assert c["BLOCK_M"] == 128 and c["num_warps"] == 4 and not c["WARP_SPECIALIZE"] and not c["MASKS_IN_LOOP"]
 
 
+def test_the_tile_queue_is_gluon_ws_and_untuned_where_causal_head_dim_128_runs_more_than_one_sequence():
+    def queued(problem) -> bool:
+        config = FAMILY.default_config(problem, H200)
+        assert config["LOADS"] == GLUON_WS, problem
+        return config["TILE_QUEUE"]
+
+    llama = FlashProblem("fwd", 4, 32, 8, 2048, 2048, 128, causal=True)
+    assert queued(llama) and queued(dataclasses.replace(llama, batch=16, seq_q=512, seq_k=512))
+    assert queued(dataclasses.replace(llama, varlen=True)) and queued(dataclasses.replace(llama, head_dim=96))
+    assert not queued(LLAMA_4K)  # one sequence: static rounds led (1 x 4096)
+    assert not queued(dataclasses.replace(llama, causal=False))  # equal tiles: nothing to balance
+    assert not queued(dataclasses.replace(llama, heads_q=16, head_dim=256))  # Gemma-2: static rounds led
+    # Only gluon_ws takes tiles from a queue; a config stored before the axis existed runs static rounds.
+    space = FAMILY.space(llama, H200)
+    tma = dict(LOADS="tma", BLOCK_M=128, BLOCK_N=64, WARP_SPECIALIZE=False, MASKS_IN_LOOP=False, num_warps=4,
+               num_stages=3)
+    assert space.admit(dict(tma, TILE_QUEUE=True)) is None and space.admit(tma)["TILE_QUEUE"] is False
+    stored = dict(LOADS=GLUON_WS, BLOCK_M=128, BLOCK_N=128, WARP_SPECIALIZE=False, num_warps=4, num_stages=3)
+    assert space.validate(stored)["TILE_QUEUE"] is False
+    assert not FAMILY.render_switches(llama, space.validate(stored))["TILE_QUEUE"]
+    assert FAMILY.render_switches(llama, space.validate(dict(stored, TILE_QUEUE=True)))["TILE_QUEUE"]
+
+
 # (problem, BLOCK_N, num_stages): causal and not, the three head dims, GQA, a right window, fp16, packed sequences.
 CASES = [
     (LLAMA_4K, 128, 3),
@@ -94,15 +117,15 @@ CASES = [
 # Spill instructions the key loop may hold: a per-tile scalar reloaded (above), never a tile of registers.
 KEY_LOOP_RELOADS = 2
 # The causal cases rendered with TILE_QUEUE (tiles from an atomic queue; benchmarks/prototypes/gluon_flash_variants.py
-# times it): Gemma-2's head dim 256 and Llama-3's short and long prefill.
-QUEUE_CASES = [CASES[4], CASES[6], (FlashProblem("fwd", 4, 32, 8, 2048, 2048, 128, causal=True), 128, 3)]
+# times it): Gemma-2's head dim 256, Llama-3's short and long prefill, and packed sequences.
+QUEUE_CASES = [CASES[3], CASES[4], CASES[6], (FlashProblem("fwd", 4, 32, 8, 2048, 2048, 128, causal=True), 128, 3)]
 
 
-def _build(problem, block_n, stages) -> dict:
+def _build(problem, block_n, stages, queue=False) -> dict:
     from autotile.xcompile import compile_config
 
     config = dict(LOADS=GLUON_WS, BLOCK_M=128, BLOCK_N=block_n, WARP_SPECIALIZE=False, MASKS_IN_LOOP=False,
-                  num_warps=4, num_stages=stages)
+                  TILE_QUEUE=queue, num_warps=4, num_stages=stages)
     feasible = FAMILY.space(problem, H200).admit(config) is not None
     kernels = compile_config(FAMILY, problem, config, H200)
     return dict(feasible=feasible, kernels=[(k.name, k.shared, k.stack, k.mma_loop_spills, list(k.ptx_features),
@@ -110,14 +133,7 @@ def _build(problem, block_n, stages) -> dict:
 
 
 def _compile_cases() -> dict:
-    static = [_build(*case) for case in CASES]
-    rendered = FAMILY.render_switches
-    FAMILY.render_switches = lambda problem, config: {**rendered(problem, config), "TILE_QUEUE": True}
-    try:
-        queued = [_build(*case) for case in QUEUE_CASES]
-    finally:
-        FAMILY.render_switches = rendered
-    return dict(static=static, queued=queued)
+    return dict(static=[_build(*case) for case in CASES], queued=[_build(*case, queue=True) for case in QUEUE_CASES])
 
 
 def test_gluon_ws_kernels_compile_for_sm90_without_spills_in_the_key_loop_or_launch_scratch():
@@ -212,19 +228,18 @@ def test_every_source_patch_of_the_variants_script_still_matches_the_kernel():
     # A patch that no longer matches stops a GPU run at its first shape: renames in the template must carry over.
     variants = _variants_script()
     problem = FlashProblem("fwd", 16, 32, 8, 512, 512, 128, causal=True)
-    for name in [*variants.PATCHES, *variants.SWITCHES]:
+    for name in variants.PATCHES:
         variants._rendered(problem, variants.gluon(128, 64, 4), name)
 
 
-def test_the_variants_script_renders_the_queue_as_a_switch():
+def test_the_variants_script_renders_the_queue_from_the_config_beside_a_patch():
     from pathlib import Path
 
     gluon_flash_variants = _variants_script()
-    config = gluon_flash_variants.gluon(128, 64, 2)
     problem = FlashProblem("fwd", 4, 16, 8, 2048, 2048, 256, causal=True)
-    queued = gluon_flash_variants._rendered(problem, config, "tile_major+queue")
+    queued = gluon_flash_variants._rendered(problem, gluon_flash_variants.gluon(128, 64, 2, queue=True), "tile_major")
     assert queued.TILE_QUEUE and "if False:" in Path(queued.__file__).read_text()  # the tile_major patch applied
-    assert not gluon_flash_variants._rendered(problem, config, None).TILE_QUEUE
+    assert not gluon_flash_variants._rendered(problem, gluon_flash_variants.gluon(128, 64, 2), None).TILE_QUEUE
 
 
 if __name__ == "__main__":

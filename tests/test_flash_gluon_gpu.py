@@ -182,19 +182,17 @@ def test_the_served_forward_takes_descriptors_of_each_calls_tensors(monkeypatch,
 
 @pytest.mark.parametrize("shape", [(2, 8, 2, 1000, 1000, 128), (3, 4, 4, 777, 900, 64), (2, 4, 2, 600, 600, 256)],
                          ids=lambda s: "x".join(map(str, s)))
-def test_tiles_taken_from_a_queue_match_float64_launch_after_launch(monkeypatch, shape):
+def test_tiles_taken_from_a_queue_match_float64_launch_after_launch(shape):
     """TILE_QUEUE (tiles from an atomic queue): every tile computed once, and the queue left at zero for the next
     launch, which would otherwise skip tiles (poisoned outputs show them); causal and not, dense and packed."""
     from autotile.device import cuda_device
 
     device = cuda_device()
-    rendered = FAMILY.render_switches
-    monkeypatch.setattr(FAMILY, "render_switches",
-                        lambda problem, config: {**rendered(problem, config), "TILE_QUEUE": True})
     for causal, varlen in ((True, False), (False, False), (True, True)):
         problem = FlashProblem("fwd", *shape, causal=causal, varlen=varlen)
         inputs = FAMILY.make_inputs(problem, device, seed=13)
-        for config in gluon_configs(problem, device):
+        for config in (FAMILY.validate_config(problem, device, dict(c, TILE_QUEUE=True))
+                       for c in gluon_configs(problem, device)):
             first = run_checked(problem, config, inputs)
             for _ in range(3):
                 again = run_checked(problem, config, inputs)

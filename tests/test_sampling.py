@@ -91,7 +91,7 @@ def test_a_flash_problem_can_warm_start_from_the_shipped_winners(tmp_path):
     # A problem tuned in the user's database as well is read from there: its own best trial leads.
     nearest = warm.neighbours[0].problem
     mine = Config(dict(LOADS="pointer", BLOCK_M=64, BLOCK_N=32, WARP_SPECIALIZE=False, MASKS_IN_LOOP=False,
-                       num_warps=4, num_stages=2))
+                       TILE_QUEUE=False, num_warps=4, num_stages=2))
     store = Store(engine)
     ids = store.ensure_problem(FLASH, nearest), store.ensure_device(H200), store.ensure_toolchain()
     store.record_trial(problem_id=ids[0], device_id=ids[1], toolchain_id=ids[2], study="mine", number=0,

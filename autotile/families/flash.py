@@ -82,6 +82,18 @@ def gluon_q_slots(problem, config) -> int:
     (results/gluon_variants_2026-12-03e.txt)."""
     fits = forward_tiles_bytes(problem, config, q_tiles=2) <= HOPPER_SMEM_PER_BLOCK - 1024
     return 2 if config["BLOCK_N"] == 64 and fits else 1
+
+
+def _gluon_tile_queue(problem) -> bool:
+    """Whether the untuned gluon_ws forward takes its tiles from a queue (TILE_QUEUE): causal at head dim 128 with
+    more than one sequence, where static rounds leave programs waiting on the round's heaviest tiles. H200, x cuDNN,
+    static -> queue (results/gluon_variants_2026-12-04_queue.txt): Llama-3-8B 16 x 512 0.97x -> 1.01x (64-key blocks)
+    and 0.92x -> 0.98x (128), 4 x 2048 1.02x -> 1.05x (128) and 0.94x -> 0.99x (64), Qwen2.5-7B 8 x 1024 1.01x ->
+    1.04x (64); one sequence (1 x 4096) 1.18x -> 1.13x (128-key blocks), and at head dim 256 (Gemma-2-9B) 4 x 2048
+    0.82x -> 0.77x, 1 x 8192 and 16 x 512 a tie."""
+    return problem.block_d == 128 and problem.causal and problem.batch > 1
+
+
 # Keys up to which causal gluon_ws forwards at head dim 128 take 64-key blocks (see FlashFamily._forward_default).
 _GLUON_SHORT_KEYS = 1024
 # Keys from which the gluon_ws forward is the default at head dim 64: it led at 2000 and 4096 keys once its persistent
@@ -127,10 +139,10 @@ def _backward_upgrade(config):
 
 def _forward_upgrade(config):
     """A forward config stored before MASKS_IN_LOOP was one of its axes ran its masked key blocks in loops of their
-    own."""
-    if "MASKS_IN_LOOP" in config or "BLOCK_M" not in config:
+    own; one stored before TILE_QUEUE was dealt its tiles in static rounds."""
+    if "BLOCK_M" not in config or ("MASKS_IN_LOOP" in config and "TILE_QUEUE" in config):
         return config
-    return {**dict(config), "MASKS_IN_LOOP": False}
+    return {"MASKS_IN_LOOP": False, "TILE_QUEUE": False, **dict(config)}
 
 
 def _rows_needed(num_warps: int) -> int:
@@ -282,10 +294,12 @@ _SEED_FORWARD_D64 = (
 )
 # The gluon_ws forward on Hopper (templates/flash_gluon_ws.py.j2): 128-key blocks on three K/V slots (head dims up to
 # 128; the prototype's best from 4k keys, 0.89-1.02x of cuDNN, results/gluon_flash_2026-12-03.txt) and 64-key blocks
-# on two (the one that fits at head dim 256).
+# on two (the one that fits at head dim 256); 128- and 64-key blocks with tiles taken from a queue (TILE_QUEUE).
 _SEED_FORWARD_GLUON = (
     dict(LOADS=GLUON_WS, BLOCK_M=128, BLOCK_N=128, WARP_SPECIALIZE=False, num_warps=4, num_stages=3),
     dict(LOADS=GLUON_WS, BLOCK_M=128, BLOCK_N=64, WARP_SPECIALIZE=False, num_warps=4, num_stages=2),
+    dict(LOADS=GLUON_WS, BLOCK_M=128, BLOCK_N=128, WARP_SPECIALIZE=False, num_warps=4, num_stages=3, TILE_QUEUE=True),
+    dict(LOADS=GLUON_WS, BLOCK_M=128, BLOCK_N=64, WARP_SPECIALIZE=False, num_warps=4, num_stages=4, TILE_QUEUE=True),
 )
 _SEED_BACKWARD = (
     dict(LOADS="pointer", BLOCK_M1=32, BLOCK_N1=128, BLOCK_M2=128, BLOCK_N2=32, num_warps=8, num_stages=2),
@@ -455,10 +469,15 @@ class FlashFamily(Family):
             Axis("WARP_SPECIALIZE", (False, True)),
             # The masked key blocks in the whole blocks' pipelined loop, behind a branch (templates/flash_attention).
             Axis("MASKS_IN_LOOP", (False, True), AxisKind.RENDER),
+            # gluon_ws's dense tiles taken from an atomic queue by whichever program is free (FlashAttention-3's
+            # dynamic persistent schedule), where static rounds are dealt in advance (templates/flash_gluon_ws).
+            Axis("TILE_QUEUE", (False, True), AxisKind.RENDER),
             Axis("num_warps", (1, 2, 4, 8)),
             Axis("num_stages", (2, 3, 4)),
         ]
         constraints = [
+            Constraint("tile_queue_gluon_ws", lambda c: not c["TILE_QUEUE"] or c["LOADS"] == GLUON_WS,
+                       "the tile queue is the gluon_ws forward's schedule"),
             Constraint("masks_in_loop_needs_masks", lambda c: p.masked or not c["MASKS_IN_LOOP"],
                        "a problem without a mask has no masked key blocks to move into the loop"),
             # The look-ahead loop peels its first and last whole blocks by hand; warp specialisation of a loop with a
@@ -647,11 +666,12 @@ class FlashFamily(Family):
         if gluon_ws_ok(p, device) and p.seq_q > 64 and (
                 bd == 128 or (bd == 256 and (p.seq_k < _TMA_FROM_KEYS or p.causal))
                 or (bd == 64 and p.seq_k >= _GLUON_D64_FROM_KEYS)):
+            queue = _gluon_tile_queue(p)
             if bd == 128 and p.causal and not p.varlen and p.seq_k <= _GLUON_SHORT_KEYS:
                 return dict(LOADS=GLUON_WS, BLOCK_M=_GLUON_BLOCK_M, BLOCK_N=64, WARP_SPECIALIZE=False, num_warps=4,
-                            num_stages=4)
+                            num_stages=4, TILE_QUEUE=queue)
             return dict(LOADS=GLUON_WS, BLOCK_M=_GLUON_BLOCK_M, BLOCK_N=128 if bd <= 128 else 64,
-                        WARP_SPECIALIZE=False, num_warps=4, num_stages=3 if bd <= 128 else 2)
+                        WARP_SPECIALIZE=False, num_warps=4, num_stages=3 if bd <= 128 else 2, TILE_QUEUE=queue)
         tma = (arch_of(device).supports(Feature.TMA) and not device.interpret and p.aligned and not p.varlen
                and p.seq_k >= _TMA_FROM_KEYS)
         loads = "tma" if tma else "pointer"
@@ -907,7 +927,7 @@ class FlashFamily(Family):
             MASKS_IN_LOOP=p.direction == "fwd" and _forward_upgrade(config)["MASKS_IN_LOOP"],
             INPUT_PRECISION="ieee" if p.dtype == "fp32" else "", UPCAST_DOTS=False, STORE_LSE=True,
             Q_SLOTS=gluon_q_slots(p, config) if config["LOADS"] == GLUON_WS and p.direction == "fwd" else 1,
-            TILE_QUEUE=False,  # gluon_ws's dynamic tile queue: rendered by benchmarks/prototypes only, until measured
+            TILE_QUEUE=p.direction == "fwd" and _forward_upgrade(config)["TILE_QUEUE"],
         )
 
     def kernel_module(self, problem: FlashProblem, config: Config, interpret: bool, store_lse: bool = True):

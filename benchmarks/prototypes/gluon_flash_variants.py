@@ -37,9 +37,8 @@ from autotile.space import Config  # noqa: E402
 # the tile-major order, cuDNN 72%), which the template takes at head dim 256 up to 16 query tiles a head; head_major
 # takes it at every head dim and tile_major never.
 # A patch is (old, new), or (first line, line after, new) for the text from the first line up to the line after;
-# patches join with '+'. A patch named in SWITCHES renders the template with that switch on instead: queue, the
-# dense tiles taken from a queue (an atomic counter) by whichever program is free, FlashAttention-3's dynamic
-# persistent schedule, where static rounds deal tiles of unequal weight (causal) and leave programs waiting.
+# patches join with '+'. The tile queue (TILE_QUEUE: tiles taken from an atomic counter by whichever program is free)
+# is a config axis of the family; `--set queue` times every shape's default with the queue on and off.
 _REGISTER_STORE = """            mbarrier.arrive(empty.index(last), count=1)
             rows_o = row0 + gl.arange(0, WG_ROWS, layout=row_o)
             o_base = o_ptr + b.to(gl.int64) * stride_ob + h.to(gl.int64) * stride_oh
@@ -57,12 +56,9 @@ PATCHES = {"scale_first": ("    if NEGATE_Q:\n", "    if True:  # scale first, w
 }
 
 
-SWITCHES = {"queue": "TILE_QUEUE"}
-
-
-def gluon(block_m: int, block_n: int, stages: int) -> Config:
+def gluon(block_m: int, block_n: int, stages: int, queue: bool = False) -> Config:
     return Config(dict(LOADS=GLUON_WS, BLOCK_M=block_m, BLOCK_N=block_n, WARP_SPECIALIZE=False, MASKS_IN_LOOP=False,
-                       num_warps=4, num_stages=stages))
+                       TILE_QUEUE=queue, num_warps=4, num_stages=stages))
 
 
 def triton(loads: str, block_m: int, block_n: int, warps: int, stages: int, masks_in_loop: bool = False) -> Config:
@@ -76,9 +72,9 @@ def cases() -> list:
         return FlashProblem("fwd", b, hq, hkv, s, sk, d, causal)
 
     causal = {"gluon 128x128 s3": (gluon(128, 128, 3), None),
-              "gluon 128x128 s3 queue": (gluon(128, 128, 3), "queue"),
+              "gluon 128x128 s3 queue": (gluon(128, 128, 3, queue=True), None),
               "gluon 128x64 s4": (gluon(128, 64, 4), None),
-              "gluon 128x64 s4 queue": (gluon(128, 64, 4), "queue"),
+              "gluon 128x64 s4 queue": (gluon(128, 64, 4, queue=True), None),
               "gluon 128x64 s4 one_q_slot": (gluon(128, 64, 4), "one_q_slot"),
               "gluon 128x64 s4 all_blocks": (gluon(128, 64, 4), "all_blocks")}
     d128 = {"gluon 128x128 s3": (gluon(128, 128, 3), None),
@@ -86,8 +82,8 @@ def cases() -> list:
     d64 = {"gluon 128x128 s3": (gluon(128, 128, 3), None),
            "gluon 128x64 s4": (gluon(128, 64, 4), None)}
     d256 = {"gluon 128x64 s2": (gluon(128, 64, 2), None),
-            "gluon 128x64 s2 queue": (gluon(128, 64, 2), "queue"),
-            "gluon 128x64 s2 tile_major+queue": (gluon(128, 64, 2), "tile_major+queue"),
+            "gluon 128x64 s2 queue": (gluon(128, 64, 2, queue=True), None),
+            "gluon 128x64 s2 tile_major+queue": (gluon(128, 64, 2, queue=True), "tile_major"),
             "gluon 128x64 s2 tile_major": (gluon(128, 64, 2), "tile_major")}
     d96_causal = {"gluon 128x128 s3": (gluon(128, 128, 3), None),
                   "gluon 128x64 s4": (gluon(128, 64, 4), None),
@@ -123,19 +119,33 @@ def cases() -> list:
     ]
 
 
-def _rendered(pr: FlashProblem, config: Config, patch: str | None):
-    """The family's forward module for `config`, with the patch's SWITCHES on and its source patches applied."""
-    from autotile.render import load_kernel_module
+def queue_cases(device) -> list:
+    """Prefill of Llama-3-8B (32/8 heads), Qwen2.5-7B (28/4), Phi-3-mini (32/32, head dim 96), Gemma-2-9B (16/8, 256)
+    and head dim 64 over batch sizes, causal and not: each shape's default config with the tile queue on and off."""
+    heads = {"llama": (32, 8, 128), "qwen": (28, 4, 128), "phi": (32, 32, 96), "gemma": (16, 8, 256),
+             "d64": (12, 12, 64)}
+    shapes = [("llama", 1, 4096, True), ("llama", 1, 8192, True), ("llama", 2, 4096, True), ("llama", 4, 2048, True),
+              ("llama", 8, 1024, True), ("llama", 16, 512, True), ("llama", 32, 256, True), ("llama", 2, 4096, False),
+              ("llama", 16, 512, False), ("qwen", 1, 4096, True), ("qwen", 4, 2048, True), ("qwen", 8, 1024, True),
+              ("qwen", 16, 512, True), ("phi", 4, 2048, True), ("phi", 16, 512, True), ("gemma", 4, 2048, True),
+              ("d64", 3, 2000, True), ("d64", 4, 4096, True)]
+    out = []
+    for model, batch, seq, causal in shapes:
+        hq, hkv, d = heads[model]
+        problem = FlashProblem("fwd", batch, hq, hkv, seq, seq, d, causal)
+        default = dict(FAMILY.default_config(problem, device))
+        if default["LOADS"] != GLUON_WS:
+            continue
+        label = f"{model} {batch}x{seq}{' causal' if causal else ''} ({default['BLOCK_N']}-key blocks)"
+        out.append((label, problem, {"static": (Config(dict(default, TILE_QUEUE=False)), None),
+                                     "queue": (Config(dict(default, TILE_QUEUE=True)), None)}))
+    return out
 
-    parts = [part for part in (patch or "").split("+") if part]
-    switches = {SWITCHES[part]: True for part in parts if part in SWITCHES}
-    if switches:
-        rendered = {**FAMILY.render_switches(pr, config), "UPCAST_DOTS": False, "STORE_LSE": False, **switches}
-        module = load_kernel_module(FAMILY.template, interpret=False, **rendered)
-    else:
-        module = FAMILY.kernel_module(pr, config, interpret=False, store_lse=False)
-    source_patches = "+".join(part for part in parts if part not in SWITCHES)
-    return _patched(module, source_patches) if source_patches else module
+
+def _rendered(pr: FlashProblem, config: Config, patch: str | None):
+    """The family's forward module for `config`, with the source patches applied."""
+    module = FAMILY.kernel_module(pr, config, interpret=False, store_lse=False)
+    return _patched(module, patch) if patch else module
 
 
 def _patched(module, patch: str):
@@ -184,9 +194,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--only", default="", help="comma-separated parts of shape labels to run (default: all)")
+    parser.add_argument("--set", choices=("variants", "queue"), default="variants",
+                        help="queue: each model shape's default with the tile queue on and off")
     args = parser.parse_args()
     wanted = [part for part in args.only.split(",") if part]
-    for label, problem, variants in cases():
+    for label, problem, variants in (queue_cases(_device()) if args.set == "queue" else cases()):
         if wanted and not any(part in label for part in wanted):
             continue
         pr = problem
