@@ -77,7 +77,7 @@ def test_gluon_ws_configs_keep_its_structure(head_dim, block_ns):
         assert c["BLOCK_M"] == 128 and c["num_warps"] == 4 and not c["WARP_SPECIALIZE"] and not c["MASKS_IN_LOOP"]
 
 
-def test_the_tile_queue_is_gluon_ws_and_untuned_where_causal_head_dim_128_runs_more_than_one_sequence():
+def test_the_tile_queue_is_gluon_ws_and_untuned_where_head_dim_128_runs_more_than_one_sequence():
     def queued(problem) -> bool:
         config = FAMILY.default_config(problem, H200)
         assert config["LOADS"] == GLUON_WS, problem
@@ -87,8 +87,9 @@ def test_the_tile_queue_is_gluon_ws_and_untuned_where_causal_head_dim_128_runs_m
     assert queued(llama) and queued(dataclasses.replace(llama, batch=16, seq_q=512, seq_k=512))
     assert queued(dataclasses.replace(llama, varlen=True)) and queued(dataclasses.replace(llama, head_dim=96))
     assert not queued(LLAMA_4K)  # one sequence: static rounds led (1 x 4096)
-    assert not queued(dataclasses.replace(llama, causal=False))  # equal tiles: nothing to balance
+    assert queued(dataclasses.replace(llama, causal=False))
     assert not queued(dataclasses.replace(llama, heads_q=16, head_dim=256))  # Gemma-2: static rounds led
+    assert not queued(dataclasses.replace(llama, heads_q=12, heads_kv=12, head_dim=64))  # a tie
     # Only gluon_ws takes tiles from a queue; a config stored before the axis existed runs static rounds.
     space = FAMILY.space(llama, H200)
     tma = dict(LOADS="tma", BLOCK_M=128, BLOCK_N=64, WARP_SPECIALIZE=False, MASKS_IN_LOOP=False, num_warps=4,

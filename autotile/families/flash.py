@@ -85,13 +85,15 @@ def gluon_q_slots(problem, config) -> int:
 
 
 def _gluon_tile_queue(problem) -> bool:
-    """Whether the untuned gluon_ws forward takes its tiles from a queue (TILE_QUEUE): causal at head dim 128 with
-    more than one sequence, where static rounds leave programs waiting on the round's heaviest tiles. H200, x cuDNN,
-    static -> queue (results/gluon_variants_2026-12-04_queue.txt): Llama-3-8B 16 x 512 0.97x -> 1.01x (64-key blocks)
-    and 0.92x -> 0.98x (128), 4 x 2048 1.02x -> 1.05x (128) and 0.94x -> 0.99x (64), Qwen2.5-7B 8 x 1024 1.01x ->
-    1.04x (64); one sequence (1 x 4096) 1.18x -> 1.13x (128-key blocks), and at head dim 256 (Gemma-2-9B) 4 x 2048
-    0.82x -> 0.77x, 1 x 8192 and 16 x 512 a tie."""
-    return problem.block_d == 128 and problem.causal and problem.batch > 1
+    """Whether the untuned gluon_ws forward takes its tiles from a queue (TILE_QUEUE): at head dim 128 with more than
+    one sequence, where static rounds leave programs waiting on the round's slowest tiles. H200, x cuDNN, each
+    shape's default static -> queue (results/gluon_variants_2026-12-04_queue_axis.txt): causal Llama-3-8B 32 x 256
+    0.99x -> 1.04x, 16 x 512 0.97x -> 1.01x, 8 x 1024 0.96x -> 1.02x, 4 x 2048 1.05x -> 1.07x, 2 x 4096 a tie;
+    Qwen2.5-7B 16 x 512 0.99x -> 1.03x, 8 x 1024 0.97x -> 1.02x, 4 x 2048 1.05x -> 1.09x; not causal, 16 x 512
+    0.96x -> 1.00x, 2 x 4096 a tie; Phi-3-mini (96 in 128-wide tiles) 16 x 512 0.91x -> 0.94x, 4 x 2048 a tie. One
+    sequence keeps static rounds (1 x 4096 1.17x -> 1.15x, 1 x 8192 a tie), as do head dims 256 (Gemma-2-9B 4 x 2048
+    0.82x -> 0.76x) and 64 (3 x 12 x 2000 and 4 x 12 x 4096, ties)."""
+    return problem.block_d == 128 and problem.batch > 1
 
 
 # Keys up to which causal gluon_ws forwards at head dim 128 take 64-key blocks (see FlashFamily._forward_default).
