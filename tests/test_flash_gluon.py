@@ -69,12 +69,19 @@ def test_two_q_slots_where_64_key_blocks_leave_room():
     assert slots(128, 128, 2) == 1  # 128-key blocks keep one (measured only at 64)
 
 
-@pytest.mark.parametrize("head_dim, block_ns", [(64, {64, 128}), (128, {64, 128}), (256, {64})])
-def test_gluon_ws_configs_keep_its_structure(head_dim, block_ns):
-    configs = gluon_configs(dataclasses.replace(LLAMA_4K, head_dim=head_dim), H200)
-    assert {c["BLOCK_N"] for c in configs} == block_ns  # D = 256 with 128-key blocks would not fit shared memory
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_gluon_ws_configs_keep_its_structure(head_dim):
+    from autotile.families.flash import gluon_split_kv
+
+    problem = dataclasses.replace(LLAMA_4K, head_dim=head_dim)
+    configs = gluon_configs(problem, H200)
+    assert {c["BLOCK_N"] for c in configs} == {64, 128}
     for c in configs:
         assert c["BLOCK_M"] == 128 and c["num_warps"] == 4 and not c["WARP_SPECIALIZE"] and not c["MASKS_IN_LOOP"]
+        # One K/V slot only where K and V go back apart: head dim 256's 128-key blocks, which fit no second slot.
+        assert (c["num_stages"] == 1) == gluon_split_kv(problem, c) == (head_dim == 256 and c["BLOCK_N"] == 128)
+    # Triton's forwards keep two stages at least.
+    assert all(c["num_stages"] >= 2 for c in FAMILY.space(problem, H200).feasible() if c["LOADS"] != GLUON_WS)
 
 
 def test_the_tile_queue_is_gluon_ws_and_untuned_where_head_dim_128_runs_more_than_one_sequence():

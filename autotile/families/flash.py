@@ -96,6 +96,14 @@ def _gluon_tile_queue(problem) -> bool:
     return problem.block_d == 128 and problem.batch > 1
 
 
+def gluon_split_kv(problem, config) -> bool:
+    """Whether a gluon_ws forward gives its K and V slots back apart (SPLIT_KV in templates/flash_gluon_ws.py.j2): at
+    head dim 256 with 128-key blocks, whose one slot (Q, K and V: 192 KB) is all that fits, as in cuDNN's
+    64 x 128 x 256 forward (197 KB of shared memory, results/ncu_flash_2026-12-03/)."""
+    return (problem.direction == "fwd" and config["LOADS"] == GLUON_WS and problem.block_d == 256
+            and config["BLOCK_N"] == _GLUON_BLOCK_M)
+
+
 # Keys up to which causal gluon_ws forwards at head dim 128 take 64-key blocks (see FlashFamily._forward_default).
 _GLUON_SHORT_KEYS = 1024
 # Keys from which the gluon_ws forward is the default at head dim 64: it led at 2000 and 4096 keys once its persistent
@@ -296,12 +304,14 @@ _SEED_FORWARD_D64 = (
 )
 # The gluon_ws forward on Hopper (templates/flash_gluon_ws.py.j2): 128-key blocks on three K/V slots (head dims up to
 # 128; the prototype's best from 4k keys, 0.89-1.02x of cuDNN, results/gluon_flash_2026-12-03.txt) and 64-key blocks
-# on two (the one that fits at head dim 256); 128- and 64-key blocks with tiles taken from a queue (TILE_QUEUE).
+# on two (the one that fits at head dim 256); 128- and 64-key blocks with tiles taken from a queue (TILE_QUEUE);
+# head dim 256's one split K/V slot of 128 keys (SPLIT_KV).
 _SEED_FORWARD_GLUON = (
     dict(LOADS=GLUON_WS, BLOCK_M=128, BLOCK_N=128, WARP_SPECIALIZE=False, num_warps=4, num_stages=3),
     dict(LOADS=GLUON_WS, BLOCK_M=128, BLOCK_N=64, WARP_SPECIALIZE=False, num_warps=4, num_stages=2),
     dict(LOADS=GLUON_WS, BLOCK_M=128, BLOCK_N=128, WARP_SPECIALIZE=False, num_warps=4, num_stages=3, TILE_QUEUE=True),
     dict(LOADS=GLUON_WS, BLOCK_M=128, BLOCK_N=64, WARP_SPECIALIZE=False, num_warps=4, num_stages=4, TILE_QUEUE=True),
+    dict(LOADS=GLUON_WS, BLOCK_M=128, BLOCK_N=128, WARP_SPECIALIZE=False, num_warps=4, num_stages=1),
 )
 _SEED_BACKWARD = (
     dict(LOADS="pointer", BLOCK_M1=32, BLOCK_N1=128, BLOCK_M2=128, BLOCK_N2=32, num_warps=8, num_stages=2),
@@ -475,9 +485,12 @@ class FlashFamily(Family):
             # dynamic persistent schedule), where static rounds are dealt in advance (templates/flash_gluon_ws).
             Axis("TILE_QUEUE", (False, True), AxisKind.RENDER),
             Axis("num_warps", (1, 2, 4, 8)),
-            Axis("num_stages", (2, 3, 4)),
+            # One stage: gluon_ws's split K/V slot only (below); a Triton loop on one stage loads nothing ahead.
+            Axis("num_stages", (1, 2, 3, 4)),
         ]
         constraints = [
+            Constraint("one_stage_split_kv", lambda c: c["num_stages"] >= 2 or gluon_split_kv(p, c),
+                       "one K/V stage is for gluon_ws's 128-key blocks at head dim 256 (K and V given back apart)"),
             Constraint("tile_queue_gluon_ws", lambda c: not c["TILE_QUEUE"] or c["LOADS"] == GLUON_WS,
                        "the tile queue is the gluon_ws forward's schedule"),
             Constraint("masks_in_loop_needs_masks", lambda c: p.masked or not c["MASKS_IN_LOOP"],
@@ -930,6 +943,7 @@ class FlashFamily(Family):
             INPUT_PRECISION="ieee" if p.dtype == "fp32" else "", UPCAST_DOTS=False, STORE_LSE=True,
             Q_SLOTS=gluon_q_slots(p, config) if config["LOADS"] == GLUON_WS and p.direction == "fwd" else 1,
             TILE_QUEUE=p.direction == "fwd" and _forward_upgrade(config)["TILE_QUEUE"],
+            SPLIT_KV=gluon_split_kv(p, config),
         )
 
     def kernel_module(self, problem: FlashProblem, config: Config, interpret: bool, store_lse: bool = True):
