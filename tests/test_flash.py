@@ -413,7 +413,9 @@ def test_forward_default_follows_the_h200_sweep():
     assert default(4, 2048, 128, True) == ("gluon_ws", 128, 128, False, 4)
     assert default(16, 512, 128, False) == ("gluon_ws", 128, 128, False, 4)
     assert default(2, 4096, 128, False) == ("gluon_ws", 128, 128, False, 4)
-    assert default(4, 2048, 256, True) == ("gluon_ws", 128, 64, False, 4)
+    # results/gluon_variants_2026-12-04_split.txt: head dim 256 past 512 keys on one split K/V slot of 128 keys.
+    assert default(4, 2048, 256, True) == ("gluon_ws", 128, 128, False, 4)
+    assert default(16, 512, 256, True) == ("gluon_ws", 128, 64, False, 4)
     assert default(1, 64, 128, True)[0] != "gluon_ws"  # 64 queries: less than its 128-row query tile
     # results/gluon_variants_2026-12-03b.txt, _c.txt: head dim 64 from 2000 keys once the rounds alternated.
     assert default(1, 4096, 64, True) == ("gluon_ws", 128, 128, False, 4)
@@ -429,9 +431,9 @@ def test_forward_default_follows_the_h200_sweep():
     # results/flash_policy_sweep_2026-12-03c.md: head dim 64 without a mask, TMA loads, 4 warps, no specialisation
     # (fp32 output: gluon_ws does not apply).
     assert default(4, 4096, 64, False, dtype="fp32")[:2] == ("tma", 128)
-    assert default(1, 4096, 256, True) == ("gluon_ws", 128, 64, False, 4)  # results/gluon_variants_2026-12-03f.txt
+    assert default(1, 4096, 256, True) == ("gluon_ws", 128, 128, False, 4)
     assert default(1, 4096, 256, True, window_left=512) == ("tma", 64, 64, False, 4)  # a left window: no gluon_ws
-    assert default(1, 4096, 256, False) == ("tma", 128, 64, False, 8)
+    assert default(1, 4096, 256, False) == ("gluon_ws", 128, 128, False, 4)
     assert default(1, 4096, 128, True, aligned=False)[0] == "pointer"  # TMA needs aligned rows
     assert default(1, 4096, 128, True, varlen=True)[0] == "gluon_ws"  # results/flash_2026-12-03d_varlen.md
     assert default(1, 4096, 128, True, softcap=50.0)[0] == "tma"

@@ -107,11 +107,10 @@ VARIANTS = [
      _fwd("tma", 128, 128, True, 8, 2), (90,)),
     ("fp8-tma", FlashProblem("fwd", 2, 32, 32, 4096, 4096, 128, causal=True, dtype="fp8"), _fwd("tma", 128, 128, False, 8, 2), (90,)),
     # Warp-specialised 128 x 128 TMA tiles over a padded head dim (96 in 128 lanes: the Triton template's, where
-    # gluon_ws, the Hopper default whose builds tests/test_flash_gluon.py checks, does not apply), and the untuned
-    # default of D = 256 on 128 x 64 tiles (non-causal; causal D = 256 defaults to gluon_ws).
+    # gluon_ws, the Hopper default whose builds tests/test_flash_gluon.py checks, does not apply), and D = 256 on the
+    # 128 x 64 tiles of 8 warps that the untuned rule gives where gluon_ws does not apply.
     ("noncausal-d96-tma-ws", FlashProblem("fwd", 2, 32, 32, 4096, 4096, 96), _fwd("tma", 128, 128, True, 8, 3), (90,)),
-    ("default-d256", FlashProblem("fwd", 1, 16, 8, 4096, 4096, 256),
-     FAMILY.default_config(FlashProblem("fwd", 1, 16, 8, 4096, 4096, 256), _H200), (90,)),
+    ("tma-d256", FlashProblem("fwd", 1, 16, 8, 4096, 4096, 256), _fwd("tma", 128, 64, False, 8, 2), (90,)),
     ("bwd-plain-d128", FlashProblem("bwd", 2, 32, 8, 4096, 4096, 128, causal=True), BWD, (90,)),
     # The backward's TMA loads (per-sequence descriptors of packed rows) with every feature's masks.
     ("bwd-varlen-features-tma", FlashProblem("bwd", 4, 16, 8, 2048, 2048, 128, causal=True, window_left=512, softcap=30.0,

@@ -106,6 +106,11 @@ def gluon_split_kv(problem, config) -> bool:
 
 # Keys up to which causal gluon_ws forwards at head dim 128 take 64-key blocks (see FlashFamily._forward_default).
 _GLUON_SHORT_KEYS = 1024
+# Keys up to which gluon_ws forwards at head dim 256 take 64-key blocks on two K/V slots; beyond, one split slot of
+# 128-key blocks (SPLIT_KV). H200, causal Gemma-2-9B, x cuDNN, 64-key blocks -> split slot
+# (results/gluon_variants_2026-12-04_split.txt): 1 x 4096 0.94x -> 1.20x, 4 x 2048 0.85x -> 1.04x, 1 x 8192 0.83x ->
+# 1.12x; 16 x 512 0.90x -> 0.88x.
+_GLUON_D256_SHORT_KEYS = 512
 # Keys from which the gluon_ws forward is the default at head dim 64: it led at 2000 and 4096 keys once its persistent
 # rounds alternated direction and O left through a TMA store; at 16 x 512 the pointer default led
 # (results/gluon_variants_2026-12-03b.txt, _c.txt).
@@ -679,12 +684,14 @@ class FlashFamily(Family):
         # A padded head dim (96 -> 128) runs its tile's rules: the kernel's work is the padded tile's.
         bd = p.block_d
         if gluon_ws_ok(p, device) and p.seq_q > 64 and (
-                bd == 128 or (bd == 256 and (p.seq_k < _TMA_FROM_KEYS or p.causal))
-                or (bd == 64 and p.seq_k >= _GLUON_D64_FROM_KEYS)):
+                bd in (128, 256) or (bd == 64 and p.seq_k >= _GLUON_D64_FROM_KEYS)):
             queue = _gluon_tile_queue(p)
             if bd == 128 and p.causal and not p.varlen and p.seq_k <= _GLUON_SHORT_KEYS:
                 return dict(LOADS=GLUON_WS, BLOCK_M=_GLUON_BLOCK_M, BLOCK_N=64, WARP_SPECIALIZE=False, num_warps=4,
                             num_stages=4, TILE_QUEUE=queue)
+            if bd == 256 and p.seq_k > _GLUON_D256_SHORT_KEYS:
+                return dict(LOADS=GLUON_WS, BLOCK_M=_GLUON_BLOCK_M, BLOCK_N=_GLUON_BLOCK_M, WARP_SPECIALIZE=False,
+                            num_warps=4, num_stages=1, TILE_QUEUE=queue)  # one split K/V slot (SPLIT_KV)
             return dict(LOADS=GLUON_WS, BLOCK_M=_GLUON_BLOCK_M, BLOCK_N=128 if bd <= 128 else 64,
                         WARP_SPECIALIZE=False, num_warps=4, num_stages=3 if bd <= 128 else 2, TILE_QUEUE=queue)
         tma = (arch_of(device).supports(Feature.TMA) and not device.interpret and p.aligned and not p.varlen

@@ -85,6 +85,11 @@ def cases() -> list:
             "gluon 128x128 s1 split": (gluon(128, 128, 1), None),
             "gluon 128x128 s1 split queue": (gluon(128, 128, 1, queue=True), None),
             "gluon 128x128 s1 split tile_major": (gluon(128, 128, 1), "tile_major")}
+    # Not causal: the Triton forward that served head dim 256 from 4096 keys beside gluon_ws's two tilings.
+    d256_plain = {"gluon 128x64 s2": (gluon(128, 64, 2), None), "gluon 128x128 s1 split": (gluon(128, 128, 1), None),
+                  "tma 128x64 w8 s2": (triton("tma", 128, 64, 8, 2), None)}
+    d256_short = {"gluon 128x64 s2": (gluon(128, 64, 2), None), "gluon 128x64 s2 queue": (gluon(128, 64, 2, True), None),
+                  "gluon 128x128 s1 split": (gluon(128, 128, 1), None)}
     d96_causal = {"gluon 128x128 s3": (gluon(128, 128, 3), None),
                   "gluon 128x64 s4": (gluon(128, 64, 4), None),
                   "pointer 64x64 w4 s3 in-loop": (triton("pointer", 64, 64, 4, 3, masks_in_loop=True), None)}
@@ -108,7 +113,9 @@ def cases() -> list:
         ("gemma 1x8192 causal", p(1, 16, 8, 8192, 8192, 256, True), d256),
         ("gemma 16x512 causal", p(16, 16, 8, 512, 512, 256, True), d256),
         ("gemma 1x4096 causal", p(1, 16, 8, 4096, 4096, 256, True), d256),
-        ("gemma 1x8192 not causal", p(1, 16, 8, 8192, 8192, 256, False), d256),
+        ("gemma 8x1024 causal", p(8, 16, 8, 1024, 1024, 256, True), d256_short),
+        ("gemma 1x8192 not causal", p(1, 16, 8, 8192, 8192, 256, False), d256_plain),
+        ("gemma 2x4096 not causal", p(2, 16, 8, 4096, 4096, 256, False), d256_plain),
         # Phi-3's head dim 96 in 128-wide tiles, beside the Triton forward that served it before (pointer loads,
         # 64 x 64 tiles, masks in the loop; non-causal: warp-specialised TMA 128 x 128).
         ("phi 16x512 causal", p(16, 32, 32, 512, 512, 96, True), d96_causal),
