@@ -119,11 +119,18 @@ CASES = [
     (FlashProblem("fwd", 16, 32, 8, 512, 512, 128, causal=True), 64, 4),  # two Q slots, each warpgroup its own blocks
     (FlashProblem("fwd", 16, 32, 32, 512, 512, 96, causal=True), 64, 4),  # Phi-3's head dim, padded to 128
     (FlashProblem("fwd", 4, 32, 32, 1000, 1000, 96, causal=True, varlen=True), 128, 3),
+    (FlashProblem("fwd", 4, 16, 8, 2048, 2048, 256, causal=True), 128, 1),  # D = 256 on one split K/V slot
+    (FlashProblem("fwd", 1, 16, 8, 8192, 8192, 256), 128, 1),
 ]
 
 
 # Spill instructions the key loop may hold: a per-tile scalar reloaded (above), never a tile of registers.
 KEY_LOOP_RELOADS = 2
+# Head dim 256 on one split K/V slot (SPLIT_KV) holds O (128 fp32 registers a thread) beside a 64 x 128 score tile
+# (64): ptxas (Triton 3.6) reloads the per-tile wgmma descriptors and addresses once a key block and saves two 64-bit
+# values around the P V wgmma, 12-16 local loads and stores in a loop of ~940 instructions around two 64 x 128 x 256
+# wgmma groups (sm90 SASS, 4 x 2048 causal and 1 x 8192). A spilled tile would be 64 or more.
+SPLIT_KV_LOOP_SPILLS = 24
 # The causal cases rendered with TILE_QUEUE (tiles from an atomic queue; benchmarks/prototypes/gluon_flash_variants.py
 # times it): Gemma-2's head dim 256, Llama-3's short and long prefill, and packed sequences.
 QUEUE_CASES = [CASES[3], CASES[4], CASES[6], (FlashProblem("fwd", 4, 32, 8, 2048, 2048, 128, causal=True), 128, 3)]
@@ -161,7 +168,8 @@ def test_gluon_ws_kernels_compile_for_sm90_without_spills_in_the_key_loop_or_lau
         # tile; with packed sequences it reloads one per-tile scalar (the first masked key block) once a key block, an
         # L1 hit beside two 64 x 128 x 128 wgmmas. What must not spill is the key loop's tiles: P spilled around the
         # P V wgmmas at 68 loads and stores a block (256-key blocks at D = 64).
-        assert stack == 0 or loop_spills <= KEY_LOOP_RELOADS, (case, f"{loop_spills} spills in the key loop")
+        bound = SPLIT_KV_LOOP_SPILLS if case[0].block_d == 256 and case[1] == 128 else KEY_LOOP_RELOADS
+        assert stack == 0 or loop_spills <= bound, (case, f"{loop_spills} spills in the key loop")
 
 
 def test_a_kept_forward_plan_encodes_each_descriptor_once_per_base_address(monkeypatch):
