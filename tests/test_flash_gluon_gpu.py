@@ -115,17 +115,19 @@ def test_gluon_ws_takes_any_scale(scale):
         assert (outputs["lse"].double()[seen] - want_lse[seen]).abs().max().item() < 1e-3, (scale, config.to_json())
 
 
-@pytest.mark.parametrize("varlen", [False, True], ids=["dense", "packed"])
-def test_the_served_forward_takes_descriptors_of_each_calls_tensors(monkeypatch, tmp_path, varlen):
+@pytest.mark.parametrize("varlen, head_dim", [(False, 128), (True, 128), (False, 256)],
+                         ids=["dense", "packed", "dense-d256"])
+def test_the_served_forward_takes_descriptors_of_each_calls_tensors(monkeypatch, tmp_path, varlen, head_dim):
     """The op's kept plan encodes the TMA descriptors once per base address: calls with new q, k, v (and so new
-    outputs) and a CUDA graph's own output must each read and write their own tensors, with no host sync."""
+    outputs) and a CUDA graph's own output must each read and write their own tensors, with no host sync. Two
+    sequences at head dim 128 take their tiles from a queue (TILE_QUEUE); head dim 256 runs one split K/V slot."""
     import autotile
     from autotile.runtime import dispatch
 
     monkeypatch.setenv("AUTOTILE_VENDOR", "0")
     monkeypatch.setenv("AUTOTILE_DB", f"sqlite:///{tmp_path / 'empty.sqlite'}")
     dispatch.clear_cache()
-    batch, heads_q, heads_kv, seq, head_dim = 2, 8, 2, 700, 128
+    batch, heads_q, heads_kv, seq = 2, 8, 2, 700
     lengths = torch.tensor([0, seq, 2 * seq - 123], device="cuda", dtype=torch.int32)
     gen = torch.Generator(device="cuda").manual_seed(9)
 
@@ -160,6 +162,8 @@ def test_the_served_forward_takes_descriptors_of_each_calls_tensors(monkeypatch,
     else:
         served = autotile.explain("flash_attention", q, k, v, causal=True)
     assert served["config"]["LOADS"] == GLUON_WS, served
+    assert served["config"]["TILE_QUEUE"] == (head_dim == 128), served
+    assert (served["config"]["num_stages"] == 1) == (head_dim == 256), served
     for _ in range(3):
         q, k, v = inputs()
         check(q, k, v, attend(q, k, v))
