@@ -59,8 +59,9 @@ LOADS = (("pointer", False), ("tma", False), ("tma", True))
 STAGES = (2, 3)
 # Masked key blocks in loops of their own, or in the whole blocks' loop (masked problems only; not with WS).
 MASKS = (False, True)
-# The gluon_ws forward (templates/flash_gluon_ws.py.j2): its key blocks and K/V slots; the rest of its tile is fixed.
-GLUON = tuple(itertools.product((64, 128), (2, 3, 4)))
+# The gluon_ws forward (templates/flash_gluon_ws.py.j2): its key blocks, K/V slots (one: head dim 256's split slot)
+# and schedule (static rounds or the tile queue); the rest of its tile is fixed.
+GLUON = tuple(itertools.product((64, 128), (1, 2, 3, 4), (False, True)))
 FINALISTS = 4
 H200_PLAN = DeviceInfo("h200", "NVIDIA H200", (9, 0), 132, 150_000_000_000, HOPPER_SMEM_PER_BLOCK, "plan")
 
@@ -73,7 +74,8 @@ def shapes() -> list[tuple[str, FlashProblem]]:
 
 def short(config: Config) -> str:
     c = config
-    return (f"{c['LOADS']}{'+ws' if c['WARP_SPECIALIZE'] else ''}{'+mil' if c.get('MASKS_IN_LOOP') else ''} "
+    return (f"{c['LOADS']}{'+ws' if c['WARP_SPECIALIZE'] else ''}{'+mil' if c.get('MASKS_IN_LOOP') else ''}"
+            f"{'+queue' if c.get('TILE_QUEUE') else ''} "
             f"{c['BLOCK_M']}x{c['BLOCK_N']} w{c['num_warps']} s{c['num_stages']}")
 
 
@@ -88,9 +90,9 @@ def candidates(problem: FlashProblem, device: DeviceInfo) -> dict[str, Config]:
                       num_warps=warps, num_stages=stages)
         if space.is_feasible(wanted):
             found.setdefault(space.validate(wanted), "grid")
-    for block_n, stages in GLUON:
+    for block_n, stages, queue in GLUON:
         wanted = dict(LOADS=GLUON_WS, BLOCK_M=128, BLOCK_N=block_n, WARP_SPECIALIZE=False, MASKS_IN_LOOP=False,
-                      num_warps=4, num_stages=stages)
+                      TILE_QUEUE=queue, num_warps=4, num_stages=stages)
         if space.is_feasible(wanted):
             found.setdefault(space.validate(wanted), "grid")
     return {f"{kind} {short(config)}": config for config, kind in found.items()}
