@@ -680,7 +680,10 @@ class FlashFamily(Family):
         A head dim that pads to a gluon_ws tile takes that tile's rules: Phi-3-mini's 96 in 128-wide tiles ran 0.91x
         of cuDNN at 16 x 512 against the pointer default's 0.75x, 0.95x at 4 x 2048 against 0.73x, 1.16x at 1 x 4096
         against 0.77x, and not causal at 2 x 4096 0.97x against the TMA default's 0.79x
-        (results/gluon_variants_2026-12-04_phi_d96.txt)."""
+        (results/gluon_variants_2026-12-04_phi_d96.txt). Head dim 256 past _GLUON_D256_SHORT_KEYS keys, causal or
+        not, runs one split K/V slot of 128-key blocks (SPLIT_KV; results/gluon_variants_2026-12-04_split.txt:
+        Gemma-2-9B 4 x 2048 causal 1.04x of cuDNN against 0.85x, 1 x 8192 not causal 0.99x against the TMA default's
+        0.76x). More than one sequence at head dim 128 takes its tiles from a queue (_gluon_tile_queue)."""
         # A padded head dim (96 -> 128) runs its tile's rules: the kernel's work is the padded tile's.
         bd = p.block_d
         if gluon_ws_ok(p, device) and p.seq_q > 64 and (
