@@ -248,6 +248,17 @@ def test_every_source_patch_of_the_variants_script_still_matches_the_kernel():
         variants._rendered(problem, variants.gluon(128, 64, 4), name)
 
 
+def test_the_variants_scripts_queue_set_pairs_each_gluon_default_with_the_queue_on_and_off():
+    variants = _variants_script()
+    cases = variants.queue_cases(H200)
+    assert len(cases) >= 10
+    for label, problem, pair in cases:
+        (static, _), (queued, _) = pair["static"], pair["queue"]
+        assert dict(static, TILE_QUEUE=True) == dict(queued) and not static["TILE_QUEUE"], label
+        assert FAMILY.space(problem, H200).admit(static) and FAMILY.space(problem, H200).admit(queued), label
+        assert dict(FAMILY.default_config(problem, H200)) in (dict(static), dict(queued)), label
+
+
 def test_the_variants_script_renders_the_queue_from_the_config_beside_a_patch():
     from pathlib import Path
 
