@@ -165,14 +165,16 @@ def _consumer(WG: gl.constexpr, q_smem, do_smem, k_smem, v_smem, ds_smem, kv_bar
             fence_async_shared()
             if not DQ_BY_KEYS:
                 mbarrier.arrive(ds_ready.index(it % 2), count=1)
-            dk = warpgroup_mma(gl.convert_layout(dst, op_layout), q_t, dk, is_async=True)
+            # dK's A operand dS^T from the shared memory dQ reads it from, not registers.
+            dk = warpgroup_mma(buf.slice(WG * WG_KEYS, WG_KEYS, dim=0), q_t, dk, is_async=True)
             if DQ_BY_KEYS:
                 ds_t = buf.slice(WG * WG_KEYS, WG_KEYS, dim=0).permute((1, 0))  # (queries, own keys)
             else:
                 mbarrier.wait(ds_ready.index(it % 2), (it // 2) & 1)  # the other warpgroup's half is there too
                 ds_t = buf.permute((1, 0))  # (queries, all 128 keys)
+            dv, dk = warpgroup_mma_wait(0, deps=(dv, dk))
             dq_tok = warpgroup_mma(ds_t, k_dq, zero_dq, use_acc=False, is_async=True)
-            dq, dv, dk = warpgroup_mma_wait(0, deps=(dq_tok, dv, dk))
+            dq = warpgroup_mma_wait(0, deps=(dq_tok, ))
             mbarrier.arrive(empty.index(s), count=1)
             dq = gl.convert_layout(dq * sm_scale, atomic_layout)
             gl.atomic_add(dq_base + q0 * HEAD_D + dq_offsets, dq, mask=(dq_rows < SQ - q0)[:, None], sem="relaxed")
