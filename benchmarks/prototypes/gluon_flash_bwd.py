@@ -1,11 +1,14 @@
 """Prototype: a FlashAttention backward in Gluon with FlashAttention-3's structure on Hopper.
 
 Status: correct on the H200 (float64 checks of dQ, dK and dV within FlashAttention's bounds, causal and not, GQA,
-Sq != Sk) and slower than the family's backward (results/gluon_flash_bwd_2026-12-03.txt, bf16, causal, D = 128):
-2 x 32 x 4096 252 TFLOP/s (0.54x cuDNN; the family 0.71x), 1 x 32/8 x 4096 187 (0.41x; the family 0.58x). Where
-it loses, from its SASS: each dQ element is an ATOMG with a branch around it (no RED), the LSE and Delta rows cross
-layouts through shared memory (a bar.sync each), the causal D = 128 key loop spills 92 values, and GQA programs walk
-their group's query heads one after another (8 KV heads x 32 key blocks: 256 programs of 4 heads each).
+Sq != Sk) and slower than the family's backward (bf16, causal, D = 128; results/gluon_flash_bwd_2026-12-04.txt):
+2 x 32 x 4096 275 TFLOP/s (0.58x cuDNN; the family 0.71x), 1 x 32/8 x 4096 208 (0.46x; the family 0.58x). dK reads
+dS^T from the shared memory that dQ reads it from, and dQ issues once dK and dV are done: the sm90 key loop's spill
+instructions went from 103 to 51 (causal) and 86 to 15 (not causal), and the kernel from 252 and 187 TFLOP/s
+(results/gluon_flash_bwd_2026-12-03.txt). Where it still loses, from its SASS: dQ leaves as masked F32x4 atomics
+(a branch around each), the LSE and Delta rows cross layouts through shared memory (a bar.sync each), the causal key
+loop reloads ~20-30 per-program scalars a step, and GQA programs walk their group's query heads one after another
+(8 KV heads x 32 key blocks: 256 programs of 4 heads each).
 The family's backward (Triton tl.dot kernels: dK/dV, then dQ, each recomputing P and dP) runs at 0.74x of cuDNN at
 D = 128, 4k (benchmarks/RESULTS.md); its dK/dV kernel alone took as long as cuDNN's whole backward, and adding dQ
 there with atomics did not pay in Triton (RESULTS.md "ninth run"). This is FlashAttention-3's answer, written where
