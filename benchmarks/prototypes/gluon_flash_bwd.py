@@ -137,9 +137,7 @@ def _consumer(WG: gl.constexpr, q_smem, do_smem, k_smem, v_smem, ds_smem, kv_bar
         row_base = (b * H + h).to(gl.int64) * SQ  # LSE, Delta: (B, H, SQ) contiguous
         lse_rows = lse_ptr + row_base
         delta_rows = delta_ptr + row_base
-        # The fp32 dQ accumulator: (B, H, SQ rounded up to BLOCK_M, HEAD_D) contiguous, so that a block's atomics
-        # need no mask (a masked vector atomic took a branch around each).
-        dq_base = dq_ptr + (b * H + h).to(gl.int64) * (gl.cdiv(SQ, BLOCK_M) * BLOCK_M) * HEAD_D
+        dq_base = dq_ptr + row_base * HEAD_D  # the fp32 dQ accumulator: (B, H, SQ, HEAD_D) contiguous
         for i in range(first, n_m):
             s = it % STAGES
             mbarrier.wait(ready.index(s), (it // STAGES) & 1)
@@ -182,7 +180,7 @@ def _consumer(WG: gl.constexpr, q_smem, do_smem, k_smem, v_smem, ds_smem, kv_bar
             dq = warpgroup_mma_wait(0, deps=(dq_tok, ))
             mbarrier.arrive(empty.index(s), count=1)
             dq = gl.convert_layout(dq * sm_scale, atomic_layout)
-            gl.atomic_add(dq_base + q0 * HEAD_D + dq_offsets, dq, sem="relaxed")
+            gl.atomic_add(dq_base + q0 * HEAD_D + dq_offsets, dq, mask=(dq_rows < SQ - q0)[:, None], sem="relaxed")
             it += 1
     # dK = scale * sum dS^T Q; dV = sum P^T dO. Rows past SK are not stored.
     out_rows = key0 + gl.arange(0, WG_KEYS, layout=gl.SliceLayout(1, kv_layout))
@@ -261,14 +259,14 @@ def flash_bwd(q, k, v, o, do, lse2, causal=False, scale=None, stages=2):
     HKV, SK = k.shape[1], k.shape[2]
     scale = 1.0 / math.sqrt(D) if scale is None else scale
     delta = (do.float() * o.float()).sum(-1).contiguous()  # the family's preprocess kernel, in torch here
-    dq_acc = torch.zeros(B, H, triton.cdiv(SQ, BLOCK_M) * BLOCK_M, D, device=q.device, dtype=torch.float32)
+    dq_acc = torch.zeros(B, H, SQ, D, device=q.device, dtype=torch.float32)
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     grid = (triton.cdiv(SK, BLOCK_N), B * HKV)
     flash_bwd_kernel[grid](q, k, v, do, lse2.contiguous(), delta, dq_acc, dk, dv, *q.stride()[:3], *k.stride()[:3],
                            *v.stride()[:3], *do.stride()[:3], *dk.stride()[:3], *dv.stride()[:3], B, H, HKV, SQ, SK,
                            scale * LOG2E, scale, HEAD_D=D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=stages,
                            CAUSAL=causal, num_warps=4)
-    return dq_acc[:, :, :SQ].to(q.dtype), dk, dv
+    return dq_acc.to(q.dtype), dk, dv
 
 
 def _reference(q, k, v, do, causal, scale, dtype=torch.float64):
