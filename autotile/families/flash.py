@@ -486,8 +486,8 @@ class FlashFamily(Family):
             Axis("WARP_SPECIALIZE", (False, True)),
             # The masked key blocks in the whole blocks' pipelined loop, behind a branch (templates/flash_attention).
             Axis("MASKS_IN_LOOP", (False, True), AxisKind.RENDER),
-            # gluon_ws's dense tiles taken from an atomic queue by whichever program is free (FlashAttention-3's
-            # dynamic persistent schedule), where static rounds are dealt in advance (templates/flash_gluon_ws).
+            # gluon_ws's tiles (dense or packed) taken from an atomic queue by whichever program is free
+            # (FlashAttention-3's dynamic persistent schedule), where static rounds are dealt in advance.
             Axis("TILE_QUEUE", (False, True), AxisKind.RENDER),
             Axis("num_warps", (1, 2, 4, 8)),
             # One stage: gluon_ws's split K/V slot only (below); a Triton loop on one stage loads nothing ahead.
@@ -943,16 +943,17 @@ class FlashFamily(Family):
     # --- running --------------------------------------------------------------------
     def render_switches(self, problem: FlashProblem, config: Config) -> dict:
         p = problem
+        forward = _forward_upgrade(config) if p.direction == "fwd" else {}  # its render axes, for older configs too
         return dict(
             RIGHT_BOUND=p.causal or p.window_right >= 0, LEFT_BOUND=p.window_left >= 0, SOFTCAP=p.softcap > 0,
             ALIBI=p.alibi, VARLEN=p.varlen, HEAD_PADDED=p.block_d != p.head_dim, FP8=p.dtype == "fp8",
             LOADS=(config["LOADS"].removesuffix("_lookahead") if p.direction == "fwd"
                    else _backward_upgrade(config)["LOADS"]),
             LOOKAHEAD=p.direction == "fwd" and config["LOADS"].endswith("_lookahead"),
-            MASKS_IN_LOOP=p.direction == "fwd" and _forward_upgrade(config)["MASKS_IN_LOOP"],
+            MASKS_IN_LOOP=forward.get("MASKS_IN_LOOP", False),
             INPUT_PRECISION="ieee" if p.dtype == "fp32" else "", UPCAST_DOTS=False, STORE_LSE=True,
             Q_SLOTS=gluon_q_slots(p, config) if config["LOADS"] == GLUON_WS and p.direction == "fwd" else 1,
-            TILE_QUEUE=p.direction == "fwd" and _forward_upgrade(config)["TILE_QUEUE"],
+            TILE_QUEUE=forward.get("TILE_QUEUE", False),
             SPLIT_KV=gluon_split_kv(p, config),
         )
 
