@@ -54,6 +54,14 @@ WG_KEYS = gl.constexpr(64)  # keys a consumer warpgroup owns (the wgmma's M for 
 BLOCK_N = 128  # keys a program owns: two consumer warpgroups
 BLOCK_M = 64  # query rows a step
 LOG2E = 1.4426950408889634
+# Timed and checked side by side: the measured order (dK, then dQ), FlashAttention-3's (dQ, then dK, dQ's atomics
+# under dK's wgmma), and the row statistics through the producer's TMA.
+VARIANTS = {
+    "s2": dict(stages=2),
+    "s2 stats": dict(stages=2, stats_smem=True),
+    "s2 stats dq-first": dict(stages=2, stats_smem=True, dq_first=True),
+    "s2 dq-first": dict(stages=2, dq_first=True),
+}
 
 
 @gluon.jit
@@ -66,32 +74,40 @@ def _first_block(kb, SQ, SK, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSA
 
 
 @gluon.jit
-def _producer(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_bar, ready, empty, b, h_kv, group,
-              SQ, SK, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+def _producer(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, q_smem, do_smem, k_smem, v_smem, lse_smem,
+              delta_smem, kv_bar, ready, empty, b, h_kv, group, H, SQ, SK, BLOCK_M: gl.constexpr,
+              BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, STATS_SMEM: gl.constexpr):
     kb = gl.program_id(0)
     mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(k_desc, [b, h_kv, kb * BLOCK_N, 0], kv_bar, k_smem)
     tma.async_copy_global_to_shared(v_desc, [b, h_kv, kb * BLOCK_N, 0], kv_bar, v_smem)
     first = _first_block(kb, SQ, SK, BLOCK_M, BLOCK_N, CAUSAL)
     n_m = gl.cdiv(SQ, BLOCK_M)
+    slot_bytes: gl.constexpr = q_desc.block_type.nbytes + do_desc.block_type.nbytes + \
+        (2 * BLOCK_M * 4 if STATS_SMEM else 0)
     it = 0
     for g in range(group):
         h = h_kv * group + g
+        stat_row = (b * H + h) * (n_m * BLOCK_M)  # LSE and Delta rows padded to whole query blocks
         for i in range(first, n_m):
             s = it % STAGES
             mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)  # a slot's first use passes at once
-            mbarrier.expect(ready.index(s), q_desc.block_type.nbytes + do_desc.block_type.nbytes)
+            mbarrier.expect(ready.index(s), slot_bytes)
             tma.async_copy_global_to_shared(q_desc, [b, h, i * BLOCK_M, 0], ready.index(s), q_smem.index(s))
             tma.async_copy_global_to_shared(do_desc, [b, h, i * BLOCK_M, 0], ready.index(s), do_smem.index(s))
+            if STATS_SMEM:
+                tma.async_copy_global_to_shared(lse_desc, [stat_row + i * BLOCK_M], ready.index(s), lse_smem.index(s))
+                tma.async_copy_global_to_shared(delta_desc, [stat_row + i * BLOCK_M], ready.index(s),
+                                                delta_smem.index(s))
             it += 1
 
 
 @gluon.jit
-def _consumer(WG: gl.constexpr, q_smem, do_smem, k_smem, v_smem, ds_smem, kv_bar, ready, empty, ds_ready,
-              lse_ptr, delta_ptr, dq_ptr, dk_ptr, dv_ptr, b, h_kv, group, H, SQ, SK, qk_scale, sm_scale,
-              stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs,
+def _consumer(WG: gl.constexpr, q_smem, do_smem, k_smem, v_smem, ds_smem, lse_smem, delta_smem, kv_bar, ready,
+              empty, ds_ready, lse_ptr, delta_ptr, dq_ptr, dk_ptr, dv_ptr, b, h_kv, group, H, SQ, SK, qk_scale,
+              sm_scale, stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs,
               HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-              CAUSAL: gl.constexpr, DQ_BY_KEYS: gl.constexpr):
+              CAUSAL: gl.constexpr, DQ_BY_KEYS: gl.constexpr, DQ_FIRST: gl.constexpr, STATS_SMEM: gl.constexpr):
     # S^T, dP^T: (64 keys, BLOCK_M queries); dK, dV: (64 keys, HEAD_D); dQ: (BLOCK_M queries, DQ_COLS).
     DQ_COLS: gl.constexpr = HEAD_D if DQ_BY_KEYS else HEAD_D // 2
     st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -132,12 +148,15 @@ def _consumer(WG: gl.constexpr, q_smem, do_smem, k_smem, v_smem, ds_smem, kv_bar
     first = _first_block(kb, SQ, SK, BLOCK_M, BLOCK_N, CAUSAL)
     n_m = gl.cdiv(SQ, BLOCK_M)
     it = 0
+    n_pad = n_m * BLOCK_M  # rows of the fp32 dQ accumulator and of padded LSE and Delta a head
     for g in range(group):
         h = h_kv * group + g
         row_base = (b * H + h).to(gl.int64) * SQ  # LSE, Delta: (B, H, SQ) contiguous
         lse_rows = lse_ptr + row_base
         delta_rows = delta_ptr + row_base
-        dq_base = dq_ptr + row_base * HEAD_D  # the fp32 dQ accumulator: (B, H, SQ, HEAD_D) contiguous
+        # The fp32 dQ accumulator: (B, H, SQ rounded up to BLOCK_M, HEAD_D) contiguous, so that a block's atomics
+        # need no mask (a masked vector atomic took a branch around each).
+        dq_base = dq_ptr + (b * H + h).to(gl.int64) * n_pad * HEAD_D
         for i in range(first, n_m):
             s = it % STAGES
             mbarrier.wait(ready.index(s), (it // STAGES) & 1)
@@ -145,12 +164,17 @@ def _consumer(WG: gl.constexpr, q_smem, do_smem, k_smem, v_smem, ds_smem, kv_bar
             do_t = do_smem.index(s).reshape([BLOCK_M, HEAD_D])
             st_tok = warpgroup_mma(k_mine, q_t.permute((1, 0)), zero_st, use_acc=False, is_async=True)
             dpt_tok = warpgroup_mma(v_mine, do_t.permute((1, 0)), zero_st, use_acc=False, is_async=True)
-            # The rows' statistics load while the two wgmmas run. Rows past SQ: LSE +inf, so P^T is 0 there.
             q0 = i * BLOCK_M
-            inside = stat_index < SQ - q0
-            lse = gl.load(lse_rows + q0 + stat_index, mask=inside, other=float("inf"))
-            delta = gl.load(delta_rows + q0 + stat_index, mask=inside, other=0.0)
-            lse = gl.convert_layout(lse, gl.SliceLayout(0, st_layout))
+            if STATS_SMEM:
+                # The producer's TMA put the block's LSE (+inf past SQ) and Delta in the slot: read straight into
+                # the columns of S^T, no layout crossing.
+                lse = lse_smem.index(s).load(gl.SliceLayout(0, st_layout))
+            else:
+                # The rows' statistics load while the two wgmmas run. Rows past SQ: LSE +inf, so P^T is 0 there.
+                inside = stat_index < SQ - q0
+                lse = gl.load(lse_rows + q0 + stat_index, mask=inside, other=float("inf"))
+                delta = gl.load(delta_rows + q0 + stat_index, mask=inside, other=0.0)
+                lse = gl.convert_layout(lse, gl.SliceLayout(0, st_layout))
             st = warpgroup_mma_wait(1, deps=(st_tok, ))
             pt = gl.exp2(st * qk_scale - lse[None, :])
             if CAUSAL:
@@ -160,7 +184,10 @@ def _consumer(WG: gl.constexpr, q_smem, do_smem, k_smem, v_smem, ds_smem, kv_bar
             pt_op = gl.convert_layout(pt.to(dtype), op_layout)
             dv = warpgroup_mma(pt_op, do_t, dv, is_async=True)
             dpt = warpgroup_mma_wait(1, deps=(dpt_tok, ))  # dP^T, issued before dV, is done
-            delta = gl.convert_layout(delta, gl.SliceLayout(0, st_layout))  # where LSE's registers are free
+            if STATS_SMEM:
+                delta = delta_smem.index(s).load(gl.SliceLayout(0, st_layout))
+            else:
+                delta = gl.convert_layout(delta, gl.SliceLayout(0, st_layout))  # where LSE's registers are free
             dst = (pt * (dpt - delta[None, :])).to(dtype)
             # dS^T to shared memory for dQ (it is read transposed there), double-buffered by step.
             buf = ds_smem.index(it % 2)
@@ -168,19 +195,33 @@ def _consumer(WG: gl.constexpr, q_smem, do_smem, k_smem, v_smem, ds_smem, kv_bar
             fence_async_shared()
             if not DQ_BY_KEYS:
                 mbarrier.arrive(ds_ready.index(it % 2), count=1)
-            # dK's A operand dS^T from the shared memory dQ reads it from, not registers.
-            dk = warpgroup_mma(buf.slice(WG * WG_KEYS, WG_KEYS, dim=0), q_t, dk, is_async=True)
             if DQ_BY_KEYS:
                 ds_t = buf.slice(WG * WG_KEYS, WG_KEYS, dim=0).permute((1, 0))  # (queries, own keys)
             else:
-                mbarrier.wait(ds_ready.index(it % 2), (it // 2) & 1)  # the other warpgroup's half is there too
                 ds_t = buf.permute((1, 0))  # (queries, all 128 keys)
-            dv, dk = warpgroup_mma_wait(0, deps=(dv, dk))
-            dq_tok = warpgroup_mma(ds_t, k_dq, zero_dq, use_acc=False, is_async=True)
-            dq = warpgroup_mma_wait(0, deps=(dq_tok, ))
-            mbarrier.arrive(empty.index(s), count=1)
-            dq = gl.convert_layout(dq * sm_scale, atomic_layout)
-            gl.atomic_add(dq_base + q0 * HEAD_D + dq_offsets, dq, mask=(dq_rows < SQ - q0)[:, None], sem="relaxed")
+            if DQ_FIRST:
+                # FlashAttention-3's order: dQ, then dK, back to back on the tensor cores; dQ's layout change and
+                # atomics run while dK's wgmma does.
+                if not DQ_BY_KEYS:
+                    mbarrier.wait(ds_ready.index(it % 2), (it // 2) & 1)  # the other warpgroup's half is there too
+                dq_tok = warpgroup_mma(ds_t, k_dq, zero_dq, use_acc=False, is_async=True)
+                dk = warpgroup_mma(buf.slice(WG * WG_KEYS, WG_KEYS, dim=0), q_t, dk, is_async=True)
+                dv, dq = warpgroup_mma_wait(1, deps=(dv, dq_tok))  # dV and dQ done; dK in flight
+                dq = gl.convert_layout(dq * sm_scale, atomic_layout)
+                gl.atomic_add(dq_base + q0 * HEAD_D + dq_offsets, dq, sem="relaxed")
+                dk = warpgroup_mma_wait(0, deps=(dk, ))
+                mbarrier.arrive(empty.index(s), count=1)
+            else:
+                # dK's A operand dS^T from the shared memory dQ reads it from, not registers.
+                dk = warpgroup_mma(buf.slice(WG * WG_KEYS, WG_KEYS, dim=0), q_t, dk, is_async=True)
+                if not DQ_BY_KEYS:
+                    mbarrier.wait(ds_ready.index(it % 2), (it // 2) & 1)
+                dv, dk = warpgroup_mma_wait(0, deps=(dv, dk))
+                dq_tok = warpgroup_mma(ds_t, k_dq, zero_dq, use_acc=False, is_async=True)
+                dq = warpgroup_mma_wait(0, deps=(dq_tok, ))
+                mbarrier.arrive(empty.index(s), count=1)
+                dq = gl.convert_layout(dq * sm_scale, atomic_layout)
+                gl.atomic_add(dq_base + q0 * HEAD_D + dq_offsets, dq, sem="relaxed")
             it += 1
     # dK = scale * sum dS^T Q; dV = sum P^T dO. Rows past SK are not stored.
     out_rows = key0 + gl.arange(0, WG_KEYS, layout=gl.SliceLayout(1, kv_layout))
@@ -200,7 +241,8 @@ def flash_bwd_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, dk
                      stride_dob, stride_doh, stride_dos, stride_dkb, stride_dkh, stride_dks,
                      stride_dvb, stride_dvh, stride_dvs, B, H, HKV, SQ, SK, qk_scale, sm_scale,
                      HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                     CAUSAL: gl.constexpr, num_warps: gl.constexpr):
+                     CAUSAL: gl.constexpr, DQ_FIRST: gl.constexpr, STATS_SMEM: gl.constexpr,
+                     num_warps: gl.constexpr):
     # grid: (cdiv(SK, BLOCK_N), B * HKV)
     gl.static_assert(BLOCK_N == 2 * WG_KEYS, "two consumer warpgroups of 64 keys")
     gl.static_assert(num_warps == 4, "each partition is one warpgroup")
@@ -223,11 +265,21 @@ def flash_bwd_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, dk
                                         kv_layout)
     v_desc = tma.make_tensor_descriptor(v_ptr, [B, HKV, SK, HEAD_D], [stride_vb, stride_vh, stride_vs, 1], kv_block,
                                         kv_layout)
+    # STATS_SMEM: LSE and Delta as (B * H * SQ rounded up to BLOCK_M) rows, one block of them per slot.
+    stat_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=1)
+    if STATS_SMEM:
+        n_stats = B * H * gl.cdiv(SQ, BLOCK_M) * BLOCK_M
+        lse_desc = tma.make_tensor_descriptor(lse_ptr, [n_stats], [1], [BLOCK_M], stat_layout)
+        delta_desc = tma.make_tensor_descriptor(delta_ptr, [n_stats], [1], [BLOCK_M], stat_layout)
+    else:
+        lse_desc, delta_desc = lse_ptr, delta_ptr  # not read
     q_smem = gl.allocate_shared_memory(dtype, [STAGES] + q_block, q_layout)
     do_smem = gl.allocate_shared_memory(dtype, [STAGES] + q_block, q_layout)
     k_smem = gl.allocate_shared_memory(dtype, kv_block, kv_layout)
     v_smem = gl.allocate_shared_memory(dtype, kv_block, kv_layout)
     ds_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_N, BLOCK_M], ds_layout)
+    lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], stat_layout)
+    delta_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], stat_layout)
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -239,34 +291,47 @@ def flash_bwd_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, dk
     for s in gl.static_range(2):
         mbarrier.init(ds_ready.index(s), count=2)  # both warpgroups' halves of dS^T are in the buffer
     gl.warp_specialize([
-        (_consumer, (0, q_smem, do_smem, k_smem, v_smem, ds_smem, kv_bar, ready, empty, ds_ready, lse_ptr, delta_ptr,
-                     dq_ptr, dk_ptr, dv_ptr, b, h_kv, group, H, SQ, SK, qk_scale, sm_scale, stride_dkb, stride_dkh,
-                     stride_dks, stride_dvb, stride_dvh, stride_dvs, HEAD_D, BLOCK_M, BLOCK_N, STAGES, CAUSAL,
-                     DQ_BY_KEYS)),
-        (_consumer, (1, q_smem, do_smem, k_smem, v_smem, ds_smem, kv_bar, ready, empty, ds_ready, lse_ptr, delta_ptr,
-                     dq_ptr, dk_ptr, dv_ptr, b, h_kv, group, H, SQ, SK, qk_scale, sm_scale, stride_dkb, stride_dkh,
-                     stride_dks, stride_dvb, stride_dvh, stride_dvs, HEAD_D, BLOCK_M, BLOCK_N, STAGES, CAUSAL,
-                     DQ_BY_KEYS)),
-        (_producer, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_bar, ready, empty, b, h_kv,
-                     group, SQ, SK, BLOCK_M, BLOCK_N, STAGES, CAUSAL))], [4, 1], [240, 24])
+        (_consumer, (0, q_smem, do_smem, k_smem, v_smem, ds_smem, lse_smem, delta_smem, kv_bar, ready, empty, ds_ready,
+                     lse_ptr, delta_ptr, dq_ptr, dk_ptr, dv_ptr, b, h_kv, group, H, SQ, SK, qk_scale, sm_scale,
+                     stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs, HEAD_D, BLOCK_M, BLOCK_N,
+                     STAGES, CAUSAL, DQ_BY_KEYS, DQ_FIRST, STATS_SMEM)),
+        (_consumer, (1, q_smem, do_smem, k_smem, v_smem, ds_smem, lse_smem, delta_smem, kv_bar, ready, empty, ds_ready,
+                     lse_ptr, delta_ptr, dq_ptr, dk_ptr, dv_ptr, b, h_kv, group, H, SQ, SK, qk_scale, sm_scale,
+                     stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs, HEAD_D, BLOCK_M, BLOCK_N,
+                     STAGES, CAUSAL, DQ_BY_KEYS, DQ_FIRST, STATS_SMEM)),
+        (_producer, (q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, q_smem, do_smem, k_smem, v_smem, lse_smem,
+                     delta_smem, kv_bar, ready, empty, b, h_kv, group, H, SQ, SK, BLOCK_M, BLOCK_N, STAGES, CAUSAL,
+                     STATS_SMEM))], [4, 1], [240, 24])
 
 
-def flash_bwd(q, k, v, o, do, lse2, causal=False, scale=None, stages=2):
+def flash_bwd(q, k, v, o, do, lse2, causal=False, scale=None, stages=2, dq_first=False, stats_smem=False):
     """(dq, dk, dv) of softmax(q k^T * scale) v for q, o, do (B, H, SQ, D), k and v (B, HKV, SK, D), 16-bit, unit
     stride along D and 16-byte aligned rows; lse2 (B, H, SQ) fp32: each row's log-sum-exp of the scaled logits in
-    the log2 domain (+inf for a row that sees no key), as the forward writes it."""
+    the log2 domain (+inf for a row that sees no key), as the forward writes it. dq_first: FlashAttention-3's order
+    of the last two wgmmas (dQ's atomics overlap dK's wgmma); stats_smem: LSE and Delta reach the consumers through
+    the producer's TMA, padded to whole query blocks."""
     B, H, SQ, D = q.shape
     HKV, SK = k.shape[1], k.shape[2]
     scale = 1.0 / math.sqrt(D) if scale is None else scale
-    delta = (do.float() * o.float()).sum(-1).contiguous()  # the family's preprocess kernel, in torch here
-    dq_acc = torch.zeros(B, H, SQ, D, device=q.device, dtype=torch.float32)
+    n_pad = triton.cdiv(SQ, BLOCK_M) * BLOCK_M
+    # The family's preprocess kernel, in torch here; with stats_smem it writes the rows padded (+inf LSE past SQ,
+    # so P is 0 there), as the forward would write LSE.
+    delta = (do.float() * o.float()).sum(-1)
+    if stats_smem:
+        lse_in = torch.full((B, H, n_pad), float("inf"), device=q.device, dtype=torch.float32)
+        lse_in[:, :, :SQ] = lse2
+        delta_in = torch.zeros(B, H, n_pad, device=q.device, dtype=torch.float32)
+        delta_in[:, :, :SQ] = delta
+    else:
+        lse_in, delta_in = lse2.contiguous(), delta.contiguous()
+    dq_acc = torch.zeros(B, H, n_pad, D, device=q.device, dtype=torch.float32)
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     grid = (triton.cdiv(SK, BLOCK_N), B * HKV)
-    flash_bwd_kernel[grid](q, k, v, do, lse2.contiguous(), delta, dq_acc, dk, dv, *q.stride()[:3], *k.stride()[:3],
+    flash_bwd_kernel[grid](q, k, v, do, lse_in, delta_in, dq_acc, dk, dv, *q.stride()[:3], *k.stride()[:3],
                            *v.stride()[:3], *do.stride()[:3], *dk.stride()[:3], *dv.stride()[:3], B, H, HKV, SQ, SK,
                            scale * LOG2E, scale, HEAD_D=D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=stages,
-                           CAUSAL=causal, num_warps=4)
-    return dq_acc.to(q.dtype), dk, dv
+                           CAUSAL=causal, DQ_FIRST=dq_first, STATS_SMEM=stats_smem, num_warps=4)
+    return dq_acc[:, :, :SQ].to(q.dtype), dk, dv
 
 
 def _reference(q, k, v, do, causal, scale, dtype=torch.float64):
@@ -315,8 +380,8 @@ def _time_cases(do_bench, quick: bool) -> None:
             del s
         pairs = S * S - (S * (S - 1) // 2 if causal else 0)
         flops = 2.5 * 4 * B * H * pairs * D
-        fns = {f"gluon s{st}": (lambda st=st: flash_bwd(q, k, v, o, do, lse2, causal, stages=st))
-               for st in ((2, ) if quick else (2, 3))}
+        fns = {f"gluon {name}": (lambda kw=kw: flash_bwd(q, k, v, o, do, lse2, causal, **kw))
+               for name, kw in VARIANTS.items()}
         out_family = autotile.flash_attention(q, k, v, causal=causal)
         fns["family"] = lambda: torch.autograd.grad(out_family, (q, k, v), do, retain_graph=True)
         kr2, vr2 = (t.detach().repeat_interleave(H // HKV, 1).requires_grad_() for t in (k, v))
@@ -364,13 +429,13 @@ def main() -> int:
         # FlashAttention's rule, as the family checks its own backward: within twice plain torch's error (the
         # same math in fp32, rounded to bf16) plus a rounding floor.
         plain = [g.to(q.dtype) for g in _reference(q, k, v, do, causal, scale, torch.float32)[2:]]
-        for stages in ((2, ) if quick else (2, 3)):
-            got = flash_bwd(q, k, v, o.to(q.dtype), do, lse2, causal, scale, stages=stages)
+        for name, kw in VARIANTS.items():
+            got = flash_bwd(q, k, v, o.to(q.dtype), do, lse2, causal, scale, **kw)
             results = [fa_rule_check(name, g, w, pl, "bf16", SK if name == "dq" else (H // HKV) * SQ)
                        for name, g, w, pl in zip(("dq", "dk", "dv"), got, want, plain)]
             ok = all(r.ok for r in results)
             bad += not ok
-            print(f"check B={B} H={H}/{HKV} {SQ}x{SK} D={D} causal={causal} stages={stages}: "
+            print(f"check B={B} H={H}/{HKV} {SQ}x{SK} D={D} causal={causal} {name}: "
                   + "; ".join(r.message for r in results) + (" ok" if ok else " WRONG"), flush=True)
     if bad:
         return 1
