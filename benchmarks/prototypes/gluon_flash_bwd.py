@@ -54,13 +54,14 @@ WG_KEYS = gl.constexpr(64)  # keys a consumer warpgroup owns (the wgmma's M for 
 BLOCK_N = 128  # keys a program owns: two consumer warpgroups
 BLOCK_M = 64  # query rows a step
 LOG2E = 1.4426950408889634
-# Timed and checked side by side: the measured order (dK, then dQ), FlashAttention-3's (dQ, then dK, dQ's atomics
-# under dK's wgmma), and the row statistics through the producer's TMA.
+# Timed and checked side by side: the row statistics through the producer's TMA; dQ's atomics from the wgmma's
+# registers; FlashAttention-3's order of the last two wgmmas (dQ, then dK, dQ's atomics under dK's wgmma).
 VARIANTS = {
     "s2": dict(stages=2),
     "s2 stats": dict(stages=2, stats_smem=True),
-    "s2 stats dq-first": dict(stages=2, stats_smem=True, dq_first=True),
-    "s2 dq-first": dict(stages=2, dq_first=True),
+    "s2 stats direct": dict(stages=2, stats_smem=True, dq_direct=True),
+    "s2 stats direct dq-first": dict(stages=2, stats_smem=True, dq_direct=True, dq_first=True),
+    "s3 stats direct": dict(stages=3, stats_smem=True, dq_direct=True),
 }
 
 
@@ -107,7 +108,8 @@ def _consumer(WG: gl.constexpr, q_smem, do_smem, k_smem, v_smem, ds_smem, lse_sm
               empty, ds_ready, lse_ptr, delta_ptr, dq_ptr, dk_ptr, dv_ptr, b, h_kv, group, H, SQ, SK, qk_scale,
               sm_scale, stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs,
               HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-              CAUSAL: gl.constexpr, DQ_BY_KEYS: gl.constexpr, DQ_FIRST: gl.constexpr, STATS_SMEM: gl.constexpr):
+              CAUSAL: gl.constexpr, DQ_BY_KEYS: gl.constexpr, DQ_FIRST: gl.constexpr, STATS_SMEM: gl.constexpr,
+              DQ_DIRECT: gl.constexpr):
     # S^T, dP^T: (64 keys, BLOCK_M queries); dK, dV: (64 keys, HEAD_D); dQ: (BLOCK_M queries, DQ_COLS).
     DQ_COLS: gl.constexpr = HEAD_D if DQ_BY_KEYS else HEAD_D // 2
     st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -136,6 +138,12 @@ def _consumer(WG: gl.constexpr, q_smem, do_smem, k_smem, v_smem, ds_smem, lse_sm
     if not DQ_BY_KEYS:
         dq_cols = dq_cols + WG * DQ_COLS
     dq_offsets = dq_rows[:, None] * HEAD_D + dq_cols[None, :]
+    # DQ_DIRECT: the same offsets in the wgmma's own layout (a thread holds pairs of adjacent columns).
+    wg_rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_layout))
+    wg_cols = gl.arange(0, DQ_COLS, layout=gl.SliceLayout(0, dq_layout))
+    if not DQ_BY_KEYS:
+        wg_cols = wg_cols + WG * DQ_COLS
+    wg_offsets = wg_rows[:, None] * HEAD_D + wg_cols[None, :]
     mbarrier.wait(kv_bar, 0)
     k_mine = k_smem.reshape([BLOCK_N, HEAD_D]).slice(WG * WG_KEYS, WG_KEYS, dim=0)
     v_mine = v_smem.reshape([BLOCK_N, HEAD_D]).slice(WG * WG_KEYS, WG_KEYS, dim=0)
@@ -207,8 +215,11 @@ def _consumer(WG: gl.constexpr, q_smem, do_smem, k_smem, v_smem, ds_smem, lse_sm
                 dq_tok = warpgroup_mma(ds_t, k_dq, zero_dq, use_acc=False, is_async=True)
                 dk = warpgroup_mma(buf.slice(WG * WG_KEYS, WG_KEYS, dim=0), q_t, dk, is_async=True)
                 dv, dq = warpgroup_mma_wait(1, deps=(dv, dq_tok))  # dV and dQ done; dK in flight
-                dq = gl.convert_layout(dq * sm_scale, atomic_layout)
-                gl.atomic_add(dq_base + q0 * HEAD_D + dq_offsets, dq, sem="relaxed")
+                if DQ_DIRECT:
+                    gl.atomic_add(dq_base + q0 * HEAD_D + wg_offsets, dq * sm_scale, sem="relaxed")
+                else:
+                    dq = gl.convert_layout(dq * sm_scale, atomic_layout)
+                    gl.atomic_add(dq_base + q0 * HEAD_D + dq_offsets, dq, sem="relaxed")
                 dk = warpgroup_mma_wait(0, deps=(dk, ))
                 mbarrier.arrive(empty.index(s), count=1)
             else:
@@ -220,8 +231,11 @@ def _consumer(WG: gl.constexpr, q_smem, do_smem, k_smem, v_smem, ds_smem, lse_sm
                 dq_tok = warpgroup_mma(ds_t, k_dq, zero_dq, use_acc=False, is_async=True)
                 dq = warpgroup_mma_wait(0, deps=(dq_tok, ))
                 mbarrier.arrive(empty.index(s), count=1)
-                dq = gl.convert_layout(dq * sm_scale, atomic_layout)
-                gl.atomic_add(dq_base + q0 * HEAD_D + dq_offsets, dq, sem="relaxed")
+                if DQ_DIRECT:
+                    gl.atomic_add(dq_base + q0 * HEAD_D + wg_offsets, dq * sm_scale, sem="relaxed")
+                else:
+                    dq = gl.convert_layout(dq * sm_scale, atomic_layout)
+                    gl.atomic_add(dq_base + q0 * HEAD_D + dq_offsets, dq, sem="relaxed")
             it += 1
     # dK = scale * sum dS^T Q; dV = sum P^T dO. Rows past SK are not stored.
     out_rows = key0 + gl.arange(0, WG_KEYS, layout=gl.SliceLayout(1, kv_layout))
@@ -242,7 +256,7 @@ def flash_bwd_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, dk
                      stride_dvb, stride_dvh, stride_dvs, B, H, HKV, SQ, SK, qk_scale, sm_scale,
                      HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                      CAUSAL: gl.constexpr, DQ_FIRST: gl.constexpr, STATS_SMEM: gl.constexpr,
-                     num_warps: gl.constexpr):
+                     DQ_DIRECT: gl.constexpr, num_warps: gl.constexpr):
     # grid: (cdiv(SK, BLOCK_N), B * HKV)
     gl.static_assert(BLOCK_N == 2 * WG_KEYS, "two consumer warpgroups of 64 keys")
     gl.static_assert(num_warps == 4, "each partition is one warpgroup")
@@ -294,22 +308,24 @@ def flash_bwd_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, dk
         (_consumer, (0, q_smem, do_smem, k_smem, v_smem, ds_smem, lse_smem, delta_smem, kv_bar, ready, empty, ds_ready,
                      lse_ptr, delta_ptr, dq_ptr, dk_ptr, dv_ptr, b, h_kv, group, H, SQ, SK, qk_scale, sm_scale,
                      stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs, HEAD_D, BLOCK_M, BLOCK_N,
-                     STAGES, CAUSAL, DQ_BY_KEYS, DQ_FIRST, STATS_SMEM)),
+                     STAGES, CAUSAL, DQ_BY_KEYS, DQ_FIRST, STATS_SMEM, DQ_DIRECT)),
         (_consumer, (1, q_smem, do_smem, k_smem, v_smem, ds_smem, lse_smem, delta_smem, kv_bar, ready, empty, ds_ready,
                      lse_ptr, delta_ptr, dq_ptr, dk_ptr, dv_ptr, b, h_kv, group, H, SQ, SK, qk_scale, sm_scale,
                      stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs, HEAD_D, BLOCK_M, BLOCK_N,
-                     STAGES, CAUSAL, DQ_BY_KEYS, DQ_FIRST, STATS_SMEM)),
+                     STAGES, CAUSAL, DQ_BY_KEYS, DQ_FIRST, STATS_SMEM, DQ_DIRECT)),
         (_producer, (q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, q_smem, do_smem, k_smem, v_smem, lse_smem,
                      delta_smem, kv_bar, ready, empty, b, h_kv, group, H, SQ, SK, BLOCK_M, BLOCK_N, STAGES, CAUSAL,
                      STATS_SMEM))], [4, 1], [240, 24])
 
 
-def flash_bwd(q, k, v, o, do, lse2, causal=False, scale=None, stages=2, dq_first=False, stats_smem=False):
+def flash_bwd(q, k, v, o, do, lse2, causal=False, scale=None, stages=2, dq_first=False, stats_smem=False,
+              dq_direct=False):
     """(dq, dk, dv) of softmax(q k^T * scale) v for q, o, do (B, H, SQ, D), k and v (B, HKV, SK, D), 16-bit, unit
     stride along D and 16-byte aligned rows; lse2 (B, H, SQ) fp32: each row's log-sum-exp of the scaled logits in
     the log2 domain (+inf for a row that sees no key), as the forward writes it. dq_first: FlashAttention-3's order
     of the last two wgmmas (dQ's atomics overlap dK's wgmma); stats_smem: LSE and Delta reach the consumers through
-    the producer's TMA, padded to whole query blocks."""
+    the producer's TMA, padded to whole query blocks; dq_direct: dQ's atomics straight from the wgmma's registers
+    (two columns each), not through a layout change in shared memory."""
     B, H, SQ, D = q.shape
     HKV, SK = k.shape[1], k.shape[2]
     scale = 1.0 / math.sqrt(D) if scale is None else scale
@@ -330,7 +346,8 @@ def flash_bwd(q, k, v, o, do, lse2, causal=False, scale=None, stages=2, dq_first
     flash_bwd_kernel[grid](q, k, v, do, lse_in, delta_in, dq_acc, dk, dv, *q.stride()[:3], *k.stride()[:3],
                            *v.stride()[:3], *do.stride()[:3], *dk.stride()[:3], *dv.stride()[:3], B, H, HKV, SQ, SK,
                            scale * LOG2E, scale, HEAD_D=D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=stages,
-                           CAUSAL=causal, DQ_FIRST=dq_first, STATS_SMEM=stats_smem, num_warps=4)
+                           CAUSAL=causal, DQ_FIRST=dq_first, STATS_SMEM=stats_smem, DQ_DIRECT=dq_direct,
+                           num_warps=4)
     return dq_acc[:, :, :SQ].to(q.dtype), dk, dv
 
 
