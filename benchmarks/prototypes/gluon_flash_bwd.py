@@ -54,15 +54,38 @@ WG_KEYS = gl.constexpr(64)  # keys a consumer warpgroup owns (the wgmma's M for 
 BLOCK_N = 128  # keys a program owns: two consumer warpgroups
 BLOCK_M = 64  # query rows a step
 LOG2E = 1.4426950408889634
-# Timed and checked side by side: the row statistics through the producer's TMA; dQ's atomics from the wgmma's
-# registers; FlashAttention-3's order of the last two wgmmas (dQ, then dK, dQ's atomics under dK's wgmma).
+# Timed and checked side by side: the row statistics through the producer's TMA; dQ added by RED, not atomics;
+# dQ from the wgmma's registers; FlashAttention-3's order of the last two wgmmas (dQ, then dK, dQ's adds under dK's
+# wgmma); three slots.
 VARIANTS = {
     "s2": dict(stages=2),
     "s2 stats": dict(stages=2, stats_smem=True),
-    "s2 stats direct": dict(stages=2, stats_smem=True, dq_direct=True),
-    "s2 stats direct dq-first": dict(stages=2, stats_smem=True, dq_direct=True, dq_first=True),
-    "s3 stats direct": dict(stages=3, stats_smem=True, dq_direct=True),
+    "s2 stats red": dict(stages=2, stats_smem=True, dq_red=True),
+    "s3 stats red": dict(stages=3, stats_smem=True, dq_red=True),
+    "s2 stats red dq-first": dict(stages=2, stats_smem=True, dq_red=True, dq_first=True),
+    "s2 stats direct red": dict(stages=2, stats_smem=True, dq_direct=True, dq_red=True),
 }
+
+
+@gluon.jit
+def _red_add_f32x4(ptrs, values):
+    # NOTE: gl.atomic_add compiles to ATOMG (an atomic that returns its old value, even unused): each one waits for
+    # L2's reply. cuDNN's backward adds dQ with RED (no reply). A thread's 4 values here are adjacent in memory
+    # (the layout's size_per_thread is [1, 4]), so one vector RED takes them at the first one's address.
+    return gl.inline_asm_elementwise(
+        "red.relaxed.gpu.global.add.v4.f32 [$4], {$8, $9, $10, $11};\n"
+        "mov.u32 $0, 0;\nmov.u32 $1, 0;\nmov.u32 $2, 0;\nmov.u32 $3, 0;",
+        "=r,=r,=r,=r,l,l,l,l,r,r,r,r", [ptrs.to(gl.int64), values.to(gl.int32, bitcast=True)], dtype=gl.int32,
+        is_pure=False, pack=4)
+
+
+@gluon.jit
+def _red_add_f32x2(ptrs, values):
+    # As _red_add_f32x4, for the wgmma accumulator's layout: a thread holds pairs of adjacent columns.
+    return gl.inline_asm_elementwise(
+        "red.relaxed.gpu.global.add.v2.f32 [$2], {$4, $5};\nmov.u32 $0, 0;\nmov.u32 $1, 0;",
+        "=r,=r,l,l,r,r", [ptrs.to(gl.int64), values.to(gl.int32, bitcast=True)], dtype=gl.int32, is_pure=False,
+        pack=2)
 
 
 @gluon.jit
@@ -109,7 +132,7 @@ def _consumer(WG: gl.constexpr, q_smem, do_smem, k_smem, v_smem, ds_smem, lse_sm
               sm_scale, stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs,
               HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
               CAUSAL: gl.constexpr, DQ_BY_KEYS: gl.constexpr, DQ_FIRST: gl.constexpr, STATS_SMEM: gl.constexpr,
-              DQ_DIRECT: gl.constexpr):
+              DQ_DIRECT: gl.constexpr, DQ_RED: gl.constexpr):
     # S^T, dP^T: (64 keys, BLOCK_M queries); dK, dV: (64 keys, HEAD_D); dQ: (BLOCK_M queries, DQ_COLS).
     DQ_COLS: gl.constexpr = HEAD_D if DQ_BY_KEYS else HEAD_D // 2
     st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -216,10 +239,16 @@ def _consumer(WG: gl.constexpr, q_smem, do_smem, k_smem, v_smem, ds_smem, lse_sm
                 dk = warpgroup_mma(buf.slice(WG * WG_KEYS, WG_KEYS, dim=0), q_t, dk, is_async=True)
                 dv, dq = warpgroup_mma_wait(1, deps=(dv, dq_tok))  # dV and dQ done; dK in flight
                 if DQ_DIRECT:
-                    gl.atomic_add(dq_base + q0 * HEAD_D + wg_offsets, dq * sm_scale, sem="relaxed")
+                    if DQ_RED:
+                        _red_add_f32x2(dq_base + q0 * HEAD_D + wg_offsets, dq * sm_scale)
+                    else:
+                        gl.atomic_add(dq_base + q0 * HEAD_D + wg_offsets, dq * sm_scale, sem="relaxed")
                 else:
                     dq = gl.convert_layout(dq * sm_scale, atomic_layout)
-                    gl.atomic_add(dq_base + q0 * HEAD_D + dq_offsets, dq, sem="relaxed")
+                    if DQ_RED:
+                        _red_add_f32x4(dq_base + q0 * HEAD_D + dq_offsets, dq)
+                    else:
+                        gl.atomic_add(dq_base + q0 * HEAD_D + dq_offsets, dq, sem="relaxed")
                 dk = warpgroup_mma_wait(0, deps=(dk, ))
                 mbarrier.arrive(empty.index(s), count=1)
             else:
@@ -232,10 +261,16 @@ def _consumer(WG: gl.constexpr, q_smem, do_smem, k_smem, v_smem, ds_smem, lse_sm
                 dq = warpgroup_mma_wait(0, deps=(dq_tok, ))
                 mbarrier.arrive(empty.index(s), count=1)
                 if DQ_DIRECT:
-                    gl.atomic_add(dq_base + q0 * HEAD_D + wg_offsets, dq * sm_scale, sem="relaxed")
+                    if DQ_RED:
+                        _red_add_f32x2(dq_base + q0 * HEAD_D + wg_offsets, dq * sm_scale)
+                    else:
+                        gl.atomic_add(dq_base + q0 * HEAD_D + wg_offsets, dq * sm_scale, sem="relaxed")
                 else:
                     dq = gl.convert_layout(dq * sm_scale, atomic_layout)
-                    gl.atomic_add(dq_base + q0 * HEAD_D + dq_offsets, dq, sem="relaxed")
+                    if DQ_RED:
+                        _red_add_f32x4(dq_base + q0 * HEAD_D + dq_offsets, dq)
+                    else:
+                        gl.atomic_add(dq_base + q0 * HEAD_D + dq_offsets, dq, sem="relaxed")
             it += 1
     # dK = scale * sum dS^T Q; dV = sum P^T dO. Rows past SK are not stored.
     out_rows = key0 + gl.arange(0, WG_KEYS, layout=gl.SliceLayout(1, kv_layout))
@@ -256,7 +291,7 @@ def flash_bwd_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, dk
                      stride_dvb, stride_dvh, stride_dvs, B, H, HKV, SQ, SK, qk_scale, sm_scale,
                      HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                      CAUSAL: gl.constexpr, DQ_FIRST: gl.constexpr, STATS_SMEM: gl.constexpr,
-                     DQ_DIRECT: gl.constexpr, num_warps: gl.constexpr):
+                     DQ_DIRECT: gl.constexpr, DQ_RED: gl.constexpr, num_warps: gl.constexpr):
     # grid: (cdiv(SK, BLOCK_N), B * HKV)
     gl.static_assert(BLOCK_N == 2 * WG_KEYS, "two consumer warpgroups of 64 keys")
     gl.static_assert(num_warps == 4, "each partition is one warpgroup")
@@ -308,24 +343,25 @@ def flash_bwd_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, dk
         (_consumer, (0, q_smem, do_smem, k_smem, v_smem, ds_smem, lse_smem, delta_smem, kv_bar, ready, empty, ds_ready,
                      lse_ptr, delta_ptr, dq_ptr, dk_ptr, dv_ptr, b, h_kv, group, H, SQ, SK, qk_scale, sm_scale,
                      stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs, HEAD_D, BLOCK_M, BLOCK_N,
-                     STAGES, CAUSAL, DQ_BY_KEYS, DQ_FIRST, STATS_SMEM, DQ_DIRECT)),
+                     STAGES, CAUSAL, DQ_BY_KEYS, DQ_FIRST, STATS_SMEM, DQ_DIRECT, DQ_RED)),
         (_consumer, (1, q_smem, do_smem, k_smem, v_smem, ds_smem, lse_smem, delta_smem, kv_bar, ready, empty, ds_ready,
                      lse_ptr, delta_ptr, dq_ptr, dk_ptr, dv_ptr, b, h_kv, group, H, SQ, SK, qk_scale, sm_scale,
                      stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs, HEAD_D, BLOCK_M, BLOCK_N,
-                     STAGES, CAUSAL, DQ_BY_KEYS, DQ_FIRST, STATS_SMEM, DQ_DIRECT)),
+                     STAGES, CAUSAL, DQ_BY_KEYS, DQ_FIRST, STATS_SMEM, DQ_DIRECT, DQ_RED)),
         (_producer, (q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, q_smem, do_smem, k_smem, v_smem, lse_smem,
                      delta_smem, kv_bar, ready, empty, b, h_kv, group, H, SQ, SK, BLOCK_M, BLOCK_N, STAGES, CAUSAL,
                      STATS_SMEM))], [4, 1], [240, 24])
 
 
 def flash_bwd(q, k, v, o, do, lse2, causal=False, scale=None, stages=2, dq_first=False, stats_smem=False,
-              dq_direct=False):
+              dq_direct=False, dq_red=False):
     """(dq, dk, dv) of softmax(q k^T * scale) v for q, o, do (B, H, SQ, D), k and v (B, HKV, SK, D), 16-bit, unit
     stride along D and 16-byte aligned rows; lse2 (B, H, SQ) fp32: each row's log-sum-exp of the scaled logits in
     the log2 domain (+inf for a row that sees no key), as the forward writes it. dq_first: FlashAttention-3's order
     of the last two wgmmas (dQ's atomics overlap dK's wgmma); stats_smem: LSE and Delta reach the consumers through
     the producer's TMA, padded to whole query blocks; dq_direct: dQ's atomics straight from the wgmma's registers
-    (two columns each), not through a layout change in shared memory."""
+    (two columns each), not through a layout change in shared memory; dq_red: dQ added by vector RED instructions
+    (no reply from L2), not atomics."""
     B, H, SQ, D = q.shape
     HKV, SK = k.shape[1], k.shape[2]
     scale = 1.0 / math.sqrt(D) if scale is None else scale
@@ -347,7 +383,7 @@ def flash_bwd(q, k, v, o, do, lse2, causal=False, scale=None, stages=2, dq_first
                            *v.stride()[:3], *do.stride()[:3], *dk.stride()[:3], *dv.stride()[:3], B, H, HKV, SQ, SK,
                            scale * LOG2E, scale, HEAD_D=D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=stages,
                            CAUSAL=causal, DQ_FIRST=dq_first, STATS_SMEM=stats_smem, DQ_DIRECT=dq_direct,
-                           num_warps=4)
+                           DQ_RED=dq_red, num_warps=4)
     return dq_acc[:, :, :SQ].to(q.dtype), dk, dv
 
 
