@@ -54,16 +54,14 @@ WG_KEYS = gl.constexpr(64)  # keys a consumer warpgroup owns (the wgmma's M for 
 BLOCK_N = 128  # keys a program owns: two consumer warpgroups
 BLOCK_M = 64  # query rows a step
 LOG2E = 1.4426950408889634
-# Timed and checked side by side: the row statistics through the producer's TMA; dQ added by RED, not atomics;
-# dQ from the wgmma's registers; FlashAttention-3's order of the last two wgmmas (dQ, then dK, dQ's adds under dK's
-# wgmma); three slots.
+# Timed and checked side by side (switches of flash_bwd): descriptors built on the host; a persistent grid; three
+# slots. Measured and not kept as the default: FlashAttention-3's order of the last two wgmmas (dq_first), dQ from
+# the wgmma's registers (dq_direct); results/gluon_flash_bwd_2026-12-04b_variants.txt.
 VARIANTS = {
-    "s2": dict(stages=2),
-    "s2 stats": dict(stages=2, stats_smem=True),
     "s2 stats red": dict(stages=2, stats_smem=True, dq_red=True),
-    "s3 stats red": dict(stages=3, stats_smem=True, dq_red=True),
-    "s2 stats red dq-first": dict(stages=2, stats_smem=True, dq_red=True, dq_first=True),
-    "s2 stats direct red": dict(stages=2, stats_smem=True, dq_direct=True, dq_red=True),
+    "s2 stats red host": dict(stages=2, stats_smem=True, dq_red=True, host_desc=True),
+    "s2 stats red host persistent": dict(stages=2, stats_smem=True, dq_red=True, host_desc=True, persistent=True),
+    "s3 stats red host persistent": dict(stages=3, stats_smem=True, dq_red=True, host_desc=True, persistent=True),
 }
 
 
@@ -99,36 +97,52 @@ def _first_block(kb, SQ, SK, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSA
 
 @gluon.jit
 def _producer(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, q_smem, do_smem, k_smem, v_smem, lse_smem,
-              delta_smem, kv_bar, ready, empty, b, h_kv, group, H, SQ, SK, BLOCK_M: gl.constexpr,
-              BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, STATS_SMEM: gl.constexpr):
-    kb = gl.program_id(0)
-    mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(k_desc, [b, h_kv, kb * BLOCK_N, 0], kv_bar, k_smem)
-    tma.async_copy_global_to_shared(v_desc, [b, h_kv, kb * BLOCK_N, 0], kv_bar, v_smem)
-    first = _first_block(kb, SQ, SK, BLOCK_M, BLOCK_N, CAUSAL)
+              delta_smem, kv_bar, kv_empty, ready, empty, HKV, n_bh, n_tiles, group, H, SQ, SK,
+              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+              STATS_SMEM: gl.constexpr):
     n_m = gl.cdiv(SQ, BLOCK_M)
     slot_bytes: gl.constexpr = q_desc.block_type.nbytes + do_desc.block_type.nbytes + \
         (2 * BLOCK_M * 4 if STATS_SMEM else 0)
     it = 0
-    for g in range(group):
-        h = h_kv * group + g
-        stat_row = (b * H + h) * (n_m * BLOCK_M)  # LSE and Delta rows padded to whole query blocks
-        for i in range(first, n_m):
-            s = it % STAGES
-            mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)  # a slot's first use passes at once
-            mbarrier.expect(ready.index(s), slot_bytes)
-            tma.async_copy_global_to_shared(q_desc, [b, h, i * BLOCK_M, 0], ready.index(s), q_smem.index(s))
-            tma.async_copy_global_to_shared(do_desc, [b, h, i * BLOCK_M, 0], ready.index(s), do_smem.index(s))
-            if STATS_SMEM:
-                tma.async_copy_global_to_shared(lse_desc, [stat_row + i * BLOCK_M], ready.index(s), lse_smem.index(s))
-                tma.async_copy_global_to_shared(delta_desc, [stat_row + i * BLOCK_M], ready.index(s),
-                                                delta_smem.index(s))
-            it += 1
+    t = 0
+    for tile in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
+        kb, b, h_kv = _tile_coords(tile, n_bh, HKV)
+        mbarrier.wait(kv_empty, (t & 1) ^ 1)  # both consumers are done with the last tile's K and V
+        mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc, [b, h_kv, kb * BLOCK_N, 0], kv_bar, k_smem)
+        tma.async_copy_global_to_shared(v_desc, [b, h_kv, kb * BLOCK_N, 0], kv_bar, v_smem)
+        first = _first_block(kb, SQ, SK, BLOCK_M, BLOCK_N, CAUSAL)
+        for g in range(group):
+            h = h_kv * group + g
+            stat_row = (b * H + h) * (n_m * BLOCK_M)  # LSE and Delta rows padded to whole query blocks
+            for i in range(first, n_m):
+                s = it % STAGES
+                mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)  # a slot's first use passes at once
+                mbarrier.expect(ready.index(s), slot_bytes)
+                tma.async_copy_global_to_shared(q_desc, [b, h, i * BLOCK_M, 0], ready.index(s), q_smem.index(s))
+                tma.async_copy_global_to_shared(do_desc, [b, h, i * BLOCK_M, 0], ready.index(s), do_smem.index(s))
+                if STATS_SMEM:
+                    tma.async_copy_global_to_shared(lse_desc, [stat_row + i * BLOCK_M], ready.index(s),
+                                                    lse_smem.index(s))
+                    tma.async_copy_global_to_shared(delta_desc, [stat_row + i * BLOCK_M], ready.index(s),
+                                                    delta_smem.index(s))
+                it += 1
+        t += 1
+
+
+@gluon.jit
+def _tile_coords(tile, n_bh, HKV):
+    # Tile t: key block t // (B * HKV) of (batch, KV head) t % (B * HKV). Key blocks lead, so that with causal
+    # masks the heaviest tiles (the first key blocks, seen by the most query blocks) go first.
+    kb = tile // n_bh
+    bh = tile % n_bh
+    return kb, bh // HKV, bh % HKV
 
 
 @gluon.jit
 def _consumer(WG: gl.constexpr, q_smem, do_smem, k_smem, v_smem, ds_smem, lse_smem, delta_smem, kv_bar, ready,
-              empty, ds_ready, lse_ptr, delta_ptr, dq_ptr, dk_ptr, dv_ptr, b, h_kv, group, H, SQ, SK, qk_scale,
+              empty, ds_ready, kv_empty, lse_ptr, delta_ptr, dq_ptr, dk_ptr, dv_ptr, HKV, n_bh, n_tiles, group,
+              H, SQ, SK, qk_scale,
               sm_scale, stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs,
               HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
               CAUSAL: gl.constexpr, DQ_BY_KEYS: gl.constexpr, DQ_FIRST: gl.constexpr, STATS_SMEM: gl.constexpr,
@@ -143,9 +157,7 @@ def _consumer(WG: gl.constexpr, q_smem, do_smem, k_smem, v_smem, ds_smem, lse_sm
                                                         instr_shape=[16, DQ_COLS, 16])
     op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
     dtype: gl.constexpr = q_smem.dtype
-    kb = gl.program_id(0)
-    key0 = kb * BLOCK_N + WG * WG_KEYS
-    keys = key0 + gl.arange(0, WG_KEYS, layout=gl.SliceLayout(1, st_layout))
+    key_index = gl.arange(0, WG_KEYS, layout=gl.SliceLayout(1, st_layout))
     cols = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, st_layout))
     zero_st = gl.zeros([WG_KEYS, BLOCK_M], gl.float32, st_layout)
     zero_dq = gl.zeros([BLOCK_M, DQ_COLS], gl.float32, dq_layout)
@@ -167,121 +179,129 @@ def _consumer(WG: gl.constexpr, q_smem, do_smem, k_smem, v_smem, ds_smem, lse_sm
     if not DQ_BY_KEYS:
         wg_cols = wg_cols + WG * DQ_COLS
     wg_offsets = wg_rows[:, None] * HEAD_D + wg_cols[None, :]
-    mbarrier.wait(kv_bar, 0)
     k_mine = k_smem.reshape([BLOCK_N, HEAD_D]).slice(WG * WG_KEYS, WG_KEYS, dim=0)
     v_mine = v_smem.reshape([BLOCK_N, HEAD_D]).slice(WG * WG_KEYS, WG_KEYS, dim=0)
     if DQ_BY_KEYS:
         k_dq = k_mine  # (64 own keys, HEAD_D)
     else:
         k_dq = k_smem.reshape([BLOCK_N, HEAD_D]).slice(WG * DQ_COLS, DQ_COLS, dim=1)  # (128 keys, half the columns)
-    dk = gl.zeros([WG_KEYS, HEAD_D], gl.float32, kv_layout)
-    dv = gl.zeros([WG_KEYS, HEAD_D], gl.float32, kv_layout)
-    first = _first_block(kb, SQ, SK, BLOCK_M, BLOCK_N, CAUSAL)
     n_m = gl.cdiv(SQ, BLOCK_M)
-    it = 0
     n_pad = n_m * BLOCK_M  # rows of the fp32 dQ accumulator and of padded LSE and Delta a head
-    for g in range(group):
-        h = h_kv * group + g
-        row_base = (b * H + h).to(gl.int64) * SQ  # LSE, Delta: (B, H, SQ) contiguous
-        lse_rows = lse_ptr + row_base
-        delta_rows = delta_ptr + row_base
-        # The fp32 dQ accumulator: (B, H, SQ rounded up to BLOCK_M, HEAD_D) contiguous, so that a block's atomics
-        # need no mask (a masked vector atomic took a branch around each).
-        dq_base = dq_ptr + (b * H + h).to(gl.int64) * n_pad * HEAD_D
-        for i in range(first, n_m):
-            s = it % STAGES
-            mbarrier.wait(ready.index(s), (it // STAGES) & 1)
-            q_t = q_smem.index(s).reshape([BLOCK_M, HEAD_D])
-            do_t = do_smem.index(s).reshape([BLOCK_M, HEAD_D])
-            st_tok = warpgroup_mma(k_mine, q_t.permute((1, 0)), zero_st, use_acc=False, is_async=True)
-            dpt_tok = warpgroup_mma(v_mine, do_t.permute((1, 0)), zero_st, use_acc=False, is_async=True)
-            q0 = i * BLOCK_M
-            if STATS_SMEM:
-                # The producer's TMA put the block's LSE (+inf past SQ) and Delta in the slot: read straight into
-                # the columns of S^T, no layout crossing.
-                lse = lse_smem.index(s).load(gl.SliceLayout(0, st_layout))
-            else:
-                # The rows' statistics load while the two wgmmas run. Rows past SQ: LSE +inf, so P^T is 0 there.
-                inside = stat_index < SQ - q0
-                lse = gl.load(lse_rows + q0 + stat_index, mask=inside, other=float("inf"))
-                delta = gl.load(delta_rows + q0 + stat_index, mask=inside, other=0.0)
-                lse = gl.convert_layout(lse, gl.SliceLayout(0, st_layout))
-            st = warpgroup_mma_wait(1, deps=(st_tok, ))
-            pt = gl.exp2(st * qk_scale - lse[None, :])
-            if CAUSAL:
-                # Key j is seen by query i when j <= i + SK - SQ; only blocks across the diagonal need the mask.
-                if q0 + SK - SQ < key0 + WG_KEYS - 1:
-                    pt = gl.where(keys[:, None] <= (q0 + cols)[None, :] + (SK - SQ), pt, 0.0)
-            pt_op = gl.convert_layout(pt.to(dtype), op_layout)
-            dv = warpgroup_mma(pt_op, do_t, dv, is_async=True)
-            dpt = warpgroup_mma_wait(1, deps=(dpt_tok, ))  # dP^T, issued before dV, is done
-            if STATS_SMEM:
-                delta = delta_smem.index(s).load(gl.SliceLayout(0, st_layout))
-            else:
-                delta = gl.convert_layout(delta, gl.SliceLayout(0, st_layout))  # where LSE's registers are free
-            dst = (pt * (dpt - delta[None, :])).to(dtype)
-            # dS^T to shared memory for dQ (it is read transposed there), double-buffered by step.
-            buf = ds_smem.index(it % 2)
-            buf.slice(WG * WG_KEYS, WG_KEYS, dim=0).store(dst)
-            fence_async_shared()
-            if not DQ_BY_KEYS:
-                mbarrier.arrive(ds_ready.index(it % 2), count=1)
-            if DQ_BY_KEYS:
-                ds_t = buf.slice(WG * WG_KEYS, WG_KEYS, dim=0).permute((1, 0))  # (queries, own keys)
-            else:
-                ds_t = buf.permute((1, 0))  # (queries, all 128 keys)
-            if DQ_FIRST:
-                # FlashAttention-3's order: dQ, then dK, back to back on the tensor cores; dQ's layout change and
-                # atomics run while dK's wgmma does.
-                if not DQ_BY_KEYS:
-                    mbarrier.wait(ds_ready.index(it % 2), (it // 2) & 1)  # the other warpgroup's half is there too
-                dq_tok = warpgroup_mma(ds_t, k_dq, zero_dq, use_acc=False, is_async=True)
-                dk = warpgroup_mma(buf.slice(WG * WG_KEYS, WG_KEYS, dim=0), q_t, dk, is_async=True)
-                dv, dq = warpgroup_mma_wait(1, deps=(dv, dq_tok))  # dV and dQ done; dK in flight
-                if DQ_DIRECT:
-                    if DQ_RED:
-                        _red_add_f32x2(dq_base + q0 * HEAD_D + wg_offsets, dq * sm_scale)
-                    else:
-                        gl.atomic_add(dq_base + q0 * HEAD_D + wg_offsets, dq * sm_scale, sem="relaxed")
+    it = 0
+    t = 0
+    for tile in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
+        kb, b, h_kv = _tile_coords(tile, n_bh, HKV)
+        key0 = kb * BLOCK_N + WG * WG_KEYS
+        keys = key0 + key_index
+        mbarrier.wait(kv_bar, t & 1)
+        dk = gl.zeros([WG_KEYS, HEAD_D], gl.float32, kv_layout)
+        dv = gl.zeros([WG_KEYS, HEAD_D], gl.float32, kv_layout)
+        first = _first_block(kb, SQ, SK, BLOCK_M, BLOCK_N, CAUSAL)
+        for g in range(group):
+            h = h_kv * group + g
+            if not STATS_SMEM:
+                row_base = (b * H + h).to(gl.int64) * SQ  # LSE, Delta: (B, H, SQ) contiguous
+                lse_rows = lse_ptr + row_base
+                delta_rows = delta_ptr + row_base
+            # The fp32 dQ accumulator: (B, H, SQ rounded up to BLOCK_M, HEAD_D) contiguous, so that a block's atomics
+            # need no mask (a masked vector atomic took a branch around each).
+            dq_base = dq_ptr + (b * H + h).to(gl.int64) * n_pad * HEAD_D
+            for i in range(first, n_m):
+                s = it % STAGES
+                mbarrier.wait(ready.index(s), (it // STAGES) & 1)
+                q_t = q_smem.index(s).reshape([BLOCK_M, HEAD_D])
+                do_t = do_smem.index(s).reshape([BLOCK_M, HEAD_D])
+                st_tok = warpgroup_mma(k_mine, q_t.permute((1, 0)), zero_st, use_acc=False, is_async=True)
+                dpt_tok = warpgroup_mma(v_mine, do_t.permute((1, 0)), zero_st, use_acc=False, is_async=True)
+                q0 = i * BLOCK_M
+                if STATS_SMEM:
+                    # The producer's TMA put the block's LSE (+inf past SQ) and Delta in the slot: read straight into
+                    # the columns of S^T, no layout crossing.
+                    lse = lse_smem.index(s).load(gl.SliceLayout(0, st_layout))
                 else:
-                    dq = gl.convert_layout(dq * sm_scale, atomic_layout)
-                    if DQ_RED:
-                        _red_add_f32x4(dq_base + q0 * HEAD_D + dq_offsets, dq)
-                    else:
-                        gl.atomic_add(dq_base + q0 * HEAD_D + dq_offsets, dq, sem="relaxed")
-                dk = warpgroup_mma_wait(0, deps=(dk, ))
-                mbarrier.arrive(empty.index(s), count=1)
-            else:
-                # dK's A operand dS^T from the shared memory dQ reads it from, not registers.
-                dk = warpgroup_mma(buf.slice(WG * WG_KEYS, WG_KEYS, dim=0), q_t, dk, is_async=True)
-                if not DQ_BY_KEYS:
-                    mbarrier.wait(ds_ready.index(it % 2), (it // 2) & 1)
-                dv, dk = warpgroup_mma_wait(0, deps=(dv, dk))
-                dq_tok = warpgroup_mma(ds_t, k_dq, zero_dq, use_acc=False, is_async=True)
-                dq = warpgroup_mma_wait(0, deps=(dq_tok, ))
-                mbarrier.arrive(empty.index(s), count=1)
-                if DQ_DIRECT:
-                    if DQ_RED:
-                        _red_add_f32x2(dq_base + q0 * HEAD_D + wg_offsets, dq * sm_scale)
-                    else:
-                        gl.atomic_add(dq_base + q0 * HEAD_D + wg_offsets, dq * sm_scale, sem="relaxed")
+                    # The rows' statistics load while the two wgmmas run. Rows past SQ: LSE +inf, so P^T is 0 there.
+                    inside = stat_index < SQ - q0
+                    lse = gl.load(lse_rows + q0 + stat_index, mask=inside, other=float("inf"))
+                    delta = gl.load(delta_rows + q0 + stat_index, mask=inside, other=0.0)
+                    lse = gl.convert_layout(lse, gl.SliceLayout(0, st_layout))
+                st = warpgroup_mma_wait(1, deps=(st_tok, ))
+                pt = gl.exp2(st * qk_scale - lse[None, :])
+                if CAUSAL:
+                    # Key j is seen by query i when j <= i + SK - SQ; only blocks across the diagonal need the mask.
+                    if q0 + SK - SQ < key0 + WG_KEYS - 1:
+                        pt = gl.where(keys[:, None] <= (q0 + cols)[None, :] + (SK - SQ), pt, 0.0)
+                pt_op = gl.convert_layout(pt.to(dtype), op_layout)
+                dv = warpgroup_mma(pt_op, do_t, dv, is_async=True)
+                dpt = warpgroup_mma_wait(1, deps=(dpt_tok, ))  # dP^T, issued before dV, is done
+                if STATS_SMEM:
+                    delta = delta_smem.index(s).load(gl.SliceLayout(0, st_layout))
                 else:
-                    dq = gl.convert_layout(dq * sm_scale, atomic_layout)
-                    if DQ_RED:
-                        _red_add_f32x4(dq_base + q0 * HEAD_D + dq_offsets, dq)
+                    delta = gl.convert_layout(delta, gl.SliceLayout(0, st_layout))  # where LSE's registers are free
+                dst = (pt * (dpt - delta[None, :])).to(dtype)
+                # dS^T to shared memory for dQ (it is read transposed there), double-buffered by step.
+                buf = ds_smem.index(it % 2)
+                buf.slice(WG * WG_KEYS, WG_KEYS, dim=0).store(dst)
+                fence_async_shared()
+                if not DQ_BY_KEYS:
+                    mbarrier.arrive(ds_ready.index(it % 2), count=1)
+                if DQ_BY_KEYS:
+                    ds_t = buf.slice(WG * WG_KEYS, WG_KEYS, dim=0).permute((1, 0))  # (queries, own keys)
+                else:
+                    ds_t = buf.permute((1, 0))  # (queries, all 128 keys)
+                if DQ_FIRST:
+                    # FlashAttention-3's order: dQ, then dK, back to back on the tensor cores; dQ's layout change and
+                    # atomics run while dK's wgmma does.
+                    if not DQ_BY_KEYS:
+                        mbarrier.wait(ds_ready.index(it % 2), (it // 2) & 1)  # the other warpgroup's half is there too
+                    dq_tok = warpgroup_mma(ds_t, k_dq, zero_dq, use_acc=False, is_async=True)
+                    dk = warpgroup_mma(buf.slice(WG * WG_KEYS, WG_KEYS, dim=0), q_t, dk, is_async=True)
+                    dv, dq = warpgroup_mma_wait(1, deps=(dv, dq_tok))  # dV and dQ done; dK in flight
+                    if DQ_DIRECT:
+                        if DQ_RED:
+                            _red_add_f32x2(dq_base + q0 * HEAD_D + wg_offsets, dq * sm_scale)
+                        else:
+                            gl.atomic_add(dq_base + q0 * HEAD_D + wg_offsets, dq * sm_scale, sem="relaxed")
                     else:
-                        gl.atomic_add(dq_base + q0 * HEAD_D + dq_offsets, dq, sem="relaxed")
-            it += 1
-    # dK = scale * sum dS^T Q; dV = sum P^T dO. Rows past SK are not stored.
-    out_rows = key0 + gl.arange(0, WG_KEYS, layout=gl.SliceLayout(1, kv_layout))
-    dims = gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, kv_layout))
-    keep = (out_rows < SK)[:, None]
-    dk_offsets = b.to(gl.int64) * stride_dkb + h_kv.to(gl.int64) * stride_dkh + \
-        out_rows.to(gl.int64)[:, None] * stride_dks + dims[None, :]
-    gl.store(dk_ptr + dk_offsets, (dk * sm_scale).to(dk_ptr.dtype.element_ty), mask=keep)
-    dv_offsets = b.to(gl.int64) * stride_dvb + h_kv.to(gl.int64) * stride_dvh + \
-        out_rows.to(gl.int64)[:, None] * stride_dvs + dims[None, :]
-    gl.store(dv_ptr + dv_offsets, dv.to(dv_ptr.dtype.element_ty), mask=keep)
+                        dq = gl.convert_layout(dq * sm_scale, atomic_layout)
+                        if DQ_RED:
+                            _red_add_f32x4(dq_base + q0 * HEAD_D + dq_offsets, dq)
+                        else:
+                            gl.atomic_add(dq_base + q0 * HEAD_D + dq_offsets, dq, sem="relaxed")
+                    dk = warpgroup_mma_wait(0, deps=(dk, ))
+                    mbarrier.arrive(empty.index(s), count=1)
+                else:
+                    # dK's A operand dS^T from the shared memory dQ reads it from, not registers.
+                    dk = warpgroup_mma(buf.slice(WG * WG_KEYS, WG_KEYS, dim=0), q_t, dk, is_async=True)
+                    if not DQ_BY_KEYS:
+                        mbarrier.wait(ds_ready.index(it % 2), (it // 2) & 1)
+                    dv, dk = warpgroup_mma_wait(0, deps=(dv, dk))
+                    dq_tok = warpgroup_mma(ds_t, k_dq, zero_dq, use_acc=False, is_async=True)
+                    dq = warpgroup_mma_wait(0, deps=(dq_tok, ))
+                    mbarrier.arrive(empty.index(s), count=1)
+                    if DQ_DIRECT:
+                        if DQ_RED:
+                            _red_add_f32x2(dq_base + q0 * HEAD_D + wg_offsets, dq * sm_scale)
+                        else:
+                            gl.atomic_add(dq_base + q0 * HEAD_D + wg_offsets, dq * sm_scale, sem="relaxed")
+                    else:
+                        dq = gl.convert_layout(dq * sm_scale, atomic_layout)
+                        if DQ_RED:
+                            _red_add_f32x4(dq_base + q0 * HEAD_D + dq_offsets, dq)
+                        else:
+                            gl.atomic_add(dq_base + q0 * HEAD_D + dq_offsets, dq, sem="relaxed")
+                it += 1
+        mbarrier.arrive(kv_empty, count=1)  # every wgmma reading this tile's K and V is done (each step waits them)
+        # dK = scale * sum dS^T Q; dV = sum P^T dO. Rows past SK are not stored.
+        out_rows = key0 + gl.arange(0, WG_KEYS, layout=gl.SliceLayout(1, kv_layout))
+        dims = gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, kv_layout))
+        keep = (out_rows < SK)[:, None]
+        dk_offsets = b.to(gl.int64) * stride_dkb + h_kv.to(gl.int64) * stride_dkh + \
+            out_rows.to(gl.int64)[:, None] * stride_dks + dims[None, :]
+        gl.store(dk_ptr + dk_offsets, (dk * sm_scale).to(dk_ptr.dtype.element_ty), mask=keep)
+        dv_offsets = b.to(gl.int64) * stride_dvb + h_kv.to(gl.int64) * stride_dvh + \
+            out_rows.to(gl.int64)[:, None] * stride_dvs + dims[None, :]
+        gl.store(dv_ptr + dv_offsets, dv.to(dv_ptr.dtype.element_ty), mask=keep)
+        t += 1
 
 
 @gluon.jit
@@ -291,37 +311,44 @@ def flash_bwd_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, dk
                      stride_dvb, stride_dvh, stride_dvs, B, H, HKV, SQ, SK, qk_scale, sm_scale,
                      HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                      CAUSAL: gl.constexpr, DQ_FIRST: gl.constexpr, STATS_SMEM: gl.constexpr,
-                     DQ_DIRECT: gl.constexpr, DQ_RED: gl.constexpr, num_warps: gl.constexpr):
-    # grid: (cdiv(SK, BLOCK_N), B * HKV)
+                     DQ_DIRECT: gl.constexpr, DQ_RED: gl.constexpr, HOST_DESC: gl.constexpr,
+                     num_warps: gl.constexpr):
+    # grid: (programs,): each walks tiles pid, pid + programs, ... of cdiv(SK, BLOCK_N) * B * HKV (see _tile_coords)
     gl.static_assert(BLOCK_N == 2 * WG_KEYS, "two consumer warpgroups of 64 keys")
     gl.static_assert(num_warps == 4, "each partition is one warpgroup")
     DQ_BY_KEYS: gl.constexpr = HEAD_D <= 64  # half of 64 columns would split a 128-byte swizzle atom
-    dtype: gl.constexpr = q_ptr.dtype.element_ty
-    bh = gl.program_id(1)
-    b = bh // HKV
-    h_kv = bh % HKV
+    if HOST_DESC:
+        dtype: gl.constexpr = q_ptr.dtype  # q_ptr .. v_ptr, lse_ptr, delta_ptr: TMA descriptors built on the host
+    else:
+        dtype: gl.constexpr = q_ptr.dtype.element_ty
     group = H // HKV
+    n_bh = B * HKV
+    n_tiles = gl.cdiv(SK, BLOCK_N) * n_bh
     q_block: gl.constexpr = [1, 1, BLOCK_M, HEAD_D]
     kv_block: gl.constexpr = [1, 1, BLOCK_N, HEAD_D]
     q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for(q_block, dtype)
     kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for(kv_block, dtype)
     ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)
-    q_desc = tma.make_tensor_descriptor(q_ptr, [B, H, SQ, HEAD_D], [stride_qb, stride_qh, stride_qs, 1], q_block,
-                                        q_layout)
-    do_desc = tma.make_tensor_descriptor(do_ptr, [B, H, SQ, HEAD_D], [stride_dob, stride_doh, stride_dos, 1], q_block,
-                                         q_layout)
-    k_desc = tma.make_tensor_descriptor(k_ptr, [B, HKV, SK, HEAD_D], [stride_kb, stride_kh, stride_ks, 1], kv_block,
-                                        kv_layout)
-    v_desc = tma.make_tensor_descriptor(v_ptr, [B, HKV, SK, HEAD_D], [stride_vb, stride_vh, stride_vs, 1], kv_block,
-                                        kv_layout)
-    # STATS_SMEM: LSE and Delta as (B * H * SQ rounded up to BLOCK_M) rows, one block of them per slot.
     stat_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=1)
-    if STATS_SMEM:
-        n_stats = B * H * gl.cdiv(SQ, BLOCK_M) * BLOCK_M
-        lse_desc = tma.make_tensor_descriptor(lse_ptr, [n_stats], [1], [BLOCK_M], stat_layout)
-        delta_desc = tma.make_tensor_descriptor(delta_ptr, [n_stats], [1], [BLOCK_M], stat_layout)
+    if HOST_DESC:
+        gl.static_assert(STATS_SMEM, "host-built descriptors carry the row statistics too")
+        q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc = q_ptr, do_ptr, k_ptr, v_ptr, lse_ptr, delta_ptr
     else:
-        lse_desc, delta_desc = lse_ptr, delta_ptr  # not read
+        q_desc = tma.make_tensor_descriptor(q_ptr, [B, H, SQ, HEAD_D], [stride_qb, stride_qh, stride_qs, 1], q_block,
+                                            q_layout)
+        do_desc = tma.make_tensor_descriptor(do_ptr, [B, H, SQ, HEAD_D], [stride_dob, stride_doh, stride_dos, 1],
+                                             q_block, q_layout)
+        k_desc = tma.make_tensor_descriptor(k_ptr, [B, HKV, SK, HEAD_D], [stride_kb, stride_kh, stride_ks, 1],
+                                            kv_block, kv_layout)
+        v_desc = tma.make_tensor_descriptor(v_ptr, [B, HKV, SK, HEAD_D], [stride_vb, stride_vh, stride_vs, 1],
+                                            kv_block, kv_layout)
+        # STATS_SMEM: LSE and Delta as (B * H * SQ rounded up to BLOCK_M) rows, one block of them per slot.
+        if STATS_SMEM:
+            n_stats = B * H * gl.cdiv(SQ, BLOCK_M) * BLOCK_M
+            lse_desc = tma.make_tensor_descriptor(lse_ptr, [n_stats], [1], [BLOCK_M], stat_layout)
+            delta_desc = tma.make_tensor_descriptor(delta_ptr, [n_stats], [1], [BLOCK_M], stat_layout)
+        else:
+            lse_desc, delta_desc = lse_ptr, delta_ptr  # not read
     q_smem = gl.allocate_shared_memory(dtype, [STAGES] + q_block, q_layout)
     do_smem = gl.allocate_shared_memory(dtype, [STAGES] + q_block, q_layout)
     k_smem = gl.allocate_shared_memory(dtype, kv_block, kv_layout)
@@ -330,10 +357,12 @@ def flash_bwd_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, dk
     lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], stat_layout)
     delta_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], stat_layout)
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    kv_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     mbarrier.init(kv_bar, count=1)
+    mbarrier.init(kv_empty, count=2)  # both consumer warpgroups are done with a tile's K and V
     for s in gl.static_range(STAGES):
         mbarrier.init(ready.index(s), count=1)
         mbarrier.init(empty.index(s), count=2)  # both consumer warpgroups release each slot
@@ -341,27 +370,49 @@ def flash_bwd_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, dk
         mbarrier.init(ds_ready.index(s), count=2)  # both warpgroups' halves of dS^T are in the buffer
     gl.warp_specialize([
         (_consumer, (0, q_smem, do_smem, k_smem, v_smem, ds_smem, lse_smem, delta_smem, kv_bar, ready, empty, ds_ready,
-                     lse_ptr, delta_ptr, dq_ptr, dk_ptr, dv_ptr, b, h_kv, group, H, SQ, SK, qk_scale, sm_scale,
+                     kv_empty, lse_ptr, delta_ptr, dq_ptr, dk_ptr, dv_ptr, HKV, n_bh, n_tiles, group, H, SQ, SK,
+                     qk_scale, sm_scale,
                      stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs, HEAD_D, BLOCK_M, BLOCK_N,
                      STAGES, CAUSAL, DQ_BY_KEYS, DQ_FIRST, STATS_SMEM, DQ_DIRECT, DQ_RED)),
         (_consumer, (1, q_smem, do_smem, k_smem, v_smem, ds_smem, lse_smem, delta_smem, kv_bar, ready, empty, ds_ready,
-                     lse_ptr, delta_ptr, dq_ptr, dk_ptr, dv_ptr, b, h_kv, group, H, SQ, SK, qk_scale, sm_scale,
+                     kv_empty, lse_ptr, delta_ptr, dq_ptr, dk_ptr, dv_ptr, HKV, n_bh, n_tiles, group, H, SQ, SK,
+                     qk_scale, sm_scale,
                      stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs, HEAD_D, BLOCK_M, BLOCK_N,
                      STAGES, CAUSAL, DQ_BY_KEYS, DQ_FIRST, STATS_SMEM, DQ_DIRECT, DQ_RED)),
         (_producer, (q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, q_smem, do_smem, k_smem, v_smem, lse_smem,
-                     delta_smem, kv_bar, ready, empty, b, h_kv, group, H, SQ, SK, BLOCK_M, BLOCK_N, STAGES, CAUSAL,
+                     delta_smem, kv_bar, kv_empty, ready, empty, HKV, n_bh, n_tiles, group, H, SQ, SK, BLOCK_M,
+                     BLOCK_N, STAGES, CAUSAL,
                      STATS_SMEM))], [4, 1], [240, 24])
 
 
+def _host_descriptors(q, k, v, do, lse, delta):
+    """flash_bwd_kernel's TMA descriptors (q, k, v, do, lse, delta) built once on the host, not in every program."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    D = q.shape[-1]
+    q_block, kv_block = [1, 1, BLOCK_M, D], [1, 1, BLOCK_N, D]
+    dtype = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
+    q_layout = gl.NVMMASharedLayout.get_default_for(q_block, dtype)
+    kv_layout = gl.NVMMASharedLayout.get_default_for(kv_block, dtype)
+    stat_layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=1)
+    out = [TensorDescriptor(t, list(t.shape), list(t.stride()), block, layout)
+           for t, block, layout in ((q, q_block, q_layout), (k, kv_block, kv_layout), (v, kv_block, kv_layout),
+                                    (do, q_block, q_layout))]
+    out += [TensorDescriptor(t.view(-1), [t.numel()], [1], [BLOCK_M], stat_layout) for t in (lse, delta)]
+    return out
+
+
 def flash_bwd(q, k, v, o, do, lse2, causal=False, scale=None, stages=2, dq_first=False, stats_smem=False,
-              dq_direct=False, dq_red=False):
+              dq_direct=False, dq_red=False, host_desc=False, persistent=False):
     """(dq, dk, dv) of softmax(q k^T * scale) v for q, o, do (B, H, SQ, D), k and v (B, HKV, SK, D), 16-bit, unit
     stride along D and 16-byte aligned rows; lse2 (B, H, SQ) fp32: each row's log-sum-exp of the scaled logits in
     the log2 domain (+inf for a row that sees no key), as the forward writes it. dq_first: FlashAttention-3's order
     of the last two wgmmas (dQ's atomics overlap dK's wgmma); stats_smem: LSE and Delta reach the consumers through
     the producer's TMA, padded to whole query blocks; dq_direct: dQ's atomics straight from the wgmma's registers
     (two columns each), not through a layout change in shared memory; dq_red: dQ added by vector RED instructions
-    (no reply from L2), not atomics."""
+    (no reply from L2), not atomics; host_desc: TMA descriptors built on the host (with stats_smem), not by every
+    program; persistent: a program an SM, walking its share of the tiles (the next tile's K and V load under the
+    last one's dK and dV stores), not a program a tile."""
     B, H, SQ, D = q.shape
     HKV, SK = k.shape[1], k.shape[2]
     scale = 1.0 / math.sqrt(D) if scale is None else scale
@@ -378,12 +429,16 @@ def flash_bwd(q, k, v, o, do, lse2, causal=False, scale=None, stages=2, dq_first
         lse_in, delta_in = lse2.contiguous(), delta.contiguous()
     dq_acc = torch.zeros(B, H, n_pad, D, device=q.device, dtype=torch.float32)
     dk, dv = torch.empty_like(k), torch.empty_like(v)
-    grid = (triton.cdiv(SK, BLOCK_N), B * HKV)
-    flash_bwd_kernel[grid](q, k, v, do, lse_in, delta_in, dq_acc, dk, dv, *q.stride()[:3], *k.stride()[:3],
+    tiles = triton.cdiv(SK, BLOCK_N) * B * HKV
+    grid = (min(tiles, torch.cuda.get_device_properties(q.device).multi_processor_count) if persistent else tiles, )
+    inputs = (q, k, v, do, lse_in, delta_in)
+    if host_desc:
+        inputs = _host_descriptors(*inputs)
+    flash_bwd_kernel[grid](*inputs, dq_acc, dk, dv, *q.stride()[:3], *k.stride()[:3],
                            *v.stride()[:3], *do.stride()[:3], *dk.stride()[:3], *dv.stride()[:3], B, H, HKV, SQ, SK,
                            scale * LOG2E, scale, HEAD_D=D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=stages,
                            CAUSAL=causal, DQ_FIRST=dq_first, STATS_SMEM=stats_smem, DQ_DIRECT=dq_direct,
-                           DQ_RED=dq_red, num_warps=4)
+                           DQ_RED=dq_red, HOST_DESC=host_desc, num_warps=4)
     return dq_acc[:, :, :SQ].to(q.dtype), dk, dv
 
 
