@@ -61,8 +61,10 @@ VARIANTS = {
     "s2 stats red": dict(stages=2, stats_smem=True, dq_red=True),
     "s2 stats red host": dict(stages=2, stats_smem=True, dq_red=True, host_desc=True),
     "s2 stats red host persistent": dict(stages=2, stats_smem=True, dq_red=True, host_desc=True, persistent=True),
-    "s3 stats red host persistent": dict(stages=3, stats_smem=True, dq_red=True, host_desc=True, persistent=True),
+    "s2 stats red host bm128": dict(stages=2, stats_smem=True, dq_red=True, host_desc=True, block_m=128),
 }
+# Variants that only some head dims take (the register budget), by head dim.
+HEAD_DIMS = {"s2 stats red host bm128": (64, )}
 
 
 @gluon.jit
@@ -385,12 +387,12 @@ def flash_bwd_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, dk
                      STATS_SMEM))], [4, 1], [240, 24])
 
 
-def _host_descriptors(q, k, v, do, lse, delta):
+def _host_descriptors(q, k, v, do, lse, delta, block_m=BLOCK_M):
     """flash_bwd_kernel's TMA descriptors (q, k, v, do, lse, delta) built once on the host, not in every program."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     D = q.shape[-1]
-    q_block, kv_block = [1, 1, BLOCK_M, D], [1, 1, BLOCK_N, D]
+    q_block, kv_block = [1, 1, block_m, D], [1, 1, BLOCK_N, D]
     dtype = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
     q_layout = gl.NVMMASharedLayout.get_default_for(q_block, dtype)
     kv_layout = gl.NVMMASharedLayout.get_default_for(kv_block, dtype)
@@ -398,12 +400,12 @@ def _host_descriptors(q, k, v, do, lse, delta):
     out = [TensorDescriptor(t, list(t.shape), list(t.stride()), block, layout)
            for t, block, layout in ((q, q_block, q_layout), (k, kv_block, kv_layout), (v, kv_block, kv_layout),
                                     (do, q_block, q_layout))]
-    out += [TensorDescriptor(t.view(-1), [t.numel()], [1], [BLOCK_M], stat_layout) for t in (lse, delta)]
+    out += [TensorDescriptor(t.view(-1), [t.numel()], [1], [block_m], stat_layout) for t in (lse, delta)]
     return out
 
 
 def flash_bwd(q, k, v, o, do, lse2, causal=False, scale=None, stages=2, dq_first=False, stats_smem=False,
-              dq_direct=False, dq_red=False, host_desc=False, persistent=False):
+              dq_direct=False, dq_red=False, host_desc=False, persistent=False, block_m=BLOCK_M):
     """(dq, dk, dv) of softmax(q k^T * scale) v for q, o, do (B, H, SQ, D), k and v (B, HKV, SK, D), 16-bit, unit
     stride along D and 16-byte aligned rows; lse2 (B, H, SQ) fp32: each row's log-sum-exp of the scaled logits in
     the log2 domain (+inf for a row that sees no key), as the forward writes it. dq_first: FlashAttention-3's order
@@ -412,11 +414,11 @@ def flash_bwd(q, k, v, o, do, lse2, causal=False, scale=None, stages=2, dq_first
     (two columns each), not through a layout change in shared memory; dq_red: dQ added by vector RED instructions
     (no reply from L2), not atomics; host_desc: TMA descriptors built on the host (with stats_smem), not by every
     program; persistent: a program an SM, walking its share of the tiles (the next tile's K and V load under the
-    last one's dK and dV stores), not a program a tile."""
+    last one's dK and dV stores), not a program a tile; block_m: query rows a step (64; 128 fits head dim 64)."""
     B, H, SQ, D = q.shape
     HKV, SK = k.shape[1], k.shape[2]
     scale = 1.0 / math.sqrt(D) if scale is None else scale
-    n_pad = triton.cdiv(SQ, BLOCK_M) * BLOCK_M
+    n_pad = triton.cdiv(SQ, block_m) * block_m
     # The family's preprocess kernel, in torch here; with stats_smem it writes the rows padded (+inf LSE past SQ,
     # so P is 0 there), as the forward would write LSE.
     delta = (do.float() * o.float()).sum(-1)
@@ -433,10 +435,10 @@ def flash_bwd(q, k, v, o, do, lse2, causal=False, scale=None, stages=2, dq_first
     grid = (min(tiles, torch.cuda.get_device_properties(q.device).multi_processor_count) if persistent else tiles, )
     inputs = (q, k, v, do, lse_in, delta_in)
     if host_desc:
-        inputs = _host_descriptors(*inputs)
+        inputs = _host_descriptors(*inputs, block_m=block_m)
     flash_bwd_kernel[grid](*inputs, dq_acc, dk, dv, *q.stride()[:3], *k.stride()[:3],
                            *v.stride()[:3], *do.stride()[:3], *dk.stride()[:3], *dv.stride()[:3], B, H, HKV, SQ, SK,
-                           scale * LOG2E, scale, HEAD_D=D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=stages,
+                           scale * LOG2E, scale, HEAD_D=D, BLOCK_M=block_m, BLOCK_N=BLOCK_N, STAGES=stages,
                            CAUSAL=causal, DQ_FIRST=dq_first, STATS_SMEM=stats_smem, DQ_DIRECT=dq_direct,
                            DQ_RED=dq_red, HOST_DESC=host_desc, num_warps=4)
     return dq_acc[:, :, :SQ].to(q.dtype), dk, dv
@@ -489,7 +491,7 @@ def _time_cases(do_bench, quick: bool) -> None:
         pairs = S * S - (S * (S - 1) // 2 if causal else 0)
         flops = 2.5 * 4 * B * H * pairs * D
         fns = {f"gluon {name}": (lambda kw=kw: flash_bwd(q, k, v, o, do, lse2, causal, **kw))
-               for name, kw in VARIANTS.items()}
+               for name, kw in VARIANTS.items() if D in HEAD_DIMS.get(name, (D, ))}
         out_family = autotile.flash_attention(q, k, v, causal=causal)
         fns["family"] = lambda: torch.autograd.grad(out_family, (q, k, v), do, retain_graph=True)
         kr2, vr2 = (t.detach().repeat_interleave(H // HKV, 1).requires_grad_() for t in (k, v))
@@ -538,6 +540,8 @@ def main() -> int:
         # same math in fp32, rounded to bf16) plus a rounding floor.
         plain = [g.to(q.dtype) for g in _reference(q, k, v, do, causal, scale, torch.float32)[2:]]
         for name, kw in VARIANTS.items():
+            if D not in HEAD_DIMS.get(name, (D, )):
+                continue
             got = flash_bwd(q, k, v, o.to(q.dtype), do, lse2, causal, scale, **kw)
             results = [fa_rule_check(name, g, w, pl, "bf16", SK if name == "dq" else (H // HKV) * SQ)
                        for name, g, w, pl in zip(("dq", "dk", "dv"), got, want, plain)]
