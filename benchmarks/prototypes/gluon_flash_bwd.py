@@ -1,38 +1,44 @@
 """Prototype: a FlashAttention backward in Gluon with FlashAttention-3's structure on Hopper.
 
 Status: correct on the H200 (float64 checks of dQ, dK and dV within FlashAttention's bounds, causal and not, GQA,
-Sq != Sk) and slower than the family's backward (bf16, causal, D = 128; results/gluon_flash_bwd_2026-12-04.txt):
-2 x 32 x 4096 275 TFLOP/s (0.58x cuDNN; the family 0.71x), 1 x 32/8 x 4096 208 (0.46x; the family 0.58x). dK reads
-dS^T from the shared memory that dQ reads it from, and dQ issues once dK and dV are done: the sm90 key loop's spill
-instructions went from 103 to 51 (causal) and 86 to 15 (not causal), and the kernel from 252 and 187 TFLOP/s
-(results/gluon_flash_bwd_2026-12-03.txt). Where it still loses, from its SASS: dQ leaves as masked F32x4 atomics
-(a branch around each), the LSE and Delta rows cross layouts through shared memory (a bar.sync each), the causal key
-loop reloads ~20-30 per-program scalars a step, and GQA programs walk their group's query heads one after another
-(8 KV heads x 32 key blocks: 256 programs of 4 heads each).
+Sq != Sk, head dims 64 and 128, every switch below). Against cuDNN (bf16;
+results/gluon_flash_bwd_2026-12-04c_red_host.txt), with dQ added by RED and the row statistics through TMA
+("s2 stats red"):
+  - D = 128, 4096 tokens: causal 2 x 32 0.71x (the family's Triton backward 0.70x), GQA 1 x 32/8 0.78x (0.58x), not
+    causal with host descriptors and a persistent grid 0.75x (0.70x);
+  - behind the family at head dim 64 (0.55-0.61x against 0.76x) and on short sequences (16 x 512: 0.49x against 0.68x).
+Three changes took it from 0.58x to 0.71x (causal) and 0.47x to 0.78x (GQA): the row statistics come with each slot
+by TMA (no layout crossing, 53 -> 13 spill instructions), dQ is added by vector RED instructions (gl.atomic_add
+compiles to ATOMG, which waits for L2's reply; ncu: tensor pipe 35% -> 49%, cuDNN's 62%), and tiles go out key block
+first, heaviest first under causal masks. Still slower than cuDNN: per step, the two consumer warpgroups meet at dS
+(both halves feed each one's dQ wgmma), and each waits for its own wgmmas in turn (ncu: mbarrier waits and wgmma waits
+lead the stall samples, results/ncu_bwd_2026-12-04/).
 The family's backward (Triton tl.dot kernels: dK/dV, then dQ, each recomputing P and dP) runs at 0.74x of cuDNN at
 D = 128, 4k (benchmarks/RESULTS.md); its dK/dV kernel alone took as long as cuDNN's whole backward, and adding dQ
 there with atomics did not pay in Triton (RESULTS.md "ninth run"). This is FlashAttention-3's answer, written where
 each warpgroup's registers and barriers can be stated. On the GPU:
     python benchmarks/prototypes/gluon_flash_bwd.py          # checks against float64, then times beside SDPA
-    python benchmarks/prototypes/gluon_flash_bwd.py --quick  # three checks and two shapes, two stages only
+    python benchmarks/prototypes/gluon_flash_bwd.py --quick  # three checks and two shapes
 
-Structure: a program owns one block of 128 keys of one KV head and walks every query block (64 rows) of the query
-heads that share it (GQA: no reduction of dK/dV across programs).
-  - one producer warp loads K and V once, then each query block's Q and dO into a ring of STAGES slots (TMA);
+Structure: a program owns one block of 128 keys of one KV head (a tile) and walks every query block (64 rows) of the
+query heads that share it (GQA: no reduction of dK/dV across programs). Tiles go out key block first; with
+`persistent`, a program an SM walks its share of them.
+  - one producer warp loads K and V once a tile, then each query block's Q, dO, LSE and Delta into a ring of STAGES
+    slots (TMA);
   - two consumer warpgroups, each its own partition, own 64 of the 128 keys each and keep dK and dV for them in
     registers. For each query block i, with P^T and dP^T (keys x queries) from wgmmas of shared-memory operands:
         S^T = K Q_i^T, dP^T = V dO_i^T         issued together
         P^T = exp2(S^T * scale * log2(e) - LSE_i)    (LSE in the log2 domain, as the forward writes it)
         dV += P^T dO_i                         P^T from registers
         dS^T = P^T * (dP^T - Delta_i)           Delta = rowsum(dO * O)
-        dK += dS^T Q_i                         dS^T from registers
-        dQ_i += dS K                           dS^T through shared memory, read transposed; added to an fp32 dQ
-                                               with atomics, scaled and cast afterwards
+        dK += dS^T Q_i                         dS^T from shared memory
+        dQ_i += dS K                           dS^T from shared memory, read transposed; added to an fp32 dQ
+                                               (rows padded to whole query blocks), scaled and cast afterwards
   - dQ: with D = 128 both warpgroups' dS^T halves meet in shared memory (a barrier between them) and each computes
     half of dQ_i's columns over all 128 keys (32 registers of fp32 a thread); with D = 64 each computes dQ_i over its
     own 64 keys, all columns, and both add (no barrier). dS^T is double-buffered, so a warpgroup one block ahead
     never overwrites what the other still reads.
-Not here (yet): FlashAttention-3's TMA reduce-add for dQ (Gluon 3.6 exposes no bulk reduction: element atomics from
+Not here (yet): FlashAttention-3's TMA reduce-add for dQ (Gluon 3.6 exposes no bulk reduction: vector REDs from
 registers instead), a deterministic mode, windows and other features, D = 256, packed sequences.
 Layout: q, o, do (B, H, SQ, D), k, v (B, HKV, SK, D), 16-byte aligned rows, unit stride along D, bf16 or fp16.
 Causal masks align the last query with the last key.
