@@ -65,12 +65,12 @@ LOG2E = 1.4426950408889634
 # the wgmma's registers (dq_direct); results/gluon_flash_bwd_2026-12-04b_variants.txt.
 VARIANTS = {
     "s2 stats red": dict(stages=2, stats_smem=True, dq_red=True),
-    "s2 stats red host": dict(stages=2, stats_smem=True, dq_red=True, host_desc=True),
     "s2 stats red host persistent": dict(stages=2, stats_smem=True, dq_red=True, host_desc=True, persistent=True),
-    "s2 stats red host bm128": dict(stages=2, stats_smem=True, dq_red=True, host_desc=True, block_m=128),
+    "s2 stats red host queue": dict(stages=2, stats_smem=True, dq_red=True, host_desc=True, persistent=True,
+                                    queue=True),
 }
 # Variants that only some head dims take (the register budget), by head dim.
-HEAD_DIMS = {"s2 stats red host bm128": (64, )}
+HEAD_DIMS: dict[str, tuple] = {}
 
 
 @gluon.jit
@@ -105,17 +105,20 @@ def _first_block(kb, SQ, SK, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSA
 
 @gluon.jit
 def _producer(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, q_smem, do_smem, k_smem, v_smem, lse_smem,
-              delta_smem, kv_bar, kv_empty, ready, empty, HKV, n_bh, n_tiles, group, H, SQ, SK,
-              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-              STATS_SMEM: gl.constexpr):
+              delta_smem, kv_bar, kv_empty, ready, empty, tile_smem, queue_ptr, HKV, n_bh, n_tiles, group, H, SQ,
+              SK, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+              STATS_SMEM: gl.constexpr, QUEUE: gl.constexpr):
     n_m = gl.cdiv(SQ, BLOCK_M)
     slot_bytes: gl.constexpr = q_desc.block_type.nbytes + do_desc.block_type.nbytes + \
         (2 * BLOCK_M * 4 if STATS_SMEM else 0)
     it = 0
     t = 0
-    for tile in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
+    tile = gl.program_id(0)
+    while tile < n_tiles:
         kb, b, h_kv = _tile_coords(tile, n_bh, HKV)
         mbarrier.wait(kv_empty, (t & 1) ^ 1)  # both consumers are done with the last tile's K and V
+        if QUEUE:
+            _publish_tile(tile_smem, tile)  # released to the consumers by the expect's arrive
         mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(k_desc, [b, h_kv, kb * BLOCK_N, 0], kv_bar, k_smem)
         tma.async_copy_global_to_shared(v_desc, [b, h_kv, kb * BLOCK_N, 0], kv_bar, v_smem)
@@ -136,6 +139,38 @@ def _producer(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, q_smem, do_
                                                     delta_smem.index(s))
                 it += 1
         t += 1
+        if QUEUE:
+            tile = gl.num_programs(0) + _take(queue_ptr)
+        else:
+            tile += gl.num_programs(0)
+    if QUEUE:
+        # No tile left: a tile of -1 tells the consumers.
+        mbarrier.wait(kv_empty, (t & 1) ^ 1)
+        _publish_tile(tile_smem, -1)
+        mbarrier.arrive(kv_bar, count=1)
+
+
+# QUEUE: FlashAttention-3's dynamic persistent schedule, as the forward's TILE_QUEUE takes it. A program's first tile
+# is its own index, the next ones come from a counter (zero at launch), and the producer hands each to the consumers
+# in shared memory with the tile's K and V.
+@gluon.jit
+def _take(counter_ptr):
+    lanes = gl.arange(0, 32, layout=gl.BlockedLayout([1], [32], [1], [0]))
+    old = gl.atomic_add(counter_ptr + lanes * 0, lanes * 0 + 1, mask=lanes == 0)
+    return gl.max(gl.where(lanes == 0, old, -1), axis=0)
+
+
+@gluon.jit
+def _publish_tile(tile_smem, tile):
+    fields = gl.arange(0, 4, layout=gl.BlockedLayout([4], [32], [1], [0]))
+    tile_smem.store(gl.where(fields == 0, tile, 0))
+
+
+@gluon.jit
+def _read_tile(tile_smem):
+    fields = gl.arange(0, 4, layout=gl.BlockedLayout([4], [32], [4], [0]))
+    values = tile_smem.load(gl.BlockedLayout([4], [32], [4], [0]))
+    return gl.sum(gl.where(fields == 0, values, 0), axis=0)
 
 
 @gluon.jit
@@ -149,12 +184,12 @@ def _tile_coords(tile, n_bh, HKV):
 
 @gluon.jit
 def _consumer(WG: gl.constexpr, q_smem, do_smem, k_smem, v_smem, ds_smem, lse_smem, delta_smem, kv_bar, ready,
-              empty, ds_ready, kv_empty, lse_ptr, delta_ptr, dq_ptr, dk_ptr, dv_ptr, HKV, n_bh, n_tiles, group,
-              H, SQ, SK, qk_scale,
+              empty, ds_ready, kv_empty, tile_smem, lse_ptr, delta_ptr, dq_ptr, dk_ptr, dv_ptr, HKV, n_bh, n_tiles,
+              group, H, SQ, SK, qk_scale,
               sm_scale, stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs,
               HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
               CAUSAL: gl.constexpr, DQ_BY_KEYS: gl.constexpr, DQ_FIRST: gl.constexpr, STATS_SMEM: gl.constexpr,
-              DQ_DIRECT: gl.constexpr, DQ_RED: gl.constexpr):
+              DQ_DIRECT: gl.constexpr, DQ_RED: gl.constexpr, QUEUE: gl.constexpr):
     # S^T, dP^T: (64 keys, BLOCK_M queries); dK, dV: (64 keys, HEAD_D); dQ: (BLOCK_M queries, DQ_COLS).
     DQ_COLS: gl.constexpr = HEAD_D if DQ_BY_KEYS else HEAD_D // 2
     st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -197,11 +232,16 @@ def _consumer(WG: gl.constexpr, q_smem, do_smem, k_smem, v_smem, ds_smem, lse_sm
     n_pad = n_m * BLOCK_M  # rows of the fp32 dQ accumulator and of padded LSE and Delta a head
     it = 0
     t = 0
-    for tile in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
+    tile = gl.program_id(0)
+    if QUEUE:
+        mbarrier.wait(kv_bar, 0)
+        tile = _read_tile(tile_smem)
+    while (tile >= 0) & (tile < n_tiles):
         kb, b, h_kv = _tile_coords(tile, n_bh, HKV)
         key0 = kb * BLOCK_N + WG * WG_KEYS
         keys = key0 + key_index
-        mbarrier.wait(kv_bar, t & 1)
+        if not QUEUE:
+            mbarrier.wait(kv_bar, t & 1)
         dk = gl.zeros([WG_KEYS, HEAD_D], gl.float32, kv_layout)
         dv = gl.zeros([WG_KEYS, HEAD_D], gl.float32, kv_layout)
         first = _first_block(kb, SQ, SK, BLOCK_M, BLOCK_N, CAUSAL)
@@ -310,17 +350,22 @@ def _consumer(WG: gl.constexpr, q_smem, do_smem, k_smem, v_smem, ds_smem, lse_sm
             out_rows.to(gl.int64)[:, None] * stride_dvs + dims[None, :]
         gl.store(dv_ptr + dv_offsets, dv.to(dv_ptr.dtype.element_ty), mask=keep)
         t += 1
+        if QUEUE:
+            mbarrier.wait(kv_bar, t & 1)
+            tile = _read_tile(tile_smem)
+        else:
+            tile += gl.num_programs(0)
 
 
 @gluon.jit
-def flash_bwd_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, dk_ptr, dv_ptr,
+def flash_bwd_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, dk_ptr, dv_ptr, queue_ptr,
                      stride_qb, stride_qh, stride_qs, stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs,
                      stride_dob, stride_doh, stride_dos, stride_dkb, stride_dkh, stride_dks,
                      stride_dvb, stride_dvh, stride_dvs, B, H, HKV, SQ, SK, qk_scale, sm_scale,
                      HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                      CAUSAL: gl.constexpr, DQ_FIRST: gl.constexpr, STATS_SMEM: gl.constexpr,
                      DQ_DIRECT: gl.constexpr, DQ_RED: gl.constexpr, HOST_DESC: gl.constexpr,
-                     num_warps: gl.constexpr):
+                     QUEUE: gl.constexpr, num_warps: gl.constexpr):
     # grid: (programs,): each walks tiles pid, pid + programs, ... of cdiv(SK, BLOCK_N) * B * HKV (see _tile_coords)
     gl.static_assert(BLOCK_N == 2 * WG_KEYS, "two consumer warpgroups of 64 keys")
     gl.static_assert(num_warps == 4, "each partition is one warpgroup")
@@ -366,6 +411,7 @@ def flash_bwd_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, dk
     delta_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], stat_layout)
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     kv_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    tile_smem = gl.allocate_shared_memory(gl.int32, [4], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
@@ -377,20 +423,19 @@ def flash_bwd_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, dk
     for s in gl.static_range(2):
         mbarrier.init(ds_ready.index(s), count=2)  # both warpgroups' halves of dS^T are in the buffer
     gl.warp_specialize([
-        (_consumer, (0, q_smem, do_smem, k_smem, v_smem, ds_smem, lse_smem, delta_smem, kv_bar, ready, empty, ds_ready,
-                     kv_empty, lse_ptr, delta_ptr, dq_ptr, dk_ptr, dv_ptr, HKV, n_bh, n_tiles, group, H, SQ, SK,
-                     qk_scale, sm_scale,
-                     stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs, HEAD_D, BLOCK_M, BLOCK_N,
-                     STAGES, CAUSAL, DQ_BY_KEYS, DQ_FIRST, STATS_SMEM, DQ_DIRECT, DQ_RED)),
-        (_consumer, (1, q_smem, do_smem, k_smem, v_smem, ds_smem, lse_smem, delta_smem, kv_bar, ready, empty, ds_ready,
-                     kv_empty, lse_ptr, delta_ptr, dq_ptr, dk_ptr, dv_ptr, HKV, n_bh, n_tiles, group, H, SQ, SK,
-                     qk_scale, sm_scale,
-                     stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs, HEAD_D, BLOCK_M, BLOCK_N,
-                     STAGES, CAUSAL, DQ_BY_KEYS, DQ_FIRST, STATS_SMEM, DQ_DIRECT, DQ_RED)),
+        (_consumer, (0, q_smem, do_smem, k_smem, v_smem, ds_smem, lse_smem, delta_smem, kv_bar, ready, empty,
+                     ds_ready, kv_empty, tile_smem, lse_ptr, delta_ptr, dq_ptr, dk_ptr, dv_ptr, HKV, n_bh, n_tiles,
+                     group, H, SQ, SK, qk_scale, sm_scale, stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh,
+                     stride_dvs, HEAD_D, BLOCK_M, BLOCK_N, STAGES, CAUSAL, DQ_BY_KEYS, DQ_FIRST, STATS_SMEM, DQ_DIRECT,
+                     DQ_RED, QUEUE)),
+        (_consumer, (1, q_smem, do_smem, k_smem, v_smem, ds_smem, lse_smem, delta_smem, kv_bar, ready, empty,
+                     ds_ready, kv_empty, tile_smem, lse_ptr, delta_ptr, dq_ptr, dk_ptr, dv_ptr, HKV, n_bh, n_tiles,
+                     group, H, SQ, SK, qk_scale, sm_scale, stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh,
+                     stride_dvs, HEAD_D, BLOCK_M, BLOCK_N, STAGES, CAUSAL, DQ_BY_KEYS, DQ_FIRST, STATS_SMEM, DQ_DIRECT,
+                     DQ_RED, QUEUE)),
         (_producer, (q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, q_smem, do_smem, k_smem, v_smem, lse_smem,
-                     delta_smem, kv_bar, kv_empty, ready, empty, HKV, n_bh, n_tiles, group, H, SQ, SK, BLOCK_M,
-                     BLOCK_N, STAGES, CAUSAL,
-                     STATS_SMEM))], [4, 1], [240, 24])
+                     delta_smem, kv_bar, kv_empty, ready, empty, tile_smem, queue_ptr, HKV, n_bh, n_tiles, group,
+                     H, SQ, SK, BLOCK_M, BLOCK_N, STAGES, CAUSAL, STATS_SMEM, QUEUE))], [4, 1], [240, 24])
 
 
 def _host_descriptors(q, k, v, do, lse, delta, block_m=BLOCK_M):
@@ -411,7 +456,7 @@ def _host_descriptors(q, k, v, do, lse, delta, block_m=BLOCK_M):
 
 
 def flash_bwd(q, k, v, o, do, lse2, causal=False, scale=None, stages=2, dq_first=False, stats_smem=False,
-              dq_direct=False, dq_red=False, host_desc=False, persistent=False, block_m=BLOCK_M):
+              dq_direct=False, dq_red=False, host_desc=False, persistent=False, block_m=BLOCK_M, queue=False):
     """(dq, dk, dv) of softmax(q k^T * scale) v for q, o, do (B, H, SQ, D), k and v (B, HKV, SK, D), 16-bit, unit
     stride along D and 16-byte aligned rows; lse2 (B, H, SQ) fp32: each row's log-sum-exp of the scaled logits in
     the log2 domain (+inf for a row that sees no key), as the forward writes it. dq_first: FlashAttention-3's order
@@ -420,7 +465,8 @@ def flash_bwd(q, k, v, o, do, lse2, causal=False, scale=None, stages=2, dq_first
     (two columns each), not through a layout change in shared memory; dq_red: dQ added by vector RED instructions
     (no reply from L2), not atomics; host_desc: TMA descriptors built on the host (with stats_smem), not by every
     program; persistent: a program an SM, walking its share of the tiles (the next tile's K and V load under the
-    last one's dK and dV stores), not a program a tile; block_m: query rows a step (64; 128 fits head dim 64)."""
+    last one's dK and dV stores), not a program a tile; block_m: query rows a step (64; 128 fits head dim 64);
+    queue: with persistent, tiles taken from a counter by whichever program is free, not dealt in static rounds."""
     B, H, SQ, D = q.shape
     HKV, SK = k.shape[1], k.shape[2]
     scale = 1.0 / math.sqrt(D) if scale is None else scale
@@ -442,11 +488,12 @@ def flash_bwd(q, k, v, o, do, lse2, causal=False, scale=None, stages=2, dq_first
     inputs = (q, k, v, do, lse_in, delta_in)
     if host_desc:
         inputs = _host_descriptors(*inputs, block_m=block_m)
-    flash_bwd_kernel[grid](*inputs, dq_acc, dk, dv, *q.stride()[:3], *k.stride()[:3],
+    counter = torch.zeros(1, dtype=torch.int32, device=q.device)  # QUEUE's tile counter
+    flash_bwd_kernel[grid](*inputs, dq_acc, dk, dv, counter, *q.stride()[:3], *k.stride()[:3],
                            *v.stride()[:3], *do.stride()[:3], *dk.stride()[:3], *dv.stride()[:3], B, H, HKV, SQ, SK,
                            scale * LOG2E, scale, HEAD_D=D, BLOCK_M=block_m, BLOCK_N=BLOCK_N, STAGES=stages,
                            CAUSAL=causal, DQ_FIRST=dq_first, STATS_SMEM=stats_smem, DQ_DIRECT=dq_direct,
-                           DQ_RED=dq_red, HOST_DESC=host_desc, num_warps=4)
+                           DQ_RED=dq_red, HOST_DESC=host_desc, QUEUE=queue and persistent, num_warps=4)
     return dq_acc[:, :, :SQ].to(q.dtype), dk, dv
 
 
