@@ -4,8 +4,8 @@ Status: correct on the H200 (float64 checks of dQ, dK and dV within FlashAttenti
 Sq != Sk, head dims 64 and 128, every switch below). Against cuDNN (bf16;
 results/gluon_flash_bwd_2026-12-04c_red_host.txt), with dQ added by RED and the row statistics through TMA
 ("s2 stats red"):
-  - D = 128, 4096 tokens: causal 2 x 32 0.71x (the family's Triton backward 0.70x), GQA 1 x 32/8 0.78x (0.58x), not
-    causal with host descriptors and a persistent grid 0.75x (0.70x);
+  - D = 128, 4096 tokens: causal 2 x 32 0.71x (the family's Triton backward 0.69-0.70x), GQA 1 x 32/8 0.78x (0.58x),
+    not causal with host descriptors and a persistent grid 0.72-0.75x (0.70-0.73x);
   - behind the family at head dim 64 (0.55-0.61x against 0.76x) and on short sequences (16 x 512: 0.49x against 0.68x).
 Three changes took it from 0.58x to 0.71x (causal) and 0.47x to 0.78x (GQA): the row statistics come with each slot
 by TMA (no layout crossing, 53 -> 13 spill instructions), dQ is added by vector RED instructions (gl.atomic_add
@@ -60,14 +60,13 @@ WG_KEYS = gl.constexpr(64)  # keys a consumer warpgroup owns (the wgmma's M for 
 BLOCK_N = 128  # keys a program owns: two consumer warpgroups
 BLOCK_M = 64  # query rows a step
 LOG2E = 1.4426950408889634
-# Timed and checked side by side (switches of flash_bwd): descriptors built on the host; a persistent grid; three
-# slots. Measured and not kept as the default: FlashAttention-3's order of the last two wgmmas (dq_first), dQ from
-# the wgmma's registers (dq_direct); results/gluon_flash_bwd_2026-12-04b_variants.txt.
+# Timed and checked side by side: the best causal variant and the best non-causal one. The other switches of flash_bwd
+# were measured and lost (results/gluon_flash_bwd_2026-12-04b_variants.txt, _c_red_host.txt): FlashAttention-3's
+# order of the last two wgmmas (dq_first), dQ from the wgmma's registers (dq_direct), three slots, 128 query rows a
+# step at head dim 64, and the tile queue.
 VARIANTS = {
     "s2 stats red": dict(stages=2, stats_smem=True, dq_red=True),
     "s2 stats red host persistent": dict(stages=2, stats_smem=True, dq_red=True, host_desc=True, persistent=True),
-    "s2 stats red host queue": dict(stages=2, stats_smem=True, dq_red=True, host_desc=True, persistent=True,
-                                    queue=True),
 }
 # Variants that only some head dims take (the register budget), by head dim.
 HEAD_DIMS: dict[str, tuple] = {}
