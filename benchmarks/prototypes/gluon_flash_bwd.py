@@ -74,9 +74,10 @@ HEAD_DIMS: dict[str, tuple] = {}
 
 @gluon.jit
 def _red_add_f32x4(ptrs, values):
-    # NOTE: gl.atomic_add compiles to ATOMG (an atomic that returns its old value, even unused): each one waits for
-    # L2's reply. cuDNN's backward adds dQ with RED (no reply). A thread's 4 values here are adjacent in memory
-    # (the layout's size_per_thread is [1, 4]), so one vector RED takes them at the first one's address.
+    # NOTE: gl.atomic_add emits a PTX atom whose result is unused, and ptxas makes it an ATOMG (it waits for L2's
+    # reply) or a REDG depending on the kernel around it: ATOMG here with in-kernel descriptors, REDG with host-built
+    # ones (sm90 SASS). cuDNN's backward adds dQ with RED. An explicit `red` makes it RED always. A thread's 4 values
+    # here are adjacent in memory (the layout's size_per_thread is [1, 4]): one vector RED at the first's address.
     return gl.inline_asm_elementwise(
         "red.relaxed.gpu.global.add.v4.f32 [$4], {$8, $9, $10, $11};\n"
         "mov.u32 $0, 0;\nmov.u32 $1, 0;\nmov.u32 $2, 0;\nmov.u32 $3, 0;",
@@ -91,6 +92,24 @@ def _red_add_f32x2(ptrs, values):
         "red.relaxed.gpu.global.add.v2.f32 [$2], {$4, $5};\nmov.u32 $0, 0;\nmov.u32 $1, 0;",
         "=r,=r,l,l,r,r", [ptrs.to(gl.int64), values.to(gl.int32, bitcast=True)], dtype=gl.int32, is_pure=False,
         pack=2)
+
+
+@gluon.jit
+def _add_dq(block_ptr, dq, wg_offsets, dq_offsets, atomic_layout: gl.constexpr, DQ_DIRECT: gl.constexpr,
+            DQ_RED: gl.constexpr):
+    # A query block's dQ (already scaled) into the fp32 accumulator at block_ptr: from the wgmma layout (two adjacent
+    # columns a thread) or through a layout of four, by RED or by atomics.
+    if DQ_DIRECT:
+        if DQ_RED:
+            _red_add_f32x2(block_ptr + wg_offsets, dq)
+        else:
+            gl.atomic_add(block_ptr + wg_offsets, dq, sem="relaxed")
+    else:
+        dq = gl.convert_layout(dq, atomic_layout)
+        if DQ_RED:
+            _red_add_f32x4(block_ptr + dq_offsets, dq)
+        else:
+            gl.atomic_add(block_ptr + dq_offsets, dq, sem="relaxed")
 
 
 @gluon.jit
@@ -303,17 +322,8 @@ def _consumer(WG: gl.constexpr, q_smem, do_smem, k_smem, v_smem, ds_smem, lse_sm
                     dq_tok = warpgroup_mma(ds_t, k_dq, zero_dq, use_acc=False, is_async=True)
                     dk = warpgroup_mma(buf.slice(WG * WG_KEYS, WG_KEYS, dim=0), q_t, dk, is_async=True)
                     dv, dq = warpgroup_mma_wait(1, deps=(dv, dq_tok))  # dV and dQ done; dK in flight
-                    if DQ_DIRECT:
-                        if DQ_RED:
-                            _red_add_f32x2(dq_base + q0 * HEAD_D + wg_offsets, dq * sm_scale)
-                        else:
-                            gl.atomic_add(dq_base + q0 * HEAD_D + wg_offsets, dq * sm_scale, sem="relaxed")
-                    else:
-                        dq = gl.convert_layout(dq * sm_scale, atomic_layout)
-                        if DQ_RED:
-                            _red_add_f32x4(dq_base + q0 * HEAD_D + dq_offsets, dq)
-                        else:
-                            gl.atomic_add(dq_base + q0 * HEAD_D + dq_offsets, dq, sem="relaxed")
+                    _add_dq(dq_base + q0 * HEAD_D, dq * sm_scale, wg_offsets, dq_offsets, atomic_layout, DQ_DIRECT,
+                            DQ_RED)
                     dk = warpgroup_mma_wait(0, deps=(dk, ))
                     mbarrier.arrive(empty.index(s), count=1)
                 else:
@@ -325,17 +335,8 @@ def _consumer(WG: gl.constexpr, q_smem, do_smem, k_smem, v_smem, ds_smem, lse_sm
                     dq_tok = warpgroup_mma(ds_t, k_dq, zero_dq, use_acc=False, is_async=True)
                     dq = warpgroup_mma_wait(0, deps=(dq_tok, ))
                     mbarrier.arrive(empty.index(s), count=1)
-                    if DQ_DIRECT:
-                        if DQ_RED:
-                            _red_add_f32x2(dq_base + q0 * HEAD_D + wg_offsets, dq * sm_scale)
-                        else:
-                            gl.atomic_add(dq_base + q0 * HEAD_D + wg_offsets, dq * sm_scale, sem="relaxed")
-                    else:
-                        dq = gl.convert_layout(dq * sm_scale, atomic_layout)
-                        if DQ_RED:
-                            _red_add_f32x4(dq_base + q0 * HEAD_D + dq_offsets, dq)
-                        else:
-                            gl.atomic_add(dq_base + q0 * HEAD_D + dq_offsets, dq, sem="relaxed")
+                    _add_dq(dq_base + q0 * HEAD_D, dq * sm_scale, wg_offsets, dq_offsets, atomic_layout, DQ_DIRECT,
+                            DQ_RED)
                 it += 1
         mbarrier.arrive(kv_empty, count=1)  # every wgmma reading this tile's K and V is done (each step waits them)
         # dK = scale * sum dS^T Q; dV = sum P^T dO. Rows past SK are not stored.
