@@ -45,7 +45,7 @@ def _compile_cases() -> list:
         kwargs = dict(HEAD_D=head_d, BLOCK_M=variant.get("block_m", g.BLOCK_M), BLOCK_N=g.BLOCK_N,
                       STAGES=variant["stages"], CAUSAL=causal, DQ_FIRST=False, STATS_SMEM=variant["stats_smem"],
                       DQ_DIRECT=False, DQ_RED=variant["dq_red"], HOST_DESC=variant.get("host_desc", False),
-                      QUEUE=False, num_warps=4)
+                      QUEUE=False, DQ_OWN_KEYS=False, CHUNK=0, num_warps=4)
         compiled, _ = xcompile.compile_kernel(g.flash_bwd_kernel, xcompile.gpu_target((9, 0)), args, kwargs)
         cubin = compiled.asm["cubin"]
         sass = xcompile._cuobjdump(cubin, "-sass") or ""

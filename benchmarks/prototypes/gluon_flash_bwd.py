@@ -67,9 +67,12 @@ LOG2E = 1.4426950408889634
 VARIANTS = {
     "s2 stats red": dict(stages=2, stats_smem=True, dq_red=True),
     "s2 stats red host persistent": dict(stages=2, stats_smem=True, dq_red=True, host_desc=True, persistent=True),
+    "s2 stats red chunk2": dict(stages=2, stats_smem=True, dq_red=True, chunk=2),
+    "s2 stats red chunk4": dict(stages=2, stats_smem=True, dq_red=True, chunk=4),
+    "s2 stats red own-keys": dict(stages=2, stats_smem=True, dq_red=True, dq_own_keys=True),
 }
 # Variants that only some head dims take (the register budget), by head dim.
-HEAD_DIMS: dict[str, tuple] = {}
+HEAD_DIMS = {"s2 stats red own-keys": (128, )}
 
 
 @gluon.jit
@@ -125,14 +128,14 @@ def _first_block(kb, SQ, SK, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSA
 def _producer(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, q_smem, do_smem, k_smem, v_smem, lse_smem,
               delta_smem, kv_bar, kv_empty, ready, empty, tile_smem, queue_ptr, HKV, n_bh, n_tiles, group, H, SQ,
               SK, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-              STATS_SMEM: gl.constexpr, QUEUE: gl.constexpr):
+              STATS_SMEM: gl.constexpr, QUEUE: gl.constexpr, CHUNK: gl.constexpr):
     n_m = gl.cdiv(SQ, BLOCK_M)
     slot_bytes: gl.constexpr = q_desc.block_type.nbytes + do_desc.block_type.nbytes + \
         (2 * BLOCK_M * 4 if STATS_SMEM else 0)
     it = 0
     t = 0
-    tile = gl.program_id(0)
-    while tile < n_tiles:
+    tile, tile_end, tile_step = _my_tiles(n_tiles, CHUNK)
+    while tile < tile_end:
         kb, b, h_kv = _tile_coords(tile, n_bh, HKV)
         mbarrier.wait(kv_empty, (t & 1) ^ 1)  # both consumers are done with the last tile's K and V
         if QUEUE:
@@ -160,7 +163,7 @@ def _producer(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, q_smem, do_
         if QUEUE:
             tile = gl.num_programs(0) + _take(queue_ptr)
         else:
-            tile += gl.num_programs(0)
+            tile += tile_step
     if QUEUE:
         # No tile left: a tile of -1 tells the consumers.
         mbarrier.wait(kv_empty, (t & 1) ^ 1)
@@ -192,6 +195,17 @@ def _read_tile(tile_smem):
 
 
 @gluon.jit
+def _my_tiles(n_tiles, CHUNK: gl.constexpr):
+    # (first tile, end, step) of this program: CHUNK > 0, that many consecutive tiles (the same key block of
+    # neighbouring heads: equal work, one program's set-up and drain for all of them); 0, every num_programs-th tile.
+    if CHUNK > 0:
+        first = gl.program_id(0) * CHUNK
+        return first, gl.minimum(first + CHUNK, n_tiles), 1
+    else:
+        return gl.program_id(0), n_tiles, gl.num_programs(0)
+
+
+@gluon.jit
 def _tile_coords(tile, n_bh, HKV):
     # Tile t: key block t // (B * HKV) of (batch, KV head) t % (B * HKV). Key blocks lead, so that with causal
     # masks the heaviest tiles (the first key blocks, seen by the most query blocks) go first.
@@ -207,7 +221,7 @@ def _consumer(WG: gl.constexpr, q_smem, do_smem, k_smem, v_smem, ds_smem, lse_sm
               sm_scale, stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs,
               HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
               CAUSAL: gl.constexpr, DQ_BY_KEYS: gl.constexpr, DQ_FIRST: gl.constexpr, STATS_SMEM: gl.constexpr,
-              DQ_DIRECT: gl.constexpr, DQ_RED: gl.constexpr, QUEUE: gl.constexpr):
+              DQ_DIRECT: gl.constexpr, DQ_RED: gl.constexpr, QUEUE: gl.constexpr, CHUNK: gl.constexpr):
     # S^T, dP^T: (64 keys, BLOCK_M queries); dK, dV: (64 keys, HEAD_D); dQ: (BLOCK_M queries, DQ_COLS).
     DQ_COLS: gl.constexpr = HEAD_D if DQ_BY_KEYS else HEAD_D // 2
     st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -250,11 +264,11 @@ def _consumer(WG: gl.constexpr, q_smem, do_smem, k_smem, v_smem, ds_smem, lse_sm
     n_pad = n_m * BLOCK_M  # rows of the fp32 dQ accumulator and of padded LSE and Delta a head
     it = 0
     t = 0
-    tile = gl.program_id(0)
+    tile, tile_end, tile_step = _my_tiles(n_tiles, CHUNK)
     if QUEUE:
         mbarrier.wait(kv_bar, 0)
         tile = _read_tile(tile_smem)
-    while (tile >= 0) & (tile < n_tiles):
+    while (tile >= 0) & (tile < tile_end):
         kb, b, h_kv = _tile_coords(tile, n_bh, HKV)
         key0 = kb * BLOCK_N + WG * WG_KEYS
         keys = key0 + key_index
@@ -354,7 +368,7 @@ def _consumer(WG: gl.constexpr, q_smem, do_smem, k_smem, v_smem, ds_smem, lse_sm
             mbarrier.wait(kv_bar, t & 1)
             tile = _read_tile(tile_smem)
         else:
-            tile += gl.num_programs(0)
+            tile += tile_step
 
 
 @gluon.jit
@@ -365,11 +379,14 @@ def flash_bwd_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, dk
                      HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                      CAUSAL: gl.constexpr, DQ_FIRST: gl.constexpr, STATS_SMEM: gl.constexpr,
                      DQ_DIRECT: gl.constexpr, DQ_RED: gl.constexpr, HOST_DESC: gl.constexpr,
-                     QUEUE: gl.constexpr, num_warps: gl.constexpr):
+                     QUEUE: gl.constexpr, DQ_OWN_KEYS: gl.constexpr, CHUNK: gl.constexpr,
+                     num_warps: gl.constexpr):
     # grid: (programs,): each walks tiles pid, pid + programs, ... of cdiv(SK, BLOCK_N) * B * HKV (see _tile_coords)
     gl.static_assert(BLOCK_N == 2 * WG_KEYS, "two consumer warpgroups of 64 keys")
     gl.static_assert(num_warps == 4, "each partition is one warpgroup")
-    DQ_BY_KEYS: gl.constexpr = HEAD_D <= 64  # half of 64 columns would split a 128-byte swizzle atom
+    # Each warpgroup's dQ over its own keys (both add; no meeting at dS): at head dim 64 always (half of 64 columns
+    # would split a 128-byte swizzle atom), at 128 with DQ_OWN_KEYS.
+    DQ_BY_KEYS: gl.constexpr = HEAD_D <= 64 or DQ_OWN_KEYS
     if HOST_DESC:
         dtype: gl.constexpr = q_ptr.dtype  # q_ptr .. v_ptr, lse_ptr, delta_ptr: TMA descriptors built on the host
     else:
@@ -427,15 +444,15 @@ def flash_bwd_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, dk
                      ds_ready, kv_empty, tile_smem, lse_ptr, delta_ptr, dq_ptr, dk_ptr, dv_ptr, HKV, n_bh, n_tiles,
                      group, H, SQ, SK, qk_scale, sm_scale, stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh,
                      stride_dvs, HEAD_D, BLOCK_M, BLOCK_N, STAGES, CAUSAL, DQ_BY_KEYS, DQ_FIRST, STATS_SMEM, DQ_DIRECT,
-                     DQ_RED, QUEUE)),
+                     DQ_RED, QUEUE, CHUNK)),
         (_consumer, (1, q_smem, do_smem, k_smem, v_smem, ds_smem, lse_smem, delta_smem, kv_bar, ready, empty,
                      ds_ready, kv_empty, tile_smem, lse_ptr, delta_ptr, dq_ptr, dk_ptr, dv_ptr, HKV, n_bh, n_tiles,
                      group, H, SQ, SK, qk_scale, sm_scale, stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh,
                      stride_dvs, HEAD_D, BLOCK_M, BLOCK_N, STAGES, CAUSAL, DQ_BY_KEYS, DQ_FIRST, STATS_SMEM, DQ_DIRECT,
-                     DQ_RED, QUEUE)),
+                     DQ_RED, QUEUE, CHUNK)),
         (_producer, (q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, q_smem, do_smem, k_smem, v_smem, lse_smem,
                      delta_smem, kv_bar, kv_empty, ready, empty, tile_smem, queue_ptr, HKV, n_bh, n_tiles, group,
-                     H, SQ, SK, BLOCK_M, BLOCK_N, STAGES, CAUSAL, STATS_SMEM, QUEUE))], [4, 1], [240, 24])
+                     H, SQ, SK, BLOCK_M, BLOCK_N, STAGES, CAUSAL, STATS_SMEM, QUEUE, CHUNK))], [4, 1], [240, 24])
 
 
 def _host_descriptors(q, k, v, do, lse, delta, block_m=BLOCK_M):
@@ -456,7 +473,8 @@ def _host_descriptors(q, k, v, do, lse, delta, block_m=BLOCK_M):
 
 
 def flash_bwd(q, k, v, o, do, lse2, causal=False, scale=None, stages=2, dq_first=False, stats_smem=False,
-              dq_direct=False, dq_red=False, host_desc=False, persistent=False, block_m=BLOCK_M, queue=False):
+              dq_direct=False, dq_red=False, host_desc=False, persistent=False, block_m=BLOCK_M, queue=False,
+              dq_own_keys=False, chunk=0):
     """(dq, dk, dv) of softmax(q k^T * scale) v for q, o, do (B, H, SQ, D), k and v (B, HKV, SK, D), 16-bit, unit
     stride along D and 16-byte aligned rows; lse2 (B, H, SQ) fp32: each row's log-sum-exp of the scaled logits in
     the log2 domain (+inf for a row that sees no key), as the forward writes it. dq_first: FlashAttention-3's order
@@ -466,7 +484,9 @@ def flash_bwd(q, k, v, o, do, lse2, causal=False, scale=None, stages=2, dq_first
     (no reply from L2), not atomics; host_desc: TMA descriptors built on the host (with stats_smem), not by every
     program; persistent: a program an SM, walking its share of the tiles (the next tile's K and V load under the
     last one's dK and dV stores), not a program a tile; block_m: query rows a step (64; 128 fits head dim 64);
-    queue: with persistent, tiles taken from a counter by whichever program is free, not dealt in static rounds."""
+    queue: with persistent, tiles taken from a counter by whichever program is free, not dealt in static rounds;
+    dq_own_keys: each consumer warpgroup adds dQ over its own 64 keys, all columns (twice the adds, no barrier between
+    the two at dS), as head dim 64 always does; chunk: (not persistent) that many consecutive tiles a program."""
     B, H, SQ, D = q.shape
     HKV, SK = k.shape[1], k.shape[2]
     scale = 1.0 / math.sqrt(D) if scale is None else scale
@@ -484,7 +504,10 @@ def flash_bwd(q, k, v, o, do, lse2, causal=False, scale=None, stages=2, dq_first
     dq_acc = torch.zeros(B, H, n_pad, D, device=q.device, dtype=torch.float32)
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     tiles = triton.cdiv(SK, BLOCK_N) * B * HKV
-    grid = (min(tiles, torch.cuda.get_device_properties(q.device).multi_processor_count) if persistent else tiles, )
+    if persistent:
+        grid = (min(tiles, torch.cuda.get_device_properties(q.device).multi_processor_count), )
+    else:
+        grid = (triton.cdiv(tiles, chunk) if chunk else tiles, )
     inputs = (q, k, v, do, lse_in, delta_in)
     if host_desc:
         inputs = _host_descriptors(*inputs, block_m=block_m)
@@ -493,7 +516,8 @@ def flash_bwd(q, k, v, o, do, lse2, causal=False, scale=None, stages=2, dq_first
                            *v.stride()[:3], *do.stride()[:3], *dk.stride()[:3], *dv.stride()[:3], B, H, HKV, SQ, SK,
                            scale * LOG2E, scale, HEAD_D=D, BLOCK_M=block_m, BLOCK_N=BLOCK_N, STAGES=stages,
                            CAUSAL=causal, DQ_FIRST=dq_first, STATS_SMEM=stats_smem, DQ_DIRECT=dq_direct,
-                           DQ_RED=dq_red, HOST_DESC=host_desc, QUEUE=queue and persistent, num_warps=4)
+                           DQ_RED=dq_red, HOST_DESC=host_desc, QUEUE=queue and persistent,
+                           DQ_OWN_KEYS=dq_own_keys, CHUNK=0 if persistent else chunk, num_warps=4)
     return dq_acc[:, :, :SQ].to(q.dtype), dk, dv
 
 
