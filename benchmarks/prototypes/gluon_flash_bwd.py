@@ -2,17 +2,18 @@
 
 Status: correct on the H200 (float64 checks of dQ, dK and dV within FlashAttention's bounds, causal and not, GQA,
 Sq != Sk, head dims 64 and 128, every switch below). Against cuDNN (bf16;
-results/gluon_flash_bwd_2026-12-04c_red_host.txt), with dQ added by RED and the row statistics through TMA
-("s2 stats red"):
+results/gluon_flash_bwd_2026-12-04c_red_host.txt), with dQ added by RED, the row statistics through TMA and tiles
+4 a program where there are enough (chunk "auto"):
   - D = 128, 4096 tokens: causal 2 x 32 0.71x (the family's Triton backward 0.69-0.70x), GQA 1 x 32/8 0.78x (0.58x),
-    not causal with host descriptors and a persistent grid 0.72-0.75x (0.70-0.73x);
-  - behind the family at head dim 64 (0.55-0.61x against 0.76x) and on short sequences (16 x 512: 0.49x against 0.68x).
-Three changes took it from 0.58x to 0.71x (causal) and 0.47x to 0.78x (GQA): the row statistics come with each slot
-by TMA (no layout crossing, 53 -> 13 spill instructions), dQ is added by vector RED instructions (gl.atomic_add
-compiles to ATOMG, which waits for L2's reply; ncu: tensor pipe 35% -> 49%, cuDNN's 62%), and tiles go out key block
-first, heaviest first under causal masks. Still slower than cuDNN: per step, the two consumer warpgroups meet at dS
-(both halves feed each one's dQ wgmma), and each waits for its own wgmmas in turn (ncu: mbarrier waits and wgmma waits
-lead the stall samples, results/ncu_bwd_2026-12-04/).
+    not causal 0.73x (0.69x);
+  - behind the family at head dim 64 (0.66x against 0.76x) and on short sequences (16 x 512: 0.49x against 0.68x).
+Four changes took it from 0.58x to 0.71x (causal) and 0.47x to 0.78x (GQA): the row statistics come with each slot
+by TMA (no layout crossing, 53 -> 13 spill instructions), dQ is added by vector RED instructions (an ATOMG waits for
+L2's reply; ncu: tensor pipe 35% -> 49%, cuDNN's 62%), tiles go out key block first (heaviest first under causal
+masks), and a program takes 4 neighbouring heads' tiles of one key block (one set-up and drain for four). Still
+slower than cuDNN: per step, the two consumer warpgroups meet at dS (both halves feed each one's dQ wgmma), and each
+waits for its own wgmmas in turn (ncu: mbarrier waits and wgmma waits lead the stall samples,
+results/ncu_bwd_2026-12-04/).
 The family's backward (Triton tl.dot kernels: dK/dV, then dQ, each recomputing P and dP) runs at 0.74x of cuDNN at
 D = 128, 4k (benchmarks/RESULTS.md); its dK/dV kernel alone took as long as cuDNN's whole backward, and adding dQ
 there with atomics did not pay in Triton (RESULTS.md "ninth run"). This is FlashAttention-3's answer, written where
@@ -60,19 +61,16 @@ WG_KEYS = gl.constexpr(64)  # keys a consumer warpgroup owns (the wgmma's M for 
 BLOCK_N = 128  # keys a program owns: two consumer warpgroups
 BLOCK_M = 64  # query rows a step
 LOG2E = 1.4426950408889634
-# Timed and checked side by side: the best causal variant and the best non-causal one. The other switches of flash_bwd
+# Timed and checked side by side: the default (chunk "auto") and the persistent grid. The other switches of flash_bwd
 # were measured and lost (results/gluon_flash_bwd_2026-12-04b_variants.txt, _c_red_host.txt): FlashAttention-3's
 # order of the last two wgmmas (dq_first), dQ from the wgmma's registers (dq_direct), three slots, 128 query rows a
-# step at head dim 64, and the tile queue.
+# step at head dim 64, the tile queue, and dQ over each warpgroup's own keys at head dim 128 (dq_own_keys).
 VARIANTS = {
     "s2 stats red": dict(stages=2, stats_smem=True, dq_red=True),
     "s2 stats red host persistent": dict(stages=2, stats_smem=True, dq_red=True, host_desc=True, persistent=True),
-    "s2 stats red chunk2": dict(stages=2, stats_smem=True, dq_red=True, chunk=2),
-    "s2 stats red chunk4": dict(stages=2, stats_smem=True, dq_red=True, chunk=4),
-    "s2 stats red own-keys": dict(stages=2, stats_smem=True, dq_red=True, dq_own_keys=True),
 }
 # Variants that only some head dims take (the register budget), by head dim.
-HEAD_DIMS = {"s2 stats red own-keys": (128, )}
+HEAD_DIMS: dict[str, tuple] = {}
 
 
 @gluon.jit
@@ -472,9 +470,21 @@ def _host_descriptors(q, k, v, do, lse, delta, block_m=BLOCK_M):
     return out
 
 
+# Programs a chunk of consecutive tiles should leave, per SM, for the hardware scheduler to balance them.
+# 4 consecutive tiles a program (results/gluon_flash_bwd_2026-12-04c_red_host.txt, call 8): not causal 0.64x -> 0.73x
+# cuDNN, head dim 64 causal 0.55x -> 0.66x, causal 2 x 32 x 4096 0.71x either way (512 programs); 1 x 32/8 x 4096
+# (256 tiles) fell to 0.26x (64 programs: half the SMs idle).
+CHUNK_PROGRAMS_PER_SM = 3
+
+
+def _chunk(tiles: int, sms: int) -> int:
+    """Consecutive tiles a program: 4, 2 or 1, the most that leaves CHUNK_PROGRAMS_PER_SM programs an SM."""
+    return next(c for c in (4, 2, 1) if c == 1 or tiles // c >= CHUNK_PROGRAMS_PER_SM * sms)
+
+
 def flash_bwd(q, k, v, o, do, lse2, causal=False, scale=None, stages=2, dq_first=False, stats_smem=False,
               dq_direct=False, dq_red=False, host_desc=False, persistent=False, block_m=BLOCK_M, queue=False,
-              dq_own_keys=False, chunk=0):
+              dq_own_keys=False, chunk="auto"):
     """(dq, dk, dv) of softmax(q k^T * scale) v for q, o, do (B, H, SQ, D), k and v (B, HKV, SK, D), 16-bit, unit
     stride along D and 16-byte aligned rows; lse2 (B, H, SQ) fp32: each row's log-sum-exp of the scaled logits in
     the log2 domain (+inf for a row that sees no key), as the forward writes it. dq_first: FlashAttention-3's order
@@ -486,7 +496,8 @@ def flash_bwd(q, k, v, o, do, lse2, causal=False, scale=None, stages=2, dq_first
     last one's dK and dV stores), not a program a tile; block_m: query rows a step (64; 128 fits head dim 64);
     queue: with persistent, tiles taken from a counter by whichever program is free, not dealt in static rounds;
     dq_own_keys: each consumer warpgroup adds dQ over its own 64 keys, all columns (twice the adds, no barrier between
-    the two at dS), as head dim 64 always does; chunk: (not persistent) that many consecutive tiles a program."""
+    the two at dS), as head dim 64 always does; chunk: (not persistent) that many consecutive tiles a program, or
+    "auto" (see _chunk)."""
     B, H, SQ, D = q.shape
     HKV, SK = k.shape[1], k.shape[2]
     scale = 1.0 / math.sqrt(D) if scale is None else scale
@@ -504,10 +515,9 @@ def flash_bwd(q, k, v, o, do, lse2, causal=False, scale=None, stages=2, dq_first
     dq_acc = torch.zeros(B, H, n_pad, D, device=q.device, dtype=torch.float32)
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     tiles = triton.cdiv(SK, BLOCK_N) * B * HKV
-    if persistent:
-        grid = (min(tiles, torch.cuda.get_device_properties(q.device).multi_processor_count), )
-    else:
-        grid = (triton.cdiv(tiles, chunk) if chunk else tiles, )
+    sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+    chunk = 0 if persistent else (_chunk(tiles, sms) if chunk == "auto" else chunk)
+    grid = (min(tiles, sms), ) if persistent else (triton.cdiv(tiles, chunk) if chunk else tiles, )
     inputs = (q, k, v, do, lse_in, delta_in)
     if host_desc:
         inputs = _host_descriptors(*inputs, block_m=block_m)
@@ -517,7 +527,7 @@ def flash_bwd(q, k, v, o, do, lse2, causal=False, scale=None, stages=2, dq_first
                            scale * LOG2E, scale, HEAD_D=D, BLOCK_M=block_m, BLOCK_N=BLOCK_N, STAGES=stages,
                            CAUSAL=causal, DQ_FIRST=dq_first, STATS_SMEM=stats_smem, DQ_DIRECT=dq_direct,
                            DQ_RED=dq_red, HOST_DESC=host_desc, QUEUE=queue and persistent,
-                           DQ_OWN_KEYS=dq_own_keys, CHUNK=0 if persistent else chunk, num_warps=4)
+                           DQ_OWN_KEYS=dq_own_keys, CHUNK=chunk, num_warps=4)
     return dq_acc[:, :, :SQ].to(q.dtype), dk, dv
 
 
