@@ -1,5 +1,5 @@
 """benchmarks/prototypes/gluon_flash_bwd.py, the Gluon FlashAttention backward, compiles for sm90 with Triton's own
-ptxas: its two timed variants (device-built descriptors, and host-built ones on a persistent grid), causal and not,
+ptxas: its default (device-built descriptors) and host-built descriptors, causal and not,
 at head dims 64 and 128, within the H200's shared memory, with few spills in the key loop and dQ added by RED
 instructions (the change that took it past the family's backward; an ATOMG waits for L2's reply). The compile runs in
 a child process (this one runs Triton's interpreter, which does not take Gluon)."""
@@ -12,8 +12,9 @@ from pathlib import Path
 
 from autotile.device import planned_device
 
-# (variant, head dim, causal)
-CASES = [("s2 stats red", 128, True), ("s2 stats red host persistent", 128, False), ("s2 stats red", 64, True)]
+# (flash_bwd switches, head dim, causal): the default, and host-built descriptors on a persistent grid
+DEFAULT = dict(stages=2, stats_smem=True, dq_red=True)
+CASES = [(DEFAULT, 128, True), (dict(DEFAULT, host_desc=True), 128, False), (DEFAULT, 64, True)]
 # Spill instructions (LDL/STL) in the key loops of both consumer partitions: 5-20 measured at head dim 128 (0 at 64),
 # against 53 before the row statistics came by TMA.
 KEY_LOOP_SPILLS = 32
@@ -31,8 +32,7 @@ def _compile_cases() -> list:
         return torch.empty(*shape, dtype=dtype, device="meta")
 
     out = []
-    for name, head_d, causal in CASES:
-        variant = g.VARIANTS[name]
+    for variant, head_d, causal in CASES:
         B, H, S = 2, 8, 1024
         q, k, v, do = meta(B, H, S, head_d), meta(B, H, S, head_d), meta(B, H, S, head_d), meta(B, H, S, head_d)
         lse, delta = meta(B, H, S, dtype=torch.float32), meta(B, H, S, dtype=torch.float32)
@@ -45,7 +45,7 @@ def _compile_cases() -> list:
         kwargs = dict(HEAD_D=head_d, BLOCK_M=variant.get("block_m", g.BLOCK_M), BLOCK_N=g.BLOCK_N,
                       STAGES=variant["stages"], CAUSAL=causal, DQ_FIRST=False, STATS_SMEM=variant["stats_smem"],
                       DQ_DIRECT=False, DQ_RED=variant["dq_red"], HOST_DESC=variant.get("host_desc", False),
-                      QUEUE=False, DQ_OWN_KEYS=False, CHUNK=0, num_warps=4)
+                      QUEUE=False, DQ_OWN_KEYS=False, CHUNK=0, DQ_DEFER=False, num_warps=4)
         compiled, _ = xcompile.compile_kernel(g.flash_bwd_kernel, xcompile.gpu_target((9, 0)), args, kwargs)
         cubin = compiled.asm["cubin"]
         sass = xcompile._cuobjdump(cubin, "-sass") or ""

@@ -67,10 +67,10 @@ LOG2E = 1.4426950408889634
 # step at head dim 64, the tile queue, and dQ over each warpgroup's own keys at head dim 128 (dq_own_keys).
 VARIANTS = {
     "s2 stats red": dict(stages=2, stats_smem=True, dq_red=True),
-    "s2 stats red host persistent": dict(stages=2, stats_smem=True, dq_red=True, host_desc=True, persistent=True),
+    "s2 stats red defer": dict(stages=2, stats_smem=True, dq_red=True, dq_defer=True),
 }
 # Variants that only some head dims take (the register budget), by head dim.
-HEAD_DIMS: dict[str, tuple] = {}
+HEAD_DIMS = {"s2 stats red defer": (128, )}
 
 
 @gluon.jit
@@ -93,6 +93,15 @@ def _red_add_f32x2(ptrs, values):
         "red.relaxed.gpu.global.add.v2.f32 [$2], {$4, $5};\nmov.u32 $0, 0;\nmov.u32 $1, 0;",
         "=r,=r,l,l,r,r", [ptrs.to(gl.int64), values.to(gl.int32, bitcast=True)], dtype=gl.int32, is_pure=False,
         pack=2)
+
+
+@gluon.jit
+def _deferred_dq(ds_smem, ds_ready, k_dq, zero_dq, it, pending, DS_BUFS: gl.constexpr):
+    # dQ of the step before `it` over all 128 keys, once both warpgroups' halves of its dS^T are in; with nothing
+    # pending, the wait is skipped and the wgmma reads whatever that buffer holds (its sum goes to scratch).
+    prev = it + DS_BUFS - 1
+    mbarrier.wait(ds_ready.index(prev % DS_BUFS), ((it - 1) // DS_BUFS) & 1, pred=pending)
+    return warpgroup_mma(ds_smem.index(prev % DS_BUFS).permute((1, 0)), k_dq, zero_dq, use_acc=False, is_async=True)
 
 
 @gluon.jit
@@ -219,7 +228,8 @@ def _consumer(WG: gl.constexpr, q_smem, do_smem, k_smem, v_smem, ds_smem, lse_sm
               sm_scale, stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs,
               HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
               CAUSAL: gl.constexpr, DQ_BY_KEYS: gl.constexpr, DQ_FIRST: gl.constexpr, STATS_SMEM: gl.constexpr,
-              DQ_DIRECT: gl.constexpr, DQ_RED: gl.constexpr, QUEUE: gl.constexpr, CHUNK: gl.constexpr):
+              DQ_DIRECT: gl.constexpr, DQ_RED: gl.constexpr, QUEUE: gl.constexpr, CHUNK: gl.constexpr,
+              DQ_DEFER: gl.constexpr):
     # S^T, dP^T: (64 keys, BLOCK_M queries); dK, dV: (64 keys, HEAD_D); dQ: (BLOCK_M queries, DQ_COLS).
     DQ_COLS: gl.constexpr = HEAD_D if DQ_BY_KEYS else HEAD_D // 2
     st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -260,6 +270,8 @@ def _consumer(WG: gl.constexpr, q_smem, do_smem, k_smem, v_smem, ds_smem, lse_sm
         k_dq = k_smem.reshape([BLOCK_N, HEAD_D]).slice(WG * DQ_COLS, DQ_COLS, dim=1)  # (128 keys, half the columns)
     n_m = gl.cdiv(SQ, BLOCK_M)
     n_pad = n_m * BLOCK_M  # rows of the fp32 dQ accumulator and of padded LSE and Delta a head
+    dq_scratch = dq_ptr + (n_bh * group).to(gl.int64) * n_pad * HEAD_D  # DQ_DEFER: one block past the accumulator
+    DS_BUFS: gl.constexpr = 3 if DQ_DEFER else 2
     it = 0
     t = 0
     tile, tile_end, tile_step = _my_tiles(n_tiles, CHUNK)
@@ -275,6 +287,8 @@ def _consumer(WG: gl.constexpr, q_smem, do_smem, k_smem, v_smem, ds_smem, lse_sm
         dk = gl.zeros([WG_KEYS, HEAD_D], gl.float32, kv_layout)
         dv = gl.zeros([WG_KEYS, HEAD_D], gl.float32, kv_layout)
         first = _first_block(kb, SQ, SK, BLOCK_M, BLOCK_N, CAUSAL)
+        pend_ptr = dq_scratch  # DQ_DEFER: where the pending dQ goes (nothing pending yet: the scratch block)
+        pending = False
         for g in range(group):
             h = h_kv * group + g
             if not STATS_SMEM:
@@ -289,6 +303,12 @@ def _consumer(WG: gl.constexpr, q_smem, do_smem, k_smem, v_smem, ds_smem, lse_sm
                 mbarrier.wait(ready.index(s), (it // STAGES) & 1)
                 q_t = q_smem.index(s).reshape([BLOCK_M, HEAD_D])
                 do_t = do_smem.index(s).reshape([BLOCK_M, HEAD_D])
+                if DQ_DEFER:
+                    # The last step's dQ (on a tile's first step: a stale buffer, added to the scratch block), done
+                    # before S^T and dP^T are issued: with those in flight too, ptxas spilled 163 values.
+                    dq_tok = _deferred_dq(ds_smem, ds_ready, k_dq, zero_dq, it, pending, DS_BUFS)
+                    dq = warpgroup_mma_wait(0, deps=(dq_tok, ))
+                    _add_dq(pend_ptr, dq * sm_scale, wg_offsets, dq_offsets, atomic_layout, DQ_DIRECT, DQ_RED)
                 st_tok = warpgroup_mma(k_mine, q_t.permute((1, 0)), zero_st, use_acc=False, is_async=True)
                 dpt_tok = warpgroup_mma(v_mine, do_t.permute((1, 0)), zero_st, use_acc=False, is_async=True)
                 q0 = i * BLOCK_M
@@ -316,12 +336,13 @@ def _consumer(WG: gl.constexpr, q_smem, do_smem, k_smem, v_smem, ds_smem, lse_sm
                 else:
                     delta = gl.convert_layout(delta, gl.SliceLayout(0, st_layout))  # where LSE's registers are free
                 dst = (pt * (dpt - delta[None, :])).to(dtype)
-                # dS^T to shared memory for dQ (it is read transposed there), double-buffered by step.
-                buf = ds_smem.index(it % 2)
+                # dS^T to shared memory for dQ (it is read transposed there), double-buffered by step (three
+                # buffers when dQ is deferred by a step).
+                buf = ds_smem.index(it % DS_BUFS)
                 buf.slice(WG * WG_KEYS, WG_KEYS, dim=0).store(dst)
                 fence_async_shared()
                 if not DQ_BY_KEYS:
-                    mbarrier.arrive(ds_ready.index(it % 2), count=1)
+                    mbarrier.arrive(ds_ready.index(it % DS_BUFS), count=1)
                 if DQ_BY_KEYS:
                     ds_t = buf.slice(WG * WG_KEYS, WG_KEYS, dim=0).permute((1, 0))  # (queries, own keys)
                 else:
@@ -338,11 +359,19 @@ def _consumer(WG: gl.constexpr, q_smem, do_smem, k_smem, v_smem, ds_smem, lse_sm
                             DQ_RED)
                     dk = warpgroup_mma_wait(0, deps=(dk, ))
                     mbarrier.arrive(empty.index(s), count=1)
+                elif DQ_DEFER:
+                    # This step's dQ waits for the next step (or the tile's end): the other warpgroup's half of dS^T
+                    # is long there by then, and dQ's wgmma and adds run beside the next S^T and dP^T.
+                    dk = warpgroup_mma(buf.slice(WG * WG_KEYS, WG_KEYS, dim=0), q_t, dk, is_async=True)
+                    dv, dk = warpgroup_mma_wait(0, deps=(dv, dk))
+                    mbarrier.arrive(empty.index(s), count=1)
+                    pend_ptr = dq_base + q0 * HEAD_D
+                    pending = True
                 else:
                     # dK's A operand dS^T from the shared memory dQ reads it from, not registers.
                     dk = warpgroup_mma(buf.slice(WG * WG_KEYS, WG_KEYS, dim=0), q_t, dk, is_async=True)
                     if not DQ_BY_KEYS:
-                        mbarrier.wait(ds_ready.index(it % 2), (it // 2) & 1)
+                        mbarrier.wait(ds_ready.index(it % DS_BUFS), (it // DS_BUFS) & 1)
                     dv, dk = warpgroup_mma_wait(0, deps=(dv, dk))
                     dq_tok = warpgroup_mma(ds_t, k_dq, zero_dq, use_acc=False, is_async=True)
                     dq = warpgroup_mma_wait(0, deps=(dq_tok, ))
@@ -350,6 +379,10 @@ def _consumer(WG: gl.constexpr, q_smem, do_smem, k_smem, v_smem, ds_smem, lse_sm
                     _add_dq(dq_base + q0 * HEAD_D, dq * sm_scale, wg_offsets, dq_offsets, atomic_layout, DQ_DIRECT,
                             DQ_RED)
                 it += 1
+        if DQ_DEFER:
+            dq_tok = _deferred_dq(ds_smem, ds_ready, k_dq, zero_dq, it, pending, DS_BUFS)
+            dq = warpgroup_mma_wait(0, deps=(dq_tok, ))
+            _add_dq(pend_ptr, dq * sm_scale, wg_offsets, dq_offsets, atomic_layout, DQ_DIRECT, DQ_RED)
         mbarrier.arrive(kv_empty, count=1)  # every wgmma reading this tile's K and V is done (each step waits them)
         # dK = scale * sum dS^T Q; dV = sum P^T dO. Rows past SK are not stored.
         out_rows = key0 + gl.arange(0, WG_KEYS, layout=gl.SliceLayout(1, kv_layout))
@@ -378,10 +411,12 @@ def flash_bwd_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, dk
                      CAUSAL: gl.constexpr, DQ_FIRST: gl.constexpr, STATS_SMEM: gl.constexpr,
                      DQ_DIRECT: gl.constexpr, DQ_RED: gl.constexpr, HOST_DESC: gl.constexpr,
                      QUEUE: gl.constexpr, DQ_OWN_KEYS: gl.constexpr, CHUNK: gl.constexpr,
-                     num_warps: gl.constexpr):
+                     DQ_DEFER: gl.constexpr, num_warps: gl.constexpr):
     # grid: (programs,): each walks tiles pid, pid + programs, ... of cdiv(SK, BLOCK_N) * B * HKV (see _tile_coords)
     gl.static_assert(BLOCK_N == 2 * WG_KEYS, "two consumer warpgroups of 64 keys")
     gl.static_assert(num_warps == 4, "each partition is one warpgroup")
+    gl.static_assert(not DQ_DEFER or (HEAD_D > 64 and not DQ_OWN_KEYS and not DQ_FIRST),
+                     "a deferred dQ is the split-columns order's")
     # Each warpgroup's dQ over its own keys (both add; no meeting at dS): at head dim 64 always (half of 64 columns
     # would split a 128-byte swizzle atom), at 128 with DQ_OWN_KEYS.
     DQ_BY_KEYS: gl.constexpr = HEAD_D <= 64 or DQ_OWN_KEYS
@@ -421,7 +456,8 @@ def flash_bwd_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, dk
     do_smem = gl.allocate_shared_memory(dtype, [STAGES] + q_block, q_layout)
     k_smem = gl.allocate_shared_memory(dtype, kv_block, kv_layout)
     v_smem = gl.allocate_shared_memory(dtype, kv_block, kv_layout)
-    ds_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_N, BLOCK_M], ds_layout)
+    DS_BUFS: gl.constexpr = 3 if DQ_DEFER else 2  # a deferred dQ still reads the step before last's dS^T
+    ds_smem = gl.allocate_shared_memory(dtype, [DS_BUFS, BLOCK_N, BLOCK_M], ds_layout)
     lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], stat_layout)
     delta_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], stat_layout)
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
@@ -429,25 +465,25 @@ def flash_bwd_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, dk
     tile_smem = gl.allocate_shared_memory(gl.int32, [4], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    ds_ready = gl.allocate_shared_memory(gl.int64, [DS_BUFS, 1], mbarrier.MBarrierLayout())
     mbarrier.init(kv_bar, count=1)
     mbarrier.init(kv_empty, count=2)  # both consumer warpgroups are done with a tile's K and V
     for s in gl.static_range(STAGES):
         mbarrier.init(ready.index(s), count=1)
         mbarrier.init(empty.index(s), count=2)  # both consumer warpgroups release each slot
-    for s in gl.static_range(2):
+    for s in gl.static_range(DS_BUFS):
         mbarrier.init(ds_ready.index(s), count=2)  # both warpgroups' halves of dS^T are in the buffer
     gl.warp_specialize([
         (_consumer, (0, q_smem, do_smem, k_smem, v_smem, ds_smem, lse_smem, delta_smem, kv_bar, ready, empty,
                      ds_ready, kv_empty, tile_smem, lse_ptr, delta_ptr, dq_ptr, dk_ptr, dv_ptr, HKV, n_bh, n_tiles,
                      group, H, SQ, SK, qk_scale, sm_scale, stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh,
                      stride_dvs, HEAD_D, BLOCK_M, BLOCK_N, STAGES, CAUSAL, DQ_BY_KEYS, DQ_FIRST, STATS_SMEM, DQ_DIRECT,
-                     DQ_RED, QUEUE, CHUNK)),
+                     DQ_RED, QUEUE, CHUNK, DQ_DEFER)),
         (_consumer, (1, q_smem, do_smem, k_smem, v_smem, ds_smem, lse_smem, delta_smem, kv_bar, ready, empty,
                      ds_ready, kv_empty, tile_smem, lse_ptr, delta_ptr, dq_ptr, dk_ptr, dv_ptr, HKV, n_bh, n_tiles,
                      group, H, SQ, SK, qk_scale, sm_scale, stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh,
                      stride_dvs, HEAD_D, BLOCK_M, BLOCK_N, STAGES, CAUSAL, DQ_BY_KEYS, DQ_FIRST, STATS_SMEM, DQ_DIRECT,
-                     DQ_RED, QUEUE, CHUNK)),
+                     DQ_RED, QUEUE, CHUNK, DQ_DEFER)),
         (_producer, (q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, q_smem, do_smem, k_smem, v_smem, lse_smem,
                      delta_smem, kv_bar, kv_empty, ready, empty, tile_smem, queue_ptr, HKV, n_bh, n_tiles, group,
                      H, SQ, SK, BLOCK_M, BLOCK_N, STAGES, CAUSAL, STATS_SMEM, QUEUE, CHUNK))], [4, 1], [240, 24])
@@ -484,7 +520,7 @@ def _chunk(tiles: int, sms: int) -> int:
 
 def flash_bwd(q, k, v, o, do, lse2, causal=False, scale=None, stages=2, dq_first=False, stats_smem=False,
               dq_direct=False, dq_red=False, host_desc=False, persistent=False, block_m=BLOCK_M, queue=False,
-              dq_own_keys=False, chunk="auto"):
+              dq_own_keys=False, chunk="auto", dq_defer=False):
     """(dq, dk, dv) of softmax(q k^T * scale) v for q, o, do (B, H, SQ, D), k and v (B, HKV, SK, D), 16-bit, unit
     stride along D and 16-byte aligned rows; lse2 (B, H, SQ) fp32: each row's log-sum-exp of the scaled logits in
     the log2 domain (+inf for a row that sees no key), as the forward writes it. dq_first: FlashAttention-3's order
@@ -497,7 +533,7 @@ def flash_bwd(q, k, v, o, do, lse2, causal=False, scale=None, stages=2, dq_first
     queue: with persistent, tiles taken from a counter by whichever program is free, not dealt in static rounds;
     dq_own_keys: each consumer warpgroup adds dQ over its own 64 keys, all columns (twice the adds, no barrier between
     the two at dS), as head dim 64 always does; chunk: (not persistent) that many consecutive tiles a program, or
-    "auto" (see _chunk)."""
+    "auto" (see _chunk); dq_defer: each step's dQ issued at the next step, beside its S^T and dP^T (head dim 128)."""
     B, H, SQ, D = q.shape
     HKV, SK = k.shape[1], k.shape[2]
     scale = 1.0 / math.sqrt(D) if scale is None else scale
@@ -512,7 +548,8 @@ def flash_bwd(q, k, v, o, do, lse2, causal=False, scale=None, stages=2, dq_first
         delta_in[:, :, :SQ] = delta
     else:
         lse_in, delta_in = lse2.contiguous(), delta.contiguous()
-    dq_acc = torch.zeros(B, H, n_pad, D, device=q.device, dtype=torch.float32)
+    # The fp32 dQ accumulator, and (dq_defer) one block of scratch after it.
+    dq_acc = torch.zeros(B * H * n_pad * D + block_m * D, device=q.device, dtype=torch.float32)
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     tiles = triton.cdiv(SK, BLOCK_N) * B * HKV
     sms = torch.cuda.get_device_properties(q.device).multi_processor_count
@@ -527,8 +564,9 @@ def flash_bwd(q, k, v, o, do, lse2, causal=False, scale=None, stages=2, dq_first
                            scale * LOG2E, scale, HEAD_D=D, BLOCK_M=block_m, BLOCK_N=BLOCK_N, STAGES=stages,
                            CAUSAL=causal, DQ_FIRST=dq_first, STATS_SMEM=stats_smem, DQ_DIRECT=dq_direct,
                            DQ_RED=dq_red, HOST_DESC=host_desc, QUEUE=queue and persistent,
-                           DQ_OWN_KEYS=dq_own_keys, CHUNK=chunk, num_warps=4)
-    return dq_acc[:, :, :SQ].to(q.dtype), dk, dv
+                           DQ_OWN_KEYS=dq_own_keys, CHUNK=chunk,
+                           DQ_DEFER=dq_defer, num_warps=4)
+    return dq_acc[:B * H * n_pad * D].view(B, H, n_pad, D)[:, :, :SQ].to(q.dtype), dk, dv
 
 
 def _reference(q, k, v, do, causal, scale, dtype=torch.float64):
