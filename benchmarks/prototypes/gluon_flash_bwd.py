@@ -64,13 +64,14 @@ LOG2E = 1.4426950408889634
 # Timed and checked side by side: the default (chunk "auto") and the persistent grid. The other switches of flash_bwd
 # were measured and lost (results/gluon_flash_bwd_2026-12-04b_variants.txt, _c_red_host.txt): FlashAttention-3's
 # order of the last two wgmmas (dq_first), dQ from the wgmma's registers (dq_direct), three slots, 128 query rows a
-# step at head dim 64, the tile queue, and dQ over each warpgroup's own keys at head dim 128 (dq_own_keys).
+# step at head dim 64, the tile queue, dQ over each warpgroup's own keys at head dim 128 (dq_own_keys), and each
+# step's dQ deferred to the next (dq_defer).
 VARIANTS = {
     "s2 stats red": dict(stages=2, stats_smem=True, dq_red=True),
-    "s2 stats red defer": dict(stages=2, stats_smem=True, dq_red=True, dq_defer=True),
+    "s2 stats red host persistent": dict(stages=2, stats_smem=True, dq_red=True, host_desc=True, persistent=True),
 }
 # Variants that only some head dims take (the register budget), by head dim.
-HEAD_DIMS = {"s2 stats red defer": (128, )}
+HEAD_DIMS: dict[str, tuple] = {}
 
 
 @gluon.jit
