@@ -1,9 +1,9 @@
 """Prototype: a FlashAttention backward in Gluon with FlashAttention-3's structure on Hopper.
 
 Status: correct on the H200 (float64 checks of dQ, dK and dV within FlashAttention's bounds, causal and not, GQA,
-Sq != Sk, head dims 64 and 128, every switch below). Against cuDNN (bf16;
+Sq != Sk, head dims 64 and 128, every variant measured). Against cuDNN (bf16;
 results/gluon_flash_bwd_2026-12-04c_red_host.txt), with dQ added by RED, the row statistics through TMA and tiles
-4 a program where there are enough (chunk "auto"):
+4 a program where there are enough (_chunk):
   - D = 128, 4096 tokens: causal 2 x 32 0.71x (the family's Triton backward 0.69-0.70x), GQA 1 x 32/8 0.78x (0.58x),
     not causal 0.73x (0.69x);
   - behind the family at head dim 64 (0.66x against 0.76x) and on short sequences (16 x 512: 0.49x against 0.68x).
@@ -61,17 +61,15 @@ WG_KEYS = gl.constexpr(64)  # keys a consumer warpgroup owns (the wgmma's M for 
 BLOCK_N = 128  # keys a program owns: two consumer warpgroups
 BLOCK_M = 64  # query rows a step
 LOG2E = 1.4426950408889634
-# Timed and checked side by side: the default (chunk "auto") and the persistent grid. The other switches of flash_bwd
-# were measured and lost (results/gluon_flash_bwd_2026-12-04b_variants.txt, _c_red_host.txt): FlashAttention-3's
-# order of the last two wgmmas (dq_first), dQ from the wgmma's registers (dq_direct), three slots, 128 query rows a
-# step at head dim 64, the tile queue, dQ over each warpgroup's own keys at head dim 128 (dq_own_keys), and each
-# step's dQ deferred to the next (dq_defer).
+# Timed and checked side by side: the default (4 tiles a program where there are enough) and host-built descriptors
+# on a persistent grid. Measured, lost and taken out (results/gluon_flash_bwd_2026-12-04b_variants.txt,
+# _c_red_host.txt; the code is in the history): dQ by atomics, the row statistics from global memory, FlashAttention-3's
+# order of the last two wgmmas, dQ from the wgmma's registers, three slots, 128 query rows a step at head dim 64, a
+# tile queue, dQ over each warpgroup's own keys at head dim 128, and each step's dQ deferred to the next.
 VARIANTS = {
-    "s2 stats red": dict(stages=2, stats_smem=True, dq_red=True),
-    "s2 stats red host persistent": dict(stages=2, stats_smem=True, dq_red=True, host_desc=True, persistent=True),
+    "default": dict(),
+    "host persistent": dict(host_desc=True, persistent=True),
 }
-# Variants that only some head dims take (the register budget), by head dim.
-HEAD_DIMS: dict[str, tuple] = {}
 
 
 @gluon.jit
@@ -88,118 +86,12 @@ def _red_add_f32x4(ptrs, values):
 
 
 @gluon.jit
-def _red_add_f32x2(ptrs, values):
-    # As _red_add_f32x4, for the wgmma accumulator's layout: a thread holds pairs of adjacent columns.
-    return gl.inline_asm_elementwise(
-        "red.relaxed.gpu.global.add.v2.f32 [$2], {$4, $5};\nmov.u32 $0, 0;\nmov.u32 $1, 0;",
-        "=r,=r,l,l,r,r", [ptrs.to(gl.int64), values.to(gl.int32, bitcast=True)], dtype=gl.int32, is_pure=False,
-        pack=2)
-
-
-@gluon.jit
-def _deferred_dq(ds_smem, ds_ready, k_dq, zero_dq, it, pending, DS_BUFS: gl.constexpr):
-    # dQ of the step before `it` over all 128 keys, once both warpgroups' halves of its dS^T are in; with nothing
-    # pending, the wait is skipped and the wgmma reads whatever that buffer holds (its sum goes to scratch).
-    prev = it + DS_BUFS - 1
-    mbarrier.wait(ds_ready.index(prev % DS_BUFS), ((it - 1) // DS_BUFS) & 1, pred=pending)
-    return warpgroup_mma(ds_smem.index(prev % DS_BUFS).permute((1, 0)), k_dq, zero_dq, use_acc=False, is_async=True)
-
-
-@gluon.jit
-def _add_dq(block_ptr, dq, wg_offsets, dq_offsets, atomic_layout: gl.constexpr, DQ_DIRECT: gl.constexpr,
-            DQ_RED: gl.constexpr):
-    # A query block's dQ (already scaled) into the fp32 accumulator at block_ptr: from the wgmma layout (two adjacent
-    # columns a thread) or through a layout of four, by RED or by atomics.
-    if DQ_DIRECT:
-        if DQ_RED:
-            _red_add_f32x2(block_ptr + wg_offsets, dq)
-        else:
-            gl.atomic_add(block_ptr + wg_offsets, dq, sem="relaxed")
-    else:
-        dq = gl.convert_layout(dq, atomic_layout)
-        if DQ_RED:
-            _red_add_f32x4(block_ptr + dq_offsets, dq)
-        else:
-            gl.atomic_add(block_ptr + dq_offsets, dq, sem="relaxed")
-
-
-@gluon.jit
 def _first_block(kb, SQ, SK, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
     # The first query block that sees a key of key block kb: query i sees key j when j <= i + SK - SQ (causal).
     if CAUSAL:
         return gl.maximum(kb * BLOCK_N - (SK - SQ), 0) // BLOCK_M
     else:
         return 0
-
-
-@gluon.jit
-def _producer(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, q_smem, do_smem, k_smem, v_smem, lse_smem,
-              delta_smem, kv_bar, kv_empty, ready, empty, tile_smem, queue_ptr, HKV, n_bh, n_tiles, group, H, SQ,
-              SK, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-              STATS_SMEM: gl.constexpr, QUEUE: gl.constexpr, CHUNK: gl.constexpr):
-    n_m = gl.cdiv(SQ, BLOCK_M)
-    slot_bytes: gl.constexpr = q_desc.block_type.nbytes + do_desc.block_type.nbytes + \
-        (2 * BLOCK_M * 4 if STATS_SMEM else 0)
-    it = 0
-    t = 0
-    tile, tile_end, tile_step = _my_tiles(n_tiles, CHUNK)
-    while tile < tile_end:
-        kb, b, h_kv = _tile_coords(tile, n_bh, HKV)
-        mbarrier.wait(kv_empty, (t & 1) ^ 1)  # both consumers are done with the last tile's K and V
-        if QUEUE:
-            _publish_tile(tile_smem, tile)  # released to the consumers by the expect's arrive
-        mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, [b, h_kv, kb * BLOCK_N, 0], kv_bar, k_smem)
-        tma.async_copy_global_to_shared(v_desc, [b, h_kv, kb * BLOCK_N, 0], kv_bar, v_smem)
-        first = _first_block(kb, SQ, SK, BLOCK_M, BLOCK_N, CAUSAL)
-        for g in range(group):
-            h = h_kv * group + g
-            stat_row = (b * H + h) * (n_m * BLOCK_M)  # LSE and Delta rows padded to whole query blocks
-            for i in range(first, n_m):
-                s = it % STAGES
-                mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)  # a slot's first use passes at once
-                mbarrier.expect(ready.index(s), slot_bytes)
-                tma.async_copy_global_to_shared(q_desc, [b, h, i * BLOCK_M, 0], ready.index(s), q_smem.index(s))
-                tma.async_copy_global_to_shared(do_desc, [b, h, i * BLOCK_M, 0], ready.index(s), do_smem.index(s))
-                if STATS_SMEM:
-                    tma.async_copy_global_to_shared(lse_desc, [stat_row + i * BLOCK_M], ready.index(s),
-                                                    lse_smem.index(s))
-                    tma.async_copy_global_to_shared(delta_desc, [stat_row + i * BLOCK_M], ready.index(s),
-                                                    delta_smem.index(s))
-                it += 1
-        t += 1
-        if QUEUE:
-            tile = gl.num_programs(0) + _take(queue_ptr)
-        else:
-            tile += tile_step
-    if QUEUE:
-        # No tile left: a tile of -1 tells the consumers.
-        mbarrier.wait(kv_empty, (t & 1) ^ 1)
-        _publish_tile(tile_smem, -1)
-        mbarrier.arrive(kv_bar, count=1)
-
-
-# QUEUE: FlashAttention-3's dynamic persistent schedule, as the forward's TILE_QUEUE takes it. A program's first tile
-# is its own index, the next ones come from a counter (zero at launch), and the producer hands each to the consumers
-# in shared memory with the tile's K and V.
-@gluon.jit
-def _take(counter_ptr):
-    lanes = gl.arange(0, 32, layout=gl.BlockedLayout([1], [32], [1], [0]))
-    old = gl.atomic_add(counter_ptr + lanes * 0, lanes * 0 + 1, mask=lanes == 0)
-    return gl.max(gl.where(lanes == 0, old, -1), axis=0)
-
-
-@gluon.jit
-def _publish_tile(tile_smem, tile):
-    fields = gl.arange(0, 4, layout=gl.BlockedLayout([4], [32], [1], [0]))
-    tile_smem.store(gl.where(fields == 0, tile, 0))
-
-
-@gluon.jit
-def _read_tile(tile_smem):
-    fields = gl.arange(0, 4, layout=gl.BlockedLayout([4], [32], [4], [0]))
-    values = tile_smem.load(gl.BlockedLayout([4], [32], [4], [0]))
-    return gl.sum(gl.where(fields == 0, values, 0), axis=0)
 
 
 @gluon.jit
@@ -223,14 +115,45 @@ def _tile_coords(tile, n_bh, HKV):
 
 
 @gluon.jit
+def _producer(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, q_smem, do_smem, k_smem, v_smem, lse_smem,
+              delta_smem, kv_bar, kv_empty, ready, empty, HKV, n_bh, n_tiles, group, H, SQ, SK,
+              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+              CHUNK: gl.constexpr):
+    n_m = gl.cdiv(SQ, BLOCK_M)
+    slot_bytes: gl.constexpr = q_desc.block_type.nbytes + do_desc.block_type.nbytes + 2 * BLOCK_M * 4
+    it = 0
+    t = 0
+    tile, tile_end, tile_step = _my_tiles(n_tiles, CHUNK)
+    while tile < tile_end:
+        kb, b, h_kv = _tile_coords(tile, n_bh, HKV)
+        mbarrier.wait(kv_empty, (t & 1) ^ 1)  # both consumers are done with the last tile's K and V
+        mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc, [b, h_kv, kb * BLOCK_N, 0], kv_bar, k_smem)
+        tma.async_copy_global_to_shared(v_desc, [b, h_kv, kb * BLOCK_N, 0], kv_bar, v_smem)
+        first = _first_block(kb, SQ, SK, BLOCK_M, BLOCK_N, CAUSAL)
+        for g in range(group):
+            h = h_kv * group + g
+            stat_row = (b * H + h) * (n_m * BLOCK_M)  # LSE and Delta rows padded to whole query blocks
+            for i in range(first, n_m):
+                s = it % STAGES
+                mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)  # a slot's first use passes at once
+                mbarrier.expect(ready.index(s), slot_bytes)
+                tma.async_copy_global_to_shared(q_desc, [b, h, i * BLOCK_M, 0], ready.index(s), q_smem.index(s))
+                tma.async_copy_global_to_shared(do_desc, [b, h, i * BLOCK_M, 0], ready.index(s), do_smem.index(s))
+                tma.async_copy_global_to_shared(lse_desc, [stat_row + i * BLOCK_M], ready.index(s), lse_smem.index(s))
+                tma.async_copy_global_to_shared(delta_desc, [stat_row + i * BLOCK_M], ready.index(s),
+                                                delta_smem.index(s))
+                it += 1
+        t += 1
+        tile += tile_step
+
+
+@gluon.jit
 def _consumer(WG: gl.constexpr, q_smem, do_smem, k_smem, v_smem, ds_smem, lse_smem, delta_smem, kv_bar, ready,
-              empty, ds_ready, kv_empty, tile_smem, lse_ptr, delta_ptr, dq_ptr, dk_ptr, dv_ptr, HKV, n_bh, n_tiles,
-              group, H, SQ, SK, qk_scale,
+              empty, ds_ready, kv_empty, dq_ptr, dk_ptr, dv_ptr, HKV, n_bh, n_tiles, group, H, SQ, SK, qk_scale,
               sm_scale, stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs,
               HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-              CAUSAL: gl.constexpr, DQ_BY_KEYS: gl.constexpr, DQ_FIRST: gl.constexpr, STATS_SMEM: gl.constexpr,
-              DQ_DIRECT: gl.constexpr, DQ_RED: gl.constexpr, QUEUE: gl.constexpr, CHUNK: gl.constexpr,
-              DQ_DEFER: gl.constexpr):
+              CAUSAL: gl.constexpr, DQ_BY_KEYS: gl.constexpr, CHUNK: gl.constexpr):
     # S^T, dP^T: (64 keys, BLOCK_M queries); dK, dV: (64 keys, HEAD_D); dQ: (BLOCK_M queries, DQ_COLS).
     DQ_COLS: gl.constexpr = HEAD_D if DQ_BY_KEYS else HEAD_D // 2
     st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -245,24 +168,15 @@ def _consumer(WG: gl.constexpr, q_smem, do_smem, k_smem, v_smem, ds_smem, lse_sm
     cols = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, st_layout))
     zero_st = gl.zeros([WG_KEYS, BLOCK_M], gl.float32, st_layout)
     zero_dq = gl.zeros([BLOCK_M, DQ_COLS], gl.float32, dq_layout)
-    # Row statistics load one per thread (one address) and move to the columns of S^T through shared memory; dQ's
-    # atomics go out of a layout of 4 contiguous columns a thread, whose addresses are one register and constant
-    # offsets. Loaded or added straight from the wgmma layout, every element had its own 64-bit address, and ptxas
-    # spilled them (270 spill instructions in the loop).
-    stat_layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
-    atomic_layout: gl.constexpr = gl.BlockedLayout([1, 4], [32 * 4 // DQ_COLS, DQ_COLS // 4], [4, 1], [1, 0])
-    stat_index = gl.arange(0, BLOCK_M, layout=stat_layout)
-    dq_rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, atomic_layout))
-    dq_cols = gl.arange(0, DQ_COLS, layout=gl.SliceLayout(0, atomic_layout))
+    # dQ's adds go out of a layout of 4 contiguous columns a thread, whose addresses are one register and constant
+    # offsets. Added straight from the wgmma layout, every element had its own 64-bit address, and ptxas spilled them
+    # (270 spill instructions in the loop).
+    add_layout: gl.constexpr = gl.BlockedLayout([1, 4], [32 * 4 // DQ_COLS, DQ_COLS // 4], [4, 1], [1, 0])
+    dq_rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, add_layout))
+    dq_cols = gl.arange(0, DQ_COLS, layout=gl.SliceLayout(0, add_layout))
     if not DQ_BY_KEYS:
         dq_cols = dq_cols + WG * DQ_COLS
     dq_offsets = dq_rows[:, None] * HEAD_D + dq_cols[None, :]
-    # DQ_DIRECT: the same offsets in the wgmma's own layout (a thread holds pairs of adjacent columns).
-    wg_rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_layout))
-    wg_cols = gl.arange(0, DQ_COLS, layout=gl.SliceLayout(0, dq_layout))
-    if not DQ_BY_KEYS:
-        wg_cols = wg_cols + WG * DQ_COLS
-    wg_offsets = wg_rows[:, None] * HEAD_D + wg_cols[None, :]
     k_mine = k_smem.reshape([BLOCK_N, HEAD_D]).slice(WG * WG_KEYS, WG_KEYS, dim=0)
     v_mine = v_smem.reshape([BLOCK_N, HEAD_D]).slice(WG * WG_KEYS, WG_KEYS, dim=0)
     if DQ_BY_KEYS:
@@ -271,32 +185,20 @@ def _consumer(WG: gl.constexpr, q_smem, do_smem, k_smem, v_smem, ds_smem, lse_sm
         k_dq = k_smem.reshape([BLOCK_N, HEAD_D]).slice(WG * DQ_COLS, DQ_COLS, dim=1)  # (128 keys, half the columns)
     n_m = gl.cdiv(SQ, BLOCK_M)
     n_pad = n_m * BLOCK_M  # rows of the fp32 dQ accumulator and of padded LSE and Delta a head
-    dq_scratch = dq_ptr + (n_bh * group).to(gl.int64) * n_pad * HEAD_D  # DQ_DEFER: one block past the accumulator
-    DS_BUFS: gl.constexpr = 3 if DQ_DEFER else 2
     it = 0
     t = 0
     tile, tile_end, tile_step = _my_tiles(n_tiles, CHUNK)
-    if QUEUE:
-        mbarrier.wait(kv_bar, 0)
-        tile = _read_tile(tile_smem)
-    while (tile >= 0) & (tile < tile_end):
+    while tile < tile_end:
         kb, b, h_kv = _tile_coords(tile, n_bh, HKV)
         key0 = kb * BLOCK_N + WG * WG_KEYS
         keys = key0 + key_index
-        if not QUEUE:
-            mbarrier.wait(kv_bar, t & 1)
+        mbarrier.wait(kv_bar, t & 1)
         dk = gl.zeros([WG_KEYS, HEAD_D], gl.float32, kv_layout)
         dv = gl.zeros([WG_KEYS, HEAD_D], gl.float32, kv_layout)
         first = _first_block(kb, SQ, SK, BLOCK_M, BLOCK_N, CAUSAL)
-        pend_ptr = dq_scratch  # DQ_DEFER: where the pending dQ goes (nothing pending yet: the scratch block)
-        pending = False
         for g in range(group):
             h = h_kv * group + g
-            if not STATS_SMEM:
-                row_base = (b * H + h).to(gl.int64) * SQ  # LSE, Delta: (B, H, SQ) contiguous
-                lse_rows = lse_ptr + row_base
-                delta_rows = delta_ptr + row_base
-            # The fp32 dQ accumulator: (B, H, SQ rounded up to BLOCK_M, HEAD_D) contiguous, so that a block's atomics
+            # The fp32 dQ accumulator: (B, H, SQ rounded up to BLOCK_M, HEAD_D) contiguous, so that a block's adds
             # need no mask (a masked vector atomic took a branch around each).
             dq_base = dq_ptr + (b * H + h).to(gl.int64) * n_pad * HEAD_D
             for i in range(first, n_m):
@@ -304,25 +206,12 @@ def _consumer(WG: gl.constexpr, q_smem, do_smem, k_smem, v_smem, ds_smem, lse_sm
                 mbarrier.wait(ready.index(s), (it // STAGES) & 1)
                 q_t = q_smem.index(s).reshape([BLOCK_M, HEAD_D])
                 do_t = do_smem.index(s).reshape([BLOCK_M, HEAD_D])
-                if DQ_DEFER:
-                    # The last step's dQ (on a tile's first step: a stale buffer, added to the scratch block), done
-                    # before S^T and dP^T are issued: with those in flight too, ptxas spilled 163 values.
-                    dq_tok = _deferred_dq(ds_smem, ds_ready, k_dq, zero_dq, it, pending, DS_BUFS)
-                    dq = warpgroup_mma_wait(0, deps=(dq_tok, ))
-                    _add_dq(pend_ptr, dq * sm_scale, wg_offsets, dq_offsets, atomic_layout, DQ_DIRECT, DQ_RED)
                 st_tok = warpgroup_mma(k_mine, q_t.permute((1, 0)), zero_st, use_acc=False, is_async=True)
                 dpt_tok = warpgroup_mma(v_mine, do_t.permute((1, 0)), zero_st, use_acc=False, is_async=True)
                 q0 = i * BLOCK_M
-                if STATS_SMEM:
-                    # The producer's TMA put the block's LSE (+inf past SQ) and Delta in the slot: read straight into
-                    # the columns of S^T, no layout crossing.
-                    lse = lse_smem.index(s).load(gl.SliceLayout(0, st_layout))
-                else:
-                    # The rows' statistics load while the two wgmmas run. Rows past SQ: LSE +inf, so P^T is 0 there.
-                    inside = stat_index < SQ - q0
-                    lse = gl.load(lse_rows + q0 + stat_index, mask=inside, other=float("inf"))
-                    delta = gl.load(delta_rows + q0 + stat_index, mask=inside, other=0.0)
-                    lse = gl.convert_layout(lse, gl.SliceLayout(0, st_layout))
+                # The producer's TMA put the block's LSE (+inf past SQ) and Delta in the slot: read straight into
+                # the columns of S^T, no layout crossing.
+                lse = lse_smem.index(s).load(gl.SliceLayout(0, st_layout))
                 st = warpgroup_mma_wait(1, deps=(st_tok, ))
                 pt = gl.exp2(st * qk_scale - lse[None, :])
                 if CAUSAL:
@@ -332,58 +221,27 @@ def _consumer(WG: gl.constexpr, q_smem, do_smem, k_smem, v_smem, ds_smem, lse_sm
                 pt_op = gl.convert_layout(pt.to(dtype), op_layout)
                 dv = warpgroup_mma(pt_op, do_t, dv, is_async=True)
                 dpt = warpgroup_mma_wait(1, deps=(dpt_tok, ))  # dP^T, issued before dV, is done
-                if STATS_SMEM:
-                    delta = delta_smem.index(s).load(gl.SliceLayout(0, st_layout))
-                else:
-                    delta = gl.convert_layout(delta, gl.SliceLayout(0, st_layout))  # where LSE's registers are free
+                delta = delta_smem.index(s).load(gl.SliceLayout(0, st_layout))
                 dst = (pt * (dpt - delta[None, :])).to(dtype)
-                # dS^T to shared memory for dQ (it is read transposed there), double-buffered by step (three
-                # buffers when dQ is deferred by a step).
-                buf = ds_smem.index(it % DS_BUFS)
+                # dS^T to shared memory for dQ (it is read transposed there), double-buffered by step.
+                buf = ds_smem.index(it % 2)
                 buf.slice(WG * WG_KEYS, WG_KEYS, dim=0).store(dst)
                 fence_async_shared()
-                if not DQ_BY_KEYS:
-                    mbarrier.arrive(ds_ready.index(it % DS_BUFS), count=1)
                 if DQ_BY_KEYS:
                     ds_t = buf.slice(WG * WG_KEYS, WG_KEYS, dim=0).permute((1, 0))  # (queries, own keys)
                 else:
+                    mbarrier.arrive(ds_ready.index(it % 2), count=1)
                     ds_t = buf.permute((1, 0))  # (queries, all 128 keys)
-                if DQ_FIRST:
-                    # FlashAttention-3's order: dQ, then dK, back to back on the tensor cores; dQ's layout change and
-                    # atomics run while dK's wgmma does.
-                    if not DQ_BY_KEYS:
-                        mbarrier.wait(ds_ready.index(it % 2), (it // 2) & 1)  # the other warpgroup's half is there too
-                    dq_tok = warpgroup_mma(ds_t, k_dq, zero_dq, use_acc=False, is_async=True)
-                    dk = warpgroup_mma(buf.slice(WG * WG_KEYS, WG_KEYS, dim=0), q_t, dk, is_async=True)
-                    dv, dq = warpgroup_mma_wait(1, deps=(dv, dq_tok))  # dV and dQ done; dK in flight
-                    _add_dq(dq_base + q0 * HEAD_D, dq * sm_scale, wg_offsets, dq_offsets, atomic_layout, DQ_DIRECT,
-                            DQ_RED)
-                    dk = warpgroup_mma_wait(0, deps=(dk, ))
-                    mbarrier.arrive(empty.index(s), count=1)
-                elif DQ_DEFER:
-                    # This step's dQ waits for the next step (or the tile's end): the other warpgroup's half of dS^T
-                    # is long there by then, and dQ's wgmma and adds run beside the next S^T and dP^T.
-                    dk = warpgroup_mma(buf.slice(WG * WG_KEYS, WG_KEYS, dim=0), q_t, dk, is_async=True)
-                    dv, dk = warpgroup_mma_wait(0, deps=(dv, dk))
-                    mbarrier.arrive(empty.index(s), count=1)
-                    pend_ptr = dq_base + q0 * HEAD_D
-                    pending = True
-                else:
-                    # dK's A operand dS^T from the shared memory dQ reads it from, not registers.
-                    dk = warpgroup_mma(buf.slice(WG * WG_KEYS, WG_KEYS, dim=0), q_t, dk, is_async=True)
-                    if not DQ_BY_KEYS:
-                        mbarrier.wait(ds_ready.index(it % DS_BUFS), (it // DS_BUFS) & 1)
-                    dv, dk = warpgroup_mma_wait(0, deps=(dv, dk))
-                    dq_tok = warpgroup_mma(ds_t, k_dq, zero_dq, use_acc=False, is_async=True)
-                    dq = warpgroup_mma_wait(0, deps=(dq_tok, ))
-                    mbarrier.arrive(empty.index(s), count=1)
-                    _add_dq(dq_base + q0 * HEAD_D, dq * sm_scale, wg_offsets, dq_offsets, atomic_layout, DQ_DIRECT,
-                            DQ_RED)
+                # dK's A operand dS^T from the shared memory dQ reads it from, not registers.
+                dk = warpgroup_mma(buf.slice(WG * WG_KEYS, WG_KEYS, dim=0), q_t, dk, is_async=True)
+                if not DQ_BY_KEYS:
+                    mbarrier.wait(ds_ready.index(it % 2), (it // 2) & 1)  # the other warpgroup's half is there too
+                dv, dk = warpgroup_mma_wait(0, deps=(dv, dk))
+                dq_tok = warpgroup_mma(ds_t, k_dq, zero_dq, use_acc=False, is_async=True)
+                dq = warpgroup_mma_wait(0, deps=(dq_tok, ))
+                mbarrier.arrive(empty.index(s), count=1)
+                _red_add_f32x4(dq_base + q0 * HEAD_D + dq_offsets, gl.convert_layout(dq * sm_scale, add_layout))
                 it += 1
-        if DQ_DEFER:
-            dq_tok = _deferred_dq(ds_smem, ds_ready, k_dq, zero_dq, it, pending, DS_BUFS)
-            dq = warpgroup_mma_wait(0, deps=(dq_tok, ))
-            _add_dq(pend_ptr, dq * sm_scale, wg_offsets, dq_offsets, atomic_layout, DQ_DIRECT, DQ_RED)
         mbarrier.arrive(kv_empty, count=1)  # every wgmma reading this tile's K and V is done (each step waits them)
         # dK = scale * sum dS^T Q; dV = sum P^T dO. Rows past SK are not stored.
         out_rows = key0 + gl.arange(0, WG_KEYS, layout=gl.SliceLayout(1, kv_layout))
@@ -396,31 +254,23 @@ def _consumer(WG: gl.constexpr, q_smem, do_smem, k_smem, v_smem, ds_smem, lse_sm
             out_rows.to(gl.int64)[:, None] * stride_dvs + dims[None, :]
         gl.store(dv_ptr + dv_offsets, dv.to(dv_ptr.dtype.element_ty), mask=keep)
         t += 1
-        if QUEUE:
-            mbarrier.wait(kv_bar, t & 1)
-            tile = _read_tile(tile_smem)
-        else:
-            tile += tile_step
+        tile += tile_step
 
 
 @gluon.jit
-def flash_bwd_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, dk_ptr, dv_ptr, queue_ptr,
+def flash_bwd_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, dk_ptr, dv_ptr,
                      stride_qb, stride_qh, stride_qs, stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs,
                      stride_dob, stride_doh, stride_dos, stride_dkb, stride_dkh, stride_dks,
                      stride_dvb, stride_dvh, stride_dvs, B, H, HKV, SQ, SK, qk_scale, sm_scale,
                      HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                     CAUSAL: gl.constexpr, DQ_FIRST: gl.constexpr, STATS_SMEM: gl.constexpr,
-                     DQ_DIRECT: gl.constexpr, DQ_RED: gl.constexpr, HOST_DESC: gl.constexpr,
-                     QUEUE: gl.constexpr, DQ_OWN_KEYS: gl.constexpr, CHUNK: gl.constexpr,
-                     DQ_DEFER: gl.constexpr, num_warps: gl.constexpr):
-    # grid: (programs,): each walks tiles pid, pid + programs, ... of cdiv(SK, BLOCK_N) * B * HKV (see _tile_coords)
+                     CAUSAL: gl.constexpr, HOST_DESC: gl.constexpr, CHUNK: gl.constexpr, num_warps: gl.constexpr):
+    # grid: (programs,): each walks CHUNK consecutive tiles (CHUNK > 0) or every programs-th tile (0) of
+    # cdiv(SK, BLOCK_N) * B * HKV (see _tile_coords). lse_ptr and delta_ptr: (B * H * SQ rounded up to BLOCK_M) rows.
     gl.static_assert(BLOCK_N == 2 * WG_KEYS, "two consumer warpgroups of 64 keys")
     gl.static_assert(num_warps == 4, "each partition is one warpgroup")
-    gl.static_assert(not DQ_DEFER or (HEAD_D > 64 and not DQ_OWN_KEYS and not DQ_FIRST),
-                     "a deferred dQ is the split-columns order's")
-    # Each warpgroup's dQ over its own keys (both add; no meeting at dS): at head dim 64 always (half of 64 columns
-    # would split a 128-byte swizzle atom), at 128 with DQ_OWN_KEYS.
-    DQ_BY_KEYS: gl.constexpr = HEAD_D <= 64 or DQ_OWN_KEYS
+    # At head dim 64 each warpgroup's dQ is over its own keys (both add): half of 64 columns would split a 128-byte
+    # swizzle atom.
+    DQ_BY_KEYS: gl.constexpr = HEAD_D <= 64
     if HOST_DESC:
         dtype: gl.constexpr = q_ptr.dtype  # q_ptr .. v_ptr, lse_ptr, delta_ptr: TMA descriptors built on the host
     else:
@@ -435,7 +285,6 @@ def flash_bwd_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, dk
     ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)
     stat_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=1)
     if HOST_DESC:
-        gl.static_assert(STATS_SMEM, "host-built descriptors carry the row statistics too")
         q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc = q_ptr, do_ptr, k_ptr, v_ptr, lse_ptr, delta_ptr
     else:
         q_desc = tma.make_tensor_descriptor(q_ptr, [B, H, SQ, HEAD_D], [stride_qb, stride_qh, stride_qs, 1], q_block,
@@ -446,56 +295,48 @@ def flash_bwd_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, dk
                                             kv_block, kv_layout)
         v_desc = tma.make_tensor_descriptor(v_ptr, [B, HKV, SK, HEAD_D], [stride_vb, stride_vh, stride_vs, 1],
                                             kv_block, kv_layout)
-        # STATS_SMEM: LSE and Delta as (B * H * SQ rounded up to BLOCK_M) rows, one block of them per slot.
-        if STATS_SMEM:
-            n_stats = B * H * gl.cdiv(SQ, BLOCK_M) * BLOCK_M
-            lse_desc = tma.make_tensor_descriptor(lse_ptr, [n_stats], [1], [BLOCK_M], stat_layout)
-            delta_desc = tma.make_tensor_descriptor(delta_ptr, [n_stats], [1], [BLOCK_M], stat_layout)
-        else:
-            lse_desc, delta_desc = lse_ptr, delta_ptr  # not read
+        n_stats = B * H * gl.cdiv(SQ, BLOCK_M) * BLOCK_M
+        lse_desc = tma.make_tensor_descriptor(lse_ptr, [n_stats], [1], [BLOCK_M], stat_layout)
+        delta_desc = tma.make_tensor_descriptor(delta_ptr, [n_stats], [1], [BLOCK_M], stat_layout)
     q_smem = gl.allocate_shared_memory(dtype, [STAGES] + q_block, q_layout)
     do_smem = gl.allocate_shared_memory(dtype, [STAGES] + q_block, q_layout)
     k_smem = gl.allocate_shared_memory(dtype, kv_block, kv_layout)
     v_smem = gl.allocate_shared_memory(dtype, kv_block, kv_layout)
-    DS_BUFS: gl.constexpr = 3 if DQ_DEFER else 2  # a deferred dQ still reads the step before last's dS^T
-    ds_smem = gl.allocate_shared_memory(dtype, [DS_BUFS, BLOCK_N, BLOCK_M], ds_layout)
+    ds_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_N, BLOCK_M], ds_layout)
     lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], stat_layout)
     delta_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], stat_layout)
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     kv_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    tile_smem = gl.allocate_shared_memory(gl.int32, [4], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    ds_ready = gl.allocate_shared_memory(gl.int64, [DS_BUFS, 1], mbarrier.MBarrierLayout())
+    ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     mbarrier.init(kv_bar, count=1)
     mbarrier.init(kv_empty, count=2)  # both consumer warpgroups are done with a tile's K and V
     for s in gl.static_range(STAGES):
         mbarrier.init(ready.index(s), count=1)
         mbarrier.init(empty.index(s), count=2)  # both consumer warpgroups release each slot
-    for s in gl.static_range(DS_BUFS):
+    for s in gl.static_range(2):
         mbarrier.init(ds_ready.index(s), count=2)  # both warpgroups' halves of dS^T are in the buffer
     gl.warp_specialize([
         (_consumer, (0, q_smem, do_smem, k_smem, v_smem, ds_smem, lse_smem, delta_smem, kv_bar, ready, empty,
-                     ds_ready, kv_empty, tile_smem, lse_ptr, delta_ptr, dq_ptr, dk_ptr, dv_ptr, HKV, n_bh, n_tiles,
-                     group, H, SQ, SK, qk_scale, sm_scale, stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh,
-                     stride_dvs, HEAD_D, BLOCK_M, BLOCK_N, STAGES, CAUSAL, DQ_BY_KEYS, DQ_FIRST, STATS_SMEM, DQ_DIRECT,
-                     DQ_RED, QUEUE, CHUNK, DQ_DEFER)),
+                     ds_ready, kv_empty, dq_ptr, dk_ptr, dv_ptr, HKV, n_bh, n_tiles, group, H, SQ, SK, qk_scale,
+                     sm_scale, stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs, HEAD_D, BLOCK_M,
+                     BLOCK_N, STAGES, CAUSAL, DQ_BY_KEYS, CHUNK)),
         (_consumer, (1, q_smem, do_smem, k_smem, v_smem, ds_smem, lse_smem, delta_smem, kv_bar, ready, empty,
-                     ds_ready, kv_empty, tile_smem, lse_ptr, delta_ptr, dq_ptr, dk_ptr, dv_ptr, HKV, n_bh, n_tiles,
-                     group, H, SQ, SK, qk_scale, sm_scale, stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh,
-                     stride_dvs, HEAD_D, BLOCK_M, BLOCK_N, STAGES, CAUSAL, DQ_BY_KEYS, DQ_FIRST, STATS_SMEM, DQ_DIRECT,
-                     DQ_RED, QUEUE, CHUNK, DQ_DEFER)),
+                     ds_ready, kv_empty, dq_ptr, dk_ptr, dv_ptr, HKV, n_bh, n_tiles, group, H, SQ, SK, qk_scale,
+                     sm_scale, stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs, HEAD_D, BLOCK_M,
+                     BLOCK_N, STAGES, CAUSAL, DQ_BY_KEYS, CHUNK)),
         (_producer, (q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, q_smem, do_smem, k_smem, v_smem, lse_smem,
-                     delta_smem, kv_bar, kv_empty, ready, empty, tile_smem, queue_ptr, HKV, n_bh, n_tiles, group,
-                     H, SQ, SK, BLOCK_M, BLOCK_N, STAGES, CAUSAL, STATS_SMEM, QUEUE, CHUNK))], [4, 1], [240, 24])
+                     delta_smem, kv_bar, kv_empty, ready, empty, HKV, n_bh, n_tiles, group, H, SQ, SK, BLOCK_M,
+                     BLOCK_N, STAGES, CAUSAL, CHUNK))], [4, 1], [240, 24])
 
 
-def _host_descriptors(q, k, v, do, lse, delta, block_m=BLOCK_M):
+def _host_descriptors(q, k, v, do, lse, delta):
     """flash_bwd_kernel's TMA descriptors (q, k, v, do, lse, delta) built once on the host, not in every program."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     D = q.shape[-1]
-    q_block, kv_block = [1, 1, block_m, D], [1, 1, BLOCK_N, D]
+    q_block, kv_block = [1, 1, BLOCK_M, D], [1, 1, BLOCK_N, D]
     dtype = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
     q_layout = gl.NVMMASharedLayout.get_default_for(q_block, dtype)
     kv_layout = gl.NVMMASharedLayout.get_default_for(kv_block, dtype)
@@ -503,7 +344,7 @@ def _host_descriptors(q, k, v, do, lse, delta, block_m=BLOCK_M):
     out = [TensorDescriptor(t, list(t.shape), list(t.stride()), block, layout)
            for t, block, layout in ((q, q_block, q_layout), (k, kv_block, kv_layout), (v, kv_block, kv_layout),
                                     (do, q_block, q_layout))]
-    out += [TensorDescriptor(t.view(-1), [t.numel()], [1], [block_m], stat_layout) for t in (lse, delta)]
+    out += [TensorDescriptor(t.view(-1), [t.numel()], [1], [BLOCK_M], stat_layout) for t in (lse, delta)]
     return out
 
 
@@ -519,55 +360,36 @@ def _chunk(tiles: int, sms: int) -> int:
     return next(c for c in (4, 2, 1) if c == 1 or tiles // c >= CHUNK_PROGRAMS_PER_SM * sms)
 
 
-def flash_bwd(q, k, v, o, do, lse2, causal=False, scale=None, stages=2, dq_first=False, stats_smem=False,
-              dq_direct=False, dq_red=False, host_desc=False, persistent=False, block_m=BLOCK_M, queue=False,
-              dq_own_keys=False, chunk="auto", dq_defer=False):
+def flash_bwd(q, k, v, o, do, lse2, causal=False, scale=None, stages=2, host_desc=False, persistent=False):
     """(dq, dk, dv) of softmax(q k^T * scale) v for q, o, do (B, H, SQ, D), k and v (B, HKV, SK, D), 16-bit, unit
     stride along D and 16-byte aligned rows; lse2 (B, H, SQ) fp32: each row's log-sum-exp of the scaled logits in
-    the log2 domain (+inf for a row that sees no key), as the forward writes it. dq_first: FlashAttention-3's order
-    of the last two wgmmas (dQ's atomics overlap dK's wgmma); stats_smem: LSE and Delta reach the consumers through
-    the producer's TMA, padded to whole query blocks; dq_direct: dQ's atomics straight from the wgmma's registers
-    (two columns each), not through a layout change in shared memory; dq_red: dQ added by vector RED instructions
-    (no reply from L2), not atomics; host_desc: TMA descriptors built on the host (with stats_smem), not by every
-    program; persistent: a program an SM, walking its share of the tiles (the next tile's K and V load under the
-    last one's dK and dV stores), not a program a tile; block_m: query rows a step (64; 128 fits head dim 64);
-    queue: with persistent, tiles taken from a counter by whichever program is free, not dealt in static rounds;
-    dq_own_keys: each consumer warpgroup adds dQ over its own 64 keys, all columns (twice the adds, no barrier between
-    the two at dS), as head dim 64 always does; chunk: (not persistent) that many consecutive tiles a program, or
-    "auto" (see _chunk); dq_defer: each step's dQ issued at the next step, beside its S^T and dP^T (head dim 128)."""
+    the log2 domain (+inf for a row that sees no key), as the forward writes it. host_desc: TMA descriptors built on
+    the host, not by every program; persistent: a program an SM walking every programs-th tile (the next tile's K
+    and V load under the last one's dK and dV stores), not _chunk's consecutive tiles a program."""
     B, H, SQ, D = q.shape
     HKV, SK = k.shape[1], k.shape[2]
     scale = 1.0 / math.sqrt(D) if scale is None else scale
-    n_pad = triton.cdiv(SQ, block_m) * block_m
-    # The family's preprocess kernel, in torch here; with stats_smem it writes the rows padded (+inf LSE past SQ,
-    # so P is 0 there), as the forward would write LSE.
-    delta = (do.float() * o.float()).sum(-1)
-    if stats_smem:
-        lse_in = torch.full((B, H, n_pad), float("inf"), device=q.device, dtype=torch.float32)
-        lse_in[:, :, :SQ] = lse2
-        delta_in = torch.zeros(B, H, n_pad, device=q.device, dtype=torch.float32)
-        delta_in[:, :, :SQ] = delta
-    else:
-        lse_in, delta_in = lse2.contiguous(), delta.contiguous()
-    # The fp32 dQ accumulator, and (dq_defer) one block of scratch after it.
-    dq_acc = torch.zeros(B * H * n_pad * D + block_m * D, device=q.device, dtype=torch.float32)
+    n_pad = triton.cdiv(SQ, BLOCK_M) * BLOCK_M
+    # The family's preprocess kernel, in torch here: LSE and Delta rows padded to whole query blocks (+inf LSE past
+    # SQ, so P is 0 there), as the forward would write LSE.
+    lse_in = torch.full((B, H, n_pad), float("inf"), device=q.device, dtype=torch.float32)
+    lse_in[:, :, :SQ] = lse2
+    delta_in = torch.zeros(B, H, n_pad, device=q.device, dtype=torch.float32)
+    delta_in[:, :, :SQ] = (do.float() * o.float()).sum(-1)
+    dq_acc = torch.zeros(B, H, n_pad, D, device=q.device, dtype=torch.float32)
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     tiles = triton.cdiv(SK, BLOCK_N) * B * HKV
     sms = torch.cuda.get_device_properties(q.device).multi_processor_count
-    chunk = 0 if persistent else (_chunk(tiles, sms) if chunk == "auto" else chunk)
-    grid = (min(tiles, sms), ) if persistent else (triton.cdiv(tiles, chunk) if chunk else tiles, )
+    chunk = 0 if persistent else _chunk(tiles, sms)
+    grid = (min(tiles, sms) if persistent else triton.cdiv(tiles, chunk), )
     inputs = (q, k, v, do, lse_in, delta_in)
     if host_desc:
-        inputs = _host_descriptors(*inputs, block_m=block_m)
-    counter = torch.zeros(1, dtype=torch.int32, device=q.device)  # QUEUE's tile counter
-    flash_bwd_kernel[grid](*inputs, dq_acc, dk, dv, counter, *q.stride()[:3], *k.stride()[:3],
-                           *v.stride()[:3], *do.stride()[:3], *dk.stride()[:3], *dv.stride()[:3], B, H, HKV, SQ, SK,
-                           scale * LOG2E, scale, HEAD_D=D, BLOCK_M=block_m, BLOCK_N=BLOCK_N, STAGES=stages,
-                           CAUSAL=causal, DQ_FIRST=dq_first, STATS_SMEM=stats_smem, DQ_DIRECT=dq_direct,
-                           DQ_RED=dq_red, HOST_DESC=host_desc, QUEUE=queue and persistent,
-                           DQ_OWN_KEYS=dq_own_keys, CHUNK=chunk,
-                           DQ_DEFER=dq_defer, num_warps=4)
-    return dq_acc[:B * H * n_pad * D].view(B, H, n_pad, D)[:, :, :SQ].to(q.dtype), dk, dv
+        inputs = _host_descriptors(*inputs)
+    flash_bwd_kernel[grid](*inputs, dq_acc, dk, dv, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
+                           *do.stride()[:3], *dk.stride()[:3], *dv.stride()[:3], B, H, HKV, SQ, SK, scale * LOG2E,
+                           scale, HEAD_D=D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=stages, CAUSAL=causal,
+                           HOST_DESC=host_desc, CHUNK=chunk, num_warps=4)
+    return dq_acc[:, :, :SQ].to(q.dtype), dk, dv
 
 
 def _reference(q, k, v, do, causal, scale, dtype=torch.float64):
@@ -617,7 +439,7 @@ def _time_cases(do_bench, quick: bool) -> None:
         pairs = S * S - (S * (S - 1) // 2 if causal else 0)
         flops = 2.5 * 4 * B * H * pairs * D
         fns = {f"gluon {name}": (lambda kw=kw: flash_bwd(q, k, v, o, do, lse2, causal, **kw))
-               for name, kw in VARIANTS.items() if D in HEAD_DIMS.get(name, (D, ))}
+               for name, kw in VARIANTS.items()}
         out_family = autotile.flash_attention(q, k, v, causal=causal)
         fns["family"] = lambda: torch.autograd.grad(out_family, (q, k, v), do, retain_graph=True)
         kr2, vr2 = (t.detach().repeat_interleave(H // HKV, 1).requires_grad_() for t in (k, v))
@@ -666,8 +488,6 @@ def main() -> int:
         # same math in fp32, rounded to bf16) plus a rounding floor.
         plain = [g.to(q.dtype) for g in _reference(q, k, v, do, causal, scale, torch.float32)[2:]]
         for name, kw in VARIANTS.items():
-            if D not in HEAD_DIMS.get(name, (D, )):
-                continue
             got = flash_bwd(q, k, v, o.to(q.dtype), do, lse2, causal, scale, **kw)
             results = [fa_rule_check(name, g, w, pl, "bf16", SK if name == "dq" else (H // HKV) * SQ)
                        for name, g, w, pl in zip(("dq", "dk", "dv"), got, want, plain)]
