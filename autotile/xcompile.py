@@ -86,7 +86,9 @@ class ConfigBuild:
 
 # PTX instructions worth reporting: they show which hardware path a kernel took.
 _PTX_FEATURES = {"wgmma": "wgmma.mma_async", "mma.sync": "mma.sync", "cp.async": "cp.async",
-                 "tma": "cp.async.bulk.tensor", "setmaxnreg": "setmaxnreg"}
+                 "tma": "cp.async.bulk.tensor", "setmaxnreg": "setmaxnreg",
+                 # global reductions (no reply awaited) and atomics (which wait for L2's reply)
+                 "red": "red.relaxed.gpu.global", "atom": "atom.global"}
 
 
 def gpu_target(compute_capability: tuple[int, int]):

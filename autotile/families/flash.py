@@ -31,7 +31,8 @@ from autotile.families import flash_vendor
 from autotile.families.base import (VENDOR_KEY, Baseline, CheckResult, Cost, Family, ProblemOption, Tensors,
                                     Tolerance, canonical_json, is_vendor, next_pow2, problem_to_dict)
 from autotile.families.checks import compare
-from autotile.families.flash_launch import GLUON_WS, backward_plan, forward_plan
+from autotile.families.flash_launch import (
+    GLUON_BWD_KEYS, GLUON_BWD_ROWS, GLUON_WS, backward_plan, forward_plan, gluon_backward_plan)
 from autotile.families.flash_reference import (LOG2E, Scores, attention_grads, attention_math,  # noqa: F401 - re-exported
                                                causal_seen, default_scale, fa_rule_check, join_packed, log2_sum_exp,
                                                map_head_chunks, per_batch_slopes, plain_fp8_forward, seen_pairs,
@@ -125,8 +126,15 @@ _GLUON_D64_FROM_KEYS = 2000
 _SHORT_BACKWARD_TOKENS = 1024
 
 # The backward's loads: the tiles each kernel walks over (Q and dO for dK/dV, K and V for dQ) as masked pointer loads
-# or through TMA descriptors.
-BACKWARD_LOADS_CHOICES = ("pointer", "tma")
+# or through TMA descriptors; or gluon_ws, the Gluon backward (templates/flash_gluon_bwd.py.j2: one warp-specialised
+# kernel for dQ, dK and dV, dQ added by reductions).
+BACKWARD_LOADS_CHOICES = ("pointer", "tma", GLUON_WS)
+# The Gluon backward's head dims (tiles; 96 pads to 128).
+_GLUON_BWD_HEAD_DIMS = (64, 128)
+# Keys from which the untuned backward at head dim 128 is the Gluon one: it led the Triton backward at 4096 keys
+# (causal 2 x 32: 0.71x of cuDNN against 0.69x; GQA 1 x 32/8: 0.78x against 0.59x; not causal 0.73x against 0.69x)
+# and lost at 512 (16 x 32/8 causal: 0.49x against 0.68x), results/gluon_flash_bwd_2026-12-04c_red_host.txt.
+_GLUON_BWD_FROM_KEYS = 2048
 
 
 def uses_tma(config) -> bool:
@@ -145,11 +153,39 @@ def gluon_ws_ok(problem, device: DeviceInfo) -> bool:
             and p.window_left < 0 and p.softcap <= 0 and not p.alibi)
 
 
+def gluon_bwd_ok(problem, device: DeviceInfo) -> bool:
+    """Whether the Gluon backward (templates/flash_gluon_bwd.py.j2) applies: Hopper, compiled (not interpreted),
+    16-bit dense tensors with TMA-able strides, a head dim that is or pads to 64 or 128, causal or not and no other
+    feature (windows, soft-capping, ALiBi and packed sequences stay on the Triton backward)."""
+    p = problem
+    return (not device.interpret and device.compute_capability[0] == 9 and p.direction == "bwd"
+            and p.dtype in ("bf16", "fp16") and p.aligned and p.block_d in _GLUON_BWD_HEAD_DIMS
+            and p.head_dim % 8 == 0 and not p.has_features and not p.varlen)
+
+
+def gluon_bwd_smem(problem, config) -> int:
+    """Shared memory of a Gluon backward config, an upper bound: K and V of a tile, num_stages slots of Q, dO and
+    their row statistics, two dS^T buffers, barriers, and each consumer warpgroup's scratch for carrying its fp32 dQ
+    block (64 rows x 64 columns) into the layout of its reductions (sm90 builds: 197,712 B at head dim 128 on two
+    slots against 198,144 here, 165,984 at 64 on four against 166,400; tests/test_flash_gluon_bwd.py)."""
+    size, bd = element_size(problem.dtype), problem.block_d
+    rows, keys = GLUON_BWD_ROWS, GLUON_BWD_KEYS
+    slot = 2 * rows * bd * size + 2 * rows * 4
+    dq_scratch = 2 * rows * 64 * 4
+    return 2 * keys * bd * size + config["num_stages"] * slot + 2 * keys * rows * size + 64 * 8 + dq_scratch
+
+
 def _backward_upgrade(config):
     """A backward config stored before LOADS was one of its axes used pointer loads."""
     if "LOADS" in config or "BLOCK_M1" not in config:
         return config
     return {**dict(config), "LOADS": "pointer"}
+
+
+def _backward_render_loads(config) -> str:
+    """The template's LOADS of a backward config: its gluon_ws is flash_gluon_bwd.py.j2 ('gluon_bwd')."""
+    loads = _backward_upgrade(config)["LOADS"]
+    return "gluon_bwd" if loads == GLUON_WS else loads
 
 
 def _forward_upgrade(config):
@@ -326,6 +362,10 @@ _SEED_BACKWARD = (
     # (results/flash_bwd_tma_2026-12-02.txt).
     dict(LOADS="pointer", BLOCK_M1=32, BLOCK_N1=128, BLOCK_M2=128, BLOCK_N2=64, num_warps=8, num_stages=3),
 )
+# The Gluon backward on Hopper (templates/flash_gluon_bwd.py.j2): its structure on two and three Q/dO slots.
+_SEED_BACKWARD_GLUON = tuple(
+    dict(LOADS=GLUON_WS, BLOCK_M1=GLUON_BWD_ROWS, BLOCK_N1=GLUON_BWD_KEYS, BLOCK_M2=GLUON_BWD_ROWS,
+         BLOCK_N2=GLUON_BWD_KEYS, num_warps=4, num_stages=stages) for stages in (2, 3))
 
 
 class FlashFamily(Family):
@@ -565,8 +605,12 @@ class FlashFamily(Family):
             # dQ accumulator (BLOCK_M2, BLOCK_D) and the P, dP tiles (BLOCK_M2, BLOCK_N2), fp32.
             return (c["BLOCK_M2"] * bd + 2 * c["BLOCK_M2"] * c["BLOCK_N2"]) / (32 * c["num_warps"])
 
+        def triton(rule):
+            # The Triton backward's resource rules; the Gluon one has its structure and its own rules below.
+            return lambda c: c["LOADS"] == GLUON_WS or rule(c)
+
         axes = [
-            # How the dK/dV kernel's Q and dO tiles and the dQ kernel's K and V tiles arrive.
+            # How the dK/dV kernel's Q and dO tiles and the dQ kernel's K and V tiles arrive (gluon_ws: one kernel).
             Axis("LOADS", BACKWARD_LOADS_CHOICES, AxisKind.RENDER),
             Axis("BLOCK_M1", _BLOCKS),
             Axis("BLOCK_N1", _BLOCKS),
@@ -577,13 +621,15 @@ class FlashFamily(Family):
         ]
         limit = device.smem_per_block
         constraints = [
-            Constraint("shared_memory_dkdv", lambda c: smem_dkdv(c) <= limit,
+            Constraint("shared_memory_dkdv", triton(lambda c: smem_dkdv(c) <= limit),
                        lambda c: f"the dK/dV kernel needs {smem_dkdv(c)} B of shared memory, the device allows {limit} B"),
-            Constraint("shared_memory_dq", lambda c: smem_dq(c) <= limit,
+            Constraint("shared_memory_dq", triton(lambda c: smem_dq(c) <= limit),
                        lambda c: f"the dQ kernel needs {smem_dq(c)} B of shared memory, the device allows {limit} B"),
-            Constraint("accumulator_registers", lambda c: max(acc_dkdv(c), acc_dq(c)) <= _ACCUMULATOR_REGISTERS,
+            Constraint("accumulator_registers",
+                       triton(lambda c: max(acc_dkdv(c), acc_dq(c)) <= _ACCUMULATOR_REGISTERS),
                        lambda c: f"{max(acc_dkdv(c), acc_dq(c)):.0f} fp32 accumulator values a thread would spill"),
-            Constraint("rows_per_warp", lambda c: min(c["BLOCK_N1"], c["BLOCK_M2"]) >= _rows_needed(c["num_warps"]),
+            Constraint("rows_per_warp",
+                       triton(lambda c: min(c["BLOCK_N1"], c["BLOCK_M2"]) >= _rows_needed(c["num_warps"])),
                        lambda c: f"{c['num_warps']} warps need at least {_rows_needed(c['num_warps'])} rows in the tile a program owns"),
             Constraint("tile_within_problem",
                        lambda c: max(c["BLOCK_M1"], c["BLOCK_M2"]) <= _largest_block(p.seq_q)
@@ -591,6 +637,21 @@ class FlashFamily(Family):
                        "a block larger than the next power of two of its sequence only computes padding"),
             Constraint("tma_alignment", lambda c: not uses_tma(c) or (p.aligned and (p.head_dim * size) % 16 == 0),
                        "TMA needs 16-byte aligned base pointers and strides, and a head dim of a multiple of 16 bytes"),
+            Constraint("gluon_ws_applies", lambda c: c["LOADS"] != GLUON_WS or gluon_bwd_ok(p, device),
+                       "the gluon_ws backward runs on Hopper GPUs (not Triton's interpreter) for bf16/fp16 tensors with "
+                       "TMA-able strides, head dims up to 128 (64 and 128 tiles), causal or not, without windows, "
+                       "soft-capping, ALiBi or packed sequences"),
+            Constraint("gluon_ws_structure",
+                       lambda c: c["LOADS"] != GLUON_WS or (
+                           c["BLOCK_M1"] == c["BLOCK_M2"] == GLUON_BWD_ROWS
+                           and c["BLOCK_N1"] == c["BLOCK_N2"] == GLUON_BWD_KEYS and c["num_warps"] == 4),
+                       f"gluon_ws computes dQ in its dK/dV kernel, on {GLUON_BWD_ROWS}-row query steps over "
+                       f"{GLUON_BWD_KEYS}-key tiles (BLOCK_M1 = BLOCK_M2 = {GLUON_BWD_ROWS}, BLOCK_N1 = BLOCK_N2 = "
+                       f"{GLUON_BWD_KEYS}) on two 4-warp consumer warpgroups"),
+            Constraint("gluon_ws_shared_memory",
+                       lambda c: c["LOADS"] != GLUON_WS or gluon_bwd_smem(p, c) <= limit,
+                       lambda c: f"the gluon_ws backward needs {gluon_bwd_smem(p, c)} B of shared memory, the device "
+                                 f"allows {limit} B"),
         ]
         constraints += architecture_constraints(device, {Feature.TMA: (uses_tma, "TMA loads")})
         return Space(axes, constraints, upgrade=_backward_upgrade)
@@ -611,19 +672,32 @@ class FlashFamily(Family):
                 wanted = [dict(w, LOADS="pointer", WARP_SPECIALIZE=False) for w in wanted]
         else:
             wanted = _SEED_BACKWARD
+            if gluon_bwd_ok(problem, device):
+                wanted = _SEED_BACKWARD_GLUON + wanted
         return device_seeds(self, problem, device, wanted)
 
     def default_config(self, problem: FlashProblem, device: DeviceInfo) -> Config:
-        # Forward: measured on the H200 (_forward_default). Backward: starting points of Triton's fused-attention
-        # tutorial on H100, narrowed by head dim so the accumulators fit in registers; at head dims 64 and 128 on
-        # sm90, 64 x 128 dK/dV tiles on 3 stages and 128 x 64 dQ tiles, the shipped H200 winner of 2 x 32 x 4096
-        # causal, which also led six configs timed side by side (results/flash_bwd_configs_2026-12-02.txt: 2.07 ms
-        # against 2.94 for the tutorial's); at D = 64, 4 x 32 x 2048 causal, 0.716 ms against the tutorial's 0.807
-        # (results/flash_bwd_atomic_dq_2026-12-02.txt). first_feasible adapts either to short sequences and other GPUs.
+        # Forward: measured on the H200 (_forward_default). Backward: the Gluon backward at head dim 128 from
+        # _GLUON_BWD_FROM_KEYS keys on Hopper, where it led the Triton one; else triton_backward_default.
         p = problem
-        wide = p.block_d >= 256
         if p.direction == "fwd":
             return device_default(self, problem, device, self._forward_default(p, device))
+        if gluon_bwd_ok(p, device) and p.block_d == 128 and p.seq_k >= _GLUON_BWD_FROM_KEYS:
+            return device_default(self, problem, device, _SEED_BACKWARD_GLUON[0])
+        return self.triton_backward_default(problem, device)
+
+    def triton_backward_default(self, problem: FlashProblem, device: DeviceInfo) -> Config:
+        """The untuned backward among the Triton ones (flash_attention.py.j2), which are deterministic: the runtime's
+        under torch.use_deterministic_algorithms(True) where the served config is the Gluon backward.
+
+        Starting points of Triton's fused-attention tutorial on H100, narrowed by head dim so the accumulators fit
+        in registers; at head dims 64 and 128 on sm90, 64 x 128 dK/dV tiles on 3 stages and 128 x 64 dQ tiles, the
+        shipped H200 winner of 2 x 32 x 4096 causal, which also led six configs timed side by side
+        (results/flash_bwd_configs_2026-12-02.txt: 2.07 ms against 2.94 for the tutorial's); at D = 64, 4 x 32 x 2048
+        causal, 0.716 ms against the tutorial's 0.807 (results/flash_bwd_atomic_dq_2026-12-02.txt). first_feasible
+        adapts either to short sequences and other GPUs."""
+        p = problem
+        wide = p.block_d >= 256
         preferred = dict(BLOCK_M1=32, BLOCK_N1=64 if wide else 128, BLOCK_M2=64 if wide else 128, BLOCK_N2=32,
                          num_warps=8 if p.block_d >= 128 else 4, num_stages=2)
         measured = dict(BLOCK_M1=64, BLOCK_N1=128, BLOCK_M2=128, BLOCK_N2=64, num_warps=8, num_stages=3)
@@ -948,7 +1022,7 @@ class FlashFamily(Family):
             RIGHT_BOUND=p.causal or p.window_right >= 0, LEFT_BOUND=p.window_left >= 0, SOFTCAP=p.softcap > 0,
             ALIBI=p.alibi, VARLEN=p.varlen, HEAD_PADDED=p.block_d != p.head_dim, FP8=p.dtype == "fp8",
             LOADS=(config["LOADS"].removesuffix("_lookahead") if p.direction == "fwd"
-                   else _backward_upgrade(config)["LOADS"]),
+                   else _backward_render_loads(config)),
             LOOKAHEAD=p.direction == "fwd" and config["LOADS"].endswith("_lookahead"),
             MASKS_IN_LOOP=forward.get("MASKS_IN_LOOP", False),
             INPUT_PRECISION="ieee" if p.dtype == "fp32" else "", UPCAST_DOTS=False, STORE_LSE=True,
@@ -981,6 +1055,10 @@ class FlashFamily(Family):
         if problem.direction == "fwd":
             return forward_plan(module, problem, config, scale, inputs["q"], inputs["k"], inputs["v"], outputs["o"],
                                 outputs["lse"], alibi, interpret, keep)
+        if config["LOADS"] == GLUON_WS:
+            return gluon_backward_plan(module, problem, config, scale, inputs["q"], inputs["k"], inputs["v"],
+                                       inputs["o"], inputs["do"], inputs["lse"], outputs["dq"], outputs["dk"],
+                                       outputs["dv"], keep and not interpret)
         return backward_plan(module, problem, config, scale, inputs["q"], inputs["k"], inputs["v"], inputs["o"],
                              inputs["do"], inputs["lse"], outputs["dq"], outputs["dk"], outputs["dv"], alibi, interpret,
                              keep)

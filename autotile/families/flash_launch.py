@@ -202,3 +202,66 @@ def backward_plan(module, problem, config, scale: float, q, k, v, o, do, lse, dq
                 dict(BLOCK_M2=config["BLOCK_M2"], BLOCK_N2=config["BLOCK_N2"], **dims, **meta), keep),
         interpret,
     )
+
+
+# The Gluon backward's structure (templates/flash_gluon_bwd.py.j2): 64 query rows a step, 128 keys a tile.
+GLUON_BWD_ROWS = 64
+GLUON_BWD_KEYS = 128
+# Programs a chunk of consecutive tiles should leave, per SM, for the hardware scheduler to balance them. 4
+# consecutive tiles a program (benchmarks/prototypes/gluon_flash_bwd.py; results/gluon_flash_bwd_2026-12-04c_red_host.txt,
+# call 8): not causal 0.64x -> 0.73x of cuDNN, head dim 64 causal 0.55x -> 0.66x, causal 2 x 32 x 4096 0.71x either
+# way (512 programs); 1 x 32/8 x 4096 (256 tiles) fell to 0.26x (64 programs: half the SMs idle).
+CHUNK_PROGRAMS_PER_SM = 3
+
+
+def gluon_backward_chunk(tiles: int, sms: int) -> int:
+    """Consecutive tiles a program of the Gluon backward: 4, 2 or 1, the most that leaves CHUNK_PROGRAMS_PER_SM
+    programs an SM."""
+    return next(c for c in (4, 2, 1) if c == 1 or tiles // c >= CHUNK_PROGRAMS_PER_SM * sms)
+
+
+class GluonBackwardPlan:
+    """The Gluon backward (templates/flash_gluon_bwd.py.j2) with every argument but the tensors fixed; called as
+    BackwardPlan is, (q, k, v, o, do, lse, delta, dq, dk, dv, alibi, cu_q, cu_k, dlse=None). `delta` is not used:
+    the kernel reads LSE and Delta padded to whole query blocks, and adds dQ into fp32, both in scratch of its own
+    (allocated a call from the caching allocator, so CUDA graphs capture them)."""
+
+    __slots__ = ("preprocess", "main", "rows", "stats_shape", "dq_shape", "head_dim")
+
+    def __init__(self, preprocess: _Launch, main: _Launch, rows: int, stats_shape: tuple, dq_shape: tuple,
+                 head_dim: int):
+        self.preprocess, self.main, self.rows = preprocess, main, rows
+        self.stats_shape, self.dq_shape, self.head_dim = stats_shape, dq_shape, head_dim
+
+    def __call__(self, q, k, v, o, do, lse, delta, dq, dk, dv, alibi, cu_q, cu_k, dlse=None) -> None:
+        dev = q.device
+        lse_pad = torch.empty(self.stats_shape, dtype=torch.float32, device=dev)
+        delta_pad = torch.empty(self.stats_shape, dtype=torch.float32, device=dev)
+        dq_acc = torch.empty(self.dq_shape, dtype=torch.float32, device=dev)
+        self.preprocess(o, do, lse, lse_pad, delta_pad, dq_acc)
+        if dlse is not None:
+            # d lse / d x = p / ln 2 enters through Delta (see BackwardPlan); padded rows keep theirs.
+            delta_pad[:, :, :self.rows].sub_(dlse, alpha=LOG2E)
+        self.main(q, k, v, do, lse_pad, delta_pad, dq_acc, dk, dv)
+        dq.copy_(dq_acc[:, :, :self.rows, :self.head_dim])
+
+
+def gluon_backward_plan(module, problem, config, scale: float, q, k, v, o, do, lse, dq, dk, dv,
+                        keep: bool = False) -> GluonBackwardPlan:
+    p = problem
+    rows, keys = GLUON_BWD_ROWS, GLUON_BWD_KEYS
+    n_pad = _cdiv(p.seq_q, rows) * rows
+    dims = {"HEAD_DIM": p.head_dim, "BLOCK_D": p.block_d}
+    pre_scalars = (*rows_strides(o, False), *rows_strides(do, False), *lse_strides(lse, False), p.heads_q, p.seq_q)
+    preprocess = _Launch(module.attn_bwd_gluon_preprocess, (n_pad // rows, p.batch * p.heads_q), pre_scalars,
+                         dict(BLOCK_M=rows, **dims, num_warps=4), keep)
+    tiles = _cdiv(p.seq_k, keys) * p.batch * p.heads_kv
+    chunk = gluon_backward_chunk(tiles, current_device(q.device).sm_count)
+    main_scalars = (*rows_strides(q, False), *rows_strides(k, False), *rows_strides(v, False), *rows_strides(do, False),
+                    *rows_strides(dk, False), *rows_strides(dv, False), p.batch, p.heads_q, p.heads_kv, p.seq_q,
+                    p.seq_k, float(scale) * LOG2E, float(scale))
+    main = _Launch(module.attn_bwd_gluon, (_cdiv(tiles, chunk),), main_scalars,
+                   dict(BLOCK_M=rows, BLOCK_N=keys, CHUNK=chunk, **dims, num_warps=4,
+                        num_stages=config["num_stages"]), keep)
+    return GluonBackwardPlan(preprocess, main, p.seq_q, (p.batch, p.heads_q, n_pad),
+                             (p.batch, p.heads_q, n_pad, p.block_d), p.head_dim)

@@ -27,7 +27,7 @@ from autotile.dtypes import torch_dtype
 from autotile.errors import BadInputError, UnsupportedDtypeError
 from autotile.families import flash_vendor
 from autotile.families.base import VENDOR_KEY
-from autotile.families.flash import FAMILY, FlashFamily, FlashProblem, default_scale, window_pair
+from autotile.families.flash import FAMILY, GLUON_WS, FlashFamily, FlashProblem, default_scale, window_pair
 from autotile.runtime import fallback, trace
 from autotile.runtime.dispatch import on_clear
 from autotile.runtime.eager import direct_call_ok
@@ -303,6 +303,11 @@ def _backward_runner(served: _Served, problem: FlashProblem, device: DeviceInfo,
         # the generated kernel computes this one.
         config, source = FAMILY.default_config(problem, device), "default"
         fallback.check_default(FAMILY, problem, config)
+    if config.get("LOADS") == GLUON_WS and torch.are_deterministic_algorithms_enabled():
+        # The Gluon backward adds dQ in whatever order its programs finish: the Triton backward, deterministic,
+        # serves under torch.use_deterministic_algorithms(True).
+        config, source = FAMILY.triton_backward_default(problem, device), "default"
+        fallback.check_default(FAMILY, problem, config)
     served.vendor = False
     q, k, v = sample["q"], sample["k"], sample["v"]
     outputs = FAMILY.allocate_outputs(problem, sample)
@@ -351,7 +356,7 @@ def _served_backward(q, k, v, o, do, lse, causal, scale, window, softcap, alibi,
         sample = {"q": q, "k": k, "v": v, "o": o, "do": do, "lse": lse, "alibi": alibi}
         return serve_backward(problem, current_device(q.device), scale, sample, dlse is not None)
     key = ("bwd",) + _forward_key(q, k, v, causal, scale, window, softcap, alibi) + (
-        _layout(o), _layout(do), _layout(lse), dlse is not None)
+        _layout(o), _layout(do), _layout(lse), dlse is not None, torch.are_deterministic_algorithms_enabled())
     return _keep(key, build)
 
 
@@ -457,9 +462,10 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
     `softcap` > 0 maps the scaled logits x to softcap * tanh(x / softcap) (Gemma-2); `alibi_slopes`
     (Hq,) or (B, Hq) fp32 add -slope * |i + Sk - Sq - j| to head h's logits. With `return_lse` the
     result is (o, lse), lse (B, Hq, Sq) fp32 the natural-log log-sum-exp of each row's logits
-    (+inf for rows that see no key), differentiable too. The generated backward is deterministic (no atomics:
-    one program sums each key block's gradient over its query heads); SDPA's backends follow
-    torch.use_deterministic_algorithms as SDPA does.
+    (+inf for rows that see no key), differentiable too. The generated backward on Hopper (Gluon, at head
+    dims 96-128 from 2048 keys untuned) adds dQ by reductions in any order; under
+    torch.use_deterministic_algorithms(True) the Triton backward serves, which is deterministic (no atomics: one
+    program sums each key block's gradient over its query heads). SDPA's backends follow that switch as SDPA does.
 
     >>> import torch, autotile
     >>> q, k, v = (torch.randn(1, 2, 5, 16, requires_grad=True) for _ in range(3))

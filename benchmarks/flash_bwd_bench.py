@@ -1,0 +1,108 @@
+"""The flash backward on the GPU: the family's Gluon and Triton backwards and the public op beside SDPA's cuDNN and
+FlashAttention-2 backwards, on the prefill shapes of real models.
+
+    PYTHONPATH=. python benchmarks/flash_bwd_bench.py [--quick] [--shapes LABEL,...] > OUT.txt
+
+Each shape: the Gluon backward (templates/flash_gluon_bwd.py.j2) on each of its slot counts, the Triton backward's
+untuned config (FlashFamily.triton_backward_default), the untuned default as the family picks it, and the public op
+(autotile.flash_attention's autograd backward with generated kernels only, AUTOTILE_VENDOR=0, no tuned winners), all
+given the same O and LSE; SDPA's backends through autograd on their own forward's graph. The Gluon backward's
+gradients are checked on every shape against plain torch in fp32 first (FlashAttention's rule is what the family's
+tests check against float64; here a gross-error check: relative max error under 2%).
+Timings: interleaved rounds of triton.testing.do_bench medians (L2 flushed), median of rounds. TFLOP/s count
+2.5 x 4 * B * H * pairs * D (pairs under the diagonal when causal).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+
+from autotile.device import cuda_device  # noqa: E402
+from autotile.families.flash import FAMILY, GLUON_WS, FlashProblem  # noqa: E402
+from autotile.space import Config  # noqa: E402
+from flash_bench import interleaved, kernel_call, sdpa_calls  # noqa: E402
+
+# (label, heads_q, heads_kv, head_dim): the models' attention heads.
+MODELS = (("Llama-3-8B", 32, 8, 128), ("Qwen2.5-7B", 28, 4, 128), ("Llama-2-7B", 32, 32, 128),
+          ("Phi-3-mini", 32, 32, 96), ("Qwen2.5-1.5B", 12, 2, 128), ("Qwen2.5-0.5B", 14, 2, 64))
+TOKENS = ((1, 4096), (2, 4096), (4, 2048), (8, 1024), (16, 512))
+
+
+def shapes(quick: bool) -> list[tuple[str, FlashProblem]]:
+    out = [("anchor MHA 2x32x4096 causal", FlashProblem("bwd", 2, 32, 32, 4096, 4096, 128, causal=True)),
+           ("anchor MHA 2x32x4096", FlashProblem("bwd", 2, 32, 32, 4096, 4096, 128))]
+    for name, hq, hkv, d in MODELS[:2] if quick else MODELS:
+        for batch, seq in TOKENS[::2] if quick else TOKENS:
+            out.append((f"{name} {batch}x{seq}", FlashProblem("bwd", batch, hq, hkv, seq, seq, d, causal=True)))
+    return out
+
+
+def op_call(problem: FlashProblem, inputs: dict):
+    """autotile.flash_attention's backward through autograd, on its own forward's graph (generated kernels only)."""
+    import autotile
+
+    leaves = [inputs[n].detach().clone().requires_grad_(True) for n in "qkv"]
+    out = autotile.flash_attention(*leaves, causal=problem.causal)
+    return lambda: torch.autograd.grad(out, leaves, inputs["do"], retain_graph=True)
+
+
+def gross_check(problem: FlashProblem, config: Config, inputs: dict) -> str:
+    outputs = FAMILY.allocate_outputs(problem, inputs)
+    FAMILY.launch(problem, config, inputs, outputs)
+    q, k, v, do = (inputs[n].float() for n in ("q", "k", "v", "do"))
+    want = FAMILY._grads(problem, inputs, q, k, v, do, dtype=torch.float32)
+    worst = max(((outputs[name].float() - w).abs().max() / w.abs().max()).item()
+                for name, w in zip(("dq", "dk", "dv"), want))
+    return f"max rel err {worst:.4f}" + ("" if worst < 2e-2 else " WRONG")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--shapes", default="", help="comma-separated substrings of the shape labels to keep")
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    os.environ["AUTOTILE_VENDOR"] = "0"
+    os.environ.setdefault("AUTOTILE_DB", "sqlite:///" + str(Path("/tmp/autotile_bwd_bench_empty.sqlite")))
+    device = cuda_device()
+    print(f"# flash backward, {datetime.date.today()}, {torch.cuda.get_device_name()}, torch {torch.__version__}, "
+          f"triton {triton.__version__}; TFLOP/s (x cuDNN)", flush=True)
+    wanted = [w for w in args.shapes.split(",") if w]
+    for label, problem in shapes(args.quick):
+        if wanted and not any(w in label for w in wanted):
+            continue
+        inputs = FAMILY.make_inputs(problem, device, seed=0)
+        fns = {}
+        for config in FAMILY.space(problem, device).feasible():
+            if config["LOADS"] == GLUON_WS:
+                fns[f"gluon s{config['num_stages']}"] = kernel_call(problem, config, inputs)
+                if problem.batch * problem.seq_q <= 4096 and problem.heads_q <= 32:
+                    print(f"  {label} gluon s{config['num_stages']}: {gross_check(problem, config, inputs)}",
+                          flush=True)
+        fns["triton default"] = kernel_call(problem, FAMILY.triton_backward_default(problem, device), inputs)
+        default = FAMILY.default_config(problem, device)
+        fns["op"] = op_call(problem, inputs)
+        fns.update(sdpa_calls(problem, inputs))
+        for fn in fns.values():
+            fn()
+        times = interleaved(fns, args.rounds)
+        spread = times.pop("spread")
+        cost = FAMILY.cost(problem).flops
+        cudnn = times.get("SDPA cuDNN")
+        cells = [f"{name} {cost / ms / 1e9:.0f}" + (f" ({cudnn / ms:.2f}x)" if cudnn else "")
+                 for name, ms in times.items()]
+        print(f"{label}: default {default['LOADS']}; " + ", ".join(cells) + f"; spread {spread:.0%}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,116 @@
+"""The flash family's Gluon backward (templates/flash_gluon_bwd.py.j2) on the CPU: where the backward's space offers
+it, the structure its configs keep, where it is the untuned default, and its kernels compiled for sm90 with Triton's
+own ptxas: within shared memory (and the space's estimate of it), few spills in the key loop, dQ added by RED.
+
+Gluon kernels do not run under Triton's interpreter; tests/test_flash_gluon_bwd_gpu.py runs them against float64.
+The compile runs in a child process (this one runs the interpreter).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+
+import pytest
+
+from autotile.device import interpret_device, planned_device
+from autotile.families.flash import FAMILY, GLUON_WS, FlashProblem, gluon_bwd_smem
+
+H200 = planned_device("h200")
+LLAMA_4K = FlashProblem("bwd", 1, 32, 8, 4096, 4096, 128, causal=True)
+
+
+def gluon_configs(problem, device):
+    return [c for c in FAMILY.space(problem, device).feasible() if c["LOADS"] == GLUON_WS]
+
+
+def test_the_backward_space_offers_gluon_ws_on_hopper_only():
+    assert gluon_configs(LLAMA_4K, H200)
+    assert not gluon_configs(LLAMA_4K, interpret_device())  # Gluon does not run under the interpreter
+    assert not gluon_configs(LLAMA_4K, planned_device("a100"))
+
+
+@pytest.mark.parametrize("change", [
+    dict(dtype="fp32"), dict(head_dim=256), dict(head_dim=100), dict(aligned=False), dict(window_left=256),
+    dict(causal=False, window_right=64), dict(softcap=50.0), dict(alibi=True), dict(varlen=True),
+], ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()))
+def test_gluon_ws_backward_is_infeasible_where_it_does_not_apply(change):
+    problem = dataclasses.replace(LLAMA_4K, **change)
+    assert not gluon_configs(problem, H200)
+    assert FAMILY.space(problem, H200).feasible()  # the Triton backward still takes it
+
+
+@pytest.mark.parametrize("head_dim,stages", [(128, {2, 3}), (96, {2, 3}), (64, {2, 3, 4})])
+def test_gluon_ws_backward_configs_keep_its_structure(head_dim, stages):
+    problem = dataclasses.replace(LLAMA_4K, head_dim=head_dim)
+    configs = gluon_configs(problem, H200)
+    for c in configs:
+        assert (c["BLOCK_M1"], c["BLOCK_N1"], c["BLOCK_M2"], c["BLOCK_N2"], c["num_warps"]) == (64, 128, 64, 128, 4)
+        assert gluon_bwd_smem(problem, c) <= H200.smem_per_block
+    assert {c["num_stages"] for c in configs} == stages  # a fourth slot at head dim 128 would not fit
+    assert FAMILY.render_switches(problem, configs[0])["LOADS"] == "gluon_bwd"
+
+
+def test_the_untuned_backward_is_gluon_at_head_dim_128_from_2048_keys():
+    def loads(problem):
+        return FAMILY.default_config(problem, H200)["LOADS"]
+
+    assert loads(LLAMA_4K) == GLUON_WS
+    assert loads(dataclasses.replace(LLAMA_4K, causal=False, heads_kv=32)) == GLUON_WS
+    assert loads(dataclasses.replace(LLAMA_4K, head_dim=96)) == GLUON_WS  # Phi-3's, in 128-wide tiles
+    assert loads(dataclasses.replace(LLAMA_4K, batch=16, seq_q=512, seq_k=512)) == "tma"  # it lost at 512 keys
+    assert loads(dataclasses.replace(LLAMA_4K, head_dim=64)) != GLUON_WS  # it lost at head dim 64
+    assert loads(dataclasses.replace(LLAMA_4K, softcap=30.0)) != GLUON_WS
+    # The deterministic default, which the runtime serves under torch.use_deterministic_algorithms(True).
+    assert FAMILY.triton_backward_default(LLAMA_4K, H200)["LOADS"] == "tma"
+    assert FAMILY.seed_configs(LLAMA_4K, H200)[0]["LOADS"] == GLUON_WS
+    assert all(c["LOADS"] != GLUON_WS for c in FAMILY.seed_configs(LLAMA_4K, planned_device("a100")))
+
+
+# (problem, num_stages): causal MHA, GQA not causal on three slots, head dim 64 on four, Phi-3's 96 in fp16, and
+# more queries than keys.
+CASES = [
+    (FlashProblem("bwd", 2, 32, 32, 4096, 4096, 128, causal=True), 2),
+    (FlashProblem("bwd", 1, 32, 8, 4096, 4096, 128), 3),
+    (FlashProblem("bwd", 4, 32, 32, 2048, 2048, 64, causal=True), 4),
+    (FlashProblem("bwd", 1, 32, 32, 4096, 4096, 96, causal=True, dtype="fp16"), 2),
+]
+# Spill instructions (LDL/STL) in the key loops of both consumer partitions: 18 at head dim 128 causal, 0 at 64
+# (sm90 builds of Triton 3.6), against 53 before the row statistics came by TMA (the prototype's history). NOTE:
+# a per-call scalar computed in the kernel and handed to the partitions (the scale times log2(e)) took it to 29:
+# the kernel takes it from the host.
+KEY_LOOP_SPILLS = 32
+
+
+def _compile_cases() -> list:
+    from autotile import xcompile
+
+    out = []
+    for problem, stages in CASES:
+        config = dict(LOADS=GLUON_WS, BLOCK_M1=64, BLOCK_N1=128, BLOCK_M2=64, BLOCK_N2=128, num_warps=4,
+                      num_stages=stages)
+        out.append({k.name: dict(shared=k.shared, stack=k.stack, spills=k.mma_loop_spills,
+                                 features=list(k.ptx_features), estimate=gluon_bwd_smem(problem, config))
+                    for k in xcompile.compile_config(FAMILY, problem, config, H200)})
+    return out
+
+
+def test_gluon_ws_backward_compiles_for_sm90_within_shared_memory_and_adds_dq_by_red():
+    from compile_child import run_compile_child
+
+    results = run_compile_child(__file__)
+    assert len(results) == len(CASES)
+    for case, kernels in zip(CASES, results):
+        assert set(kernels) == {"attn_bwd_gluon_preprocess", "attn_bwd_gluon"}, case
+        main = kernels["attn_bwd_gluon"]
+        assert main["shared"] <= main["estimate"] <= H200.smem_per_block, (case, main)
+        assert {"wgmma", "tma", "setmaxnreg", "red"} <= set(main["features"]), (case, main["features"])
+        # dQ's adds are PTX reductions, which ptxas keeps as REDG (an atom whose result goes unused it may make an
+        # ATOMG, which waits for L2's reply: benchmarks/prototypes/gluon_flash_bwd.py).
+        assert "atom" not in main["features"], case
+        if main["stack"]:  # None: no cuobjdump with this Triton to read them
+            assert main["spills"] <= KEY_LOOP_SPILLS, (case, main)
+
+
+if __name__ == "__main__":
+    sys.stdout.write(json.dumps(_compile_cases()) + "\n")

@@ -1,0 +1,228 @@
+"""The flash family's Gluon backward (templates/flash_gluon_bwd.py.j2) on a Hopper GPU against float64: dQ, dK, dV,
+causal and not, odd lengths, more queries than keys and fewer (rows that see no key), GQA and MQA, head dims 64 and
+128 and Phi-3's 96 (padded to 128), fp16, strided (B, S, H, D) projections, any scale; then through the op: the
+untuned backward at head dim 128 is Gluon, the gradient of the log-sum-exp enters, a CUDA graph captures it, and
+under torch.use_deterministic_algorithms(True) the Triton backward serves instead, the same bits run after run.
+Skipped without a Hopper GPU; tests/test_flash_gluon_bwd.py covers what the CPU can.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from autotile.bench import poison
+from autotile.families.flash import FAMILY, GLUON_WS, FlashProblem
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9, reason="needs a Hopper GPU")]
+
+SHAPES = [  # (batch, heads_q, heads_kv, seq_q, seq_k, head_dim)
+    (2, 4, 2, 1000, 1000, 128), (1, 2, 2, 300, 300, 128), (1, 4, 1, 777, 200, 128), (1, 4, 1, 200, 777, 128),
+    (2, 2, 1, 333, 555, 64), (1, 3, 3, 129, 64 + 65, 64), (2, 8, 2, 333, 517, 96), (3, 2, 2, 2100, 2100, 128),
+]
+
+
+def gluon_configs(problem, device):
+    """The Gluon backward's configs of `problem`, fewest slots first."""
+    configs = sorted((c for c in FAMILY.space(problem, device).feasible() if c["LOADS"] == GLUON_WS),
+                     key=lambda c: c["num_stages"])
+    assert configs, problem
+    return configs
+
+
+def run_checked(problem, config, inputs, scale=None) -> dict:
+    outputs = FAMILY.allocate_outputs(problem, inputs)
+    poison(outputs)
+    if scale is None:
+        FAMILY.launch(problem, config, inputs, outputs)
+    else:
+        FAMILY.run(problem, config, inputs, outputs, scale=scale)
+    torch.cuda.synchronize()
+    result = FAMILY.check(problem, inputs, outputs, FAMILY.reference(problem, inputs))
+    assert result.ok, f"{problem} {config.to_json()}: {result.message}"
+    return outputs
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_gluon_backward_matches_float64(shape):
+    """bf16 on two Q/dO slots (each config is its own build: the slot counts and fp16 are checked below)."""
+    from autotile.device import cuda_device
+
+    device = cuda_device()
+    for causal in (False, True):
+        problem = FlashProblem("bwd", *shape, causal=causal)
+        inputs = FAMILY.make_inputs(problem, device, seed=7)
+        run_checked(problem, gluon_configs(problem, device)[0], inputs)
+
+
+@pytest.mark.parametrize("shape, dtype", [((2, 4, 2, 1000, 1000, 128), "bf16"), ((2, 2, 1, 333, 555, 64), "bf16"),
+                                          ((1, 4, 1, 777, 200, 128), "fp16")], ids=["d128", "d64", "fp16"])
+def test_every_slot_count_and_fp16_match_float64(shape, dtype):
+    from autotile.device import cuda_device
+
+    device = cuda_device()
+    problem = FlashProblem("bwd", *shape, causal=True, dtype=dtype)
+    inputs = FAMILY.make_inputs(problem, device, seed=9)
+    configs = gluon_configs(problem, device)
+    assert dtype == "fp16" or len(configs) >= 2
+    for config in configs if dtype == "bf16" else configs[:1]:
+        run_checked(problem, config, inputs)
+
+
+def test_gluon_backward_reads_strided_projections():
+    from autotile.device import cuda_device
+
+    device = cuda_device()
+    problem = FlashProblem("bwd", 2, 8, 2, 777, 901, 128, causal=True)
+    inputs = FAMILY.make_inputs(problem, device, seed=3)
+    for name in ("q", "k", "v", "o", "do"):
+        # (B, S, H, D) storage, as a projection writes it, seen as (B, H, S, D).
+        t = inputs[name]
+        inputs[name] = t.transpose(1, 2).contiguous().transpose(1, 2)
+    for config in gluon_configs(problem, device)[:1]:
+        run_checked(problem, config, inputs)
+
+
+def _attend64(q, k, v, causal, scale):
+    group = q.shape[1] // k.shape[1]
+    s = q.double() @ k.double().repeat_interleave(group, 1).transpose(-1, -2) * scale
+    if causal:
+        sq, sk = s.shape[-2:]
+        s = s.masked_fill(~torch.ones(sq, sk, dtype=torch.bool, device=s.device).tril(sk - sq), float("-inf"))
+    lse = torch.logsumexp(s, -1)
+    return torch.softmax(s, -1) @ v.double().repeat_interleave(group, 1), lse
+
+
+@pytest.mark.parametrize("scale", [-0.07, 0.3])
+def test_gluon_backward_takes_any_scale(scale):
+    from autotile.device import cuda_device
+
+    device = cuda_device()
+    problem = FlashProblem("bwd", 2, 4, 2, 600, 700, 128, causal=True)
+    inputs = FAMILY.make_inputs(problem, device, seed=5)
+    leaves = [inputs[n].detach().double().requires_grad_() for n in "qkv"]
+    o, lse = _attend64(*leaves, True, scale)
+    inputs["o"] = o.detach().to(inputs["q"].dtype)
+    inputs["lse"] = (lse.detach() * 1.4426950408889634).float().contiguous()
+    want = torch.autograd.grad(o, leaves, inputs["do"].double())
+    for config in gluon_configs(problem, device)[:1]:
+        outputs = FAMILY.allocate_outputs(problem, inputs)
+        poison(outputs)
+        FAMILY.run(problem, config, inputs, outputs, scale=scale)
+        torch.cuda.synchronize()
+        for name, w in zip(("dq", "dk", "dv"), want):
+            err = (outputs[name].double() - w).abs().max().item()
+            assert err < 3e-2 * max(1.0, w.abs().max().item()), (scale, name, err, config.to_json())
+
+
+@pytest.fixture
+def family_only(monkeypatch, tmp_path):
+    """The op with generated kernels only and no tuned winners: its untuned backward."""
+    from autotile.runtime import dispatch
+
+    monkeypatch.setenv("AUTOTILE_VENDOR", "0")
+    monkeypatch.setenv("AUTOTILE_DB", f"sqlite:///{tmp_path / 'empty.sqlite'}")
+    dispatch.clear_cache()
+    yield
+    dispatch.clear_cache()
+
+
+@pytest.fixture
+def gluon_plans(monkeypatch):
+    """Counts the Gluon backward plans the family builds."""
+    from autotile.families import flash
+
+    built = []
+    original = flash.gluon_backward_plan
+
+    def counted(*args, **kwargs):
+        built.append(args[1])
+        return original(*args, **kwargs)
+    monkeypatch.setattr(flash, "gluon_backward_plan", counted)
+    return built
+
+
+def _grads(q, k, v, do, *, with_lse=False):
+    import autotile
+
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    if with_lse:
+        o, lse = autotile.flash_attention(*leaves, causal=True, return_lse=True)
+        loss = (o.float() * do.float()).sum() + lse.sum()
+    else:
+        o = autotile.flash_attention(*leaves, causal=True)
+        loss = (o.float() * do.float()).sum()
+    return torch.autograd.grad(loss, leaves)
+
+
+def _inputs(seed, batch=1, heads_q=8, heads_kv=2, seq=2048, head_dim=128):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    q = torch.randn(batch, heads_q, seq, head_dim, device="cuda", generator=gen).bfloat16()
+    k, v = (torch.randn(batch, heads_kv, seq, head_dim, device="cuda", generator=gen).bfloat16() for _ in range(2))
+    return q, k, v, torch.randn(q.shape, device="cuda", generator=gen).bfloat16()
+
+
+@pytest.mark.parametrize("with_lse", [False, True], ids=["o", "o-and-lse"])
+def test_the_ops_untuned_backward_is_gluon_and_matches_float64(family_only, gluon_plans, with_lse):
+    q, k, v, do = _inputs(1)
+    got = _grads(q, k, v, do, with_lse=with_lse)
+    assert len(gluon_plans) == 1 and gluon_plans[0].direction == "bwd"
+    leaves = [t.double().requires_grad_() for t in (q, k, v)]
+    o, lse = _attend64(*leaves, True, q.shape[-1] ** -0.5)
+    loss = (o * do.double()).sum() + (lse.sum() if with_lse else 0)
+    want = torch.autograd.grad(loss, leaves)
+    for name, g, w in zip(("dq", "dk", "dv"), got, want):
+        err = (g.double() - w).abs().max().item()
+        assert err < 2e-2 * max(1.0, w.abs().max().item()), (name, err)
+
+
+def test_deterministic_mode_serves_the_triton_backward_bit_for_bit(family_only, gluon_plans):
+    q, k, v, do = _inputs(2)
+    torch.use_deterministic_algorithms(True)
+    try:
+        first, again = _grads(q, k, v, do), _grads(q, k, v, do)
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert not gluon_plans
+    assert all(torch.equal(a, b) for a, b in zip(first, again))
+    plain = _grads(q, k, v, do)  # deterministic mode off: the Gluon backward serves (a plan of its own)
+    assert len(gluon_plans) == 1
+    assert all((a.float() - b.float()).abs().max().item() < 5e-2 for a, b in zip(first, plain))
+
+
+def test_a_cuda_graph_captures_the_gluon_backward_without_syncs(family_only, gluon_plans):
+    from autotile.device import cuda_device
+
+    device = cuda_device()
+    problem = FlashProblem("bwd", 1, 8, 2, 2048, 2048, 128, causal=True)
+    config = FAMILY.default_config(problem, device)
+    assert config["LOADS"] == GLUON_WS
+    inputs = FAMILY.make_inputs(problem, device, seed=4)
+    outputs = FAMILY.allocate_outputs(problem, inputs)
+    plan, args = FAMILY._planned(problem, config, inputs, outputs, scale=problem.head_dim ** -0.5, keep=True)
+    plan(*args)  # binds, outside the capture
+    torch.cuda.synchronize()
+    poison(outputs)
+    graph = torch.cuda.CUDAGraph()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with torch.cuda.graph(graph):
+            plan(*args)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    graph.replay()
+    torch.cuda.synchronize()
+    result = FAMILY.check(problem, inputs, outputs, FAMILY.reference(problem, inputs))
+    assert result.ok, result.message
+
+
+def test_head_dim_64_and_short_sequences_keep_the_triton_backward_untuned():
+    from autotile.device import cuda_device
+
+    device = cuda_device()
+    base = FlashProblem("bwd", 1, 8, 2, 4096, 4096, 128, causal=True)
+    assert FAMILY.default_config(base, device)["LOADS"] == GLUON_WS
+    for change in (dict(head_dim=64), dict(seq_q=512, seq_k=512)):
+        assert FAMILY.default_config(dataclasses.replace(base, **change), device)["LOADS"] != GLUON_WS
