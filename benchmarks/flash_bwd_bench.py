@@ -3,7 +3,8 @@ FlashAttention-2 backwards, on the prefill shapes of real models.
 
     PYTHONPATH=. python benchmarks/flash_bwd_bench.py [--quick] [--shapes LABEL,...] > OUT.txt
 
-Each shape: the Gluon backward (templates/flash_gluon_bwd.py.j2) on each of its slot counts, the Triton backward's
+Each shape: the Gluon backward (templates/flash_gluon_bwd.py.j2) on two slots (--all-stages: each count; and, where programs
+share tiles, SPLIT, each tile walked by one program: 'unsplit'), the Triton backward's
 untuned config (FlashFamily.triton_backward_default), the untuned default as the family picks it, and the public op
 (autotile.flash_attention's autograd backward with generated kernels only, AUTOTILE_VENDOR=0, no tuned winners), all
 given the same O and LSE; SDPA's backends through autograd on their own forward's graph. The Gluon backward's
@@ -27,6 +28,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 
 from autotile.device import cuda_device  # noqa: E402
+from autotile.families import flash_launch  # noqa: E402
 from autotile.families.flash import FAMILY, GLUON_WS, FlashProblem  # noqa: E402
 from autotile.space import Config  # noqa: E402
 from flash_bench import interleaved, kernel_call, sdpa_calls  # noqa: E402
@@ -44,6 +46,11 @@ def shapes(quick: bool) -> list[tuple[str, FlashProblem]]:
         for batch, seq in TOKENS[::2] if quick else TOKENS:
             out.append((f"{name} {batch}x{seq}", FlashProblem("bwd", batch, hq, hkv, seq, seq, d, causal=True)))
     return out
+
+
+def gluon_split(problem: FlashProblem, device) -> int:
+    tiles = triton.cdiv(problem.seq_k, flash_launch.GLUON_BWD_KEYS) * problem.batch * problem.heads_kv
+    return flash_launch.gluon_backward_schedule(tiles, device.sm_count)[1]
 
 
 def op_call(problem: FlashProblem, inputs: dict):
@@ -70,6 +77,8 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--shapes", default="", help="comma-separated substrings of the shape labels to keep")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--all-stages", action="store_true",
+                        help="time the Gluon backward on every slot count (default: two, the untuned one's)")
     args = parser.parse_args()
     os.environ["AUTOTILE_VENDOR"] = "0"
     os.environ.setdefault("AUTOTILE_DB", "sqlite:///" + str(Path("/tmp/autotile_bwd_bench_empty.sqlite")))
@@ -83,8 +92,12 @@ def main() -> int:
         inputs = FAMILY.make_inputs(problem, device, seed=0)
         fns = {}
         for config in FAMILY.space(problem, device).feasible():
-            if config["LOADS"] == GLUON_WS:
+            if config["LOADS"] == GLUON_WS and (args.all_stages or config["num_stages"] == 2):
                 fns[f"gluon s{config['num_stages']}"] = kernel_call(problem, config, inputs)
+                if gluon_split(problem, device) > 1:
+                    splits, flash_launch.SPLITS = flash_launch.SPLITS, (1,)
+                    fns[f"gluon s{config['num_stages']} unsplit"] = kernel_call(problem, config, inputs)
+                    flash_launch.SPLITS = splits
                 if problem.batch * problem.seq_q <= 4096 and problem.heads_q <= 32:
                     print(f"  {label} gluon s{config['num_stages']}: {gross_check(problem, config, inputs)}",
                           flush=True)

@@ -21,6 +21,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
 SHAPES = [  # (batch, heads_q, heads_kv, seq_q, seq_k, head_dim)
     (2, 4, 2, 1000, 1000, 128), (1, 2, 2, 300, 300, 128), (1, 4, 1, 777, 200, 128), (1, 4, 1, 200, 777, 128),
     (2, 2, 1, 333, 555, 64), (1, 3, 3, 129, 64 + 65, 64), (2, 8, 2, 333, 517, 96), (3, 2, 2, 2100, 2100, 128),
+    (2, 16, 8, 1600, 1700, 128),  # 224 tiles: one program a tile (the others above share theirs: SPLIT)
 ]
 
 

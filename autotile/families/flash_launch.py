@@ -212,26 +212,36 @@ GLUON_BWD_KEYS = 128
 # call 8): not causal 0.64x -> 0.73x of cuDNN, head dim 64 causal 0.55x -> 0.66x, causal 2 x 32 x 4096 0.71x either
 # way (512 programs); 1 x 32/8 x 4096 (256 tiles) fell to 0.26x (64 programs: half the SMs idle).
 CHUNK_PROGRAMS_PER_SM = 3
+# Programs an SM below which programs share tiles (SPLIT): causal 1 x 28/4 x 4096 (Qwen2.5-7B, 128 tiles, one
+# program an SM, the first key blocks' programs walking all 64 query blocks of 7 heads while the last ones' walk
+# one) ran at 0.57x of cuDNN, where 1 x 32/8 x 4096 (256 tiles) ran at 1.00x (results/flash_bwd_2026-12-04.txt).
+SPLIT_PROGRAMS_PER_SM = 1.5
+SPLITS = (1, 2, 3, 4)
 
 
-def gluon_backward_chunk(tiles: int, sms: int) -> int:
-    """Consecutive tiles a program of the Gluon backward: 4, 2 or 1, the most that leaves CHUNK_PROGRAMS_PER_SM
-    programs an SM."""
-    return next(c for c in (4, 2, 1) if c == 1 or tiles // c >= CHUNK_PROGRAMS_PER_SM * sms)
+def gluon_backward_schedule(tiles: int, sms: int) -> tuple[int, int]:
+    """(CHUNK, SPLIT) of the Gluon backward for `tiles` tiles (128-key blocks of each KV head) on `sms` SMs: SPLIT
+    programs share a tile's walk where fewer than SPLIT_PROGRAMS_PER_SM programs an SM would run (the fewest parts
+    that reach it); then each program takes CHUNK consecutive work items: 4, 2 or 1, the most that leaves
+    CHUNK_PROGRAMS_PER_SM programs an SM."""
+    split = next((s for s in SPLITS if tiles * s >= SPLIT_PROGRAMS_PER_SM * sms), SPLITS[-1])
+    work = tiles * split
+    return next(c for c in (4, 2, 1) if c == 1 or work // c >= CHUNK_PROGRAMS_PER_SM * sms), split
 
 
 class GluonBackwardPlan:
     """The Gluon backward (templates/flash_gluon_bwd.py.j2) with every argument but the tensors fixed; called as
     BackwardPlan is, (q, k, v, o, do, lse, delta, dq, dk, dv, alibi, cu_q, cu_k, dlse=None). `delta` is not used:
     the kernel reads LSE and Delta padded to whole query blocks, and adds dQ into fp32, both in scratch of its own
-    (allocated a call from the caching allocator, so CUDA graphs capture them)."""
+    (allocated a call from the caching allocator, so CUDA graphs capture them); with SPLIT > 1, dK and dV partials
+    too, which `reduce` adds."""
 
-    __slots__ = ("preprocess", "main", "rows", "stats_shape", "dq_shape", "head_dim")
+    __slots__ = ("preprocess", "main", "reduce", "rows", "stats_shape", "dq_shape", "part_shape", "head_dim")
 
-    def __init__(self, preprocess: _Launch, main: _Launch, rows: int, stats_shape: tuple, dq_shape: tuple,
-                 head_dim: int):
-        self.preprocess, self.main, self.rows = preprocess, main, rows
-        self.stats_shape, self.dq_shape, self.head_dim = stats_shape, dq_shape, head_dim
+    def __init__(self, preprocess: _Launch, main: _Launch, reduce: _Launch | None, rows: int, stats_shape: tuple,
+                 dq_shape: tuple, part_shape: tuple, head_dim: int):
+        self.preprocess, self.main, self.reduce, self.rows = preprocess, main, reduce, rows
+        self.stats_shape, self.dq_shape, self.part_shape, self.head_dim = stats_shape, dq_shape, part_shape, head_dim
 
     def __call__(self, q, k, v, o, do, lse, delta, dq, dk, dv, alibi, cu_q, cu_k, dlse=None) -> None:
         dev = q.device
@@ -242,7 +252,13 @@ class GluonBackwardPlan:
         if dlse is not None:
             # d lse / d x = p / ln 2 enters through Delta (see BackwardPlan); padded rows keep theirs.
             delta_pad[:, :, :self.rows].sub_(dlse, alpha=LOG2E)
-        self.main(q, k, v, do, lse_pad, delta_pad, dq_acc, dk, dv)
+        if self.reduce is None:
+            self.main(q, k, v, do, lse_pad, delta_pad, dq_acc, dk, dv)
+        else:
+            dk_part = torch.empty(self.part_shape, dtype=torch.float32, device=dev)
+            dv_part = torch.empty(self.part_shape, dtype=torch.float32, device=dev)
+            self.main(q, k, v, do, lse_pad, delta_pad, dq_acc, dk_part, dv_part)
+            self.reduce(dk_part, dv_part, dk, dv)
         dq.copy_(dq_acc[:, :, :self.rows, :self.head_dim])
 
 
@@ -256,12 +272,25 @@ def gluon_backward_plan(module, problem, config, scale: float, q, k, v, o, do, l
     preprocess = _Launch(module.attn_bwd_gluon_preprocess, (n_pad // rows, p.batch * p.heads_q), pre_scalars,
                          dict(BLOCK_M=rows, **dims, num_warps=4), keep)
     tiles = _cdiv(p.seq_k, keys) * p.batch * p.heads_kv
-    chunk = gluon_backward_chunk(tiles, current_device(q.device).sm_count)
+    chunk, split = gluon_backward_schedule(tiles, current_device(q.device).sm_count)
+    part_shape = (split * p.batch, p.heads_kv, p.seq_k, p.block_d)
+    if split > 1:
+        # The kernel writes fp32 partials of dK and dV, contiguous (SPLIT * B, Hkv, Sk, BLOCK_D).
+        part_strides = (p.heads_kv * p.seq_k * p.block_d, p.seq_k * p.block_d, p.block_d)
+        out_strides = part_strides * 2
+    else:
+        out_strides = (*rows_strides(dk, False), *rows_strides(dv, False))
     main_scalars = (*rows_strides(q, False), *rows_strides(k, False), *rows_strides(v, False), *rows_strides(do, False),
-                    *rows_strides(dk, False), *rows_strides(dv, False), p.batch, p.heads_q, p.heads_kv, p.seq_q,
-                    p.seq_k, float(scale) * LOG2E, float(scale))
-    main = _Launch(module.attn_bwd_gluon, (_cdiv(tiles, chunk),), main_scalars,
-                   dict(BLOCK_M=rows, BLOCK_N=keys, CHUNK=chunk, **dims, num_warps=4,
+                    *out_strides, p.batch, p.heads_q, p.heads_kv, p.seq_q, p.seq_k, float(scale) * LOG2E,
+                    float(scale))
+    main = _Launch(module.attn_bwd_gluon, (_cdiv(tiles * split, chunk),), main_scalars,
+                   dict(BLOCK_M=rows, BLOCK_N=keys, CHUNK=chunk, SPLIT=split, **dims, num_warps=4,
                         num_stages=config["num_stages"]), keep)
-    return GluonBackwardPlan(preprocess, main, p.seq_q, (p.batch, p.heads_q, n_pad),
-                             (p.batch, p.heads_q, n_pad, p.block_d), p.head_dim)
+    reduce = None
+    if split > 1:
+        reduce = _Launch(module.attn_bwd_gluon_reduce, (_cdiv(p.seq_k, 64), p.batch * p.heads_kv),
+                         (*rows_strides(dk, False), *rows_strides(dv, False),
+                          p.batch * p.heads_kv * p.seq_k * p.block_d, p.heads_kv, p.seq_k),
+                         dict(BLOCK_N=64, SPLIT=split, **dims, num_warps=4), keep)
+    return GluonBackwardPlan(preprocess, main, reduce, p.seq_q, (p.batch, p.heads_q, n_pad),
+                             (p.batch, p.heads_q, n_pad, p.block_d), part_shape, p.head_dim)
