@@ -131,10 +131,10 @@ _SHORT_BACKWARD_TOKENS = 1024
 BACKWARD_LOADS_CHOICES = ("pointer", "tma", GLUON_WS)
 # The Gluon backward's head dims (tiles; 96 pads to 128).
 _GLUON_BWD_HEAD_DIMS = (64, 128)
-# Keys from which the untuned backward at head dim 128 is the Gluon one: it led the Triton backward at 4096 keys
-# (causal 2 x 32: 0.71x of cuDNN against 0.69x; GQA 1 x 32/8: 0.78x against 0.59x; not causal 0.73x against 0.69x)
-# and lost at 512 (16 x 32/8 causal: 0.49x against 0.68x), results/gluon_flash_bwd_2026-12-04c_red_host.txt.
-_GLUON_BWD_FROM_KEYS = 2048
+# The head dims (tiles) at which the untuned backward is the Gluon one: at 128 it led the Triton backward on every
+# shape timed, causal prefill of Llama-3-8B, Qwen2.5-7B and Qwen2.5-1.5B at 1 x 4096 to 16 x 512 and the 2 x 32 x
+# 4096 anchors: 0.86-1.03x of cuDNN against 0.37-0.77x (results/flash_bwd_2026-12-04.txt, call 2).
+_GLUON_BWD_DEFAULT_HEAD_DIMS = (128,)
 
 
 def uses_tma(config) -> bool:
@@ -677,13 +677,14 @@ class FlashFamily(Family):
         return device_seeds(self, problem, device, wanted)
 
     def default_config(self, problem: FlashProblem, device: DeviceInfo) -> Config:
-        # Forward: measured on the H200 (_forward_default). Backward: the Gluon backward at head dim 128 from
-        # _GLUON_BWD_FROM_KEYS keys on Hopper, where it led the Triton one; else triton_backward_default.
+        # Forward: measured on the H200 (_forward_default). Backward: the Gluon backward on Hopper at the head dims
+        # where it led the Triton one (_GLUON_BWD_DEFAULT_HEAD_DIMS); else triton_backward_default.
         p = problem
         if p.direction == "fwd":
             return device_default(self, problem, device, self._forward_default(p, device))
-        if gluon_bwd_ok(p, device) and p.block_d == 128 and p.seq_k >= _GLUON_BWD_FROM_KEYS:
-            return device_default(self, problem, device, _SEED_BACKWARD_GLUON[0])
+        gluon = Config(_SEED_BACKWARD_GLUON[0])
+        if p.block_d in _GLUON_BWD_DEFAULT_HEAD_DIMS and self.space(problem, device).is_feasible(gluon):
+            return device_default(self, problem, device, gluon)
         return self.triton_backward_default(problem, device)
 
     def triton_backward_default(self, problem: FlashProblem, device: DeviceInfo) -> Config:
