@@ -41,7 +41,10 @@ TOKENS = ((1, 4096), (2, 4096), (4, 2048), (8, 1024), (16, 512))
 
 def shapes(quick: bool) -> list[tuple[str, FlashProblem]]:
     out = [("anchor MHA 2x32x4096 causal", FlashProblem("bwd", 2, 32, 32, 4096, 4096, 128, causal=True)),
-           ("anchor MHA 2x32x4096", FlashProblem("bwd", 2, 32, 32, 4096, 4096, 128))]
+           ("anchor MHA 2x32x4096", FlashProblem("bwd", 2, 32, 32, 4096, 4096, 128)),
+           ("anchor D64 3x12x2000 causal", FlashProblem("bwd", 3, 12, 12, 2000, 2000, 64, causal=True)),
+           ("anchor D64 4x32x2048 causal", FlashProblem("bwd", 4, 32, 32, 2048, 2048, 64, causal=True)),
+           ("anchor D64 2x32x4096", FlashProblem("bwd", 2, 32, 32, 4096, 4096, 64))]
     for name, hq, hkv, d in MODELS[:2] if quick else MODELS:
         for batch, seq in TOKENS[::2] if quick else TOKENS:
             out.append((f"{name} {batch}x{seq}", FlashProblem("bwd", batch, hq, hkv, seq, seq, d, causal=True)))
