@@ -4,7 +4,8 @@ FlashAttention-2 backwards, on the prefill shapes of real models.
     PYTHONPATH=. python benchmarks/flash_bwd_bench.py [--quick] [--shapes LABEL,...] > OUT.txt
 
 Each shape: the Gluon backward (templates/flash_gluon_bwd.py.j2) on two slots (--all-stages: each count; and, where programs
-share tiles, SPLIT, each tile walked by one program: 'unsplit'), the Triton backward's
+share tiles, SPLIT, each tile walked by one program: 'unsplit'; where programs take several tiles, fewer:
+'chunk1', 'chunk2'), the Triton backward's
 untuned config (FlashFamily.triton_backward_default), the untuned default as the family picks it, and the public op
 (autotile.flash_attention's autograd backward with generated kernels only, AUTOTILE_VENDOR=0, no tuned winners), all
 given the same O and LSE; SDPA's backends through autograd on their own forward's graph. The Gluon backward's
@@ -51,9 +52,13 @@ def shapes(quick: bool) -> list[tuple[str, FlashProblem]]:
     return out
 
 
-def gluon_split(problem: FlashProblem, device) -> int:
-    tiles = triton.cdiv(problem.seq_k, flash_launch.GLUON_BWD_KEYS) * problem.batch * problem.heads_kv
-    return flash_launch.gluon_backward_schedule(tiles, device.sm_count)[1]
+def gluon_tiles(problem: FlashProblem) -> int:
+    return triton.cdiv(problem.seq_k, flash_launch.GLUON_BWD_KEYS) * problem.batch * problem.heads_kv
+
+
+def gluon_schedule(problem: FlashProblem, device) -> tuple[int, int]:
+    """(CHUNK, SPLIT) of the Gluon backward's plan."""
+    return flash_launch.gluon_backward_schedule(gluon_tiles(problem), device.sm_count)
 
 
 def op_call(problem: FlashProblem, inputs: dict):
@@ -97,7 +102,15 @@ def main() -> int:
         for config in FAMILY.space(problem, device).feasible():
             if config["LOADS"] == GLUON_WS and (args.all_stages or config["num_stages"] == 2):
                 fns[f"gluon s{config['num_stages']}"] = kernel_call(problem, config, inputs)
-                if gluon_split(problem, device) > 1:
+                chunk = gluon_schedule(problem, device)[0]
+                for fewer in (c for c in (1, 2) if c < chunk):
+                    # CHUNK_PROGRAMS_PER_SM such that `fewer` consecutive tiles a program is the most that leaves it
+                    tiles = gluon_tiles(problem) // fewer
+                    kept, flash_launch.CHUNK_PROGRAMS_PER_SM = flash_launch.CHUNK_PROGRAMS_PER_SM, (
+                        10**9 if fewer == 1 else tiles / device.sm_count)
+                    fns[f"gluon s{config['num_stages']} chunk{fewer}"] = kernel_call(problem, config, inputs)
+                    flash_launch.CHUNK_PROGRAMS_PER_SM = kept
+                if gluon_schedule(problem, device)[1] > 1:
                     splits, flash_launch.SPLITS = flash_launch.SPLITS, (1,)
                     fns[f"gluon s{config['num_stages']} unsplit"] = kernel_call(problem, config, inputs)
                     flash_launch.SPLITS = splits

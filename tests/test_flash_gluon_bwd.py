@@ -51,7 +51,7 @@ def test_gluon_ws_backward_configs_keep_its_structure(head_dim, stages):
     assert FAMILY.render_switches(problem, configs[0])["LOADS"] == "gluon_bwd"
 
 
-def test_the_untuned_backward_is_gluon_at_head_dim_128():
+def test_the_untuned_backward_is_gluon_where_it_applies():
     def loads(problem):
         return FAMILY.default_config(problem, H200)["LOADS"]
 
@@ -61,7 +61,8 @@ def test_the_untuned_backward_is_gluon_at_head_dim_128():
     assert loads(dataclasses.replace(LLAMA_4K, batch=16, seq_q=512, seq_k=512)) == GLUON_WS
     short = dataclasses.replace(LLAMA_4K, seq_q=60, seq_k=60)  # no 128-key tile to fill: the Triton default's
     assert dict(FAMILY.default_config(short, H200)) == dict(FAMILY.triton_backward_default(short, H200))
-    assert loads(dataclasses.replace(LLAMA_4K, head_dim=64)) != GLUON_WS  # it lost at head dim 64
+    assert loads(dataclasses.replace(LLAMA_4K, head_dim=64)) == GLUON_WS
+    assert loads(dataclasses.replace(LLAMA_4K, head_dim=256)) == "tma"
     assert loads(dataclasses.replace(LLAMA_4K, softcap=30.0)) != GLUON_WS
     # The deterministic default, which the runtime serves under torch.use_deterministic_algorithms(True).
     assert FAMILY.triton_backward_default(LLAMA_4K, H200)["LOADS"] == "tma"

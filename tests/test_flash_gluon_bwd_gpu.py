@@ -219,11 +219,11 @@ def test_a_cuda_graph_captures_the_gluon_backward_without_syncs(family_only, glu
     assert result.ok, result.message
 
 
-def test_head_dim_64_keeps_the_triton_backward_untuned():
+def test_the_untuned_backward_is_gluon_at_head_dims_64_to_128_and_triton_at_256():
     from autotile.device import cuda_device
 
     device = cuda_device()
     base = FlashProblem("bwd", 1, 8, 2, 4096, 4096, 128, causal=True)
-    assert FAMILY.default_config(base, device)["LOADS"] == GLUON_WS
-    assert FAMILY.default_config(dataclasses.replace(base, seq_q=512, seq_k=512), device)["LOADS"] == GLUON_WS
-    assert FAMILY.default_config(dataclasses.replace(base, head_dim=64), device)["LOADS"] != GLUON_WS
+    for change in (dict(), dict(seq_q=512, seq_k=512), dict(head_dim=64), dict(head_dim=96)):
+        assert FAMILY.default_config(dataclasses.replace(base, **change), device)["LOADS"] == GLUON_WS, change
+    assert FAMILY.default_config(dataclasses.replace(base, head_dim=256), device)["LOADS"] != GLUON_WS

@@ -131,10 +131,12 @@ _SHORT_BACKWARD_TOKENS = 1024
 BACKWARD_LOADS_CHOICES = ("pointer", "tma", GLUON_WS)
 # The Gluon backward's head dims (tiles; 96 pads to 128).
 _GLUON_BWD_HEAD_DIMS = (64, 128)
-# The head dims (tiles) at which the untuned backward is the Gluon one: at 128 it led the Triton backward on every
-# shape timed, causal prefill of Llama-3-8B, Qwen2.5-7B and Qwen2.5-1.5B at 1 x 4096 to 16 x 512 and the 2 x 32 x
-# 4096 anchors: 0.86-1.03x of cuDNN against 0.37-0.77x (results/flash_bwd_2026-12-04.txt, call 2).
-_GLUON_BWD_DEFAULT_HEAD_DIMS = (128,)
+# The head dims (tiles) at which the untuned backward is the Gluon one: both. It led the Triton backward on every
+# shape timed (results/flash_bwd_2026-12-04.txt, calls 2-4): causal prefill of Llama-3-8B, Qwen2.5-7B, Qwen2.5-1.5B,
+# Llama-2-7B, Phi-3-mini (96 in 128-wide tiles) and Qwen2.5-0.5B (64) at 1 x 4096 to 16 x 512, and the anchors
+# (2 x 32 x 4096 at 128, causal and not; 3 x 12 x 2000, 4 x 32 x 2048 and 2 x 32 x 4096 at 64): 0.66-1.15x of cuDNN
+# against 0.37-0.90x.
+_GLUON_BWD_DEFAULT_HEAD_DIMS = (64, 128)
 
 
 def uses_tma(config) -> bool:
