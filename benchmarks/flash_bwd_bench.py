@@ -4,8 +4,8 @@ FlashAttention-2 backwards, on the prefill shapes of real models.
     PYTHONPATH=. python benchmarks/flash_bwd_bench.py [--quick] [--shapes LABEL,...] > OUT.txt
 
 Each shape: the Gluon backward (templates/flash_gluon_bwd.py.j2) on two slots (--all-stages: each count; and, where programs
-share tiles, SPLIT, each tile walked by one program: 'unsplit'; where programs take several tiles, fewer:
-'chunk1', 'chunk2'), the Triton backward's
+share tiles, SPLIT, each tile walked by one program: 'unsplit'; --chunks: other numbers of consecutive tiles a
+program, 'chunkN'), the Triton backward's
 untuned config (FlashFamily.triton_backward_default), the untuned default as the family picks it, and the public op
 (autotile.flash_attention's autograd backward with generated kernels only, AUTOTILE_VENDOR=0, no tuned winners), all
 given the same O and LSE; SDPA's backends through autograd on their own forward's graph. The Gluon backward's
@@ -85,6 +85,8 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--shapes", default="", help="comma-separated substrings of the shape labels to keep")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--chunks", default="", type=lambda text: [int(c) for c in text.split(",") if c],
+                        help="also time the Gluon backward with these tiles a program (e.g. 1,2,8)")
     parser.add_argument("--all-stages", action="store_true",
                         help="time the Gluon backward on every slot count (default: two, the untuned one's)")
     args = parser.parse_args()
@@ -103,13 +105,12 @@ def main() -> int:
             if config["LOADS"] == GLUON_WS and (args.all_stages or config["num_stages"] == 2):
                 fns[f"gluon s{config['num_stages']}"] = kernel_call(problem, config, inputs)
                 chunk = gluon_schedule(problem, device)[0]
-                for fewer in (c for c in (1, 2) if c < chunk):
-                    # CHUNK_PROGRAMS_PER_SM such that `fewer` consecutive tiles a program is the most that leaves it
-                    tiles = gluon_tiles(problem) // fewer
-                    kept, flash_launch.CHUNK_PROGRAMS_PER_SM = flash_launch.CHUNK_PROGRAMS_PER_SM, (
-                        10**9 if fewer == 1 else tiles / device.sm_count)
-                    fns[f"gluon s{config['num_stages']} chunk{fewer}"] = kernel_call(problem, config, inputs)
-                    flash_launch.CHUNK_PROGRAMS_PER_SM = kept
+                for other in (c for c in args.chunks if c != chunk):
+                    # exactly `other` consecutive tiles a program
+                    kept = flash_launch.CHUNKS, flash_launch.CHUNK_PROGRAMS_PER_SM
+                    flash_launch.CHUNKS, flash_launch.CHUNK_PROGRAMS_PER_SM = (other,), 0
+                    fns[f"gluon s{config['num_stages']} chunk{other}"] = kernel_call(problem, config, inputs)
+                    flash_launch.CHUNKS, flash_launch.CHUNK_PROGRAMS_PER_SM = kept
                 if gluon_schedule(problem, device)[1] > 1:
                     splits, flash_launch.SPLITS = flash_launch.SPLITS, (1,)
                     fns[f"gluon s{config['num_stages']} unsplit"] = kernel_call(problem, config, inputs)

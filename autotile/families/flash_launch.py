@@ -217,6 +217,7 @@ CHUNK_PROGRAMS_PER_SM = 3
 # one) ran at 0.57x of cuDNN, where 1 x 32/8 x 4096 (256 tiles) ran at 1.00x (results/flash_bwd_2026-12-04.txt).
 SPLIT_PROGRAMS_PER_SM = 1.5
 SPLITS = (1, 2, 3, 4)
+CHUNKS = (4, 2, 1)
 
 
 def gluon_backward_schedule(tiles: int, sms: int) -> tuple[int, int]:
@@ -226,7 +227,7 @@ def gluon_backward_schedule(tiles: int, sms: int) -> tuple[int, int]:
     CHUNK_PROGRAMS_PER_SM programs an SM."""
     split = next((s for s in SPLITS if tiles * s >= SPLIT_PROGRAMS_PER_SM * sms), SPLITS[-1])
     work = tiles * split
-    return next(c for c in (4, 2, 1) if c == 1 or work // c >= CHUNK_PROGRAMS_PER_SM * sms), split
+    return next(c for c in CHUNKS if c == 1 or work // c >= CHUNK_PROGRAMS_PER_SM * sms), split
 
 
 class GluonBackwardPlan:
