@@ -310,7 +310,11 @@ def check_graph_capture(failures: list) -> None:
                     torch.cuda.set_sync_debug_mode("default")
                 graph.replay()
                 torch.cuda.synchronize()
-                same = all(torch.equal(a, b) for a, b in zip(captured, expected))
+                # The output bit for bit; the gradients within one bf16 rounding of their largest: the Gluon backward
+                # on Hopper adds dQ in whatever order its programs finish.
+                same = torch.equal(captured[0], expected[0]) and all(
+                    (a.float() - b.float()).abs().max() <= 2**-7 * b.float().abs().max()
+                    for a, b in zip(captured[1:], expected[1:]))
                 log(f"  {'ok  ' if same else 'FAIL'} {tag}")
                 if not same:
                     failures.append(f"{tag}: replay differs from eager")

@@ -1,5 +1,10 @@
 """Prototype: a FlashAttention backward in Gluon with FlashAttention-3's structure on Hopper.
 
+Built into the family since: templates/flash_gluon_bwd.py.j2, the backward's LOADS=gluon_ws, with its preprocess
+as one Triton kernel (here: torch ops, whose fp32 copies of O and dO this file's timings include), and programs
+sharing tiles where few KV heads leave SMs idle. It runs at 0.84-0.92x of cuDNN on the anchors below, up to 1.15x
+with few KV heads (benchmarks/RESULTS.md, "twenty-seventh run"). This file keeps the measurements' history.
+
 Status: correct on the H200 (float64 checks of dQ, dK and dV within FlashAttention's bounds, causal and not, GQA,
 Sq != Sk, head dims 64 and 128, every variant measured). Against cuDNN (bf16;
 results/gluon_flash_bwd_2026-12-04c_red_host.txt), with dQ added by RED, the row statistics through TMA and tiles
