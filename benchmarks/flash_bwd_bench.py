@@ -46,6 +46,11 @@ def shapes(quick: bool) -> list[tuple[str, FlashProblem]]:
            ("anchor D64 3x12x2000 causal", FlashProblem("bwd", 3, 12, 12, 2000, 2000, 64, causal=True)),
            ("anchor D64 4x32x2048 causal", FlashProblem("bwd", 4, 32, 32, 2048, 2048, 64, causal=True)),
            ("anchor D64 2x32x4096", FlashProblem("bwd", 2, 32, 32, 4096, 4096, 64))]
+    # Packed sequences (lengths drawn between a quarter and all of the longest; TFLOP/s on their real tokens) beside
+    # the dense shapes of the same longest length above.
+    out += [("packed Llama-3-8B 8x<=2048", FlashProblem("bwd", 8, 32, 8, 2048, 2048, 128, causal=True, varlen=True)),
+            ("packed Qwen2.5-7B 16x<=1024", FlashProblem("bwd", 16, 28, 4, 1024, 1024, 128, causal=True,
+                                                          varlen=True))]
     for name, hq, hkv, d in MODELS[:2] if quick else MODELS:
         for batch, seq in TOKENS[::2] if quick else TOKENS:
             out.append((f"{name} {batch}x{seq}", FlashProblem("bwd", batch, hq, hkv, seq, seq, d, causal=True)))
@@ -115,12 +120,13 @@ def main() -> int:
                     splits, flash_launch.SPLITS = flash_launch.SPLITS, (1,)
                     fns[f"gluon s{config['num_stages']} unsplit"] = kernel_call(problem, config, inputs)
                     flash_launch.SPLITS = splits
-                if problem.batch * problem.seq_q <= 4096 and problem.heads_q <= 32:
+                if problem.batch * problem.seq_q <= 16384 and problem.heads_q <= 32:
                     print(f"  {label} gluon s{config['num_stages']}: {gross_check(problem, config, inputs)}",
                           flush=True)
         fns["triton default"] = kernel_call(problem, FAMILY.triton_backward_default(problem, device), inputs)
         default = FAMILY.default_config(problem, device)
-        fns["op"] = op_call(problem, inputs)
+        if not problem.varlen:
+            fns["op"] = op_call(problem, inputs)
         fns.update(sdpa_calls(problem, inputs))
         for fn in fns.values():
             fn()

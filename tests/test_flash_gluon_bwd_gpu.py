@@ -1,7 +1,8 @@
 """The flash family's Gluon backward (templates/flash_gluon_bwd.py.j2) on a Hopper GPU against float64: dQ, dK, dV,
 causal and not, odd lengths, more queries than keys and fewer (rows that see no key), GQA and MQA, head dims 64 and
-128 and Phi-3's 96 (padded to 128), fp16, strided (B, S, H, D) projections, any scale; then through the op: the
-untuned backward at head dim 128 is Gluon, the gradient of the log-sum-exp enters, a CUDA graph captures it, and
+128 and Phi-3's 96 (padded to 128), fp16, packed sequences, strided (B, S, H, D) projections, any scale; then through
+the ops: the untuned backward is Gluon, dense and packed, the gradient of the log-sum-exp enters, a CUDA graph
+captures it, and
 under torch.use_deterministic_algorithms(True) the Triton backward serves instead, the same bits run after run.
 Skipped without a Hopper GPU; tests/test_flash_gluon_bwd.py covers what the CPU can.
 """
@@ -70,6 +71,21 @@ def test_every_slot_count_and_fp16_match_float64(shape, dtype):
     assert dtype == "fp16" or len(configs) >= 2
     for config in configs if dtype == "bf16" else configs[:1]:
         run_checked(problem, config, inputs)
+
+
+@pytest.mark.parametrize("shape", [(5, 8, 2, 700, 900, 128), (3, 4, 4, 1500, 1500, 64), (40, 2, 1, 300, 300, 128),
+                                   (4, 8, 8, 600, 600, 96)], ids=lambda s: "x".join(map(str, s)))
+def test_gluon_backward_of_packed_sequences_matches_float64(shape):
+    """Packed (varlen) sequences of random lengths up to the given ones: boxes that read into the next sequence's
+    rows (its queries masked by the padded LSE, its keys by the key mask), each sequence's own causal diagonal, tiles
+    past a short sequence's keys skipped, and the LSE's rows padded per sequence."""
+    from autotile.device import cuda_device
+
+    device = cuda_device()
+    for causal in (False, True):
+        problem = FlashProblem("bwd", *shape, causal=causal, varlen=True)
+        inputs = FAMILY.make_inputs(problem, device, seed=11)
+        run_checked(problem, gluon_configs(problem, device)[0], inputs)
 
 
 def test_gluon_backward_reads_strided_projections():
@@ -177,6 +193,32 @@ def test_the_ops_untuned_backward_is_gluon_and_matches_float64(family_only, gluo
     for name, g, w in zip(("dq", "dk", "dv"), got, want):
         err = (g.double() - w).abs().max().item()
         assert err < 2e-2 * max(1.0, w.abs().max().item()), (name, err)
+
+
+def test_the_packed_ops_backward_is_gluon_and_takes_the_lse_gradient(family_only, gluon_plans):
+    import autotile
+
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    lengths = [700, 1500, 33, 1024]
+    cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), device="cuda", dtype=torch.int32)
+    total, heads_q, heads_kv, dim = sum(lengths), 8, 2, 128
+    q = torch.randn(total, heads_q, dim, device="cuda", generator=gen).bfloat16()
+    k, v = (torch.randn(total, heads_kv, dim, device="cuda", generator=gen).bfloat16() for _ in range(2))
+    do = torch.randn(q.shape, device="cuda", generator=gen).bfloat16()
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    o, lse = autotile.flash_attention_varlen(*leaves, cu, cu, max(lengths), max(lengths), causal=True,
+                                             return_lse=True)
+    got = torch.autograd.grad((o.float() * do.float()).sum() + lse.sum(), leaves)
+    assert len(gluon_plans) == 1 and gluon_plans[0].varlen
+    for start, end in zip(cu[:-1].tolist(), cu[1:].tolist()):
+        piece = [t[start:end].transpose(0, 1)[None].double().requires_grad_() for t in (q, k, v)]
+        o64, lse64 = _attend64(*piece, True, dim ** -0.5)
+        loss = (o64 * do[start:end].transpose(0, 1)[None].double()).sum() + lse64.sum()
+        want = torch.autograd.grad(loss, piece)
+        for name, g, w in zip(("dq", "dk", "dv"), got, want):
+            g = g[start:end].transpose(0, 1)[None].double()
+            err = (g - w).abs().max().item()
+            assert err < 2e-2 * max(1.0, w.abs().max().item()), (name, end - start, err)
 
 
 def test_deterministic_mode_serves_the_triton_backward_bit_for_bit(family_only, gluon_plans):

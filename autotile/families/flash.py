@@ -157,12 +157,12 @@ def gluon_ws_ok(problem, device: DeviceInfo) -> bool:
 
 def gluon_bwd_ok(problem, device: DeviceInfo) -> bool:
     """Whether the Gluon backward (templates/flash_gluon_bwd.py.j2) applies: Hopper, compiled (not interpreted),
-    16-bit dense tensors with TMA-able strides, a head dim that is or pads to 64 or 128, causal or not and no other
-    feature (windows, soft-capping, ALiBi and packed sequences stay on the Triton backward)."""
+    16-bit tensors with TMA-able strides, dense or packed, a head dim that is or pads to 64 or 128, causal or not
+    and no other feature (windows, soft-capping and ALiBi stay on the Triton backward)."""
     p = problem
     return (not device.interpret and device.compute_capability[0] == 9 and p.direction == "bwd"
             and p.dtype in ("bf16", "fp16") and p.aligned and p.block_d in _GLUON_BWD_HEAD_DIMS
-            and p.head_dim % 8 == 0 and not p.has_features and not p.varlen)
+            and p.head_dim % 8 == 0 and not p.has_features)
 
 
 def gluon_bwd_smem(problem, config) -> int:
@@ -642,7 +642,7 @@ class FlashFamily(Family):
             Constraint("gluon_ws_applies", lambda c: c["LOADS"] != GLUON_WS or gluon_bwd_ok(p, device),
                        "the gluon_ws backward runs on Hopper GPUs (not Triton's interpreter) for bf16/fp16 tensors with "
                        "TMA-able strides, head dims up to 128 (64 and 128 tiles), causal or not, without windows, "
-                       "soft-capping, ALiBi or packed sequences"),
+                       "soft-capping or ALiBi"),
             Constraint("gluon_ws_structure",
                        lambda c: c["LOADS"] != GLUON_WS or (
                            c["BLOCK_M1"] == c["BLOCK_M2"] == GLUON_BWD_ROWS

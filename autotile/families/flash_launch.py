@@ -235,55 +235,74 @@ class GluonBackwardPlan:
     BackwardPlan is, (q, k, v, o, do, lse, delta, dq, dk, dv, alibi, cu_q, cu_k, dlse=None). `delta` is not used:
     the kernel reads LSE and Delta padded to whole query blocks, and adds dQ into fp32, both in scratch of its own
     (allocated a call from the caching allocator, so CUDA graphs capture them); with SPLIT > 1, dK and dV partials
-    too, which `reduce` adds."""
+    too, which `reduce` adds. The LSE's gradient enters Delta in the preprocess (`preprocess_dlse`, see
+    BackwardPlan). Packed sequences' dQ is cast back by `dq_cast`."""
 
-    __slots__ = ("preprocess", "main", "reduce", "rows", "stats_shape", "dq_shape", "part_shape", "head_dim")
+    __slots__ = ("preprocess", "preprocess_dlse", "main", "reduce", "dq_cast", "rows", "stats_shape", "dq_shape",
+                 "part_shape", "head_dim")
 
-    def __init__(self, preprocess: _Launch, main: _Launch, reduce: _Launch | None, rows: int, stats_shape: tuple,
-                 dq_shape: tuple, part_shape: tuple, head_dim: int):
-        self.preprocess, self.main, self.reduce, self.rows = preprocess, main, reduce, rows
-        self.stats_shape, self.dq_shape, self.part_shape, self.head_dim = stats_shape, dq_shape, part_shape, head_dim
+    def __init__(self, preprocess: _Launch, preprocess_dlse: _Launch, main: _Launch, reduce: _Launch | None,
+                 dq_cast: _Launch | None, rows: int, stats_shape: tuple, dq_shape: tuple, part_shape: tuple,
+                 head_dim: int):
+        self.preprocess, self.preprocess_dlse, self.main = preprocess, preprocess_dlse, main
+        self.reduce, self.dq_cast = reduce, dq_cast
+        self.rows, self.stats_shape, self.dq_shape, self.part_shape = rows, stats_shape, dq_shape, part_shape
+        self.head_dim = head_dim
 
     def __call__(self, q, k, v, o, do, lse, delta, dq, dk, dv, alibi, cu_q, cu_k, dlse=None) -> None:
         dev = q.device
         lse_pad = torch.empty(self.stats_shape, dtype=torch.float32, device=dev)
         delta_pad = torch.empty(self.stats_shape, dtype=torch.float32, device=dev)
         dq_acc = torch.empty(self.dq_shape, dtype=torch.float32, device=dev)
-        self.preprocess(o, do, lse, lse_pad, delta_pad, dq_acc)
-        if dlse is not None:
-            # d lse / d x = p / ln 2 enters through Delta (see BackwardPlan); padded rows keep theirs.
-            delta_pad[:, :, :self.rows].sub_(dlse, alpha=LOG2E)
+        if dlse is None:
+            self.preprocess(o, do, lse, lse, cu_q, lse_pad, delta_pad, dq_acc)
+        else:  # laid out as LSE (contiguous), whose strides the plan took
+            self.preprocess_dlse(o, do, lse, dlse.contiguous(), cu_q, lse_pad, delta_pad, dq_acc)
         if self.reduce is None:
-            self.main(q, k, v, do, lse_pad, delta_pad, dq_acc, dk, dv)
+            self.main(q, k, v, do, lse_pad, delta_pad, dq_acc, dk, dv, cu_q, cu_k)
         else:
             dk_part = torch.empty(self.part_shape, dtype=torch.float32, device=dev)
             dv_part = torch.empty(self.part_shape, dtype=torch.float32, device=dev)
-            self.main(q, k, v, do, lse_pad, delta_pad, dq_acc, dk_part, dv_part)
+            self.main(q, k, v, do, lse_pad, delta_pad, dq_acc, dk_part, dv_part, cu_q, cu_k)
             self.reduce(dk_part, dv_part, dk, dv)
-        dq.copy_(dq_acc[:, :, :self.rows, :self.head_dim])
+        if self.dq_cast is None:
+            dq.copy_(dq_acc[:, :, :self.rows, :self.head_dim])
+        else:
+            self.dq_cast(dq_acc, cu_q, dq)
 
 
 def gluon_backward_plan(module, problem, config, scale: float, q, k, v, o, do, lse, dq, dk, dv,
                         keep: bool = False) -> GluonBackwardPlan:
     p = problem
+    varlen = p.varlen
     rows, keys = GLUON_BWD_ROWS, GLUON_BWD_KEYS
-    n_pad = _cdiv(p.seq_q, rows) * rows
     dims = {"HEAD_DIM": p.head_dim, "BLOCK_D": p.block_d}
-    pre_scalars = (*rows_strides(o, False), *rows_strides(do, False), *lse_strides(lse, False), p.heads_q, p.seq_q)
-    preprocess = _Launch(module.attn_bwd_gluon_preprocess, (n_pad // rows, p.batch * p.heads_q), pre_scalars,
-                         dict(BLOCK_M=rows, **dims, num_warps=4), keep)
+    # Rows of the padded LSE, Delta and fp32 dQ (flash_gluon_bwd.py.j2's _stat_first): dense, Sq rounded up to whole
+    # query blocks for each (sequence, head); packed, for each head, whole blocks of every sequence, each starting at
+    # the block of its first row plus its index.
+    rows_q, rows_k = (q.shape[0], k.shape[0]) if varlen else (p.seq_q, p.seq_k)
+    stat_rows = rows * (rows_q // rows + p.batch + 1) if varlen else _cdiv(p.seq_q, rows) * rows
+    stats_shape = (p.heads_q, stat_rows) if varlen else (p.batch, p.heads_q, stat_rows)
+    row_grid = (_cdiv(p.seq_q, rows), p.batch * p.heads_q)
+    pre_scalars = (*rows_strides(o, varlen), *rows_strides(do, varlen), *lse_strides(lse, varlen), p.heads_q, p.seq_q,
+                   stat_rows)
+    preprocess, preprocess_dlse = (
+        _Launch(module.attn_bwd_gluon_preprocess, row_grid, pre_scalars,
+                dict(BLOCK_M=rows, HAS_DLSE=has_dlse, **dims, num_warps=4), keep) for has_dlse in (False, True))
     tiles = _cdiv(p.seq_k, keys) * p.batch * p.heads_kv
     chunk, split = gluon_backward_schedule(tiles, current_device(q.device).sm_count)
+    if varlen:
+        split = 1  # (tiles past a sequence's keys are counted; a packed batch holds many sequences)
     part_shape = (split * p.batch, p.heads_kv, p.seq_k, p.block_d)
     if split > 1:
         # The kernel writes fp32 partials of dK and dV, contiguous (SPLIT * B, Hkv, Sk, BLOCK_D).
         part_strides = (p.heads_kv * p.seq_k * p.block_d, p.seq_k * p.block_d, p.block_d)
         out_strides = part_strides * 2
     else:
-        out_strides = (*rows_strides(dk, False), *rows_strides(dv, False))
-    main_scalars = (*rows_strides(q, False), *rows_strides(k, False), *rows_strides(v, False), *rows_strides(do, False),
-                    *out_strides, p.batch, p.heads_q, p.heads_kv, p.seq_q, p.seq_k, float(scale) * LOG2E,
-                    float(scale))
+        out_strides = (*rows_strides(dk, varlen), *rows_strides(dv, varlen))
+    main_scalars = (*rows_strides(q, varlen), *rows_strides(k, varlen), *rows_strides(v, varlen),
+                    *rows_strides(do, varlen), *out_strides, p.batch, p.heads_q, p.heads_kv, p.seq_q, p.seq_k, rows_q,
+                    rows_k, stat_rows, float(scale) * LOG2E, float(scale))
     main = _Launch(module.attn_bwd_gluon, (_cdiv(tiles * split, chunk),), main_scalars,
                    dict(BLOCK_M=rows, BLOCK_N=keys, CHUNK=chunk, SPLIT=split, **dims, num_warps=4,
                         num_stages=config["num_stages"]), keep)
@@ -293,5 +312,10 @@ def gluon_backward_plan(module, problem, config, scale: float, q, k, v, o, do, l
                          (*rows_strides(dk, False), *rows_strides(dv, False),
                           p.batch * p.heads_kv * p.seq_k * p.block_d, p.heads_kv, p.seq_k),
                          dict(BLOCK_N=64, SPLIT=split, **dims, num_warps=4), keep)
-    return GluonBackwardPlan(preprocess, main, reduce, p.seq_q, (p.batch, p.heads_q, n_pad),
-                             (p.batch, p.heads_q, n_pad, p.block_d), part_shape, p.head_dim)
+    dq_cast = None
+    if varlen:
+        dq_cast = _Launch(module.attn_bwd_gluon_dq, row_grid, (dq.stride(1), dq.stride(0), p.heads_q, p.seq_q,
+                                                                stat_rows), dict(BLOCK_M=rows, **dims, num_warps=4),
+                          keep)
+    return GluonBackwardPlan(preprocess, preprocess_dlse, main, reduce, dq_cast, p.seq_q, stats_shape,
+                             stats_shape + (p.block_d,), part_shape, p.head_dim)
