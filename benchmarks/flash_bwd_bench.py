@@ -17,6 +17,7 @@ Timings: interleaved rounds of triton.testing.do_bench medians (L2 flushed), med
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import os
 import sys
@@ -127,6 +128,12 @@ def main() -> int:
         default = FAMILY.default_config(problem, device)
         if not problem.varlen:
             fns["op"] = op_call(problem, inputs)
+        else:
+            # Issue 14's yardstick: the dense kernel on the same sequences padded to the longest, its TFLOP/s counted
+            # on the real tokens as the packed kernel's are.
+            dense = dataclasses.replace(problem, varlen=False)
+            fns["dense padded"] = kernel_call(dense, FAMILY.default_config(dense, device),
+                                              FAMILY.make_inputs(dense, device, seed=0))
         fns.update(sdpa_calls(problem, inputs))
         for fn in fns.values():
             fn()
