@@ -75,7 +75,7 @@ def flash_attention_varlen_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tenso
                   "cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k}
         return serve_backward(problem, current_device(q.device), scale, sample, dlse is not None)
     key = _key("bwd", q, k, v, cu_q, cu_k, max_seqlen_q, max_seqlen_k, causal, scale, window, softcap, alibi_slopes) + (
-        _layout(o), _layout(do), _layout(lse), dlse is not None)
+        _layout(o), _layout(do), _layout(lse), dlse is not None, torch.are_deterministic_algorithms_enabled())
     served = _keep(key, build)
     served.calls[0] += 1
     return served.run(q, k, v, o, do, lse, alibi_slopes, cu_q, cu_k, dlse)
