@@ -183,17 +183,19 @@ def test_a_changed_template_starts_a_new_study(tmp_path, monkeypatch):
 def test_a_template_hash_covers_the_templates_it_includes(tmp_path, monkeypatch):
     """gemm.py.j2 renders gemm_gluon_ws.py.j2 and takes macros from gemm_common.j2: a change to either is a new
     version of the GEMM template, and so a new study (test above); flash_attention.py.j2 renders flash_gluon_ws.py.j2
-    and none of the GEMM's."""
+    and flash_gluon_bwd.py.j2, and none of the GEMM's."""
     from autotile import render
 
-    for name in ("gemm.py.j2", "gemm_gluon_ws.py.j2", "gemm_common.j2", "flash_attention.py.j2", "flash_gluon_ws.py.j2"):
+    for name in ("gemm.py.j2", "gemm_gluon_ws.py.j2", "gemm_common.j2", "flash_attention.py.j2", "flash_gluon_ws.py.j2",
+                 "flash_gluon_bwd.py.j2"):
         (tmp_path / name).write_text((render.templates_dir() / name).read_text())
     monkeypatch.setattr(render, "templates_dir", lambda: tmp_path)
     render.environment.cache_clear()
     render.template_sha.cache_clear()
     try:
         assert render.template_files("gemm.py.j2") == ["gemm.py.j2", "gemm_common.j2", "gemm_gluon_ws.py.j2"]
-        assert render.template_files("flash_attention.py.j2") == ["flash_attention.py.j2", "flash_gluon_ws.py.j2"]
+        assert render.template_files("flash_attention.py.j2") == ["flash_attention.py.j2", "flash_gluon_bwd.py.j2",
+                                                                  "flash_gluon_ws.py.j2"]
         before = render.template_sha("gemm.py.j2")
         flash = render.template_sha("flash_attention.py.j2")
         (tmp_path / "gemm_common.j2").write_text((tmp_path / "gemm_common.j2").read_text() + "{# changed #}\n")
