@@ -1,5 +1,6 @@
 """The flash family's Gluon backward (templates/flash_gluon_bwd.py.j2) on the CPU: where the backward's space offers
-it, the structure its configs keep, where it is the untuned default, and its kernels compiled for sm90 with Triton's
+it, the structure its configs keep, where it is the untuned default, its Triton kernels (the preprocess's padded rows,
+the packed dQ's cast, the partials' reduction) under the interpreter, and its kernels compiled for sm90 with Triton's
 own ptxas: within shared memory (and the space's estimate of it), few spills in the key loop, dQ added by RED.
 
 Gluon kernels do not run under Triton's interpreter; tests/test_flash_gluon_bwd_gpu.py runs them against float64.
@@ -81,6 +82,101 @@ def test_few_tiles_are_shared_by_programs_and_many_are_chunked():
     assert gluon_backward_schedule(1, sms) == (1, 4)
 
 
+def _gluon_module(problem):
+    """The rendered Gluon backward, imported for Triton's interpreter: its Triton kernels (preprocess, the packed dQ's
+    cast, the partials' reduction) run on the CPU; the Gluon kernel itself does not."""
+    from autotile.render import load_kernel_module
+
+    config = dict(LOADS=GLUON_WS, BLOCK_M1=64, BLOCK_N1=128, BLOCK_M2=64, BLOCK_N2=128, num_warps=4, num_stages=2)
+    return load_kernel_module(FAMILY.template, interpret=True, **FAMILY.render_switches(problem, config))
+
+
+@pytest.mark.parametrize("varlen", [False, True], ids=["dense", "packed"])
+def test_the_preprocess_pads_each_sequences_rows_apart_and_the_packed_dq_comes_back(varlen):
+    """LSE, Delta (with the LSE's gradient) and the zeroed fp32 dQ land in whole 64-row blocks a (sequence, head), none
+    overlapping another's, +inf LSE and zero Delta past each sequence's rows; packed dQ is cast back from them."""
+    import torch
+
+    from autotile.families.flash_launch import LOG2E, gluon_backward_stats_shape, lse_strides, rows_strides
+    from autotile.render import launching
+
+    lengths = [150, 1, 64, 129] if varlen else [100] * 3
+    heads, dim, batch = 2, 64, len(lengths)
+    problem = FlashProblem("bwd", batch, heads, 1, max(lengths), max(lengths), dim, causal=True, varlen=varlen)
+    module = _gluon_module(problem)
+    gen = torch.Generator().manual_seed(0)
+    cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), dtype=torch.int32)
+    shape = (int(cu[-1]), heads, dim) if varlen else (batch, heads, max(lengths), dim)
+    o, do = (torch.randn(shape, generator=gen).bfloat16() for _ in range(2))
+    stats = (heads, int(cu[-1])) if varlen else (batch, heads, max(lengths))
+    lse, dlse = torch.randn(stats, generator=gen), torch.randn(stats, generator=gen)
+    pad_shape = gluon_backward_stats_shape(problem, int(cu[-1]) if varlen else problem.seq_q)
+    lse_pad, delta_pad = torch.full(pad_shape, -7.0), torch.full(pad_shape, -7.0)
+    dq_acc = torch.full(pad_shape + (dim,), -7.0)
+    grid = (triton_cdiv(problem.seq_q, 64), batch * heads)
+    with launching(True):
+        module.attn_bwd_gluon_preprocess[grid](
+            o, do, lse, dlse, cu, lse_pad, delta_pad, dq_acc, *rows_strides(o, varlen), *rows_strides(do, varlen),
+            *lse_strides(lse, varlen), heads, problem.seq_q, pad_shape[-1], HEAD_DIM=dim, BLOCK_D=dim, BLOCK_M=64,
+            HAS_DLSE=True)
+    delta = (o.float() * do.float()).sum(-1)
+    taken = torch.zeros(pad_shape, dtype=torch.bool)
+    for b, n in enumerate(lengths):
+        for h in range(heads):
+            if varlen:
+                first = 64 * (int(cu[b]) // 64 + b)
+                rows = (h, slice(first, first + triton_cdiv(n, 64) * 64))
+                seq = slice(int(cu[b]), int(cu[b + 1]))
+                want_lse, want_delta = lse[h, seq], delta[seq, h] - LOG2E * dlse[h, seq]
+            else:
+                rows = (b, h, slice(0, pad_shape[-1]))
+                want_lse, want_delta = lse[b, h], delta[b, h] - LOG2E * dlse[b, h]
+            assert not taken[rows].any(), (b, h)  # no two sequences' padded rows overlap
+            taken[rows] = True
+            got_lse, got_delta = lse_pad[rows], delta_pad[rows]
+            assert torch.equal(got_lse[:n], want_lse) and torch.isinf(got_lse[n:]).all()
+            assert torch.allclose(got_delta[:n], want_delta, rtol=1e-5, atol=1e-5) and not got_delta[n:].any()
+            assert not dq_acc[rows].any()
+    if not varlen:
+        return
+    # The packed dQ's cast: padded fp32 rows back to (total, H, D), nothing else read.
+    dq_acc = torch.randn(dq_acc.shape, generator=gen)
+    dq = torch.empty(shape, dtype=torch.bfloat16)
+    with launching(True):
+        module.attn_bwd_gluon_dq[grid](dq_acc, cu, dq, dq.stride(1), dq.stride(0), heads, problem.seq_q, pad_shape[-1],
+                                       HEAD_DIM=dim, BLOCK_D=dim, BLOCK_M=64)
+    for b, n in enumerate(lengths):
+        first = 64 * (int(cu[b]) // 64 + b)
+        for h in range(heads):
+            # Within one bf16 step of the fp32 values: Triton's interpreter rounds toward zero, the GPU to nearest.
+            assert torch.allclose(dq[cu[b]:cu[b + 1], h].float(), dq_acc[h, first:first + n], rtol=2**-7, atol=0)
+
+
+def test_shared_tiles_partials_are_added_in_part_order():
+    import torch
+
+    from autotile.families.flash_launch import rows_strides
+    from autotile.render import launching
+
+    problem = FlashProblem("bwd", 2, 4, 2, 300, 300, 96, causal=True)  # a padded head dim: 96 of 128 columns
+    module = _gluon_module(problem)
+    split, gen = 3, torch.Generator().manual_seed(1)
+    parts = [torch.randn(2, 2, 300, 128, generator=gen) for _ in range(2)]
+    parts = [torch.stack([p * (i + 1) for i in range(split)]).reshape(split * 2, 2, 300, 128) for p in parts]
+    dk, dv = (torch.empty(2, 2, 300, 96, dtype=torch.bfloat16) for _ in range(2))
+    with launching(True):
+        module.attn_bwd_gluon_reduce[(triton_cdiv(300, 64), 4)](
+            *parts, dk, dv, *rows_strides(dk, False), *rows_strides(dv, False), 2 * 2 * 300 * 128, 2, 300,
+            HEAD_DIM=96, BLOCK_D=128, BLOCK_N=64, SPLIT=split)
+    for got, part in zip((dk, dv), parts):
+        want = part.reshape(split, 2, 2, 300, 128).sum(0)[..., :96]
+        assert torch.allclose(got.float(), want, rtol=2**-7, atol=1e-6)  # one bf16 step (as above)
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
 # (problem, num_stages): causal MHA (4 tiles a program) on two slots, Qwen2.5-7B's heads on three (the most that fit;
 # two programs a tile: dK and dV as fp32 partials), head dim 64 on four, packed sequences. (Each build takes ~20 s.)
 CASES = [
@@ -90,9 +186,9 @@ CASES = [
     (FlashProblem("bwd", 8, 32, 8, 2048, 2048, 128, causal=True, varlen=True), 2),
 ]
 # Spill instructions (LDL/STL) in the key loops of both consumer partitions: 18 at head dim 128 causal, 0 at 64,
-# 16-27 with Qwen2.5-7B's heads, 20 packed (sm90 builds of Triton 3.6), against 53 before the row statistics came by TMA (the
-# prototype's history). NOTE: a per-call scalar computed in the kernel and handed to the partitions (the scale times
-# log2(e)) took it to 29: the kernel takes it from the host.
+# 16-27 with Qwen2.5-7B's heads, 20 packed (sm90 builds of Triton 3.6), against 53 before the row statistics came by
+# TMA (the prototype's history). NOTE: a per-call scalar computed in the kernel and handed to the partitions (the scale
+# times log2(e)) took it to 29: the kernel takes it from the host.
 KEY_LOOP_SPILLS = 32
 
 

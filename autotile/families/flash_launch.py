@@ -271,18 +271,26 @@ class GluonBackwardPlan:
             self.dq_cast(dq_acc, cu_q, dq)
 
 
+def gluon_backward_stats_shape(problem, rows_q: int) -> tuple:
+    """Shape of the Gluon backward's padded LSE and Delta (its fp32 dQ adds BLOCK_D columns) for `rows_q` rows of Q
+    (dense: Sq; packed: the total). Their rows (flash_gluon_bwd.py.j2's _stat_first): dense, Sq rounded up to whole
+    query blocks for each (sequence, head); packed, for each head, whole blocks of every sequence, sequence b's
+    starting at block (its first row // 64) + b, so that none overlaps the next's."""
+    p, rows = problem, GLUON_BWD_ROWS
+    if p.varlen:
+        return (p.heads_q, rows * (rows_q // rows + p.batch + 1))
+    return (p.batch, p.heads_q, _cdiv(p.seq_q, rows) * rows)
+
+
 def gluon_backward_plan(module, problem, config, scale: float, q, k, v, o, do, lse, dq, dk, dv,
                         keep: bool = False) -> GluonBackwardPlan:
     p = problem
     varlen = p.varlen
     rows, keys = GLUON_BWD_ROWS, GLUON_BWD_KEYS
     dims = {"HEAD_DIM": p.head_dim, "BLOCK_D": p.block_d}
-    # Rows of the padded LSE, Delta and fp32 dQ (flash_gluon_bwd.py.j2's _stat_first): dense, Sq rounded up to whole
-    # query blocks for each (sequence, head); packed, for each head, whole blocks of every sequence, each starting at
-    # the block of its first row plus its index.
     rows_q, rows_k = (q.shape[0], k.shape[0]) if varlen else (p.seq_q, p.seq_k)
-    stat_rows = rows * (rows_q // rows + p.batch + 1) if varlen else _cdiv(p.seq_q, rows) * rows
-    stats_shape = (p.heads_q, stat_rows) if varlen else (p.batch, p.heads_q, stat_rows)
+    stats_shape = gluon_backward_stats_shape(p, rows_q)
+    stat_rows = stats_shape[-1]
     row_grid = (_cdiv(p.seq_q, rows), p.batch * p.heads_q)
     pre_scalars = (*rows_strides(o, varlen), *rows_strides(do, varlen), *lse_strides(lse, varlen), p.heads_q, p.seq_q,
                    stat_rows)
