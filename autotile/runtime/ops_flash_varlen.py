@@ -17,8 +17,8 @@ import torch
 from autotile.device import DeviceInfo, current_device
 from autotile.families.flash import FAMILY, FlashFamily, FlashProblem
 from autotile.runtime.eager import direct_call_ok
-from autotile.runtime.ops_flash import (LN2, _keep, _layout, _normalise, _unit_stride, check_fp8_grad, serve_backward,
-                                        serve_forward)
+from autotile.runtime.ops_flash import (LN2, _keep, _layout, _normalise, _unit_stride, check_fp8_grad, eager_or_op,
+                                        serve_backward, serve_forward)
 
 
 def _key(direction, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, window, softcap, alibi) -> tuple:
@@ -57,14 +57,10 @@ def _varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     return q.new_empty(q.shape), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
 
 
-@torch.library.custom_op("autotile::flash_attention_varlen_bwd", mutates_args=())
-def flash_attention_varlen_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
-                               lse: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
-                               max_seqlen_q: int, max_seqlen_k: int, causal: bool, scale: float, window_left: int = -1,
-                               window_right: int = -1, softcap: float = 0.0,
-                               alibi_slopes: Optional[torch.Tensor] = None,
-                               dlse: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """dq, dk, dv of the varlen forward, recomputed from its o and lse."""
+def _flash_attention_varlen_bwd(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
+                                scale, window_left=-1, window_right=-1, softcap=0.0, alibi_slopes=None, dlse=None):
+    """The body of autotile::flash_attention_varlen_bwd, which eager backward calls without the dispatcher
+    (ops_flash.eager_or_op)."""
     do, lse = _unit_stride(do), lse.contiguous()
     window = (window_left, window_right)
     cu_q, cu_k = cu_seqlens_q, cu_seqlens_k
@@ -79,6 +75,18 @@ def flash_attention_varlen_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tenso
     served = _keep(key, build)
     served.calls[0] += 1
     return served.run(q, k, v, o, do, lse, alibi_slopes, cu_q, cu_k, dlse)
+
+
+@torch.library.custom_op("autotile::flash_attention_varlen_bwd", mutates_args=())
+def flash_attention_varlen_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+                               lse: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
+                               max_seqlen_q: int, max_seqlen_k: int, causal: bool, scale: float, window_left: int = -1,
+                               window_right: int = -1, softcap: float = 0.0,
+                               alibi_slopes: Optional[torch.Tensor] = None,
+                               dlse: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dq, dk, dv of the varlen forward, recomputed from its o and lse."""
+    return _flash_attention_varlen_bwd(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                       causal, scale, window_left, window_right, softcap, alibi_slopes, dlse)
 
 
 @flash_attention_varlen_bwd.register_fake
@@ -98,7 +106,8 @@ def _backward(ctx, do, dlse):
     q, k, v, o, lse, cu_q, cu_k, alibi_slopes = ctx.saved_tensors
     if do is None:
         do = torch.zeros_like(o)
-    dq, dk, dv = flash_attention_varlen_bwd(do, q, k, v, o, lse, cu_q, cu_k, *ctx.args, alibi_slopes, dlse)
+    bwd = eager_or_op(flash_attention_varlen_bwd, _flash_attention_varlen_bwd)
+    dq, dk, dv = bwd(do, q, k, v, o, lse, cu_q, cu_k, *ctx.args, alibi_slopes, dlse)
     return (dq, dk, dv) + (None,) * 10
 
 
