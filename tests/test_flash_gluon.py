@@ -23,10 +23,12 @@ def gluon_configs(problem, device):
     return [c for c in FAMILY.space(problem, device).feasible() if c["LOADS"] == GLUON_WS]
 
 
-def test_the_space_offers_gluon_ws_on_hopper_only():
-    assert gluon_configs(LLAMA_4K, H200)
-    assert not gluon_configs(LLAMA_4K, interpret_device())  # Gluon does not run under the interpreter
-    assert not gluon_configs(LLAMA_4K, planned_device("a100"))
+@pytest.mark.parametrize("direction", ["fwd", "bwd"])  # (the backward's gluon_ws: tests/test_flash_gluon_bwd.py)
+def test_the_space_offers_gluon_ws_on_hopper_only(direction):
+    problem = dataclasses.replace(LLAMA_4K, direction=direction)
+    assert gluon_configs(problem, H200)
+    assert not gluon_configs(problem, interpret_device())  # Gluon does not run under the interpreter
+    assert not gluon_configs(problem, planned_device("a100"))
 
 
 @pytest.mark.parametrize("change", [

@@ -131,12 +131,6 @@ _SHORT_BACKWARD_TOKENS = 1024
 BACKWARD_LOADS_CHOICES = ("pointer", "tma", GLUON_WS)
 # The Gluon backward's head dims (tiles; 96 pads to 128).
 _GLUON_BWD_HEAD_DIMS = (64, 128)
-# The head dims (tiles) at which the untuned backward is the Gluon one: both. It led the Triton backward on every
-# shape timed (results/flash_bwd_2026-12-04.txt, calls 2-4): causal prefill of Llama-3-8B, Qwen2.5-7B, Qwen2.5-1.5B,
-# Llama-2-7B, Phi-3-mini (96 in 128-wide tiles) and Qwen2.5-0.5B (64) at 1 x 4096 to 16 x 512, and the anchors
-# (2 x 32 x 4096 at 128, causal and not; 3 x 12 x 2000, 4 x 32 x 2048 and 2 x 32 x 4096 at 64): 0.66-1.15x of cuDNN
-# against 0.37-0.90x.
-_GLUON_BWD_DEFAULT_HEAD_DIMS = (64, 128)
 
 
 def uses_tma(config) -> bool:
@@ -679,13 +673,17 @@ class FlashFamily(Family):
         return device_seeds(self, problem, device, wanted)
 
     def default_config(self, problem: FlashProblem, device: DeviceInfo) -> Config:
-        # Forward: measured on the H200 (_forward_default). Backward: the Gluon backward on Hopper at the head dims
-        # where it led the Triton one (_GLUON_BWD_DEFAULT_HEAD_DIMS); else triton_backward_default.
+        # Forward: measured on the H200 (_forward_default). Backward: the Gluon backward wherever it applies, else
+        # triton_backward_default. The Gluon one led the Triton backward on every shape timed
+        # (results/flash_bwd_2026-12-04.txt, calls 2-4): causal prefill of Llama-3-8B, Qwen2.5-7B, Qwen2.5-1.5B,
+        # Llama-2-7B, Phi-3-mini (96 in 128-wide tiles) and Qwen2.5-0.5B (64) at 1 x 4096 to 16 x 512, and the anchors
+        # (2 x 32 x 4096 at 128, causal and not; 3 x 12 x 2000, 4 x 32 x 2048 and 2 x 32 x 4096 at 64): 0.66-1.15x of
+        # cuDNN against 0.37-0.90x.
         p = problem
         if p.direction == "fwd":
             return device_default(self, problem, device, self._forward_default(p, device))
         gluon = Config(_SEED_BACKWARD_GLUON[0])
-        if p.block_d in _GLUON_BWD_DEFAULT_HEAD_DIMS and self.space(problem, device).is_feasible(gluon):
+        if self.space(problem, device).is_feasible(gluon):
             return device_default(self, problem, device, gluon)
         return self.triton_backward_default(problem, device)
 

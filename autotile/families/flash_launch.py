@@ -216,16 +216,17 @@ CHUNK_PROGRAMS_PER_SM = 3
 # program an SM, the first key blocks' programs walking all 64 query blocks of 7 heads while the last ones' walk
 # one) ran at 0.57x of cuDNN, where 1 x 32/8 x 4096 (256 tiles) ran at 1.00x (results/flash_bwd_2026-12-04.txt).
 SPLIT_PROGRAMS_PER_SM = 1.5
+# The parts a tile may be shared by, and the consecutive work items a program may take, most first.
 SPLITS = (1, 2, 3, 4)
 CHUNKS = (4, 2, 1)
 
 
-def gluon_backward_schedule(tiles: int, sms: int) -> tuple[int, int]:
+def gluon_backward_schedule(tiles: int, sms: int, may_split: bool = True) -> tuple[int, int]:
     """(CHUNK, SPLIT) of the Gluon backward for `tiles` tiles (128-key blocks of each KV head) on `sms` SMs: SPLIT
     programs share a tile's walk where fewer than SPLIT_PROGRAMS_PER_SM programs an SM would run (the fewest parts
-    that reach it); then each program takes CHUNK consecutive work items: 4, 2 or 1, the most that leaves
-    CHUNK_PROGRAMS_PER_SM programs an SM."""
-    split = next((s for s in SPLITS if tiles * s >= SPLIT_PROGRAMS_PER_SM * sms), SPLITS[-1])
+    that reach it; 1 where not `may_split`); then each program takes CHUNK consecutive work items: 4, 2 or 1, the
+    most that leaves CHUNK_PROGRAMS_PER_SM programs an SM."""
+    split = next((s for s in SPLITS if tiles * s >= SPLIT_PROGRAMS_PER_SM * sms), SPLITS[-1]) if may_split else 1
     work = tiles * split
     return next(c for c in CHUNKS if c == 1 or work // c >= CHUNK_PROGRAMS_PER_SM * sms), split
 
@@ -298,9 +299,9 @@ def gluon_backward_plan(module, problem, config, scale: float, q, k, v, o, do, l
         _Launch(module.attn_bwd_gluon_preprocess, row_grid, pre_scalars,
                 dict(BLOCK_M=rows, HAS_DLSE=has_dlse, **dims, num_warps=4), keep) for has_dlse in (False, True))
     tiles = _cdiv(p.seq_k, keys) * p.batch * p.heads_kv
-    chunk, split = gluon_backward_schedule(tiles, current_device(q.device).sm_count)
-    if varlen:
-        split = 1  # (tiles past a sequence's keys are counted; a packed batch holds many sequences)
+    # Packed sequences: one program a tile (the tiles counted include those past a sequence's keys, and a packed
+    # batch holds many sequences).
+    chunk, split = gluon_backward_schedule(tiles, current_device(q.device).sm_count, may_split=not varlen)
     part_shape = (split * p.batch, p.heads_kv, p.seq_k, p.block_d)
     if split > 1:
         # The kernel writes fp32 partials of dK and dV, contiguous (SPLIT * B, Hkv, Sk, BLOCK_D).

@@ -478,7 +478,7 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
     (Hq,) or (B, Hq) fp32 add -slope * |i + Sk - Sq - j| to head h's logits. With `return_lse` the
     result is (o, lse), lse (B, Hq, Sq) fp32 the natural-log log-sum-exp of each row's logits
     (+inf for rows that see no key), differentiable too. The generated backward on Hopper (Gluon, at head
-    dims 96-128 untuned) adds dQ by reductions in any order; under
+    dims up to 128 untuned) adds dQ by reductions in any order; under
     torch.use_deterministic_algorithms(True) the Triton backward serves, which is deterministic (no atomics: one
     program sums each key block's gradient over its query heads). SDPA's backends follow that switch as SDPA does.
 
