@@ -186,6 +186,67 @@ def test_op_forward_and_autograd_non_contiguous(causal):
         assert result.ok, result.message
 
 
+def _op_grads(q, k, v, causal, scale, grad_out, grad_lse=None):
+    """Gradients through the custom op and its registered autograd, as torch.compile records them."""
+    leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
+    o, lse = torch.ops.autotile.flash_attention_fwd(*leaves, causal, scale)
+    outputs, grads = ([o], [grad_out]) if grad_lse is None else ([o, lse], [grad_out, grad_lse])
+    return o, torch.autograd.grad(outputs, leaves, grads)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_eager_training_calls_record_a_function_with_the_ops_gradients(causal, monkeypatch):
+    # Eager calls that need gradients skip the custom op's autograd wrapper (_EagerFlash); what they compute is the
+    # op's: the same kernels, the same bits. The LSE nobody used gets no zeros for a gradient: the backward is told so.
+    gen = torch.Generator().manual_seed(8)
+    q, k, v = (torch.randn(1, 4, 19, 16, generator=gen).requires_grad_(True) for _ in range(3))
+    grad_out = torch.randn(1, 4, 19, 16, generator=gen)
+    seen_dlse = []
+    body = ops_flash._flash_attention_bwd
+    monkeypatch.setattr(ops_flash, "_flash_attention_bwd",
+                        lambda *args: seen_dlse.append(args[-1]) or body(*args))
+    out = ops_flash.flash_attention(q, k, v, causal=causal, scale=0.3)
+    assert type(out.grad_fn).__name__ == "_EagerFlashBackward"
+    got = torch.autograd.grad(out, (q, k, v), grad_out)
+    assert seen_dlse == [None]
+    want_o, want = _op_grads(q, k, v, causal, 0.3, grad_out)
+    assert torch.equal(out, want_o)
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)
+
+
+def test_eager_training_calls_take_the_lse_gradient_alone_or_with_the_output():
+    gen = torch.Generator().manual_seed(9)
+    q, k, v = (torch.randn(1, 2, 13, 16, generator=gen).requires_grad_(True) for _ in range(3))
+    grad_out, grad_lse = torch.randn(1, 2, 13, 16, generator=gen), torch.randn(1, 2, 13, generator=gen)
+    o, lse = ops_flash.flash_attention(q, k, v, causal=True, return_lse=True)
+    both = torch.autograd.grad((o, lse), (q, k, v), (grad_out, grad_lse))
+    # The op's LSE is log2-domain: the public one is that times ln 2.
+    _, want = _op_grads(q, k, v, True, default_scale(16), grad_out, grad_lse * ops_flash.LN2)
+    for g, w in zip(both, want):
+        assert torch.equal(g, w)
+    o, lse = ops_flash.flash_attention(q, k, v, causal=True, return_lse=True)
+    alone = torch.autograd.grad(lse, (q, k, v), grad_lse)  # the output unused: its gradient is zeros
+    _, want = _op_grads(q, k, v, True, default_scale(16), torch.zeros_like(grad_out), grad_lse * ops_flash.LN2)
+    for g, w in zip(alone, want):
+        assert torch.equal(g, w)
+
+
+def test_training_calls_under_a_function_mode_go_through_the_op():
+    from torch.overrides import TorchFunctionMode
+
+    class Passing(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    q, k, v = (torch.randn(1, 2, 7, 16, requires_grad=True) for _ in range(3))
+    with Passing():
+        out = ops_flash.flash_attention(q, k, v, causal=True)
+    assert type(out.grad_fn).__name__ != "_EagerFlashBackward"
+    out.sum().backward()
+    assert q.grad is not None and torch.isfinite(q.grad).all()
+
+
 def test_op_matches_sdpa_default_scale():
     gen = torch.Generator().manual_seed(5)
     q, k, v = (torch.randn(1, 2, 17, 32, generator=gen) for _ in range(3))

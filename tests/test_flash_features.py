@@ -219,6 +219,23 @@ def test_varlen_op_equals_attention_of_each_sequence():
     assert torch.allclose(lse[seen].double(), want_lse[seen] * 0.6931471805599453, atol=1e-3)
 
 
+def test_varlen_eager_training_calls_record_a_function_with_the_ops_gradients():
+    # As flash_attention's (test_flash.py): the custom op's autograd wrapper skipped, the op's bits kept.
+    gen = torch.Generator().manual_seed(6)
+    cu = torch.tensor([0, 6, 19], dtype=torch.int32)
+    q, k, v = _leaves(gen, (19, 4, 16), (19, 2, 16), (19, 2, 16), dtype=torch.float32)
+    do = torch.randn(19, 4, 16, generator=gen)
+    out = ops_flash_varlen.flash_attention_varlen(q, k, v, cu, cu, 13, 13, causal=True, scale=0.3)
+    assert type(out.grad_fn).__name__ == "_EagerVarlenBackward"
+    got = torch.autograd.grad(out, (q, k, v), do)
+    leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
+    want_o, _ = torch.ops.autotile.flash_attention_varlen_fwd(*leaves, cu, cu, 13, 13, True, 0.3)
+    want = torch.autograd.grad(want_o, leaves, do)
+    assert torch.equal(out, want_o)
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)
+
+
 def test_varlen_bad_input_says_what_to_do():
     q, k = torch.randn(10, 2, 16), torch.randn(12, 2, 16)
     cu = torch.tensor([0, 4, 10], dtype=torch.int32)

@@ -1,6 +1,6 @@
 """The flash family's Gluon backward (templates/flash_gluon_bwd.py.j2) on the CPU: where the backward's space offers
 it, the structure its configs keep, where it is the untuned default, its Triton kernels (the preprocess's padded rows,
-the packed dQ's cast, the partials' reduction) under the interpreter, and its kernels compiled for sm90 with Triton's
+dQ's cast, the partials' reduction) under the interpreter, and its kernels compiled for sm90 with Triton's
 own ptxas: within shared memory (and the space's estimate of it), few spills in the key loop, dQ added by RED.
 
 Gluon kernels do not run under Triton's interpreter; tests/test_flash_gluon_bwd_gpu.py runs them against float64.
@@ -77,7 +77,7 @@ def test_few_tiles_are_shared_by_programs_and_many_are_chunked():
 
 
 def _gluon_module(problem):
-    """The rendered Gluon backward, imported for Triton's interpreter: its Triton kernels (preprocess, the packed dQ's
+    """The rendered Gluon backward, imported for Triton's interpreter: its Triton kernels (preprocess, dQ's
     cast, the partials' reduction) run on the CPU; the Gluon kernel itself does not."""
     from autotile.render import load_kernel_module
 
@@ -86,9 +86,9 @@ def _gluon_module(problem):
 
 
 @pytest.mark.parametrize("varlen", [False, True], ids=["dense", "packed"])
-def test_the_preprocess_pads_each_sequences_rows_apart_and_the_packed_dq_comes_back(varlen):
+def test_the_preprocess_pads_each_sequences_rows_apart_and_dq_comes_back(varlen):
     """LSE, Delta (with the LSE's gradient) and the zeroed fp32 dQ land in whole 64-row blocks a (sequence, head), none
-    overlapping another's, +inf LSE and zero Delta past each sequence's rows; packed dQ is cast back from them."""
+    overlapping another's, +inf LSE and zero Delta past each sequence's rows; dQ is cast back from them."""
     import torch
 
     from autotile.families.flash_launch import LOG2E, gluon_backward_stats_shape, lse_strides, rows_strides
@@ -131,19 +131,21 @@ def test_the_preprocess_pads_each_sequences_rows_apart_and_the_packed_dq_comes_b
             assert torch.equal(got_lse[:n], want_lse) and torch.isinf(got_lse[n:]).all()
             assert torch.allclose(got_delta[:n], want_delta, rtol=1e-5, atol=1e-5) and not got_delta[n:].any()
             assert not dq_acc[rows].any()
-    if not varlen:
-        return
-    # The packed dQ's cast: padded fp32 rows back to (total, H, D), nothing else read.
+    # dQ's cast: padded fp32 rows back to the caller's layout ((B, S, H, D) storage seen as (B, H, S, D) where dense),
+    # nothing else read.
     dq_acc = torch.randn(dq_acc.shape, generator=gen)
-    dq = torch.empty(shape, dtype=torch.bfloat16)
+    dq = torch.empty(shape, dtype=torch.bfloat16) if varlen else \
+        torch.empty(batch, max(lengths), heads, dim, dtype=torch.bfloat16).transpose(1, 2)
     with launching(True):
-        module.attn_bwd_gluon_dq[grid](dq_acc, cu, dq, dq.stride(1), dq.stride(0), heads, problem.seq_q, pad_shape[-1],
+        module.attn_bwd_gluon_dq[grid](dq_acc, cu, dq, *rows_strides(dq, varlen), heads, problem.seq_q, pad_shape[-1],
                                        HEAD_DIM=dim, BLOCK_D=dim, BLOCK_M=64)
     for b, n in enumerate(lengths):
         first = 64 * (int(cu[b]) // 64 + b)
         for h in range(heads):
+            got = dq[cu[b]:cu[b + 1], h] if varlen else dq[b, h]
+            want = dq_acc[h, first:first + n] if varlen else dq_acc[b, h, :n]
             # Within one bf16 step of the fp32 values: Triton's interpreter rounds toward zero, the GPU to nearest.
-            assert torch.allclose(dq[cu[b]:cu[b + 1], h].float(), dq_acc[h, first:first + n], rtol=2**-7, atol=0)
+            assert torch.allclose(got.float(), want, rtol=2**-7, atol=0)
 
 
 def test_shared_tiles_partials_are_added_in_part_order():
@@ -205,9 +207,9 @@ def test_gluon_ws_backward_compiles_for_sm90_within_shared_memory_and_adds_dq_by
     results = run_compile_child(__file__)
     assert len(results) == len(CASES)
     for case, kernels in zip(CASES, results):
-        split, packed = case[0].heads_kv == 4, case[0].varlen
-        assert set(kernels) == {"attn_bwd_gluon_preprocess", "attn_bwd_gluon"} | (
-            {"attn_bwd_gluon_reduce"} if split else set()) | ({"attn_bwd_gluon_dq"} if packed else set()), case
+        split = case[0].heads_kv == 4
+        assert set(kernels) == {"attn_bwd_gluon_preprocess", "attn_bwd_gluon", "attn_bwd_gluon_dq"} | (
+            {"attn_bwd_gluon_reduce"} if split else set()), case
         main = kernels["attn_bwd_gluon"]
         assert main["shared"] <= main["estimate"] <= H200.smem_per_block, (case, main)
         assert {"wgmma", "tma", "setmaxnreg", "red"} <= set(main["features"]), (case, main["features"])

@@ -157,7 +157,8 @@ def forward_plan(module, problem, config, scale: float, q, k, v, o, lse, alibi, 
 class BackwardPlan:
     """The three backward kernels with every argument but the tensors fixed.
 
-    Call with (q, k, v, o, do, lse, delta, dq, dk, dv, alibi, cu_q, cu_k); `delta` is scratch laid out as `lse`.
+    Call with (q, k, v, o, do, lse, delta, dq, dk, dv, alibi, cu_q, cu_k); `delta` is scratch laid out as `lse`
+    (None: allocated here).
     `dlse`: the gradient of the (log2-domain) log-sum-exp output too, when the caller returned it. It enters
     through delta: d lse / d x = p / ln 2, so dS = P (dP - delta + dlse * log2(e)).
     """
@@ -168,6 +169,8 @@ class BackwardPlan:
     interpret: bool
 
     def __call__(self, q, k, v, o, do, lse, delta, dq, dk, dv, alibi, cu_q, cu_k, dlse=None) -> None:
+        if delta is None:
+            delta = torch.empty_like(lse)  # rowsum(dO * O)
         with launching(self.interpret):
             self.preprocess(o, do, delta, cu_q)
             if dlse is not None:
@@ -233,22 +236,21 @@ def gluon_backward_schedule(tiles: int, sms: int, may_split: bool = True) -> tup
 
 class GluonBackwardPlan:
     """The Gluon backward (templates/flash_gluon_bwd.py.j2) with every argument but the tensors fixed; called as
-    BackwardPlan is, (q, k, v, o, do, lse, delta, dq, dk, dv, alibi, cu_q, cu_k, dlse=None). `delta` is not used:
+    BackwardPlan is, (q, k, v, o, do, lse, delta, dq, dk, dv, alibi, cu_q, cu_k, dlse=None). `delta` is not used
+(None will do):
     the kernel reads LSE and Delta padded to whole query blocks, and adds dQ into fp32, both in scratch of its own
     (allocated a call from the caching allocator, so CUDA graphs capture them); with SPLIT > 1, dK and dV partials
     too, which `reduce` adds. The LSE's gradient enters Delta in the preprocess (`preprocess_dlse`, see
-    BackwardPlan). Packed sequences' dQ is cast back by `dq_cast`."""
+    BackwardPlan). `dq_cast` casts dQ into the caller's tensor."""
 
-    __slots__ = ("preprocess", "preprocess_dlse", "main", "reduce", "dq_cast", "rows", "stats_shape", "dq_shape",
-                 "part_shape", "head_dim")
+    __slots__ = ("preprocess", "preprocess_dlse", "main", "reduce", "dq_cast", "stats_shape", "dq_shape",
+                 "part_shape")
 
     def __init__(self, preprocess: _Launch, preprocess_dlse: _Launch, main: _Launch, reduce: _Launch | None,
-                 dq_cast: _Launch | None, rows: int, stats_shape: tuple, dq_shape: tuple, part_shape: tuple,
-                 head_dim: int):
+                 dq_cast: _Launch, stats_shape: tuple, dq_shape: tuple, part_shape: tuple):
         self.preprocess, self.preprocess_dlse, self.main = preprocess, preprocess_dlse, main
         self.reduce, self.dq_cast = reduce, dq_cast
-        self.rows, self.stats_shape, self.dq_shape, self.part_shape = rows, stats_shape, dq_shape, part_shape
-        self.head_dim = head_dim
+        self.stats_shape, self.dq_shape, self.part_shape = stats_shape, dq_shape, part_shape
 
     def __call__(self, q, k, v, o, do, lse, delta, dq, dk, dv, alibi, cu_q, cu_k, dlse=None) -> None:
         dev = q.device
@@ -266,10 +268,7 @@ class GluonBackwardPlan:
             dv_part = torch.empty(self.part_shape, dtype=torch.float32, device=dev)
             self.main(q, k, v, do, lse_pad, delta_pad, dq_acc, dk_part, dv_part, cu_q, cu_k)
             self.reduce(dk_part, dv_part, dk, dv)
-        if self.dq_cast is None:
-            dq.copy_(dq_acc[:, :, :self.rows, :self.head_dim])
-        else:
-            self.dq_cast(dq_acc, cu_q, dq)
+        self.dq_cast(dq_acc, cu_q, dq)
 
 
 def gluon_backward_stats_shape(problem, rows_q: int) -> tuple:
@@ -321,10 +320,7 @@ def gluon_backward_plan(module, problem, config, scale: float, q, k, v, o, do, l
                          (*rows_strides(dk, False), *rows_strides(dv, False),
                           p.batch * p.heads_kv * p.seq_k * p.block_d, p.heads_kv, p.seq_k),
                          dict(BLOCK_N=64, SPLIT=split, **dims, num_warps=4), keep)
-    dq_cast = None
-    if varlen:
-        dq_cast = _Launch(module.attn_bwd_gluon_dq, row_grid, (dq.stride(1), dq.stride(0), p.heads_q, p.seq_q,
-                                                                stat_rows), dict(BLOCK_M=rows, **dims, num_warps=4),
-                          keep)
-    return GluonBackwardPlan(preprocess, preprocess_dlse, main, reduce, dq_cast, p.seq_q, stats_shape,
-                             stats_shape + (p.block_d,), part_shape, p.head_dim)
+    dq_cast = _Launch(module.attn_bwd_gluon_dq, row_grid, (*rows_strides(dq, varlen), p.heads_q, p.seq_q, stat_rows),
+                      dict(BLOCK_M=rows, **dims, num_warps=4), keep)
+    return GluonBackwardPlan(preprocess, preprocess_dlse, main, reduce, dq_cast, stats_shape,
+                             stats_shape + (p.block_d,), part_shape)

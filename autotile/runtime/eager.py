@@ -6,6 +6,9 @@ much as a short kernel runs. Eager calls of plain tensors that need no autograd
 run the op's implementation directly; everything else (torch.compile tracing,
 fake and meta tensors, tensor subclasses, active dispatch or function modes,
 inputs that require grad) goes through the op, whose registrations handle it.
+Eager calls of plain tensors that do need autograd may record a torch.autograd.Function whose
+forward and backward call the implementations directly (`autograd_call_ok`): the custom op's
+autograd wrapper and dispatch cost more than its kernels on short training calls.
 """
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ _function_mode_on = torch._C._is_torch_function_mode_enabled
 _grad_enabled = torch.is_grad_enabled
 _is_compiling = torch.compiler.is_compiling
 _Parameter = torch.nn.Parameter
+_functorch_level = torch._C._functorch.peek_interpreter_stack
 
 
 def direct_call_ok(*values) -> bool:
@@ -40,5 +44,25 @@ def direct_call_ok(*values) -> bool:
                 return False  # a subclass: its own dispatch applies
             continue
         if value.is_meta or (grad and value.requires_grad):
+            return False
+    return True
+
+
+def autograd_call_ok(*values) -> bool:
+    """True when an eager call that needs autograd may record a torch.autograd.Function rather than the op: plain
+    tensors and nn.Parameters (not meta), no torch.compile tracing, no dispatch or function modes, no torch.func
+    transform (the op's registrations serve those). Its Function's forward and backward then run the op's
+    implementations directly (~1 us)."""
+    if _is_compiling() or _dispatch_stack_depth() or _function_mode_on() or _functorch_level() is not None:
+        return False
+    for value in values:
+        if value is None:
+            continue
+        kind = type(value)
+        if kind is not torch.Tensor and kind is not _Parameter:
+            if isinstance(value, torch.Tensor):
+                return False
+            continue
+        if value.is_meta:
             return False
     return True

@@ -30,7 +30,7 @@ from autotile.families.base import VENDOR_KEY
 from autotile.families.flash import FAMILY, GLUON_WS, FlashFamily, FlashProblem, default_scale, window_pair
 from autotile.runtime import fallback, trace
 from autotile.runtime.dispatch import on_clear
-from autotile.runtime.eager import direct_call_ok
+from autotile.runtime.eager import autograd_call_ok, direct_call_ok
 from autotile.space import Config
 
 LN2 = math.log(2.0)
@@ -309,14 +309,13 @@ def _backward_runner(served: _Served, problem: FlashProblem, device: DeviceInfo,
         config, source = FAMILY.triton_backward_default(problem, device), "default"
         fallback.check_default(FAMILY, problem, config)
     served.vendor = False
-    q, k, v = sample["q"], sample["k"], sample["v"]
+    q = sample["q"]
     outputs = FAMILY.allocate_outputs(problem, sample)
     plan = FAMILY.plan(problem, config, sample, outputs, scale=scale, keep=True)
     dev = q.device
 
     def launch(q, k, v, o, do, lse, alibi, cu_q, cu_k, dlse, dq, dk, dv):
-        delta = torch.empty_like(lse)  # rowsum(dO * O), laid out as lse
-        plan(q, k, v, o, do, lse, delta, dq, dk, dv, lse if alibi is None else alibi, lse if cu_q is None else cu_q,
+        plan(q, k, v, o, do, lse, None, dq, dk, dv, lse if alibi is None else alibi, lse if cu_q is None else cu_q,
              lse if cu_k is None else cu_k, dlse)
 
     launch_here = _on_device(dev, launch)
@@ -430,6 +429,36 @@ def _backward(ctx, do, dlse):
 torch.library.register_autograd("autotile::flash_attention_fwd", _backward, setup_context=_setup_context)
 
 
+class _EagerFlash(torch.autograd.Function):
+    """What the op and its registered autograd do, for eager calls of plain tensors that need gradients
+    (eager.autograd_call_ok): forward and backward call the implementations directly. NOTE: through the op, a
+    short training call's backward cost 240-300 us of host time on the H200's host against 117 for SDPA's cuDNN
+    backward (Qwen2.5-0.5B 16 x 512: 0.46x of the op's own kernels' time), of which the custom op's autograd
+    wrapper and dispatch took ~130 and the zeros it made for an unused LSE's gradient ~20
+    (results/flash_bwd_op_gap_2026-12-04.txt). Gradients an output did not get stay None here
+    (set_materialize_grads(False)): the backward then reads no LSE gradient."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, alibi_slopes, served):
+        ctx.set_materialize_grads(False)
+        q, k, v = _unit_stride(q), _unit_stride(k), _unit_stride(v)
+        o, lse = served.run(q, k, v, alibi_slopes, None, None, True)
+        ctx.save_for_backward(q, k, v, o, lse, alibi_slopes)
+        ctx.args = served.args
+        return o, lse
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, do, dlse):
+        q, k, v, o, lse, alibi_slopes = ctx.saved_tensors
+        if do is None:
+            do = torch.zeros_like(o)
+        causal, scale, window, softcap = ctx.args
+        dq, dk, dv = _flash_attention_bwd(do, q, k, v, o, lse, causal, scale, window[0], window[1], softcap,
+                                          alibi_slopes, dlse)
+        return dq, dk, dv, None, None
+
+
 # --- the public function ----------------------------------------------------------------------------
 def _normalise(q, k, v, scale, window, softcap):
     check_args(q, k, v, scale, softcap)
@@ -517,6 +546,11 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
             if (served.vendor and not return_lse) or direct_call_ok(q, k, v, alibi_slopes):
                 served.calls[0] += 1
                 o, lse = served.run(q, k, v, alibi_slopes, None, None, return_lse)
+                return (o, lse * LN2) if return_lse else o
+            # A generated kernel's forward that autograd records: the op's implementations in a Function.
+            if not served.vendor and not served.fp8 and autograd_call_ok(q, k, v, alibi_slopes):
+                served.calls[0] += 1
+                o, lse = _EagerFlash.apply(q, k, v, alibi_slopes, served)
                 return (o, lse * LN2) if return_lse else o
     q, k, v, scale, window, softcap = _normalise(q, k, v, scale, window, softcap)
     o, lse = torch.ops.autotile.flash_attention_fwd(q, k, v, bool(causal), scale, window[0], window[1], softcap,

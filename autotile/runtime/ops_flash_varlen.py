@@ -16,7 +16,7 @@ import torch
 
 from autotile.device import DeviceInfo, current_device
 from autotile.families.flash import FAMILY, FlashFamily, FlashProblem
-from autotile.runtime.eager import direct_call_ok
+from autotile.runtime.eager import autograd_call_ok, direct_call_ok
 from autotile.runtime.ops_flash import (LN2, _keep, _layout, _normalise, _unit_stride, check_fp8_grad, eager_or_op,
                                         serve_backward, serve_forward)
 
@@ -114,6 +114,28 @@ def _backward(ctx, do, dlse):
 torch.library.register_autograd("autotile::flash_attention_varlen_fwd", _backward, setup_context=_setup_context)
 
 
+class _EagerVarlen(torch.autograd.Function):
+    """The op and its registered autograd for eager calls of plain tensors that need gradients, without the custom
+    op's wrapper and dispatch (ops_flash._EagerFlash says why)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, cu_q, cu_k, alibi_slopes, served, args):
+        ctx.set_materialize_grads(False)
+        o, lse = served.run(q, k, v, alibi_slopes, cu_q, cu_k, True)
+        ctx.save_for_backward(q, k, v, o, lse, cu_q, cu_k, alibi_slopes)
+        ctx.args = args
+        return o, lse
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, do, dlse):
+        q, k, v, o, lse, cu_q, cu_k, alibi_slopes = ctx.saved_tensors
+        if do is None:
+            do = torch.zeros_like(o)
+        dq, dk, dv = _flash_attention_varlen_bwd(do, q, k, v, o, lse, cu_q, cu_k, *ctx.args, alibi_slopes, dlse)
+        return dq, dk, dv, None, None, None, None, None
+
+
 def flash_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
                            cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, *, causal: bool = False,
                            scale: float | None = None, window: tuple[int, int] | None = None,
@@ -145,6 +167,11 @@ def flash_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
         if direct_call_ok(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k):
             served.calls[0] += 1
             o, lse = served.run(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, return_lse)
+            return (o, lse * LN2) if return_lse else o
+        if autograd_call_ok(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k):
+            served.calls[0] += 1
+            o, lse = _EagerVarlen.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, served,
+                                        (max_seqlen_q, max_seqlen_k, causal, scale, window[0], window[1], softcap))
             return (o, lse * LN2) if return_lse else o
     o, lse = torch.ops.autotile.flash_attention_varlen_fwd(q, k, v, *args, causal, scale, window[0], window[1],
                                                            softcap, alibi_slopes)
