@@ -197,22 +197,23 @@ def _op_grads(q, k, v, causal, scale, grad_out, grad_lse=None):
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_eager_training_calls_record_a_function_with_the_ops_gradients(causal, monkeypatch):
     # Eager calls that need gradients skip the custom op's autograd wrapper (_EagerFlash); what they compute is the
-    # op's: the same kernels, the same bits. The LSE nobody used gets no zeros for a gradient: the backward is told so.
+    # op's: the same kernels, the same bits. The LSE nobody used gets no zeros for a gradient: the backward served
+    # takes none, and is worked out once for the forward's signature.
     gen = torch.Generator().manual_seed(8)
     q, k, v = (torch.randn(1, 4, 19, 16, generator=gen).requires_grad_(True) for _ in range(3))
     grad_out = torch.randn(1, 4, 19, 16, generator=gen)
-    seen_dlse = []
-    body = ops_flash._flash_attention_bwd
-    monkeypatch.setattr(ops_flash, "_flash_attention_bwd",
-                        lambda *args: seen_dlse.append(args[-1]) or body(*args))
+    built = []
+    serve = ops_flash.serve_backward
+    monkeypatch.setattr(ops_flash, "serve_backward", lambda *args: built.append(args[-1]) or serve(*args))
     out = ops_flash.flash_attention(q, k, v, causal=causal, scale=0.3)
     assert type(out.grad_fn).__name__ == "_EagerFlashBackward"
     got = torch.autograd.grad(out, (q, k, v), grad_out)
-    assert seen_dlse == [None]
+    again = torch.autograd.grad(ops_flash.flash_attention(q, k, v, causal=causal, scale=0.3), (q, k, v), grad_out)
+    assert built == [False]  # one build, with no LSE gradient
     want_o, want = _op_grads(q, k, v, causal, 0.3, grad_out)
     assert torch.equal(out, want_o)
-    for g, w in zip(got, want):
-        assert torch.equal(g, w)
+    for g, g2, w in zip(got, again, want):
+        assert torch.equal(g, w) and torch.equal(g2, w)
 
 
 def test_eager_training_calls_take_the_lse_gradient_alone_or_with_the_output():

@@ -159,11 +159,6 @@ def gluon_bwd_ok(problem, device: DeviceInfo) -> bool:
             and p.head_dim % 8 == 0 and not p.has_features)
 
 
-# The Gluon backward adds dQ from a writer warp (templates/flash_gluon_bwd.py.j2's DQ_WRITER) rather than from the
-# consumers' registers.
-GLUON_BWD_DQ_WRITER = True
-
-
 def gluon_bwd_smem(problem, config) -> int:
     """Shared memory of a Gluon backward config, an upper bound: K and V of a tile, num_stages slots of Q, dO and
     their row statistics, two dS^T buffers, barriers, and each consumer warpgroup's scratch for carrying its fp32 dQ
@@ -173,8 +168,7 @@ def gluon_bwd_smem(problem, config) -> int:
     rows, keys = GLUON_BWD_ROWS, GLUON_BWD_KEYS
     slot = 2 * rows * bd * size + 2 * rows * 4
     dq_scratch = 2 * rows * 64 * 4
-    barriers = 64 * 8 + (16 if GLUON_BWD_DQ_WRITER else 0)
-    return 2 * keys * bd * size + config["num_stages"] * slot + 2 * keys * rows * size + barriers + dq_scratch
+    return 2 * keys * bd * size + config["num_stages"] * slot + 2 * keys * rows * size + 64 * 8 + dq_scratch
 
 
 def _backward_upgrade(config):
@@ -1036,7 +1030,6 @@ class FlashFamily(Family):
             Q_SLOTS=gluon_q_slots(p, config) if config["LOADS"] == GLUON_WS and p.direction == "fwd" else 1,
             TILE_QUEUE=forward.get("TILE_QUEUE", False),
             SPLIT_KV=gluon_split_kv(p, config),
-            DQ_WRITER=GLUON_BWD_DQ_WRITER,
         )
 
     def kernel_module(self, problem: FlashProblem, config: Config, interpret: bool, store_lse: bool = True):

@@ -10,6 +10,7 @@ Layouts: dense Q/O (B, H, S, D) and LSE (B, Hq, S); packed (varlen) Q/O (total, 
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -243,20 +244,21 @@ class GluonBackwardPlan:
     too, which `reduce` adds. The LSE's gradient enters Delta in the preprocess (`preprocess_dlse`, see
     BackwardPlan). `dq_cast` casts dQ into the caller's tensor."""
 
-    __slots__ = ("preprocess", "preprocess_dlse", "main", "reduce", "dq_cast", "stats_shape", "dq_shape",
-                 "part_shape")
+    __slots__ = ("preprocess", "preprocess_dlse", "main", "reduce", "dq_cast", "scratch_parts", "scratch_size")
 
     def __init__(self, preprocess: _Launch, preprocess_dlse: _Launch, main: _Launch, reduce: _Launch | None,
-                 dq_cast: _Launch, stats_shape: tuple, dq_shape: tuple, part_shape: tuple):
+                 dq_cast: _Launch, stats: int, dq: int, part: int):
+        """`stats`, `dq`, `part`: elements of the padded LSE (and Delta), the fp32 dQ and (reduce) each partial."""
         self.preprocess, self.preprocess_dlse, self.main = preprocess, preprocess_dlse, main
         self.reduce, self.dq_cast = reduce, dq_cast
-        self.stats_shape, self.dq_shape, self.part_shape = stats_shape, dq_shape, part_shape
+        self.scratch_parts = (stats, stats, dq) + ((part, part) if reduce is not None else ())
+        self.scratch_size = sum(self.scratch_parts)
 
     def __call__(self, q, k, v, o, do, lse, delta, dq, dk, dv, alibi, cu_q, cu_k, dlse=None) -> None:
-        dev = q.device
-        lse_pad = torch.empty(self.stats_shape, dtype=torch.float32, device=dev)
-        delta_pad = torch.empty(self.stats_shape, dtype=torch.float32, device=dev)
-        dq_acc = torch.empty(self.dq_shape, dtype=torch.float32, device=dev)
+        # Every fp32 scratch tensor from one allocation (NOTE: each allocation costs ~10 us of host time on the
+        # H200's host, as much as a launch); the kernels take them as flat pointers, 256-byte aligned.
+        scratch = torch.empty(self.scratch_size, dtype=torch.float32, device=q.device).split(self.scratch_parts)
+        lse_pad, delta_pad, dq_acc = scratch[:3]
         if dlse is None:
             self.preprocess(o, do, lse, lse, cu_q, lse_pad, delta_pad, dq_acc)
         else:  # laid out as LSE (contiguous), whose strides the plan took
@@ -264,8 +266,7 @@ class GluonBackwardPlan:
         if self.reduce is None:
             self.main(q, k, v, do, lse_pad, delta_pad, dq_acc, dk, dv, cu_q, cu_k)
         else:
-            dk_part = torch.empty(self.part_shape, dtype=torch.float32, device=dev)
-            dv_part = torch.empty(self.part_shape, dtype=torch.float32, device=dev)
+            dk_part, dv_part = scratch[3:]
             self.main(q, k, v, do, lse_pad, delta_pad, dq_acc, dk_part, dv_part, cu_q, cu_k)
             self.reduce(dk_part, dv_part, dk, dv)
         self.dq_cast(dq_acc, cu_q, dq)
@@ -322,5 +323,6 @@ def gluon_backward_plan(module, problem, config, scale: float, q, k, v, o, do, l
                          dict(BLOCK_N=64, SPLIT=split, **dims, num_warps=4), keep)
     dq_cast = _Launch(module.attn_bwd_gluon_dq, row_grid, (*rows_strides(dq, varlen), p.heads_q, p.seq_q, stat_rows),
                       dict(BLOCK_M=rows, **dims, num_warps=4), keep)
-    return GluonBackwardPlan(preprocess, preprocess_dlse, main, reduce, dq_cast, stats_shape,
-                             stats_shape + (p.block_d,), part_shape)
+    stats = math.prod(stats_shape)
+    return GluonBackwardPlan(preprocess, preprocess_dlse, main, reduce, dq_cast, stats, stats * p.block_d,
+                             math.prod(part_shape))
