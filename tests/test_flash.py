@@ -269,6 +269,18 @@ def test_op_traces_under_torch_compile():
     assert q.grad is not None and torch.isfinite(q.grad).all()
 
 
+def test_backward_of_traced_tensors_goes_through_the_op():
+    # torch.compile's AOT tracing runs the registered backward with fake tensors, and (torch 2.11) while
+    # torch.compiler.is_compiling() is False: the op's body would launch kernels on them.
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    plain = torch.empty(1, 2, 9, 16)
+    assert ops_flash.eager_or_op("op", "body", plain, plain, None) == "body"
+    with FakeTensorMode():
+        fake = torch.empty(1, 2, 9, 16)
+        assert ops_flash.eager_or_op("op", "body", fake, fake, None) == "op"
+
+
 def test_op_fake_impls_pass_opcheck():
     q, k, v = (torch.randn(1, 2, 5, 16) for _ in range(3))
     torch.library.opcheck(torch.ops.autotile.flash_attention_fwd, (q, k, v, True, 0.25),

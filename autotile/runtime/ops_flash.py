@@ -412,18 +412,20 @@ def _setup_context(ctx, inputs, output):
     ctx.args = (causal, scale, window_left, window_right, softcap)
 
 
-def eager_or_op(op, body):
-    """The custom op while torch.compile traces (it records the op), else its body. NOTE: called eagerly from an
-    autograd backward, the op's dispatch (redispatch, its no-grad wrapper, dynamo's disabled frame) took 30 of the
-    76 us of host time a flash backward cost around its kernels (CPU, kernels stubbed out: 76 -> 46 us a call)."""
-    return op if torch.compiler.is_compiling() else body
+def eager_or_op(op, body, *tensors):
+    """The op's body for plain tensors outside any tracing (eager.autograd_call_ok), else the custom op, which
+    torch.compile records. NOTE: called eagerly from an autograd backward, the op's dispatch (redispatch, its no-grad
+    wrapper, dynamo's disabled frame) took 30 of the 76 us of host time a flash backward cost around its kernels (CPU,
+    kernels stubbed out: 76 -> 46 us a call). torch.compiler.is_compiling() alone is not enough to tell: Inductor's
+    AOT tracing of the backward runs this with fake tensors while it returns False."""
+    return body if autograd_call_ok(*tensors) else op
 
 
 def _backward(ctx, do, dlse):
     q, k, v, o, lse, alibi_slopes = ctx.saved_tensors
     if do is None:
         do = torch.zeros_like(o)
-    bwd = eager_or_op(flash_attention_bwd, _flash_attention_bwd)
+    bwd = eager_or_op(flash_attention_bwd, _flash_attention_bwd, do, q, k, v, o, lse, alibi_slopes, dlse)
     dq, dk, dv = bwd(do, q, k, v, o, lse, *ctx.args, alibi_slopes, dlse)
     return dq, dk, dv, None, None, None, None, None, None
 

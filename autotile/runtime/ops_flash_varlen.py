@@ -106,7 +106,8 @@ def _backward(ctx, do, dlse):
     q, k, v, o, lse, cu_q, cu_k, alibi_slopes = ctx.saved_tensors
     if do is None:
         do = torch.zeros_like(o)
-    bwd = eager_or_op(flash_attention_varlen_bwd, _flash_attention_varlen_bwd)
+    bwd = eager_or_op(flash_attention_varlen_bwd, _flash_attention_varlen_bwd, do, q, k, v, o, lse, cu_q, cu_k,
+                      alibi_slopes, dlse)
     dq, dk, dv = bwd(do, q, k, v, o, lse, cu_q, cu_k, *ctx.args, alibi_slopes, dlse)
     return (dq, dk, dv) + (None,) * 10
 
