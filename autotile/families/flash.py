@@ -159,9 +159,6 @@ def gluon_bwd_ok(problem, device: DeviceInfo) -> bool:
             and p.head_dim % 8 == 0 and not p.has_features)
 
 
-GLUON_BWD_DQ_QUEUED = True
-
-
 def gluon_bwd_smem(problem, config) -> int:
     """Shared memory of a Gluon backward config, an upper bound: K and V of a tile, num_stages slots of Q, dO and
     their row statistics, two dS^T buffers, barriers, and each consumer warpgroup's scratch for carrying its fp32 dQ
@@ -1033,7 +1030,6 @@ class FlashFamily(Family):
             Q_SLOTS=gluon_q_slots(p, config) if config["LOADS"] == GLUON_WS and p.direction == "fwd" else 1,
             TILE_QUEUE=forward.get("TILE_QUEUE", False),
             SPLIT_KV=gluon_split_kv(p, config),
-            DQ_QUEUED=GLUON_BWD_DQ_QUEUED,
         )
 
     def kernel_module(self, problem: FlashProblem, config: Config, interpret: bool, store_lse: bool = True):
