@@ -11,8 +11,9 @@ worked out once and kept (`_Served`): later calls pay a dict lookup, a counter i
 (AUTOTILE_RECORD) and the launch of a prepared plan, or the SDPA backend's ATen op. Nothing on that
 path syncs with the GPU or allocates outside torch's caching allocator, so it can be captured in a
 CUDA graph. Eager calls that need no autograd skip the dispatcher; eager calls served by SDPA that do
-need it call SDPA's differentiable op, so SDPA's own backward runs. CPU tensors run the generated
-kernels under Triton's interpreter.
+need it call SDPA's differentiable op, so SDPA's own backward runs; eager calls served by a generated
+kernel that need it record `_EagerFlash`, which calls the two ops' bodies (torch.compile and anything
+traced still record the ops). CPU tensors run the generated kernels under Triton's interpreter.
 """
 from __future__ import annotations
 
