@@ -23,6 +23,22 @@ _Parameter = torch.nn.Parameter
 _functorch_level = torch._C._functorch.peek_interpreter_stack
 
 
+def _plain(values: tuple, refuse_grad: bool) -> bool:
+    """Plain tensors and nn.Parameters (a model's weights), not meta, and (refuse_grad) none that requires grad;
+    values that are not tensors pass. A tensor subclass does not: its own dispatch applies."""
+    for value in values:
+        if value is None:
+            continue
+        kind = type(value)
+        if kind is not torch.Tensor and kind is not _Parameter:
+            if isinstance(value, torch.Tensor):
+                return False
+            continue
+        if value.is_meta or (refuse_grad and value.requires_grad):
+            return False
+    return True
+
+
 def direct_call_ok(*values) -> bool:
     """True when calling the op's implementation directly behaves exactly like calling the op.
 
@@ -34,18 +50,7 @@ def direct_call_ok(*values) -> bool:
     # is_compiling first: under torch.compile it is a constant and the C calls after it are never traced.
     if _is_compiling() or _dispatch_stack_depth() or _function_mode_on():
         return False
-    grad = _grad_enabled()
-    for value in values:
-        if value is None:
-            continue
-        kind = type(value)
-        if kind is not torch.Tensor and kind is not _Parameter:
-            if isinstance(value, torch.Tensor):
-                return False  # a subclass: its own dispatch applies
-            continue
-        if value.is_meta or (grad and value.requires_grad):
-            return False
-    return True
+    return _plain(values, _grad_enabled())
 
 
 def autograd_call_ok(*values) -> bool:
@@ -55,14 +60,4 @@ def autograd_call_ok(*values) -> bool:
     implementations directly (~1 us)."""
     if _is_compiling() or _dispatch_stack_depth() or _function_mode_on() or _functorch_level() is not None:
         return False
-    for value in values:
-        if value is None:
-            continue
-        kind = type(value)
-        if kind is not torch.Tensor and kind is not _Parameter:
-            if isinstance(value, torch.Tensor):
-                return False
-            continue
-        if value.is_meta:
-            return False
-    return True
+    return _plain(values, False)
