@@ -238,8 +238,8 @@ def gluon_backward_schedule(tiles: int, sms: int, may_split: bool = True) -> tup
 class GluonBackwardPlan:
     """The Gluon backward (templates/flash_gluon_bwd.py.j2) with every argument but the tensors fixed; called as
     BackwardPlan is, (q, k, v, o, do, lse, delta, dq, dk, dv, alibi, cu_q, cu_k, dlse=None). `delta` is not used
-(None will do):
-    the kernel reads LSE and Delta padded to whole query blocks, and adds dQ into fp32, both in scratch of its own
+    (None will do): the kernel reads LSE and Delta padded to whole query blocks, and adds dQ into fp32, both in
+    scratch of its own
     (allocated a call from the caching allocator, so CUDA graphs capture them); with SPLIT > 1, dK and dV partials
     too, which `reduce` adds. The LSE's gradient enters Delta in the preprocess (`preprocess_dlse`, see
     BackwardPlan). `dq_cast` casts dQ into the caller's tensor."""
@@ -302,7 +302,7 @@ def gluon_backward_plan(module, problem, config, scale: float, q, k, v, o, do, l
     # Packed sequences: one program a tile (the tiles counted include those past a sequence's keys, and a packed
     # batch holds many sequences).
     chunk, split = gluon_backward_schedule(tiles, current_device(q.device).sm_count, may_split=not varlen)
-    part_shape = (split * p.batch, p.heads_kv, p.seq_k, p.block_d)
+    part = p.batch * p.heads_kv * p.seq_k * p.block_d  # elements of one part's fp32 dK (or dV) partials
     if split > 1:
         # The kernel writes fp32 partials of dK and dV, contiguous (SPLIT * B, Hkv, Sk, BLOCK_D).
         part_strides = (p.heads_kv * p.seq_k * p.block_d, p.seq_k * p.block_d, p.block_d)
@@ -319,10 +319,10 @@ def gluon_backward_plan(module, problem, config, scale: float, q, k, v, o, do, l
     if split > 1:
         reduce = _Launch(module.attn_bwd_gluon_reduce, (_cdiv(p.seq_k, 64), p.batch * p.heads_kv),
                          (*rows_strides(dk, False), *rows_strides(dv, False),
-                          p.batch * p.heads_kv * p.seq_k * p.block_d, p.heads_kv, p.seq_k),
+                          part, p.heads_kv, p.seq_k),
                          dict(BLOCK_N=64, SPLIT=split, **dims, num_warps=4), keep)
     dq_cast = _Launch(module.attn_bwd_gluon_dq, row_grid, (*rows_strides(dq, varlen), p.heads_q, p.seq_q, stat_rows),
                       dict(BLOCK_M=rows, **dims, num_warps=4), keep)
     stats = math.prod(stats_shape)
     return GluonBackwardPlan(preprocess, preprocess_dlse, main, reduce, dq_cast, stats, stats * p.block_d,
-                             math.prod(part_shape))
+                             split * part)

@@ -437,11 +437,11 @@ torch.library.register_autograd("autotile::flash_attention_fwd", _backward, setu
 class _EagerFlash(torch.autograd.Function):
     """What the op and its registered autograd do, for eager calls of plain tensors that need gradients
     (eager.autograd_call_ok): forward and backward call the implementations directly. NOTE: through the op, a
-    short training call's backward cost 240-300 us of host time on the H200's host against 117 for SDPA's cuDNN
-    backward (Qwen2.5-0.5B 16 x 512: 0.46x of the op's own kernels' time), of which the custom op's autograd
-    wrapper and dispatch took ~130 and the zeros it made for an unused LSE's gradient ~20
-    (results/flash_bwd_op_gap_2026-12-04.txt). Gradients an output did not get stay None here
-    (set_materialize_grads(False)): the backward then reads no LSE gradient."""
+    short training call's backward cost 242-299 us of host time on the H200's host against 117-118 for SDPA's
+    cuDNN backward through autograd (Qwen2.5-0.5B 16 x 512 ran at 0.45x of cuDNN, its kernels at 1.15x), 86-192 us
+    more than the op's body called directly: the custom op's autograd wrapper and dispatch, and a zeros tensor made
+    for an unused LSE's gradient (results/flash_bwd_op_gap_2026-12-04.txt). Gradients an output did not get stay
+    None here (set_materialize_grads(False)): the backward then reads no LSE gradient."""
 
     @staticmethod
     def forward(ctx, q, k, v, alibi_slopes, served):
