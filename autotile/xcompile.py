@@ -88,7 +88,9 @@ class ConfigBuild:
 _PTX_FEATURES = {"wgmma": "wgmma.mma_async", "mma.sync": "mma.sync", "cp.async": "cp.async",
                  "tma": "cp.async.bulk.tensor", "setmaxnreg": "setmaxnreg",
                  # global reductions (no reply awaited) and atomics (which wait for L2's reply)
-                 "red": "red.relaxed.gpu.global", "atom": "atom.global"}
+                 "red": "red.relaxed.gpu.global", "atom": "atom.global",
+                 # a TMA reduction from shared memory into global memory
+                 "tma_reduce": "cp.reduce.async.bulk.tensor"}
 
 
 def gpu_target(compute_capability: tuple[int, int]):

@@ -321,7 +321,8 @@ def gluon_backward_plan(module, problem, config, scale: float, q, k, v, o, do, l
                          (*rows_strides(dk, False), *rows_strides(dv, False),
                           part, p.heads_kv, p.seq_k),
                          dict(BLOCK_N=64, SPLIT=split, **dims, num_warps=4), keep)
-    dq_cast = _Launch(module.attn_bwd_gluon_dq, row_grid, (*rows_strides(dq, varlen), p.heads_q, p.seq_q, stat_rows),
+    dq_cast = _Launch(module.attn_bwd_gluon_dq, row_grid,
+                      (*rows_strides(dq, varlen), p.heads_q, p.seq_q, stat_rows, float(scale)),
                       dict(BLOCK_M=rows, **dims, num_warps=4), keep)
     stats = math.prod(stats_shape)
     return GluonBackwardPlan(preprocess, preprocess_dlse, main, reduce, dq_cast, stats, stats * p.block_d,
