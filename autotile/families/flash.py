@@ -362,6 +362,7 @@ _SEED_BACKWARD = (
 GLUON_BWD_DQ_TMA = True
 GLUON_BWD_DQ_QUEUED = False
 GLUON_BWD_PEEL = True
+GLUON_BWD_DQ_KEYS = False
 # The Gluon backward on Hopper (templates/flash_gluon_bwd.py.j2): its structure on two and three Q/dO slots.
 _SEED_BACKWARD_GLUON = tuple(
     dict(LOADS=GLUON_WS, BLOCK_M1=GLUON_BWD_ROWS, BLOCK_N1=GLUON_BWD_KEYS, BLOCK_M2=GLUON_BWD_ROWS,
@@ -1034,7 +1035,7 @@ class FlashFamily(Family):
             Q_SLOTS=gluon_q_slots(p, config) if config["LOADS"] == GLUON_WS and p.direction == "fwd" else 1,
             TILE_QUEUE=forward.get("TILE_QUEUE", False),
             SPLIT_KV=gluon_split_kv(p, config),
-            DQ_TMA=GLUON_BWD_DQ_TMA, DQ_QUEUED=GLUON_BWD_DQ_QUEUED, PEEL=GLUON_BWD_PEEL,
+            DQ_TMA=GLUON_BWD_DQ_TMA, DQ_QUEUED=GLUON_BWD_DQ_QUEUED, PEEL=GLUON_BWD_PEEL, DQ_KEYS=GLUON_BWD_DQ_KEYS,
         )
 
     def kernel_module(self, problem: FlashProblem, config: Config, interpret: bool, store_lse: bool = True):
