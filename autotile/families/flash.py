@@ -161,9 +161,9 @@ def gluon_bwd_ok(problem, device: DeviceInfo) -> bool:
 
 def gluon_bwd_smem(problem, config) -> int:
     """Shared memory of a Gluon backward config, an upper bound: K and V of a tile, num_stages slots of Q, dO and
-    their row statistics, two dS^T buffers, barriers, and each consumer warpgroup's scratch for carrying its fp32 dQ
-    block (64 rows x 64 columns) into the layout of its reductions (sm90 builds: 197,712 B at head dim 128 on two
-    slots against 198,144 here, 165,984 at 64 on four against 166,400; tests/test_flash_gluon_bwd.py)."""
+    their row statistics, two dS^T buffers, barriers, and each consumer warpgroup's staging buffer for its fp32 dQ
+    block (64 rows x 64 columns), which a TMA reduction adds to dQ (sm90 builds: 198,096 B at head dim 128 on two
+    slots against 198,144 here, 166,352 at 64 on four against 166,400; tests/test_flash_gluon_bwd.py)."""
     size, bd = element_size(problem.dtype), problem.block_d
     rows, keys = GLUON_BWD_ROWS, GLUON_BWD_KEYS
     slot = 2 * rows * bd * size + 2 * rows * 4
@@ -358,11 +358,6 @@ _SEED_BACKWARD = (
     # (results/flash_bwd_tma_2026-12-02.txt).
     dict(LOADS="pointer", BLOCK_M1=32, BLOCK_N1=128, BLOCK_M2=128, BLOCK_N2=64, num_warps=8, num_stages=3),
 )
-# A/B knob: dQ added by a TMA reduction from shared memory (True) or by RED from registers.
-GLUON_BWD_DQ_TMA = True
-GLUON_BWD_DQ_QUEUED = False
-GLUON_BWD_PEEL = True
-GLUON_BWD_DQ_KEYS = False
 # The Gluon backward on Hopper (templates/flash_gluon_bwd.py.j2): its structure on two and three Q/dO slots.
 _SEED_BACKWARD_GLUON = tuple(
     dict(LOADS=GLUON_WS, BLOCK_M1=GLUON_BWD_ROWS, BLOCK_N1=GLUON_BWD_KEYS, BLOCK_M2=GLUON_BWD_ROWS,
@@ -1035,7 +1030,6 @@ class FlashFamily(Family):
             Q_SLOTS=gluon_q_slots(p, config) if config["LOADS"] == GLUON_WS and p.direction == "fwd" else 1,
             TILE_QUEUE=forward.get("TILE_QUEUE", False),
             SPLIT_KV=gluon_split_kv(p, config),
-            DQ_TMA=GLUON_BWD_DQ_TMA, DQ_QUEUED=GLUON_BWD_DQ_QUEUED, PEEL=GLUON_BWD_PEEL, DQ_KEYS=GLUON_BWD_DQ_KEYS,
         )
 
     def kernel_module(self, problem: FlashProblem, config: Config, interpret: bool, store_lse: bool = True):
