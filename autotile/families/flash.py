@@ -358,7 +358,6 @@ _SEED_BACKWARD = (
     # (results/flash_bwd_tma_2026-12-02.txt).
     dict(LOADS="pointer", BLOCK_M1=32, BLOCK_N1=128, BLOCK_M2=128, BLOCK_N2=64, num_warps=8, num_stages=3),
 )
-GLUON_BWD_HEAD_MAJOR = False  # A/B knob
 # The Gluon backward on Hopper (templates/flash_gluon_bwd.py.j2): its structure on two and three Q/dO slots.
 _SEED_BACKWARD_GLUON = tuple(
     dict(LOADS=GLUON_WS, BLOCK_M1=GLUON_BWD_ROWS, BLOCK_N1=GLUON_BWD_KEYS, BLOCK_M2=GLUON_BWD_ROWS,
@@ -1030,7 +1029,7 @@ class FlashFamily(Family):
             INPUT_PRECISION="ieee" if p.dtype == "fp32" else "", UPCAST_DOTS=False, STORE_LSE=True,
             Q_SLOTS=gluon_q_slots(p, config) if config["LOADS"] == GLUON_WS and p.direction == "fwd" else 1,
             TILE_QUEUE=forward.get("TILE_QUEUE", False),
-            SPLIT_KV=gluon_split_kv(p, config), HEAD_MAJOR=GLUON_BWD_HEAD_MAJOR,
+            SPLIT_KV=gluon_split_kv(p, config),
         )
 
     def kernel_module(self, problem: FlashProblem, config: Config, interpret: bool, store_lse: bool = True):
