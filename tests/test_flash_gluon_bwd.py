@@ -77,6 +77,17 @@ def test_few_tiles_are_shared_by_programs_and_many_are_chunked():
     assert gluon_backward_schedule(1, sms) == (1, 4)
 
 
+def test_short_sequences_tiles_go_out_head_by_head_where_programs_are_many():
+    from autotile.families.flash_launch import gluon_backward_head_major
+
+    sms = H200.sm_count
+    assert gluon_backward_head_major(4, 512, sms, varlen=False)  # Llama-3-8B 16 x 512: 512 tiles
+    assert gluon_backward_head_major(2, 512, sms, varlen=False)  # 32 x 256
+    assert not gluon_backward_head_major(4, 256, sms, varlen=False)  # Qwen2.5-7B 16 x 512: 256 tiles
+    assert not gluon_backward_head_major(8, 512, sms, varlen=False)  # Llama-3-8B 8 x 1024
+    assert not gluon_backward_head_major(4, 512, sms, varlen=True)  # packed: tiles past a sequence are skipped
+
+
 def _gluon_module(problem):
     """The rendered Gluon backward, imported for Triton's interpreter: its Triton kernels (preprocess, dQ's
     cast, the partials' reduction) run on the CPU; the Gluon kernel itself does not."""

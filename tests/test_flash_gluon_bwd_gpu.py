@@ -235,6 +235,20 @@ def test_deterministic_mode_serves_the_triton_backward_bit_for_bit(family_only, 
     assert all((a.float() - b.float()).abs().max().item() < 5e-2 for a, b in zip(first, plain))
 
 
+def test_tiles_head_by_head_match_float64():
+    """Short sequences on many programs take their tiles head by head (flash_launch.gluon_backward_head_major):
+    4 key blocks of 100 (batch, KV head) pairs, 400 programs, odd lengths, Sq != Sk."""
+    from autotile.device import cuda_device
+    from autotile.families.flash_launch import gluon_backward_head_major
+
+    device = cuda_device()
+    for causal in (False, True):
+        problem = FlashProblem("bwd", 50, 4, 2, 300, 450, 128, causal=causal)
+        assert gluon_backward_head_major(4, 4 * 50 * 2, device.sm_count, varlen=False), device.sm_count
+        inputs = FAMILY.make_inputs(problem, device, seed=11)
+        run_checked(problem, gluon_configs(problem, device)[0], inputs)
+
+
 def test_a_cuda_graph_captures_the_gluon_backward_without_syncs(family_only, gluon_plans):
     from autotile.device import cuda_device
 
