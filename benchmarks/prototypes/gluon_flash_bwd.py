@@ -44,8 +44,9 @@ query heads that share it (GQA: no reduction of dK/dV across programs). Tiles go
     half of dQ_i's columns over all 128 keys (32 registers of fp32 a thread); with D = 64 each computes dQ_i over its
     own 64 keys, all columns, and both add (no barrier). dS^T is double-buffered, so a warpgroup one block ahead
     never overwrites what the other still reads.
-Not here (yet): FlashAttention-3's TMA reduce-add for dQ (Gluon 3.6 exposes no bulk reduction: vector REDs from
-registers instead), a deterministic mode, windows and other features, D = 256, packed sequences.
+Not here: FlashAttention-3's TMA reduce-add for dQ (Gluon 3.6 has no call for it: vector REDs from registers
+instead; the family's template since calls the op through Gluon's IR builder, 1-16% faster: templates/
+flash_gluon_bwd.py.j2, _tma_add), a deterministic mode, windows and other features, D = 256, packed sequences.
 Layout: q, o, do (B, H, SQ, D), k, v (B, HKV, SK, D), 16-byte aligned rows, unit stride along D, bf16 or fp16.
 Causal masks align the last query with the last key.
 """
