@@ -33,8 +33,8 @@ def _stamp(index, VALUE: gl.constexpr):
         now = gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,l", [zero], dtype=gl.int64, is_pure=False,
                                         pack=1)
     else:
-        now = gl.inline_asm_elementwise("{ .reg .b32 sm; mov.u32 sm, %smid; cvt.u64.u32 $0, sm; }", "=l,l", [zero], dtype=gl.int64,
-                                        is_pure=False, pack=1)
+        now = gl.inline_asm_elementwise("{ .reg .b32 sm; mov.u32 sm, %smid; cvt.u64.u32 $0, sm; }", "=l,l", [zero],
+                                        dtype=gl.int64, is_pure=False, pack=1)
     address = gl.full([1], TS_ADDR, gl.int64, layout) + index.to(gl.int64) * 8
     gl.store(address.to(gl.pointer_type(gl.int64), bitcast=True), now)
 
@@ -49,11 +49,13 @@ def patch(source: str, address: int) -> str:
             at = text.index(old, at + 1)
         return text[:at] + new + text[at + len(old):]
 
-    source = once(source, "@gluon.jit\ndef _consumer(", HELPER.replace("TS_ADDR", str(address)) + "\n@gluon.jit\ndef _consumer(")
+    consumer = "@gluon.jit\ndef _consumer("
+    source = once(source, consumer, HELPER.replace("TS_ADDR", str(address)) + "\n" + consumer)
     base = "((gl.program_id(0) * 2 + WG) * {slots})".format(slots=SLOTS)
-    source = once(source, "    work, work_end = _my_work(n_work, CHUNK)\n    while work < work_end:\n        kb, b, h_kv",
+    loop = "    work, work_end = _my_work(n_work, CHUNK)\n    while work < work_end:\n        kb, b, h_kv"
+    source = once(source, loop,  # the consumer's (the producer's comes first)
                   f"    work, work_end = _my_work(n_work, CHUNK)\n    first_work = work\n    _stamp({base} + 0, 0)\n"
-                  f"    _stamp({base} + 2, 1)\n    while work < work_end:\n        kb, b, h_kv", nth=2)  # the consumer's
+                  f"    _stamp({base} + 2, 1)\n    while work < work_end:\n        kb, b, h_kv", nth=2)
     tile = f"{base} + 3 + 4 * (work - first_work)"
     source = once(source, "            mbarrier.wait(kv_bar, t & 1)\n",
                   f"            _stamp({tile} + 0, 0)\n            mbarrier.wait(kv_bar, t & 1)\n"

@@ -98,7 +98,8 @@ def main() -> int:
         for label, problem in shapes.items():
             builds = xcompile.compile_config(FAMILY, problem, CONFIG, planned_device("h200"))
             main_build = next(k for k in builds if k.name == "attn_bwd_gluon")
-            print(f"{label}: compiled for sm90, shared {main_build.shared}, key-loop spills {main_build.mma_loop_spills}")
+            print(f"{label}: compiled for sm90, shared {main_build.shared}, "
+                  f"key-loop spills {main_build.mma_loop_spills}")
         return 0
     import datetime
 
