@@ -1,7 +1,7 @@
-"""The source patches of benchmarks/prototypes/flash_bwd_tile_clock.py (timestamps at tile boundaries) and
-flash_bwd_tma_epilogue.py (dK and dV by TMA stores) still find their anchors in today's rendered Gluon backward,
-dense and packed, and give Python that parses: a template change that moves an anchor fails here, not on the GPU.
-(Their sm90 builds: each script's --compile-only.)"""
+"""The source patches of benchmarks/prototypes/flash_bwd_tile_clock.py (timestamps at tile boundaries),
+flash_bwd_tma_epilogue.py (dK and dV by TMA stores) and flash_bwd_host_desc.py (host-built descriptors) still find
+their anchors in today's rendered Gluon backward and give Python that parses: a template change that moves an anchor
+fails here, not on the GPU. (Their sm90 builds: each script's --compile-only.)"""
 from __future__ import annotations
 
 import ast
@@ -45,3 +45,13 @@ def test_the_epilogue_patch_sends_dk_and_dv_by_tma_where_one_program_has_a_tile(
     assert source.count("tma.async_copy_shared_to_global(d") == 2  # dK, then dV
     assert source.count("dq_desc, dq_smem, dk_desc, dv_desc, dk_ptr") == 3  # the consumer's signature, its 2 calls
     assert "if SPLIT == 1:" in source and "gl.store(dk_ptr + dk_offsets" in source  # partials keep gl.store
+
+
+def test_the_descriptor_patch_takes_all_seven_from_the_host():
+    import flash_bwd_host_desc as host
+
+    source = host.patch(rendered(FlashProblem("bwd", 4, 32, 32, 2048, 2048, 128, causal=True)))
+    ast.parse(source)
+    kernel = source[source.index("def attn_bwd_gluon("):]
+    assert "make_tensor_descriptor" not in kernel
+    assert all(f"    {name}_desc = host_{name}\n" in kernel for name in host.NAMES)
