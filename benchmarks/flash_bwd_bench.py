@@ -76,14 +76,33 @@ def op_call(problem: FlashProblem, inputs: dict):
     return lambda: torch.autograd.grad(out, leaves, inputs["do"], retain_graph=True)
 
 
-def gross_check(problem: FlashProblem, config: Config, inputs: dict) -> str:
-    outputs = FAMILY.allocate_outputs(problem, inputs)
-    FAMILY.launch(problem, config, inputs, outputs)
+def gradient_error(problem: FlashProblem, inputs: dict, outputs: dict) -> str:
+    """The worst relative error of outputs' dq, dk and dv against plain torch in fp32 ('WRONG' past 2%)."""
     q, k, v, do = (inputs[n].float() for n in ("q", "k", "v", "do"))
     want = FAMILY._grads(problem, inputs, q, k, v, do, dtype=torch.float32)
     worst = max(((outputs[name].float() - w).abs().max() / w.abs().max()).item()
                 for name, w in zip(("dq", "dk", "dv"), want))
     return f"max rel err {worst:.4f}" + ("" if worst < 2e-2 else " WRONG")
+
+
+def gross_check(problem: FlashProblem, config: Config, inputs: dict) -> str:
+    outputs = FAMILY.allocate_outputs(problem, inputs)
+    FAMILY.launch(problem, config, inputs, outputs)
+    return gradient_error(problem, inputs, outputs)
+
+
+def timed_cells(problem: FlashProblem, fns: dict, rounds: int, digits: int = 2) -> str:
+    """Each call run once, then timed in interleaved rounds: 'name TFLOP/s (x cuDNN), ...; spread S' (the ratio where
+    fns has 'SDPA cuDNN')."""
+    for fn in fns.values():
+        fn()
+    times = interleaved(fns, rounds)
+    spread = times.pop("spread")
+    cost = FAMILY.cost(problem).flops
+    cudnn = times.get("SDPA cuDNN")
+    cells = [f"{name} {cost / ms / 1e9:.0f}" + (f" ({cudnn / ms:.{digits}f}x)" if cudnn else "")
+             for name, ms in times.items()]
+    return ", ".join(cells) + f"; spread {spread:.0%}"
 
 
 def main() -> int:
@@ -135,15 +154,7 @@ def main() -> int:
             fns["dense padded"] = kernel_call(dense, FAMILY.default_config(dense, device),
                                               FAMILY.make_inputs(dense, device, seed=0))
         fns.update(sdpa_calls(problem, inputs))
-        for fn in fns.values():
-            fn()
-        times = interleaved(fns, args.rounds)
-        spread = times.pop("spread")
-        cost = FAMILY.cost(problem).flops
-        cudnn = times.get("SDPA cuDNN")
-        cells = [f"{name} {cost / ms / 1e9:.0f}" + (f" ({cudnn / ms:.2f}x)" if cudnn else "")
-                 for name, ms in times.items()]
-        print(f"{label}: default {default['LOADS']}; " + ", ".join(cells) + f"; spread {spread:.0%}", flush=True)
+        print(f"{label}: default {default['LOADS']}; " + timed_cells(problem, fns, args.rounds), flush=True)
     return 0
 
 

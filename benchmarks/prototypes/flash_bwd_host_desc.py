@@ -135,7 +135,8 @@ def main() -> int:
     import triton
 
     from autotile.device import cuda_device
-    from flash_bench import interleaved, kernel_call, sdpa_calls
+    from flash_bench import kernel_call, sdpa_calls
+    from flash_bwd_bench import gradient_error, timed_cells
 
     device = cuda_device()
     print(f"# descriptors built in each program (family) or on the host (patched), {datetime.date.today()}, "
@@ -143,25 +144,14 @@ def main() -> int:
           flush=True)
     for label, problem in shapes.items():
         inputs = FAMILY.make_inputs(problem, device, seed=0)
-        q, k, v, do = (inputs[n].float() for n in ("q", "k", "v", "do"))
-        want = FAMILY._grads(problem, inputs, q, k, v, do, dtype=torch.float32)
         outputs = FAMILY.allocate_outputs(problem, inputs)
         host = host_call(problem, inputs, outputs, patched_module(problem))
         host()
         torch.cuda.synchronize()
-        worst = max(((outputs[n].float() - w).abs().max() / w.abs().max()).item()
-                    for n, w in zip(("dq", "dk", "dv"), want))
-        print(f"  {label} host descriptors: max rel err {worst:.4f}" + ("" if worst < 2e-2 else " WRONG"), flush=True)
+        print(f"  {label} host descriptors: {gradient_error(problem, inputs, outputs)}", flush=True)
         fns = {"family": kernel_call(problem, CONFIG, inputs), "host descriptors": host}
         fns.update({name: f for name, f in sdpa_calls(problem, inputs).items() if "cuDNN" in name})
-        for fn in fns.values():
-            fn()
-        times = interleaved(fns, args.rounds)
-        spread = times.pop("spread")
-        flops = FAMILY.cost(problem).flops
-        ref = times.get("SDPA cuDNN")
-        print(f"{label}: " + ", ".join(f"{name} {flops / ms / 1e9:.0f}" + (f" ({ref / ms:.3f}x)" if ref else "")
-                                       for name, ms in times.items()) + f"; spread {spread:.0%}", flush=True)
+        print(f"{label}: {timed_cells(problem, fns, args.rounds, digits=3)}", flush=True)
     return 0
 
 

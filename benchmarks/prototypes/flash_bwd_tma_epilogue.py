@@ -107,8 +107,8 @@ def main() -> int:
     import triton
 
     from autotile.device import cuda_device
-    from flash_bench import interleaved, kernel_call, sdpa_calls
-    from flash_bwd_bench import gross_check
+    from flash_bench import kernel_call, sdpa_calls
+    from flash_bwd_bench import gross_check, timed_cells
 
     device = cuda_device()
     plain = render.render_source
@@ -124,14 +124,7 @@ def main() -> int:
             fns[name] = kernel_call(problem, CONFIG, inputs)
         render.render_source = plain
         fns.update({k: f for k, f in sdpa_calls(problem, inputs).items() if "cuDNN" in k})
-        for fn in fns.values():
-            fn()
-        times = interleaved(fns, args.rounds)
-        spread = times.pop("spread")
-        flops = FAMILY.cost(problem).flops
-        ref = times.get("SDPA cuDNN")
-        print(f"{label}: " + ", ".join(f"{k} {flops / ms / 1e9:.0f}" + (f" ({ref / ms:.3f}x)" if ref else "")
-                                       for k, ms in times.items()) + f"; spread {spread:.0%}", flush=True)
+        print(f"{label}: {timed_cells(problem, fns, args.rounds, digits=3)}", flush=True)
     return 0
 
 
