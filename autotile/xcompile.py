@@ -84,13 +84,15 @@ class ConfigBuild:
         return not self.error
 
 
-# PTX instructions worth reporting: they show which hardware path a kernel took.
-_PTX_FEATURES = {"wgmma": "wgmma.mma_async", "mma.sync": "mma.sync", "cp.async": "cp.async",
-                 "tma": "cp.async.bulk.tensor", "setmaxnreg": "setmaxnreg",
+# PTX instructions worth reporting (patterns searched for): they show which hardware path a kernel took.
+_PTX_FEATURES = {"wgmma": r"wgmma\.mma_async", "mma.sync": r"mma\.sync", "cp.async": r"cp\.async",
+                 "tma": r"cp\.async\.bulk\.tensor", "setmaxnreg": r"setmaxnreg",
+                 # a TMA store, shared memory to global memory
+                 "tma_store": r"cp\.async\.bulk\.tensor\.[1-5]d\.global\.shared",
                  # global reductions (no reply awaited) and atomics (which wait for L2's reply)
-                 "red": "red.relaxed.gpu.global", "atom": "atom.global",
+                 "red": r"red\.relaxed\.gpu\.global", "atom": r"atom\.global",
                  # a TMA reduction from shared memory into global memory
-                 "tma_reduce": "cp.reduce.async.bulk.tensor"}
+                 "tma_reduce": r"cp\.reduce\.async\.bulk\.tensor"}
 
 
 def gpu_target(compute_capability: tuple[int, int]):
@@ -182,7 +184,7 @@ class _Collector:
         if self.build_launchers:
             build_launcher(compiled)
         ptx = compiled.asm.get("ptx", "")
-        features = tuple(label for label, text in _PTX_FEATURES.items() if text in ptx)
+        features = tuple(label for label, pattern in _PTX_FEATURES.items() if re.search(pattern, ptx))
         registers, stack = resource_usage(compiled.asm.get("cubin")) if self.read_resources else (None, None)
         loop_spills = mma_loop_spills(compiled.asm.get("cubin")) if self.read_resources and stack else None
         self.kernels.append(KernelBuild(name, shared, int(compiled.metadata.num_warps),

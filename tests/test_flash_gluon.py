@@ -206,6 +206,32 @@ def test_a_kept_forward_plan_encodes_each_descriptor_once_per_base_address(monke
     assert encoded == [("q", p(q)), ("k", p(k)), ("v", p(v)), ("o", p(o)), ("o", p(o2))]
 
 
+def test_a_backward_launch_passes_only_the_tensors_after_its_described_ones_as_pointers(monkeypatch):
+    """The Gluon backward's main kernel takes descriptors of its first `described` tensors and, as pointers, only
+    the tensors after them (dK's and dV's targets: the outputs, or SPLIT > 1's partials), bound and unbound alike."""
+    from autotile.families import flash_launch
+
+    launched, calls = [], []
+
+    def bind_descriptors(kernel, grid, *args, **options):
+        launched.append(args)
+        return (lambda *call: calls.append(call)), [lambda t: (f"map {t.data_ptr()}",)] * 3
+
+    monkeypatch.setattr(flash_launch, "bind_descriptors", bind_descriptors)
+    monkeypatch.setattr(flash_launch, "launch", lambda kernel, grid, *args, **options: launched.append(args))
+    describe = lambda a, b, c: ["a desc", "b desc", "c desc"]  # noqa: E731
+    a, b, c, part, cu = (torch.zeros(4) for _ in range(5))
+    for keep in (True, False):
+        main = flash_launch._DescriptorLaunch("attn_bwd_gluon", (132,), (9,), {}, keep, describe, described=3,
+                                              pointers_too=False)
+        main(a, b, c, part, cu)
+        main(a, b, c, part, cu)
+    assert [args[:3] for args in launched] == [("a desc", "b desc", "c desc")] * 3
+    assert all(args[3] is part and args[4] is cu and args[5:] == (9,) for args in launched)
+    assert calls[0][:3] == tuple(f"map {t.data_ptr()}" for t in (a, b, c))
+    assert calls[0][3] is part and calls[0][4] is cu and calls[0][5:] == (9,)
+
+
 def test_a_queued_forward_takes_the_streams_zeroed_counters_after_its_descriptors(monkeypatch):
     """TILE_QUEUE's kernel takes two int32 counters after the descriptors, zero at launch: the current stream's tile
     counters, which every kernel using them leaves zero, bound and unbound alike."""

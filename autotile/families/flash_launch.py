@@ -73,18 +73,21 @@ class _Launch:
 
 
 class _DescriptorLaunch(_Launch):
-    """A _Launch of the gluon_ws forward, whose leading arguments are host-built TMA descriptors of the call's first
-    four tensors (q, k, v, o): `describe(q, k, v, o)` builds them (the rendered module's tensor_descriptors).
+    """A _Launch of a Gluon kernel whose leading arguments are host-built TMA descriptors of the call's first
+    `described` tensors: `describe(*tensors[:described])` builds them (a rendered module's tensor_descriptors). The
+    tensors follow them as pointers, all of them (the forward's q, k, v, o) or, `pointers_too=False`, those after
+    the described ones (the backward's).
 
     A kept launch binds with bind_descriptors, and then encodes a descriptor only for a base address it has not
     seen (autotile.launch.KeptEncodings): the plan fixes shapes and strides.
     """
 
-    __slots__ = ("describe", "encodings", "queue")
+    __slots__ = ("describe", "described", "pointers_too", "encodings", "queue")
 
-    def __init__(self, kernel, grid: tuple, scalars: tuple, options: dict, keep: bool, describe, queue: bool = False):
+    def __init__(self, kernel, grid: tuple, scalars: tuple, options: dict, keep: bool, describe, queue: bool = False,
+                 described: int = 4, pointers_too: bool = True):
         super().__init__(kernel, grid, scalars, options, keep)
-        self.describe = describe
+        self.describe, self.described, self.pointers_too = describe, described, pointers_too
         self.encodings = ()
         # The kernel takes a tile queue after the descriptors (TILE_QUEUE): two counters, zero at launch and left
         # zero, from the current stream's (gemm_launch.tile_counters, which every kernel using them leaves zero).
@@ -92,21 +95,21 @@ class _DescriptorLaunch(_Launch):
 
     def __call__(self, *tensors) -> None:
         queue = (tile_counters(tensors[0].device, 2),) if self.queue else ()
+        pointers = tensors if self.pointers_too else tensors[self.described:]
         if self.bound is not None:
-            q_enc, k_enc, v_enc, o_enc = self.encodings
-            self.bound(*q_enc(tensors[0]), *k_enc(tensors[1]), *v_enc(tensors[2]), *o_enc(tensors[3]), *queue,
-                       *tensors, *self.scalars)
+            encoded = [x for encode, t in zip(self.encodings, tensors) for x in encode(t)]
+            self.bound(*encoded, *queue, *pointers, *self.scalars)
         elif self.keep:
-            bound = bind_descriptors(self.kernel, self.grid, *self.describe(*tensors[:4]), *queue, *tensors,
-                                     *self.scalars, **self.options)
+            bound = bind_descriptors(self.kernel, self.grid, *self.describe(*tensors[:self.described]), *queue,
+                                     *pointers, *self.scalars, **self.options)
             if bound is None:  # launched through Triton's own path (launch hooks): the ordinary path from now on
                 self.keep = False
             else:
                 self.bound, encoders = bound
                 self.encodings = tuple(KeptEncodings(encode) for encode in encoders)
         else:
-            launch(self.kernel, self.grid, *self.describe(*tensors[:4]), *queue, *tensors, *self.scalars,
-                   **self.options)
+            launch(self.kernel, self.grid, *self.describe(*tensors[:self.described]), *queue, *pointers,
+                   *self.scalars, **self.options)
 
 
 @dataclass
@@ -277,11 +280,14 @@ class GluonBackwardPlan:
             self.preprocess(o, do, lse, lse, cu_q, lse_pad, delta_pad, dq_acc)
         else:  # laid out as LSE (contiguous), whose strides the plan took
             self.preprocess_dlse(o, do, lse, dlse.contiguous(), cu_q, lse_pad, delta_pad, dq_acc)
+        # The main kernel's descriptors: over the first 7 of these (dense: all 9; dK's and dV's unused with
+        # SPLIT > 1); its pointers: dK's and dV's (or their partials) and the cumulative lengths.
+        described = (q, do, k, v, lse_pad, delta_pad, dq_acc, dk, dv)[:self.main.described]
         if self.reduce is None:
-            self.main(q, k, v, do, lse_pad, delta_pad, dq_acc, dk, dv, cu_q, cu_k)
+            self.main(*described, dk, dv, cu_q, cu_k)
         else:
             dk_part, dv_part = scratch[3:]
-            self.main(q, k, v, do, lse_pad, delta_pad, dq_acc, dk_part, dv_part, cu_q, cu_k)
+            self.main(*described, dk_part, dv_part, cu_q, cu_k)
             self.reduce(dk_part, dv_part, dk, dv)
         self.dq_cast(dq_acc, cu_q, dq)
 
@@ -303,7 +309,7 @@ def gluon_backward_plan(module, problem, config, scale: float, q, k, v, o, do, l
     varlen = p.varlen
     rows, keys = GLUON_BWD_ROWS, GLUON_BWD_KEYS
     dims = {"HEAD_DIM": p.head_dim, "BLOCK_D": p.block_d}
-    rows_q, rows_k = (q.shape[0], k.shape[0]) if varlen else (p.seq_q, p.seq_k)
+    rows_q = q.shape[0] if varlen else p.seq_q
     stats_shape = gluon_backward_stats_shape(p, rows_q)
     stat_rows = stats_shape[-1]
     row_grid = (_cdiv(p.seq_q, rows), p.batch * p.heads_q)
@@ -325,12 +331,17 @@ def gluon_backward_plan(module, problem, config, scale: float, q, k, v, o, do, l
         out_strides = part_strides * 2
     else:
         out_strides = (*rows_strides(dk, varlen), *rows_strides(dv, varlen))
-    main_scalars = (*rows_strides(q, varlen), *rows_strides(k, varlen), *rows_strides(v, varlen),
-                    *rows_strides(do, varlen), *out_strides, p.batch, p.heads_q, p.heads_kv, p.seq_q, p.seq_k, rows_q,
-                    rows_k, stat_rows, float(scale) * LOG2E, float(scale))
-    main = _Launch(module.attn_bwd_gluon, (_cdiv(tiles * split, chunk),), main_scalars,
-                   dict(BLOCK_M=rows, BLOCK_N=keys, CHUNK=chunk, SPLIT=split, HEAD_MAJOR=head_major, **dims,
-                        num_warps=4, num_stages=config["num_stages"]), keep)
+    main_scalars = (*out_strides, p.batch, p.heads_q, p.heads_kv, p.seq_q, p.seq_k, stat_rows,
+                    float(scale) * LOG2E, float(scale))
+    block_d = p.block_d
+
+    def describe(*tensors):
+        return module.tensor_descriptors(tensors, rows, keys, block_d)
+
+    main = _DescriptorLaunch(module.attn_bwd_gluon, (_cdiv(tiles * split, chunk),), main_scalars,
+                             dict(BLOCK_M=rows, BLOCK_N=keys, CHUNK=chunk, SPLIT=split, HEAD_MAJOR=head_major, **dims,
+                                  num_warps=4, num_stages=config["num_stages"]), keep, describe,
+                             described=7 if varlen else 9, pointers_too=False)
     reduce = None
     if split > 1:
         reduce = _Launch(module.attn_bwd_gluon_reduce, (_cdiv(p.seq_k, 64), p.batch * p.heads_kv),
