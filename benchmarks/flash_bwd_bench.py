@@ -112,6 +112,9 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--chunks", default="", type=lambda text: [int(c) for c in text.split(",") if c],
                         help="also time the Gluon backward with these tiles a program (e.g. 1,2,8)")
+    parser.add_argument("--other-order", action="store_true",
+                        help="also time the Gluon backward with its tiles in the order its rule does not pick "
+                             "(head by head or key block first: flash_launch.gluon_backward_head_major)")
     parser.add_argument("--all-stages", action="store_true",
                         help="time the Gluon backward on every slot count (default: two, the untuned one's)")
     args = parser.parse_args()
@@ -136,6 +139,11 @@ def main() -> int:
                     flash_launch.CHUNKS, flash_launch.CHUNK_PROGRAMS_PER_SM = (other,), 0
                     fns[f"gluon s{config['num_stages']} chunk{other}"] = kernel_call(problem, config, inputs)
                     flash_launch.CHUNKS, flash_launch.CHUNK_PROGRAMS_PER_SM = kept
+                if args.other_order and not problem.varlen:
+                    rule = flash_launch.gluon_backward_head_major
+                    flash_launch.gluon_backward_head_major = lambda *a, **k: not rule(*a, **k)
+                    fns[f"gluon s{config['num_stages']} other order"] = kernel_call(problem, config, inputs)
+                    flash_launch.gluon_backward_head_major = rule
                 if gluon_schedule(problem, device)[1] > 1:
                     splits, flash_launch.SPLITS = flash_launch.SPLITS, (1,)
                     fns[f"gluon s{config['num_stages']} unsplit"] = kernel_call(problem, config, inputs)
