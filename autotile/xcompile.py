@@ -145,11 +145,12 @@ def bind_arguments(kernel, target, args: tuple, kwargs: dict):
 def compile_kernel(kernel, target, args: tuple, kwargs: dict):
     """(CompiledKernel, bound arguments) of `kernel[grid](*args, **kwargs)` for `target`, without launching."""
     import triton
-    from triton.compiler import ASTSource
 
     _, options, signature, constexprs, attrs, bound = bind_arguments(kernel, target, args, kwargs)
-    if getattr(kernel, "is_gluon", lambda: False)():  # a Gluon kernel (gemm's gluon_ws variant) builds from its own IR
+    if getattr(kernel, "is_gluon", lambda: False)():  # a Gluon kernel builds from its own IR
         from triton.experimental.gluon._runtime import GluonASTSource as ASTSource
+    else:
+        from triton.compiler import ASTSource
     source = ASTSource(kernel, signature, constexprs, attrs)
     return triton.compile(source, target=target, options=options.__dict__), bound
 

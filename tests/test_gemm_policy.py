@@ -3,7 +3,6 @@ should, and the seeds of a search are distinct points of the space around it."""
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import pytest
 

@@ -27,7 +27,7 @@ import threading
 from dataclasses import dataclass
 
 from autotile.device import DeviceInfo
-from autotile.errors import AutotileError, ConfigOutsideSpaceError
+from autotile.errors import AutotileError
 from autotile.families.base import Family, is_vendor, vendor_enabled
 from autotile.space import Config
 
