@@ -105,6 +105,17 @@ def timed_cells(problem: FlashProblem, fns: dict, rounds: int, digits: int = 2) 
     return ", ".join(cells) + f"; spread {spread:.0%}"
 
 
+def start_run(title: str, units: str = "") -> torch.device:
+    """A backward benchmark's set-up: generated kernels only (AUTOTILE_VENDOR=0), an empty database unless AUTOTILE_DB
+    names one (no tuned winner served), and its header line; the device to run on."""
+    os.environ["AUTOTILE_VENDOR"] = "0"
+    os.environ.setdefault("AUTOTILE_DB", "sqlite:///" + str(Path("/tmp/autotile_bwd_bench_empty.sqlite")))
+    device = cuda_device()
+    print(f"# {title}, {datetime.date.today()}, {torch.cuda.get_device_name()}, torch {torch.__version__}, "
+          f"triton {triton.__version__}" + (f"; {units}" if units else ""), flush=True)
+    return device
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
@@ -118,11 +129,7 @@ def main() -> int:
     parser.add_argument("--all-stages", action="store_true",
                         help="time the Gluon backward on every slot count (default: two, the untuned one's)")
     args = parser.parse_args()
-    os.environ["AUTOTILE_VENDOR"] = "0"
-    os.environ.setdefault("AUTOTILE_DB", "sqlite:///" + str(Path("/tmp/autotile_bwd_bench_empty.sqlite")))
-    device = cuda_device()
-    print(f"# flash backward, {datetime.date.today()}, {torch.cuda.get_device_name()}, torch {torch.__version__}, "
-          f"triton {triton.__version__}; TFLOP/s (x cuDNN)", flush=True)
+    device = start_run("flash backward", "TFLOP/s (x cuDNN)")
     wanted = [w for w in args.shapes.split(",") if w]
     for label, problem in shapes(args.quick):
         if wanted and not any(w in label for w in wanted):

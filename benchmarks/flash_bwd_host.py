@@ -14,8 +14,6 @@ Results: results/flash_bwd_op_gap_2026-12-04.txt.
 from __future__ import annotations
 
 import argparse
-import datetime
-import os
 import sys
 import time
 from pathlib import Path
@@ -24,13 +22,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
-import triton  # noqa: E402
 
-from autotile.device import cuda_device  # noqa: E402
 from autotile.families.flash import FAMILY, FlashProblem, default_scale  # noqa: E402
 from autotile.runtime import ops_flash  # noqa: E402
 from flash_bench import interleaved, kernel_call, sdpa_calls  # noqa: E402
-from flash_bwd_bench import op_call  # noqa: E402
+from flash_bwd_bench import op_call, start_run  # noqa: E402
 
 # (label, batch, heads_q, heads_kv, tokens, head_dim): causal prefill.
 SHAPES = (("Qwen2.5-0.5B 16x512", 16, 14, 2, 512, 64), ("Qwen2.5-0.5B 1x4096", 1, 14, 2, 4096, 64),
@@ -64,11 +60,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profile", default="", help="directory for a profile of the first shape's op calls")
     args = parser.parse_args()
-    os.environ["AUTOTILE_VENDOR"] = "0"
-    os.environ.setdefault("AUTOTILE_DB", "sqlite:///" + str(Path("/tmp/autotile_bwd_host_empty.sqlite")))
-    device = cuda_device()
-    print(f"# flash backward host time, {datetime.date.today()}, {torch.cuda.get_device_name()}, torch "
-          f"{torch.__version__}, triton {triton.__version__}", flush=True)
+    device = start_run("flash backward host time")
     for label, batch, hq, hkv, seq, dim in SHAPES:
         problem = FlashProblem("bwd", batch, hq, hkv, seq, seq, dim, causal=True)
         inputs = FAMILY.make_inputs(problem, device, seed=0)

@@ -14,11 +14,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ["AUTOTILE_VENDOR"] = "0"
 
-import torch  # noqa: E402
-
 from autotile.device import cuda_device  # noqa: E402
 from autotile.families.flash import FAMILY, FlashProblem  # noqa: E402
 from flash_bench import kernel_call, sdpa_calls  # noqa: E402
+from ncu_window import profile_once  # noqa: E402
 
 device = cuda_device()
 shape = sys.argv[sys.argv.index("--shape") + 1].split(",") if "--shape" in sys.argv else "2,32,32,4096,128,causal".split(",")
@@ -28,13 +27,4 @@ inputs = FAMILY.make_inputs(problem, device, seed=0)
 fns = [kernel_call(problem, FAMILY.default_config(problem, device), inputs)]
 if "--ours-only" not in sys.argv:
     fns.append(sdpa_calls(problem, inputs)["SDPA cuDNN"])
-for _ in range(3):
-    for fn in fns:
-        fn()
-torch.cuda.synchronize()
-torch.cuda.profiler.start()
-for fn in fns:
-    fn()
-torch.cuda.synchronize()
-torch.cuda.profiler.stop()
-print("done", flush=True)
+profile_once(fns)

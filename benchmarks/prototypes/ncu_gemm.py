@@ -15,6 +15,7 @@ import torch  # noqa: E402
 from autotile.device import cuda_device  # noqa: E402
 from autotile.families.gemm import FAMILY, contiguous_problem  # noqa: E402
 from autotile.families.gemm_policy import gluon_config  # noqa: E402
+from ncu_window import profile_once  # noqa: E402
 
 m, n, k = (int(x) for x in sys.argv[1:4])
 presets = {"dp256": dict(BLOCK_N=256, BLOCK_K=64, num_stages=3), "dp128": dict(BLOCK_N=128, BLOCK_K=64, num_stages=5),
@@ -32,13 +33,4 @@ for name in sys.argv[4:]:
     fns.append(lambda c=c: FAMILY.launch(p, c, inputs, outputs))
 a, w = inputs["a"], inputs["b"].t()
 fns.append(lambda: torch.matmul(a, w.t()))
-for _ in range(3):
-    for f in fns:
-        f()
-torch.cuda.synchronize()
-torch.cuda.profiler.start()
-for f in fns:
-    f()
-torch.cuda.synchronize()
-torch.cuda.profiler.stop()
-print("done", flush=True)
+profile_once(fns)
