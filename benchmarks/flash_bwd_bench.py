@@ -46,7 +46,10 @@ def shapes(quick: bool) -> list[tuple[str, FlashProblem]]:
            ("anchor MHA 2x32x4096", FlashProblem("bwd", 2, 32, 32, 4096, 4096, 128)),
            ("anchor D64 3x12x2000 causal", FlashProblem("bwd", 3, 12, 12, 2000, 2000, 64, causal=True)),
            ("anchor D64 4x32x2048 causal", FlashProblem("bwd", 4, 32, 32, 2048, 2048, 64, causal=True)),
-           ("anchor D64 2x32x4096", FlashProblem("bwd", 2, 32, 32, 4096, 4096, 64))]
+           ("anchor D64 2x32x4096", FlashProblem("bwd", 2, 32, 32, 4096, 4096, 64)),
+           # Short MHA calls, whose tiles go out head by head (flash_launch.gluon_backward_head_major).
+           ("anchor MHA 16x32x512", FlashProblem("bwd", 16, 32, 32, 512, 512, 128)),
+           ("anchor MHA 32x32x256 causal", FlashProblem("bwd", 32, 32, 32, 256, 256, 128, causal=True))]
     # Packed sequences (lengths drawn between a quarter and all of the longest; TFLOP/s on their real tokens) beside
     # the dense shapes of the same longest length above.
     out += [("packed Llama-3-8B 8x<=2048", FlashProblem("bwd", 8, 32, 8, 2048, 2048, 128, causal=True, varlen=True)),
@@ -62,9 +65,10 @@ def gluon_tiles(problem: FlashProblem) -> int:
     return triton.cdiv(problem.seq_k, flash_launch.GLUON_BWD_KEYS) * problem.batch * problem.heads_kv
 
 
-def gluon_schedule(problem: FlashProblem, device) -> tuple[int, int]:
-    """(CHUNK, SPLIT) of the Gluon backward's plan."""
-    return flash_launch.gluon_backward_schedule(gluon_tiles(problem), device.sm_count)
+def gluon_schedule(problem: FlashProblem, device) -> tuple[int, int, bool]:
+    """(CHUNK, SPLIT, HEAD_MAJOR) of the Gluon backward's plan."""
+    key_blocks = triton.cdiv(problem.seq_k, flash_launch.GLUON_BWD_KEYS)
+    return flash_launch.gluon_backward_schedule(gluon_tiles(problem), key_blocks, device.sm_count, problem.varlen)
 
 
 def op_call(problem: FlashProblem, inputs: dict):
@@ -142,10 +146,11 @@ def main() -> int:
                 chunk = gluon_schedule(problem, device)[0]
                 for other in (c for c in args.chunks if c != chunk):
                     # exactly `other` consecutive tiles a program
-                    kept = flash_launch.CHUNKS, flash_launch.CHUNK_PROGRAMS_PER_SM
-                    flash_launch.CHUNKS, flash_launch.CHUNK_PROGRAMS_PER_SM = (other,), 0
+                    kept = flash_launch.CHUNKS, flash_launch.CHUNK_PROGRAMS_PER_SM, flash_launch.HEAD_MAJOR_CHUNK
+                    flash_launch.CHUNKS, flash_launch.CHUNK_PROGRAMS_PER_SM, flash_launch.HEAD_MAJOR_CHUNK = (
+                        (other,), 0, other)
                     fns[f"gluon s{config['num_stages']} chunk{other}"] = kernel_call(problem, config, inputs)
-                    flash_launch.CHUNKS, flash_launch.CHUNK_PROGRAMS_PER_SM = kept
+                    flash_launch.CHUNKS, flash_launch.CHUNK_PROGRAMS_PER_SM, flash_launch.HEAD_MAJOR_CHUNK = kept
                 if args.other_order and not problem.varlen:
                     rule = flash_launch.gluon_backward_head_major
                     flash_launch.gluon_backward_head_major = lambda *a, **k: not rule(*a, **k)

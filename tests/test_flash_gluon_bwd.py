@@ -70,15 +70,18 @@ def test_few_tiles_are_shared_by_programs_and_many_are_chunked():
     from autotile.families.flash_launch import gluon_backward_schedule
 
     sms = H200.sm_count
-    assert gluon_backward_schedule(32 * 2 * 32, sms) == (4, 1)  # 2 x 32 x 4096 MHA: 2048 tiles, 4 a program
-    assert gluon_backward_schedule(32 * 8, sms) == (1, 1)  # Llama-3-8B 1 x 4096: 256 tiles, about 2 an SM
-    assert gluon_backward_schedule(32 * 4, sms) == (1, 2)  # Qwen2.5-7B 1 x 4096: 128 tiles, each walked by two
-    assert gluon_backward_schedule(32 * 2, sms) == (1, 4)  # Qwen2.5-1.5B: 64 tiles
-    assert gluon_backward_schedule(1, sms) == (1, 4)
+    # (tiles, key blocks): (CHUNK, SPLIT, HEAD_MAJOR)
+    assert gluon_backward_schedule(32 * 2 * 32, 32, sms) == (4, 1, False)  # 2 x 32 x 4096 MHA: 4 a program
+    assert gluon_backward_schedule(8 * 32 * 8, 8, sms) == (4, 1, False)  # 8 x 32 x 1024 MHA
+    assert gluon_backward_schedule(32 * 8, 32, sms) == (1, 1, False)  # Llama-3-8B 1 x 4096: about 2 an SM
+    assert gluon_backward_schedule(32 * 4, 32, sms) == (1, 2, False)  # Qwen2.5-7B 1 x 4096: each walked by two
+    assert gluon_backward_schedule(32 * 2, 32, sms) == (1, 4, False)  # Qwen2.5-1.5B: 64 tiles
+    assert gluon_backward_schedule(1, 1, sms) == (1, 4, False)
+    assert gluon_backward_schedule(64, 1, sms, varlen=True) == (1, 1, False)  # packed: never split
 
 
-def test_short_sequences_tiles_go_out_head_by_head_where_programs_are_many():
-    from autotile.families.flash_launch import gluon_backward_head_major
+def test_short_sequences_tiles_go_out_head_by_head_one_a_program():
+    from autotile.families.flash_launch import gluon_backward_head_major, gluon_backward_schedule
 
     sms = H200.sm_count
     assert gluon_backward_head_major(4, 512, sms, varlen=False)  # Llama-3-8B 16 x 512: 512 tiles
@@ -86,6 +89,9 @@ def test_short_sequences_tiles_go_out_head_by_head_where_programs_are_many():
     assert not gluon_backward_head_major(4, 256, sms, varlen=False)  # Qwen2.5-7B 16 x 512: 256 tiles
     assert not gluon_backward_head_major(8, 512, sms, varlen=False)  # Llama-3-8B 8 x 1024
     assert not gluon_backward_head_major(4, 512, sms, varlen=True)  # packed: tiles past a sequence are skipped
+    # MHA 16 x 32 x 512: 2048 tiles, enough for chunks of 4, but one a program, a head's 4 side by side.
+    assert gluon_backward_schedule(16 * 32 * 4, 4, sms) == (1, 1, True)
+    assert gluon_backward_schedule(16 * 4 * 4, 4, sms) == (1, 1, False)  # Qwen2.5-7B 16 x 512: 256 tiles
 
 
 def _gluon_module(problem):

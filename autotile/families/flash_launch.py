@@ -235,21 +235,29 @@ CHUNKS = (4, 2, 1)
 # Qwen2.5-7B's (256 programs: the heaviest-first order balances them) 1.07x -> 0.97x; from 1024 keys 3-21% slower.
 HEAD_MAJOR_KEY_BLOCKS = 4
 HEAD_MAJOR_PROGRAMS_PER_SM = 3
+# Tiles a program where they go out head by head: one, so that a head's few tiles run side by side on as many SMs.
+# In chunks of 4 one program walked them one after another (MHA 16 x 32 x 512 causal 0.87x of cuDNN with 4 a program,
+# 1.02x with one; Phi-3-mini 16 x 512 0.84x -> 0.96x; results/flash_bwd_2026-12-04d_chunks.txt).
+HEAD_MAJOR_CHUNK = 1
 
 
-def gluon_backward_head_major(key_blocks: int, programs: int, sms: int, varlen: bool) -> bool:
-    """Whether the Gluon backward's tiles go out head by head (templates/flash_gluon_bwd.py.j2, _work_coords)."""
-    return not varlen and key_blocks <= HEAD_MAJOR_KEY_BLOCKS and programs >= HEAD_MAJOR_PROGRAMS_PER_SM * sms
+def gluon_backward_head_major(key_blocks: int, work: int, sms: int, varlen: bool) -> bool:
+    """Whether the Gluon backward's tiles go out head by head (templates/flash_gluon_bwd.py.j2, _work_coords), for
+    `work` work items (tiles x SPLIT) of `key_blocks` 128-key blocks a sequence."""
+    return not varlen and key_blocks <= HEAD_MAJOR_KEY_BLOCKS and work >= HEAD_MAJOR_PROGRAMS_PER_SM * sms
 
 
-def gluon_backward_schedule(tiles: int, sms: int, may_split: bool = True) -> tuple[int, int]:
-    """(CHUNK, SPLIT) of the Gluon backward for `tiles` tiles (128-key blocks of each KV head) on `sms` SMs: SPLIT
-    programs share a tile's walk where fewer than SPLIT_PROGRAMS_PER_SM programs an SM would run (the fewest parts
-    that reach it; 1 where not `may_split`); then each program takes CHUNK consecutive work items: 4, 2 or 1, the
-    most that leaves CHUNK_PROGRAMS_PER_SM programs an SM."""
-    split = next((s for s in SPLITS if tiles * s >= SPLIT_PROGRAMS_PER_SM * sms), SPLITS[-1]) if may_split else 1
+def gluon_backward_schedule(tiles: int, key_blocks: int, sms: int, varlen: bool = False) -> tuple[int, int, bool]:
+    """(CHUNK, SPLIT, HEAD_MAJOR) of the Gluon backward for `tiles` tiles (`key_blocks` 128-key blocks of each KV
+    head) on `sms` SMs. SPLIT programs share a tile's walk where fewer than SPLIT_PROGRAMS_PER_SM programs an SM would
+    run (the fewest parts that reach it; packed sequences never split). Tiles go out head by head where
+    gluon_backward_head_major says so, HEAD_MAJOR_CHUNK a program; otherwise each program takes CHUNK consecutive work
+    items: 4, 2 or 1, the most that leaves CHUNK_PROGRAMS_PER_SM programs an SM."""
+    split = 1 if varlen else next((s for s in SPLITS if tiles * s >= SPLIT_PROGRAMS_PER_SM * sms), SPLITS[-1])
     work = tiles * split
-    return next(c for c in CHUNKS if c == 1 or work // c >= CHUNK_PROGRAMS_PER_SM * sms), split
+    if gluon_backward_head_major(key_blocks, work, sms, varlen):
+        return HEAD_MAJOR_CHUNK, split, True
+    return next(c for c in CHUNKS if c == 1 or work // c >= CHUNK_PROGRAMS_PER_SM * sms), split, False
 
 
 class GluonBackwardPlan:
@@ -319,11 +327,10 @@ def gluon_backward_plan(module, problem, config, scale: float, q, k, v, o, do, l
         _Launch(module.attn_bwd_gluon_preprocess, row_grid, pre_scalars,
                 dict(BLOCK_M=rows, HAS_DLSE=has_dlse, **dims, num_warps=4), keep) for has_dlse in (False, True))
     tiles = _cdiv(p.seq_k, keys) * p.batch * p.heads_kv
-    # Packed sequences: one program a tile (the tiles counted include those past a sequence's keys, and a packed
-    # batch holds many sequences).
+    # Packed sequences: no tile split between programs (the tiles counted include those past a sequence's keys, and
+    # a packed batch holds many sequences).
     sms = current_device(q.device).sm_count
-    chunk, split = gluon_backward_schedule(tiles, sms, may_split=not varlen)
-    head_major = gluon_backward_head_major(_cdiv(p.seq_k, keys), _cdiv(tiles * split, chunk), sms, varlen)
+    chunk, split, head_major = gluon_backward_schedule(tiles, _cdiv(p.seq_k, keys), sms, varlen)
     part = p.batch * p.heads_kv * p.seq_k * p.block_d  # elements of one part's fp32 dK (or dV) partials
     if split > 1:
         # The kernel writes fp32 partials of dK and dV, contiguous (SPLIT * B, Hkv, Sk, BLOCK_D).
