@@ -49,7 +49,10 @@ def shapes(quick: bool) -> list[tuple[str, FlashProblem]]:
            ("anchor D64 2x32x4096", FlashProblem("bwd", 2, 32, 32, 4096, 4096, 64)),
            # Short MHA calls, whose tiles go out head by head (flash_launch.gluon_backward_head_major).
            ("anchor MHA 16x32x512", FlashProblem("bwd", 16, 32, 32, 512, 512, 128)),
-           ("anchor MHA 32x32x256 causal", FlashProblem("bwd", 32, 32, 32, 256, 256, 128, causal=True))]
+           ("anchor MHA 32x32x256 causal", FlashProblem("bwd", 32, 32, 32, 256, 256, 128, causal=True)),
+           # Where head by head begins at any length (flash_launch.HEAD_MAJOR_TILES_PER_SM): 1024 tiles.
+           ("anchor MHA 1x32x4096 causal", FlashProblem("bwd", 1, 32, 32, 4096, 4096, 128, causal=True)),
+           ("anchor GQA 8x32/8x2048 causal", FlashProblem("bwd", 8, 32, 8, 2048, 2048, 128, causal=True))]
     # Packed sequences (lengths drawn between a quarter and all of the longest; TFLOP/s on their real tokens) beside
     # the dense shapes of the same longest length above.
     out += [("packed Llama-3-8B 8x<=2048", FlashProblem("bwd", 8, 32, 8, 2048, 2048, 128, causal=True, varlen=True)),

@@ -71,8 +71,11 @@ def test_few_tiles_are_shared_by_programs_and_many_are_chunked():
 
     sms = H200.sm_count
     # (tiles, key blocks): (CHUNK, SPLIT, HEAD_MAJOR)
-    assert gluon_backward_schedule(32 * 2 * 32, 32, sms) == (4, 1, False)  # 2 x 32 x 4096 MHA: 4 a program
-    assert gluon_backward_schedule(8 * 32 * 8, 8, sms) == (4, 1, False)  # 8 x 32 x 1024 MHA
+    # 2 x 32 x 4096 MHA: 2048 tiles, head by head; packed, chunks of 4.
+    assert gluon_backward_schedule(32 * 2 * 32, 32, sms) == (1, 1, True)
+    assert gluon_backward_schedule(32 * 2 * 32, 32, sms, varlen=True) == (4, 1, False)
+    assert gluon_backward_schedule(8 * 32 * 8, 8, sms) == (1, 1, True)  # 8 x 32 x 1024 MHA
+    assert gluon_backward_schedule(4 * 8 * 16, 16, sms) == (1, 1, False)  # Llama-3-8B 4 x 2048: 512 tiles
     assert gluon_backward_schedule(32 * 8, 32, sms) == (1, 1, False)  # Llama-3-8B 1 x 4096: about 2 an SM
     assert gluon_backward_schedule(32 * 4, 32, sms) == (1, 2, False)  # Qwen2.5-7B 1 x 4096: each walked by two
     assert gluon_backward_schedule(32 * 2, 32, sms) == (1, 4, False)  # Qwen2.5-1.5B: 64 tiles

@@ -218,6 +218,8 @@ GLUON_BWD_KEYS = 128
 # consecutive tiles a program (benchmarks/prototypes/gluon_flash_bwd.py; results/gluon_flash_bwd_2026-12-04c_red_host.txt,
 # call 8): not causal 0.64x -> 0.73x of cuDNN, head dim 64 causal 0.55x -> 0.66x, causal 2 x 32 x 4096 0.71x either
 # way (512 programs); 1 x 32/8 x 4096 (256 tiles) fell to 0.26x (64 programs: half the SMs idle).
+# Dense calls with tiles enough for chunks now go out head by head, one tile a program (HEAD_MAJOR_TILES_PER_SM
+# below): packed sequences take chunks.
 CHUNK_PROGRAMS_PER_SM = 3
 # Programs an SM below which programs share tiles (SPLIT): causal 1 x 28/4 x 4096 (Qwen2.5-7B, 128 tiles, one
 # program an SM, the first key blocks' programs walking all 64 query blocks of 7 heads while the last ones' walk
@@ -231,20 +233,31 @@ CHUNKS = (4, 2, 1)
 # Tiles go out head by head, not key block by key block, where a sequence has at most this many 128-key blocks and
 # at least this many programs an SM run: its few tiles then run side by side and read its Q and dO from memory once.
 # Measured (results/gluon_flash_bwd_dq_tma_2026-12-04.txt, calls 7 and 8, x cuDNN): causal 16 x 512 and 32 x 256
-# with Llama-3-8B's heads (512 programs) 0.93x -> 1.05x and 1.05x -> 1.14x, 16 x 32 x 512 0.67x -> 0.70x; with
-# Qwen2.5-7B's (256 programs: the heaviest-first order balances them) 1.07x -> 0.97x; from 1024 keys 3-21% slower.
+# with Llama-3-8B's heads (512 programs) 0.93x -> 1.05x and 1.05x -> 1.14x; with Qwen2.5-7B's (256 programs: the
+# heaviest-first order balances them) 1.07x -> 0.97x.
 HEAD_MAJOR_KEY_BLOCKS = 4
 HEAD_MAJOR_PROGRAMS_PER_SM = 3
-# Tiles a program where they go out head by head: one, so that a head's few tiles run side by side on as many SMs.
-# In chunks of 4 one program walked them one after another (MHA 16 x 32 x 512 causal 0.87x of cuDNN with 4 a program,
-# 1.02x with one; Phi-3-mini 16 x 512 0.84x -> 0.96x; results/flash_bwd_2026-12-04d_chunks.txt).
+# ... and at any length where tiles are this many an SM. Key block first, the tiles running at once read the same
+# key block of many heads, each head's Q and dO again from memory once they outgrow L2; head by head, a head's key
+# blocks share them. Measured one a program against the key-block-first order's chunks of 4
+# (results/flash_bwd_2026-12-04d_chunks.txt, x cuDNN): MHA 2 x 32 x 4096 causal 0.94x -> 0.99x, Llama-2-7B 4 x 2048
+# 0.92x -> 1.00x, 8 x 1024 0.90x -> 1.01x, Phi-3-mini 4 x 2048 0.91x -> 0.98x; head dim 64 4 x 32 x 2048 causal
+# 1.00x -> 0.97x. With few tiles the heaviest-first order's balance wins: Llama-3-8B 1 x 4096 (256 tiles) 1.11x
+# head by head 0.83x, 4 x 2048 (512) 1.03x / 0.98x.
+HEAD_MAJOR_TILES_PER_SM = 6
+# Tiles a program where they go out head by head: one, so that a head's tiles run side by side on as many SMs.
+# In chunks of 4 one program walked them one after another (MHA 16 x 32 x 512 0.80x of cuDNN with 4 a program,
+# 1.02x with one; Llama-2-7B 16 x 512 causal 0.86x -> 1.01x; results/flash_bwd_2026-12-04d_chunks.txt).
 HEAD_MAJOR_CHUNK = 1
 
 
 def gluon_backward_head_major(key_blocks: int, work: int, sms: int, varlen: bool) -> bool:
     """Whether the Gluon backward's tiles go out head by head (templates/flash_gluon_bwd.py.j2, _work_coords), for
     `work` work items (tiles x SPLIT) of `key_blocks` 128-key blocks a sequence."""
-    return not varlen and key_blocks <= HEAD_MAJOR_KEY_BLOCKS and work >= HEAD_MAJOR_PROGRAMS_PER_SM * sms
+    if varlen:  # packed: the tiles counted include those past a sequence's keys, which are skipped
+        return False
+    short = key_blocks <= HEAD_MAJOR_KEY_BLOCKS and work >= HEAD_MAJOR_PROGRAMS_PER_SM * sms
+    return short or work >= HEAD_MAJOR_TILES_PER_SM * sms
 
 
 def gluon_backward_schedule(tiles: int, key_blocks: int, sms: int, varlen: bool = False) -> tuple[int, int, bool]:
