@@ -30,6 +30,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 
 from autotile.device import cuda_device  # noqa: E402
+from autotile.dtypes import element_size  # noqa: E402
 from autotile.families import flash_launch  # noqa: E402
 from autotile.families.flash import FAMILY, GLUON_WS, FlashProblem  # noqa: E402
 from autotile.space import Config  # noqa: E402
@@ -70,8 +71,11 @@ def gluon_tiles(problem: FlashProblem) -> int:
 
 def gluon_schedule(problem: FlashProblem, device) -> tuple[int, int, bool]:
     """(CHUNK, SPLIT, HEAD_MAJOR) of the Gluon backward's plan."""
-    key_blocks = triton.cdiv(problem.seq_k, flash_launch.GLUON_BWD_KEYS)
-    return flash_launch.gluon_backward_schedule(gluon_tiles(problem), key_blocks, device.sm_count, problem.varlen)
+    p = problem
+    key_blocks = triton.cdiv(p.seq_k, flash_launch.GLUON_BWD_KEYS)
+    q_do_bytes = 2 * p.batch * p.heads_q * p.seq_q * p.head_dim * element_size(p.dtype)
+    return flash_launch.gluon_backward_schedule(gluon_tiles(p), key_blocks, device.sm_count, p.varlen,
+                                                causal=p.causal, q_do_bytes=q_do_bytes)
 
 
 def op_call(problem: FlashProblem, inputs: dict):

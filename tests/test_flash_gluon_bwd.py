@@ -66,35 +66,56 @@ def test_the_untuned_backward_is_gluon_where_it_applies():
     assert all(c["LOADS"] != GLUON_WS for c in FAMILY.seed_configs(LLAMA_4K, planned_device("a100")))
 
 
-def test_few_tiles_are_shared_by_programs_and_many_are_chunked():
+def _schedule(batch, heads_q, heads_kv, seq, head_dim=128, causal=True, varlen=False):
+    """flash_launch.gluon_backward_schedule of a bf16 call, as gluon_backward_plan asks it."""
     from autotile.families.flash_launch import gluon_backward_schedule
 
-    sms = H200.sm_count
-    # (tiles, key blocks): (CHUNK, SPLIT, HEAD_MAJOR)
-    # 2 x 32 x 4096 MHA: 2048 tiles, head by head; packed, chunks of 4.
-    assert gluon_backward_schedule(32 * 2 * 32, 32, sms) == (1, 1, True)
-    assert gluon_backward_schedule(32 * 2 * 32, 32, sms, varlen=True) == (4, 1, False)
-    assert gluon_backward_schedule(8 * 32 * 8, 8, sms) == (1, 1, True)  # 8 x 32 x 1024 MHA
-    assert gluon_backward_schedule(4 * 8 * 16, 16, sms) == (1, 1, False)  # Llama-3-8B 4 x 2048: 512 tiles
-    assert gluon_backward_schedule(32 * 8, 32, sms) == (1, 1, False)  # Llama-3-8B 1 x 4096: about 2 an SM
-    assert gluon_backward_schedule(32 * 4, 32, sms) == (1, 2, False)  # Qwen2.5-7B 1 x 4096: each walked by two
-    assert gluon_backward_schedule(32 * 2, 32, sms) == (1, 4, False)  # Qwen2.5-1.5B: 64 tiles
-    assert gluon_backward_schedule(1, 1, sms) == (1, 4, False)
-    assert gluon_backward_schedule(64, 1, sms, varlen=True) == (1, 1, False)  # packed: never split
+    key_blocks = -(-seq // 128)
+    return gluon_backward_schedule(key_blocks * batch * heads_kv, key_blocks, H200.sm_count, varlen, causal=causal,
+                                   q_do_bytes=2 * batch * heads_q * seq * head_dim * 2)
+
+
+def test_few_tiles_are_shared_by_programs():
+    # (CHUNK, SPLIT, HEAD_MAJOR)
+    assert _schedule(1, 32, 8, 4096) == (1, 1, False)  # Llama-3-8B: 256 tiles, about 2 an SM
+    assert _schedule(4, 32, 8, 2048) == (1, 1, False)  # 512 tiles
+    assert _schedule(1, 28, 4, 4096) == (1, 2, False)  # Qwen2.5-7B: 128 tiles, each walked by two
+    assert _schedule(1, 12, 2, 4096) == (1, 4, False)  # Qwen2.5-1.5B: 64 tiles
+    assert _schedule(1, 1, 1, 100) == (1, 4, False)
+    assert _schedule(64, 32, 32, 1024, varlen=True)[1] == 1  # packed: never split
+
+
+def test_many_tiles_go_out_head_by_head_where_q_and_do_outgrow_l2():
+    assert _schedule(2, 32, 32, 4096) == (1, 1, True)  # MHA, 2048 tiles, Q and dO 128 MiB
+    assert _schedule(2, 32, 32, 4096, head_dim=96) == (1, 1, True)  # Phi-3-mini: 96 MiB
+    assert _schedule(8, 32, 8, 2048) == (1, 1, True)  # GQA, 1024 tiles, 256 MiB
+    assert _schedule(8, 32, 32, 1024) == (1, 1, True)
+    # Causal, Q and dO within 1.5 x L2: key block first (heaviest first), in chunks.
+    assert _schedule(1, 32, 32, 4096) == (2, 1, False)  # 1024 tiles, 64 MiB
+    assert _schedule(1, 32, 32, 4096, head_dim=96) == (2, 1, False)  # 48 MiB
+    assert _schedule(4, 32, 32, 2048, head_dim=64) == (4, 1, False)  # 64 MiB
+    # Not causal, tiles are even: head by head at any size.
+    assert _schedule(2, 32, 32, 4096, head_dim=64, causal=False) == (1, 1, True)
+    # Packed sequences: their tile count includes tiles past each sequence's keys.
+    assert _schedule(2, 32, 32, 4096, varlen=True) == (4, 1, False)
 
 
 def test_short_sequences_tiles_go_out_head_by_head_one_a_program():
-    from autotile.families.flash_launch import gluon_backward_head_major, gluon_backward_schedule
+    from autotile.families.flash_launch import gluon_backward_head_major
 
     sms = H200.sm_count
-    assert gluon_backward_head_major(4, 512, sms, varlen=False)  # Llama-3-8B 16 x 512: 512 tiles
-    assert gluon_backward_head_major(2, 512, sms, varlen=False)  # 32 x 256
-    assert not gluon_backward_head_major(4, 256, sms, varlen=False)  # Qwen2.5-7B 16 x 512: 256 tiles
-    assert not gluon_backward_head_major(8, 512, sms, varlen=False)  # Llama-3-8B 8 x 1024
-    assert not gluon_backward_head_major(4, 512, sms, varlen=True)  # packed: tiles past a sequence are skipped
+
+    def head_major(key_blocks, work, varlen=False):
+        return gluon_backward_head_major(key_blocks, work, sms, varlen, causal=True, q_do_bytes=0)
+
+    assert head_major(4, 512)  # Llama-3-8B 16 x 512: 512 tiles
+    assert head_major(2, 512)  # 32 x 256
+    assert not head_major(4, 256)  # Qwen2.5-7B 16 x 512: 256 tiles
+    assert not head_major(8, 512)  # Llama-3-8B 8 x 1024
+    assert not head_major(4, 512, varlen=True)  # packed: tiles past a sequence are skipped
     # MHA 16 x 32 x 512: 2048 tiles, enough for chunks of 4, but one a program, a head's 4 side by side.
-    assert gluon_backward_schedule(16 * 32 * 4, 4, sms) == (1, 1, True)
-    assert gluon_backward_schedule(16 * 4 * 4, 4, sms) == (1, 1, False)  # Qwen2.5-7B 16 x 512: 256 tiles
+    assert _schedule(16, 32, 32, 512) == (1, 1, True)
+    assert _schedule(16, 28, 4, 512) == (1, 1, False)  # Qwen2.5-7B 16 x 512: 256 tiles
 
 
 def _gluon_module(problem):

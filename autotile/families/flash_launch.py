@@ -218,8 +218,8 @@ GLUON_BWD_KEYS = 128
 # consecutive tiles a program (benchmarks/prototypes/gluon_flash_bwd.py; results/gluon_flash_bwd_2026-12-04c_red_host.txt,
 # call 8): not causal 0.64x -> 0.73x of cuDNN, head dim 64 causal 0.55x -> 0.66x, causal 2 x 32 x 4096 0.71x either
 # way (512 programs); 1 x 32/8 x 4096 (256 tiles) fell to 0.26x (64 programs: half the SMs idle).
-# Dense calls with tiles enough for chunks now go out head by head, one tile a program (HEAD_MAJOR_TILES_PER_SM
-# below): packed sequences take chunks.
+# Dense calls with tiles enough for chunks mostly go out head by head, one tile a program (HEAD_MAJOR_TILES_PER_SM
+# below); causal calls whose Q and dO fit L2, and packed sequences, take chunks.
 CHUNK_PROGRAMS_PER_SM = 3
 # Programs an SM below which programs share tiles (SPLIT): causal 1 x 28/4 x 4096 (Qwen2.5-7B, 128 tiles, one
 # program an SM, the first key blocks' programs walking all 64 query blocks of 7 heads while the last ones' walk
@@ -237,38 +237,51 @@ CHUNKS = (4, 2, 1)
 # heaviest-first order balances them) 1.07x -> 0.97x.
 HEAD_MAJOR_KEY_BLOCKS = 4
 HEAD_MAJOR_PROGRAMS_PER_SM = 3
-# ... and at any length where tiles are this many an SM. Key block first, the tiles running at once read the same
-# key block of many heads, each head's Q and dO again from memory once they outgrow L2; head by head, a head's key
-# blocks share them. Measured one a program against the key-block-first order's chunks of 4
-# (results/flash_bwd_2026-12-04d_chunks.txt, x cuDNN): MHA 2 x 32 x 4096 causal 0.94x -> 0.99x, Llama-2-7B 4 x 2048
-# 0.92x -> 1.00x, 8 x 1024 0.90x -> 1.01x, Phi-3-mini 4 x 2048 0.91x -> 0.98x; head dim 64 4 x 32 x 2048 causal
-# 1.00x -> 0.97x. With few tiles the heaviest-first order's balance wins: Llama-3-8B 1 x 4096 (256 tiles) 1.11x
-# head by head 0.83x, 4 x 2048 (512) 1.03x / 0.98x.
+# ... and at any length where tiles are this many an SM, unless causal masks make tiles uneven and the call's Q and dO
+# fit L2 (below HEAD_MAJOR_L2_MULTIPLE times it). Key block first, the tiles running at once hold the same key block
+# of many heads, and each reads its head's Q and dO again from memory once they outgrow L2; head by head, a head's key
+# blocks share them. Key block first, causal tiles also go heaviest first, which balances the SMs. Measured one a
+# program against the key-block-first order's chunks of 4 (results/flash_bwd_2026-12-04d_chunks.txt, x cuDNN):
+#   Q and dO 100-256 MB: MHA 2 x 32 x 4096 causal 0.93-0.97x -> 0.99-1.04x, Llama-2-7B 4 x 2048 0.92x -> 1.00x,
+#     8 x 1024 0.86-0.90x -> 1.01x, Phi-3-mini 2 x 4096 0.94x -> 1.00x, GQA 8 x 32/8 x 2048 0.90x -> 1.04x;
+#   48-64 MB, causal: Phi-3-mini 1 x 4096 1.07x -> 1.01x, Llama-2-7B 1 x 4096 1.05x -> 1.03x, head dim 64
+#     4 x 32 x 2048 0.98-1.00x -> 0.97-0.98x;
+#   not causal: MHA 2 x 32 x 4096 0.96x -> 0.97-0.99x, head dim 64 2 x 32 x 4096 (64 MB) 0.90x -> 0.93-0.95x.
+# With fewer tiles the heaviest-first order's balance wins: Llama-3-8B 1 x 4096 (256 tiles) 1.07-1.11x, head by head
+# 0.81-0.83x; 4 x 2048 (512) 1.02-1.06x / 0.98-1.00x.
 HEAD_MAJOR_TILES_PER_SM = 6
+HEAD_MAJOR_L2_MULTIPLE = 1.5
+# L2 of the Hopper GPUs the Gluon backward runs on: 50 MB (NVIDIA H100 Tensor Core GPU Architecture whitepaper, H100
+# SXM5; the H200 is the same GH100 die).
+HOPPER_L2_BYTES = 50 * 2**20
 # Tiles a program where they go out head by head: one, so that a head's tiles run side by side on as many SMs.
 # In chunks of 4 one program walked them one after another (MHA 16 x 32 x 512 0.80x of cuDNN with 4 a program,
 # 1.02x with one; Llama-2-7B 16 x 512 causal 0.86x -> 1.01x; results/flash_bwd_2026-12-04d_chunks.txt).
 HEAD_MAJOR_CHUNK = 1
 
 
-def gluon_backward_head_major(key_blocks: int, work: int, sms: int, varlen: bool) -> bool:
+def gluon_backward_head_major(key_blocks: int, work: int, sms: int, varlen: bool, *, causal: bool,
+                              q_do_bytes: int) -> bool:
     """Whether the Gluon backward's tiles go out head by head (templates/flash_gluon_bwd.py.j2, _work_coords), for
-    `work` work items (tiles x SPLIT) of `key_blocks` 128-key blocks a sequence."""
+    `work` work items (tiles x SPLIT) of `key_blocks` 128-key blocks a sequence, and `q_do_bytes` of Q and dO."""
     if varlen:  # packed: the tiles counted include those past a sequence's keys, which are skipped
         return False
     short = key_blocks <= HEAD_MAJOR_KEY_BLOCKS and work >= HEAD_MAJOR_PROGRAMS_PER_SM * sms
-    return short or work >= HEAD_MAJOR_TILES_PER_SM * sms
+    outgrow_l2 = not causal or q_do_bytes >= HEAD_MAJOR_L2_MULTIPLE * HOPPER_L2_BYTES
+    return short or (work >= HEAD_MAJOR_TILES_PER_SM * sms and outgrow_l2)
 
 
-def gluon_backward_schedule(tiles: int, key_blocks: int, sms: int, varlen: bool = False) -> tuple[int, int, bool]:
+def gluon_backward_schedule(tiles: int, key_blocks: int, sms: int, varlen: bool = False, *, causal: bool,
+                            q_do_bytes: int) -> tuple[int, int, bool]:
     """(CHUNK, SPLIT, HEAD_MAJOR) of the Gluon backward for `tiles` tiles (`key_blocks` 128-key blocks of each KV
-    head) on `sms` SMs. SPLIT programs share a tile's walk where fewer than SPLIT_PROGRAMS_PER_SM programs an SM would
-    run (the fewest parts that reach it; packed sequences never split). Tiles go out head by head where
-    gluon_backward_head_major says so, HEAD_MAJOR_CHUNK a program; otherwise each program takes CHUNK consecutive work
-    items: 4, 2 or 1, the most that leaves CHUNK_PROGRAMS_PER_SM programs an SM."""
+    head) on `sms` SMs, with `q_do_bytes` of Q and dO. SPLIT programs share a tile's walk where fewer than
+    SPLIT_PROGRAMS_PER_SM programs an SM would run (the fewest parts that reach it; packed sequences never split).
+    Tiles go out head by head where gluon_backward_head_major says so, HEAD_MAJOR_CHUNK a program; otherwise each
+    program takes CHUNK consecutive work items: 4, 2 or 1, the most that leaves CHUNK_PROGRAMS_PER_SM programs an
+    SM."""
     split = 1 if varlen else next((s for s in SPLITS if tiles * s >= SPLIT_PROGRAMS_PER_SM * sms), SPLITS[-1])
     work = tiles * split
-    if gluon_backward_head_major(key_blocks, work, sms, varlen):
+    if gluon_backward_head_major(key_blocks, work, sms, varlen, causal=causal, q_do_bytes=q_do_bytes):
         return HEAD_MAJOR_CHUNK, split, True
     return next(c for c in CHUNKS if c == 1 or work // c >= CHUNK_PROGRAMS_PER_SM * sms), split, False
 
@@ -343,7 +356,8 @@ def gluon_backward_plan(module, problem, config, scale: float, q, k, v, o, do, l
     # Packed sequences: no tile split between programs (the tiles counted include those past a sequence's keys, and
     # a packed batch holds many sequences).
     sms = current_device(q.device).sm_count
-    chunk, split, head_major = gluon_backward_schedule(tiles, _cdiv(p.seq_k, keys), sms, varlen)
+    chunk, split, head_major = gluon_backward_schedule(tiles, _cdiv(p.seq_k, keys), sms, varlen, causal=p.causal,
+                                                       q_do_bytes=2 * q.numel() * q.element_size())
     part = p.batch * p.heads_kv * p.seq_k * p.block_d  # elements of one part's fp32 dK (or dV) partials
     if split > 1:
         # The kernel writes fp32 partials of dK and dV, contiguous (SPLIT * B, Hkv, Sk, BLOCK_D).
