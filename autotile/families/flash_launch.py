@@ -242,16 +242,16 @@ HEAD_MAJOR_PROGRAMS_PER_SM = 3
 # of many heads, and each reads its head's Q and dO again from memory once they outgrow L2; head by head, a head's key
 # blocks share them. Key block first, causal tiles also go heaviest first, which balances the SMs. Measured one a
 # program against the key-block-first order's chunks of 4 (results/flash_bwd_2026-12-04d_chunks.txt, x cuDNN):
-#   Q and dO 100-256 MB: MHA 2 x 32 x 4096 causal 0.93-0.97x -> 0.99-1.04x, Llama-2-7B 4 x 2048 0.92x -> 1.00x,
+#   Q and dO 96-256 MiB: MHA 2 x 32 x 4096 causal 0.93-0.97x -> 0.99-1.04x, Llama-2-7B 4 x 2048 0.92x -> 1.00x,
 #     8 x 1024 0.86-0.90x -> 1.01x, Phi-3-mini 2 x 4096 0.94x -> 1.00x, GQA 8 x 32/8 x 2048 0.90x -> 1.04x;
-#   48-64 MB, causal: Phi-3-mini 1 x 4096 1.07x -> 1.01x, Llama-2-7B 1 x 4096 1.05x -> 1.03x, head dim 64
+#   48-64 MiB, causal: Phi-3-mini 1 x 4096 1.07x -> 1.01x, Llama-2-7B 1 x 4096 1.05x -> 1.03x, head dim 64
 #     4 x 32 x 2048 0.98-1.00x -> 0.97-0.98x;
-#   not causal: MHA 2 x 32 x 4096 0.96x -> 0.97-0.99x, head dim 64 2 x 32 x 4096 (64 MB) 0.90x -> 0.93-0.95x.
+#   not causal: MHA 2 x 32 x 4096 0.96x -> 0.97-0.99x, head dim 64 2 x 32 x 4096 (64 MiB) 0.90x -> 0.93-0.95x.
 # With fewer tiles the heaviest-first order's balance wins: Llama-3-8B 1 x 4096 (256 tiles) 1.07-1.11x, head by head
 # 0.81-0.83x; 4 x 2048 (512) 1.02-1.06x / 0.98-1.00x.
 HEAD_MAJOR_TILES_PER_SM = 6
 HEAD_MAJOR_L2_MULTIPLE = 1.5
-# L2 of the Hopper GPUs the Gluon backward runs on: 50 MB (NVIDIA H100 Tensor Core GPU Architecture whitepaper, H100
+# L2 of the Hopper GPUs the Gluon backward runs on: 50 MB, taken as MiB (NVIDIA H100 Tensor Core GPU Architecture whitepaper, H100
 # SXM5; the H200 is the same GH100 die).
 HOPPER_L2_BYTES = 50 * 2**20
 # Tiles a program where they go out head by head: one, so that a head's tiles run side by side on as many SMs.
