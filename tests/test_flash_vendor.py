@@ -181,6 +181,52 @@ def test_our_backward_beside_the_vendors_forward(math_vendor):
         assert (g.double() - w).abs().max() < 1e-5
 
 
+def test_an_untuned_backward_takes_the_gluon_backward_before_sdpas():
+    """ops_flash.gluon_before_vendor: SDPA's backward of a forward it did not run recomputes that forward, and the
+    Gluon backward beats it; a stored winner, a fallback after a failure, deterministic mode and head dims the Gluon
+    backward does not take keep the vendor op."""
+    problem = FlashProblem("bwd", 1, 32, 8, 4096, 4096, 128, causal=True, dtype="bf16")
+    key = FAMILY.problem_key(problem)
+    untuned = dispatch.Resolution(Config({VENDOR_KEY: "sdpa-cudnn"}), "vendor", H200.key, key, None, "vendor")
+    assert ops_flash.gluon_before_vendor(problem, H200, untuned)
+    assert not ops_flash.gluon_before_vendor(problem, H200, dataclasses.replace(untuned, match="fallback"))
+    stored = dataclasses.replace(untuned, source="user-db", tuned_for=key, match="exact")
+    assert not ops_flash.gluon_before_vendor(problem, H200, stored)
+    assert not ops_flash.gluon_before_vendor(dataclasses.replace(problem, head_dim=256), H200, untuned)
+    assert not ops_flash.gluon_before_vendor(problem, INTERPRET, untuned)  # the CPU's default is the Triton one
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert not ops_flash.gluon_before_vendor(problem, H200, untuned)
+    finally:
+        torch.use_deterministic_algorithms(False)
+
+
+@pytest.mark.parametrize("gluon_first", [False, True])
+def test_the_backward_of_a_generated_forward_skips_the_vendor_where_gluon_comes_first(monkeypatch, gluon_first):
+    # The forward has no vendor op here (the generated kernel serves it); the backward lists sdpa-math and is served
+    # by it, unless gluon_before_vendor holds (as on Hopper), when the family's kernel serves; both match float64.
+    monkeypatch.setattr(flash_vendor, "backends_for", lambda p, d: ["sdpa-math"] if p.direction == "bwd" else [])
+    monkeypatch.delenv("AUTOTILE_VENDOR", raising=False)
+    monkeypatch.setattr(ops_flash, "gluon_before_vendor", lambda problem, device, resolution: gluon_first)
+    dispatch.clear_cache()  # and the op's kept runners
+    vendor_backwards = []
+    plain = flash_vendor.backward
+    monkeypatch.setattr(flash_vendor, "backward", lambda *a, **kw: vendor_backwards.append(a) or plain(*a, **kw))
+    gen = torch.Generator().manual_seed(5)
+    q, k, v = _qkv(gen, 1, 4, 2, 13, 10, 16, grad=True)
+    try:
+        out = autotile.flash_attention(q, k, v, causal=True)
+        do = torch.randn(out.shape, generator=gen)
+        got = torch.autograd.grad(out, (q, k, v), do)
+    finally:
+        dispatch.clear_cache()
+    assert bool(vendor_backwards) != gluon_first
+    want = attention_grads(*(t.detach().double() for t in (q, k, v)), do.double(), causal=True, scale=0.25,
+                           dtype=torch.float64)
+    for g, w in zip(got, want):
+        assert (g.double() - w).abs().max() < 1e-5
+
+
 @pytest.mark.parametrize("direction", ["fwd", "bwd"])
 def test_vendor_run_passes_the_family_check(direction):
     # The tuner checks a vendor config like any candidate: outputs (and the forward's log-sum-exp) vs float64.

@@ -288,12 +288,29 @@ def serve_backward(problem: FlashProblem, device: DeviceInfo, scale: float, samp
     return served
 
 
+def gluon_before_vendor(problem: FlashProblem, device: DeviceInfo, resolution) -> bool:
+    """Whether a backward nobody tuned goes to the Gluon backward rather than SDPA's.
+
+    The family's backward serves only calls whose forward was not SDPA's own call (a generated forward, or
+    return_lse), and there SDPA's backward costs more than in SDPA's own autograd: cuDNN's (and the other fused
+    backends') run their forward again first (flash_vendor.backward; cuDNN's of 2 x 32 x 4096 causal took 2.01 ms
+    so, 1.54 ms alone), and FlashAttention-2's, given O and LSE, runs at 0.53-0.76x of cuDNN's backward alone. The
+    Gluon backward, given O and LSE, ran at 0.92-1.15x of cuDNN's backward alone over the model shapes measured
+    (benchmarks/results/flash_bwd_2026-12-04d_chunks.txt). A stored winner, even the vendor op, still serves as
+    stored; under torch.use_deterministic_algorithms(True) the Triton backward would serve (0.6-0.8x) and SDPA's
+    stays, as it does where the Gluon backward failed here (the resolution's match is then 'fallback')."""
+    return (resolution.source == "vendor" and resolution.match == "vendor"
+            and not torch.are_deterministic_algorithms_enabled()
+            and FAMILY.default_config(problem, device).get("LOADS") == GLUON_WS)
+
+
 def _backward_runner(served: _Served, problem: FlashProblem, device: DeviceInfo, scale: float, resolution,
                      sample: dict, has_dlse: bool, install, rebuild) -> tuple:
     """(config, run) of serve_backward for `resolution`; a generated kernel's first call is guarded (see fallback)."""
     config, source = resolution.config, resolution.source
     if resolution.vendor:
-        usable = not has_dlse and scale > 0  # see serve_forward on scales
+        # See serve_forward on scales.
+        usable = not has_dlse and scale > 0 and not gluon_before_vendor(problem, device, resolution)
         backend = _vendor_for(problem, device, config[VENDOR_KEY], sample, grad=True) if usable else None
         if backend is not None:
             causal = problem.causal
@@ -302,8 +319,8 @@ def _backward_runner(served: _Served, problem: FlashProblem, device: DeviceInfo,
                 return flash_vendor.backward(backend, do, q, k, v, o, lse, causal=causal, scale=scale)
             served.vendor = True
             return Config({VENDOR_KEY: backend}), run_vendor
-        # SDPA's backward takes no gradient of the log-sum-exp (and no backend may take these tensors):
-        # the generated kernel computes this one.
+        # SDPA's backward takes no gradient of the log-sum-exp (and no backend may take these tensors), or the Gluon
+        # backward serves first (gluon_before_vendor): the generated kernel computes this one.
         config, source = FAMILY.default_config(problem, device), "default"
         fallback.check_default(FAMILY, problem, config)
     if config.get("LOADS") == GLUON_WS and torch.are_deterministic_algorithms_enabled():
