@@ -5,7 +5,9 @@ projection GEMMs of Llama, Qwen, Mistral, Phi and Gemma at token counts 1..8192,
 `autotile.flash_attention(q, k, v, causal=True)` beside SDPA's fastest backend for the call on their prefill
 attention. Every shape is checked against the vendor's result first, then both are timed in turns
 (interleaved rounds of do_bench medians, L2 flushed). Also: host microseconds per call with 2000 calls
-queued, and CUDA-graph capture of each op under torch.cuda.set_sync_debug_mode("error").
+queued, and CUDA-graph capture of each op under torch.cuda.set_sync_debug_mode("error"). `--only train`
+times a training step of the same attention shapes (forward and backward through autograd) beside plain
+SDPA's, and names what served each half.
 
     python benchmarks/serve_bench.py --out OUT [--db URL] [--quick] [--record trace.jsonl]
 
@@ -206,6 +208,79 @@ def _flash_row(name, model, batch, seq, q, k, v, best, rounds) -> dict:
             "served": info.get("vendor") or f"{info['source']}/{info['match']}"}
 
 
+def train_rows(models, shapes, rounds: int) -> list[dict]:
+    """A training step of each prefill shape: autotile.flash_attention's forward and backward through autograd
+    beside plain SDPA's (its own backend choice, as a model calls it), gradients checked against SDPA's first."""
+    import torch
+
+    from autotile.models import MODELS
+
+    rows = []
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    for name in models:
+        model = MODELS[name]
+        for batch, seq in shapes:
+            shapes_qkv = ((batch, model.heads, seq, model.head_dim), (batch, model.kv_heads, seq, model.head_dim))
+            q, k, v = (torch.randn(shapes_qkv[min(i, 1)], device="cuda", generator=gen, dtype=torch.bfloat16)
+                       .requires_grad_(True) for i in range(3))
+            try:
+                rows.append(_train_row(name, model, batch, seq, q, k, v, rounds))
+            except Exception as exc:  # noqa: BLE001 - the table says what failed
+                rows.append({"model": name, "batch": batch, "seq": seq, "heads": f"{model.heads}/{model.kv_heads}",
+                             "d": model.head_dim, "error": f"{type(exc).__name__}: {exc}"[:300]})
+            print(f"train {name:16s} {batch:3d}x{seq:5d} D={model.head_dim:3d} {_describe(rows[-1])}", flush=True)
+    return rows
+
+
+def _train_row(name, model, batch, seq, q, k, v, rounds) -> dict:
+    import torch
+
+    import autotile
+
+    gqa = q.shape[1] != k.shape[1]
+    do = torch.randn(q.shape, device="cuda", dtype=torch.bfloat16)
+    leaves = (q, k, v)
+
+    def ours():
+        return torch.autograd.grad(autotile.flash_attention(q, k, v, causal=True), leaves, do)
+
+    def sdpa():
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+        return torch.autograd.grad(out, leaves, do)
+
+    # bf16 gradients: a relative error past 2% of the largest gradient is a wrong result, as flash_bwd_bench says.
+    err = max(((g.float() - w.float()).abs().max() / w.float().abs().max()).item() for g, w in zip(ours(), sdpa()))
+    mine, theirs = _timed_pair(ours, sdpa, rounds)
+    flops = 3.5 * 4 * batch * model.heads * seq * seq * model.head_dim / 2  # forward 1, backward 2.5
+    return {"model": name, "batch": batch, "seq": seq, "heads": f"{model.heads}/{model.kv_heads}",
+            "d": model.head_dim, "ours_ms": mine, "vendor_ms": theirs, "ratio": theirs / mine, "rel_err": err,
+            "wrong": err > 2e-2, "tflops": flops / (mine * 1e-3) / 1e12, "served": _step_served(q, k, v)}
+
+
+def _step_served(q, k, v) -> str:
+    """What serves a training step's forward, and its backward: SDPA's own autograd where SDPA serves the forward,
+    else the backward problem's resolution as the op takes it (ops_flash._backward_runner)."""
+    import autotile
+    from autotile.device import current_device
+    from autotile.families.flash import FAMILY
+    from autotile.runtime import fallback, ops_flash
+
+    info = autotile.explain("flash_attention", q, k, v, causal=True)
+    forward = info["vendor"] or f"{info['source']}/{info['match']}"
+    if info["vendor"]:
+        return f"{forward}; backward: SDPA's autograd"
+    problem = FAMILY.problem_from_tensors(q, k, v, causal=True, direction="bwd")
+    device = current_device(q.device)
+    resolution = fallback.usable(FAMILY, problem, device)
+    if resolution.vendor and not ops_flash.gluon_before_vendor(problem, device, resolution):
+        backward = f"{resolution.config.to_json()} (recomputes the forward unless FlashAttention-2's)"
+    elif resolution.vendor:
+        backward = "default (the Gluon backward, before the vendor op)"
+    else:
+        backward = f"{resolution.source}/{resolution.match}"
+    return f"{forward}; backward: {backward}"
+
+
 def host_overhead(calls: int = 2000) -> list[dict]:
     """Host us per call with `calls` calls queued (GPU work far shorter than the host's), ours and the vendor's."""
     import torch
@@ -292,10 +367,11 @@ def geomean(values) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
 
 
-def markdown(gemm, flash, host, graphs, header: str, gemm_op: str = "linear") -> str:
+def markdown(gemm, flash, host, graphs, header: str, gemm_op: str = "linear", train=()) -> str:
     lines = [header, ""]
-    wrong = [r for r in gemm + flash if r.get("wrong")]
-    failed = [r for r in gemm + flash if "error" in r]
+    train = list(train)
+    wrong = [r for r in gemm + flash + train if r.get("wrong")]
+    failed = [r for r in gemm + flash + train if "error" in r]
     lines.append(f"Checked against the vendor's output first: {len(wrong)} wrong result(s), {len(failed)} failure(s).")
     if gemm:
         ours, theirs = (("autotile.matmul(x, w.t())", "torch.matmul") if gemm_op == "matmul"
@@ -337,6 +413,20 @@ def markdown(gemm, flash, host, graphs, header: str, gemm_op: str = "linear") ->
                          f"{r['vendor_ms']:.3f} | {r['backend']} | {r['ratio']:.3f} | {r['served']} | {r['tflops']:.0f} |")
         sel = [r["ratio"] for r in flash if "error" not in r] or [float("nan")]
         lines.append(f"\ngeometric mean {geomean(sel):.3f}x, min {min(sel):.3f}x over {len(sel)} shapes")
+    if train:
+        lines += ["", "## Training step: forward and backward through autograd, autotile.flash_attention vs SDPA "
+                  "(bf16, causal)", "",
+                  "| model | B x S | heads | D | autotile ms | SDPA ms | ratio | served by | grad rel err | TFLOP/s |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        for r in train:
+            if "error" in r:
+                lines.append(f"| {r['model']} | {r['batch']} x {r['seq']} | {r['heads']} | {r['d']} | failed: {r['error']} |")
+                continue
+            lines.append(f"| {r['model']} | {r['batch']} x {r['seq']} | {r['heads']} | {r['d']} | {r['ours_ms']:.3f} | "
+                         f"{r['vendor_ms']:.3f} | {r['ratio']:.3f} | {r['served']} | {r['rel_err']:.4f} | "
+                         f"{r['tflops']:.0f} |")
+        sel = [r["ratio"] for r in train if "error" not in r] or [float("nan")]
+        lines.append(f"\ngeometric mean {geomean(sel):.3f}x, min {min(sel):.3f}x over {len(sel)} shapes")
     if host:
         lines += ["", "## Host overhead (us per call, 2000 calls queued)", "",
                   "| op | autotile | vendor | extra |", "|---|---|---|---|"]
@@ -354,7 +444,9 @@ def main() -> None:
     parser.add_argument("--db", default=None, help="user database (default: a new empty one: shipped winners only)")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--only", default="gemm,flash,host,graph", help="comma-separated parts")
+    parser.add_argument("--only", default="gemm,flash,host,graph",
+                        help="comma-separated parts: gemm, flash, host, graph, train (a training step; not run unless "
+                             "named)")
     parser.add_argument("--tokens", default=None,
                         help="comma-separated token counts (M) of the GEMM part, e.g. off-bucket ones: 3,12,200,3000")
     parser.add_argument("--models", default=None, help="comma-separated gemm models (default: a spread)")
@@ -387,6 +479,7 @@ def main() -> None:
     flash_models = (args.flash_models.split(",") if args.flash_models
                     else FLASH_MODELS[:3] if args.quick else FLASH_MODELS)
     flash = flash_rows(flash_models, PREFILL, args.rounds) if "flash" in parts else []
+    train = train_rows(flash_models, PREFILL, args.rounds) if "train" in parts else []
     host = host_overhead() if "host" in parts else []
     graphs = graph_capture() if "graph" in parts else []
     props = torch.cuda.get_device_properties(0)
@@ -394,10 +487,11 @@ def main() -> None:
               f"torch {torch.__version__}, triton {triton.__version__}, {datetime.date.today()}; user database: "
               f"{'given' if args.db else 'empty (shipped winners only)'}; medians of {args.rounds} interleaved rounds. "
               "Ratio = vendor time / autotile time (above 1: autotile is faster).")
-    text = markdown(gemm, flash, host, graphs, header, args.gemm_op)
+    text = markdown(gemm, flash, host, graphs, header, args.gemm_op, train)
     (args.out / f"{args.name}.md").write_text(text)
     # The rows as data, for benchmarks/drop_losers.py.
-    (args.out / f"{args.name}.json").write_text(json.dumps({"gemm": gemm, "flash": flash, "host": host}, indent=1))
+    (args.out / f"{args.name}.json").write_text(json.dumps({"gemm": gemm, "flash": flash, "host": host,
+                                                            "train": train}, indent=1))
     print(text)
 
 
