@@ -227,6 +227,60 @@ def test_the_backward_of_a_generated_forward_skips_the_vendor_where_gluon_comes_
         assert (g.double() - w).abs().max() < 1e-5
 
 
+def _save_forward_winner(url: str, problem) -> None:
+    from autotile.store.db import open_engine
+    from autotile.store.repo import Store
+
+    config = FAMILY.default_config(problem, INTERPRET)
+    store = Store(open_engine(url, create=True))
+    store.save_winner(problem_id=store.ensure_problem(FAMILY, problem), device=INTERPRET,
+                      device_id=store.ensure_device(INTERPRET), toolchain_id=store.ensure_toolchain(),
+                      config=config.to_json(), config_hash=config.hash, median_ms=1.0, q20_ms=1.0, q80_ms=1.0,
+                      interpreted=1, provenance="test", verified_range=None, kernel_config=None, baseline_ms=None)
+
+
+def test_a_training_call_whose_backward_would_be_sdpas_runs_sdpas_pair(tmp_path, monkeypatch):
+    """ops_flash.sdpa_training_pair: a stored forward winner (a generated kernel) and an untuned backward that SDPA
+    would serve by running its forward again (sdpa-math stands in): calls needing gradients run SDPA's own forward
+    and backward; calls without keep the winner; with AUTOTILE_VENDOR=0 the family's backward serves."""
+    monkeypatch.setattr(flash_vendor, "backends_for",
+                        lambda p, d: [] if p.dtype == "fp8" or p.varlen or p.has_features else ["sdpa-math"])
+    url = f"sqlite:///{tmp_path / 'user.sqlite'}"
+    monkeypatch.setenv("AUTOTILE_DB", url)
+    monkeypatch.setattr("autotile.resources.shipped_db_path", lambda: tmp_path / "no-shipped.sqlite")
+    monkeypatch.delenv("AUTOTILE_VENDOR", raising=False)
+    gen = torch.Generator().manual_seed(6)
+    q, k, v = _qkv(gen, 1, 4, 2, 12, 12, 16, grad=True)
+    _save_forward_winner(url, FAMILY.problem_from_tensors(q, k, v, causal=True))
+    sdpa_calls, backwards = [], []
+    sdpa = ops_flash._sdpa
+    monkeypatch.setattr(ops_flash, "_sdpa", lambda *a, **kw: sdpa_calls.append(kw) or sdpa(*a, **kw))
+    serve = ops_flash.serve_backward
+    monkeypatch.setattr(ops_flash, "serve_backward", lambda *a: backwards.append(a) or serve(*a))
+    dispatch.clear_cache()
+    try:
+        info = autotile.explain("flash_attention", q, k, v, causal=True)
+        assert info["source"] == "user-db" and info["vendor"] is None
+        do = torch.randn(q.shape, generator=gen)
+        want = attention_grads(*(t.detach().double() for t in (q, k, v)), do.double(), causal=True, scale=0.25,
+                               dtype=torch.float64)
+        got = torch.autograd.grad(autotile.flash_attention(q, k, v, causal=True), (q, k, v), do)
+        assert len(sdpa_calls) == 1 and not backwards  # SDPA's pair: its own autograd
+        for g, w in zip(got, want):
+            assert (g.double() - w).abs().max() < 1e-5
+        with torch.no_grad():
+            autotile.flash_attention(q, k, v, causal=True)
+        assert len(sdpa_calls) == 1  # no gradients: the stored winner
+        monkeypatch.setenv("AUTOTILE_VENDOR", "0")
+        dispatch.clear_cache()
+        got = torch.autograd.grad(autotile.flash_attention(q, k, v, causal=True), (q, k, v), do)
+        assert len(sdpa_calls) == 1 and backwards  # the family's forward and backward
+        for g, w in zip(got, want):
+            assert (g.double() - w).abs().max() < 1e-5
+    finally:
+        dispatch.clear_cache()
+
+
 @pytest.mark.parametrize("direction", ["fwd", "bwd"])
 def test_vendor_run_passes_the_family_check(direction):
     # The tuner checks a vendor config like any candidate: outputs (and the forward's log-sum-exp) vs float64.

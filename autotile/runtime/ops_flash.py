@@ -44,7 +44,7 @@ class _Served:
     operands are fp8 (forward only: every call checks that no gradient is asked for).
     """
 
-    __slots__ = ("run", "calls", "vendor", "args", "fp8", "sdpa", "backward")
+    __slots__ = ("run", "calls", "vendor", "args", "fp8", "sdpa", "backward", "sdpa_pair")
 
     def __init__(self, run, calls: list, vendor: bool, args: tuple = (), fp8: bool = False, sdpa: tuple | None = None):
         self.run = run
@@ -57,9 +57,12 @@ class _Served:
         self.sdpa = sdpa
         # The backward's _Served for this forward signature, by what else the backward depends on (_EagerFlash).
         self.backward: dict[tuple, _Served] = {}
+        # sdpa_training_pair's answer for plain calls that need gradients, by deterministic mode.
+        self.sdpa_pair: dict[bool, tuple | None] = {}
 
 
 _served: dict[tuple, _Served] = {}
+_UNRESOLVED = object()  # a _Served.sdpa_pair entry not worked out yet
 # flash_attention's raw call key -> what serves it: the _Served of its normalised signature, or a copy whose runner
 # makes the head dim's stride 1 first (see _first_call).
 _calls: dict[tuple, _Served] = {}
@@ -302,6 +305,32 @@ def gluon_before_vendor(problem: FlashProblem, device: DeviceInfo, resolution) -
     return (resolution.source == "vendor" and resolution.match == "vendor"
             and not torch.are_deterministic_algorithms_enabled()
             and FAMILY.default_config(problem, device).get("LOADS") == GLUON_WS)
+
+
+def sdpa_training_pair(q, k, v, served: _Served) -> tuple | None:
+    """(is_causal, scale, enable_gqa) where a plain call that needs gradients, whose forward a generated kernel
+    serves, should run SDPA's forward and backward instead; None where it should not.
+
+    A generated forward leaves the backward to the family, whose resolution for an untuned call is SDPA's backward,
+    unless the Gluon backward comes first (gluon_before_vendor). SDPA's backward of a forward it did not run is
+    cuDNN's (or the efficient kernel's) after running its forward again, one more forward a step: more than a
+    generated forward saves (its policies and winners win by 3-30%). SDPA's own pair needs no second forward.
+    FlashAttention-2's backward takes O and LSE as given, so with it the pair stays ours."""
+    causal, scale, window, softcap = served.args
+    device = current_device(q.device)
+    if scale <= 0 or window != (-1, -1) or softcap or (causal and q.shape[2] != k.shape[2]):
+        return None  # SDPA's is_causal is top-left aligned: the same mask only where Sq == Sk
+    forward = FAMILY.problem_from_tensors(q, k, v, causal=causal)
+    if not FAMILY.vendor_configs(forward, device):
+        return None
+    problem = FAMILY.problem_from_tensors(q, k, v, causal=causal, direction="bwd")
+    resolution = fallback.usable(FAMILY, problem, device)
+    if not resolution.vendor or gluon_before_vendor(problem, device, resolution):
+        return None
+    backend = _vendor_for(problem, device, resolution.config[VENDOR_KEY], {"q": q, "k": k, "v": v}, grad=True)
+    if backend in (None, flash_vendor.FLASH):
+        return None
+    return causal, scale, q.shape[1] != k.shape[1]
 
 
 def _backward_runner(served: _Served, problem: FlashProblem, device: DeviceInfo, scale: float, resolution,
@@ -577,9 +606,17 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
                 served.calls[0] += 1
                 o, lse = served.run(q, k, v, alibi_slopes, None, None, return_lse)
                 return (o, lse * LN2) if return_lse else o
-            # A generated kernel's forward that autograd records: the op's implementations in a Function.
+            # A generated kernel's forward that autograd records: the op's implementations in a Function, or SDPA's
+            # pair where the backward would be SDPA's anyway (sdpa_training_pair).
             if not served.vendor and not served.fp8 and autograd_call_ok(q, k, v, alibi_slopes):
                 served.calls[0] += 1
+                if plain:
+                    deterministic = torch.are_deterministic_algorithms_enabled()
+                    pair = served.sdpa_pair.get(deterministic, _UNRESOLVED)
+                    if pair is _UNRESOLVED:
+                        pair = served.sdpa_pair[deterministic] = sdpa_training_pair(q, k, v, served)
+                    if pair is not None:
+                        return _sdpa(q, k, v, is_causal=pair[0], scale=pair[1], enable_gqa=pair[2])
                 o, lse = _EagerFlash.apply(q, k, v, alibi_slopes, served)
                 return (o, lse * LN2) if return_lse else o
     q, k, v, scale, window, softcap = _normalise(q, k, v, scale, window, softcap)
