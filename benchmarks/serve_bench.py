@@ -258,8 +258,9 @@ def _train_row(name, model, batch, seq, q, k, v, rounds) -> dict:
 
 
 def _step_served(q, k, v) -> str:
-    """What serves a training step's forward, and its backward: SDPA's own autograd where SDPA serves the forward,
-    else the backward problem's resolution as the op takes it (ops_flash._backward_runner)."""
+    """What serves a training step's forward, and its backward: SDPA's own autograd where SDPA serves the forward
+    (or the pair: ops_flash.sdpa_training_pair), else the backward problem's resolution as the op takes it
+    (ops_flash._backward_runner)."""
     import autotile
     from autotile.device import current_device
     from autotile.families.flash import FAMILY
@@ -269,6 +270,8 @@ def _step_served(q, k, v) -> str:
     forward = info["vendor"] or f"{info['source']}/{info['match']}"
     if info["vendor"]:
         return f"{forward}; backward: SDPA's autograd"
+    if ops_flash.sdpa_training_pair(q, k, v, True, q.shape[-1] ** -0.5) is not None:
+        return f"SDPA's forward and backward (the forward alone: {forward})"
     problem = FAMILY.problem_from_tensors(q, k, v, causal=True, direction="bwd")
     device = current_device(q.device)
     resolution = fallback.usable(FAMILY, problem, device)

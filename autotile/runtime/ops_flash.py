@@ -307,7 +307,8 @@ def gluon_before_vendor(problem: FlashProblem, device: DeviceInfo, resolution) -
             and FAMILY.default_config(problem, device).get("LOADS") == GLUON_WS)
 
 
-def sdpa_training_pair(q, k, v, served: _Served) -> tuple | None:
+def sdpa_training_pair(q, k, v, causal: bool, scale: float, window: tuple = (-1, -1),
+                       softcap: float = 0.0) -> tuple | None:
     """(is_causal, scale, enable_gqa) where a plain call that needs gradients, whose forward a generated kernel
     serves, should run SDPA's forward and backward instead; None where it should not.
 
@@ -316,7 +317,6 @@ def sdpa_training_pair(q, k, v, served: _Served) -> tuple | None:
     cuDNN's (or the efficient kernel's) after running its forward again, one more forward a step: more than a
     generated forward saves (its policies and winners win by 3-30%). SDPA's own pair needs no second forward.
     FlashAttention-2's backward takes O and LSE as given, so with it the pair stays ours."""
-    causal, scale, window, softcap = served.args
     device = current_device(q.device)
     if scale <= 0 or window != (-1, -1) or softcap or (causal and q.shape[2] != k.shape[2]):
         return None  # SDPA's is_causal is top-left aligned: the same mask only where Sq == Sk
@@ -614,7 +614,7 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
                     deterministic = torch.are_deterministic_algorithms_enabled()
                     pair = served.sdpa_pair.get(deterministic, _UNRESOLVED)
                     if pair is _UNRESOLVED:
-                        pair = served.sdpa_pair[deterministic] = sdpa_training_pair(q, k, v, served)
+                        pair = served.sdpa_pair[deterministic] = sdpa_training_pair(q, k, v, *served.args)
                     if pair is not None:
                         return _sdpa(q, k, v, is_causal=pair[0], scale=pair[1], enable_gqa=pair[2])
                 o, lse = _EagerFlash.apply(q, k, v, alibi_slopes, served)
