@@ -298,7 +298,7 @@ def gluon_before_vendor(problem: FlashProblem, device: DeviceInfo, resolution) -
     return_lse), and there SDPA's backward costs more than in SDPA's own autograd: cuDNN's (and the other fused
     backends') run their forward again first (flash_vendor.backward; cuDNN's of 2 x 32 x 4096 causal took 2.01 ms
     so, 1.54 ms alone), and FlashAttention-2's, given O and LSE, runs at 0.53-0.76x of cuDNN's backward alone. The
-    Gluon backward, given O and LSE, ran at 0.92-1.15x of cuDNN's backward alone over the model shapes measured
+    Gluon backward, given O and LSE, ran at 0.92x or more of cuDNN's backward alone over the model shapes measured
     (benchmarks/results/flash_bwd_2026-12-04d_chunks.txt). A stored winner, even the vendor op, still serves as
     stored; under torch.use_deterministic_algorithms(True) the Triton backward would serve (0.6-0.8x) and SDPA's
     stays, as it does where the Gluon backward failed here (the resolution's match is then 'fallback')."""
