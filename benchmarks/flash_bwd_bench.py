@@ -30,7 +30,6 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 
 from autotile.device import cuda_device  # noqa: E402
-from autotile.dtypes import element_size  # noqa: E402
 from autotile.families import flash_launch  # noqa: E402
 from autotile.families.flash import FAMILY, GLUON_WS, FlashProblem  # noqa: E402
 from autotile.space import Config  # noqa: E402
@@ -65,17 +64,9 @@ def shapes(quick: bool) -> list[tuple[str, FlashProblem]]:
     return out
 
 
-def gluon_tiles(problem: FlashProblem) -> int:
-    return triton.cdiv(problem.seq_k, flash_launch.GLUON_BWD_KEYS) * problem.batch * problem.heads_kv
-
-
 def gluon_schedule(problem: FlashProblem, device) -> tuple[int, int, bool]:
     """(CHUNK, SPLIT, HEAD_MAJOR) of the Gluon backward's plan."""
-    p = problem
-    key_blocks = triton.cdiv(p.seq_k, flash_launch.GLUON_BWD_KEYS)
-    q_do_bytes = 2 * p.batch * p.heads_q * p.seq_q * p.head_dim * element_size(p.dtype)
-    return flash_launch.gluon_backward_schedule(gluon_tiles(p), key_blocks, device.sm_count, p.varlen,
-                                                causal=p.causal, q_do_bytes=q_do_bytes)
+    return flash_launch.gluon_backward_problem_schedule(problem, device.sm_count)
 
 
 def op_call(problem: FlashProblem, inputs: dict):

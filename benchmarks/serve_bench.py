@@ -166,6 +166,11 @@ def _sdpa_best(q, k, v, rounds: int) -> tuple[str, float, object]:
     return best
 
 
+def _attention_shape(name, model, batch, seq) -> dict:
+    """The fields that name an attention row's shape."""
+    return {"model": name, "batch": batch, "seq": seq, "heads": f"{model.heads}/{model.kv_heads}", "d": model.head_dim}
+
+
 def flash_rows(models, shapes, rounds: int) -> list[dict]:
     import torch
 
@@ -185,8 +190,7 @@ def flash_rows(models, shapes, rounds: int) -> list[dict]:
             try:
                 rows.append(_flash_row(name, model, batch, seq, q, k, v, best, rounds))
             except Exception as exc:  # noqa: BLE001 - the table says what failed
-                rows.append({"model": name, "batch": batch, "seq": seq, "heads": f"{model.heads}/{model.kv_heads}",
-                             "d": model.head_dim, "error": f"{type(exc).__name__}: {exc}"[:300]})
+                rows.append({**_attention_shape(name, model, batch, seq), "error": f"{type(exc).__name__}: {exc}"[:300]})
             print(f"flash {name:16s} {batch:3d}x{seq:5d} D={model.head_dim:3d} {_describe(rows[-1])}", flush=True)
     return rows
 
@@ -202,8 +206,7 @@ def _flash_row(name, model, batch, seq, q, k, v, best, rounds) -> dict:
     ours, theirs = _timed_pair(lambda: autotile.flash_attention(q, k, v, causal=True), sdpa, rounds)
     flops = 4 * batch * model.heads * seq * seq * model.head_dim / 2
     # bf16 attention outputs (|o| < ~1 for N(0, 1) inputs): differences above 2e-2 mean a wrong result.
-    return {"model": name, "batch": batch, "seq": seq, "heads": f"{model.heads}/{model.kv_heads}",
-            "d": model.head_dim, "ours_ms": ours, "vendor_ms": theirs, "ratio": theirs / ours,
+    return {**_attention_shape(name, model, batch, seq), "ours_ms": ours, "vendor_ms": theirs, "ratio": theirs / ours,
             "backend": backend, "abs_err": err, "wrong": err > 2e-2, "tflops": flops / (ours * 1e-3) / 1e12,
             "served": info.get("vendor") or f"{info['source']}/{info['match']}"}
 
@@ -226,8 +229,7 @@ def train_rows(models, shapes, rounds: int) -> list[dict]:
             try:
                 rows.append(_train_row(name, model, batch, seq, q, k, v, rounds))
             except Exception as exc:  # noqa: BLE001 - the table says what failed
-                rows.append({"model": name, "batch": batch, "seq": seq, "heads": f"{model.heads}/{model.kv_heads}",
-                             "d": model.head_dim, "error": f"{type(exc).__name__}: {exc}"[:300]})
+                rows.append({**_attention_shape(name, model, batch, seq), "error": f"{type(exc).__name__}: {exc}"[:300]})
             print(f"train {name:16s} {batch:3d}x{seq:5d} D={model.head_dim:3d} {_describe(rows[-1])}", flush=True)
     return rows
 
@@ -252,8 +254,8 @@ def _train_row(name, model, batch, seq, q, k, v, rounds) -> dict:
     err = max(((g.float() - w.float()).abs().max() / w.float().abs().max()).item() for g, w in zip(ours(), sdpa()))
     mine, theirs = _timed_pair(ours, sdpa, rounds)
     flops = 3.5 * 4 * batch * model.heads * seq * seq * model.head_dim / 2  # forward 1, backward 2.5
-    return {"model": name, "batch": batch, "seq": seq, "heads": f"{model.heads}/{model.kv_heads}",
-            "d": model.head_dim, "ours_ms": mine, "vendor_ms": theirs, "ratio": theirs / mine, "rel_err": err,
+    return {**_attention_shape(name, model, batch, seq), "ours_ms": mine, "vendor_ms": theirs, "ratio": theirs / mine,
+            "rel_err": err,
             "wrong": err > 2e-2, "tflops": flops / (mine * 1e-3) / 1e12, "served": _step_served(q, k, v)}
 
 
@@ -370,6 +372,19 @@ def geomean(values) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
 
 
+def _attention_table(title: str, columns: tuple, rows: list, cells) -> list[str]:
+    """A markdown section of attention rows: model, B x S, heads, D, then `columns` from `cells(row)`; failed rows
+    say what failed; the ratios' geometric mean and minimum below."""
+    lines = ["", f"## {title}", "", "| model | B x S | heads | D | " + " | ".join(columns) + " |",
+             "|---" * (4 + len(columns)) + "|"]
+    for r in rows:
+        shape = f"| {r['model']} | {r['batch']} x {r['seq']} | {r['heads']} | {r['d']} | "
+        lines.append(shape + (f"failed: {r['error']} |" if "error" in r else " | ".join(cells(r)) + " |"))
+    sel = [r["ratio"] for r in rows if "error" not in r] or [float("nan")]
+    lines.append(f"\ngeometric mean {geomean(sel):.3f}x, min {min(sel):.3f}x over {len(sel)} shapes")
+    return lines
+
+
 def markdown(gemm, flash, host, graphs, header: str, gemm_op: str = "linear", train=()) -> str:
     lines = [header, ""]
     train = list(train)
@@ -405,31 +420,17 @@ def markdown(gemm, flash, host, graphs, header: str, gemm_op: str = "linear", tr
             if sel:
                 lines.append(f"\n{label}: geometric mean {geomean(sel):.3f}x, min {min(sel):.3f}x over {len(sel)} shapes")
     if flash:
-        lines += ["", "## Prefill attention: autotile.flash_attention vs SDPA's best backend (bf16, causal)", "",
-                  "| model | B x S | heads | D | autotile ms | SDPA ms | SDPA backend | ratio | served by | TFLOP/s |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
-        for r in flash:
-            if "error" in r:
-                lines.append(f"| {r['model']} | {r['batch']} x {r['seq']} | {r['heads']} | {r['d']} | failed: {r['error']} |")
-                continue
-            lines.append(f"| {r['model']} | {r['batch']} x {r['seq']} | {r['heads']} | {r['d']} | {r['ours_ms']:.3f} | "
-                         f"{r['vendor_ms']:.3f} | {r['backend']} | {r['ratio']:.3f} | {r['served']} | {r['tflops']:.0f} |")
-        sel = [r["ratio"] for r in flash if "error" not in r] or [float("nan")]
-        lines.append(f"\ngeometric mean {geomean(sel):.3f}x, min {min(sel):.3f}x over {len(sel)} shapes")
+        lines += _attention_table(
+            "Prefill attention: autotile.flash_attention vs SDPA's best backend (bf16, causal)",
+            ("autotile ms", "SDPA ms", "SDPA backend", "ratio", "served by", "TFLOP/s"), flash,
+            lambda r: (f"{r['ours_ms']:.3f}", f"{r['vendor_ms']:.3f}", r["backend"], f"{r['ratio']:.3f}", r["served"],
+                       f"{r['tflops']:.0f}"))
     if train:
-        lines += ["", "## Training step: forward and backward through autograd, autotile.flash_attention vs SDPA "
-                  "(bf16, causal)", "",
-                  "| model | B x S | heads | D | autotile ms | SDPA ms | ratio | served by | grad rel err | TFLOP/s |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
-        for r in train:
-            if "error" in r:
-                lines.append(f"| {r['model']} | {r['batch']} x {r['seq']} | {r['heads']} | {r['d']} | failed: {r['error']} |")
-                continue
-            lines.append(f"| {r['model']} | {r['batch']} x {r['seq']} | {r['heads']} | {r['d']} | {r['ours_ms']:.3f} | "
-                         f"{r['vendor_ms']:.3f} | {r['ratio']:.3f} | {r['served']} | {r['rel_err']:.4f} | "
-                         f"{r['tflops']:.0f} |")
-        sel = [r["ratio"] for r in train if "error" not in r] or [float("nan")]
-        lines.append(f"\ngeometric mean {geomean(sel):.3f}x, min {min(sel):.3f}x over {len(sel)} shapes")
+        lines += _attention_table(
+            "Training step: forward and backward through autograd, autotile.flash_attention vs SDPA (bf16, causal)",
+            ("autotile ms", "SDPA ms", "ratio", "served by", "grad rel err", "TFLOP/s"), train,
+            lambda r: (f"{r['ours_ms']:.3f}", f"{r['vendor_ms']:.3f}", f"{r['ratio']:.3f}", r["served"],
+                       f"{r['rel_err']:.4f}", f"{r['tflops']:.0f}"))
     if host:
         lines += ["", "## Host overhead (us per call, 2000 calls queued)", "",
                   "| op | autotile | vendor | extra |", "|---|---|---|---|"]

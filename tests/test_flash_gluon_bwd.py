@@ -67,12 +67,11 @@ def test_the_untuned_backward_is_gluon_where_it_applies():
 
 
 def _schedule(batch, heads_q, heads_kv, seq, head_dim=128, causal=True, varlen=False):
-    """flash_launch.gluon_backward_schedule of a bf16 call, as gluon_backward_plan asks it."""
-    from autotile.families.flash_launch import gluon_backward_schedule
+    """flash_launch.gluon_backward_problem_schedule of a bf16 call, as gluon_backward_plan asks it."""
+    from autotile.families.flash_launch import gluon_backward_problem_schedule
 
-    key_blocks = -(-seq // 128)
-    return gluon_backward_schedule(key_blocks * batch * heads_kv, key_blocks, H200.sm_count, varlen, causal=causal,
-                                   q_do_bytes=2 * batch * heads_q * seq * head_dim * 2)
+    problem = FlashProblem("bwd", batch, heads_q, heads_kv, seq, seq, head_dim, causal=causal, varlen=varlen)
+    return gluon_backward_problem_schedule(problem, H200.sm_count)
 
 
 def test_few_tiles_are_shared_by_programs():

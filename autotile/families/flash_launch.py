@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from autotile.device import current_device
+from autotile.dtypes import element_size
 from autotile.families.flash_reference import LOG2E
 from autotile.families.gemm_launch import tile_counters
 from autotile.launch import KeptEncodings, bind, bind_descriptors, launch
@@ -286,6 +287,15 @@ def gluon_backward_schedule(tiles: int, key_blocks: int, sms: int, varlen: bool 
     return next(c for c in CHUNKS if c == 1 or work // c >= CHUNK_PROGRAMS_PER_SM * sms), split, False
 
 
+def gluon_backward_problem_schedule(problem, sms: int) -> tuple[int, int, bool]:
+    """gluon_backward_schedule of a flash problem: its tiles, key blocks and bytes of Q and dO."""
+    p = problem
+    key_blocks = _cdiv(p.seq_k, GLUON_BWD_KEYS)
+    q_do_bytes = 2 * p.batch * p.heads_q * p.seq_q * p.head_dim * element_size(p.dtype)
+    return gluon_backward_schedule(key_blocks * p.batch * p.heads_kv, key_blocks, sms, p.varlen, causal=p.causal,
+                                   q_do_bytes=q_do_bytes)
+
+
 class GluonBackwardPlan:
     """The Gluon backward (templates/flash_gluon_bwd.py.j2) with every argument but the tensors fixed; called as
     BackwardPlan is, (q, k, v, o, do, lse, delta, dq, dk, dv, alibi, cu_q, cu_k, dlse=None). `delta` is not used
@@ -356,8 +366,7 @@ def gluon_backward_plan(module, problem, config, scale: float, q, k, v, o, do, l
     # Packed sequences: no tile split between programs (the tiles counted include those past a sequence's keys, and
     # a packed batch holds many sequences).
     sms = current_device(q.device).sm_count
-    chunk, split, head_major = gluon_backward_schedule(tiles, _cdiv(p.seq_k, keys), sms, varlen, causal=p.causal,
-                                                       q_do_bytes=2 * q.numel() * q.element_size())
+    chunk, split, head_major = gluon_backward_problem_schedule(p, sms)
     part = p.batch * p.heads_kv * p.seq_k * p.block_d  # elements of one part's fp32 dK (or dV) partials
     if split > 1:
         # The kernel writes fp32 partials of dK and dV, contiguous (SPLIT * B, Hkv, Sk, BLOCK_D).

@@ -17,6 +17,7 @@ traced still record the ops). CPU tensors run the generated kernels under Triton
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 from typing import Optional
@@ -317,13 +318,13 @@ def sdpa_training_pair(q, k, v, causal: bool, scale: float, window: tuple = (-1,
     cuDNN's (or the efficient kernel's) after running its forward again, one more forward a step: more than a
     generated forward saves (its policies and winners win by 3-30%). SDPA's own pair needs no second forward.
     FlashAttention-2's backward takes O and LSE as given, so with it the pair stays ours."""
-    device = current_device(q.device)
     if scale <= 0 or window != (-1, -1) or softcap or (causal and q.shape[2] != k.shape[2]):
         return None  # SDPA's is_causal is top-left aligned: the same mask only where Sq == Sk
+    device = current_device(q.device)
     forward = FAMILY.problem_from_tensors(q, k, v, causal=causal)
     if not FAMILY.vendor_configs(forward, device):
         return None
-    problem = FAMILY.problem_from_tensors(q, k, v, causal=causal, direction="bwd")
+    problem = dataclasses.replace(forward, direction="bwd")
     resolution = fallback.usable(FAMILY, problem, device)
     if not resolution.vendor or gluon_before_vendor(problem, device, resolution):
         return None
