@@ -4,8 +4,9 @@ FlashAttention-2 backwards, on the prefill shapes of real models.
     PYTHONPATH=. python benchmarks/flash_bwd_bench.py [--quick] [--shapes LABEL,...] > OUT.txt
 
 Each shape: the Gluon backward (templates/flash_gluon_bwd.py.j2) on two slots (--all-stages: each count; and, where programs
-share tiles, SPLIT, each tile walked by one program: 'unsplit'; --chunks: other numbers of consecutive tiles a
-program, 'chunkN'), the Triton backward's
+share tiles, SPLIT, each tile walked by one program: 'unsplit'; where even tiles end in a stream-K tail, without it:
+'no tail'; --chunks: other numbers of consecutive tiles a program, 'chunkN'; --tail: a tail forced where the rule
+declines one, 'forced tail'), the Triton backward's
 untuned config (FlashFamily.triton_backward_default), the untuned default as the family picks it, and the public op
 (autotile.flash_attention's autograd backward with generated kernels only, AUTOTILE_VENDOR=0, no tuned winners), all
 given the same O and LSE; SDPA's backends through autograd on their own forward's graph. The Gluon backward's
@@ -52,7 +53,12 @@ def shapes(quick: bool) -> list[tuple[str, FlashProblem]]:
            ("anchor MHA 32x32x256 causal", FlashProblem("bwd", 32, 32, 32, 256, 256, 128, causal=True)),
            # Where head by head begins at any length (flash_launch.HEAD_MAJOR_TILES_PER_SM): 1024 tiles.
            ("anchor MHA 1x32x4096 causal", FlashProblem("bwd", 1, 32, 32, 4096, 4096, 128, causal=True)),
-           ("anchor GQA 8x32/8x2048 causal", FlashProblem("bwd", 8, 32, 8, 2048, 2048, 128, causal=True))]
+           ("anchor GQA 8x32/8x2048 causal", FlashProblem("bwd", 8, 32, 8, 2048, 2048, 128, causal=True)),
+           # Not causal, where a stream-K tail takes the last wave's tiles (flash_launch.gluon_backward_tail) or,
+           # 16 steps a tile, does not: last waves 52%, 76% and 88% full, and 52% of short tiles.
+           ("anchor MHA 1x32x4096", FlashProblem("bwd", 1, 32, 32, 4096, 4096, 128)),
+           ("anchor GQA 2x32/8x4096", FlashProblem("bwd", 2, 32, 8, 4096, 4096, 128)),
+           ("anchor MHA 8x32x1024", FlashProblem("bwd", 8, 32, 32, 1024, 1024, 128))]
     # Packed sequences (lengths drawn between a quarter and all of the longest; TFLOP/s on their real tokens) beside
     # the dense shapes of the same longest length above.
     out += [("packed Llama-3-8B 8x<=2048", FlashProblem("bwd", 8, 32, 8, 2048, 2048, 128, causal=True, varlen=True)),
@@ -64,8 +70,8 @@ def shapes(quick: bool) -> list[tuple[str, FlashProblem]]:
     return out
 
 
-def gluon_schedule(problem: FlashProblem, device) -> tuple[int, int, bool]:
-    """(CHUNK, SPLIT, HEAD_MAJOR) of the Gluon backward's plan."""
+def gluon_schedule(problem: FlashProblem, device) -> flash_launch.GluonBackwardSchedule:
+    """How the Gluon backward's plan deals out its tiles."""
     return flash_launch.gluon_backward_problem_schedule(problem, device.sm_count)
 
 
@@ -128,6 +134,9 @@ def main() -> int:
     parser.add_argument("--other-order", action="store_true",
                         help="also time the Gluon backward with its tiles in the order its rule does not pick "
                              "(head by head or key block first: flash_launch.gluon_backward_head_major)")
+    parser.add_argument("--tail", action="store_true",
+                        help="also time the Gluon backward with a stream-K tail where even tiles would take one but "
+                             "its rule declines (flash_launch.gluon_backward_tail, overhead taken as nothing)")
     parser.add_argument("--all-stages", action="store_true",
                         help="time the Gluon backward on every slot count (default: two, the untuned one's)")
     args = parser.parse_args()
@@ -141,7 +150,7 @@ def main() -> int:
         for config in FAMILY.space(problem, device).feasible():
             if config["LOADS"] == GLUON_WS and (args.all_stages or config["num_stages"] == 2):
                 fns[f"gluon s{config['num_stages']}"] = kernel_call(problem, config, inputs)
-                chunk = gluon_schedule(problem, device)[0]
+                chunk = gluon_schedule(problem, device).chunk
                 for other in (c for c in args.chunks if c != chunk):
                     # exactly `other` consecutive tiles a program
                     kept = flash_launch.CHUNKS, flash_launch.CHUNK_PROGRAMS_PER_SM, flash_launch.HEAD_MAJOR_CHUNK
@@ -154,10 +163,21 @@ def main() -> int:
                     flash_launch.gluon_backward_head_major = lambda *a, **k: not rule(*a, **k)
                     fns[f"gluon s{config['num_stages']} other order"] = kernel_call(problem, config, inputs)
                     flash_launch.gluon_backward_head_major = rule
-                if gluon_schedule(problem, device)[1] > 1:
+                if gluon_schedule(problem, device).split > 1:
                     splits, flash_launch.SPLITS = flash_launch.SPLITS, (1,)
                     fns[f"gluon s{config['num_stages']} unsplit"] = kernel_call(problem, config, inputs)
                     flash_launch.SPLITS = splits
+                kept = flash_launch.TAIL_OVERHEAD_STEPS, flash_launch.TAIL_MIN_GAIN
+                if gluon_schedule(problem, device).tail:
+                    flash_launch.TAIL_MIN_GAIN = float("inf")
+                    fns[f"gluon s{config['num_stages']} no tail"] = kernel_call(problem, config, inputs)
+                elif args.tail:
+                    flash_launch.TAIL_OVERHEAD_STEPS, flash_launch.TAIL_MIN_GAIN = 0, 0.0
+                    if gluon_schedule(problem, device).tail:
+                        fns[f"gluon s{config['num_stages']} forced tail"] = kernel_call(problem, config, inputs)
+                        print(f"  {label} gluon s{config['num_stages']} forced tail: "
+                              f"{gross_check(problem, config, inputs)}", flush=True)
+                flash_launch.TAIL_OVERHEAD_STEPS, flash_launch.TAIL_MIN_GAIN = kept
                 if problem.batch * problem.seq_q <= 16384 and problem.heads_q <= 32:
                     print(f"  {label} gluon s{config['num_stages']}: {gross_check(problem, config, inputs)}",
                           flush=True)

@@ -75,28 +75,28 @@ def _schedule(batch, heads_q, heads_kv, seq, head_dim=128, causal=True, varlen=F
 
 
 def test_few_tiles_are_shared_by_programs():
-    # (CHUNK, SPLIT, HEAD_MAJOR)
-    assert _schedule(1, 32, 8, 4096) == (1, 1, False)  # Llama-3-8B: 256 tiles, about 2 an SM
-    assert _schedule(4, 32, 8, 2048) == (1, 1, False)  # 512 tiles
-    assert _schedule(1, 28, 4, 4096) == (1, 2, False)  # Qwen2.5-7B: 128 tiles, each walked by two
-    assert _schedule(1, 12, 2, 4096) == (1, 4, False)  # Qwen2.5-1.5B: 64 tiles
-    assert _schedule(1, 1, 1, 100) == (1, 4, False)
+    # (CHUNK, SPLIT, HEAD_MAJOR, tail tiles)
+    assert _schedule(1, 32, 8, 4096) == (1, 1, False, 0)  # Llama-3-8B: 256 tiles, about 2 an SM
+    assert _schedule(4, 32, 8, 2048) == (1, 1, False, 0)  # 512 tiles
+    assert _schedule(1, 28, 4, 4096) == (1, 2, False, 0)  # Qwen2.5-7B: 128 tiles, each walked by two
+    assert _schedule(1, 12, 2, 4096) == (1, 4, False, 0)  # Qwen2.5-1.5B: 64 tiles
+    assert _schedule(1, 1, 1, 100) == (1, 4, False, 0)
     assert _schedule(64, 32, 32, 1024, varlen=True)[1] == 1  # packed: never split
 
 
 def test_many_tiles_go_out_head_by_head_where_q_and_do_outgrow_l2():
-    assert _schedule(2, 32, 32, 4096) == (1, 1, True)  # MHA, 2048 tiles, Q and dO 128 MiB
-    assert _schedule(2, 32, 32, 4096, head_dim=96) == (1, 1, True)  # Phi-3-mini: 96 MiB
-    assert _schedule(8, 32, 8, 2048) == (1, 1, True)  # GQA, 1024 tiles, 256 MiB
-    assert _schedule(8, 32, 32, 1024) == (1, 1, True)
+    assert _schedule(2, 32, 32, 4096) == (1, 1, True, 0)  # MHA, 2048 tiles, Q and dO 128 MiB
+    assert _schedule(2, 32, 32, 4096, head_dim=96) == (1, 1, True, 0)  # Phi-3-mini: 96 MiB
+    assert _schedule(8, 32, 8, 2048) == (1, 1, True, 0)  # GQA, 1024 tiles, 256 MiB
+    assert _schedule(8, 32, 32, 1024) == (1, 1, True, 0)
     # Causal, Q and dO within 1.5 x L2: key block first (heaviest first), in chunks.
-    assert _schedule(1, 32, 32, 4096) == (2, 1, False)  # 1024 tiles, 64 MiB
-    assert _schedule(1, 32, 32, 4096, head_dim=96) == (2, 1, False)  # 48 MiB
-    assert _schedule(4, 32, 32, 2048, head_dim=64) == (4, 1, False)  # 64 MiB
+    assert _schedule(1, 32, 32, 4096) == (2, 1, False, 0)  # 1024 tiles, 64 MiB
+    assert _schedule(1, 32, 32, 4096, head_dim=96) == (2, 1, False, 0)  # 48 MiB
+    assert _schedule(4, 32, 32, 2048, head_dim=64) == (4, 1, False, 0)  # 64 MiB
     # Not causal, tiles are even: head by head at any size.
-    assert _schedule(2, 32, 32, 4096, head_dim=64, causal=False) == (1, 1, True)
+    assert _schedule(2, 32, 32, 4096, head_dim=64, causal=False)[:3] == (1, 1, True)
     # Packed sequences: their tile count includes tiles past each sequence's keys.
-    assert _schedule(2, 32, 32, 4096, varlen=True) == (4, 1, False)
+    assert _schedule(2, 32, 32, 4096, varlen=True) == (4, 1, False, 0)
 
 
 def test_short_sequences_tiles_go_out_head_by_head_one_a_program():
@@ -113,8 +113,84 @@ def test_short_sequences_tiles_go_out_head_by_head_one_a_program():
     assert not head_major(8, 512)  # Llama-3-8B 8 x 1024
     assert not head_major(4, 512, varlen=True)  # packed: tiles past a sequence are skipped
     # MHA 16 x 32 x 512: 2048 tiles, enough for chunks of 4, but one a program, a head's 4 side by side.
-    assert _schedule(16, 32, 32, 512) == (1, 1, True)
-    assert _schedule(16, 28, 4, 512) == (1, 1, False)  # Qwen2.5-7B 16 x 512: 256 tiles
+    assert _schedule(16, 32, 32, 512) == (1, 1, True, 0)
+    assert _schedule(16, 28, 4, 512) == (1, 1, False, 0)  # Qwen2.5-7B 16 x 512: 256 tiles
+
+
+def test_even_tiles_past_the_last_whole_wave_end_in_a_stream_k_tail():
+    """Not causal, one tile a program: the tiles past the last whole wave are shared by every SM's program
+    (flash_launch.gluon_backward_tail), where the steps it saves are worth its overhead."""
+    from autotile.families.flash_launch import gluon_backward_tail
+
+    assert _schedule(2, 32, 32, 4096, causal=False) == (1, 1, True, 68)  # 2048 tiles: 15 waves of 132, 68 left
+    assert _schedule(1, 32, 32, 4096, causal=False) == (1, 1, True, 100)  # 1024 tiles
+    assert _schedule(2, 32, 8, 4096, causal=False) == (1, 1, False, 116)  # GQA: 512 tiles of 256 steps each
+    # Short tiles: the tail's overhead (partials, a second K and V, the reduction) is most of what it saves.
+    assert _schedule(8, 32, 32, 1024, causal=False)[3] == 0  # 2048 tiles of 16 steps
+    assert _schedule(2, 32, 32, 4096)[3] == 0  # causal: uneven tiles, already heaviest first
+    assert _schedule(2, 32, 32, 4096, causal=False, varlen=True)[3] == 0  # packed: uneven tiles
+    assert _schedule(1, 28, 4, 4096, causal=False)[3] == 0  # 128 tiles: shared (SPLIT), not a tail
+    assert gluon_backward_tail(264, 64, 132, even=True) == 0  # whole waves
+    assert gluon_backward_tail(100, 64, 132, even=True) == 0  # less than a wave
+    assert gluon_backward_tail(133, 64, 132, even=True) == 1
+    assert gluon_backward_tail(264 + 130, 64, 132, even=True) == 0  # an almost full last wave: nothing to save
+    assert gluon_backward_tail(2048, 64, 132, even=False) == 0
+
+
+def tail_shares(whole: int, tiles: int, steps: int, programs: int):
+    """attn_bwd_gluon's tail (_my_work, _tail_share, _tail_blocks) in Python: (program, j, tile, first step, end
+    step) for the j-th tile each tail program's share crosses."""
+    total = (tiles - whole) * steps
+    for p in range(programs):
+        lo, hi = p * total // programs, (p + 1) * total // programs
+        for j, tile in enumerate(range(whole + lo // steps, whole + (hi - 1) // steps + 1)):
+            base = (tile - whole) * steps
+            yield p, j, tile, max(lo - base, 0), min(hi - base, steps)
+
+
+@pytest.mark.parametrize("head_major", [False, True], ids=["key-block-first", "head-major"])
+@pytest.mark.parametrize("whole, programs, steps", [(7, 4, 7), (9, 2, 7), (5, 13, 3), (0, 6, 1)],
+                         ids=["shares-cross-tiles", "few-programs", "more-programs-than-tiles", "one-step-each"])
+def test_the_tails_partials_are_added_in_program_order(head_major, whole, programs, steps):
+    """The tail's reduction inverts the kernel's shares: each tail tile's dK and dV are the sums of the partials of
+    exactly the programs whose shares cross it, each taken from its slot, stored at the tile's (key block, batch,
+    KV head) in either tile order, rows past Sk and columns past D left alone."""
+    import torch
+
+    from autotile.families.flash_launch import rows_strides
+    from autotile.render import launching
+
+    batch, heads_kv, seq_k, head_dim, block_d, keys = 2, 2, 300, 96, 128, 128
+    problem = FlashProblem("bwd", batch, 2 * heads_kv, heads_kv, 200, seq_k, head_dim, causal=False)
+    module = _gluon_module(problem)
+    key_blocks, n_bh = triton_cdiv(seq_k, keys), batch * heads_kv
+    tiles = key_blocks * n_bh
+    programs = min(programs, (tiles - whole) * steps)
+    gen = torch.Generator().manual_seed(whole + programs)
+    step_sums = torch.randn(tiles, steps, keys, block_d, generator=gen)  # what each step adds to a tile's dK
+    dk_part = torch.full((programs, 2, keys, block_d), float("nan"))  # slots no share fills are never read
+    dv_part = dk_part.clone()
+    covered = torch.zeros(tiles, steps, dtype=torch.int32)
+    for p, j, tile, lo, hi in tail_shares(whole, tiles, steps, programs):
+        assert j < 2 and lo < hi
+        covered[tile, lo:hi] += 1
+        dk_part[p, j] = step_sums[tile, lo:hi].sum(0)
+        dv_part[p, j] = -2 * step_sums[tile, lo:hi].sum(0)
+    assert (covered[whole:] == 1).all() and not covered[:whole].any()  # every tail step exactly once
+    dk, dv = (torch.zeros(batch, heads_kv, seq_k, head_dim, dtype=torch.bfloat16) for _ in range(2))
+    with launching(True):
+        module.attn_bwd_gluon_tail_reduce[(tiles - whole, keys // 64)](
+            dk_part, dv_part, dk, dv, *rows_strides(dk, False), *rows_strides(dv, False), n_bh, heads_kv, seq_k,
+            whole, programs, steps, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_N=keys, ROWS=64, HEAD_MAJOR=head_major)
+    want_dk = torch.zeros(batch, heads_kv, key_blocks * keys, block_d)
+    for tile in range(whole, tiles):
+        kb, bh = (tile % key_blocks, tile // key_blocks) if head_major else (tile // n_bh, tile % n_bh)
+        want_dk[bh // heads_kv, bh % heads_kv, kb * keys:(kb + 1) * keys] = step_sums[tile].sum(0)
+    want_dk = want_dk[..., :seq_k, :head_dim]
+    done = want_dk.abs().sum(-1) > 0  # the tail's tiles' keys; the whole tiles' stay as they were (zero)
+    assert torch.allclose(dk.float(), want_dk, rtol=2**-7, atol=1e-5)  # one bf16 step (as above)
+    assert torch.allclose(dv.float(), -2 * want_dk, rtol=2**-7, atol=1e-5)
+    assert done.any() and (dk.float().abs().sum(-1) > 0).eq(done).all()
 
 
 def _gluon_module(problem):
@@ -215,16 +291,18 @@ def triton_cdiv(a: int, b: int) -> int:
 
 
 # (problem, num_stages): causal MHA (4 tiles a program) on two slots, Qwen2.5-7B's heads on three (the most that fit;
-# two programs a tile: dK and dV as fp32 partials), head dim 64 on four, packed sequences. (Each build takes ~20 s.)
+# two programs a tile: dK and dV as fp32 partials), head dim 64 on four, packed sequences, and MHA not causal, whose
+# 2048 tiles end in a stream-K tail. (Each build takes ~20 s.)
 CASES = [
     (FlashProblem("bwd", 2, 32, 32, 4096, 4096, 128, causal=True), 2),
     (FlashProblem("bwd", 1, 28, 4, 4096, 4096, 128, causal=True), 3),
     (FlashProblem("bwd", 4, 32, 32, 2048, 2048, 64, causal=True), 4),
     (FlashProblem("bwd", 8, 32, 8, 2048, 2048, 128, causal=True, varlen=True), 2),
+    (FlashProblem("bwd", 2, 32, 32, 4096, 4096, 128), 2),
 ]
 # Spill instructions (LDL/STL) in the key loops of both consumer partitions: 12 at head dim 128 causal, 0 at 64,
-# 10 with Qwen2.5-7B's heads, 15 packed (sm90 builds of Triton 3.6), against 53 before the row statistics came by
-# TMA (the prototype's history). NOTE: a per-call scalar computed in the kernel and handed to the partitions (the scale
+# 10 with Qwen2.5-7B's heads, 15 packed, 0 not causal with a stream-K tail or without (sm90 builds of Triton 3.6),
+# against 53 before the row statistics came by TMA (the prototype's history). NOTE: a per-call scalar computed in the kernel and handed to the partitions (the scale
 # times log2(e)) took it to 29: the kernel takes it from the host; so did descriptors built in the kernel (19, 13, 20).
 KEY_LOOP_SPILLS = 24
 
@@ -248,9 +326,9 @@ def test_gluon_ws_backward_compiles_for_sm90_within_shared_memory_and_moves_its_
     results = run_compile_child(__file__)
     assert len(results) == len(CASES)
     for case, kernels in zip(CASES, results):
-        split = case[0].heads_kv == 4
+        split, tail = case[0].heads_kv == 4, not case[0].causal
         assert set(kernels) == {"attn_bwd_gluon_preprocess", "attn_bwd_gluon", "attn_bwd_gluon_dq"} | (
-            {"attn_bwd_gluon_reduce"} if split else set()), case
+            {"attn_bwd_gluon_reduce"} if split else set()) | ({"attn_bwd_gluon_tail_reduce"} if tail else set()), case
         main = kernels["attn_bwd_gluon"]
         assert main["shared"] <= main["estimate"] <= H200.smem_per_block, (case, main)
         assert {"wgmma", "tma", "setmaxnreg", "tma_reduce"} <= set(main["features"]), (case, main["features"])

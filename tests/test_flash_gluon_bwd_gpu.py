@@ -1,9 +1,9 @@
 """The flash family's Gluon backward (templates/flash_gluon_bwd.py.j2) on a Hopper GPU against float64: dQ, dK, dV,
 causal and not, odd lengths, more queries than keys and fewer (rows that see no key), GQA and MQA, head dims 64 and
-128 and Phi-3's 96 (padded to 128), fp16, packed sequences, strided (B, S, H, D) projections, any scale; then through
-the ops: the untuned backward is Gluon, dense and packed, the gradient of the log-sum-exp enters, a CUDA graph
-captures it, and
-under torch.use_deterministic_algorithms(True) the Triton backward serves instead, the same bits run after run.
+128 and Phi-3's 96 (padded to 128), fp16, packed sequences, strided (B, S, H, D) projections, any scale, a stream-K
+tail; then through the ops: the untuned backward is Gluon, dense and packed, the gradient of the log-sum-exp enters,
+a CUDA graph captures it, and under torch.use_deterministic_algorithms(True) the Triton backward serves instead, the
+same bits run after run.
 Skipped without a Hopper GPU; tests/test_flash_gluon_bwd.py covers what the CPU can.
 """
 from __future__ import annotations
@@ -22,7 +22,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
 SHAPES = [  # (batch, heads_q, heads_kv, seq_q, seq_k, head_dim)
     (2, 4, 2, 1000, 1000, 128), (1, 2, 2, 300, 300, 128), (1, 4, 1, 777, 200, 128), (1, 4, 1, 200, 777, 128),
     (2, 2, 1, 333, 555, 64), (1, 3, 3, 129, 64 + 65, 64), (2, 8, 2, 333, 517, 96), (3, 2, 2, 2100, 2100, 128),
-    (2, 16, 8, 1600, 1700, 128),  # 224 tiles: one program a tile (the others above share theirs: SPLIT)
+    (2, 16, 8, 1600, 1700, 128),  # 224 tiles: one program a tile (the others above share theirs: SPLIT); not causal,
+    # the 92 past the first wave end in a stream-K tail
 ]
 
 
@@ -247,6 +248,29 @@ def test_tiles_head_by_head_match_float64():
         assert gluon_backward_head_major(4, 4 * 50 * 2, device.sm_count, False, causal=causal, q_do_bytes=0)
         inputs = FAMILY.make_inputs(problem, device, seed=11)
         run_checked(problem, gluon_configs(problem, device)[0], inputs)
+
+
+@pytest.mark.parametrize("shape, sms", [
+    ((1, 3, 3, 1000, 1000, 128), 10),  # 24 tiles key block first: 4 in the tail, shares of 6-7 steps across tiles
+    ((2, 8, 2, 700, 900, 128), 5),  # GQA head by head: 2 tiles of 4 heads x 11 blocks, shares across heads
+    ((1, 4, 2, 333, 555, 64), 4),  # head dim 64
+    ((2, 4, 4, 300, 300, 96), 5),  # Phi-3's head dim, padded; 4 tiles' 20 steps on 5 programs
+], ids=lambda v: "x".join(map(str, v)) if isinstance(v, tuple) else f"{v}sms")
+def test_a_stream_k_tail_matches_float64(monkeypatch, shape, sms):
+    """Even tiles past the last whole wave, shared by one program an SM (flash_launch.gluon_backward_tail): as if the
+    GPU had `sms` SMs, with the tail's overhead taken as nothing so that small calls have one."""
+    from autotile.device import cuda_device
+    from autotile.families import flash_launch
+
+    device = cuda_device()
+    few = dataclasses.replace(device, sm_count=sms)
+    monkeypatch.setattr(flash_launch, "current_device", lambda *_: few)
+    monkeypatch.setattr(flash_launch, "TAIL_OVERHEAD_STEPS", 0)
+    problem = FlashProblem("bwd", *shape, causal=False)
+    schedule = flash_launch.gluon_backward_problem_schedule(problem, sms)
+    assert schedule.tail and schedule.split == 1, schedule
+    inputs = FAMILY.make_inputs(problem, device, seed=13)
+    run_checked(problem, gluon_configs(problem, device)[0], inputs)
 
 
 def test_a_cuda_graph_captures_the_gluon_backward_without_syncs(family_only, gluon_plans):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -261,6 +262,42 @@ HOPPER_L2_BYTES = 50 * 2**20
 HEAD_MAJOR_CHUNK = 1
 
 
+# A stream-K tail where tiles are even (not causal, dense, one a program): the tiles past the last whole wave would
+# leave most SMs idle in a last wave (MHA 2 x 32 x 4096: 2048 tiles, 15.5 waves of 132, the last half empty). Instead,
+# one program an SM shares their steps evenly (templates/flash_gluon_bwd.py.j2, TAIL). Its cost over the steps it
+# walks, in key-loop steps: each program stores fp32 partials of dK and dV from registers for up to two tiles (5.5-6.6
+# us a tile against 2.3 us a step: benchmarks/prototypes/flash_bwd_tile_clock.py,
+# results/flash_bwd_tile_clock_2026-12-04.txt) and loads a second tile's K and V, and the reduction kernel runs after:
+# about 8 steps. Taken where the steps it saves are at least TAIL_MIN_GAIN of the call's. (A model from those
+# timings, not yet timed itself: flash_bwd_bench.py --tail times the kernel with and without it.)
+TAIL_OVERHEAD_STEPS = 8
+TAIL_MIN_GAIN = 0.01
+# Programs of the Gluon backward an SM holds at once: one (its shared memory: gluon_bwd_smem; 240 registers a consumer
+# thread).
+GLUON_BWD_PROGRAMS_PER_SM = 1
+
+
+class GluonBackwardSchedule(NamedTuple):
+    """How the Gluon backward deals out its tiles (gluon_backward_schedule)."""
+
+    chunk: int  # consecutive work items a program
+    split: int  # programs sharing each tile's query blocks
+    head_major: bool  # tiles head by head (else key block first)
+    tail: int  # the last tiles, whose steps the programs of a stream-K tail share (0: none)
+
+
+def gluon_backward_tail(tiles: int, steps: int, sms: int, *, even: bool) -> int:
+    """The tiles of the Gluon backward's stream-K tail (0: none) for `tiles` tiles of `steps` steps each, dealt one a
+    program to `sms` SMs; `even`: every tile walks the same steps (not causal, dense)."""
+    slots = GLUON_BWD_PROGRAMS_PER_SM * sms
+    tail = tiles % slots
+    if not even or tiles < slots or tail == 0:
+        return 0
+    waves = _cdiv(tiles, slots)
+    saved = steps - (tail * steps / slots + TAIL_OVERHEAD_STEPS)  # the last wave, whole tiles against shared steps
+    return tail if saved >= TAIL_MIN_GAIN * waves * steps else 0
+
+
 def gluon_backward_head_major(key_blocks: int, work: int, sms: int, varlen: bool, *, causal: bool,
                               q_do_bytes: int) -> bool:
     """Whether the Gluon backward's tiles go out head by head (templates/flash_gluon_bwd.py.j2, _work_coords), for
@@ -273,27 +310,37 @@ def gluon_backward_head_major(key_blocks: int, work: int, sms: int, varlen: bool
 
 
 def gluon_backward_schedule(tiles: int, key_blocks: int, sms: int, varlen: bool = False, *, causal: bool,
-                            q_do_bytes: int) -> tuple[int, int, bool]:
-    """(CHUNK, SPLIT, HEAD_MAJOR) of the Gluon backward for `tiles` tiles (`key_blocks` 128-key blocks of each KV
-    head) on `sms` SMs, with `q_do_bytes` of Q and dO. SPLIT programs share a tile's walk where fewer than
-    SPLIT_PROGRAMS_PER_SM programs an SM would run (the fewest parts that reach it; packed sequences never split).
-    Tiles go out head by head where gluon_backward_head_major says so, HEAD_MAJOR_CHUNK a program; otherwise each
-    program takes CHUNK consecutive work items: 4, 2 or 1, the most that leaves CHUNK_PROGRAMS_PER_SM programs an
-    SM."""
+                            q_do_bytes: int, steps: int = 0) -> GluonBackwardSchedule:
+    """How the Gluon backward deals out `tiles` tiles (`key_blocks` 128-key blocks of each KV head, `steps` query
+    blocks of every query head sharing it) on `sms` SMs, with `q_do_bytes` of Q and dO. SPLIT programs share a tile's
+    walk where fewer than SPLIT_PROGRAMS_PER_SM programs an SM would run (the fewest parts that reach it; packed
+    sequences never split). Tiles go out head by head where gluon_backward_head_major says so, HEAD_MAJOR_CHUNK a
+    program; otherwise each program takes CHUNK consecutive work items: 4, 2 or 1, the most that leaves
+    CHUNK_PROGRAMS_PER_SM programs an SM. Even tiles of one a program end in a stream-K tail where
+    gluon_backward_tail says so."""
     split = 1 if varlen else next((s for s in SPLITS if tiles * s >= SPLIT_PROGRAMS_PER_SM * sms), SPLITS[-1])
     work = tiles * split
     if gluon_backward_head_major(key_blocks, work, sms, varlen, causal=causal, q_do_bytes=q_do_bytes):
-        return HEAD_MAJOR_CHUNK, split, True
-    return next(c for c in CHUNKS if c == 1 or work // c >= CHUNK_PROGRAMS_PER_SM * sms), split, False
+        chunk, head_major = HEAD_MAJOR_CHUNK, True
+    else:
+        chunk, head_major = next(c for c in CHUNKS if c == 1 or work // c >= CHUNK_PROGRAMS_PER_SM * sms), False
+    even = not causal and not varlen and split == 1 and chunk == 1
+    return GluonBackwardSchedule(chunk, split, head_major, gluon_backward_tail(tiles, steps, sms, even=even))
 
 
-def gluon_backward_problem_schedule(problem, sms: int) -> tuple[int, int, bool]:
-    """gluon_backward_schedule of a flash problem: its tiles, key blocks and bytes of Q and dO."""
+def gluon_backward_steps(problem) -> int:
+    """Steps of a dense tile of the Gluon backward: every 64-row query block of each query head sharing its keys."""
+    p = problem
+    return (p.heads_q // p.heads_kv) * _cdiv(p.seq_q, GLUON_BWD_ROWS)
+
+
+def gluon_backward_problem_schedule(problem, sms: int) -> GluonBackwardSchedule:
+    """gluon_backward_schedule of a flash problem: its tiles, key blocks, steps and bytes of Q and dO."""
     p = problem
     key_blocks = _cdiv(p.seq_k, GLUON_BWD_KEYS)
     q_do_bytes = 2 * p.batch * p.heads_q * p.seq_q * p.head_dim * element_size(p.dtype)
     return gluon_backward_schedule(key_blocks * p.batch * p.heads_kv, key_blocks, sms, p.varlen, causal=p.causal,
-                                   q_do_bytes=q_do_bytes)
+                                   q_do_bytes=q_do_bytes, steps=gluon_backward_steps(p))
 
 
 class GluonBackwardPlan:
@@ -301,8 +348,8 @@ class GluonBackwardPlan:
     BackwardPlan is, (q, k, v, o, do, lse, delta, dq, dk, dv, alibi, cu_q, cu_k, dlse=None). `delta` is not used
     (None will do): the kernel reads LSE and Delta padded to whole query blocks, and adds dQ into fp32, both in
     scratch of its own
-    (allocated a call from the caching allocator, so CUDA graphs capture them); with SPLIT > 1, dK and dV partials
-    too, which `reduce` adds. The LSE's gradient enters Delta in the preprocess (`preprocess_dlse`, see
+    (allocated a call from the caching allocator, so CUDA graphs capture them); with SPLIT > 1 or a stream-K tail,
+    dK and dV partials too, which `reduce` adds. The LSE's gradient enters Delta in the preprocess (`preprocess_dlse`, see
     BackwardPlan). `dq_cast` casts dQ into the caller's tensor."""
 
     __slots__ = ("preprocess", "preprocess_dlse", "main", "reduce", "dq_cast", "scratch_parts", "scratch_size")
@@ -366,8 +413,18 @@ def gluon_backward_plan(module, problem, config, scale: float, q, k, v, o, do, l
     # Packed sequences: no tile split between programs (the tiles counted include those past a sequence's keys, and
     # a packed batch holds many sequences).
     sms = current_device(q.device).sm_count
-    chunk, split, head_major = gluon_backward_problem_schedule(p, sms)
+    chunk, split, head_major, tail = gluon_backward_problem_schedule(p, sms)
     part = p.batch * p.heads_kv * p.seq_k * p.block_d  # elements of one part's fp32 dK (or dV) partials
+    grid = _cdiv(tiles * split, chunk)
+    # A stream-K tail (gluon_backward_tail): tiles below `whole` one a program, then tail_programs sharing the rest's
+    # steps, each with fp32 partials (tail_programs, 2, keys, BLOCK_D) of dK and dV. Without one, both are 0 (unread;
+    # one value for every call, so that they add no specialisations of the kernel).
+    whole, tail_programs, steps = 0, 0, gluon_backward_steps(p)
+    if tail:
+        whole = tiles - tail
+        tail_programs = min(GLUON_BWD_PROGRAMS_PER_SM * sms, tail * steps)
+        grid = whole + tail_programs
+        part = tail_programs * 2 * keys * p.block_d
     if split > 1:
         # The kernel writes fp32 partials of dK and dV, contiguous (SPLIT * B, Hkv, Sk, BLOCK_D).
         part_strides = (p.heads_kv * p.seq_k * p.block_d, p.seq_k * p.block_d, p.block_d)
@@ -375,18 +432,23 @@ def gluon_backward_plan(module, problem, config, scale: float, q, k, v, o, do, l
     else:
         out_strides = (*rows_strides(dk, varlen), *rows_strides(dv, varlen))
     main_scalars = (*out_strides, p.batch, p.heads_q, p.heads_kv, p.seq_q, p.seq_k, stat_rows,
-                    float(scale) * LOG2E, float(scale))
+                    float(scale) * LOG2E, float(scale), whole, tail_programs)
     block_d = p.block_d
 
     def describe(*tensors):
         return module.tensor_descriptors(tensors, rows, keys, block_d)
 
-    main = _DescriptorLaunch(module.attn_bwd_gluon, (_cdiv(tiles * split, chunk),), main_scalars,
-                             dict(BLOCK_M=rows, BLOCK_N=keys, CHUNK=chunk, SPLIT=split, HEAD_MAJOR=head_major, **dims,
-                                  num_warps=4, num_stages=config["num_stages"]), keep, describe,
-                             described=7 if varlen else 9, pointers_too=False)
+    main = _DescriptorLaunch(module.attn_bwd_gluon, (grid,), main_scalars,
+                             dict(BLOCK_M=rows, BLOCK_N=keys, CHUNK=chunk, SPLIT=split, HEAD_MAJOR=head_major,
+                                  TAIL=bool(tail), **dims, num_warps=4, num_stages=config["num_stages"]), keep,
+                             describe, described=7 if varlen else 9, pointers_too=False)
     reduce = None
-    if split > 1:
+    if tail:
+        reduce = _Launch(module.attn_bwd_gluon_tail_reduce, (tail, keys // 64),
+                         (*rows_strides(dk, False), *rows_strides(dv, False), p.batch * p.heads_kv, p.heads_kv,
+                          p.seq_k, whole, tail_programs, steps),
+                         dict(BLOCK_N=keys, ROWS=64, HEAD_MAJOR=head_major, **dims, num_warps=4), keep)
+    elif split > 1:
         reduce = _Launch(module.attn_bwd_gluon_reduce, (_cdiv(p.seq_k, 64), p.batch * p.heads_kv),
                          (*rows_strides(dk, False), *rows_strides(dv, False),
                           part, p.heads_kv, p.seq_k),
@@ -396,4 +458,4 @@ def gluon_backward_plan(module, problem, config, scale: float, q, k, v, o, do, l
                       dict(BLOCK_M=rows, **dims, num_warps=4), keep)
     stats = math.prod(stats_shape)
     return GluonBackwardPlan(preprocess, preprocess_dlse, main, reduce, dq_cast, stats, stats * p.block_d,
-                             split * part)
+                             part if tail else split * part)

@@ -52,9 +52,10 @@ def patch(source: str, address: int) -> str:
     consumer = "@gluon.jit\ndef _consumer("
     source = once(source, consumer, HELPER.replace("TS_ADDR", str(address)) + "\n" + consumer)
     base = "((gl.program_id(0) * 2 + WG) * {slots})".format(slots=SLOTS)
-    loop = "    work, work_end = _my_work(n_work, CHUNK)\n    while work < work_end:\n        kb, b, h_kv"
+    mine = "    work, work_end = _my_work(n_work, whole, tail_programs, group, seq_q, BLOCK_M, CHUNK, TAIL)\n"
+    loop = mine + "    while work < work_end:\n        kb, b, h_kv"
     source = once(source, loop,  # the consumer's (the producer's comes first)
-                  f"    work, work_end = _my_work(n_work, CHUNK)\n    first_work = work\n    _stamp({base} + 0, 0)\n"
+                  f"{mine}    first_work = work\n    _stamp({base} + 0, 0)\n"
                   f"    _stamp({base} + 2, 1)\n    while work < work_end:\n        kb, b, h_kv", nth=2)
     tile = f"{base} + 3 + 4 * (work - first_work)"
     source = once(source, "            mbarrier.wait(kv_bar, t & 1)\n",
