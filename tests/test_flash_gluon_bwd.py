@@ -137,31 +137,100 @@ def test_even_tiles_past_the_last_whole_wave_end_in_a_stream_k_tail():
     assert gluon_backward_tail(2048, 64, 132, even=False) == 0
 
 
-def tail_shares(whole: int, tiles: int, steps: int, programs: int):
-    """attn_bwd_gluon's tail (_my_work, _tail_share, _tail_blocks) in Python: (program, j, tile, first step, end
-    step) for the j-th tile each tail program's share crosses."""
-    total = (tiles - whole) * steps
-    for p in range(programs):
-        lo, hi = p * total // programs, (p + 1) * total // programs
-        for j, tile in enumerate(range(whole + lo // steps, whole + (hi - 1) // steps + 1)):
-            base = (tile - whole) * steps
-            yield p, j, tile, max(lo - base, 0), min(hi - base, steps)
+class _Scalar(int):
+    """An int that takes Gluon's scalar calls (x.to(dtype)), for the rendered helpers run as Python."""
+
+    def to(self, dtype):
+        return self
+
+
+for _name in ("add", "sub", "mul", "floordiv", "mod"):
+    for _side in ("", "r"):
+        _op = getattr(int, f"__{_side}{_name}__")
+        setattr(_Scalar, f"__{_side}{_name}__", lambda a, b, _op=_op: _Scalar(_op(a, b)))
+
+
+def rendered_tail_helpers(problem):
+    """The rendered Gluon backward's scheduling helpers (_my_work, _tail_share, _tail_blocks) run as plain Python:
+    their text as rendered, without @gluon.jit, against a stand-in for gl's scalar calls. -> (helpers, set_pid)."""
+    import ast
+    import types
+
+    from autotile.render import render_source
+
+    config = dict(LOADS=GLUON_WS, BLOCK_M1=64, BLOCK_N1=128, BLOCK_M2=64, BLOCK_N2=128, num_warps=4, num_stages=2)
+    tree = ast.parse(render_source(FAMILY.template, **FAMILY.render_switches(problem, config)))
+    wanted = {"_my_work", "_tail_share", "_tail_blocks"}
+    functions = [node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name in wanted]
+    assert {f.name for f in functions} == wanted
+    for f in functions:
+        f.decorator_list = []
+    pid = [0]
+    gl = types.SimpleNamespace(constexpr=None, int32=None, int64=None, program_id=lambda axis: _Scalar(pid[0]),
+                               cdiv=lambda a, b: _Scalar(-(-a // b)), minimum=lambda a, b: _Scalar(min(a, b)),
+                               maximum=lambda a, b: _Scalar(max(a, b)))
+    namespace = {"gl": gl}
+    exec(compile(ast.Module(body=functions, type_ignores=[]), "flash_gluon_bwd (rendered)", "exec"), namespace)
+    return namespace, lambda value: pid.__setitem__(0, value)
+
+
+def tail_walks(problem, whole: int, tail_programs: int):
+    """What each program of attn_bwd_gluon walks with a tail, from its rendered helpers: (program, j, tile, head,
+    first block, end block) for the j-th tile of each program, one row a (tile, head) with blocks to walk."""
+    helpers, set_pid = rendered_tail_helpers(problem)
+    group, n_m = problem.heads_q // problem.heads_kv, triton_cdiv(problem.seq_q, 64)
+    n_work = triton_cdiv(problem.seq_k, 128) * problem.batch * problem.heads_kv
+    for program in range(whole + tail_programs):
+        set_pid(program)
+        first, end = helpers["_my_work"](_Scalar(n_work), _Scalar(whole), _Scalar(tail_programs), _Scalar(group),
+                                         _Scalar(problem.seq_q), 64, 1, True)
+        for work in range(first, end):
+            for g in range(group):
+                lo, hi = helpers["_tail_blocks"](_Scalar(work), _Scalar(g), _Scalar(n_m), _Scalar(n_work),
+                                                 _Scalar(whole), _Scalar(tail_programs), _Scalar(group))
+                if lo < hi:
+                    yield program, work - first, work, g, lo, hi
+
+
+def test_the_kernels_tail_walks_every_step_once():
+    """Run as Python, the rendered kernel's helpers give every program below `whole` its own tile, whole, and the
+    tail programs every step of the rest exactly once, in order, at most two tiles each."""
+    import torch
+
+    problem = FlashProblem("bwd", 2, 6, 2, 700, 900, 128, causal=False)  # 8 key blocks x 4 = 32 tiles of 3 x 11 steps
+    whole, tail_programs = 28, 5  # fewer tail tiles than programs, as gluon_backward_tail leaves
+    visits = torch.zeros(32, 3, 11, dtype=torch.int32)
+    shares = {}
+    for program, j, tile, g, lo, hi in tail_walks(problem, whole, tail_programs):
+        visits[tile, g, lo:hi] += 1
+        if program < whole:
+            assert (j, tile, lo, hi) == (0, program, 0, 11)
+        else:
+            assert j < 2
+            shares.setdefault(program, []).append((tile, g, lo, hi))
+    assert (visits == 1).all()
+    steps = [(tile, g, i) for p in sorted(shares) for tile, g, lo, hi in shares[p] for i in range(lo, hi)]
+    assert steps == sorted(steps) and len(steps) == 4 * 3 * 11  # the tail's steps in order, shares contiguous
+    assert sorted(len(set(t for t, *_ in share)) for share in shares.values())[-1] == 2  # some share crosses tiles
 
 
 @pytest.mark.parametrize("head_major", [False, True], ids=["key-block-first", "head-major"])
-@pytest.mark.parametrize("whole, programs, steps", [(7, 4, 7), (9, 2, 7), (5, 13, 3), (0, 6, 1)],
-                         ids=["shares-cross-tiles", "few-programs", "more-programs-than-tiles", "one-step-each"])
+# 12 tiles; fewer in the tail than programs, as gluon_backward_tail leaves (a share then crosses at most two tiles).
+@pytest.mark.parametrize("whole, programs, steps", [(9, 4, 7), (10, 3, 7), (5, 13, 3), (6, 8, 1)],
+                         ids=["shares-cross-tiles", "few-programs", "short-shares", "one-step-each"])
 def test_the_tails_partials_are_added_in_program_order(head_major, whole, programs, steps):
-    """The tail's reduction inverts the kernel's shares: each tail tile's dK and dV are the sums of the partials of
-    exactly the programs whose shares cross it, each taken from its slot, stored at the tile's (key block, batch,
-    KV head) in either tile order, rows past Sk and columns past D left alone."""
+    """The tail's reduction inverts the kernel's shares (its rendered helpers run as Python: tail_walks): each tail
+    tile's dK and dV are the sums of the partials of exactly the programs whose shares cross it, each taken from its
+    slot, stored at the tile's (key block, batch, KV head) in either tile order, rows past Sk and columns past D left
+    alone."""
     import torch
 
     from autotile.families.flash_launch import rows_strides
     from autotile.render import launching
 
     batch, heads_kv, seq_k, head_dim, block_d, keys = 2, 2, 300, 96, 128, 128
-    problem = FlashProblem("bwd", batch, 2 * heads_kv, heads_kv, 200, seq_k, head_dim, causal=False)
+    group, n_m = steps, 1  # `steps` query heads of one 64-row block share each KV head
+    problem = FlashProblem("bwd", batch, group * heads_kv, heads_kv, 50, seq_k, head_dim, causal=False)
     module = _gluon_module(problem)
     key_blocks, n_bh = triton_cdiv(seq_k, keys), batch * heads_kv
     tiles = key_blocks * n_bh
@@ -169,14 +238,14 @@ def test_the_tails_partials_are_added_in_program_order(head_major, whole, progra
     gen = torch.Generator().manual_seed(whole + programs)
     step_sums = torch.randn(tiles, steps, keys, block_d, generator=gen)  # what each step adds to a tile's dK
     dk_part = torch.full((programs, 2, keys, block_d), float("nan"))  # slots no share fills are never read
-    dv_part = dk_part.clone()
     covered = torch.zeros(tiles, steps, dtype=torch.int32)
-    for p, j, tile, lo, hi in tail_shares(whole, tiles, steps, programs):
-        assert j < 2 and lo < hi
-        covered[tile, lo:hi] += 1
-        dk_part[p, j] = step_sums[tile, lo:hi].sum(0)
-        dv_part[p, j] = -2 * step_sums[tile, lo:hi].sum(0)
-    assert (covered[whole:] == 1).all() and not covered[:whole].any()  # every tail step exactly once
+    for program, j, tile, g, lo, hi in tail_walks(problem, whole, programs):
+        covered[tile, g * n_m + lo:g * n_m + hi] += 1
+        if program >= whole:  # the kernel's tail epilogue: slot 2p + j
+            slot = dk_part[program - whole, j]
+            slot.copy_(torch.where(slot.isnan(), 0.0, slot) + step_sums[tile, g * n_m + lo:g * n_m + hi].sum(0))
+    assert (covered == 1).all()
+    dv_part = -2 * dk_part
     dk, dv = (torch.zeros(batch, heads_kv, seq_k, head_dim, dtype=torch.bfloat16) for _ in range(2))
     with launching(True):
         module.attn_bwd_gluon_tail_reduce[(tiles - whole, keys // 64)](
