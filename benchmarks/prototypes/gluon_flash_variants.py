@@ -130,14 +130,15 @@ def cases() -> list:
 
 def queue_cases(device) -> list:
     """Prefill of Llama-3-8B (32/8 heads), Qwen2.5-7B (28/4), Phi-3-mini (32/32, head dim 96), Gemma-2-9B (16/8, 256)
-    and head dim 64 over batch sizes, causal and not: each shape's default config with the tile queue on and off."""
+    and head dim 64 over batch sizes, causal and not: each shape's default config with the tile queue on and off
+    (head dim 256 on 64-key blocks: also one split slot of 128 keys, both ways)."""
     heads = {"llama": (32, 8, 128), "qwen": (28, 4, 128), "phi": (32, 32, 96), "gemma": (16, 8, 256),
              "d64": (12, 12, 64)}
     shapes = [("llama", 1, 4096, True), ("llama", 1, 8192, True), ("llama", 2, 4096, True), ("llama", 4, 2048, True),
               ("llama", 8, 1024, True), ("llama", 16, 512, True), ("llama", 32, 256, True), ("llama", 2, 4096, False),
               ("llama", 16, 512, False), ("qwen", 1, 4096, True), ("qwen", 4, 2048, True), ("qwen", 8, 1024, True),
               ("qwen", 16, 512, True), ("phi", 4, 2048, True), ("phi", 16, 512, True), ("gemma", 4, 2048, True),
-              ("d64", 3, 2000, True), ("d64", 4, 4096, True)]
+              ("gemma", 8, 1024, True), ("gemma", 16, 512, True), ("d64", 3, 2000, True), ("d64", 4, 4096, True)]
     out = []
     for model, batch, seq, causal in shapes:
         hq, hkv, d = heads[model]
@@ -146,8 +147,13 @@ def queue_cases(device) -> list:
         if default["LOADS"] != GLUON_WS:
             continue
         label = f"{model} {batch}x{seq}{' causal' if causal else ''} ({default['BLOCK_N']}-key blocks)"
-        out.append((label, problem, {"static": (Config(dict(default, TILE_QUEUE=False)), None),
-                                     "queue": (Config(dict(default, TILE_QUEUE=True)), None)}))
+        variants = {"static": (Config(dict(default, TILE_QUEUE=False)), None),
+                    "queue": (Config(dict(default, TILE_QUEUE=True)), None)}
+        if d == 256 and default["BLOCK_N"] == 64:  # head dim 256's short calls: one split slot of 128 keys too
+            split = dict(default, BLOCK_N=128, num_stages=1)
+            variants.update({"split static": (Config(dict(split, TILE_QUEUE=False)), None),
+                             "split queue": (Config(dict(split, TILE_QUEUE=True)), None)})
+        out.append((label, problem, variants))
     return out
 
 
