@@ -192,7 +192,10 @@ def main() -> int:
             fns["dense padded"] = kernel_call(dense, FAMILY.default_config(dense, device),
                                               FAMILY.make_inputs(dense, device, seed=0))
         fns.update(sdpa_calls(problem, inputs))
-        print(f"{label}: default {default['LOADS']}; " + timed_cells(problem, fns, args.rounds), flush=True)
+        schedule = gluon_schedule(problem, device)
+        dealt = (f"chunk {schedule.chunk}, split {schedule.split}, "
+                 f"{'head by head' if schedule.head_major else 'key block first'}, tail {schedule.tail}")
+        print(f"{label}: default {default['LOADS']} ({dealt}); " + timed_cells(problem, fns, args.rounds), flush=True)
     return 0
 
 
