@@ -255,10 +255,22 @@ class FusedExpression:
         if direct_call_ok(*values.values()):
             results = _execute(self.expression, values)
         else:  # traced, fake or subclass tensors: the op's registrations handle them
+            if not torch.compiler.is_compiling():
+                _no_meta_mix(values)
             results = _fuse_op(self.canonical, *_split(values))
         if self.expression.bare:
             return results[0]
         return tuple(results)
+
+
+def _no_meta_mix(values: dict) -> None:
+    """Meta tensors beside real ones are refused (all meta: the op's fake gives shapes and dtypes only). NOTE: the
+    dispatcher sends a call with any meta input to the op's fake, which would hand back uninitialised memory on the
+    real tensors' device."""
+    tensors = [v for v in values.values() if isinstance(v, torch.Tensor)]
+    if any(t.is_meta for t in tensors) and any(not t.is_meta and t.dim() > 0 for t in tensors):
+        listed = ", ".join(f"{n} on {v.device}" for n, v in values.items() if isinstance(v, torch.Tensor))
+        raise BadInputError(f"inputs are on different devices ({listed}); move them to one device")
 
 
 def fuse(expr: str) -> FusedExpression:

@@ -15,10 +15,12 @@ from typing import Optional
 import torch
 
 from autotile.device import DeviceInfo, current_device
+from autotile.errors import BadInputError, ShapeMismatchError
 from autotile.families.flash import FAMILY, FlashFamily, FlashProblem
 from autotile.runtime.eager import autograd_call_ok, direct_call_ok
 from autotile.runtime.ops_flash import (LN2, _keep, _layout, _normalise, _unit_stride, check_fp8_grad, eager_or_op,
                                         serve_backward, serve_forward)
+from autotile.runtime.paged_plan import checks_enabled
 
 
 def _key(direction, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, window, softcap, alibi) -> tuple:
@@ -137,6 +139,28 @@ class _EagerVarlen(torch.autograd.Function):
         return dq, dk, dv, None, None, None, None, None
 
 
+def check_lengths(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int) -> None:
+    """The cumulative lengths' values: from 0, never decreasing, within the packed rows, no sequence longer than its
+    max_seqlen (the grid's size). Reading them back is free for CPU tensors; on a GPU it waits for the queued work,
+    so it runs there only under AUTOTILE_CHECKS=1 (paged_plan.checks_enabled), as FlashAttention trusts them too.
+    NOTE: under Triton's interpreter, rows past the packed tensor are read and written on the host's heap: a bad
+    end took the process down (free(): invalid next size)."""
+    for name, cu, rows, longest_name, longest in (
+            ("cu_seqlens_q", cu_seqlens_q, q.shape[0], "max_seqlen_q", max_seqlen_q),
+            ("cu_seqlens_k", cu_seqlens_k, k.shape[0], "max_seqlen_k", max_seqlen_k)):
+        values = cu.tolist()
+        shown = values if len(values) <= 8 else values[:8] + ["..."]
+        if values[0] != 0 or any(b < a for a, b in zip(values, values[1:])):
+            raise BadInputError(f"{name} must start at 0 and never decrease (cumulative lengths), got {shown}")
+        if values[-1] > rows:
+            raise ShapeMismatchError(f"{name} ends at {values[-1]}, past the {rows} packed rows of "
+                                     f"{'q' if name == 'cu_seqlens_q' else 'k and v'}")
+        length = max(b - a for a, b in zip(values, values[1:]))
+        if length > longest:
+            raise BadInputError(f"{name} holds a sequence of {length} rows, longer than {longest_name}={longest}: "
+                                f"pass the longest length")
+
+
 def flash_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
                            cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, *, causal: bool = False,
                            scale: float | None = None, window: tuple[int, int] | None = None,
@@ -165,6 +189,8 @@ def flash_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
     if not torch.compiler.is_compiling():
         check_fp8_grad(q, k, v)
         served = _served_forward(q, k, v, *args, causal, scale, window, softcap, alibi_slopes)
+        if q.device.type == "cpu" or checks_enabled():
+            check_lengths(q, k, *args)
         if direct_call_ok(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k):
             served.calls[0] += 1
             o, lse = served.run(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, return_lse)

@@ -244,6 +244,39 @@ def _matmul_fake(a, b, bias, scale_a, scale_b, residual, activation, out_dtype, 
     return a.new_empty((a.shape[0], b.shape[1]), dtype=dtype)
 
 
+def _matmul_setup(ctx, inputs, output) -> None:
+    a, b, bias, scale_a, scale_b, residual, activation, out_dtype, fp8_fast_accum = inputs
+    ctx.fp8 = a.dtype == torch.float8_e4m3fn or scale_a is not None
+    ctx.activation = activation
+    ctx.dtypes = (a.dtype, b.dtype, None if bias is None else bias.dtype, None if residual is None else residual.dtype)
+    ctx.save_for_backward(a, b, bias)
+
+
+def _matmul_backward(ctx, grad):
+    """Gradients of C = act(a @ b + bias) + residual, in torch (as F.linear's backward: matmuls in the operands'
+    dtype); an activation's derivative at a @ b + bias, recomputed in fp32 (nothing extra kept from the forward)."""
+    if ctx.fp8:
+        raise BadInputError("autotile.matmul has no backward for fp8 operands: call it on tensors that do not require "
+                            "grad, or under torch.no_grad()")
+    a, b, bias = ctx.saved_tensors
+    a_dtype, b_dtype, bias_dtype, residual_dtype = ctx.dtypes
+    g = grad
+    if ctx.activation != "none":
+        with torch.enable_grad():
+            pre = torch.matmul(a.float(), b.float())
+            pre = (pre if bias is None else pre + bias.float()).detach().requires_grad_(True)
+            (g,) = torch.autograd.grad(_ACTIVATIONS[ctx.activation](pre), pre, grad.float())
+    need = ctx.needs_input_grad
+    grad_a = torch.matmul(g.to(b_dtype), b.t()).to(a_dtype) if need[0] else None
+    grad_b = torch.matmul(a.t(), g.to(a_dtype)).to(b_dtype) if need[1] else None
+    grad_bias = g.float().sum(0).to(bias_dtype) if bias is not None and need[2] else None
+    grad_residual = grad.to(residual_dtype) if residual_dtype is not None and need[5] else None
+    return grad_a, grad_b, grad_bias, None, None, grad_residual, None, None, None
+
+
+torch.library.register_autograd("autotile::matmul", _matmul_backward, setup_context=_matmul_setup)
+
+
 def _as_dtype(out_dtype) -> torch.dtype | None:
     if out_dtype is None or isinstance(out_dtype, torch.dtype):
         return out_dtype

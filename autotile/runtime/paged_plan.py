@@ -569,17 +569,20 @@ def merge_attention_states(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torc
 
     out_* (..., D) and lse_* (...) natural-log log-sum-exps, as return_lse runs give them (a shared
     prefix attended once and each sequence's own suffix, as cascade attention splits them). Rows
-    that saw no key (lse -inf) contribute nothing. Plain torch, computed in float32.
+    that saw no key contribute nothing: their lse is -inf from the paged ops and +inf from
+    flash_attention (FlashAttention's convention; vLLM's merge_attn_states takes +inf so too).
+    Plain torch, computed in float32.
 
     >>> import torch
     >>> o, l = merge_attention_states(torch.ones(2, 4), torch.zeros(2), torch.zeros(2, 4), torch.zeros(2))
     >>> o[0].tolist(), round(float(l[0]), 4)
     ([0.5, 0.5, 0.5, 0.5], 0.6931)
     """
-    lse = torch.logaddexp(lse_a.float(), lse_b.float())
+    lse_a, lse_b = (torch.where(t == math.inf, -math.inf, t.float()) for t in (lse_a, lse_b))  # no key: -inf
+    lse = torch.logaddexp(lse_a, lse_b)
     finite = torch.isfinite(lse)
     safe = torch.where(finite, lse, torch.zeros_like(lse))
-    weight_a = torch.where(finite, torch.exp(lse_a.float() - safe), torch.zeros_like(lse))
-    weight_b = torch.where(finite, torch.exp(lse_b.float() - safe), torch.zeros_like(lse))
+    weight_a = torch.where(finite, torch.exp(lse_a - safe), torch.zeros_like(lse))
+    weight_b = torch.where(finite, torch.exp(lse_b - safe), torch.zeros_like(lse))
     out = out_a.float() * weight_a[..., None] + out_b.float() * weight_b[..., None]
     return out.to(out_a.dtype), lse

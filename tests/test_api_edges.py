@@ -1,0 +1,102 @@
+"""Edges of the public ops a demanding user meets, on the CPU (Triton's interpreter): a negative softmax scale in
+bf16, LSEs of rows that see no key merged across ops, cumulative lengths that do not fit the packed tensors, meta
+tensors beside real ones in fuse, and gradients through matmul and linear when a generated kernel serves them."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import autotile
+from autotile.errors import BadInputError, ShapeMismatchError
+from autotile.runtime.paged_plan import merge_attention_states
+
+
+def _attention64(q, k, v, scale, softcap=0.0):
+    s = (q.double() @ k.double().transpose(-1, -2)) * scale
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    return torch.softmax(s, -1) @ v.double()
+
+
+@pytest.mark.parametrize("scale, softcap", [(-0.5, 0.0), (-0.3, 20.0)], ids=["negative", "negative-softcap"])
+def test_a_negative_scale_in_bf16_matches_float64(scale, softcap):
+    """The kernels run on |scale| with Q negated; Triton's interpreter negates bf16 tensors wrongly, so Q goes
+    through fp32 (max error 2.8-4.7 before)."""
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 2, 13, 32, generator=gen).bfloat16().requires_grad_(True) for _ in range(3))
+    o = autotile.flash_attention(q, k, v, scale=scale, softcap=softcap or None)
+    leaves = [t.detach().double().requires_grad_(True) for t in (q, k, v)]
+    want = _attention64(*leaves, scale, softcap)
+    assert (o.double() - want).abs().max().item() < 3e-2
+    do = torch.randn(o.shape, generator=gen).bfloat16()
+    got = torch.autograd.grad(o, (q, k, v), do)
+    for g, w in zip(got, torch.autograd.grad(want, leaves, do.double())):
+        assert ((g.double() - w).abs().max() / w.abs().max()).item() < 3e-2
+
+
+def test_flash_lses_of_rows_with_no_key_merge_as_no_keys():
+    """flash_attention gives +inf for a row that sees no key (FlashAttention's convention), the paged ops -inf:
+    merge_attention_states takes both as a state with no keys."""
+    gen = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(1, 1, 4, 16, generator=gen) for _ in range(3))
+    # Causal over keys 0-1 with 4 queries, bottom-right aligned: queries 0 and 1 see no key.
+    out_a, lse_a = autotile.flash_attention(q, k[:, :, :2], v[:, :, :2], causal=True, return_lse=True)
+    out_b, lse_b = autotile.flash_attention(q, k[:, :, 2:], v[:, :, 2:], return_lse=True)
+    assert torch.isinf(lse_a[0, 0, :2]).all() and (lse_a[0, 0, :2] > 0).all()
+    out, lse = merge_attention_states(out_a[0, 0], lse_a[0, 0], out_b[0, 0], lse_b[0, 0])
+    assert torch.allclose(out[:2], out_b[0, 0, :2], atol=1e-6) and torch.allclose(lse[:2], lse_b[0, 0, :2])
+    scores = (q[0, 0].double() @ k[0, 0].double().T) / math.sqrt(16)
+    seen = torch.ones(4, 4, dtype=torch.bool)
+    seen[:, :2] = torch.tril(torch.ones(4, 2, dtype=torch.bool), diagonal=-2)
+    want = torch.softmax(scores.masked_fill(~seen, -math.inf), -1) @ v[0, 0].double()
+    assert torch.allclose(out.double(), want, atol=1e-5)
+    assert torch.allclose(lse.double(), torch.logsumexp(scores.masked_fill(~seen, -math.inf), -1), atol=1e-5)
+    empty, no_key = merge_attention_states(out_a[0, 0], lse_a[0, 0], out_a[0, 0], lse_a[0, 0])
+    assert not empty[:2].any() and (no_key[:2] == -math.inf).all()
+
+
+@pytest.mark.parametrize("cu_q, max_q, error, text", [
+    ([0, 3, 10], 7, ShapeMismatchError, "past the 8 packed rows"),
+    ([1, 3, 8], 5, BadInputError, "start at 0"),
+    ([0, 5, 3], 5, BadInputError, "never decrease"),
+    ([0, 3, 8], 4, BadInputError, "longer than max_seqlen_q=4"),
+], ids=["past-the-end", "not-from-zero", "decreasing", "longer-than-max"])
+def test_cumulative_lengths_that_do_not_fit_are_refused(cu_q, max_q, error, text):
+    """Checked where reading them back is free (CPU tensors): past the packed rows, the interpreter wrote outside
+    its buffers and the process aborted."""
+    q = k = v = torch.randn(8, 2, 16)
+    cu = torch.tensor([0, 3, 8], dtype=torch.int32)
+    with pytest.raises(error, match=text):
+        autotile.flash_attention_varlen(q, k, v, torch.tensor(cu_q, dtype=torch.int32), cu, max_q, 5)
+    assert autotile.flash_attention_varlen(q, k, v, cu, cu, 5, 5).shape == (8, 2, 16)
+
+
+def test_fuse_refuses_meta_tensors_beside_real_ones():
+    """The op's fake serves all-meta calls; a meta input beside a CPU one came back as uninitialised memory."""
+    add = autotile.fuse("x + y")
+    with pytest.raises(BadInputError, match="different devices"):
+        add(x=torch.randn(3), y=torch.randn(3, device="meta"))
+    assert add(x=torch.randn(3, device="meta"), y=torch.randn(3, device="meta")).is_meta
+
+
+@pytest.mark.parametrize("dtype, activation, tol", [(torch.float32, None, 1e-5), (torch.float32, "gelu", 1e-5),
+                                                    (torch.bfloat16, "silu", 2e-2)], ids=["fp32", "gelu", "bf16-silu"])
+def test_linear_and_matmul_have_gradients(dtype, activation, tol):
+    """A generated kernel serves these calls (CPU): their backward is torch's, through the op's registered
+    autograd; before, backward raised 'no autograd formula was registered'."""
+    gen = torch.Generator().manual_seed(5)
+    x, w, bias, residual = (torch.randn(*shape, generator=gen).to(dtype).requires_grad_(True)
+                            for shape in ((2, 3, 24), (10, 24), (10,), (2, 3, 10)))
+    y = autotile.linear(x, w, bias, activation=activation, residual=residual)
+    dy = torch.randn(y.shape, generator=gen).to(dtype)
+    got = torch.autograd.grad(y, (x, w, bias, residual), dy)
+    leaves = [t.detach().double().requires_grad_(True) for t in (x, w, bias, residual)]
+    act = {None: lambda t: t, "gelu": torch.nn.functional.gelu, "silu": torch.nn.functional.silu}[activation]
+    want = act(leaves[0] @ leaves[1].T + leaves[2]) + leaves[3]
+    for g, w_ in zip(got, torch.autograd.grad(want, leaves, dy.double())):
+        assert g.dtype == dtype and ((g.double() - w_).abs().max() / w_.abs().max()).item() < tol
+    a, b = (torch.randn(*shape, generator=gen, requires_grad=True) for shape in ((5, 7), (7, 3)))
+    autotile.matmul(a, b, activation="relu").sum().backward()
+    assert torch.allclose(a.grad, (a @ b > 0).float() @ b.detach().T, atol=1e-5)
