@@ -100,3 +100,16 @@ def test_linear_and_matmul_have_gradients(dtype, activation, tol):
     a, b = (torch.randn(*shape, generator=gen, requires_grad=True) for shape in ((5, 7), (7, 3)))
     autotile.matmul(a, b, activation="relu").sum().backward()
     assert torch.allclose(a.grad, (a @ b > 0).float() @ b.detach().T, atol=1e-5)
+
+
+def test_matmul_and_linear_name_what_to_pass_for_non_tensors():
+    """NumPy arrays and lists got a bare AttributeError from the signature key."""
+    a, b = torch.randn(4, 8), torch.randn(8, 3)
+    with pytest.raises(BadInputError, match="two tensors"):
+        autotile.matmul(a.numpy(), b.numpy())
+    with pytest.raises(BadInputError, match="bias must be a torch.Tensor"):
+        autotile.matmul(a, b, bias=[1.0, 2.0, 3.0])
+    with pytest.raises(BadInputError, match="takes tensors"):
+        autotile.linear(a.numpy(), b.T)
+    with pytest.raises(ShapeMismatchError, match="bias must have shape"):
+        autotile.linear(a, b.T, bias=[1.0, 2.0, 3.0])

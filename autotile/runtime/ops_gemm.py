@@ -48,6 +48,9 @@ def problem_for(a, b, *, bias=None, activation=None, out_dtype=None, scale_a=Non
     """(family, problem, device) of a matmul call, for `autotile.explain`."""
     if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
         raise BadInputError("matmul takes two tensors a (M, K) and b (K, N)")
+    for name, value in (("bias", bias), ("residual", residual), ("scale_a", scale_a), ("scale_b", scale_b)):
+        if value is not None and not isinstance(value, torch.Tensor):
+            raise BadInputError(f"{name} must be a torch.Tensor or None, got {type(value).__name__}")
     problem = FAMILY.problem_from_tensors(a, b, bias, activation, out_dtype, residual=residual, scale_a=scale_a,
                                           scale_b=scale_b, fp8_fast_accum=fp8_fast_accum)
     return FAMILY, problem, current_device(a.device)
@@ -203,8 +206,13 @@ def _extra(t) -> tuple | None:
 def _served_for(a, b, bias, activation, out_dtype, scale_a, scale_b, residual=None, fast_accum=False,
                 shapes: tuple | None = None) -> _Served:
     """`shapes`: _shape_key(a, b, bias) where the caller has it already."""
-    shapes = _shape_key(a, b, bias) if shapes is None else shapes
-    key = (shapes, _layout_key(a, b, bias, activation, out_dtype, scale_a, scale_b, residual, fast_accum))
+    try:
+        shapes = _shape_key(a, b, bias) if shapes is None else shapes
+        key = (shapes, _layout_key(a, b, bias, activation, out_dtype, scale_a, scale_b, residual, fast_accum))
+    except AttributeError:  # not tensors (a NumPy array, a list): the checks say what to pass
+        problem_for(a, b, bias=bias, activation=activation, out_dtype=out_dtype, scale_a=scale_a, scale_b=scale_b,
+                    residual=residual, fp8_fast_accum=fast_accum)
+        raise
     served = _served.get(key)
     if served is None:
         if a.dim() == 2 and b.dim() == 2 and a.shape[1] == b.shape[0] and 0 in (a.shape[0], b.shape[1]):
@@ -406,7 +414,12 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
             if out is not None:
                 return out
     if direct_call_ok(x, weight, bias, residual):
-        served = _linear_served.get(_linear_signature(x, weight, bias, activation, residual))
+        try:
+            signature = _linear_signature(x, weight, bias, activation, residual)
+        except AttributeError:  # not tensors: the checks say what to pass
+            _check_linear(x, weight, bias, residual)
+            raise
+        served = _linear_served.get(signature)
         if served is None:
             served = _serve_linear(x, weight, bias, activation, residual)
         served.calls[0] += 1
