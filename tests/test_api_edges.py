@@ -113,3 +113,12 @@ def test_matmul_and_linear_name_what_to_pass_for_non_tensors():
         autotile.linear(a.numpy(), b.T)
     with pytest.raises(ShapeMismatchError, match="bias must have shape"):
         autotile.linear(a, b.T, bias=[1.0, 2.0, 3.0])
+
+
+def test_a_paged_plan_runs_where_there_is_a_device_to_run_it():
+    """Without device=, a plan was made for CUDA even on a machine with none (torch's AssertionError)."""
+    from autotile.runtime.paged_plan import plan_paged_attention
+
+    plan = plan_paged_attention(batch=1, num_q_heads=2, num_kv_heads=2, head_dim=32, page_size=16, max_context=64,
+                                dtype=torch.float16)
+    assert plan.device.type == ("cuda" if torch.cuda.is_available() else "cpu")

@@ -150,7 +150,8 @@ class _PlanBase:
             num_q_heads, num_kv_heads, head_dim, page_size, dtype, kv_dtype)
         self.batch, self.num_q_heads, self.num_kv_heads = int(batch), int(num_q_heads), int(num_kv_heads)
         self.head_dim, self.page_size, self.max_context = int(head_dim), int(page_size), int(max_context)
-        self.device = torch.device(device)
+        # None: the current CUDA device where there is one, else the CPU (Triton's interpreter runs the plan).
+        self.device = torch.device(device if device is not None else "cuda" if torch.cuda.is_available() else "cpu")
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.return_lse = bool(return_lse)
@@ -233,7 +234,7 @@ class PagedAttentionPlan(_PlanBase):
 
     def __init__(self, *, batch: int, num_q_heads: int, num_kv_heads: int, head_dim: int, page_size: int,
                  max_context: int, dtype=torch.bfloat16, kv_dtype=None, num_queries: int = 1,
-                 device="cuda", return_lse: bool = False, mean_context: int | None = None,
+                 device=None, return_lse: bool = False, mean_context: int | None = None,
                  config: Config | dict | None = None, num_sms: int | None = None, checks: bool | None = None,
                  split_constants=None):
         self._init_shapes(batch=batch, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
@@ -323,7 +324,7 @@ class PagedAttentionPlan(_PlanBase):
 
 
 def plan_paged_attention(*, batch: int, num_q_heads: int, num_kv_heads: int, head_dim: int, page_size: int,
-                         max_context: int, dtype=torch.bfloat16, kv_dtype=None, num_queries: int = 1, device="cuda",
+                         max_context: int, dtype=torch.bfloat16, kv_dtype=None, num_queries: int = 1, device=None,
                          return_lse: bool = False, mean_context: int | None = None, config=None,
                          num_sms: int | None = None, checks: bool | None = None,
                          split_constants=None) -> PagedAttentionPlan:
@@ -334,8 +335,9 @@ def plan_paged_attention(*, batch: int, num_q_heads: int, num_kv_heads: int, hea
     tuned config and sizes the 'split' variant. `mean_context` optionally narrows the config's
     bucket. `config` overrides the tuned config; `num_sms` the SM count the balanced variant fills;
     `split_constants` its scheduler's constants (autotile.families.paged.SplitConstants or a dict of its
-    fields, e.g. {"items_per_sm": 16}; None: the module's); `checks` the AUTOTILE_CHECKS switch. See the
-    module docstring for an example and the contract.
+    fields, e.g. {"items_per_sm": 16}; None: the module's); `checks` the AUTOTILE_CHECKS switch; `device` where
+    the plan runs (None: the current CUDA device where there is one, else the CPU). See the module docstring for an
+    example and the contract.
     """
     return PagedAttentionPlan(batch=batch, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
                               page_size=page_size, max_context=max_context, dtype=dtype, kv_dtype=kv_dtype,
@@ -358,7 +360,7 @@ class PagedPrefillPlan(_PlanBase):
     """
 
     def __init__(self, *, batch: int, num_tokens: int, num_q_heads: int, num_kv_heads: int, head_dim: int,
-                 page_size: int, max_context: int, dtype=torch.bfloat16, kv_dtype=None, device="cuda",
+                 page_size: int, max_context: int, dtype=torch.bfloat16, kv_dtype=None, device=None,
                  return_lse: bool = False, config: Config | dict | None = None, checks: bool | None = None):
         self._init_shapes(batch=batch, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
                           page_size=page_size, max_context=max_context, dtype=dtype, kv_dtype=kv_dtype,
@@ -437,7 +439,7 @@ class PagedPrefillPlan(_PlanBase):
 
 
 def plan_paged_prefill(*, batch: int, num_tokens: int, num_q_heads: int, num_kv_heads: int, head_dim: int,
-                       page_size: int, max_context: int, dtype=torch.bfloat16, kv_dtype=None, device="cuda",
+                       page_size: int, max_context: int, dtype=torch.bfloat16, kv_dtype=None, device=None,
                        return_lse: bool = False, config=None, checks: bool | None = None) -> PagedPrefillPlan:
     """A chunked-prefill plan from host integers: B sequences, `num_tokens` new tokens in all (it picks the
     tuned config; runs may pack any number), contexts up to `max_context`. See PagedPrefillPlan.
