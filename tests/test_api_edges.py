@@ -122,3 +122,11 @@ def test_a_paged_plan_runs_where_there_is_a_device_to_run_it():
     plan = plan_paged_attention(batch=1, num_q_heads=2, num_kv_heads=2, head_dim=32, page_size=16, max_context=64,
                                 dtype=torch.float16)
     assert plan.device.type == ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def test_linear_with_no_features_is_torchs():
+    """No input features (every output its bias) or no output features: F.linear's result; K = 0 raised a bare
+    reshape error."""
+    x, w, bias = torch.randn(3, 0), torch.randn(5, 0), torch.randn(5)
+    assert torch.equal(autotile.linear(x, w, bias, activation="relu"), torch.relu(bias).expand(3, 5))
+    assert autotile.linear(torch.randn(2, 3, 4), torch.randn(0, 4)).shape == (2, 3, 0)

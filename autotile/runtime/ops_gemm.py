@@ -413,6 +413,11 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
             out = fast(x, weight, bias)
             if out is not None:
                 return out
+    if isinstance(x, _Tensor) and isinstance(weight, _Tensor) and weight.dim() == 2 and 0 in weight.shape:
+        # No output features or no input features (then every output is its bias): torch's result, nothing to
+        # tune or launch.
+        _check_linear(x, weight, bias, residual)
+        return _vendor_epilogue(_f_linear(x, weight, bias), activation, residual)
     if direct_call_ok(x, weight, bias, residual):
         try:
             signature = _linear_signature(x, weight, bias, activation, residual)
