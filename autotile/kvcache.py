@@ -82,6 +82,10 @@ class PagedKVCache:
                  k_scale: float | torch.Tensor | None = None, v_scale: float | torch.Tensor | None = None):
         if min(num_layers, num_pages, page_size, num_kv_heads, head_dim) < 1:
             raise BadInputError("num_layers, num_pages, page_size, num_kv_heads and head_dim must all be >= 1")
+        # The page sizes the paged ops take (autotile.families.paged.PagedProblem), refused here rather than at the
+        # first call. (Any dtype is kept: fp32 caches serve as references; the ops take fp16, bf16 and fp8.)
+        if page_size & (page_size - 1) or page_size > 256:
+            raise ShapeMismatchError(f"page_size must be a power of two up to 256, got {page_size}")
         self.num_layers, self.num_pages, self.page_size = num_layers, num_pages, page_size
         self.num_kv_heads, self.head_dim, self.dtype = num_kv_heads, head_dim, dtype
         self.device = torch.device(device)

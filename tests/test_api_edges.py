@@ -130,3 +130,10 @@ def test_linear_with_no_features_is_torchs():
     x, w, bias = torch.randn(3, 0), torch.randn(5, 0), torch.randn(5)
     assert torch.equal(autotile.linear(x, w, bias, activation="relu"), torch.relu(bias).expand(3, 5))
     assert autotile.linear(torch.randn(2, 3, 4), torch.randn(0, 4)).shape == (2, 3, 0)
+
+
+def test_a_cache_with_a_page_size_the_ops_do_not_take_is_refused_when_made():
+    from autotile.kvcache import PagedKVCache
+
+    with pytest.raises(ShapeMismatchError, match="power of two"):
+        PagedKVCache(num_layers=1, num_pages=4, page_size=5, num_kv_heads=2, head_dim=16)
