@@ -9,9 +9,13 @@ import click
 from autotile.errors import AutotileError
 
 
+# What Family.first_feasible's RuntimeError says when no config of a family's space fits a problem.
+NO_FEASIBLE_CONFIG = "has no feasible config"
+
+
 def friendly_errors(fn):
-    """AutotileError, a failing database (damaged, full, read-only, busy, a row it cannot read) and a full
-    disk -> a one-line message and exit status 1, never a traceback."""
+    """AutotileError, a failing database (damaged, full, read-only, busy, a row it cannot read), a full disk and
+    a problem no config of its family fits -> a one-line message and exit status 1, never a traceback."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -25,6 +29,9 @@ def friendly_errors(fn):
             line = database_failure(exc, kwargs.get("db_url"))
             if line is None and isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
                 line = f"no space left to write {exc.filename or 'a file'}: free some space and run the command again"
+            if line is None and isinstance(exc, RuntimeError) and NO_FEASIBLE_CONFIG in str(exc):
+                line = (f"{exc}: no kernel config of this family fits the problem on this GPU; try another shape, "
+                        "dtype or --gpu")
             if line is None:
                 raise
             raise click.ClickException(line) from None

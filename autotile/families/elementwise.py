@@ -462,6 +462,10 @@ class ElementwiseFamily(Family):
         if not exprs:
             return self.default_suite()
         numels = [int(n) for n in _values(numel)] or [ANCHOR_NUMEL]
+        if min(numels) < 1:
+            # Calls on empty tensors still run (a problem of numel 0), but a search on none times nothing, and
+            # `autotile db import` refuses such a winner.
+            raise ShapeMismatchError(f"--numel must be >= 1, got {min(numels)}: a search needs elements to time")
         dtypes = _values(dtype) or ["fp32"]
         return [self.problem_for_expression(e, d, n) for e in exprs for d in dtypes for n in numels]
 

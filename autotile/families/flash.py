@@ -364,6 +364,19 @@ _SEED_BACKWARD_GLUON = tuple(
          BLOCK_N2=GLUON_BWD_KEYS, num_warps=4, num_stages=stages) for stages in (2, 3))
 
 
+# The flags of flash's size options (heads_kv is spelled --kv-heads, as in every family).
+_CLI_SIZE_FLAGS = {"batch": "--batch", "heads": "--heads", "heads_kv": "--kv-heads", "seq": "--seq",
+                   "seq_k": "--seq-k", "head_dim": "--head-dim"}
+
+
+def _check_cli_sizes(sizes: dict) -> None:
+    """Sizes given on the command line are >= 1: a 0 would divide the batch default by zero, or read as not given."""
+    for name, values in sizes.items():
+        bad = [v for v in values if v < 1]
+        if bad:
+            raise ShapeMismatchError(f"{_CLI_SIZE_FLAGS[name]} must be >= 1, got {bad[0]}")
+
+
 class FlashFamily(Family):
     name = "flash"
     template = "flash_attention.py.j2"
@@ -472,7 +485,10 @@ class FlashFamily(Family):
             return out
 
         seqs, head_dims = values("seq"), values("head_dim")
-        shape_given = seqs or head_dims or any(options.get(n) for n in ("batch", "heads", "heads_kv", "seq_k"))
+        scalars = ("batch", "heads", "heads_kv", "seq_k")
+        _check_cli_sizes({"seq": seqs, "head_dim": head_dims,
+                          **{n: [options[n]] for n in scalars if options.get(n) is not None}})
+        shape_given = seqs or head_dims or any(options.get(n) for n in scalars)
         directions = DIRECTIONS if options.get("direction", "both") == "both" else (options["direction"],)
         causals = {"yes": (True,), "no": (False,), "both": (False, True)}[options.get("causal") or "both"]
         dtype = options.get("dtype") or "bf16"

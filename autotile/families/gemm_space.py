@@ -47,6 +47,8 @@ SWAP_MAX_M = 256
 # Above this many tokens a swapped tile holds them all (the point of swapping there is to stream the weight once);
 # smaller swapped tiles at M = 65-256 nearly doubled the space (21k -> 38k configs at M = 128) for nothing measured.
 SWAP_ANY_TILE_M = 64
+# The smallest BLOCK_K fp8 tensor-core tiles take (32 bytes of K at least twice); other operands take the axis's least.
+FP8_MIN_BLOCK_K = 64
 # Workspace elements a split-K run may use (fp32): 2**28 is 1 GiB.
 SPLIT_K_WORKSPACE_LIMIT = 2**28
 # Split-K is for problems whose tiles do not fill the GPU: with at least this many tiles per SM
@@ -171,6 +173,11 @@ def programs_per_sm(problem, c: Mapping, device: DeviceInfo) -> int:
     registers = min(255, 8 * math.ceil((accumulator_registers(problem, c) + REGISTERS_BESIDE_ACCUMULATORS) / 8))
     by_registers = arch.registers_per_sm // (registers * threads)
     return max(1, min(by_smem, by_registers, arch.max_threads_per_sm // threads))
+
+
+def min_block_k(problem) -> int:
+    """The smallest BLOCK_K the problem's operands take (fp8_block_k)."""
+    return FP8_MIN_BLOCK_K if problem.dtype == "fp8" else 32
 
 
 def sm_count(device: DeviceInfo) -> int:
@@ -298,10 +305,11 @@ def gemm_space(problem, device: DeviceInfo) -> StagedSpace:
              f"and, above {SWAP_ANY_TILE_M} tokens, every token in one tile"),
         rule("tile_within_problem", ("BLOCK_M", "BLOCK_N", "BLOCK_K"),
              lambda c: c["BLOCK_M"] <= max(16, next_pow2(p.m)) and c["BLOCK_N"] <= max(32, next_pow2(p.n))
-             and c["BLOCK_K"] <= max(32, next_pow2(p.k)),
-             "a block larger than the next power of two of its dimension only computes padding"),
-        rule("fp8_block_k", ("BLOCK_K",), lambda c: p.dtype != "fp8" or c["BLOCK_K"] >= 64,
-             "fp8 tensor-core tiles need BLOCK_K >= 64 (32 bytes of K at least twice)"),
+             and c["BLOCK_K"] <= max(min_block_k(p), next_pow2(p.k)),
+             "a block larger than the next power of two of its dimension only computes padding (the kernels mask "
+             "K past the problem, so a short K still takes the smallest BLOCK_K its dtype allows)"),
+        rule("fp8_block_k", ("BLOCK_K",), lambda c: c["BLOCK_K"] >= min_block_k(p),
+             f"fp8 tensor-core tiles need BLOCK_K >= {FP8_MIN_BLOCK_K} (32 bytes of K at least twice)"),
         rule("block_scale_groups", ("BLOCK_K",), lambda c: p.scale_mode != "block" or SCALE_BLOCK % c["BLOCK_K"] == 0,
              f"block scales need each K tile inside one {SCALE_BLOCK}-wide scale group: BLOCK_K divides {SCALE_BLOCK}"),
         rule("split_k_depth", ("SPLIT_K", "BLOCK_K"), lambda c: c["SPLIT_K"] == 1 or k_tiles(c) >= 2 * c["SPLIT_K"],

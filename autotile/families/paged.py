@@ -52,6 +52,9 @@ DECODE_VARIANTS = ("whole", "split", "balanced")
 SPLITTING_VARIANTS = ("split", "balanced")
 BLOCK_N_CHOICES = (16, 32, 64, 128, 256)
 PARTITION_CHOICES = (256, 512, 1024, 2048, 4096)
+WARP_CHOICES = (2, 4, 8)
+# K elements a thread loads at least per step (one 16-byte vector of a 16-bit cache; the space's work_per_warp).
+MIN_ELEMENTS_PER_THREAD = 8
 # Query rows of a prefill program (tokens x the heads of a KV group); decode variants keep the first.
 BLOCK_M_CHOICES = (16, 32, 64, 128)
 # tl.dot needs every dimension >= 16; the query rows of a KV group are padded up to it.
@@ -180,6 +183,17 @@ def check_head_dim(head_dim: int) -> None:
     if head_dim % 8 or not 16 <= head_dim <= 256:
         raise ShapeMismatchError(
             f"head_dim must be a multiple of 8 from 16 to 256 (64, 80, 96, 112, 128, 256, ...), got {head_dim}")
+
+
+def min_block_n(head_dim_pad: int) -> int:
+    """The smallest token tile that gives every thread of the fewest warps its vector of K (work_per_warp): 16
+    tokens from D 32 on, 32 at D 16. Short contexts take it too, so that some config is always feasible.
+
+    >>> min_block_n(16), min_block_n(32), min_block_n(256)
+    (32, 16, 16)
+    """
+    least = MIN_ELEMENTS_PER_THREAD * 32 * WARP_CHOICES[0]
+    return next(n for n in BLOCK_N_CHOICES if n * head_dim_pad >= least)
 
 
 def context_bucket(tokens: int) -> int:
@@ -396,7 +410,7 @@ class PagedFamily(Family):
             Axis("BLOCK_N", BLOCK_N_CHOICES),
             Axis("PARTITION_SIZE", PARTITION_CHOICES),
             Axis("BLOCK_M", BLOCK_M_CHOICES),
-            Axis("num_warps", (2, 4, 8)),
+            Axis("num_warps", WARP_CHOICES),
             Axis("num_stages", STAGE_CHOICES),
         ]
         splitting = lambda c: c["VARIANT"] in SPLITTING_VARIANTS  # noqa: E731
@@ -410,10 +424,14 @@ class PagedFamily(Family):
                        lambda c: accumulator_registers(c) <= _ACCUMULATOR_REGISTER_BUDGET,
                        f"the accumulator and logits would need more than {_ACCUMULATOR_REGISTER_BUDGET} "
                        "fp32 registers a thread"),
-            Constraint("work_per_warp", lambda c: c["BLOCK_N"] * dim >= 8 * 32 * c["num_warps"],
+            Constraint("work_per_warp",
+                       lambda c: c["BLOCK_N"] * dim >= MIN_ELEMENTS_PER_THREAD * 32 * c["num_warps"],
                        "a tile must give every thread at least one 16-byte vector of K"),
-            Constraint("tile_within_context", lambda c: c["BLOCK_N"] <= max(16, next_pow2(p.max_context)),
-                       "a token tile longer than the next power of two of the context only loads padding"),
+            # Loads past the context are masked: a short context at D 16 takes the 32-token tile work_per_warp needs.
+            Constraint("tile_within_context",
+                       lambda c: c["BLOCK_N"] <= max(min_block_n(dim), next_pow2(p.max_context)),
+                       "a token tile longer than the next power of two of the context (or than the smallest tile "
+                       "that gives every thread work) only loads padding"),
             Constraint("partition_split_only",
                        lambda c: splitting(c) or c["PARTITION_SIZE"] == PARTITION_CHOICES[0],
                        "PARTITION_SIZE only shapes the split and balanced variants; the others keep the first choice"),

@@ -362,9 +362,14 @@ def _text(value, name: str, width: int) -> str:
     return value
 
 
+# Integers up to this many digits (any int64) are shown in messages; longer ones by their length only.
+_SHOWN_DIGITS = 20
+
+
 def _count(value, name: str, minimum: int, maximum: int = _INT32_MAX) -> int:
     if not _is_int(value) or not minimum <= value <= maximum:
-        shown = f"an integer of {len(str(value))} digits" if _is_int(value) else f"{value!r:.80}"
+        digits = len(str(abs(value))) if _is_int(value) else 0
+        shown = f"an integer of {digits} digits" if digits > _SHOWN_DIGITS else f"{value!r:.80}"
         raise _Bad(f"{name} must be an integer in [{minimum}, {maximum}], got {shown}")
     return value
 
