@@ -213,3 +213,32 @@ def test_import_shows_a_small_integer_it_refuses(tmp_path):
     result = runner.invoke(db_group, ["import", str(export), "--db", f"sqlite:///{tmp_path / 'target.sqlite'}"],
                            catch_exceptions=False)
     assert "problem.numel must be an integer in [1, 9223372036854775807], got 0" in result.stderr, result.output
+
+
+# --- paged decode of KV groups wider than a decode program ----------------------------------------------------------
+@pytest.mark.parametrize("heads_q, heads_kv, head_dim, contexts", [(71, 1, 64, [5, 40]), (160, 2, 32, [17, 3])],
+                         ids=["falcon-7b-71-to-1", "80-a-group-2-groups"])
+def test_paged_decode_of_a_kv_group_wider_than_a_decode_program_matches_float64(heads_q, heads_kv, head_dim, contexts):
+    """One query a sequence, more than MAX_DECODE_ROWS query heads a KV head (Falcon-7B: 71 over 1): the prefill
+    variant holds the group; before, no config was feasible and the op raised."""
+    gen = torch.Generator().manual_seed(9)
+    cache = PagedKVCache(num_layers=1, num_pages=16, page_size=16, num_kv_heads=heads_kv, head_dim=head_dim)
+    keys, values = [], []
+    for seq, n in enumerate(contexts):
+        cache.allocate(seq)
+        k, v = (torch.randn(n, heads_kv, head_dim, generator=gen).half() for _ in range(2))
+        cache.append(seq, k, v)
+        keys.append(k), values.append(v)
+    q = torch.randn(len(contexts), heads_q, head_dim, generator=gen).half()
+    seqs = list(range(len(contexts)))
+    out = autotile.paged_attention(q, cache.k_pools[0], cache.v_pools[0], cache.block_table(seqs),
+                                   cache.context_lens(seqs))
+    group = heads_q // heads_kv
+    for seq in seqs:
+        k, v = (t.double().repeat_interleave(group, 1) for t in (keys[seq], values[seq]))
+        scores = torch.einsum("hd,nhd->hn", q[seq].double(), k) / math.sqrt(head_dim)
+        want = torch.einsum("hn,nhd->hd", torch.softmax(scores, -1), v)
+        assert (out[seq].double() - want).abs().max().item() < 4e-3
+    problem = PagedProblem(batch=8, num_q_heads=heads_q, num_kv_heads=heads_kv, head_dim=head_dim, page_size=16,
+                           max_context=4096)
+    assert PAGED.default_config(problem, H200)["VARIANT"] == "prefill"

@@ -446,8 +446,9 @@ class PagedFamily(Family):
             Constraint("decode_rows", lambda c: prefill(c) or p.rows <= MAX_DECODE_ROWS,
                        f"decode programs hold G x Q = {p.group * p.num_queries} query rows, more than "
                        f"{MAX_DECODE_ROWS}: use the prefill variant"),
-            Constraint("prefill_has_queries", lambda c: not prefill(c) or p.num_queries >= 2,
-                       "the prefill variant is for several query tokens per sequence"),
+            Constraint("prefill_has_queries", lambda c: not prefill(c) or p.num_queries >= 2 or p.rows > MAX_DECODE_ROWS,
+                       "the prefill variant is for several query tokens per sequence (or a KV group of more query "
+                       f"heads than a decode program holds, {MAX_DECODE_ROWS})"),
             Constraint("block_holds_group", lambda c: not prefill(c) or c["BLOCK_M"] >= p.group,
                        "a prefill block must hold at least one token's group of query heads"),
             Constraint("block_within_queries",
