@@ -225,13 +225,16 @@ def test_the_trace_counts_each_problem_and_reads_back(tmp_path, monkeypatch):
         autotile.matmul(a, b)
     autotile.linear(torch.randn(2, 16), torch.randn(8, 16))
     trace.flush()
-    entries = {(e.problem["m"], e.problem["layout_b"]): e.calls for e in trace.read_trace(path) if e.family == "gemm"}
-    assert entries[(5, "row")] >= 3 and entries[(2, "col")] >= 1
-    before = entries[(5, "row")]
+    def calls() -> dict:  # every gemm problem this process served (other tests' too): keyed by the whole shape
+        return {(e.problem["m"], e.problem["n"], e.problem["k"], e.problem["layout_b"]): e.calls
+                for e in trace.read_trace(path) if e.family == "gemm"}
+
+    entries = calls()
+    assert entries[(5, 8, 16, "row")] >= 3 and entries[(2, 8, 16, "col")] >= 1
+    before = entries[(5, 8, 16, "row")]
     autotile.matmul(a, b)
     trace.flush()  # merged with what the file holds
-    again = {(e.problem["m"], e.problem["layout_b"]): e.calls for e in trace.read_trace(path) if e.family == "gemm"}
-    assert again[(5, "row")] == before + 1
+    assert calls()[(5, 8, 16, "row")] == before + 1
 
 
 @pytest.mark.parametrize("text, message", [
