@@ -48,16 +48,6 @@ def assert_bf16_close(got: torch.Tensor, want: torch.Tensor) -> None:
     torch.testing.assert_close(got.double(), want, rtol=2.0**-7, atol=1e-3)
 
 
-@pytest.fixture
-def user_db(tmp_path, monkeypatch):
-    url = f"sqlite:///{tmp_path / 'user.sqlite'}"
-    monkeypatch.setenv("AUTOTILE_DB", url)
-    monkeypatch.setattr("autotile.resources.shipped_db_path", lambda: tmp_path / "no-shipped.sqlite")
-    dispatch.clear_cache()
-    yield url
-    dispatch.clear_cache()
-
-
 @pytest.mark.parametrize("k", [16, 32])
 def test_fp8_short_k_spaces_hold_the_smallest_fp8_tile(k):
     for scales in ("tensor", "row", "block"):

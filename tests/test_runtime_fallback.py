@@ -32,16 +32,6 @@ SHARED_MEMORY = OutOfResources(262144, 232448, "shared memory")
 
 
 @pytest.fixture
-def user_db(tmp_path, monkeypatch):
-    url = f"sqlite:///{tmp_path / 'user.sqlite'}"
-    monkeypatch.setenv("AUTOTILE_DB", url)
-    monkeypatch.setattr("autotile.resources.shipped_db_path", lambda: tmp_path / "no-shipped.sqlite")
-    dispatch.clear_cache()
-    yield url
-    dispatch.clear_cache()
-
-
-@pytest.fixture
 def warnings_seen(caplog):
     caplog.set_level(logging.WARNING, logger="autotile.runtime")
     return lambda: [r.getMessage() for r in caplog.records if "failed to build or launch" in r.getMessage()]

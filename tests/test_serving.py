@@ -39,16 +39,6 @@ def save(url: str, problem, device, config: Config, verified_range=None, kernel_
                       kernel_config=kernel_config, baseline_ms=baseline_ms)
 
 
-@pytest.fixture
-def user_db(tmp_path, monkeypatch):
-    url = f"sqlite:///{tmp_path / 'user.sqlite'}"
-    monkeypatch.setenv("AUTOTILE_DB", url)
-    monkeypatch.setattr("autotile.resources.shipped_db_path", lambda: tmp_path / "no-shipped.sqlite")
-    dispatch.clear_cache()
-    yield url
-    dispatch.clear_cache()
-
-
 def test_untuned_gpu_shapes_get_the_vendor_op_and_the_interpreter_gets_the_kernel(user_db):
     problem = linear_problem(7)
     got = dispatch.resolve(FAMILY, problem, H200)
