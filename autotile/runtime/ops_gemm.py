@@ -262,7 +262,8 @@ def _matmul_setup(ctx, inputs, output) -> None:
 
 def _matmul_backward(ctx, grad):
     """Gradients of C = act(a @ b + bias) + residual, in torch (as F.linear's backward: matmuls in the operands'
-    dtype); an activation's derivative at a @ b + bias, recomputed in fp32 (nothing extra kept from the forward)."""
+    dtype); an activation's derivative at a @ b + bias, recomputed in the operands' dtype (what autograd keeps of
+    act(F.linear(...)) written in torch) and taken in fp32: nothing extra is kept from the forward."""
     if ctx.fp8:
         raise BadInputError("autotile.matmul has no backward for fp8 operands: call it on tensors that do not require "
                             "grad, or under torch.no_grad()")
@@ -271,8 +272,8 @@ def _matmul_backward(ctx, grad):
     g = grad
     if ctx.activation != "none":
         with torch.enable_grad():
-            pre = torch.matmul(a.float(), b.float())
-            pre = (pre if bias is None else pre + bias.float()).detach().requires_grad_(True)
+            pre = torch.matmul(a, b) if bias is None else torch.addmm(bias.to(a.dtype), a, b)
+            pre = pre.float().detach().requires_grad_(True)
             (g,) = torch.autograd.grad(_ACTIVATIONS[ctx.activation](pre), pre, grad.float())
     need = ctx.needs_input_grad
     grad_a = torch.matmul(g.to(b_dtype), b.t()).to(a_dtype) if need[0] else None
