@@ -47,6 +47,11 @@ def _check_names(expression: Expression, values: dict) -> None:
         raise BadInputError(f"{'; '.join(parts)}: the expression uses exactly {list(expression.inputs)}, passed by name")
 
 
+def _refuse_devices(tensors: dict) -> None:
+    listed = ", ".join(f"{n} on {t.device}" for n, t in tensors.items())
+    raise BadInputError(f"inputs are on different devices ({listed}); move them to one device")
+
+
 def _on_one_device(values: dict) -> tuple[dict, torch.device]:
     """The device of the dimensioned tensors; 0-d CPU tensors join it (as torch allows for CPU scalars)."""
     tensors = {n: v for n, v in values.items() if isinstance(v, torch.Tensor)}
@@ -54,8 +59,7 @@ def _on_one_device(values: dict) -> tuple[dict, torch.device]:
         raise BadInputError("fuse needs at least one tensor input; every input here is a Python number")
     devices = {t.device for t in tensors.values() if t.dim() > 0} or {t.device for t in tensors.values()}
     if len(devices) > 1:
-        listed = ", ".join(f"{n} on {t.device}" for n, t in tensors.items() if t.dim() > 0)
-        raise BadInputError(f"inputs are on different devices ({listed}); move them to one device")
+        _refuse_devices({n: t for n, t in tensors.items() if t.dim() > 0})
     device = devices.pop()
     if device.type not in ("cpu", "cuda"):
         raise BadInputError(f"fuse runs on CUDA tensors and (interpreted) on CPU tensors, not on {device.type}")
@@ -267,10 +271,9 @@ def _no_meta_mix(values: dict) -> None:
     """Meta tensors beside real ones are refused (all meta: the op's fake gives shapes and dtypes only). NOTE: the
     dispatcher sends a call with any meta input to the op's fake, which would hand back uninitialised memory on the
     real tensors' device."""
-    tensors = [v for v in values.values() if isinstance(v, torch.Tensor)]
-    if any(t.is_meta for t in tensors) and any(not t.is_meta and t.dim() > 0 for t in tensors):
-        listed = ", ".join(f"{n} on {v.device}" for n, v in values.items() if isinstance(v, torch.Tensor))
-        raise BadInputError(f"inputs are on different devices ({listed}); move them to one device")
+    tensors = {n: v for n, v in values.items() if isinstance(v, torch.Tensor)}
+    if any(t.is_meta for t in tensors.values()) and any(not t.is_meta and t.dim() > 0 for t in tensors.values()):
+        _refuse_devices(tensors)
 
 
 def fuse(expr: str) -> FusedExpression:
