@@ -1,6 +1,7 @@
 """Edges of the public ops a demanding user meets, on the CPU (Triton's interpreter): a negative softmax scale in
 bf16, LSEs of rows that see no key merged across ops, cumulative lengths that do not fit the packed tensors, meta
-tensors beside real ones in fuse, and gradients through matmul and linear when a generated kernel serves them."""
+tensors beside real ones in fuse, gradients through matmul and linear when a generated kernel serves them, and
+calls with an empty dimension (they give torch's result)."""
 from __future__ import annotations
 
 import math
@@ -137,3 +138,48 @@ def test_a_cache_with_a_page_size_the_ops_do_not_take_is_refused_when_made():
 
     with pytest.raises(ShapeMismatchError, match="power of two"):
         PagedKVCache(num_layers=1, num_pages=4, page_size=5, num_kv_heads=2, head_dim=16)
+
+
+@pytest.mark.parametrize("q_shape, kv_shape", [((0, 4, 6, 32), (0, 2, 9, 32)), ((2, 4, 0, 32), (2, 2, 9, 32)),
+                                               ((2, 4, 6, 32), (2, 2, 0, 32))], ids=["batch-0", "no-queries", "no-keys"])
+def test_attention_with_an_empty_dimension_is_sdpas(q_shape, kv_shape):
+    """SDPA returns an empty tensor for no batch or no queries, and rows of zeros for no keys; the op refused all three.
+    LSE is +inf where a row sees no key (the op's convention); gradients are zeros, as SDPA's."""
+    q = torch.randn(q_shape, requires_grad=True)
+    k, v = (torch.randn(kv_shape, requires_grad=True) for _ in range(2))
+    o, lse = autotile.flash_attention(q, k, v, causal=True, return_lse=True)
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    assert o.shape == want.shape and torch.equal(o, want)
+    assert lse.shape == q_shape[:3] and bool(torch.isposinf(lse).all())
+    o.sum().backward()
+    assert q.grad.shape == q.shape and not q.grad.any()
+
+
+def test_attention_with_an_empty_dimension_still_checks_its_tensors():
+    k, v = torch.randn(2, 2, 9, 32), torch.randn(2, 2, 9, 16)
+    with pytest.raises(ShapeMismatchError, match=r"k \(2, 2, 9, 32\) and v \(2, 2, 9, 16\) must have the same shape"):
+        autotile.flash_attention(torch.randn(2, 4, 0, 32), k, v)
+    with pytest.raises(ShapeMismatchError, match="Hq must be a multiple of Hkv"):
+        autotile.flash_attention(torch.randn(2, 3, 0, 32), k, k)
+    with pytest.raises(BadInputError, match="alibi_slopes"):
+        autotile.flash_attention(torch.randn(2, 4, 0, 32), k, k, alibi_slopes=torch.ones(3))
+
+
+def test_matmul_over_an_empty_inner_dimension_is_the_epilogue_of_zeros():
+    """torch.matmul over K = 0 gives zeros; with a bias, activation and residual the op's result is act(bias) +
+    residual. It raised "GEMM sizes must be >= 1"."""
+    a, b = torch.randn(3, 0, requires_grad=True), torch.randn(0, 5)
+    bias = (torch.arange(5.0) - 2).requires_grad_(True)
+    residual = torch.randn(3, 5)
+    assert torch.equal(autotile.matmul(a, b), torch.zeros(3, 5))
+    out = autotile.matmul(a, b, bias=bias, activation="gelu", residual=residual)
+    want = torch.nn.functional.gelu(bias.detach()).expand(3, 5) + residual
+    assert torch.allclose(out, want)
+    out.sum().backward()
+    assert a.grad.shape == (3, 0)
+    assert torch.allclose(bias.grad, 3 * torch.autograd.grad(torch.nn.functional.gelu(bias).sum(), bias)[0])
+    assert autotile.matmul(torch.randn(2, 0), torch.randn(0, 3), out_dtype=torch.float16).dtype == torch.float16
+    with pytest.raises(ShapeMismatchError, match=r"bias must have shape \(5,\)"):
+        autotile.matmul(a, b, bias=torch.ones(4))
+    with pytest.raises(ShapeMismatchError, match="residual"):
+        autotile.matmul(torch.randn(0, 4), torch.randn(4, 5), residual=torch.ones(1, 5))

@@ -407,10 +407,11 @@ class FlashFamily(Family):
         return canonical_json(data)
 
     def check_tensors(self, q, k, v, *, causal: bool = False, direction: str = "fwd", window: tuple = (-1, -1),
-                      softcap: float = 0.0, alibi_slopes=None) -> FlashProblem:
+                      softcap: float = 0.0, alibi_slopes=None, empty_ok: bool = False) -> FlashProblem:
         """Shapes, dtypes and devices of q, k, v, without reading their data (so fake tensors pass too).
 
-        Returns the problem as if aligned; `problem_from_tensors` looks at the pointers.
+        Returns the problem as if aligned; `problem_from_tensors` looks at the pointers. `empty_ok`: a batch, query
+        or key length of 0 passes (the problem then counts it as 1), for calls that launch nothing.
         """
         for name, t in (("q", q), ("k", k), ("v", v)):
             if t.dim() != 4:
@@ -422,10 +423,11 @@ class FlashFamily(Family):
             raise ShapeMismatchError(
                 f"q {tuple(q.shape)} and k {tuple(k.shape)} must agree in batch (dim 0) and head dim (dim 3)")
         dtype = _common_dtype(q, k, v)
-        _check_alibi(alibi_slopes, q.shape[0], q.shape[1], q.device)
+        check_alibi(alibi_slopes, q.shape[0], q.shape[1], q.device)
         left, right = window_pair(window)
-        return FlashProblem(direction, q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2], q.shape[3],
-                            bool(causal), dtype, True, left, right, float(softcap), alibi_slopes is not None)
+        batch, seq_q, seq_k = (max(size, 1) if empty_ok else size for size in (q.shape[0], q.shape[2], k.shape[2]))
+        return FlashProblem(direction, batch, q.shape[1], k.shape[1], seq_q, seq_k, q.shape[3], bool(causal), dtype,
+                            True, left, right, float(softcap), alibi_slopes is not None)
 
     def problem_from_tensors(self, q, k, v, *, causal: bool = False, direction: str = "fwd", **features) -> FlashProblem:
         problem = self.check_tensors(q, k, v, causal=causal, direction=direction, **features)
@@ -458,7 +460,7 @@ class FlashFamily(Family):
                 raise BadInputError(f"{name} must be a positive int (the longest sequence), got {value!r}")
         dtype = _common_dtype(q, k, v)
         batch = cu_seqlens_q.shape[0] - 1
-        _check_alibi(alibi_slopes, batch, q.shape[1], q.device)
+        check_alibi(alibi_slopes, batch, q.shape[1], q.device)
         left, right = window_pair(window)
         return FlashProblem(direction, batch, q.shape[1], k.shape[1], max_seqlen_q, max_seqlen_k, q.shape[2],
                             bool(causal), dtype, all(_aligned(t, 2) for t in (q, k, v)), left, right, float(softcap),
@@ -1131,7 +1133,7 @@ def window_pair(window) -> tuple[int, int]:
     return left, right
 
 
-def _check_alibi(slopes, batch: int, heads_q: int, device) -> None:
+def check_alibi(slopes, batch: int, heads_q: int, device) -> None:
     if slopes is None:
         return
     if not isinstance(slopes, torch.Tensor) or slopes.dtype != torch.float32 or slopes.shape not in (

@@ -199,6 +199,20 @@ class GemmFamily(Family):
         >>> FAMILY.problem_from_tensors(a, w.t(), scale_a=torch.ones(4, 2), scale_b=torch.ones(2, 3)).scale_mode
         'block'
         """
+        dtype, out = self.check_operands(a, b, bias, out_dtype, residual=residual, scale_a=scale_a, scale_b=scale_b)
+        m, k = a.shape
+        n = b.shape[1]
+        scale_mode = scale_mode_of(m, n, k, scale_a, scale_b, a.device) if dtype == "fp8" else "tensor"
+        tf32 = dtype == "fp32" and torch.backends.cuda.matmul.allow_tf32
+        return GemmProblem(m, n, k, dtype, out, layout_of(a), layout_of(b), bias is not None,
+                           activation or "none", tf32, _tma_aligned(a) and _tma_aligned(b),
+                           residual=residual is not None, scale_mode=scale_mode,
+                           fp8_fast_accum=bool(fp8_fast_accum) and dtype == "fp8")
+
+    def check_operands(self, a, b, bias=None, out_dtype=None, *, residual=None, scale_a=None,
+                       scale_b=None) -> tuple[str, str]:
+        """The checks of a call's tensors that hold whatever its sizes (an empty call is checked too): the
+        operands' and the output's dtype names."""
         if a.dim() != 2 or b.dim() != 2:
             raise ShapeMismatchError(f"matmul takes 2-D a and b, got a{tuple(a.shape)} and b{tuple(b.shape)}")
         if a.shape[1] != b.shape[0]:
@@ -223,16 +237,9 @@ class GemmFamily(Family):
             if residual.device != a.device or not residual.is_floating_point():
                 raise BadInputError(f"residual must be a floating-point tensor on {a.device}, got {residual.dtype} "
                                     f"on {residual.device}")
-        scale_mode = "tensor"
-        if dtype == "fp8":
-            scale_mode = scale_mode_of(m, n, k, scale_a, scale_b, a.device)
-        elif scale_a is not None or scale_b is not None:
+        if dtype != "fp8" and (scale_a is not None or scale_b is not None):
             raise BadInputError(f"scale_a/scale_b apply to float8_e4m3fn operands only; these are {a.dtype}")
-        tf32 = dtype == "fp32" and torch.backends.cuda.matmul.allow_tf32
-        return GemmProblem(m, n, k, dtype, out, layout_of(a), layout_of(b), bias is not None,
-                           activation or "none", tf32, _tma_aligned(a) and _tma_aligned(b),
-                           residual=residual is not None, scale_mode=scale_mode,
-                           fp8_fast_accum=bool(fp8_fast_accum) and dtype == "fp8")
+        return dtype, out
 
     def problem_key(self, problem: GemmProblem) -> str:
         return canonical_json(_key_fields(problem))

@@ -552,6 +552,25 @@ def _first_call(key: tuple, q, k, v, causal, scale, window, softcap, alibi) -> _
     return served
 
 
+def _is_empty(q, k) -> bool:
+    return q.dim() == 4 and k.dim() == 4 and 0 in (q.shape[0], q.shape[2], k.shape[2])
+
+
+def _empty_attention(q, k, v, causal, scale, window, softcap, alibi, return_lse):
+    """A batch of 0, no queries or no keys: SDPA's result (empty, or with no keys rows of zeros; LSE +inf, as for
+    every row that sees no key), differentiable, after the checks every call gets. Nothing to tune or launch."""
+    q, k, v, scale, window, softcap = _normalise(q, k, v, scale, window, softcap)
+    FAMILY.check_tensors(q, k, v, causal=causal, window=window, softcap=softcap, alibi_slopes=alibi, empty_ok=True)
+    group = q.shape[1] // k.shape[1]
+    keys, values = (t.float().repeat_interleave(group, 1) for t in (k, v))
+    # Softmax over no keys is empty, and its product with no values is zeros: the rows SDPA returns.
+    o = torch.softmax(q.float() @ keys.transpose(-1, -2) * scale, -1) @ values
+    o = o.to(torch.bfloat16 if q.dtype == torch.float8_e4m3fn else q.dtype)
+    if not return_lse:
+        return o
+    return o, torch.full(q.shape[:3], math.inf, dtype=torch.float32, device=q.device)
+
+
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
                     scale: float | None = None, window: tuple[int, int] | None = None, softcap: float | None = None,
                     alibi_slopes: torch.Tensor | None = None, return_lse: bool = False):
@@ -597,6 +616,8 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
             return _sdpa(q, k, v, is_causal=direct[1], scale=direct[2], enable_gqa=direct[3])
         if key is not None:
             if served is None:
+                if _is_empty(q, k):
+                    return _empty_attention(q, k, v, causal, scale, window, softcap, alibi_slopes, return_lse)
                 served = _first_call(key, q, k, v, causal, scale, window, softcap, alibi_slopes)
             if served.fp8:
                 check_fp8_grad(q, k, v)

@@ -46,14 +46,42 @@ def _inputs(a, b, bias, scale_a, scale_b, residual=None) -> dict:
 def problem_for(a, b, *, bias=None, activation=None, out_dtype=None, scale_a=None, scale_b=None, residual=None,
                 fp8_fast_accum=False):
     """(family, problem, device) of a matmul call, for `autotile.explain`."""
+    _check_tensor_types(a, b, bias, residual, scale_a, scale_b)
+    problem = FAMILY.problem_from_tensors(a, b, bias, activation, out_dtype, residual=residual, scale_a=scale_a,
+                                          scale_b=scale_b, fp8_fast_accum=fp8_fast_accum)
+    return FAMILY, problem, current_device(a.device)
+
+
+def _check_tensor_types(a, b, bias, residual, scale_a, scale_b) -> None:
     if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
         raise BadInputError("matmul takes two tensors a (M, K) and b (K, N)")
     for name, value in (("bias", bias), ("residual", residual), ("scale_a", scale_a), ("scale_b", scale_b)):
         if value is not None and not isinstance(value, torch.Tensor):
             raise BadInputError(f"{name} must be a torch.Tensor or None, got {type(value).__name__}")
-    problem = FAMILY.problem_from_tensors(a, b, bias, activation, out_dtype, residual=residual, scale_a=scale_a,
-                                          scale_b=scale_b, fp8_fast_accum=fp8_fast_accum)
-    return FAMILY, problem, current_device(a.device)
+
+
+def _is_empty(a, b) -> bool:
+    return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dim() == 2 and b.dim() == 2 and (
+        0 in (*a.shape, *b.shape))
+
+
+def _empty_served(a, b, bias, activation, out_dtype, scale_a, scale_b, residual) -> "_Served":
+    """A call with no rows, columns or inner dimension: torch.matmul's result (empty, or with K = 0 the epilogue of
+    zeros: the bias through the activation, plus the residual), after the checks every call gets. Nothing to tune
+    or launch."""
+    _check_tensor_types(a, b, bias, residual, scale_a, scale_b)
+    _, out = FAMILY.check_operands(a, b, bias, out_dtype, residual=residual, scale_a=scale_a, scale_b=scale_b)
+    dtype, act = torch_dtype(out), _ACTIVATIONS[activation or "none"]
+
+    def run(a, b, bias, scale_a, scale_b, residual):
+        c = a.new_zeros((a.shape[0], b.shape[1]), dtype=torch.float32)
+        if bias is not None:
+            c = c + bias.float()
+        if act is not None:
+            c = act(c)
+        return (c if residual is None else c + residual.float()).to(dtype)
+
+    return _Served(run, [0])
 
 
 class _Served:
@@ -215,10 +243,8 @@ def _served_for(a, b, bias, activation, out_dtype, scale_a, scale_b, residual=No
         raise
     served = _served.get(key)
     if served is None:
-        if a.dim() == 2 and b.dim() == 2 and a.shape[1] == b.shape[0] and 0 in (a.shape[0], b.shape[1]):
-            # No rows or no columns: an empty result, as torch.matmul gives (nothing to tune or launch).
-            dtype = out_dtype or (torch.bfloat16 if a.dtype == torch.float8_e4m3fn else a.dtype)
-            return _Served(lambda a, b, *rest: a.new_empty((a.shape[0], b.shape[1]), dtype=dtype), [0])
+        if _is_empty(a, b):
+            return _empty_served(a, b, bias, activation, out_dtype, scale_a, scale_b, residual)
         _, problem, device = problem_for(a, b, bias=bias, activation=activation, out_dtype=out_dtype,
                                          scale_a=scale_a, scale_b=scale_b, residual=residual,
                                          fp8_fast_accum=fast_accum)
@@ -346,8 +372,11 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None
         return out
     if not torch.compiler.is_compiling():
         # Bad input is reported here, before the op; traced calls meet the same checks when the op runs.
-        problem_for(a, b, bias=bias, activation=activation, out_dtype=out_dtype, scale_a=scale_a, scale_b=scale_b,
-                    residual=residual, fp8_fast_accum=fp8_fast_accum)
+        if _is_empty(a, b):
+            _empty_served(a, b, bias, activation, _as_dtype(out_dtype), scale_a, scale_b, residual)
+        else:
+            problem_for(a, b, bias=bias, activation=activation, out_dtype=out_dtype, scale_a=scale_a,
+                        scale_b=scale_b, residual=residual, fp8_fast_accum=fp8_fast_accum)
     out = canonical_dtype_name(out_dtype) if out_dtype is not None else ""
     return _matmul_op(a, b, bias, scale_a, scale_b, residual, activation or "none", out, bool(fp8_fast_accum))
 
