@@ -183,3 +183,33 @@ def test_matmul_over_an_empty_inner_dimension_is_the_epilogue_of_zeros():
         autotile.matmul(a, b, bias=torch.ones(4))
     with pytest.raises(ShapeMismatchError, match="residual"):
         autotile.matmul(torch.randn(0, 4), torch.randn(4, 5), residual=torch.ones(1, 5))
+
+
+def _flash_call(q, k, v):
+    return autotile.flash_attention(q, k, v, causal=True)
+
+
+def _flash_op_call(q, k, v):
+    # The registered op's autograd (what torch.compile records), not the eager Function.
+    return torch.ops.autotile.flash_attention_fwd(q, k, v, True, 0.25)[0]
+
+
+def _varlen_call(q, k, v):
+    cu = torch.tensor([0, 3, 8], dtype=torch.int32)
+    flat = [t.transpose(1, 2).reshape(8, *t.shape[1:2], 16) for t in (q, k, v)]
+    return autotile.flash_attention_varlen(*flat, cu, cu, 5, 5, causal=True)
+
+
+@pytest.mark.parametrize("call", [_flash_call, _flash_op_call, _varlen_call], ids=["flash", "flash-op", "varlen"])
+def test_a_loss_on_attention_gradients_is_refused_not_dropped(call):
+    """With create_graph=True the backward's gradients came back as constants: a gradient penalty added to a loss
+    trained without its own gradient, silently. The second backward now raises, as SDPA's fused backends do; the
+    first, and create_graph without a second backward, work as before."""
+    q, k, v = (torch.randn(1, 2, 8, 16, requires_grad=True) for _ in range(3))
+    (dq,) = torch.autograd.grad(call(q, k, v).square().sum(), q, create_graph=True)
+    assert dq.requires_grad
+    penalty = dq.square().sum() + q.sum()
+    with pytest.raises(RuntimeError, match="no derivative"):
+        penalty.backward()
+    (again,) = torch.autograd.grad(call(q, k, v).square().sum(), q)
+    assert torch.equal(again, dq.detach())

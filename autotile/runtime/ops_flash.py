@@ -469,13 +469,37 @@ def eager_or_op(op, body, *tensors):
     return body if autograd_call_ok(*tensors) else op
 
 
+class _NoDoubleBackward(torch.autograd.Function):
+    """Gradients autograd was asked to differentiate again (create_graph=True). The backward kernels have no
+    derivative of their own: without this, the gradients would come back as constants, and a loss on them (a
+    gradient penalty) would train silently without its own gradient. SDPA's fused backends raise, so does this."""
+
+    @staticmethod
+    def forward(ctx, count, *tensors):
+        return tuple(t.clone() for t in tensors[:count])
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise RuntimeError("autotile's attention backward has no derivative (double backward): compute a loss on "
+                           "attention gradients with torch.nn.functional.scaled_dot_product_attention under "
+                           "torch.nn.attention.sdpa_kernel(SDPBackend.MATH)")
+
+
+def no_double_backward(grads: tuple, *inputs) -> tuple:
+    """`grads` as they are, or, when autograd records the backward (create_graph=True), tied to the backward's inputs
+    by a function that refuses a second differentiation."""
+    if not torch.is_grad_enabled() or not any(t is not None and t.requires_grad for t in inputs):
+        return grads
+    return _NoDoubleBackward.apply(len(grads), *grads, *(t for t in inputs if t is not None))
+
+
 def _backward(ctx, do, dlse):
     q, k, v, o, lse, alibi_slopes = ctx.saved_tensors
     if do is None:
         do = torch.zeros_like(o)
     bwd = eager_or_op(flash_attention_bwd, _flash_attention_bwd, do, q, k, v, o, lse, alibi_slopes, dlse)
     dq, dk, dv = bwd(do, q, k, v, o, lse, *ctx.args, alibi_slopes, dlse)
-    return dq, dk, dv, None, None, None, None, None, None
+    return (*no_double_backward((dq, dk, dv), q, k, v, do, dlse), None, None, None, None, None, None)
 
 
 torch.library.register_autograd("autotile::flash_attention_fwd", _backward, setup_context=_setup_context)
@@ -500,8 +524,13 @@ class _EagerFlash(torch.autograd.Function):
         return o, lse
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, do, dlse):
+        dq, dk, dv = _EagerFlash.gradients(ctx, do, dlse)
+        q, k, v = ctx.saved_tensors[:3]
+        return (*no_double_backward((dq, dk, dv), q, k, v, do, dlse), None, None)
+
+    @staticmethod
+    def gradients(ctx, do, dlse):
         q, k, v, o, lse, alibi_slopes = ctx.saved_tensors
         do = torch.zeros_like(o) if do is None else _unit_stride(do)
         # q, k, v, o and lse are laid out as the forward's signature fixes them: the backward's _Served is found
@@ -515,8 +544,7 @@ class _EagerFlash(torch.autograd.Function):
             served = forward.backward[key] = _served_backward(q, k, v, o, do, lse, causal, scale, window, softcap,
                                                               alibi_slopes, dlse)
         served.calls[0] += 1
-        dq, dk, dv = served.run(q, k, v, o, do, lse, alibi_slopes, None, None, dlse)
-        return dq, dk, dv, None, None
+        return served.run(q, k, v, o, do, lse, alibi_slopes, None, None, dlse)
 
 
 # --- the public function ----------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from autotile.errors import BadInputError, ShapeMismatchError
 from autotile.families.flash import FAMILY, FlashFamily, FlashProblem
 from autotile.runtime.eager import autograd_call_ok, direct_call_ok
 from autotile.runtime.ops_flash import (LN2, _keep, _layout, _normalise, _unit_stride, check_fp8_grad, eager_or_op,
-                                        serve_backward, serve_forward)
+                                        no_double_backward, serve_backward, serve_forward)
 from autotile.runtime.paged_plan import checks_enabled
 
 
@@ -111,7 +111,7 @@ def _backward(ctx, do, dlse):
     bwd = eager_or_op(flash_attention_varlen_bwd, _flash_attention_varlen_bwd, do, q, k, v, o, lse, cu_q, cu_k,
                       alibi_slopes, dlse)
     dq, dk, dv = bwd(do, q, k, v, o, lse, cu_q, cu_k, *ctx.args, alibi_slopes, dlse)
-    return (dq, dk, dv) + (None,) * 10
+    return no_double_backward((dq, dk, dv), q, k, v, do, dlse) + (None,) * 10
 
 
 torch.library.register_autograd("autotile::flash_attention_varlen_fwd", _backward, setup_context=_setup_context)
@@ -130,13 +130,11 @@ class _EagerVarlen(torch.autograd.Function):
         return o, lse
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, do, dlse):
         q, k, v, o, lse, cu_q, cu_k, alibi_slopes = ctx.saved_tensors
-        if do is None:
-            do = torch.zeros_like(o)
-        dq, dk, dv = _flash_attention_varlen_bwd(do, q, k, v, o, lse, cu_q, cu_k, *ctx.args, alibi_slopes, dlse)
-        return dq, dk, dv, None, None, None, None, None
+        dq, dk, dv = _flash_attention_varlen_bwd(do if do is not None else torch.zeros_like(o), q, k, v, o, lse, cu_q,
+                                                 cu_k, *ctx.args, alibi_slopes, dlse)
+        return no_double_backward((dq, dk, dv), q, k, v, do, dlse) + (None,) * 5
 
 
 def check_lengths(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int) -> None:
