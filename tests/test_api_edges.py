@@ -213,3 +213,22 @@ def test_a_loss_on_attention_gradients_is_refused_not_dropped(call):
         penalty.backward()
     (again,) = torch.autograd.grad(call(q, k, v).square().sum(), q)
     assert torch.equal(again, dq.detach())
+
+
+@pytest.mark.parametrize("activation", ["silu", "gelu"])
+def test_matmul_second_derivatives_go_through_the_activation(activation):
+    """A gradient penalty on act(a @ b + bias): the backward's activation derivative was a constant, so the second
+    derivative missed its part (a wrong gradient, silently)."""
+    gen = torch.Generator().manual_seed(5)
+    leaves = [torch.randn(shape, generator=gen, dtype=torch.float64) for shape in ((5, 7), (7, 3), (3,))]
+    act = {"silu": torch.nn.functional.silu, "gelu": torch.nn.functional.gelu}[activation]
+
+    def penalty_gradients(fn):
+        a, b, bias = (t.float().requires_grad_(True) for t in leaves)
+        (da,) = torch.autograd.grad(fn(a, b, bias).square().sum(), a, create_graph=True)
+        return torch.autograd.grad(da.square().sum(), (a, b, bias))
+
+    got = penalty_gradients(lambda a, b, bias: autotile.matmul(a, b, bias=bias, activation=activation))
+    want = penalty_gradients(lambda a, b, bias: act(a @ b + bias))
+    for g, w in zip(got, want):
+        assert torch.allclose(g, w, rtol=1e-3, atol=1e-4)

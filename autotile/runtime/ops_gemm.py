@@ -297,10 +297,15 @@ def _matmul_backward(ctx, grad):
     a_dtype, b_dtype, bias_dtype, residual_dtype = ctx.dtypes
     g = grad
     if ctx.activation != "none":
+        # Under create_graph the derivative keeps its graph back to a, b and the bias, so a second backward (a
+        # gradient penalty) differentiates through the activation too.
+        second = torch.is_grad_enabled()
         with torch.enable_grad():
             pre = torch.matmul(a, b) if bias is None else torch.addmm(bias.to(a.dtype), a, b)
-            pre = pre.float().detach().requires_grad_(True)
-            (g,) = torch.autograd.grad(_ACTIVATIONS[ctx.activation](pre), pre, grad.float())
+            pre = pre.float()
+            if not (second and pre.requires_grad):
+                pre = pre.detach().requires_grad_(True)
+            (g,) = torch.autograd.grad(_ACTIVATIONS[ctx.activation](pre), pre, grad.float(), create_graph=second)
     need = ctx.needs_input_grad
     grad_a = torch.matmul(g.to(b_dtype), b.t()).to(a_dtype) if need[0] else None
     grad_b = torch.matmul(a.t(), g.to(a_dtype)).to(b_dtype) if need[1] else None
