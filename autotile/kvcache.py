@@ -109,6 +109,10 @@ class PagedKVCache:
             t = t.expand(self.num_kv_heads).contiguous()
         if t.numel() != self.num_kv_heads:
             raise ShapeMismatchError(f"{name} must be one value or one per KV head ({self.num_kv_heads}), got {t.numel()}")
+        # Writes divide by the scale: a zero, negative or non-finite one would store NaN or clamped garbage.
+        if not bool(torch.isfinite(t).all() and (t > 0).all()):
+            raise BadInputError(f"{name} must be finite and > 0 (a head's amax / 448 is the usual choice), "
+                                f"got {t.tolist()}")
         return t
 
     # --- sequences ------------------------------------------------------------------

@@ -658,10 +658,19 @@ class PagedLaunch:
             self.decode(q4, k_cache, v_cache, block_table, context_lens, out4, scale=scale, k_scale=k_scale,
                         v_scale=v_scale, lse=lse)
             return
-        p = self.problem
-        packed = lambda t: t.reshape(p.batch * p.num_queries, *t.shape[2:])  # noqa: E731 - views of contiguous rows
-        self.prefill(packed(q4), k_cache, v_cache, block_table, self._uniform_cu_seqlens, context_lens, packed(out4),
-                     scale=scale, k_scale=k_scale, v_scale=v_scale, lse=None if lse is None else packed(lse))
+        rows = self.problem.batch * self.problem.num_queries
+        out_rows = _packed_rows(out4, rows)
+        lse_rows = None if lse is None else _packed_rows(lse, rows)
+        # An output whose (B, Q) axes do not merge into one strided axis (a transposed buffer) is written
+        # packed first and copied in after: the kernel would otherwise write into a copy nobody reads.
+        out_packed = out4.new_empty((rows, *out4.shape[2:])) if out_rows is None else out_rows
+        lse_packed = lse.new_empty((rows, *lse.shape[2:])) if lse is not None and lse_rows is None else lse_rows
+        self.prefill(q4.reshape(rows, *q4.shape[2:]), k_cache, v_cache, block_table, self._uniform_cu_seqlens,
+                     context_lens, out_packed, scale=scale, k_scale=k_scale, v_scale=v_scale, lse=lse_packed)
+        if out_rows is None:
+            out4.copy_(out_packed.view(out4.shape))
+        if lse is not None and lse_rows is None:
+            lse.copy_(lse_packed.view(lse.shape))
 
     def _common(self, q, out, k_cache, v_cache, k_scale, v_scale, lse) -> tuple:
         k_scale = out if k_scale is None else k_scale  # unused pointers still need a tensor
@@ -726,6 +735,14 @@ class PagedLaunch:
                 scale, p.batch, num_blocks, q.stride(0), q.stride(1), out.stride(0), out.stride(1), *caches,
                 block_table.stride(0), PAGE_SIZE=p.page_size, HEAD_DIM=p.head_dim, GROUP=p.group,
                 BLOCK_M=block_m, BATCH_PAD=self.batch_pad, **self.options)
+
+
+def _packed_rows(t: torch.Tensor, rows: int) -> torch.Tensor | None:
+    """t (B, Q, ...) as a (B * Q, ...) view, or None where its strides allow no such view."""
+    try:
+        return t.view(rows, *t.shape[2:])
+    except RuntimeError:
+        return None
 
 
 _LAUNCH_CACHE_SIZE = 16

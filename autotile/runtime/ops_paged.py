@@ -359,6 +359,7 @@ def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     if batch == 0 or q.shape[0] == 0:
         out = torch.empty_like(q)
         return (out, torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)) if return_lse else out
+    paged_plan.check_new_tokens(k_new, v_new, slot_mapping, q.shape[0])
     if slot_mapping is not None and slot_mapping.dtype == torch.int32:
         slot_mapping = slot_mapping.long()
     args = (q, k_cache, v_cache, block_table, cu_seqlens_q, context_lens, k_new, v_new, slot_mapping, scale,

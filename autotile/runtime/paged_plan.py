@@ -17,7 +17,7 @@ The run's contract (checked only where it costs no device read; the rest under A
   page_size) entries of row b are page ids in [0, num_pages); later entries are never read.
 - `context_lens` (B,) int32, contiguous: 0 <= context_lens[b] <= max_context, and >= Q unless 0.
   A length of 0 marks a padding row: its output is 0 and its LSE -inf.
-- `out` (optional) like q; `lse` (optional, return_lse plans) (B, Q, Hq) float32, or (B, Hq)
+- `out` (optional) like q, unit stride along D; `lse` (optional, return_lse plans) (B, Q, Hq) float32, or (B, Hq)
   for 3-D q. Given both, the run allocates nothing.
 Breaking the value rules (a page id out of range, a context longer than the table or than
 max_context) reads memory out of bounds, as in FlashInfer and vLLM. `AUTOTILE_CHECKS=1` (or
@@ -152,6 +152,9 @@ class _PlanBase:
         self.head_dim, self.page_size, self.max_context = int(head_dim), int(page_size), int(max_context)
         # None: the current CUDA device where there is one, else the CPU (Triton's interpreter runs the plan).
         self.device = torch.device(device if device is not None else "cuda" if torch.cuda.is_available() else "cpu")
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise BadInputError(f"device={str(self.device)!r} but torch sees no CUDA device here; pass device='cpu' "
+                                "(Triton's interpreter runs the plan) or leave device out")
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.return_lse = bool(return_lse)
@@ -223,6 +226,10 @@ class _PlanBase:
         if t is not None and (tuple(t.shape) != shape or t.dtype != dtype or t.device != self.device):
             raise ShapeMismatchError(f"{name} must be {shape} {dtype} on {self.device}, got "
                                      f"{tuple(t.shape)} {t.dtype} on {t.device}")
+        # The kernels store an output row as D consecutive elements (lse rows go by their strides).
+        if name == "out" and t is not None and t.stride(-1) != 1:
+            raise BadInputError(f"out must have unit stride along the head dim, got strides {t.stride()}; "
+                                "pass torch.empty_like(q)")
 
 
 class PagedAttentionPlan(_PlanBase):
@@ -420,9 +427,7 @@ class PagedPrefillPlan(_PlanBase):
                 or cu_seqlens_q.stride(0) != 1 or cu_seqlens_q.device != self.device):
             raise ShapeMismatchError(f"cu_seqlens_q must be ({self.batch + 1},) int32, contiguous, on {self.device}, "
                                      f"got {tuple(cu_seqlens_q.shape)} {cu_seqlens_q.dtype}")
-        if (k_new is None) != (v_new is None) or (k_new is None) != (slot_mapping is None):
-            raise BadInputError("pass k_new, v_new and slot_mapping together (the new tokens' K, V and their slots), "
-                                "or none of them when the pages already hold the new tokens")
+        check_new_tokens(k_new, v_new, slot_mapping, tokens)
         if self.checks:
             check_prefill_values(block_table, cu_seqlens_q, context_lens, k_cache.shape[0], self.page_size,
                                  self.max_context, tokens, slot_mapping)
@@ -466,6 +471,17 @@ def plan_paged_prefill(*, batch: int, num_tokens: int, num_q_heads: int, num_kv_
 # --- writing new tokens --------------------------------------------------------------------------
 
 FP8_MAX = 448.0  # e4m3's largest finite value: values are divided by the scale and clamped to it
+
+
+def check_new_tokens(k_new, v_new, slot_mapping, tokens: int) -> None:
+    """Shapes only: k_new, v_new and slot_mapping come together, with one slot for each of the T new tokens."""
+    if (k_new is None) != (v_new is None) or (k_new is None) != (slot_mapping is None):
+        raise BadInputError("pass k_new, v_new and slot_mapping together (the new tokens' K, V and their slots), "
+                            "or none of them when the pages already hold the new tokens")
+    if slot_mapping is not None and tuple(slot_mapping.shape) != (tokens,):
+        # Fewer slots than tokens would leave some new tokens' pages stale, and the kernel would attend to them.
+        raise ShapeMismatchError(f"slot_mapping must be ({tokens},), one slot for each new token (row of q), "
+                                 f"got {tuple(slot_mapping.shape)}; k_new and v_new hold the same {tokens} rows")
 
 
 def write_kv(k_cache, v_cache, slot_mapping, k_new, v_new, k_scale=None, v_scale=None) -> None:
@@ -580,6 +596,7 @@ def merge_attention_states(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torc
     >>> o[0].tolist(), round(float(l[0]), 4)
     ([0.5, 0.5, 0.5, 0.5], 0.6931)
     """
+    _check_merge_shapes(out_a, lse_a, out_b, lse_b)
     lse_a, lse_b = (torch.where(t == math.inf, -math.inf, t.float()) for t in (lse_a, lse_b))  # no key: -inf
     lse = torch.logaddexp(lse_a, lse_b)
     finite = torch.isfinite(lse)
@@ -588,3 +605,15 @@ def merge_attention_states(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torc
     weight_b = torch.where(finite, torch.exp(lse_b - safe), torch.zeros_like(lse))
     out = out_a.float() * weight_a[..., None] + out_b.float() * weight_b[..., None]
     return out.to(out_a.dtype), lse
+
+
+def _check_merge_shapes(out_a, lse_a, out_b, lse_b) -> None:
+    # Broadcasting would otherwise pair rows of one result with other rows' LSEs and give wrong numbers silently.
+    if out_a.shape != out_b.shape:
+        raise ShapeMismatchError(f"out_a {tuple(out_a.shape)} and out_b {tuple(out_b.shape)} must have one shape")
+    rows = tuple(out_a.shape[:-1])
+    for name, lse in (("lse_a", lse_a), ("lse_b", lse_b)):
+        if tuple(lse.shape) != rows:
+            raise ShapeMismatchError(
+                f"{name} must be {rows}, one value per row of out (its shape without D), got {tuple(lse.shape)}; "
+                "flash_attention_varlen's lse is (Hq, total_q): pass lse.transpose(0, 1)")

@@ -1,0 +1,166 @@
+"""Edges of the paged attention API as a serving engine meets them: output buffers it hands in, partial results it
+merges, new tokens it writes, fp8 scales and devices it names. Each case once gave a wrong result or an error that
+did not say what to do.
+"""
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    # NOTE: the interpreter needs triton's own jit helpers decorated in interpreter mode (see test_paged.py).
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+import autotile  # noqa: E402
+from autotile.errors import BadInputError, ShapeMismatchError  # noqa: E402
+from autotile.kvcache import PagedKVCache  # noqa: E402
+from autotile.runtime.paged_plan import merge_attention_states, plan_paged_attention, plan_paged_prefill  # noqa: E402
+
+FP16_TOLERANCE = 4 * 2.0**-11  # (P rounded to fp16 before P @ V, |V| < ~2) + the output's rounding: 2u + 2u
+
+
+def filled_cache(lengths, *, heads_kv, dim, page_size=16, seed=0):
+    """A cache holding `lengths` tokens per sequence (ids 0..B-1), appended in turns so that pages interleave."""
+    gen = torch.Generator().manual_seed(seed)
+    cache = PagedKVCache(num_layers=1, num_pages=sum(-(-n // page_size) for n in lengths) + 2, page_size=page_size,
+                         num_kv_heads=heads_kv, head_dim=dim)
+    for seq in range(len(lengths)):
+        cache.allocate(seq)
+    for start in range(0, max(lengths), 7):
+        for seq, n in enumerate(lengths):
+            if start < n:
+                count = min(7, n - start)
+                cache.append(seq, *(torch.randn(count, heads_kv, dim, generator=gen).half() for _ in range(2)))
+    return cache
+
+
+def reference(q, cache, seq, scale):
+    """float64 attention of q (Q, Hq, D), the last Q positions of sequence `seq`, over its whole context:
+    (out (Q, Hq, D), lse (Q, Hq)), causal among the queries."""
+    k, v = (t.double().repeat_interleave(q.shape[1] // cache.num_kv_heads, dim=1) for t in cache.gather(seq))
+    logits = torch.einsum("qhd,khd->hqk", q.double(), k) * scale
+    length, queries = k.shape[0], q.shape[0]
+    hidden = torch.arange(length)[None, :] > (length - queries + torch.arange(queries))[:, None]
+    logits = logits.masked_fill(hidden[None], -math.inf)
+    return torch.einsum("hqk,khd->qhd", torch.softmax(logits, dim=-1), v), torch.logsumexp(logits, -1).T
+
+
+# --- output buffers -------------------------------------------------------------------------------
+
+def test_speculative_decode_fills_an_out_buffer_whose_rows_do_not_pack():
+    """Q=16 query tokens a sequence run the prefill blocks over (B * Q) packed rows. An out/lse buffer laid out
+    (Q, B, ...) and transposed cannot be viewed that way; the kernel wrote into a packed copy and out kept its
+    old contents."""
+    lengths, queries, heads_q, dim = [40, 17], 16, 4, 64
+    cache = filled_cache(lengths, heads_kv=1, dim=dim)
+    plan = plan_paged_attention(batch=2, num_q_heads=heads_q, num_kv_heads=1, head_dim=dim, page_size=16,
+                                max_context=64, dtype=torch.float16, num_queries=queries, return_lse=True,
+                                device="cpu")
+    assert plan.config["VARIANT"] == "prefill"
+    q = torch.randn(2, queries, heads_q, dim, generator=torch.Generator().manual_seed(1)).half()
+    out = torch.full((queries, 2, heads_q, dim), 7.0, dtype=torch.float16).transpose(0, 1)
+    lse = torch.full((queries, 2, heads_q), 7.0).transpose(0, 1)
+    plan.run(q, cache.k_pools[0], cache.v_pools[0], cache.block_table([0, 1]), cache.context_lens([0, 1]),
+             out=out, lse=lse)
+    for seq in range(2):
+        want, want_lse = reference(q[seq], cache, seq, 1 / math.sqrt(dim))
+        assert (out[seq].double() - want).abs().max() < FP16_TOLERANCE
+        assert (lse[seq].double() - want_lse).abs().max() < 1e-4
+
+
+def test_plans_refuse_an_out_buffer_strided_along_the_head_dim():
+    """The kernels store a row as D consecutive elements: an out with stride(-1) != 1 got rows scattered across
+    heads (a wrong result, and writes past the buffer's rows)."""
+    cache = filled_cache([20, 5], heads_kv=2, dim=64)
+    table, lengths = cache.block_table([0, 1]), cache.context_lens([0, 1])
+    decode = plan_paged_attention(batch=2, num_q_heads=4, num_kv_heads=2, head_dim=64, page_size=16, max_context=32,
+                                  dtype=torch.float16, device="cpu")
+    q = torch.randn(2, 4, 64).half()
+    with pytest.raises(BadInputError, match="unit stride along the head dim.*empty_like"):
+        decode.run(q, cache.k_pools[0], cache.v_pools[0], table, lengths,
+                   out=torch.empty(2, 64, 4, dtype=torch.float16).transpose(1, 2))
+    prefill = plan_paged_prefill(batch=2, num_tokens=3, num_q_heads=4, num_kv_heads=2, head_dim=64, page_size=16,
+                                 max_context=32, dtype=torch.float16, device="cpu")
+    with pytest.raises(BadInputError, match="unit stride along the head dim"):
+        prefill.run(torch.randn(3, 4, 64).half(), cache.k_pools[0], cache.v_pools[0], table,
+                    torch.tensor([0, 2, 3], dtype=torch.int32), lengths,
+                    out=torch.empty(3, 64, 4, dtype=torch.float16).transpose(1, 2))
+
+
+# --- merging partial results ----------------------------------------------------------------------
+
+def test_merge_refuses_lses_that_do_not_match_the_rows_of_out():
+    """flash_attention_varlen gives lse (Hq, total_q) beside out (total_q, Hq, D): where T = Hq broadcasting paired
+    rows with other rows' LSEs, and a (T, 1) lse beside a (T, H) result spread over the heads; both returned
+    numbers, other mismatches torch's own broadcasting error."""
+    out_a, out_b = torch.randn(6, 4, 8), torch.randn(6, 4, 8)
+    with pytest.raises(ShapeMismatchError, match=r"lse_a must be \(6, 4\).*transpose"):
+        merge_attention_states(out_a, torch.randn(4, 6), out_b, torch.randn(6, 4))
+    with pytest.raises(ShapeMismatchError, match=r"lse_b must be \(6, 4\)"):
+        merge_attention_states(out_a, torch.randn(6, 4), out_b, torch.randn(6, 1))
+    with pytest.raises(ShapeMismatchError, match="must have one shape"):
+        merge_attention_states(out_a, torch.randn(6, 4), out_b[:, :1], torch.randn(6, 1))
+
+
+# --- new tokens of a prefill step -----------------------------------------------------------------
+
+def _prefill_step(cache, new):
+    """q and the new tokens' K/V of sequences 0..B-1 of `cache`, their slots reserved, packed."""
+    gen = torch.Generator().manual_seed(2)
+    slots = torch.cat([cache.reserve(seq, n) for seq, n in enumerate(new)])
+    tokens = sum(new)
+    q = torch.randn(tokens, 4, 64, generator=gen).half()
+    k_new, v_new = (torch.randn(tokens, 2, 64, generator=gen).half() for _ in range(2))
+    cu_seqlens = torch.tensor([0, *torch.tensor(new).cumsum(0).tolist()], dtype=torch.int32)
+    return q, k_new, v_new, slots, cu_seqlens
+
+
+def test_prefill_refuses_fewer_slots_than_new_tokens():
+    """Writing K/V for some of the step's tokens only left the others' slots stale, and the kernel attended to
+    whatever they held."""
+    cache = filled_cache([30, 3], heads_kv=2, dim=64)
+    q, k_new, v_new, slots, cu_seqlens = _prefill_step(cache, [4, 2])
+    ids = [0, 1]
+    args = (q, cache.k_pools[0], cache.v_pools[0], cache.block_table(ids), cu_seqlens, cache.context_lens(ids))
+    plan = plan_paged_prefill(batch=2, num_tokens=6, num_q_heads=4, num_kv_heads=2, head_dim=64, page_size=16,
+                              max_context=64, dtype=torch.float16, device="cpu")
+    with pytest.raises(ShapeMismatchError, match=r"slot_mapping must be \(6,\)"):
+        plan.run(*args, k_new=k_new[:4], v_new=v_new[:4], slot_mapping=slots[:4])
+    with pytest.raises(ShapeMismatchError, match=r"slot_mapping must be \(6,\)"):
+        autotile.paged_prefill(*args, k_new=k_new[:4], v_new=v_new[:4], slot_mapping=slots[:4], max_context=64)
+
+
+@pytest.mark.parametrize("max_context", [None, 8])
+def test_fresh_prompts_with_new_tokens_but_no_slots_say_what_to_pass(max_context):
+    """Prompts of one length and no cached prefix take the dense path, which wrote K/V to slot_mapping=None
+    (AttributeError: 'NoneType' object has no attribute 'shape')."""
+    cache = PagedKVCache(num_layers=1, num_pages=4, page_size=16, num_kv_heads=2, head_dim=64)
+    for seq in (0, 1):
+        cache.allocate(seq)
+    q, k_new, v_new, _, cu_seqlens = _prefill_step(cache, [8, 8])
+    with pytest.raises(BadInputError, match="pass k_new, v_new and slot_mapping together"):
+        autotile.paged_prefill(q, cache.k_pools[0], cache.v_pools[0], cache.block_table([0, 1]), cu_seqlens,
+                               cache.context_lens([0, 1]), k_new=k_new, v_new=v_new, max_context=max_context)
+
+
+# --- fp8 scales and devices -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("k_scale", [0.0, -0.5, float("nan"), float("inf"), torch.tensor([0.01, 0.0])],
+                         ids=["zero", "negative", "nan", "inf", "one-head-zero"])
+def test_an_fp8_cache_refuses_scales_it_cannot_divide_by(k_scale):
+    """Writes divide by the scale: a zero stored inf/NaN clamped to +-448 and every read came back garbage."""
+    with pytest.raises(BadInputError, match="k_scale must be finite and > 0"):
+        PagedKVCache(num_layers=1, num_pages=2, page_size=16, num_kv_heads=2, head_dim=64,
+                     dtype=torch.float8_e4m3fn, k_scale=k_scale, v_scale=0.01)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine without CUDA")
+def test_a_cuda_plan_on_a_machine_without_cuda_says_to_run_on_the_cpu():
+    """torch's own 'AssertionError: Torch not compiled with CUDA enabled' came out of the plan's constructor."""
+    with pytest.raises(BadInputError, match="no CUDA device.*device='cpu'"):
+        plan_paged_attention(batch=1, num_q_heads=4, num_kv_heads=1, head_dim=64, page_size=16, max_context=64,
+                             dtype=torch.float16, device="cuda")
