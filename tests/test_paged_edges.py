@@ -164,3 +164,59 @@ def test_a_cuda_plan_on_a_machine_without_cuda_says_to_run_on_the_cpu():
     with pytest.raises(BadInputError, match="no CUDA device.*device='cpu'"):
         plan_paged_attention(batch=1, num_q_heads=4, num_kv_heads=1, head_dim=64, page_size=16, max_context=64,
                              dtype=torch.float16, device="cuda")
+
+
+@pytest.mark.parametrize("call", ["plan", "plan-prefill", "one-call"])
+def test_cpu_runs_check_page_ids_by_default(call):
+    """A page id out of range read outside the interpreter's buffers: the process died (a segmentation fault) on the
+    trusted paths (a plan's run, the one-call op given max_context). CPU runs now check their values, which is free
+    there; AUTOTILE_CHECKS=0 or checks=False keeps a GPU run's contract."""
+    cache = filled_cache([20, 37], heads_kv=1, dim=64)
+    table = cache.block_table([0, 1]).clone()
+    table[1, 1] = 10_000  # the second page of sequence 1
+    lengths = cache.context_lens([0, 1])
+    q = torch.randn(2, 4, 64).half()
+    args = (cache.k_pools[0], cache.v_pools[0], table)
+    with pytest.raises(BadInputError, match="page"):
+        if call == "plan":
+            plan = plan_paged_attention(batch=2, num_q_heads=4, num_kv_heads=1, head_dim=64, page_size=16,
+                                        max_context=64, dtype=torch.float16, device="cpu")
+            plan.run(q, *args, lengths)
+        elif call == "plan-prefill":
+            plan = plan_paged_prefill(batch=2, num_tokens=2, num_q_heads=4, num_kv_heads=1, head_dim=64,
+                                      page_size=16, max_context=64, dtype=torch.float16, device="cpu")
+            plan.run(q, *args, torch.tensor([0, 1, 2], dtype=torch.int32), lengths)
+        else:
+            autotile.paged_attention(q, *args, lengths, max_context=64)
+
+
+def test_explain_names_what_a_prefill_step_runs():
+    """explain("paged_prefill", ...) was an unknown op; it now gives the problem and config of the call's plan."""
+    from autotile.runtime import ops_paged
+
+    cache = filled_cache([30], heads_kv=2, dim=64)
+    slots = cache.reserve(0, 10)
+    args = (torch.randn(10, 8, 64).half(), cache.k_pools[0], cache.v_pools[0], cache.block_table([0]),
+            torch.tensor([0, 10], dtype=torch.int32), cache.context_lens([0]))
+    info = autotile.explain("paged_prefill", *args, slot_mapping=slots)
+    assert info["op"] == "paged_prefill" and info["config"]["VARIANT"] == "prefill"
+    ops_paged._plans.clear()
+    autotile.paged_prefill(*args, k_new=torch.randn(10, 2, 64).half(), v_new=torch.randn(10, 2, 64).half(),
+                           slot_mapping=slots)
+    (plan,) = ops_paged._plans.values()
+    assert info["problem"] == vars(plan.problem) and info["config"] == dict(plan.config)
+    assert autotile.explain("paged_prefill", *args, max_context=100)["problem"]["max_context"] == 128
+    with pytest.raises(BadInputError, match="max_context"):
+        autotile.explain("paged_prefill", *args, max_context=0)
+
+
+def test_max_context_takes_any_host_integer():
+    """Engines keep lengths in NumPy integers; max_context=np.int64(64) was refused."""
+    np = pytest.importorskip("numpy")
+    cache = filled_cache([20, 37], heads_kv=1, dim=64)
+    args = (torch.randn(2, 4, 64).half(), cache.k_pools[0], cache.v_pools[0], cache.block_table([0, 1]),
+            cache.context_lens([0, 1]))
+    assert torch.equal(autotile.paged_attention(*args, max_context=np.int64(64)),
+                       autotile.paged_attention(*args, max_context=64))
+    with pytest.raises(BadInputError, match="host int"):
+        autotile.paged_attention(*args, max_context=torch.tensor(64))

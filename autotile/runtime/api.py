@@ -14,6 +14,7 @@ OP_MODULES = {
     "flash_attention": "autotile.runtime.ops_flash",
     "flash_attention_varlen": "autotile.runtime.ops_flash_varlen",
     "paged_attention": "autotile.runtime.ops_paged",
+    "paged_prefill": "autotile.runtime.ops_paged",
     "fuse": "autotile.runtime.ops_elementwise",
 }
 
@@ -84,7 +85,8 @@ def explain(op_name: str, *args, **kwargs) -> dict:
     problem_for = getattr(module, f"{op_name}_problem_for", None) or module.problem_for
     family, problem, device = problem_for(*args, **kwargs)
     resolution = fallback.usable(family, problem, device)
-    served = getattr(module, "served_config", None)  # ops whose plans adapt the resolved config (paged)
+    # Ops whose plans adapt the resolved config (paged decode and prefill).
+    served = getattr(module, f"{op_name}_served_config", None) or getattr(module, "served_config", None)
     config = served(problem, device, resolution) if served else resolution.config
     return {
         "op": op_name,

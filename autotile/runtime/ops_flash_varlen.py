@@ -20,7 +20,7 @@ from autotile.families.flash import FAMILY, FlashFamily, FlashProblem
 from autotile.runtime.eager import autograd_call_ok, direct_call_ok
 from autotile.runtime.ops_flash import (LN2, _keep, _layout, _normalise, _unit_stride, check_fp8_grad, eager_or_op,
                                         no_double_backward, serve_backward, serve_forward)
-from autotile.runtime.paged_plan import checks_enabled
+from autotile.runtime.paged_plan import checks_on
 
 
 def _key(direction, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, window, softcap, alibi) -> tuple:
@@ -140,7 +140,7 @@ class _EagerVarlen(torch.autograd.Function):
 def check_lengths(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int) -> None:
     """The cumulative lengths' values: from 0, never decreasing, within the packed rows, no sequence longer than its
     max_seqlen (the grid's size). Reading them back is free for CPU tensors; on a GPU it waits for the queued work,
-    so it runs there only under AUTOTILE_CHECKS=1 (paged_plan.checks_enabled), as FlashAttention trusts them too.
+    so it runs there only under AUTOTILE_CHECKS=1 (paged_plan.checks_on), as FlashAttention trusts them too.
     NOTE: under Triton's interpreter, rows past the packed tensor are read and written on the host's heap: a bad
     end took the process down (free(): invalid next size)."""
     for name, cu, rows, longest_name, longest in (
@@ -187,7 +187,7 @@ def flash_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
     if not torch.compiler.is_compiling():
         check_fp8_grad(q, k, v)
         served = _served_forward(q, k, v, *args, causal, scale, window, softcap, alibi_slopes)
-        if q.device.type == "cpu" or checks_enabled():
+        if checks_on(q.device):
             check_lengths(q, k, *args)
         if direct_call_ok(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k):
             served.calls[0] += 1

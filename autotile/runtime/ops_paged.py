@@ -38,10 +38,12 @@ from autotile.runtime import paged_plan
 from autotile.runtime.eager import direct_call_ok
 from autotile.runtime.paged_fresh import fresh_prefill, is_fresh_uniform
 
-__all__ = ["paged_attention", "paged_prefill", "problem_for", "served_config"]
+__all__ = ["paged_attention", "paged_prefill", "problem_for", "paged_prefill_problem_for", "served_config",
+           "paged_prefill_served_config"]
 
-# What a decode plan runs for a resolved config (autotile.explain reports it).
+# What a decode or prefill plan runs for a resolved config (autotile.explain reports it).
 served_config = paged_plan.served_config
+paged_prefill_served_config = paged_plan.served_prefill_config
 
 
 def _check_layout(q, k_cache, v_cache, block_table, context_lens) -> None:
@@ -128,10 +130,12 @@ def _fp8_scales(k_cache, k_scale, v_scale) -> tuple[torch.Tensor | None, torch.T
 def _max_context(max_context) -> int | None:
     if max_context is None:
         return None
-    if isinstance(max_context, bool) or not isinstance(max_context, int) or max_context < 1:
+    # Any host integer (a NumPy one from an engine's metadata too), never a tensor: reading one back would sync.
+    index = None if isinstance(max_context, (bool, torch.Tensor)) else getattr(type(max_context), "__index__", None)
+    if index is None or index(max_context) < 1:
         raise BadInputError(f"max_context must be a host int >= 1 (an upper bound on this step's context lengths), "
                             f"got {max_context!r}")
-    return max_context
+    return index(max_context)
 
 
 # --- plans kept for the one-call forms ------------------------------------------------------------
@@ -182,7 +186,7 @@ def _decode_plan(q4, k_cache, bound: int, mean: int | None, return_lse: bool) ->
 
 def _decode_bounds(q4, k_cache, block_table, context_lens, max_context) -> tuple[int, int | None]:
     """(context bound, mean) of a call: from max_context alone, or read back and checked (one sync)."""
-    checks = paged_plan.checks_enabled()
+    checks = paged_plan.checks_on(q4.device)
     facts = None
     if max_context is None or checks:
         facts = paged_plan.check_decode_values(block_table, context_lens, k_cache.shape[0], k_cache.shape[1],
@@ -281,7 +285,7 @@ def _execute_prefill(q, k_cache, v_cache, block_table, cu_seqlens_q, context_len
     block_table = block_table if block_table.stride(-1) == 1 else block_table.contiguous()
     context_lens, cu_seqlens_q = context_lens.contiguous(), cu_seqlens_q.contiguous()
     batch = context_lens.shape[0]
-    if max_context is None or paged_plan.checks_enabled():
+    if max_context is None or paged_plan.checks_on(q.device):
         facts = paged_plan.check_prefill_values(block_table, cu_seqlens_q, context_lens, k_cache.shape[0],
                                                 k_cache.shape[1], max_context, q.shape[0], slot_mapping)
         max_context = max_context or max(facts[0], 1)
@@ -314,6 +318,21 @@ def _(q, k_cache, v_cache, block_table, cu_seqlens_q, context_lens, k_new, v_new
     return torch.empty_like(q), q.new_empty(lse_shape, dtype=torch.float32)
 
 
+def _check_prefill_layout(q, k_cache, v_cache, block_table, cu_seqlens_q, context_lens) -> int:
+    """Ranks, shapes, dtypes and devices of a prefill call (nothing read back); its batch."""
+    if q.dim() != 3:
+        raise ShapeMismatchError(f"q must be (T, Hq, D), the new tokens of all sequences packed, got {tuple(q.shape)}")
+    _check_caches(q, k_cache, v_cache)
+    batch = context_lens.shape[0] if context_lens.dim() == 1 else -1
+    if batch < 0 or tuple(cu_seqlens_q.shape) != (batch + 1,):
+        raise ShapeMismatchError(f"context_lens must be (B,) and cu_seqlens_q (B + 1,), got "
+                                 f"{tuple(context_lens.shape)} and {tuple(cu_seqlens_q.shape)}")
+    if block_table.dim() != 2 or block_table.shape[0] != batch or block_table.shape[1] == 0:
+        raise ShapeMismatchError(f"block_table must be (B={batch}, max_pages >= 1), got {tuple(block_table.shape)}")
+    _check_index_tensors(q, k_cache, block_table=block_table, context_lens=context_lens, cu_seqlens_q=cu_seqlens_q)
+    return batch
+
+
 def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
                   cu_seqlens_q: torch.Tensor, context_lens: torch.Tensor, *, k_new: torch.Tensor | None = None,
                   v_new: torch.Tensor | None = None, slot_mapping: torch.Tensor | None = None,
@@ -343,16 +362,7 @@ def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     >>> out.shape
     torch.Size([24, 8, 64])
     """
-    if q.dim() != 3:
-        raise ShapeMismatchError(f"q must be (T, Hq, D), the new tokens of all sequences packed, got {tuple(q.shape)}")
-    _check_caches(q, k_cache, v_cache)
-    batch = context_lens.shape[0] if context_lens.dim() == 1 else -1
-    if batch < 0 or tuple(cu_seqlens_q.shape) != (batch + 1,):
-        raise ShapeMismatchError(f"context_lens must be (B,) and cu_seqlens_q (B + 1,), got "
-                                 f"{tuple(context_lens.shape)} and {tuple(cu_seqlens_q.shape)}")
-    if block_table.dim() != 2 or block_table.shape[0] != batch or block_table.shape[1] == 0:
-        raise ShapeMismatchError(f"block_table must be (B={batch}, max_pages >= 1), got {tuple(block_table.shape)}")
-    _check_index_tensors(q, k_cache, block_table=block_table, context_lens=context_lens, cu_seqlens_q=cu_seqlens_q)
+    batch = _check_prefill_layout(q, k_cache, v_cache, block_table, cu_seqlens_q, context_lens)
     k_scale_t, v_scale_t = _fp8_scales(k_cache, k_scale, v_scale)
     scale = paged_plan.finite_scale(scale, q.shape[-1])
     max_context = _max_context(max_context)
@@ -369,6 +379,26 @@ def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
 
 
 # --- explain ------------------------------------------------------------------------------------
+
+def paged_prefill_problem_for(q, k_cache, v_cache, block_table, cu_seqlens_q, context_lens, *, k_new=None,
+                              v_new=None, slot_mapping=None, scale=None, k_scale=None, v_scale=None,
+                              max_context=None, return_lse=False) -> tuple[PagedFamily, PagedProblem, DeviceInfo]:
+    """(family, problem, device) of an autotile.paged_prefill call's plan, for autotile.explain. A step of fresh
+    prompts of one length runs as dense causal attention instead (explain("flash_attention", ...) names that)."""
+    batch = _check_prefill_layout(q, k_cache, v_cache, block_table, cu_seqlens_q, context_lens)
+    if batch == 0:
+        raise ShapeMismatchError("a prefill step of no sequences runs nothing: there is no problem to explain")
+    _fp8_scales(k_cache, k_scale, v_scale)
+    max_context = _max_context(max_context)
+    if max_context is None:
+        facts = paged_plan.check_prefill_values(block_table, cu_seqlens_q, context_lens, k_cache.shape[0],
+                                                k_cache.shape[1], None, q.shape[0], slot_mapping)
+        max_context = max(facts[0], 1)
+    problem = paged_plan.prefill_problem(batch, q.shape[0], q.shape[1], k_cache.shape[2], q.shape[2],
+                                         k_cache.shape[1], context_bucket(max_context), canonical_dtype_name(q.dtype),
+                                         canonical_dtype_name(k_cache.dtype))
+    return FAMILY, problem, paged_plan._device_info(q.device)
+
 
 def problem_for(q, k_cache, v_cache, block_table, context_lens, *, scale=None, k_scale=None, v_scale=None,
                 max_context=None, return_lse=False) -> tuple[PagedFamily, PagedProblem, DeviceInfo]:

@@ -7,7 +7,8 @@ metadata split the work. The plan picks the config (the tuned winner through
 `autotile.runtime.dispatch.resolve`, memoised), the split-KV strategy and the workspace; the
 run launches the kernels and nothing else.
 
-The run's contract (checked only where it costs no device read; the rest under AUTOTILE_CHECKS=1):
+The run's contract (checked only where it costs no device read; the rest on CPU tensors and under
+AUTOTILE_CHECKS=1, see `checks_on`):
 
 - `q` (B, Hq, D), or (B, Q, Hq, D) for plans made with num_queries=Q, in the planned dtype,
   unit stride along D; B is the planned batch (pad a smaller batch with rows of length 0).
@@ -20,9 +21,10 @@ The run's contract (checked only where it costs no device read; the rest under A
 - `out` (optional) like q, unit stride along D; `lse` (optional, return_lse plans) (B, Q, Hq) float32, or (B, Hq)
   for 3-D q. Given both, the run allocates nothing.
 Breaking the value rules (a page id out of range, a context longer than the table or than
-max_context) reads memory out of bounds, as in FlashInfer and vLLM. `AUTOTILE_CHECKS=1` (or
-`checks=True`) checks every run's values first, at the cost of one device-to-host read (not
-allowed while a CUDA graph is being captured).
+max_context) reads memory out of bounds on a GPU, as in FlashInfer and vLLM. `AUTOTILE_CHECKS=1`
+(or `checks=True`) checks every run's values first, at the cost of one device-to-host read (not
+allowed while a CUDA graph is being captured); CPU runs check them unless AUTOTILE_CHECKS=0 or
+`checks=False`.
 
 A run does no device-to-host copy, no synchronisation and, given `out` (and `lse`), no
 allocation: it can be captured in a CUDA graph and replayed with new queries, block tables and
@@ -60,12 +62,18 @@ from autotile.runtime.paged_fresh import fresh_prefill, is_fresh_uniform
 from autotile.space import Config
 
 __all__ = ["PagedAttentionPlan", "PagedPrefillPlan", "plan_paged_attention", "plan_paged_prefill",
-           "merge_attention_states", "checks_enabled"]
+           "merge_attention_states", "checks_on"]
 
 
-def checks_enabled() -> bool:
-    """`AUTOTILE_CHECKS=1`: every run reads its lengths and page ids back and checks them (a debug mode)."""
-    return os.environ.get("AUTOTILE_CHECKS", "").strip().lower() not in ("", "0", "false", "no", "off")
+def checks_on(device: torch.device) -> bool:
+    """Whether a run reads its lengths and page ids back and checks them. `AUTOTILE_CHECKS=1`: everywhere (a debug
+    mode; a GPU run then waits for the queued work); `=0`: nowhere. Unset: on CPU tensors only, where reading them
+    is free. NOTE: under Triton's interpreter a page id out of range reads outside the host's buffers: it took the
+    process down (a segmentation fault) where a GPU reads garbage."""
+    value = os.environ.get("AUTOTILE_CHECKS", "").strip().lower()
+    if not value:
+        return device.type == "cpu"
+    return value not in ("0", "false", "no", "off")
 
 
 def finite_scale(scale, head_dim: int) -> float:
@@ -120,6 +128,23 @@ def served_config(problem: PagedProblem, device: DeviceInfo, resolution) -> Conf
     return config
 
 
+def prefill_problem(batch: int, num_tokens: int, num_q_heads: int, num_kv_heads: int, head_dim: int, page_size: int,
+                    max_context: int, dtype_name: str, kv_dtype_name: str) -> PagedProblem:
+    """The problem a prefill step's config is keyed by: its context bound's bucket, and the mean query tokens per
+    sequence (a power of two, at least 2: the prefill variant's problems)."""
+    bound = context_bucket(max_context)
+    queries = min(max(2, context_bucket(cdiv(max(num_tokens, 1), batch))), bound)
+    return PagedProblem(batch, num_q_heads, num_kv_heads, head_dim, page_size, bound, bound, queries, dtype_name,
+                        kv_dtype_name)
+
+
+def served_prefill_config(problem: PagedProblem, device: DeviceInfo, resolution) -> Config:
+    """The config a prefill plan runs for what dispatch resolved: a prefill config as it is, else the family's."""
+    if resolution.config["VARIANT"] != "prefill":
+        return FAMILY.prefill_config(problem, device)
+    return resolution.config
+
+
 def _choice(problem: PagedProblem, info: DeviceInfo, resolution) -> fallback.Choice:
     return fallback.Choice(FAMILY, problem, info, resolution.config, resolution.source)
 
@@ -158,7 +183,7 @@ class _PlanBase:
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.return_lse = bool(return_lse)
-        self.checks = checks_enabled() if checks is None else bool(checks)
+        self.checks = checks_on(self.device) if checks is None else bool(checks)
         self.fp8 = self.kv_dtype_name == "fp8"
         self._cache_tail = (self.page_size, self.num_kv_heads, self.head_dim)
 
@@ -376,11 +401,9 @@ class PagedPrefillPlan(_PlanBase):
         self.problem = self.launch = self.config = self.source = None
         if self.batch == 0:
             return
-        bound = context_bucket(self.max_context)
-        # The config is keyed by the mean query tokens per sequence (at least 2: the prefill variant's problems).
-        queries = min(max(2, context_bucket(cdiv(max(self.num_tokens, 1), self.batch))), bound)
-        self.problem = PagedProblem(self.batch, self.num_q_heads, self.num_kv_heads, self.head_dim, self.page_size,
-                                    bound, bound, queries, self.dtype_name, self.kv_dtype_name)
+        self.problem = prefill_problem(self.batch, self.num_tokens, self.num_q_heads, self.num_kv_heads,
+                                       self.head_dim, self.page_size, self.max_context, self.dtype_name,
+                                       self.kv_dtype_name)
         info = _device_info(self.device)
         self._choice = None  # the generated kernel dispatch chose (autotile.runtime.fallback); None: a config given
         if config is not None:
@@ -395,9 +418,8 @@ class PagedPrefillPlan(_PlanBase):
         self._launch_step = self._first_launch
 
     def _config_for(self, resolution, info: DeviceInfo) -> tuple[Config, str]:
-        if resolution.config["VARIANT"] != "prefill":
-            return FAMILY.prefill_config(self.problem, info), "default"
-        return resolution.config, resolution.source
+        config = served_prefill_config(self.problem, info, resolution)
+        return config, resolution.source if config is resolution.config else "default"
 
     def _make_launch(self) -> PagedLaunch:
         return PagedLaunch(self.problem, self.config, self.device, return_lse=self.return_lse)
