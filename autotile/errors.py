@@ -21,6 +21,10 @@ class ConfigOutsideSpaceError(AutotileError, ValueError):
     """A config that is not a point of the family's search space."""
 
 
+class NoFeasibleConfigError(AutotileError, RuntimeError):
+    """No config of a family's search space fits a problem on a device (RuntimeError for callers that caught that)."""
+
+
 class DeviceMismatchError(AutotileError):
     """`--gpu NAME` names a GPU other than the one present."""
 

@@ -6,11 +6,7 @@ import functools
 
 import click
 
-from autotile.errors import AutotileError
-
-
-# What Family.first_feasible's RuntimeError says when no config of a family's space fits a problem.
-NO_FEASIBLE_CONFIG = "has no feasible config"
+from autotile.errors import AutotileError, NoFeasibleConfigError
 
 
 def friendly_errors(fn):
@@ -21,6 +17,9 @@ def friendly_errors(fn):
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
+        except NoFeasibleConfigError as exc:
+            raise click.ClickException(f"{exc}: no kernel config of this family fits the problem on this GPU; try "
+                                       "another shape, dtype or --gpu") from None
         except AutotileError as exc:
             raise click.ClickException(str(exc)) from None
         except Exception as exc:  # noqa: BLE001 - re-raised unless it is a database or disk failure
@@ -29,14 +28,33 @@ def friendly_errors(fn):
             line = database_failure(exc, kwargs.get("db_url"))
             if line is None and isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
                 line = f"no space left to write {exc.filename or 'a file'}: free some space and run the command again"
-            if line is None and isinstance(exc, RuntimeError) and NO_FEASIBLE_CONFIG in str(exc):
-                line = (f"{exc}: no kernel config of this family fits the problem on this GPU; try another shape, "
-                        "dtype or --gpu")
             if line is None:
                 raise
             raise click.ClickException(line) from None
 
     return wrapper
+
+
+def known_family(ctx, param, value):
+    """Click callback: a family name autotile has (None passes), else a usage error listing them."""
+    from autotile.families import family_names
+
+    if value is not None and value not in family_names():
+        raise click.BadParameter(f"unknown family {value!r}; autotile has {', '.join(family_names())}")
+    return value
+
+
+def known_families(ctx, param, values):
+    """Click callback of a repeatable --family: each a family name autotile has."""
+    return tuple(known_family(ctx, param, value) for value in values)
+
+
+def positive_seconds(ctx, param, value):
+    """Click callback: a duration in seconds above 0 (None passes). A timeout of 0 or less would end the search
+    before its first trial and read as 'every trial failed'; NaN would be no limit at all."""
+    if value is not None and not value > 0:
+        raise click.BadParameter(f"{value} is not a number of seconds above 0; leave it out for no limit")
+    return value
 
 
 db_option = click.option("--db", "db_url", default=None, envvar="AUTOTILE_DB",
@@ -48,6 +66,18 @@ FLAG_NAMES = {
     "heads": ("--heads", "--q-heads"), "q_heads": ("--heads", "--q-heads"),
     "heads_kv": ("--kv-heads", "--heads-kv"), "kv_heads": ("--kv-heads", "--heads-kv"),
 }
+
+
+# Options whose 0 a family reads as "not given" (paged: mean_context 0 means every sequence is --context long).
+# Given on the command line they must be real values; left out they stay None.
+AT_LEAST_ONE = {"mean_context": "a mean context length in tokens; leave it out when every sequence is --context long"}
+
+
+def _at_least_one(ctx, param, value):
+    """Click callback: None (not given) passes; below 1 is refused, never read as 'not given'."""
+    if value is not None and value < 1:
+        raise click.BadParameter(f"must be >= 1, got {value}: {AT_LEAST_ONE[param.name]}")
+    return value
 
 
 def flags_of(option_name: str) -> tuple[str, ...]:
@@ -127,7 +157,7 @@ def family_options(family):
             else:
                 kind = click.Choice(opt.choices) if opt.choices else click.types.convert_type(opt.type)
             default = opt.default
-            callback = None
+            callback = _at_least_one if opt.name in AT_LEAST_ONE else None
             if opt.multiple:
                 if default is not None and not isinstance(default, (tuple, list)):
                     default = (default,)  # click takes the default of a repeatable option as a sequence

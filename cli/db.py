@@ -5,7 +5,7 @@ from pathlib import Path
 
 import click
 
-from autotile.cli.common import db_option, friendly_errors
+from autotile.cli.common import db_option, friendly_errors, known_family
 
 _POLICIES = ("keep", "faster", "replace")
 
@@ -28,7 +28,7 @@ def db_group() -> None:
 @db_group.command("export")
 @click.option("--out", "out", required=True, type=click.Path(dir_okay=False, path_type=Path),
               help="the JSON-lines file to write (format: autotile/store/EXPORT.md)")
-@click.option("--family", default=None, help="only this family's winners")
+@click.option("--family", default=None, callback=known_family, help="only this family's winners")
 @click.option("--device", "device_key", default=None, help="only winners of this device key, e.g. h200/sm90")
 @db_option
 @friendly_errors
@@ -82,7 +82,7 @@ def merge_command(sources, on_conflict, dry_run, db_url):
 
 
 @db_group.command("verify")
-@click.option("--family", default=None, help="only this family's winners")
+@click.option("--family", default=None, callback=known_family, help="only this family's winners")
 @click.option("--gpu", default="auto", show_default=True,
               help="GPU profile whose winners to re-check (must be the GPU present), auto, or interpret")
 @click.option("--threshold", default=None, type=click.FloatRange(0.0), help="slowdown marked as a regression "

@@ -6,7 +6,9 @@ import sys
 
 import click
 
-from autotile.cli.common import FamilyGroup, db_option, family_options, friendly_errors
+from autotile.cli.common import (
+    FamilyGroup, db_option, family_options, friendly_errors, known_family, positive_seconds,
+)
 from autotile.cli.tune_run import interpreter_defaults, suite_note, tune_each
 from autotile.cli.tune_plan import model_options, take_model_options, tune_group, tune_model
 
@@ -84,7 +86,7 @@ def _make_tune_command(name: str):
     @click.option("--gpu", default="auto", show_default=True,
                   help="GPU profile to file results under (h200, h100, a100, ...), auto, or interpret (CPU interpreter).")
     @click.option("--trials", default=30, show_default=True, type=click.IntRange(1), help="evaluated trials per problem (a rerun resumes to this count)")
-    @click.option("--timeout", default=None, type=float, help="seconds per problem")
+    @click.option("--timeout", default=None, type=float, callback=positive_seconds, help="seconds per problem")
     @click.option("--seed", default=0, show_default=True, type=int)
     @click.option("--storage", default=None, help="Optuna storage URL shared by several hosts (default: the --db database)")
     @click.option("--gpus", default=None, metavar="0,1,...",
@@ -291,15 +293,6 @@ cli.add_command(FamilyGroup(name="bench", factory=_make_bench_command,
 # --- reading the database --------------------------------------------------------------------
 
 
-def _known_family(ctx, param, value):
-    """Click callback: a family name autotile has (None passes), else a usage error listing them."""
-    from autotile.families import family_names
-
-    if value is not None and value not in family_names():
-        raise click.BadParameter(f"unknown family {value!r}; autotile has {', '.join(family_names())}")
-    return value
-
-
 def _read_store(db_url):
     """The Store of a database opened for reading only (a read-only file or folder works)."""
     from autotile.store.db import open_engine
@@ -309,7 +302,7 @@ def _read_store(db_url):
 
 
 @cli.command("list")
-@click.option("--family", default=None, callback=_known_family, help="only this family's winners")
+@click.option("--family", default=None, callback=known_family, help="only this family's winners")
 @click.option("--device", "device_key", default=None, help="device key, e.g. h200/sm90 or interpret")
 @db_option
 @friendly_errors
@@ -354,7 +347,7 @@ def _short_key(params: dict) -> str:
 
 
 @cli.command("show")
-@click.argument("family", callback=_known_family)
+@click.argument("family", callback=known_family)
 @click.option("--match", "match", default="", help="only problems whose key contains this text")
 @click.option("--errors/--no-errors", default=False, help="print the error text of failed trials")
 @db_option

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import click
 
-from autotile.cli.common import db_option, friendly_errors
+from autotile.cli.common import db_option, friendly_errors, known_family
 
 # The format a file name asks for, by its suffix (--format overrides it).
 SUFFIX_FORMATS = {".html": "html", ".htm": "html", ".md": "md", ".markdown": "md", ".csv": "csv", ".json": "json"}
@@ -13,22 +13,31 @@ DEFAULT_FORMAT = "html"
 
 
 def report_format(fmt: str | None, out: str) -> str:
-    """The format to write: --format when given, else the one the file's suffix names, else HTML.
+    """The format to write: --format when given, else the one the file's suffix names; HTML for stdout and for a
+    name without a suffix. A suffix that names no format is refused rather than guessed: `r.txt` holding HTML
+    would surprise.
 
-    >>> report_format(None, "r.md"), report_format("csv", "r.md"), report_format(None, "-")
-    ('md', 'csv', 'html')
+    >>> report_format(None, "r.md"), report_format("csv", "r.txt"), report_format(None, "-"), report_format(None, "r")
+    ('md', 'csv', 'html', 'html')
     """
     if fmt:
         return fmt
-    return SUFFIX_FORMATS.get(Path(out).suffix.lower(), DEFAULT_FORMAT) if out != "-" else DEFAULT_FORMAT
+    suffix = Path(out).suffix.lower() if out != "-" else ""
+    if not suffix:
+        return DEFAULT_FORMAT
+    if suffix not in SUFFIX_FORMATS:
+        raise click.BadParameter(f"{out!r}: the suffix {suffix!r} names no report format; end the name in "
+                                 f"{', '.join(SUFFIX_FORMATS)}, or give --format html|md|csv|json", param_hint="--out")
+    return SUFFIX_FORMATS[suffix]
 
 
 @click.command("report")
-@click.option("--family", default=None, help="only this kernel family (gemm, flash, paged, elementwise)")
+@click.option("--family", default=None, callback=known_family,
+              help="only this kernel family (gemm, flash, paged, elementwise)")
 @click.option("--device", "device_key", default=None, help="only this device key, e.g. h200/sm90 or interpret")
 @click.option("--format", "fmt", type=click.Choice(["html", "md", "csv", "json"]), default=None,
               help="html: one self-contained page with plots; md: for pull requests; csv/json: for tools "
-                   "(default: from the --out suffix, else html)")
+                   "(default: from the --out suffix; html on stdout or for a name without one)")
 @click.option("--out", "out", required=True, help="file to write (its suffix picks the format), or - for stdout")
 @click.option("--storage", default=None,
               help="Optuna storage URL the studies were tuned with, if not the --db database (for parameter importance)")

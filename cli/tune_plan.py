@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import click
 
-from autotile.cli.common import FamilyGroup, db_option, friendly_errors
+from autotile.cli.common import FamilyGroup, db_option, friendly_errors, known_families
 
 # Families whose problems a model's dimensions describe.
 MODEL_FAMILIES = ("gemm", "flash")
@@ -118,6 +118,18 @@ def _run(planned, device, budget, db_url, trials, seed, **tune_kwargs) -> None:
         raise click.ClickException("no problem was tuned" + (": the budget is too small" if outcome.skipped else ""))
 
 
+def _nothing_to_tune(trace_path, entries, families) -> str:
+    """Why a trace gave no problem to tune, and what to do."""
+    if not entries:
+        return (f"{trace_path} holds no problems: the recorded run made no autotile call; run the model with "
+                "AUTOTILE_RECORD=FILE set")
+    if families and not any(e.family in families for e in entries):
+        held = ", ".join(sorted({e.family for e in entries}))
+        return f"{trace_path} holds no {' or '.join(families)} problems (it holds {held}): drop --family or change it"
+    return (f"none of the {len(entries)} recorded problem(s) in {trace_path} can be tuned (the notes above say "
+            "why); a trace from another autotile version: record it again with this one")
+
+
 def tune_group(factory) -> click.Group:
     """The `tune` group: one subcommand per family, plus `--from-trace FILE` for what a model ran."""
 
@@ -127,7 +139,8 @@ def tune_group(factory) -> click.Group:
     @click.option("--gpu", default="auto", show_default=True, help="GPU profile to tune for (with --from-trace)")
     @click.option("--trials", default=40, show_default=True, type=click.IntRange(1),
                   help="most trials per problem (with --from-trace)")
-    @click.option("--family", "families", multiple=True, help="only these families of the trace (repeatable)")
+    @click.option("--family", "families", multiple=True, callback=known_families,
+                  help="only these families of the trace (repeatable)")
     @click.option("--shard", default=None, metavar="K/N",
                   help="tune the K-th of N shards of the trace (every N-th problem, most called first), within "
                        "--budget: several GPUs or runs share one trace")
@@ -154,6 +167,8 @@ def tune_group(factory) -> click.Group:
         planned, notes = plan_from_trace(entries, families or None)
         for note in notes:
             click.echo(f"note: {note}", err=True)
+        if not planned:
+            raise click.ClickException(_nothing_to_tune(trace_path, entries, families))
         others = sorted({e.device for e in entries} - {device.key})
         if others:
             click.echo(f"note: the trace was recorded on {', '.join(others)}; tuning for {device.key}", err=True)

@@ -200,7 +200,9 @@ class Family(abc.ABC):
             if score > best_score:
                 best, best_score = config, score
         if best is None:
-            raise RuntimeError(f"{self.name}: the search space for {problem} has no feasible config")
+            from autotile.errors import NoFeasibleConfigError
+
+            raise NoFeasibleConfigError(f"{self.name}: the search space for {problem} has no feasible config")
         return best
 
     # --- the vendor op ------------------------------------------------------------------

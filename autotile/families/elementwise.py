@@ -419,6 +419,10 @@ class ElementwiseFamily(Family):
     def problem_for_expression(self, expr: str, dtypes: Mapping[str, str] | str = "fp32", numel: int = ANCHOR_NUMEL
                                ) -> ElementwiseProblem:
         """A contiguous problem over 1-D tensors: every input of `expr` a tensor of `dtypes` (one name or per input)."""
+        if numel < 1:
+            # Calls on empty tensors build problems of numel 0 from their tensors, not here; a problem to tune
+            # needs elements to time, and `autotile db import` refuses a winner of none.
+            raise ShapeMismatchError(f"numel must be >= 1 to tune or benchmark {expr!r}, got {numel}")
         expression = parse(expr)
         specs = {n: InputSpec(n, dtypes if isinstance(dtypes, str) else dtypes[n]) for n in expression.inputs}
         plan = build_plan(expression, specs, frozenset())

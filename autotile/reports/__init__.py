@@ -8,9 +8,11 @@
 """
 from __future__ import annotations
 
+import contextlib
 import enum
 from pathlib import Path
 
+from autotile.errors import AutotileError
 from autotile.reports.data import Report, build_report
 
 
@@ -19,6 +21,10 @@ class ReportFormat(str, enum.Enum):
     MARKDOWN = "md"
     CSV = "csv"
     JSON = "json"
+
+
+class ReportWriteError(AutotileError):
+    """The report file (or its folder) cannot be written."""
 
 
 def render(report: Report, fmt: ReportFormat) -> str:
@@ -41,9 +47,17 @@ def write_report(db_url: str | None, fmt: ReportFormat, out: str | Path, *, fami
     """Build the report of a database and write it to `out` in `fmt`; returns the report written."""
     report = build_report(db_url, family=family, device=device, storage_url=storage_url)
     path = Path(out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render(report, fmt), encoding="utf-8")
+    text = render(report, fmt)
+    partial = path.with_name(path.name + ".partial")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial.write_text(text, encoding="utf-8")
+        partial.replace(path)  # a report is whole or not there: never half of one over the previous
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            partial.unlink(missing_ok=True)
+        raise ReportWriteError(f"cannot write the report {path}: {exc.strerror or exc}") from None
     return report
 
 
-__all__ = ["Report", "ReportFormat", "build_report", "render", "write_report"]
+__all__ = ["Report", "ReportFormat", "ReportWriteError", "build_report", "render", "write_report"]

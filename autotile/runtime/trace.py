@@ -22,6 +22,7 @@ import atexit
 import dataclasses
 import datetime as dt
 import json
+import logging
 import os
 import threading
 from dataclasses import dataclass
@@ -33,6 +34,8 @@ FORMAT = "autotile-trace"
 VERSION = 1
 # A trace line is a small JSON object; anything longer is not one of ours.
 _MAX_LINE = 65536
+
+log = logging.getLogger("autotile.runtime")
 
 _counters: dict[tuple[str, str, str], tuple[dict, list[list[int]]]] = {}
 _lock = threading.Lock()
@@ -84,27 +87,52 @@ def entries() -> list[TraceEntry]:
 
 
 def flush(path: str | os.PathLike | None = None) -> Path | None:
-    """Merge this process's counts into the trace file (AUTOTILE_RECORD, or `path`) and reset them."""
+    """Merge this process's counts into the trace file (AUTOTILE_RECORD, or `path`) and reset them.
+
+    A file there that is not a readable trace (damaged, another version's) is moved aside to `<name>.unreadable`
+    (said once), and this process's counts start a new trace: no count is dropped, and nothing is overwritten.
+    The counts are reset only once they are written, so a failed write keeps them for the next flush.
+    """
     target = Path(path) if path is not None else recording_path()
     if target is None:
         return None
     with _lock:
-        current = [TraceEntry(key[0], key[1], problem, sum(c[0] for c in counts))
-                   for key, (problem, counts) in _counters.items()]
-        for _, counts in _counters.values():
-            for c in counts:
-                c[0] = 0
-    merged: dict[tuple, TraceEntry] = {}
-    if target.exists():
-        for entry in read_trace(target):
-            merged[entry.key] = entry
-    for entry in current:
+        taken = [(key, problem, [(c, c[0]) for c in counts]) for key, (problem, counts) in _counters.items()]
+    merged = {entry.key: entry for entry in _readable_entries(target)}
+    for (family, device, _), problem, counts in taken:
+        entry = TraceEntry(family, device, problem, sum(n for _, n in counts))
         if entry.calls <= 0:
             continue
         old = merged.get(entry.key)
         merged[entry.key] = dataclasses.replace(entry, calls=entry.calls + (old.calls if old else 0))
     write_trace(target, sorted(merged.values(), key=lambda e: (-e.calls, e.key)))
+    with _lock:  # calls made while the file was written stay counted for the next flush
+        for _, _, counts in taken:
+            for c, n in counts:
+                c[0] -= n
     return target
+
+
+def _readable_entries(path: Path) -> list[TraceEntry]:
+    """The entries of the trace at `path` to merge into; a file that is not a readable trace is moved aside."""
+    if not path.exists():
+        return []
+    try:
+        return read_trace(path)
+    except TraceFormatError as exc:
+        aside = _unused_name(path.with_name(path.name + ".unreadable"))
+        path.replace(aside)
+        log.warning("autotile: %s; it was moved to %s and a new trace is started in its place", exc, aside)
+        return []
+
+
+def _unused_name(path: Path) -> Path:
+    """`path`, or `path.1`, `path.2`, ...: the first that does not exist (an earlier one is never overwritten)."""
+    candidate, number = path, 0
+    while candidate.exists():
+        number += 1
+        candidate = path.with_name(f"{path.name}.{number}")
+    return candidate
 
 
 def _flush_at_exit() -> None:
@@ -143,34 +171,43 @@ def read_trace(path: str | os.PathLike) -> list[TraceEntry]:
         handle = open(path, encoding="utf-8")
     except OSError as exc:
         raise TraceFormatError(f"cannot read the trace {path}: {exc.strerror}") from None
+    try:
+        with handle:
+            return _read_lines(path, handle)
+    except UnicodeDecodeError:
+        raise TraceFormatError(f"{path} is not UTF-8 text: not an autotile trace; record one with "
+                               "AUTOTILE_RECORD=FILE") from None
+
+
+def _read_lines(path: Path, handle) -> list[TraceEntry]:
     items: list[TraceEntry] = []
-    ended = False
-    with handle:
-        for number, line in enumerate(handle, start=1):
-            if len(line) > _MAX_LINE:
-                raise TraceFormatError(f"{path}:{number}: line longer than {_MAX_LINE} characters: not a trace")
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise TraceFormatError(f"{path}:{number}: not JSON ({exc.msg}); record a new trace with "
-                                       "AUTOTILE_RECORD=FILE") from None
-            if not isinstance(record, dict):
-                raise TraceFormatError(f"{path}:{number}: a trace line must be a JSON object")
-            if number == 1:
-                _check_header(path, record)
-                continue
-            if ended:
-                raise TraceFormatError(f"{path}:{number}: lines after the end record")
-            if record.get("record") == "end":
-                if record.get("count") != len(items):
-                    raise TraceFormatError(f"{path}: the end record counts {record.get('count')!r} problems but "
-                                           f"the file holds {len(items)}: it is damaged")
-                ended = True
-                continue
-            items.append(_entry(path, number, record))
-    if not items and not ended:
+    header = ended = False
+    for number, line in enumerate(handle, start=1):
+        if len(line) > _MAX_LINE:
+            raise TraceFormatError(f"{path}:{number}: line longer than {_MAX_LINE} characters: not a trace")
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise TraceFormatError(f"{path}:{number}: not JSON ({exc.msg}); record a new trace with "
+                                   "AUTOTILE_RECORD=FILE") from None
+        if not isinstance(record, dict):
+            raise TraceFormatError(f"{path}:{number}: a trace line must be a JSON object")
+        if not header:  # the first line that is not blank
+            _check_header(path, record)
+            header = True
+            continue
+        if ended:
+            raise TraceFormatError(f"{path}:{number}: lines after the end record")
+        if record.get("record") == "end":
+            if record.get("count") != len(items):
+                raise TraceFormatError(f"{path}: the end record counts {record.get('count')!r} problems but "
+                                       f"the file holds {len(items)}: it is damaged")
+            ended = True
+            continue
+        items.append(_entry(path, number, record))
+    if not header:
         raise TraceFormatError(f"{path} is empty: not an autotile trace")
     if not ended:
         raise TraceFormatError(f"{path} has no end record: it was cut short (the process was killed while writing?)")

@@ -33,12 +33,14 @@ from autotile.space import Config
 from autotile.store.db import database_failure, normalise_url, open_engine, reading
 from autotile.store.fingerprint import device_fingerprint
 from autotile.store.models import SCHEMA_VERSION, Device, Policy, Problem, Toolchain, Winner
-from autotile.store.repo import Store
+from autotile.store.repo import Store, range_fault, warn_damaged_range
 
 FORMAT = "autotile-db"
 FORMAT_VERSION = 1
 # A winner record is a few KB: a longer line is skipped unread, so one huge line cannot fill memory.
 MAX_RECORD_BYTES = 1 << 20
+# The first bytes of every SQLite database file.
+SQLITE_MAGIC = b"SQLite format 3\x00"
 # Kept and skipped lines an ImportReport lists one by one; past these only its counts grow (bounded memory).
 MAX_LISTED = 10_000
 # Records written between two clearings of the import session (its one transaction stays open).
@@ -126,8 +128,13 @@ def _iso(value: dt.datetime | None) -> str | None:
 
 
 def export_records(engine: Engine, family: str | None = None, device_key: str | None = None) -> Iterator[dict]:
-    """One export record per stored winner, then one per tuned policy, in a stable order."""
-    for w, p, d, t in Store(engine).winner_rows(family, device_key):
+    """One export record per stored winner, then one per tuned policy, in a stable order.
+
+    A damaged verified range is left out of its winner's record (said once), as the runtime ignores it: the
+    winner is exported and imported whole, serving its own shape; a policy with a damaged range is left out.
+    """
+    store = Store(engine)
+    for w, p, d, t in store.winner_rows(family, device_key):
         yield {
             "record": "winner", "schema_version": SCHEMA_VERSION, "family": p.family, "problem": dict(p.params),
             "problem_key": p.key,
@@ -141,7 +148,7 @@ def export_records(engine: Engine, family: str | None = None, device_key: str | 
             "verification": {"stale": bool(w.stale), "verified_at": _iso(w.verified_at),
                              "verified_ms": w.verified_ms, "verify_status": w.verify_status or "",
                              "regression": w.regression},
-            "serving": {"verified_range": w.verified_range if isinstance(w.verified_range, dict) else None,
+            "serving": {"verified_range": _exported_range(store, p, w),
                         "kernel_config": json.loads(w.kernel_config) if w.kernel_config else None,
                         "kernel_ms": w.kernel_ms},
         }
@@ -154,6 +161,8 @@ def export_records(engine: Engine, family: str | None = None, device_key: str | 
             query = query.where(Policy.device_key == device_key)
         rows = session.execute(query.order_by(Policy.family, Policy.key, Policy.range_key)).all()
     for pol, d, t in rows:
+        if not store.policy_range_usable(pol, "the policy is not exported."):
+            continue
         yield {
             "record": "policy", "schema_version": SCHEMA_VERSION, "family": pol.family, "fixed": dict(pol.params),
             "verified_range": dict(pol.verified_range),
@@ -163,6 +172,34 @@ def export_records(engine: Engine, family: str | None = None, device_key: str | 
             "geomean_ratio": pol.geomean_ratio,
             "provenance": {"text": pol.provenance, "created_at": _iso(pol.created_at)},
         }
+
+
+def _exported_range(store: Store, problem: Problem, winner: Winner) -> dict | None:
+    """A winner's verified range as `db import` takes it back, or None when it is damaged."""
+    value = winner.verified_range
+    if value is None:
+        return None
+    fault = range_fault(value) or _serving_range_fault(problem, value)
+    if fault is None:
+        return value
+    warn_damaged_range(store.location(), f"the {problem.family} winner for {problem.key} on {winner.device_key}",
+                       fault, "the winner is exported without it, to serve its own shape only.")
+    return None
+
+
+def _serving_range_fault(problem: Problem, value: dict) -> str | None:
+    """Why a well-formed range does not fit its family (the check `db import` makes); None when it does."""
+    if problem.family not in family_names():
+        return None  # another version's family: its record is refused on import anyway, with the reason
+    family = get_family(problem.family)
+    try:
+        rebuilt = family.problem_from_dict(problem.params)
+    except Exception:  # noqa: BLE001 - a problem import refuses with its own reason
+        return None
+    if set(value) != set(family.serving_fields) or not family.in_range(rebuilt, rebuilt, value):
+        return (f"{json.dumps(value, sort_keys=True)[:120]} is not a range of {list(family.serving_fields)} "
+                "that holds its own shape")
+    return None
 
 
 def export_database(db_url: str | None, out: Path, family: str | None = None, device_key: str | None = None) -> int:
@@ -245,8 +282,10 @@ class ExportReader:
             self.header = None
         if not isinstance(self.header, dict) or self.header.get("format") != FORMAT:
             self._handle.close()
+            hint = (f": it is a SQLite database; merge its winners with `autotile db merge {path}`"
+                    if (first or b"").startswith(SQLITE_MAGIC) else "")
             raise ExportFormatError(f"{path} is not an autotile export (its first line is not a "
-                                    f'{{"format": "{FORMAT}", ...}} header); nothing was imported')
+                                    f'{{"format": "{FORMAT}", ...}} header){hint}; nothing was imported')
         version = self.header.get("format_version")
         schema = self.header.get("schema_version")
         if not _is_int(version) or version > FORMAT_VERSION:
@@ -729,6 +768,21 @@ def import_file(target_url: str | None, path: Path, *, policy: ConflictPolicy = 
     return report
 
 
+def _refuse_an_export(source: str) -> None:
+    """An export file named as a database to merge gets the command that reads it, not 'not a SQLite database'."""
+    if "://" in source:
+        return
+    try:
+        with open(source, "rb") as handle:
+            first = handle.readline(4096)
+        header = json.loads(first)
+    except (OSError, ValueError):
+        return
+    if isinstance(header, dict) and header.get("format") == FORMAT:
+        raise DatabaseError(f"{source} is an autotile export, not a database: import it with "
+                            f"`autotile db import {source}`")
+
+
 def merge_databases(target_url: str | None, source_urls: Iterable[str], *,
                     policy: ConflictPolicy = ConflictPolicy.FASTER, dry_run: bool = False) -> list[ImportReport]:
     """Merge the winners of other autotile databases into `target_url`, validated exactly like an import."""
@@ -738,6 +792,7 @@ def merge_databases(target_url: str | None, source_urls: Iterable[str], *,
         url = normalise_url(source)
         if target is not None and url == target:
             raise DatabaseError(f"{source} is the target database itself; name another one to merge from")
+        _refuse_an_export(source)
         with reading(url):
             records = ((number, record, "") for number, record in
                        enumerate(export_records(open_engine(url, create=False, read_only=True)), start=1))

@@ -6,8 +6,11 @@ Optuna's study storage (whose tables are named `trials`, `studies`, ...).
 from __future__ import annotations
 
 import datetime as dt
+from dataclasses import dataclass
 
-from sqlalchemy import JSON, BigInteger, DateTime, Float, ForeignKey, Integer, String, Text, UniqueConstraint
+from sqlalchemy import (
+    JSON, BigInteger, DateTime, Float, ForeignKey, Integer, String, Text, TypeDecorator, UniqueConstraint,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 # Bump with every Alembic revision that changes these tables.
@@ -17,6 +20,43 @@ VERSION_TABLE = "autotile_alembic_version"
 
 def _now() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
+
+
+@dataclass(frozen=True)
+class DamagedJSON:
+    """What a TolerantJSON column holds when its stored text is not JSON: the start of that text."""
+
+    text: str
+
+    def __bool__(self) -> bool:
+        return False  # reads as "no value" wherever a range is tested for, and is never served as one
+
+
+class TolerantJSON(TypeDecorator):
+    """A JSON column whose damaged value (edited by hand, cut short) reads back as DamagedJSON, not an exception.
+
+    With plain JSON one damaged value fails the whole query that reads it, so every other row of the result is
+    lost with it (the runtime then stopped serving from the database). The DDL is JSON's.
+    """
+
+    impl = JSON
+    cache_ok = True
+
+    def process_bind_param(self, value, dialect):
+        return None if isinstance(value, DamagedJSON) else value  # a copied row carries no damaged text along
+
+    def result_processor(self, dialect, coltype):
+        parse = super().result_processor(dialect, coltype)
+        if parse is None:
+            return None
+
+        def process(value):
+            try:
+                return parse(value)
+            except (ValueError, TypeError):
+                return DamagedJSON(str(value)[:200])
+
+        return process
 
 
 class Base(DeclarativeBase):
@@ -116,7 +156,7 @@ class Winner(Base):
     verify_status: Mapped[str] = mapped_column(String(32), default="", server_default="")  # VerifyStatus value
     regression: Mapped[float | None] = mapped_column(Float, nullable=True)  # verified_ms / median_ms - 1 when slower
     # Schema 3 (revision 0003): where the winner may serve, and the best generated kernel when the vendor op won.
-    verified_range: Mapped[dict | None] = mapped_column(JSON, nullable=True)  # {serving field: [lo, hi]}
+    verified_range: Mapped[dict | None] = mapped_column(TolerantJSON, nullable=True)  # {serving field: [lo, hi]}
     kernel_config: Mapped[str | None] = mapped_column(Text, nullable=True)
     kernel_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
 
@@ -140,7 +180,7 @@ class Policy(Base):
     key: Mapped[str] = mapped_column(Text)  # canonical JSON of the fixed problem fields
     range_key: Mapped[str] = mapped_column(String(256))  # canonical JSON of verified_range (part of the identity)
     params: Mapped[dict] = mapped_column(JSON)  # the fixed fields
-    verified_range: Mapped[dict] = mapped_column(JSON)
+    verified_range: Mapped[dict] = mapped_column(TolerantJSON)
     config: Mapped[str] = mapped_column(Text)
     samples: Mapped[int] = mapped_column(Integer)  # shapes re-timed beside the vendor op
     min_ratio: Mapped[float] = mapped_column(Float)  # smallest vendor_ms / ours over the samples

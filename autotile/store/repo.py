@@ -6,6 +6,9 @@ no half-written row behind when a process is killed.
 from __future__ import annotations
 
 import json
+import logging
+import threading
+import urllib.parse
 from dataclasses import dataclass
 
 from sqlalchemy import Engine, func, select
@@ -14,7 +17,9 @@ from sqlalchemy.orm import Session
 
 from autotile.device import DeviceInfo
 from autotile.store.fingerprint import device_fingerprint, toolchain_versions
-from autotile.store.models import Device, Policy, Problem, Toolchain, Trial, Winner
+from autotile.store.models import DamagedJSON, Device, Policy, Problem, Toolchain, Trial, Winner
+
+log = logging.getLogger("autotile.store")
 
 
 @dataclass(frozen=True)
@@ -61,6 +66,41 @@ class PolicyView:
     provenance: str
     toolchain: dict
     created_at: str
+
+
+def range_fault(value) -> str | None:
+    """Why a stored verified range cannot be read as {field: [lo, hi]} with 1 <= lo <= hi; None when it can (or
+    when there is none).
+
+    >>> range_fault({"m": [1, 16]}), range_fault(None), range_fault({"m": [16, 1]})
+    (None, None, 'm: [16, 1] is not [lo, hi] with 1 <= lo <= hi')
+    """
+    if value is None:
+        return None
+    if isinstance(value, DamagedJSON):
+        return f"not JSON: {value.text[:60]!r}"
+    if not isinstance(value, dict) or not value:
+        return f"not a map of field to [lo, hi]: {json.dumps(value)[:80]}"
+    for name, bounds in value.items():
+        whole = isinstance(bounds, list) and len(bounds) == 2 and all(
+            isinstance(x, int) and not isinstance(x, bool) for x in bounds)
+        if not whole or not 1 <= bounds[0] <= bounds[1]:
+            return f"{name}: {json.dumps(bounds)[:60]} is not [lo, hi] with 1 <= lo <= hi"
+    return None
+
+
+_reported_ranges: set[tuple] = set()
+_reported_lock = threading.Lock()
+
+
+def warn_damaged_range(where: str, what: str, fault: str, consequence: str) -> None:
+    """One warning per damaged range and process: a model asks for its shapes on every new signature."""
+    with _reported_lock:
+        if (where, what) in _reported_ranges:
+            return
+        _reported_ranges.add((where, what))
+    log.warning("autotile: the verified range stored with %s in %s is damaged (%s); %s", what, where, fault,
+                consequence)
 
 
 def _policy_identity(params: dict, verified_range: dict) -> tuple[str, str]:
@@ -184,11 +224,29 @@ class Store:
                 created_at=w.created_at.isoformat(timespec="seconds"), driver=driver, stale=bool(w.stale),
                 verify_status=w.verify_status or "", verified_ms=w.verified_ms, regression=w.regression,
                 verified_at=w.verified_at.isoformat(timespec="seconds") if w.verified_at else None,
-                verified_range=w.verified_range if isinstance(w.verified_range, dict) else None,
+                verified_range=self._usable_range(w.verified_range, p, w.device_key),
                 kernel_config=w.kernel_config, kernel_ms=w.kernel_ms,
             )
             for w, p, t, driver in rows
         ]
+
+    def _usable_range(self, value, problem: Problem, device_key: str) -> dict | None:
+        """A winner's verified range, or None (said once) when it is damaged: the winner still serves its own shape."""
+        fault = range_fault(value)
+        if fault is None:
+            return value
+        warn_damaged_range(self.location(), f"the {problem.family} winner for {problem.key} on {device_key}", fault,
+                           "it is ignored, so that winner serves its own shape only. Fix: tune that shape again, or "
+                           "import it again from an export (`autotile db import`).")
+        return None
+
+    def location(self) -> str:
+        """The database for a message: a SQLite file's path, else its URL without the password."""
+        url = self.engine.url
+        if url.get_backend_name() == "sqlite" and url.database:
+            # A read-only file is opened as a `file:` URI whose path is quoted once more (store.db.read_only_url).
+            return urllib.parse.unquote(url.database[5:]) if url.database.startswith("file:") else url.database
+        return url.render_as_string(hide_password=True)
 
     def winner_rows(self, family: str | None = None, device_key: str | None = None) -> list[tuple]:
         """(Winner, Problem, Device, Toolchain) rows, detached, for tools that rewrite winners."""
@@ -275,9 +333,10 @@ class Store:
             query = query.where(Policy.device_key == device_key)
         with Session(self.engine) as session:
             rows = session.execute(query.order_by(Policy.family, Policy.key, Policy.range_key)).all()
+        rows = [(p, t) for p, t in rows if self.policy_range_usable(p)]
         return [
             PolicyView(family=p.family, device_key=p.device_key, params=dict(p.params),
-                       verified_range=dict(p.verified_range) if isinstance(p.verified_range, dict) else {},
+                       verified_range=dict(p.verified_range),
                        config=p.config, samples=p.samples, min_ratio=p.min_ratio, geomean_ratio=p.geomean_ratio,
                        provenance=p.provenance,
                        toolchain={"torch": t.torch, "triton": t.triton, "cuda": t.cuda, "python": t.python,
@@ -285,3 +344,13 @@ class Store:
                        created_at=p.created_at.isoformat(timespec="seconds") if p.created_at else "")
             for p, t in rows
         ]
+
+    def policy_range_usable(self, policy: Policy, consequence: str = "") -> bool:
+        """Whether a policy's range can be read; a damaged one is said once (a policy is nothing without its range)."""
+        fault = range_fault(policy.verified_range) if policy.verified_range is not None else "missing"
+        if fault is None:
+            return True
+        warn_damaged_range(self.location(), f"the {policy.family} policy {policy.key} on {policy.device_key}", fault,
+                           consequence or f"the policy is not used. Fix: run `autotile tune {policy.family} --model "
+                                          "... --policy` again.")
+        return False

@@ -19,6 +19,7 @@ from sqlalchemy.engine import make_url
 
 from autotile.bench import Status, prepare, retime_interleaved, run_checked
 from autotile.device import DeviceInfo, cuda_device
+from autotile.errors import ShapeMismatchError
 from autotile.families.base import Family, is_vendor, vendor_label
 from autotile.space import Config
 from autotile.store.db import default_db_url, normalise_url, open_engine
@@ -150,6 +151,7 @@ def tune_problem(
     >>> r = tune_problem(FAMILY, GemmProblem(16, 32, 32, "fp32", "fp32"), interpret_device(),
     ...                  trials=2, db_url="sqlite:////tmp/tuning.sqlite")  # doctest: +SKIP
     """
+    _refuse_empty(family, problem)
     started = time.monotonic()
     table, space, warm_source, vendor_ms = _table, _space, _warm_source, _vendor_ms
     if simulate is not None:
@@ -259,6 +261,17 @@ def tune_problem(
     if shared.pruned:
         log.info("%s: the roofline model dropped %d proposals before compiling", name, shared.pruned)
     return result
+
+
+def _refuse_empty(family: Family, problem) -> None:
+    """A problem with a shape field below 1 (what a call on empty tensors runs) has nothing to time, and
+    `autotile db import` refuses its winner: refuse it before a study or a row is made for it."""
+    from autotile.tune.plan import empty_shape_fields
+
+    empty = empty_shape_fields(family, problem)
+    if empty:
+        raise ShapeMismatchError(f"{family.name} problem with {', '.join(empty)}: nothing to time, so nothing to "
+                                 "tune; give every shape field a value of 1 or more")
 
 
 def _close_in_background(session: TuneSession):

@@ -69,6 +69,19 @@ def _group_key(family: Family, problem) -> tuple:
     return family.name, tuple(sorted(data.items()))
 
 
+def empty_shape_fields(family: Family, problem) -> list[str]:
+    """`name=value` of each shape field of `problem` below 1: a call on empty tensors, which has nothing to time
+    (and whose winner `autotile db import` refuses).
+
+    >>> from autotile.families.elementwise import FAMILY, ElementwiseProblem
+    >>> empty_shape_fields(FAMILY, ElementwiseProblem("add(1,x)", "x:fp32:tensor", "out:fp32", 0))
+    ['numel=0']
+    """
+    data = problem_to_dict(problem)
+    return [f"{name}={data[name]}" for name in family.shape_fields
+            if isinstance(data.get(name), int) and data[name] < 1]
+
+
 def plan_from_trace(entries: Sequence, families: Sequence[str] | None = None) -> tuple[list[PlannedProblem], list[str]]:
     """Planned problems (most calls first) and notes on entries that were left out, from trace entries."""
     notes: list[str] = []
@@ -85,6 +98,10 @@ def plan_from_trace(entries: Sequence, families: Sequence[str] | None = None) ->
             problem = family.problem_from_dict(entry.problem)
         except Exception as exc:  # noqa: BLE001 - a problem from another version of the family
             notes.append(f"{entry.family} problem {entry.problem} does not rebuild ({exc}): skipped")
+            continue
+        empty = empty_shape_fields(family, problem)
+        if empty:
+            notes.append(f"{entry.family} calls on empty tensors ({', '.join(empty)}): nothing to time, skipped")
             continue
         key = _group_key(family, problem)
         groups.setdefault(key, []).append((problem, entry.calls))

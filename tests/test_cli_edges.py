@@ -1,0 +1,380 @@
+"""Bad input at the edges of the CLI, the store and the trace recorder: a clear one-line error, and no tuning data
+lost (damaged trace files, damaged verified ranges, unknown formats and families, empty problems)."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import sqlite3
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+import autotile
+from autotile.cli.main import cli
+from autotile.device import interpret_device
+from autotile.errors import AutotileError, NoFeasibleConfigError, ShapeMismatchError
+from autotile.families import gemm as gemm_module
+from autotile.families.elementwise import FAMILY as ELEMENTWISE
+from autotile.families.gemm import FAMILY as GEMM, contiguous_problem
+from autotile.families.gemm_space import StagedSpace, rule
+from autotile.runtime import dispatch, trace
+from autotile.runtime.trace import TraceEntry, TraceFormatError, read_trace, write_trace
+from autotile.space import Axis
+from autotile.store.db import open_engine
+from autotile.store.exchange import export_database, import_file
+from autotile.store.repo import Store
+from autotile.tune.driver import tune_problem
+from autotile.tune.plan import plan_from_trace
+
+CPU = interpret_device()
+GEMM_PROBLEM = contiguous_problem(20, 24, 40, "fp32", "fp32")
+# A range that holds calls of 17 to 32 rows: the tuner stores such a range where the winner beat the vendor op.
+GOOD_RANGE = '{"m": [17, 32]}'
+
+
+def invoke(*args):
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+def one_line_error(result, exit_code: int = 1) -> str:
+    """The single `Error:` line of a failed command (no traceback)."""
+    assert result.exit_code == exit_code, result.output
+    assert "Traceback" not in result.output
+    errors = [line for line in result.output.splitlines() if line.startswith("Error: ")]
+    assert len(errors) == 1, result.output
+    return errors[0]
+
+
+@pytest.fixture(scope="module")
+def tuned_gemm(tmp_path_factory):
+    """A database holding one interpreter-tuned gemm winner (tuned once for the module)."""
+    path = tmp_path_factory.mktemp("tuned") / "gemm.sqlite"
+    tune_problem(GEMM, GEMM_PROBLEM, CPU, trials=2, db_url=f"sqlite:///{path}", retime_rounds=1)
+    return path
+
+
+@pytest.fixture
+def gemm_db(tuned_gemm, tmp_path):
+    """A copy of the tuned database the test may damage; returns (path, url)."""
+    path = tmp_path / "gemm.sqlite"
+    with sqlite3.connect(tuned_gemm) as src, sqlite3.connect(path) as dst:
+        src.backup(dst)
+    return path, f"sqlite:///{path}"
+
+
+def set_range(path, text: str | None) -> None:
+    """Write `text` as it stands into the winner's verified_range column (what a hand edit or a cut write leaves)."""
+    with sqlite3.connect(path) as conn:
+        conn.execute("update autotile_winners set verified_range = ?", (text,))
+
+
+@pytest.fixture
+def planned(monkeypatch):
+    """The problems `autotile tune FAMILY` would run, recorded instead of tuned."""
+    import autotile.cli.main as main
+
+    seen = []
+    monkeypatch.setattr(main, "tune_each", lambda problems, tune_one: seen.extend(problems))
+    return seen
+
+
+# --- item 1: the report's format -----------------------------------------------------------------------
+
+
+def test_report_format_comes_from_the_suffix_and_an_unknown_suffix_is_refused(tmp_path):
+    url = f"sqlite:///{tmp_path / 'empty.sqlite'}"
+    open_engine(url, create=True)
+    refused = invoke("report", "--out", tmp_path / "r.txt", "--db", url)
+    line = one_line_error(refused, exit_code=2)
+    assert "'.txt' names no report format" in line and all(s in line for s in (".html", ".md", ".csv", ".json"))
+    assert not (tmp_path / "r.txt").exists()
+    bare = invoke("report", "--out", tmp_path / "r", "--db", url)  # no suffix: the documented default, HTML
+    assert bare.exit_code == 0 and (tmp_path / "r").read_text().startswith("<!DOCTYPE")
+    forced = invoke("report", "--out", tmp_path / "r.txt", "--format", "md", "--db", url)
+    assert forced.exit_code == 0 and (tmp_path / "r.txt").read_text().startswith("# autotile report")
+    upper = invoke("report", "--out", tmp_path / "r.JSON", "--db", url)
+    assert upper.exit_code == 0 and json.loads((tmp_path / "r.JSON").read_text())["problems"] == []
+
+
+def test_an_empty_database_reports_in_every_format(tmp_path):
+    url = f"sqlite:///{tmp_path / 'empty.sqlite'}"
+    open_engine(url, create=True)
+    for suffix, start in ((".html", "<!DOCTYPE"), (".md", "# autotile"), (".csv", "family,"), (".json", "{")):
+        result = invoke("report", "--out", tmp_path / f"r{suffix}", "--db", url)
+        assert result.exit_code == 0 and "no trials or winners stored" in result.output, result.output
+        assert (tmp_path / f"r{suffix}").read_text().startswith(start)
+
+
+def test_a_report_that_cannot_be_written_gets_one_line_and_leaves_nothing(tmp_path):
+    url = f"sqlite:///{tmp_path / 'empty.sqlite'}"
+    open_engine(url, create=True)
+    (tmp_path / "folder.html").mkdir()
+    (tmp_path / "file").write_text("")
+    for out in (tmp_path / "folder.html", tmp_path / "file" / "r.md"):
+        assert f"cannot write the report {out}" in one_line_error(invoke("report", "--out", out, "--db", url))
+    assert not list(tmp_path.rglob("*.partial")) and not list((tmp_path / "folder.html").iterdir())
+
+
+# --- item 2: no feasible config ------------------------------------------------------------------------
+
+
+def test_no_feasible_config_is_an_error_class_the_cli_catches(monkeypatch, tmp_path):
+    assert issubclass(NoFeasibleConfigError, RuntimeError) and issubclass(NoFeasibleConfigError, AutotileError)
+    never = StagedSpace([Axis("BLOCK_M", (16,))], [rule("never", ("BLOCK_M",), lambda c: False, "never holds")])
+    monkeypatch.setattr(gemm_module, "gemm_space", lambda problem, device: never)
+    with pytest.raises(NoFeasibleConfigError, match="has no feasible config"):
+        GEMM.default_config(GEMM_PROBLEM, CPU)
+    shape = ("--m", "4", "--n", "16", "--k", "16", "--dtype", "fp16", "--gpu", "interpret", "--db", tmp_path / "f.db")
+    assert "try another shape, dtype or --gpu" in one_line_error(invoke("tune", "gemm", *shape, "--trials", "1"))
+    # The class is what the CLI recognises, not the words of the message.
+    monkeypatch.setattr(type(GEMM), "default_config", lambda self, problem, device: (_ for _ in ()).throw(
+        NoFeasibleConfigError("gemm: nothing fits")))
+    line = one_line_error(invoke("tune", "gemm", *shape, "--dry-run"))
+    assert "gemm: nothing fits" in line and "try another shape" in line
+
+
+# --- item 3: --mean-context ----------------------------------------------------------------------------
+
+
+def test_mean_context_zero_is_refused_and_leaving_it_out_means_not_given(planned):
+    paged = ("tune", "paged", "--batch", "2", "--context", "64", "--gpu", "interpret")
+    for value in ("0", "-4"):
+        line = one_line_error(invoke(*paged, "--mean-context", value), exit_code=2)
+        assert f"must be >= 1, got {value}" in line and "mean context" in line
+    assert not planned
+    assert invoke(*paged).exit_code == 0 and [p.mean_context for p in planned] == [64]
+    planned.clear()
+    assert invoke(*paged, "--mean-context", "32").exit_code == 0 and [p.mean_context for p in planned] == [32]
+
+
+# --- item 4: empty problems ----------------------------------------------------------------------------
+
+
+def test_an_empty_elementwise_problem_is_refused_before_anything_is_stored(tmp_path):
+    with pytest.raises(ShapeMismatchError, match="numel must be >= 1"):
+        ELEMENTWISE.problem_for_expression("x + 1", "fp32", 0)
+    empty = dataclasses.replace(ELEMENTWISE.problem_for_expression("x + 1", "fp32", 64), numel=0)
+    url = f"sqlite:///{tmp_path / 'e.sqlite'}"
+    with pytest.raises(ShapeMismatchError, match="numel=0: nothing to time"):
+        tune_problem(ELEMENTWISE, empty, CPU, trials=1, db_url=url)
+    assert not (tmp_path / "e.sqlite").exists()  # no study, no problem row, no winner
+    assert autotile.fuse("x + 1")(x=torch.empty(0, 3)).shape == (0, 3)  # calls on empty tensors still run
+
+
+def test_a_trace_of_empty_tensor_calls_plans_nothing_and_says_why(tmp_path):
+    problem = dataclasses.asdict(ELEMENTWISE.problem_for_expression("x + 1", "fp32", 64))
+    entries = [TraceEntry("elementwise", "interpret", {**problem, "numel": 0}, 5),
+               TraceEntry("elementwise", "interpret", {**problem, "numel": 64}, 2)]
+    planned, notes = plan_from_trace(entries)
+    assert [p.problem.numel for p in planned] == [64] and "empty tensors (numel=0)" in notes[0]
+    path = tmp_path / "t.jsonl"
+    write_trace(path, entries[:1])
+    line = one_line_error(invoke("tune", "--from-trace", path, "--gpu", "interpret"))
+    assert "none of the 1 recorded problem(s)" in line
+
+
+# --- trace files -------------------------------------------------------------------------------------
+
+
+def trace_file(tmp_path, name: str, content: bytes):
+    path = tmp_path / name
+    path.write_bytes(content)
+    return path
+
+
+HEADER = b'{"format": "autotile-trace", "version": 1}\n'
+GEMM_LINE = json.dumps({"family": "gemm", "device": "interpret", "calls": 3,
+                        "problem": dataclasses.asdict(GEMM_PROBLEM)}).encode() + b"\n"
+
+
+@pytest.mark.parametrize("content, words", [
+    (b"\xff\xfe\x00\x01binary\n", "is not UTF-8 text"),
+    (b"", "is empty"),
+    (HEADER, "has no end record: it was cut short"),
+    (HEADER + b'{"family": "gemm"', "not JSON"),
+    (b'{"format": "autotile-trace", "version": 9}\n', "format version 9; this autotile reads version 1"),
+    (b'{"format": "something-else"}\n', "is not an autotile trace"),
+])
+def test_a_bad_trace_file_gets_one_line(tmp_path, content, words):
+    path = trace_file(tmp_path, "t.jsonl", content)
+    with pytest.raises(TraceFormatError, match=words):
+        read_trace(path)
+    assert words in one_line_error(invoke("tune", "--from-trace", path, "--gpu", "interpret"))
+
+
+def test_blank_lines_before_the_header_are_skipped(tmp_path):
+    path = trace_file(tmp_path, "t.jsonl", b"\n" + HEADER + GEMM_LINE + b'{"record": "end", "count": 1}\n')
+    assert [e.calls for e in read_trace(path)] == [3]
+
+
+def test_a_trace_with_nothing_to_tune_is_an_error_not_a_silent_success(tmp_path):
+    end = b'{"record": "end", "count": 1}\n'
+    unknown = trace_file(tmp_path, "unknown.jsonl", HEADER + b'{"family": "conv2d", "device": "interpret", '
+                                                            b'"problem": {"c": 3}, "calls": 7}\n' + end)
+    result = invoke("tune", "--from-trace", unknown, "--gpu", "interpret")
+    assert "unknown family 'conv2d': skipped" in result.output
+    assert "can be tuned" in one_line_error(result)
+    nothing = trace_file(tmp_path, "none.jsonl", HEADER + b'{"record": "end", "count": 0}\n')
+    assert "holds no problems" in one_line_error(invoke("tune", "--from-trace", nothing, "--gpu", "interpret"))
+    gemm = trace_file(tmp_path, "gemm.jsonl", HEADER + GEMM_LINE + end)
+    filtered = invoke("tune", "--from-trace", gemm, "--gpu", "interpret", "--family", "flash")
+    assert "holds no flash problems (it holds gemm)" in one_line_error(filtered)
+    typo = invoke("tune", "--from-trace", gemm, "--gpu", "interpret", "--family", "gem")
+    assert "unknown family 'gem'" in one_line_error(typo, exit_code=2)
+
+
+@pytest.mark.parametrize("budget, words", [("0s", "must be positive"), ("garbage", "give a duration"),
+                                           ("-5", "give a duration")])
+def test_from_trace_budgets_that_are_not_durations(tmp_path, budget, words):
+    gemm = trace_file(tmp_path, "gemm.jsonl", HEADER + GEMM_LINE + b'{"record": "end", "count": 1}\n')
+    assert words in one_line_error(invoke("tune", "--from-trace", gemm, "--gpu", "interpret", "--budget", budget))
+
+
+@pytest.fixture
+def fresh_counters(monkeypatch):
+    """The trace recorder with no counters of earlier tests; returns one counter of GEMM_PROBLEM, counted 4 times."""
+    monkeypatch.setattr(trace, "_counters", {})
+    count = trace.counter(GEMM, GEMM_PROBLEM, CPU)
+    count[0] += 4
+    return count
+
+
+def test_flushing_into_a_damaged_trace_keeps_both_the_counts_and_the_file(tmp_path, fresh_counters, caplog):
+    path = trace_file(tmp_path, "t.jsonl", HEADER + b'{"family": "gemm"')
+    with caplog.at_level(logging.WARNING, logger="autotile.runtime"):
+        trace.flush(path)
+    assert [e.calls for e in read_trace(path)] == [4]
+    assert (tmp_path / "t.jsonl.unreadable").read_bytes() == HEADER + b'{"family": "gemm"'
+    assert "moved to" in caplog.text and "t.jsonl.unreadable" in caplog.text
+    assert fresh_counters[0] == 0
+    fresh_counters[0] += 2
+    trace.flush(path)  # the new trace merges as usual
+    assert [e.calls for e in read_trace(path)] == [6]
+
+
+def test_a_failed_trace_write_keeps_the_counts_for_the_next_flush(tmp_path, fresh_counters, monkeypatch):
+    path = tmp_path / "t.jsonl"
+
+    def full_disk(*args):
+        raise OSError(28, "No space left on device")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(trace, "write_trace", full_disk)
+        with pytest.raises(OSError):
+            trace.flush(path)
+    assert fresh_counters[0] == 4
+    trace.flush(path)
+    assert [e.calls for e in read_trace(path)] == [4]
+
+
+# --- models --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("args, words", [
+    (("--model", "llama-9000"), "unknown model 'llama-9000'; known: llama3-8b"),
+    (("--dims", "hidden=64,heads"), "is not NAME=INTEGER"),
+    (("--dims", "hidden=64"), "--dims needs heads, intermediate"),
+    (("--model", "llama3-8b", "--tokens", "0"), "--tokens: '0' is not a token count"),
+    (("--model", "llama3-8b", "--budget", "soon"), "--budget 'soon'"),
+])
+def test_tune_gemm_model_input_errors(args, words):
+    assert words in one_line_error(invoke("tune", "gemm", *args, "--gpu", "interpret"))
+
+
+def test_tune_timeouts_must_be_positive(planned):
+    for value in ("0", "-1", "nan"):
+        line = one_line_error(invoke("tune", "elementwise", "--expr", "x + 1", "--numel", "64", "--gpu", "interpret",
+                                     "--timeout", value), exit_code=2)
+        assert "is not a number of seconds above 0" in line
+    assert not planned
+
+
+# --- damaged verified ranges ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("damage", ["{not json", '{"m": [32, 17]}', '{"m": [17, 32, 64]}', '{"m": "17..32"}', '"m"'])
+def test_a_damaged_verified_range_falls_back_and_says_so_once(gemm_db, damage, user_db, monkeypatch, caplog):
+    path, url = gemm_db
+    set_range(path, damage)
+    winners = Store(open_engine(url, create=False, read_only=True)).winners("gemm")
+    assert len(winners) == 1 and winners[0].verified_range is None  # the winner stays, without its range
+    monkeypatch.setenv("AUTOTILE_DB", url)
+    dispatch.clear_cache()
+    a, b = torch.randn(18, 40), torch.randn(40, 24)
+    with caplog.at_level(logging.WARNING):
+        for _ in range(2):
+            torch.testing.assert_close(autotile.matmul(a, b), a @ b, rtol=1e-4, atol=1e-4)
+        explained = autotile.explain("matmul", a, b)
+    assert explained["source"] == "user-db" and explained["match"] != "range"
+    assert caplog.text.count("is damaged") == 1 and "not using the tuning database" not in caplog.text
+    set_range(path, GOOD_RANGE)  # the same winner with a whole range serves the call through it
+    dispatch.clear_cache()
+    assert autotile.explain("matmul", a, b)["match"] == "range"
+
+
+def test_the_damaged_range_warning_names_the_winner_and_what_to_do(gemm_db, caplog):
+    path, url = gemm_db
+    set_range(path, "{not json")
+    store = Store(open_engine(url, create=False, read_only=True))
+    with caplog.at_level(logging.WARNING, logger="autotile.store"):
+        store.winners("gemm")
+        store.winners("gemm")
+    assert caplog.text.count("is damaged") == 1
+    assert str(path) in caplog.text and '"m":20' in caplog.text and "tune that shape again" in caplog.text
+
+
+@pytest.mark.parametrize("damage", ["{not json", '{"m": [17, 32, 64]}', '{"m": [1, 4]}', '{"k": [1, 64]}'])
+def test_export_and_import_keep_a_winner_whose_range_is_damaged(gemm_db, damage, tmp_path):
+    path, url = gemm_db
+    set_range(path, damage)
+    out = tmp_path / "winners.jsonl"
+    assert export_database(url, out) == 1
+    report = import_file(f"sqlite:///{tmp_path / 'copy.sqlite'}", out)
+    assert report.kept_count == 1 and report.skipped_count == 0, report.skipped
+    (copied,) = Store(open_engine(f"sqlite:///{tmp_path / 'copy.sqlite'}", create=False)).winners("gemm")
+    assert copied.verified_range is None and copied.problem_key == GEMM.problem_key(GEMM_PROBLEM)
+
+
+def test_copying_winners_carries_a_damaged_range_as_none(gemm_db, tmp_path):
+    from autotile.store.ship import copy_winners
+
+    path, url = gemm_db
+    set_range(path, "{not json")
+    target = f"sqlite:///{tmp_path / 'shipped.sqlite'}"
+    assert copy_winners(url, target) == 1
+    (copied,) = Store(open_engine(target, create=False)).winners("gemm")
+    assert copied.verified_range is None
+
+
+def test_export_round_trip_keeps_a_whole_range(gemm_db, tmp_path):
+    path, url = gemm_db
+    set_range(path, GOOD_RANGE)
+    out = tmp_path / "winners.jsonl"
+    export_database(url, out)
+    copy = f"sqlite:///{tmp_path / 'copy.sqlite'}"
+    import_file(copy, out)
+    (copied,) = Store(open_engine(copy, create=False)).winners("gemm")
+    assert copied.verified_range == json.loads(GOOD_RANGE)
+
+
+# --- db import / merge / export with the wrong kind of file, unknown families ------------------------------
+
+
+def test_import_and_merge_name_the_command_that_reads_the_file(gemm_db, tmp_path):
+    path, url = gemm_db
+    target = tmp_path / "target.sqlite"
+    line = one_line_error(invoke("db", "import", path, "--db", target))
+    assert "it is a SQLite database; merge its winners with `autotile db merge" in line
+    export = tmp_path / "winners.jsonl"
+    export_database(url, export)
+    line = one_line_error(invoke("db", "merge", export, "--db", target))
+    assert "is an autotile export, not a database: import it with `autotile db import" in line
+
+
+@pytest.mark.parametrize("command", [("report", "--out", "r.md"), ("db", "export", "--out", "w.jsonl"),
+                                     ("db", "verify", "--gpu", "interpret")])
+def test_an_unknown_family_filter_is_refused_not_an_empty_result(command, tmp_path):
+    result = invoke(*command, "--family", "gemmm", "--db", tmp_path / "x.sqlite")
+    assert "unknown family 'gemmm'; autotile has gemm" in one_line_error(result, exit_code=2)
