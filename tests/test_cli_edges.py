@@ -378,3 +378,27 @@ def test_import_and_merge_name_the_command_that_reads_the_file(gemm_db, tmp_path
 def test_an_unknown_family_filter_is_refused_not_an_empty_result(command, tmp_path):
     result = invoke(*command, "--family", "gemmm", "--db", tmp_path / "x.sqlite")
     assert "unknown family 'gemmm'; autotile has gemm" in one_line_error(result, exit_code=2)
+
+
+def _flush_many(path: str, calls: int, rounds: int) -> None:
+    trace._counters.clear()
+    count = trace.counter(GEMM, GEMM_PROBLEM, CPU)
+    for _ in range(rounds):
+        count[0] += calls
+        trace.flush(path)
+
+
+def test_ranks_flushing_into_one_trace_all_count(tmp_path):
+    """Ranks of one job flush into one file (at exit, at once): each read, merged and wrote the file with no lock
+    between them, so one rank's counts could be written over by another's."""
+    import multiprocessing
+
+    path = str(tmp_path / "t.jsonl")
+    context = multiprocessing.get_context("fork")
+    ranks = [context.Process(target=_flush_many, args=(path, 1 + rank, 25)) for rank in range(4)]
+    for process in ranks:
+        process.start()
+    for process in ranks:
+        process.join(60)
+        assert process.exitcode == 0
+    assert [e.calls for e in read_trace(path)] == [25 * (1 + 2 + 3 + 4)]

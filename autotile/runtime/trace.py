@@ -3,7 +3,7 @@
 Each op keeps one counter per call signature (a one-element list registered here when the signature is
 first seen); the hot path pays one increment. When the process exits (or `flush()` is called) the
 counters are summed per problem and written as JSON lines, merged with the counts already in the file,
-so several runs (or ranks) of a model add up. `autotile tune --from-trace trace.jsonl --budget 10m`
+so several runs (or ranks) of a model add up (`<name>.lock` beside the file serialises their flushes). `autotile tune --from-trace trace.jsonl --budget 10m`
 tunes the recorded problems, most calls first.
 
 The file: a header `{"format": "autotile-trace", "version": 1, ...}`, one line per problem
@@ -19,6 +19,7 @@ The file: a header `{"format": "autotile-trace", "version": 1, ...}`, one line p
 from __future__ import annotations
 
 import atexit
+import contextlib
 import dataclasses
 import datetime as dt
 import json
@@ -98,19 +99,36 @@ def flush(path: str | os.PathLike | None = None) -> Path | None:
         return None
     with _lock:
         taken = [(key, problem, [(c, c[0]) for c in counts]) for key, (problem, counts) in _counters.items()]
-    merged = {entry.key: entry for entry in _readable_entries(target)}
-    for (family, device, _), problem, counts in taken:
-        entry = TraceEntry(family, device, problem, sum(n for _, n in counts))
-        if entry.calls <= 0:
-            continue
-        old = merged.get(entry.key)
-        merged[entry.key] = dataclasses.replace(entry, calls=entry.calls + (old.calls if old else 0))
-    write_trace(target, sorted(merged.values(), key=lambda e: (-e.calls, e.key)))
+    with _file_lock(target):  # ranks of one job flush into one file at exit: each merge sees the last one's
+        merged = {entry.key: entry for entry in _readable_entries(target)}
+        for (family, device, _), problem, counts in taken:
+            entry = TraceEntry(family, device, problem, sum(n for _, n in counts))
+            if entry.calls <= 0:
+                continue
+            old = merged.get(entry.key)
+            merged[entry.key] = dataclasses.replace(entry, calls=entry.calls + (old.calls if old else 0))
+        write_trace(target, sorted(merged.values(), key=lambda e: (-e.calls, e.key)))
     with _lock:  # calls made while the file was written stay counted for the next flush
         for _, _, counts in taken:
             for c, n in counts:
                 c[0] -= n
     return target
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path):
+    """An exclusive lock between processes on `<path>.lock` (POSIX advisory locks; where there are none, no lock)."""
+    try:
+        import fcntl
+    except ImportError:  # NOTE: Windows: concurrent flushes into one file may lose one side's counts
+        yield
+        return
+    with open(path.with_name(path.name + ".lock"), "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _readable_entries(path: Path) -> list[TraceEntry]:
