@@ -105,14 +105,20 @@ def model_dims(name: str | None = None, dims: str | None = None) -> ModelDims:
             if key not in _DIM_NAMES or not value.strip().isdigit():
                 raise BadInputError(f"--dims: {part.strip()!r} is not NAME=INTEGER with NAME one of "
                                     f"{', '.join(sorted(set(_DIM_NAMES)))}")
+            if _DIM_NAMES[key] in values:
+                raise BadInputError(f"--dims gives {_DIM_NAMES[key]} twice; give each dimension once")
             values[_DIM_NAMES[key]] = int(value)
         missing = {"hidden", "intermediate", "heads"} - set(values)
         if missing:
             raise BadInputError(f"--dims needs {', '.join(sorted(missing))} (kv_heads defaults to heads, head_dim "
                                 "to hidden / heads)")
         values.setdefault("kv_heads", values["heads"])
-        values.setdefault("head_dim", values["hidden"] // values["heads"])
-        return ModelDims(name or "custom", **values)
+        head_dim = values.get("head_dim", values["hidden"] // values["heads"] if values["heads"] else 0)
+        model = ModelDims(name or "custom", **{**values, "head_dim": head_dim})  # the table's checks
+        if "head_dim" not in values and values["hidden"] % values["heads"]:
+            raise BadInputError(f"--dims: hidden={values['hidden']} is not a multiple of heads={values['heads']}; "
+                                "give head_dim too")
+        return model
     if not name:
         raise BadInputError("name a model (--model) or describe one (--dims hidden=...,intermediate=...,heads=...)")
 

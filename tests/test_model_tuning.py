@@ -218,3 +218,14 @@ def test_linear_on_cpu_runs_the_generated_kernel():
     x, w = torch.randn(3, 32), torch.randn(40, 32)
     info = autotile.explain("linear", x, w)
     assert info["source"] != "vendor" and info["vendor"] is None
+
+
+@pytest.mark.parametrize("dims, message", [
+    ("hidden=64,hidden=32,intermediate=96,heads=4", "hidden twice"),
+    ("hidden=64,intermediate=96,heads=3", "not a multiple of heads=3; give head_dim"),
+    ("hidden=64,intermediate=96,heads=4,head_dim=0", "head_dim must be an integer from 1"),
+])
+def test_model_descriptions_that_were_read_wrongly_are_refused(dims, message):
+    """A repeated dimension was last-wins and a hidden size not a multiple of heads gave a floored head dim."""
+    with pytest.raises(BadInputError, match=message):
+        model_dims(None, dims)
