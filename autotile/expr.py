@@ -163,6 +163,18 @@ class Expression:
             return self.outputs[0][1].text
         return ";".join(f"{name}={node.text}" for name, node in self.outputs)
 
+    def output_inputs(self) -> tuple[tuple[str, ...], ...]:
+        """The input names each output depends on (sorted), in output order.
+
+        >>> parse("a = x * y; b = x + 1").output_inputs()
+        (('x', 'y'), ('x',))
+        """
+        below: dict[str, frozenset[str]] = {}
+        for node in self.nodes():  # arguments come before their users
+            own = frozenset([node.name]) if node.kind == "input" else frozenset()
+            below[node.text] = own.union(*(below[a.text] for a in node.args))
+        return tuple(tuple(sorted(below[root.text])) for _, root in self.outputs)
+
     def nodes(self) -> list[Node]:
         """Every distinct node once, arguments before their users (a stable topological order)."""
         seen: dict[str, Node] = {}

@@ -195,7 +195,7 @@ class _Lowering:
         if type_ in ("fp32", "fp64"):
             value = float(value)
         elif type_ != "i1":
-            value = int(value)
+            value = _wrap_integer(int(value), type_)
         dst = self.emit("const", type_, value=value)
         self.const_of[dst] = value
         return dst
@@ -270,6 +270,21 @@ class _Lowering:
         if n < 0:
             result = self.emit("div", type_, [self.const(1, type_), result])
         return result
+
+
+_INTEGER_BITS = {"i8": (8, True), "u8": (8, False), "i16": (16, True), "i32": (32, True), "i64": (64, True)}
+
+
+def _wrap_integer(value: int, type_: str) -> int:
+    """`value` converted to integer dtype `type_` with two's-complement wraparound, as torch converts a Python int
+    that meets a narrower integer tensor (int8 x + 300 adds 44); Triton refuses a constant out of its dtype's range.
+
+    >>> _wrap_integer(300, "i8"), _wrap_integer(-1, "u8"), _wrap_integer(5, "i32")
+    (44, 255, 5)
+    """
+    bits, signed = _INTEGER_BITS[type_]
+    value &= (1 << bits) - 1
+    return value - (1 << bits) if signed and value >= 1 << (bits - 1) else value
 
 
 @dataclass(frozen=True)
@@ -351,6 +366,12 @@ def build_plan(expression: Expression, specs: Mapping[str, InputSpec], one_eleme
 def _scalar_value(value):
     """Scalars arrive as Python numbers (the op) or as 0-d CPU tensors (make_inputs)."""
     return value.item() if isinstance(value, torch.Tensor) else value
+
+
+def _refuse_wide_int(name: str, value: int) -> None:
+    # Kernels take integer scalars as int64 (as torch does, which refuses a wider one too).
+    raise BadInputError(f"scalar input {name!r} ({len(str(abs(value)))} digits) does not fit 64 bits; "
+                        f"pass it as a float, {name}=float(...), or as a tensor")
 
 
 def _fp64_bits(value: float) -> int:
@@ -731,6 +752,8 @@ class ElementwiseFamily(Family):
             bits_of = dict(zip((s["index"] for s in plan.steps if s["op"] == "scalar"), launch.scalar_bits))
             for i, name in enumerate(plan.scalar_names):
                 value = _scalar_value(inputs[name])
+                if type(value) is int and not -2**63 <= value < 2**63:
+                    _refuse_wide_int(name, value)
                 # NOTE: Triton's interpreter cannot take a bool argument as int1; bools go as 0/1 (the kernel compares != 0).
                 args.append(_fp64_bits(value) if bits_of.get(i) else int(value) if isinstance(value, bool) else value)
         args += outputs

@@ -6,8 +6,8 @@
 True
 
 Inputs are passed by name: tensors (broadcast together as torch does) and Python
-numbers. The result has torch's broadcast shape and result dtype, contiguous;
-half and bfloat16 inputs are computed in fp32 and rounded once at the end.
+numbers. Each result has torch's broadcast shape (of the inputs it uses) and result dtype,
+contiguous; half and bfloat16 inputs are computed in fp32 and rounded once at the end.
 Expressions written as assignments return a tuple of their outputs, in order.
 There is no backward: call it on tensors that do not require grad.
 """
@@ -56,6 +56,8 @@ def _on_one_device(values: dict) -> tuple[dict, torch.device]:
     """The device of the dimensioned tensors; 0-d CPU tensors join it (as torch allows for CPU scalars)."""
     tensors = {n: v for n, v in values.items() if isinstance(v, torch.Tensor)}
     if not tensors:
+        for name, value in values.items():
+            InputSpec.of(name, value)  # names the input that is neither a tensor nor a number (a list, an array...)
         raise BadInputError("fuse needs at least one tensor input; every input here is a Python number")
     devices = {t.device for t in tensors.values() if t.dim() > 0} or {t.device for t in tensors.values()}
     if len(devices) > 1:
@@ -80,6 +82,9 @@ class _Prepared:
     device: torch.device
     calls: list
     same_device: bool  # a CUDA device that is the current one (or the CPU): no device switch around the launch
+    # Per output, the index that cuts the kernel's output (over every input's broadcast shape) down to the output's
+    # own broadcast shape, or None where they agree; None for the whole tuple when every output has the full shape.
+    narrow: tuple | None
     # [launcher]: the compiled kernel bound at the first CUDA call of a signature without scalar inputs (None:
     # not yet; False: not bindable, the plan launches every call).
     bound: list
@@ -116,13 +121,32 @@ def _forget_prepared() -> None:
 on_clear(_forget_prepared)
 
 
+def output_shapes(expression: Expression, values: dict) -> list[tuple[int, ...]]:
+    """Each output's shape: the broadcast shape of the tensor inputs it depends on, as eager torch gives it
+    ('a = x + 1; b = a * y' gives a the shape of x, not of x and y)."""
+    return [tuple(torch.broadcast_shapes(*(values[n].shape for n in names if isinstance(values[n], torch.Tensor))))
+            for names in expression.output_inputs()]
+
+
+def _narrowing(shape: tuple[int, ...], own: tuple[int, ...]) -> tuple | None:
+    """The index of a tensor of (broadcast) `shape` that leaves an output of shape `own`: the kernel's values are
+    the same along the dimensions the output is broadcast over, so any one slice of them will do."""
+    if own == shape:
+        return None
+    lead = len(shape) - len(own)
+    return (0,) * lead + tuple(slice(None) if o == s else slice(0, 1) for o, s in zip(own, shape[lead:]))
+
+
 def _prepare(problem, device_info, values: dict, config) -> _Prepared:
-    tensors = [values[n] for n in FAMILY.plan(problem).tensor_names]
+    plan = FAMILY.plan(problem)
+    tensors = [values[n] for n in plan.tensor_names]
     device = tensors[0].device
-    return _Prepared(FAMILY.plan(problem), FAMILY.launch_plan(problem, config, values),
-                     tuple(torch.broadcast_shapes(*(t.shape for t in tensors))), device,
+    shape = tuple(torch.broadcast_shapes(*(t.shape for t in tensors)))
+    narrow = tuple(_narrowing(shape, own) for own in output_shapes(plan.expression, values))
+    return _Prepared(plan, FAMILY.launch_plan(problem, config, values), shape, device,
                      trace.counter(FAMILY, problem, device_info),
-                     device.type == "cpu" or device.index == torch.cuda.current_device(), [None])
+                     device.type == "cpu" or device.index == torch.cuda.current_device(),
+                     narrow if any(i is not None for i in narrow) else None, [None])
 
 
 def _execute(expression: Expression, values: dict) -> list[torch.Tensor]:
@@ -157,6 +181,14 @@ def _first_launch(expression: Expression, values: dict) -> list[torch.Tensor]:
 
 
 def _launch(prepared: _Prepared, values: dict) -> list[torch.Tensor]:
+    outputs = _launch_full(prepared, values)
+    if prepared.narrow is None:
+        return outputs
+    return [o if index is None else o[index].contiguous() for o, index in zip(outputs, prepared.narrow)]
+
+
+def _launch_full(prepared: _Prepared, values: dict) -> list[torch.Tensor]:
+    """Run the kernel: every output over the broadcast shape of all the inputs."""
     prepared.calls[0] += 1
     # NOTE: new_empty where the output has the first input's dtype: 2.7 us of host time on the H200 machine against
     # torch.empty's 4.3 (results/host_pieces_2026-12-02.txt), on a call whose whole budget is ~10 us over the vendor's.
@@ -207,11 +239,12 @@ def _fuse_fake(expr, tensor_names, tensors, scalar_names, scalars):
     specs = {n: InputSpec.of(n, v) for n, v in values.items()}
     typing = infer_types(expression, specs)
     try:
-        shape = torch.broadcast_shapes(*(t.shape for t in tensors))
+        torch.broadcast_shapes(*(t.shape for t in tensors))  # one kernel runs over all of them
+        shapes = output_shapes(expression, values)
     except RuntimeError:
         raise ShapeMismatchError("input shapes do not broadcast together") from None
     like = next((t for t in tensors if t.dim() > 0), tensors[0])
-    return [like.new_empty(shape, dtype=typing.outputs[name]) for name in expression.output_names]
+    return [like.new_empty(shape, dtype=typing.outputs[name]) for shape, name in zip(shapes, expression.output_names)]
 
 
 class FusedExpression:

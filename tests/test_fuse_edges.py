@@ -1,0 +1,89 @@
+"""Edge cases of autotile.fuse against eager torch and a float64 reference: signs of zero, tanh near zero,
+integer constants outside an input's dtype, Python ints wider than 64 bits, inputs that are neither tensors
+nor numbers, and the shapes of several outputs."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import autotile
+from autotile.errors import BadInputError
+
+
+def _same_bits(got: torch.Tensor, want: torch.Tensor) -> None:
+    """Equal dtype, shape and values, the sign of zero included (1 / x tells -0 from +0)."""
+    assert got.dtype == want.dtype and got.shape == want.shape
+    if got.is_floating_point():
+        numbers = ~want.isnan()  # the sign of a NaN means nothing
+        assert torch.equal(torch.signbit(got[numbers]), torch.signbit(want[numbers])), (
+            f"signs differ: {got.tolist()} vs {want.tolist()}")
+    assert torch.equal(got.nan_to_num(), want.nan_to_num()), f"{got.tolist()} vs {want.tolist()}"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])
+def test_unary_minus_keeps_the_sign_of_zero(dtype):
+    x = torch.tensor([0.0, -0.0, 1.5, float("inf"), float("nan")], dtype=dtype)
+    _same_bits(autotile.fuse("-x")(x=x), -x)
+    _same_bits(autotile.fuse("1 / (-x)")(x=x), 1 / (-x))
+
+
+@pytest.mark.parametrize("dtype, ulp", [(torch.float32, 2.0**-24), (torch.float64, 2.0**-53)])
+def test_tanh_is_accurate_near_zero(dtype, ulp):
+    # 1 - exp(-2|x|) cancels for small |x|: that formula alone is 40% off at x = 1e-7 in fp32.
+    magnitudes = torch.cat([torch.logspace(-30, 1.5, 401, dtype=torch.float64),
+                            torch.linspace(0.1, 0.7, 61, dtype=torch.float64)])
+    x = torch.cat([magnitudes, -magnitudes]).to(dtype)
+    got = autotile.fuse("tanh(x)")(x=x).double()
+    want = torch.tanh(x.double())
+    relative = ((got - want) / want).abs() / ulp
+    worst = int(relative.argmax())
+    assert relative[worst] <= 8, f"tanh({x[worst].item()!r}) = {got[worst].item()!r}, float64 says {want[worst].item()!r}"
+    _same_bits(autotile.fuse("tanh(x)")(x=torch.tensor([-0.0, 0.0], dtype=dtype)), torch.tensor([-0.0, 0.0], dtype=dtype))
+
+
+# where/maximum take a Python number as torch takes a 0-d int64 tensor there (torch.where refuses a wide int).
+@pytest.mark.parametrize("expr, dtype, eager", [
+    ("x + 300", torch.int8, lambda x: x + 300),
+    ("x * 200", torch.int8, lambda x: x * 200),
+    ("x + (-300)", torch.uint8, lambda x: x + (-300)),
+    ("x > -1", torch.uint8, lambda x: x > -1),
+    ("x == 300", torch.int8, lambda x: x == 300),
+    ("where(x > 0, x, 3000000000)", torch.int32, lambda x: torch.where(x > 0, x, torch.tensor(3000000000))),
+    ("maximum(x, 3000000000)", torch.int32, lambda x: torch.maximum(x, torch.tensor(3000000000))),
+])
+def test_integer_constants_wrap_to_the_inputs_dtype_as_torch(expr, dtype, eager):
+    x = torch.tensor([0, 1, 44, 100, 127], dtype=dtype)
+    _same_bits(autotile.fuse(expr)(x=x), eager(x))
+
+
+def test_python_int_wider_than_64_bits_is_refused_with_advice():
+    fused = autotile.fuse("x + a")
+    x = torch.ones(3)
+    fused(x=x, a=2)  # the signature is prepared: the wide int must be caught on the cached path too
+    with pytest.raises(BadInputError, match=r"'a'.*does not fit 64 bits; pass it as a float"):
+        fused(x=x, a=2**70)
+    assert torch.equal(fused(x=x, a=float(2**70)), x + float(2**70))
+
+
+@pytest.mark.parametrize("value, kind", [([1.0, 2.0], "list"), (None, "NoneType"), ("3", "str")])
+def test_an_input_that_is_not_a_tensor_or_number_is_named(value, kind):
+    with pytest.raises(BadInputError, match=rf"input 'x' is a {kind}; pass a torch.Tensor"):
+        autotile.fuse("x + 1")(x=value)
+
+
+def test_each_output_has_the_shape_of_the_inputs_it_uses():
+    x, y, s = torch.randn(2, 1, 3), torch.randn(4, 1), torch.tensor(2.0)
+    fused = autotile.fuse("a = x + s; b = a * y; c = s * 3; d = y - 1")
+    for _ in range(2):  # the first call prepares the signature, the second takes the cached path
+        a, b, c, d = fused(x=x, y=y, s=s)
+        for got, want in ((a, x + s), (b, (x + s) * y), (c, s * 3), (d, y - 1)):
+            assert got.shape == want.shape and got.is_contiguous()
+            torch.testing.assert_close(got, want)
+    assert d.sum().item() == pytest.approx((y - 1).sum().item())
+
+
+def test_traced_outputs_have_the_same_shapes_as_eager_ones():
+    x, y = torch.randn(3, 1), torch.randn(5)
+    fused = autotile.fuse("a = x * 2; b = a + y")
+    compiled = torch.compile(lambda x, y: fused(x=x, y=y), backend="aot_eager", fullgraph=True)
+    assert [t.shape for t in compiled(x, y)] == [(3, 1), (3, 5)]
