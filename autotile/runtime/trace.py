@@ -19,7 +19,6 @@ The file: a header `{"format": "autotile-trace", "version": 1, ...}`, one line p
 from __future__ import annotations
 
 import atexit
-import contextlib
 import dataclasses
 import datetime as dt
 import json
@@ -28,6 +27,8 @@ import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+
+from autotile.locks import beside_lock
 
 from autotile.errors import BadInputError
 
@@ -99,7 +100,8 @@ def flush(path: str | os.PathLike | None = None) -> Path | None:
         return None
     with _lock:
         taken = [(key, problem, [(c, c[0]) for c in counts]) for key, (problem, counts) in _counters.items()]
-    with _file_lock(target):  # ranks of one job flush into one file at exit: each merge sees the last one's
+    # NOTE: without POSIX locks (Windows), concurrent flushes into one file may lose one side's counts.
+    with beside_lock(target):  # ranks of one job flush into one file at exit: each merge sees the last one's
         merged = {entry.key: entry for entry in _readable_entries(target)}
         for (family, device, _), problem, counts in taken:
             entry = TraceEntry(family, device, problem, sum(n for _, n in counts))
@@ -113,22 +115,6 @@ def flush(path: str | os.PathLike | None = None) -> Path | None:
             for c, n in counts:
                 c[0] -= n
     return target
-
-
-@contextlib.contextmanager
-def _file_lock(path: Path):
-    """An exclusive lock between processes on `<path>.lock` (POSIX advisory locks; where there are none, no lock)."""
-    try:
-        import fcntl
-    except ImportError:  # NOTE: Windows: concurrent flushes into one file may lose one side's counts
-        yield
-        return
-    with open(path.with_name(path.name + ".lock"), "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _readable_entries(path: Path) -> list[TraceEntry]:

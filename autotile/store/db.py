@@ -19,6 +19,7 @@ from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SQLAlchemyError
 from sqlalchemy.exc import DatabaseError as SADatabaseError
 from sqlalchemy.exc import OperationalError
 
+from autotile.locks import beside_lock
 from autotile.errors import DatabaseError
 from autotile.store.models import SCHEMA_VERSION, VERSION_TABLE, Meta
 
@@ -244,20 +245,12 @@ def schema_lock(url: str) -> Iterator[None]:
     """
     path = sqlite_path(url)
     if path is not None:
-        try:
-            import fcntl
-        except ImportError:  # NOTE: not POSIX (Windows): no lock; start the first tuner alone there
-            yield
-            return
         path.parent.mkdir(parents=True, exist_ok=True)
         # NOTE: a lock on a file of its own: a lock taken (or a file closed) on the database itself would
-        # drop SQLite's POSIX locks on it (see check_schema).
-        with open(path.with_name(path.name + ".lock"), "a") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)
+        # drop SQLite's POSIX locks on it (see check_schema). Not POSIX (Windows): no lock; start the first tuner
+        # alone there.
+        with beside_lock(path):
+            yield
         return
     if make_url(url).get_backend_name() == "postgresql":
         with _engine(url).begin() as conn:
