@@ -19,8 +19,8 @@ from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SQLAlchemyError
 from sqlalchemy.exc import DatabaseError as SADatabaseError
 from sqlalchemy.exc import OperationalError
 
-from autotile.locks import beside_lock
 from autotile.errors import DatabaseError
+from autotile.locks import beside_lock
 from autotile.store.models import SCHEMA_VERSION, VERSION_TABLE, Meta
 
 # Tables Optuna's RDB storage creates; they may share a database with ours.
