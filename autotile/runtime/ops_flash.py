@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 import threading
 from typing import Optional
 
@@ -26,10 +27,11 @@ import torch
 
 from autotile.device import DeviceInfo, current_device
 from autotile.dtypes import torch_dtype
-from autotile.errors import BadInputError, UnsupportedDtypeError
+from autotile.errors import BadInputError, ShapeMismatchError, UnsupportedDtypeError
 from autotile.families import flash_vendor
 from autotile.families.base import VENDOR_KEY
-from autotile.families.flash import FAMILY, GLUON_WS, FlashFamily, FlashProblem, default_scale, window_pair
+from autotile.families.flash import (FAMILY, GLUON_WS, MAX_HEAD_DIM, FlashFamily, FlashProblem, default_scale,
+                                     window_pair)
 from autotile.runtime import fallback, trace
 from autotile.runtime.dispatch import on_clear
 from autotile.runtime.eager import autograd_call_ok, direct_call_ok
@@ -76,6 +78,8 @@ _served_lock = threading.Lock()
 # would have served runs the vendor op); calls served by a kernel always take the full key.
 _sdpa_direct: dict[tuple, tuple] = {}
 _sdpa = torch.nn.functional.scaled_dot_product_attention
+_any_autocast = torch._C._is_any_autocast_enabled
+_AUTOCAST_FROM = (torch.float32, torch.float16, torch.bfloat16)  # what autocast casts; fp8 runs as it is
 
 
 def _forget_served() -> None:
@@ -108,12 +112,16 @@ def _unit_stride(t: torch.Tensor) -> torch.Tensor:
 
 
 def check_args(q, k, v, scale, softcap) -> None:
-    """What the family's shape checks do not cover: tensor types, the scale, fp8 on the CPU."""
+    """What the family's shape checks do not cover: tensor types, a head dim for the default scale, the scale,
+    fp8 on the CPU."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise BadInputError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if scale is not None and not math.isfinite(float(scale)):
-        raise BadInputError(f"scale must be a finite number, got {scale!r}")
+    if q.dim() == 0 or q.shape[-1] == 0:
+        raise ShapeMismatchError(f"q must end in a head dim of at least 1 (the kernels take 1..{MAX_HEAD_DIM}), got "
+                                 f"shape {tuple(q.shape)}")
+    if scale is not None and not (_is_number(scale) and math.isfinite(float(scale))):
+        raise BadInputError(f"scale must be a finite number (None: 1/sqrt(head_dim)), got {scale!r}")
     if softcap is not None and not (math.isfinite(float(softcap)) and float(softcap) >= 0):
         raise BadInputError(f"softcap must be a finite number >= 0 (0 or None: off), got {softcap!r}")
     if q.dtype == torch.float8_e4m3fn and q.device.type == "cpu":
@@ -121,6 +129,46 @@ def check_args(q, k, v, scale, softcap) -> None:
         # result is worse than none.
         raise UnsupportedDtypeError("fp8 attention runs on CUDA GPUs only (the CPU interpreter rounds to e4m3 "
                                     "wrongly); on the CPU, cast q, k, v to bfloat16 or float32")
+
+
+def _is_number(value) -> bool:
+    # A Python or NumPy real, or a one-element tensor: what float() takes as a value (not a string).
+    return isinstance(value, numbers.Real) or (isinstance(value, torch.Tensor) and value.numel() == 1)
+
+
+def check_flags(causal, alibi_slopes) -> None:
+    """`causal` is a truth value and `alibi_slopes` a tensor (or None): what the op's schema would refuse with
+    torch's own words, or, for a string such as causal="no", take as true."""
+    try:
+        truth_value = causal in (True, False)  # bool, 0 and 1, NumPy's and one-element tensors' bools
+    except RuntimeError:  # a tensor of several elements
+        truth_value = False
+    if not truth_value:
+        raise BadInputError(f"causal must be True or False, got {causal!r}")
+    if alibi_slopes is not None and not isinstance(alibi_slopes, torch.Tensor):
+        raise BadInputError(f"alibi_slopes must be None or a float32 tensor of shape (Hq,) or (B, Hq), got "
+                            f"{type(alibi_slopes).__name__}: pass torch.tensor(slopes, dtype=torch.float32)")
+
+
+def check_slopes_grad(alibi_slopes) -> None:
+    """Called where autograd records the call: the kernels compute no gradient for ALiBi slopes (as FlashAttention's
+    do not), and a slope that silently kept a None gradient would not train."""
+    if alibi_slopes is not None and alibi_slopes.requires_grad and torch.is_grad_enabled():
+        raise BadInputError("alibi_slopes gets no gradient from flash attention: pass alibi_slopes.detach() (fixed "
+                            "slopes), or add the bias through an attn_mask of "
+                            "torch.nn.functional.scaled_dot_product_attention to learn them")
+
+
+def autocast_inputs(q, k, v) -> tuple | None:
+    """q, k, v cast as autocast casts SDPA's (an op that runs in the lower precision), or None where autocast leaves
+    them as they are: it is off for their device, or they already have its dtype. fp8 inputs stay fp8."""
+    device = q.device.type
+    if not torch.is_autocast_enabled(device):
+        return None
+    dtype = torch.get_autocast_dtype(device)
+    if all(t.dtype == dtype or t.dtype not in _AUTOCAST_FROM for t in (q, k, v)):
+        return None
+    return tuple(t.to(dtype) if t.dtype in _AUTOCAST_FROM else t for t in (q, k, v))
 
 
 def check_fp8_grad(q, k, v) -> None:
@@ -245,15 +293,23 @@ def _forward_runner(served: _Served, problem: FlashProblem, device: DeviceInfo, 
                                     redo=redo(False))
     launch_with = fallback.guard(choice, launcher(with_lse), rebuild, install, proven=proven_with, redo=redo(True))
     same_dtype = o_dtype == q.dtype
+    # Packed rows past cu_seqlens_q[-1] belong to no sequence and no program writes them: they start as rows that
+    # see no key (O zero, LSE +inf) rather than whatever memory held, which would reach the next layer and its
+    # gradients. Where they begin is on the GPU, so the whole output is filled (one memset a call).
+    packed = problem.varlen
 
     def run_kernel(q, k, v, alibi, cu_q, cu_k, need_lse):
         # NOTE: new_empty where O has Q's dtype: 2.7 us of host time against torch.empty's 4.3 on the H200 machine
         # (results/host_pieces_2026-12-02.txt).
-        o = q.new_empty(o_shape) if same_dtype else torch.empty(o_shape, dtype=o_dtype, device=dev)
+        if packed:
+            o = torch.zeros(o_shape, dtype=o_dtype, device=dev)
+        else:
+            o = q.new_empty(o_shape) if same_dtype else torch.empty(o_shape, dtype=o_dtype, device=dev)
         if not need_lse:
             launch_without(q, k, v, o, o, alibi, cu_q, cu_k)
             return o, None
-        lse = torch.empty(lse_shape, dtype=torch.float32, device=dev)
+        lse = (torch.full(lse_shape, math.inf, device=dev) if packed
+               else torch.empty(lse_shape, dtype=torch.float32, device=dev))
         launch_with(q, k, v, o, lse, alibi, cu_q, cu_k)
         return o, lse
     return config, run_kernel
@@ -369,10 +425,13 @@ def _backward_runner(served: _Served, problem: FlashProblem, device: DeviceInfo,
              lse if cu_k is None else cu_k, dlse)
 
     launch_here = _on_device(dev, launch)
+    # Packed rows in no sequence get no gradient from the kernels: zero, not whatever memory held (see
+    # _forward_runner).
+    new_grad = torch.zeros if problem.varlen else torch.empty
 
     def run_kernel(q, k, v, o, do, lse, alibi, cu_q, cu_k, dlse):
         # Contiguous whatever the inputs' strides, as the fake implementations promise torch.compile.
-        dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=dev) for t in (q, k, v))
+        dq, dk, dv = (new_grad(t.shape, dtype=t.dtype, device=dev) for t in (q, k, v))
         launch_here(q, k, v, o, do, lse, alibi, cu_q, cu_k, dlse, dq, dk, dv)
         return dq, dk, dv
     choice = fallback.Choice(FAMILY, problem, device, config, source)
@@ -566,6 +625,7 @@ def _call_key(q, k, v, causal, scale, window, softcap, alibi) -> tuple:
 
 def _first_call(key: tuple, q, k, v, causal, scale, window, softcap, alibi) -> _Served:
     """Check and normalise a new call signature, and keep what serves it under its raw key."""
+    check_flags(causal, alibi)
     qn, kn, vn, scale, window, softcap = _normalise(q, k, v, scale, window, softcap)
     causal = bool(causal)
     inner = _served_forward(qn, kn, vn, causal, scale, window, softcap, alibi)
@@ -587,6 +647,7 @@ def _is_empty(q, k) -> bool:
 def _empty_attention(q, k, v, causal, scale, window, softcap, alibi, return_lse):
     """A batch of 0, no queries or no keys: SDPA's result (empty, or with no keys rows of zeros; LSE +inf, as for
     every row that sees no key), differentiable, after the checks every call gets. Nothing to tune or launch."""
+    check_flags(causal, alibi)
     q, k, v, scale, window, softcap = _normalise(q, k, v, scale, window, softcap)
     FAMILY.check_tensors(q, k, v, causal=causal, window=window, softcap=softcap, alibi_slopes=alibi, empty_ok=True)
     group = q.shape[1] // k.shape[1]
@@ -617,6 +678,7 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
     dims up to 128 untuned) adds dQ by reductions in any order; under
     torch.use_deterministic_algorithms(True) the Triton backward serves, which is deterministic (no atomics: one
     program sums each key block's gradient over its query heads). SDPA's backends follow that switch as SDPA does.
+    Under torch.autocast, fp32/fp16/bf16 q, k, v are cast to autocast's dtype first, as for SDPA.
 
     >>> import torch, autotile
     >>> q, k, v = (torch.randn(1, 2, 5, 16, requires_grad=True) for _ in range(3))
@@ -643,6 +705,10 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
             direct[0][0] += 1
             return _sdpa(q, k, v, is_causal=direct[1], scale=direct[2], enable_gqa=direct[3])
         if key is not None:
+            # SDPA's direct calls above cast for autocast themselves; the others cast here (the C check: ~50 ns).
+            if _any_autocast() and (cast := autocast_inputs(q, k, v)) is not None:
+                return flash_attention(*cast, causal=causal, scale=scale, window=window, softcap=softcap,
+                                       alibi_slopes=alibi_slopes, return_lse=return_lse)
             if served is None:
                 if _is_empty(q, k):
                     return _empty_attention(q, k, v, causal, scale, window, softcap, alibi_slopes, return_lse)
@@ -667,9 +733,14 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
                         pair = served.sdpa_pair[deterministic] = sdpa_training_pair(q, k, v, *served.args)
                     if pair is not None:
                         return _sdpa(q, k, v, is_causal=pair[0], scale=pair[1], enable_gqa=pair[2])
+                check_slopes_grad(alibi_slopes)
                 o, lse = _EagerFlash.apply(q, k, v, alibi_slopes, served)
                 return (o, lse * LN2) if return_lse else o
+    check_flags(causal, alibi_slopes)
+    check_slopes_grad(alibi_slopes)
     q, k, v, scale, window, softcap = _normalise(q, k, v, scale, window, softcap)
+    if (cast := autocast_inputs(q, k, v)) is not None:
+        q, k, v = cast
     o, lse = torch.ops.autotile.flash_attention_fwd(q, k, v, bool(causal), scale, window[0], window[1], softcap,
                                                     alibi_slopes)
     return (o, lse * LN2) if return_lse else o

@@ -18,8 +18,9 @@ from autotile.device import DeviceInfo, current_device
 from autotile.errors import BadInputError, ShapeMismatchError
 from autotile.families.flash import FAMILY, FlashFamily, FlashProblem
 from autotile.runtime.eager import autograd_call_ok, direct_call_ok
-from autotile.runtime.ops_flash import (LN2, _keep, _layout, _normalise, _unit_stride, check_fp8_grad, eager_or_op,
-                                        no_double_backward, serve_backward, serve_forward)
+from autotile.runtime.ops_flash import (LN2, _keep, _layout, _normalise, _unit_stride, autocast_inputs, check_flags,
+                                        check_fp8_grad, check_slopes_grad, eager_or_op, no_double_backward,
+                                        serve_backward, serve_forward)
 from autotile.runtime.paged_plan import checks_on
 
 
@@ -170,7 +171,9 @@ def flash_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
     cu_seqlens_q[b]:cu_seqlens_q[b+1] of q and cu_seqlens_k[b]:cu_seqlens_k[b+1] of k and v
     (int32, B + 1 entries from 0). Masks, `scale`, `window`, `softcap` and `alibi_slopes` ((Hq,) or
     (B, Hq)) act per sequence as in autotile.flash_attention. With `return_lse` the result is
-    (o, lse), lse (Hq, total_q) fp32 natural-log log-sum-exp.
+    (o, lse), lse (Hq, total_q) fp32 natural-log log-sum-exp. Packed rows past the last sequence
+    (padding to a fixed size) come back as rows that see no key: o 0, lse +inf, no gradient.
+    Under torch.autocast, q, k, v are cast as for autotile.flash_attention.
 
     >>> import torch, autotile
     >>> cu = torch.tensor([0, 3, 8], dtype=torch.int32)
@@ -181,9 +184,16 @@ def flash_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
     >>> bool((out[:3] - first).abs().max() < 1e-5)
     True
     """
+    check_flags(causal, alibi_slopes)
     q, k, v, scale, window, softcap = _normalise(q, k, v, scale, window, softcap)
+    if (cast := autocast_inputs(q, k, v)) is not None:
+        q, k, v = cast
     causal = bool(causal)
     args = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        if not isinstance(cu, torch.Tensor):  # the call's key reads its layout
+            raise BadInputError(f"{name} must be a 1-D int32 tensor of B + 1 cumulative lengths (starting at 0), got "
+                                f"{type(cu).__name__}: pass torch.tensor(lengths, dtype=torch.int32, device=q.device)")
     if not torch.compiler.is_compiling():
         check_fp8_grad(q, k, v)
         served = _served_forward(q, k, v, *args, causal, scale, window, softcap, alibi_slopes)
@@ -194,10 +204,12 @@ def flash_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
             o, lse = served.run(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, return_lse)
             return (o, lse * LN2) if return_lse else o
         if autograd_call_ok(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k):
+            check_slopes_grad(alibi_slopes)
             served.calls[0] += 1
             o, lse = _EagerVarlen.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, served,
                                         (max_seqlen_q, max_seqlen_k, causal, scale, window[0], window[1], softcap))
             return (o, lse * LN2) if return_lse else o
+    check_slopes_grad(alibi_slopes)
     o, lse = torch.ops.autotile.flash_attention_varlen_fwd(q, k, v, *args, causal, scale, window[0], window[1],
                                                            softcap, alibi_slopes)
     return (o, lse * LN2) if return_lse else o
