@@ -158,6 +158,19 @@ def test_an_fp8_cache_refuses_scales_it_cannot_divide_by(k_scale):
                      dtype=torch.float8_e4m3fn, k_scale=k_scale, v_scale=0.01)
 
 
+@pytest.mark.parametrize("k_scale", [0.0, float("nan"), [0.01, -1.0], torch.tensor([0.01, 0.0])],
+                         ids=["zero", "nan", "list-negative", "tensor-one-head-zero"])
+def test_the_one_call_op_refuses_fp8_scales_it_cannot_multiply_by(k_scale):
+    """The one-call op took k_scale = 0 (or NaN) and returned zeros (or NaN) for every row without a word. Host
+    numbers are checked always, device tensors where checks are on (the CPU by default)."""
+    cache = filled_cache([20, 37], heads_kv=2, dim=64)
+    k_fp8, v_fp8 = (pool.to(torch.float8_e4m3fn) for pool in (cache.k_pools[0], cache.v_pools[0]))
+    q = torch.randn(2, 4, 64).half()
+    with pytest.raises(BadInputError, match="k_scale must be finite and > 0"):
+        autotile.paged_attention(q, k_fp8, v_fp8, cache.block_table([0, 1]), cache.context_lens([0, 1]),
+                                 k_scale=k_scale, v_scale=1.0)
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a machine without CUDA")
 def test_a_cuda_plan_on_a_machine_without_cuda_says_to_run_on_the_cpu():
     """torch's own 'AssertionError: Torch not compiled with CUDA enabled' came out of the plan's constructor."""

@@ -102,6 +102,12 @@ def _scale_tensor(scale, name: str, heads: int, device: torch.device) -> torch.T
 
     A Python float costs a host-to-device copy: sync-free callers pass (Hkv,) float32 device tensors.
     """
+    if not isinstance(scale, torch.Tensor):
+        # A host number costs nothing to check. Writes divide by the scale, reads multiply by it: a zero,
+        # negative or non-finite one stores NaN or clamped garbage and every read comes back wrong.
+        _check_positive(torch.as_tensor(scale, dtype=torch.float64).reshape(-1), name)
+    elif paged_plan.checks_on(scale.device):
+        _check_positive(scale.detach().reshape(-1), name)
     if (isinstance(scale, torch.Tensor) and scale.shape == (heads,) and scale.dtype == torch.float32
             and scale.device == device and scale.stride(0) == 1):
         return scale
@@ -111,6 +117,13 @@ def _scale_tensor(scale, name: str, heads: int, device: torch.device) -> torch.T
     if t.numel() != heads:
         raise ShapeMismatchError(f"{name} must hold one value or one per KV head ({heads}), got {t.numel()}")
     return t.contiguous()
+
+
+def _check_positive(values: torch.Tensor, name: str) -> None:
+    """Refuses a scale that is zero, negative or not finite (reads a device tensor: checked runs only)."""
+    if not bool(torch.isfinite(values).all() and (values > 0).all()):
+        raise BadInputError(f"{name} must be finite and > 0 (a head's amax / 448 is the usual choice), "
+                            f"got {values.tolist()}")
 
 
 def _fp8_scales(k_cache, k_scale, v_scale) -> tuple[torch.Tensor | None, torch.Tensor | None]:
