@@ -92,6 +92,22 @@ def test_varlen_under_autocast_runs_in_its_dtype():
     assert out.dtype == torch.bfloat16
 
 
+def test_numpy_integers_serve_as_python_ints_do():
+    # Engines keep lengths and windows in NumPy arrays; an int from one is a length like any other.
+    np = pytest.importorskip("numpy")
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 9, 16) for _ in range(3))
+    windowed = autotile.flash_attention(q, k, v, window=(np.int64(3), np.int32(0)))
+    assert torch.equal(windowed, autotile.flash_attention(q, k, v, window=(3, 0)))
+    cu = torch.tensor([0, 4, 9], dtype=torch.int32)
+    packed = [t[0].transpose(0, 1).contiguous() for t in (q, k, v)]
+    lengths = np.array([5, 5])
+    out = autotile.flash_attention_varlen(*packed, cu, cu, lengths[0], lengths.max(), causal=True)
+    assert torch.equal(out, autotile.flash_attention_varlen(*packed, cu, cu, 5, 5, causal=True))
+    with pytest.raises(BadInputError, match="host int"):
+        autotile.flash_attention_varlen(*packed, cu, cu, torch.tensor(5), 5)
+
+
 def _dirty_heap(nbytes: int) -> None:
     # Freed NaN-filled memory of this size, which the next allocation of the same size is likely to reuse.
     torch.full((nbytes // 4,), math.nan).sum()

@@ -74,6 +74,17 @@ def canonical_json(data: Mapping) -> str:
     return json.dumps(dict(data), sort_keys=True, separators=(",", ":"))
 
 
+def host_int(value) -> int | None:
+    """`value` as an int when it is a host integer (Python's, NumPy's, anything with __index__), else None.
+    Never a bool (True is no length) nor a tensor: reading a CUDA one back would wait for the queued work."""
+    if type(value) is int:
+        return value
+    if isinstance(value, (bool, torch.Tensor)):
+        return None
+    index = getattr(type(value), "__index__", None)
+    return None if index is None else index(value)
+
+
 def next_pow2(n: int) -> int:
     return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
 

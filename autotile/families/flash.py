@@ -30,7 +30,8 @@ from autotile.dtypes import element_size, torch_dtype
 from autotile.errors import BadInputError, ShapeMismatchError, UnsupportedDtypeError
 from autotile.families import flash_space, flash_vendor
 from autotile.families.base import (VENDOR_KEY, Baseline, CheckResult, Cost, Family, ProblemOption, Tensors,
-                                    Tolerance, canonical_json, is_vendor, next_pow2, problem_to_dict)
+                                    Tolerance, canonical_json, host_int, is_vendor, next_pow2,
+                                    problem_to_dict)
 from autotile.families.checks import compare
 from autotile.families.flash_launch import GLUON_WS, backward_plan, forward_plan, gluon_backward_plan
 from autotile.families.flash_reference import (LOG2E, Scores, attention_grads, attention_math,  # noqa: F401 - re-exported
@@ -250,9 +251,8 @@ class FlashFamily(Family):
         if cu_seqlens_q.shape != cu_seqlens_k.shape:
             raise ShapeMismatchError(f"cu_seqlens_q {tuple(cu_seqlens_q.shape)} and cu_seqlens_k "
                                      f"{tuple(cu_seqlens_k.shape)} must describe the same number of sequences")
-        for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise BadInputError(f"{name} must be a positive int (the longest sequence), got {value!r}")
+        max_seqlen_q, max_seqlen_k = (max_seqlen(value, name) for name, value in (
+            ("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)))
         dtype = _common_dtype(q, k, v)
         batch = cu_seqlens_q.shape[0] - 1
         check_alibi(alibi_slopes, batch, q.shape[1], q.device)
@@ -647,10 +647,19 @@ def window_pair(window) -> tuple[int, int]:
         left, right = window
     except (TypeError, ValueError):
         raise BadInputError(f"window must be a pair (left, right) of ints, -1 for no limit, got {window!r}") from None
-    for value in (left, right):
-        if isinstance(value, bool) or not isinstance(value, int) or value < -1:
-            raise BadInputError(f"window must be a pair (left, right) of ints >= -1 (-1: no limit), got {window!r}")
+    left, right = host_int(left), host_int(right)
+    if left is None or right is None or min(left, right) < -1:
+        raise BadInputError(f"window must be a pair (left, right) of ints >= -1 (-1: no limit), got {window!r}")
     return left, right
+
+
+def max_seqlen(value, name: str) -> int:
+    """A varlen call's longest sequence as an int: any host integer >= 1, never a tensor (reading it would sync)."""
+    length = host_int(value)
+    if length is None or length < 1:
+        raise BadInputError(f"{name} must be a host int >= 1 (the longest sequence), got {value!r}: pass a Python int, "
+                            f"as FlashAttention's varlen API takes")
+    return length
 
 
 def check_alibi(slopes, batch: int, heads_q: int, device) -> None:

@@ -610,9 +610,8 @@ class _EagerFlash(torch.autograd.Function):
 def _normalise(q, k, v, scale, window, softcap):
     check_args(q, k, v, scale, softcap)
     scale = default_scale(q.shape[-1]) if scale is None else float(scale)
-    if window is not None and not (isinstance(window, tuple) and len(window) == 2):
-        window = window_pair(window)  # a list, or something to refuse with a clear message
-    return _unit_stride(q), _unit_stride(k), _unit_stride(v), scale, window or (-1, -1), float(softcap or 0.0)
+    window = window_pair(window)  # (-1, -1) for None; Python ints from NumPy ones; a clear message for the rest
+    return _unit_stride(q), _unit_stride(k), _unit_stride(v), scale, window, float(softcap or 0.0)
 
 
 def _call_key(q, k, v, causal, scale, window, softcap, alibi) -> tuple:

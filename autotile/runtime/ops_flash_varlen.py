@@ -16,7 +16,7 @@ import torch
 
 from autotile.device import DeviceInfo, current_device
 from autotile.errors import BadInputError, ShapeMismatchError
-from autotile.families.flash import FAMILY, FlashFamily, FlashProblem
+from autotile.families.flash import FAMILY, FlashFamily, FlashProblem, max_seqlen
 from autotile.runtime.eager import autograd_call_ok, direct_call_ok
 from autotile.runtime.ops_flash import (LN2, _keep, _layout, _normalise, _unit_stride, autocast_inputs, check_flags,
                                         check_fp8_grad, check_slopes_grad, eager_or_op, no_double_backward,
@@ -189,6 +189,8 @@ def flash_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
     if (cast := autocast_inputs(q, k, v)) is not None:
         q, k, v = cast
     causal = bool(causal)
+    if not torch.compiler.is_compiling():  # NOTE: a traced max_seqlen may be symbolic: the op's own check reads it
+        max_seqlen_q, max_seqlen_k = max_seqlen(max_seqlen_q, "max_seqlen_q"), max_seqlen(max_seqlen_k, "max_seqlen_k")
     args = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
         if not isinstance(cu, torch.Tensor):  # the call's key reads its layout

@@ -33,6 +33,7 @@ import torch
 from autotile.device import DeviceInfo
 from autotile.dtypes import canonical_dtype_name
 from autotile.errors import BadInputError, ShapeMismatchError, UnsupportedDtypeError
+from autotile.families.base import host_int
 from autotile.families.paged import CACHE_DTYPES, FAMILY, QUERY_DTYPES, PagedFamily, PagedProblem, context_bucket
 from autotile.runtime import paged_plan
 from autotile.runtime.eager import direct_call_ok
@@ -144,11 +145,11 @@ def _max_context(max_context) -> int | None:
     if max_context is None:
         return None
     # Any host integer (a NumPy one from an engine's metadata too), never a tensor: reading one back would sync.
-    index = None if isinstance(max_context, (bool, torch.Tensor)) else getattr(type(max_context), "__index__", None)
-    if index is None or index(max_context) < 1:
+    value = host_int(max_context)
+    if value is None or value < 1:
         raise BadInputError(f"max_context must be a host int >= 1 (an upper bound on this step's context lengths), "
                             f"got {max_context!r}")
-    return index(max_context)
+    return value
 
 
 # --- plans kept for the one-call forms ------------------------------------------------------------
