@@ -214,7 +214,10 @@ class GemmFamily(Family):
         """The checks of a call's tensors that hold whatever its sizes (an empty call is checked too): the
         operands' and the output's dtype names."""
         if a.dim() != 2 or b.dim() != 2:
-            raise ShapeMismatchError(f"matmul takes 2-D a and b, got a{tuple(a.shape)} and b{tuple(b.shape)}")
+            raise ShapeMismatchError(
+                f"matmul takes 2-D a (M, K) and b (K, N), got a{tuple(a.shape)} and b{tuple(b.shape)}: for "
+                f"activations with leading dims call autotile.linear(x, weight) or pass a.reshape(-1, K); batched b "
+                f"(as torch.bmm) is not served: call torch.matmul")
         if a.shape[1] != b.shape[0]:
             raise ShapeMismatchError(f"a is {tuple(a.shape)} and b is {tuple(b.shape)}: a.shape[1] must equal b.shape[0]")
         if a.dtype != b.dtype:
