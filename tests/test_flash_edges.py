@@ -92,6 +92,25 @@ def test_varlen_under_autocast_runs_in_its_dtype():
     assert out.dtype == torch.bfloat16
 
 
+@pytest.mark.parametrize("lead", [(), (2, 1, 2)], ids=["no-batch", "three-batch-dims"])
+def test_sdpa_ranks_other_than_four_fold_their_leading_dims(lead):
+    torch.manual_seed(0)
+    q = torch.randn(*lead, 4, 7, 16, requires_grad=True)
+    k, v = (torch.randn(*lead, 2, 9, 16, requires_grad=True) for _ in range(2))
+    out, lse = autotile.flash_attention(q, k, v, causal=True, return_lse=True)
+    (out.sum() + lse.sum()).backward()
+    leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    ref, ref_lse = attention64(*leaves, causal=True)
+    (ref.sum() + ref_lse.sum()).backward()
+    assert out.shape == q.shape and lse.shape == q.shape[:-1]
+    assert_close(out, ref, 1e-5, "output")
+    assert_close(lse, ref_lse, 1e-5, "lse")
+    for name, leaf, ref_leaf in zip("qkv", (q, k, v), leaves):
+        assert_close(leaf.grad, ref_leaf.grad, 1e-4, f"d{name}")
+    with pytest.raises(ShapeMismatchError, match="4-D"):  # leading dims that differ are not SDPA's either
+        autotile.flash_attention(q, k[:1], v[:1]) if lead else autotile.flash_attention(q, k[None], v[None])
+
+
 def test_numpy_integers_serve_as_python_ints_do():
     # Engines keep lengths and windows in NumPy arrays; an int from one is a length like any other.
     np = pytest.importorskip("numpy")

@@ -664,7 +664,8 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
                     alibi_slopes: torch.Tensor | None = None, return_lse: bool = False):
     """softmax(scale * q k^T) v with SDPA's layout, differentiable.
 
-    q is (B, Hq, Sq, D) and k, v are (B, Hkv, Sk, D) with Hq a multiple of Hkv (MHA, GQA, MQA);
+    q is (B, Hq, Sq, D) and k, v are (B, Hkv, Sk, D) with Hq a multiple of Hkv (MHA, GQA, MQA), or
+    the same with no batch dim or several (SDPA's (..., H, S, D), folded into one batch);
     fp16, bf16 and fp32 train, fp8 e4m3 runs forward only (on a GPU; output bf16). Masks are
     bottom-right aligned, as SDPA's causal_lower_right and FlashAttention: `causal` masks key j from
     query i unless j <= i + Sk - Sq; `window=(left, right)` keeps keys j with
@@ -709,6 +710,9 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
                 return flash_attention(*cast, causal=causal, scale=scale, window=window, softcap=softcap,
                                        alibi_slopes=alibi_slopes, return_lse=return_lse)
             if served is None:
+                if q.dim() != 4 and (folded := _leading_dims_folded(q, k, v, causal, scale, window, softcap,
+                                                                     alibi_slopes, return_lse)) is not None:
+                    return folded
                 if _is_empty(q, k):
                     return _empty_attention(q, k, v, causal, scale, window, softcap, alibi_slopes, return_lse)
                 served = _first_call(key, q, k, v, causal, scale, window, softcap, alibi_slopes)
@@ -735,6 +739,9 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
                 check_slopes_grad(alibi_slopes)
                 o, lse = _EagerFlash.apply(q, k, v, alibi_slopes, served)
                 return (o, lse * LN2) if return_lse else o
+    if isinstance(q, torch.Tensor) and q.dim() != 4 and (folded := _leading_dims_folded(
+            q, k, v, causal, scale, window, softcap, alibi_slopes, return_lse)) is not None:
+        return folded
     check_flags(causal, alibi_slopes)
     check_slopes_grad(alibi_slopes)
     q, k, v, scale, window, softcap = _normalise(q, k, v, scale, window, softcap)
@@ -743,6 +750,20 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
     o, lse = torch.ops.autotile.flash_attention_fwd(q, k, v, bool(causal), scale, window[0], window[1], softcap,
                                                     alibi_slopes)
     return (o, lse * LN2) if return_lse else o
+
+
+def _leading_dims_folded(q, k, v, causal, scale, window, softcap, alibi_slopes, return_lse):
+    """SDPA's other ranks, (H, S, D) and (..., H, S, D) alike for q, k and v, as one batch of the leading dims (a
+    view where the strides allow, as reshape gives); None for anything else, which the 4-D checks then explain."""
+    lead = q.shape[:-3]
+    if q.dim() < 3 or not all(isinstance(t, torch.Tensor) and t.dim() == q.dim() and t.shape[:-3] == lead
+                              for t in (k, v)):
+        return None
+    out = flash_attention(*(t.reshape(-1, *t.shape[-3:]) for t in (q, k, v)), causal=causal, scale=scale,
+                          window=window, softcap=softcap, alibi_slopes=alibi_slopes, return_lse=return_lse)
+    if return_lse:
+        return out[0].reshape(*lead, *out[0].shape[-3:]), out[1].reshape(*lead, *out[1].shape[-2:])
+    return out.reshape(*lead, *out.shape[-3:])
 
 
 def problem_for(q, k, v, *, causal: bool = False, scale: float | None = None, window=None, softcap=None,
