@@ -233,3 +233,18 @@ def test_max_context_takes_any_host_integer():
                        autotile.paged_attention(*args, max_context=64))
     with pytest.raises(BadInputError, match="host int"):
         autotile.paged_attention(*args, max_context=torch.tensor(64))
+
+
+def test_a_head_major_cache_is_served_through_a_transposed_view_and_the_error_says_so():
+    """FlashInfer's HND caches (num_pages, Hkv, page_size, D) read as pages of Hkv-token rows: the heads check
+    failed with no word of the layout."""
+    cache = filled_cache([20, 37], heads_kv=2, dim=64)
+    q = torch.randn(2, 4, 64, generator=torch.Generator().manual_seed(1)).half()
+    head_major = [pool.transpose(1, 2).contiguous() for pool in (cache.k_pools[0], cache.v_pools[0])]
+    tables = (cache.block_table([0, 1]), cache.context_lens([0, 1]))
+    out = autotile.paged_attention(q, *(pool.transpose(1, 2) for pool in head_major), *tables)
+    for seq in range(2):
+        want, _ = reference(q[seq:seq + 1], cache, seq, 1 / math.sqrt(64))
+        assert (out[seq].double() - want[0]).abs().max() < FP16_TOLERANCE
+    with pytest.raises(ShapeMismatchError, match=r"cache.transpose\(1, 2\)"):
+        autotile.paged_attention(q, *head_major, *tables)

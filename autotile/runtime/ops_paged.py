@@ -74,7 +74,9 @@ def _check_caches(q, k_cache, v_cache) -> None:
         raise ShapeMismatchError(f"q has head dim {dim} but the caches {k_cache.shape[-1]}")
     if heads % k_cache.shape[2]:
         raise ShapeMismatchError(
-            f"q has {heads} heads and the caches {k_cache.shape[2]} KV heads: Hq must be a multiple of Hkv (GQA/MQA)")
+            f"q has {heads} heads and the caches {k_cache.shape[2]} KV heads: Hq must be a multiple of Hkv (GQA/MQA); "
+            f"caches are (num_pages, page_size, Hkv, D), vLLM's layout (FlashInfer's NHD): pass an HND cache as "
+            f"cache.transpose(1, 2)")
     if canonical_dtype_name(q.dtype) not in QUERY_DTYPES:
         raise UnsupportedDtypeError(f"q must be one of {QUERY_DTYPES}, got {q.dtype}")
     if k_cache.dtype != v_cache.dtype:
