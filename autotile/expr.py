@@ -416,7 +416,8 @@ class InputSpec:
             return cls(name, DTYPE_NAMES[value.dtype], "zero_dim" if value.dim() == 0 else "tensor")
         if type(value) in SCALAR_KINDS:
             return cls(name, SCALAR_KINDS[type(value)], "scalar")
-        raise BadInputError(f"input {name!r} is a {type(value).__name__}; pass a torch.Tensor or a Python int, float or bool")
+        raise BadInputError(f"input {name!r} is a {type(value).__name__}; pass a torch.Tensor (torch.from_numpy for an "
+                            f"array) or a Python int, float or bool")
 
     def sample(self) -> torch.Tensor | Number:
         """A one-element stand-in with the same promotion behaviour (value 1: valid for every op)."""

@@ -71,6 +71,15 @@ def test_an_input_that_is_not_a_tensor_or_number_is_named(value, kind):
         autotile.fuse("x + 1")(x=value)
 
 
+def test_numpy_scalars_are_taken_as_the_python_numbers_torch_takes_them_as():
+    np = pytest.importorskip("numpy")
+    x = torch.arange(-3, 3, dtype=torch.float16)
+    for value in (np.float32(2.5), np.int64(3), np.bool_(True), np.array(1.25)):
+        _same_bits(autotile.fuse("x * a + a")(x=x, a=value), x * value.item() + value.item())
+    with pytest.raises(BadInputError, match="'a' is a ndarray"):  # an array is no scalar: it must be a tensor
+        autotile.fuse("x * a")(x=x, a=np.ones(6))
+
+
 def test_each_output_has_the_shape_of_the_inputs_it_uses():
     x, y, s = torch.randn(2, 1, 3), torch.randn(4, 1), torch.tensor(2.0)
     fused = autotile.fuse("a = x + s; b = a * y; c = s * 3; d = y - 1")

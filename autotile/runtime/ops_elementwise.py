@@ -286,6 +286,7 @@ class FusedExpression:
         if args:
             raise BadInputError(f"pass inputs by name, e.g. fuse(...)({', '.join(f'{n}=...' for n in self.expression.inputs)})")
         _check_names(self.expression, values)
+        values = {name: _host_scalar(value) for name, value in values.items()}
         if not torch.compiler.is_compiling():
             if torch.is_grad_enabled() and any(isinstance(v, torch.Tensor) and v.requires_grad for v in values.values()):
                 raise BadInputError("fuse has no backward; detach the inputs or call it under torch.no_grad()")
@@ -298,6 +299,13 @@ class FusedExpression:
         if self.expression.bare:
             return results[0]
         return tuple(results)
+
+
+def _host_scalar(value):
+    """A NumPy scalar (or 0-d array) as the Python number torch would take it as; anything else as it is."""
+    if type(value).__module__ == "numpy" and getattr(value, "ndim", None) == 0:
+        return value.item()
+    return value
 
 
 def _no_meta_mix(values: dict) -> None:
