@@ -266,6 +266,7 @@ def test_a_stream_k_tail_matches_float64(monkeypatch, shape, sms):
     few = dataclasses.replace(device, sm_count=sms)
     monkeypatch.setattr(flash_launch, "current_device", lambda *_: few)
     monkeypatch.setattr(flash_launch, "TAIL_OVERHEAD_STEPS", 0)
+    monkeypatch.setattr(flash_launch, "TAIL_MIN_GAIN", 0.0)
     problem = FlashProblem("bwd", *shape, causal=False)
     schedule = flash_launch.gluon_backward_problem_schedule(problem, sms)
     assert schedule.tail and schedule.split == 1, schedule

@@ -69,6 +69,20 @@ def test_python_int_wider_than_64_bits_is_refused_with_advice():
 def test_an_input_that_is_not_a_tensor_or_number_is_named(value, kind):
     with pytest.raises(BadInputError, match=rf"input 'x' is a {kind}; pass a torch.Tensor"):
         autotile.fuse("x + 1")(x=value)
+    with pytest.raises(BadInputError, match=rf"input 'y' is a {kind}; pass a torch.Tensor"):
+        autotile.fuse("x + y")(x=torch.ones(3), y=value)
+
+
+def test_inputs_are_checked_under_a_torch_function_mode_too():
+    """torch.set_default_device (a function mode) sends calls through the op, whose schema refused a list or a wide
+    int with a cast error that named no input."""
+    fused = autotile.fuse("x + a")
+    with torch.device("cpu"):
+        with pytest.raises(BadInputError, match=r"input 'a' is a list"):
+            fused(x=torch.ones(3), a=[1.0, 2.0])
+        with pytest.raises(BadInputError, match=r"'a'.*does not fit 64 bits"):
+            fused(x=torch.ones(3), a=2**70)
+        assert torch.equal(fused(x=torch.ones(3), a=2), torch.full((3,), 3.0))
 
 
 def test_numpy_scalars_are_taken_as_the_python_numbers_torch_takes_them_as():

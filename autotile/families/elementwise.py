@@ -368,8 +368,10 @@ def _scalar_value(value):
     return value.item() if isinstance(value, torch.Tensor) else value
 
 
-def _refuse_wide_int(name: str, value: int) -> None:
-    # Kernels take integer scalars as int64 (as torch does, which refuses a wider one too).
+def check_scalar_fits(name: str, value) -> None:
+    """Kernels take integer scalars as int64 (as torch does, which refuses a wider one too)."""
+    if type(value) is not int or -2**63 <= value < 2**63:
+        return
     raise BadInputError(f"scalar input {name!r} ({len(str(abs(value)))} digits) does not fit 64 bits; "
                         f"pass it as a float, {name}=float(...), or as a tensor")
 
@@ -752,8 +754,7 @@ class ElementwiseFamily(Family):
             bits_of = dict(zip((s["index"] for s in plan.steps if s["op"] == "scalar"), launch.scalar_bits))
             for i, name in enumerate(plan.scalar_names):
                 value = _scalar_value(inputs[name])
-                if type(value) is int and not -2**63 <= value < 2**63:
-                    _refuse_wide_int(name, value)
+                check_scalar_fits(name, value)
                 # NOTE: Triton's interpreter cannot take a bool argument as int1; bools go as 0/1 (the kernel compares != 0).
                 args.append(_fp64_bits(value) if bits_of.get(i) else int(value) if isinstance(value, bool) else value)
         args += outputs

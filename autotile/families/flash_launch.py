@@ -268,10 +268,14 @@ HEAD_MAJOR_CHUNK = 1
 # walks, in key-loop steps: each program stores fp32 partials of dK and dV from registers for up to two tiles (5.5-6.6
 # us a tile against 2.3 us a step: benchmarks/prototypes/flash_bwd_tile_clock.py,
 # results/flash_bwd_tile_clock_2026-12-04.txt) and loads a second tile's K and V, and the reduction kernel runs after:
-# about 8 steps. Taken where the steps it saves are at least TAIL_MIN_GAIN of the call's. (A model from those
-# timings, not yet timed itself: flash_bwd_bench.py --tail times the kernel with and without it.)
+# about 8 steps. Taken where the steps it saves are at least TAIL_MIN_GAIN of the call's.
+# NOTE: off (an infinite gain asked). Timed beside no tail (flash_bwd_bench.py --tail, H100, fp16, D 128 unless
+# named; results/flash_bwd_tail_2026-12-05.txt) it gained 2% at MHA 1 x 32 x 4096 and D 64 2 x 32 x 4096 and lost 2%
+# at MHA 2 x 32 x 4096, all within the runs' 5-16% spread, and lost 14% at GQA 2 x 32/8 x 4096 (430 against 499
+# TFLOP/s), which the model of its cost does not explain. The template and this rule stay, tested on the GPU, for
+# the next try: set TAIL_MIN_GAIN to 0.01 (the model's threshold) to turn it on.
 TAIL_OVERHEAD_STEPS = 8
-TAIL_MIN_GAIN = 0.01
+TAIL_MIN_GAIN = float("inf")
 # Programs of the Gluon backward an SM holds at once: one (its shared memory: gluon_bwd_smem; 240 registers a consumer
 # thread).
 GLUON_BWD_PROGRAMS_PER_SM = 1

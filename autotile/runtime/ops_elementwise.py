@@ -23,7 +23,7 @@ import torch
 from autotile.device import current_device
 from autotile.errors import BadInputError, ShapeMismatchError
 from autotile.expr import Expression, InputSpec, infer_types, parse
-from autotile.families.elementwise import FAMILY, LaunchPlan, Plan
+from autotile.families.elementwise import FAMILY, LaunchPlan, Plan, check_scalar_fits
 from autotile.launch import bind
 from autotile.runtime import fallback, trace
 from autotile.runtime.dispatch import on_clear
@@ -295,6 +295,7 @@ class FusedExpression:
         else:  # traced, fake or subclass tensors: the op's registrations handle them
             if not torch.compiler.is_compiling():
                 _no_meta_mix(values)
+                _check_scalars(values)
             results = _fuse_op(self.canonical, *_split(values))
         if self.expression.bare:
             return results[0]
@@ -306,6 +307,16 @@ def _host_scalar(value):
     if type(value).__module__ == "numpy" and getattr(value, "ndim", None) == 0:
         return value.item()
     return value
+
+
+def _check_scalars(values: dict) -> None:
+    """What the op's schema would refuse with a cast error (a list, None, a string, an int wider than 64 bits),
+    refused first with the input's name: calls under a torch function mode (torch.set_default_device among them)
+    take the op."""
+    for name, value in values.items():
+        if not isinstance(value, torch.Tensor):
+            InputSpec.of(name, value)
+            check_scalar_fits(name, value)
 
 
 def _no_meta_mix(values: dict) -> None:
