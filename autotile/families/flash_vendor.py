@@ -13,14 +13,15 @@ the flash op is the only way to get FlashAttention-2's bottom-right causal mask 
 - sdpa-math: plain ATen ops; any dtype and shape; bottom-right masks as an additive -inf mask
   (its softmax gives 0 for rows that see no key).
 Forward outputs come with the log-sum-exp in the family's convention (log2 domain, (B, Hq, Sq)).
-Backward configs: sdpa-flash runs FlashAttention-2's backward on the given O and log-sum-exp;
-the others recompute the forward under autograd and differentiate it (their backward ops take
-their own forward's statistics, in layouts this module does not rely on).
+Backward configs: sdpa-flash and sdpa-cudnn run their backward ops on the given O and log-sum-exp;
+the others recompute the forward under autograd and differentiate it (the efficient kernel's
+backward takes its own forward's statistics, in a padded layout this module does not rely on).
 """
 from __future__ import annotations
 
 import math
 import threading
+import warnings
 
 import torch
 
@@ -40,6 +41,7 @@ _PROBE_SEQ = 64
 _allowed: dict[tuple, bool] = {}
 _allowed_lock = threading.Lock()
 _rng_placeholders: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+_cudnn_direct_ok: dict[torch.device, bool] = {}  # False once cuDNN's backward refused a given O and LSE here
 
 
 def expresses(backend: str, problem) -> bool:
@@ -170,6 +172,18 @@ def forward(backend: str, q, k, v, *, causal: bool, scale: float, need_lse: bool
     raise ValueError(f"unknown SDPA backend {backend!r}; known: {', '.join(BACKENDS)}")
 
 
+def _cudnn_backward(do, q, k, v, o, lse, *, causal: bool, scale: float):
+    """cuDNN's backward on the given O and log2 LSE, its forward not run again (2.2x less time at MHA 2 x 16 x 1000
+    not causal on an H100: benchmarks/prototypes/cudnn_backward_direct.py). It takes the natural-log LSE as its
+    forward leaves it, (B, H, Sq, 1) with unit strides below H; no bias, no packed lengths, no dropout."""
+    seed, offset = _rng_placeholder(q.device)
+    lse_nat = (lse * LN2).unsqueeze(-1).contiguous()
+    if do.stride() != o.stride():  # its kernel reads dO with O's strides
+        do = torch.empty_like(o).copy_(do)
+    return torch.ops.aten._scaled_dot_product_cudnn_attention_backward(
+        do, q, k, v, o, lse_nat, seed, offset, None, None, None, q.shape[2], k.shape[2], 0.0, causal, scale=scale)[:3]
+
+
 def _rng_placeholder(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """FlashAttention-2's backward takes its forward's dropout RNG state; without dropout it is never read."""
     hit = _rng_placeholders.get(device)
@@ -189,6 +203,13 @@ def backward(backend: str, do, q, k, v, o, lse, *, causal: bool, scale: float):
             do, q, k, v, o, lse_nat, None, None, q.shape[2], k.shape[2], 0.0, causal, seed, offset, scale=scale)
     if backend not in BACKENDS:
         raise ValueError(f"unknown SDPA backend {backend!r}; known: {', '.join(BACKENDS)}")
+    if backend == CUDNN and _cudnn_direct_ok.get(q.device, True):
+        try:
+            return _cudnn_backward(do, q, k, v, o, lse, causal=causal, scale=scale)
+        except RuntimeError as exc:  # a torch whose op takes other arguments: its forward again, as below
+            _cudnn_direct_ok[q.device] = False
+            warnings.warn(f"autotile: cuDNN's attention backward refused the forward's O and LSE ({str(exc)[:160]}); "
+                          f"its forward runs again before each backward", RuntimeWarning, stacklevel=2)
     leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
     with torch.enable_grad():
         out, _ = forward(backend, *leaves, causal=causal, scale=scale, need_lse=False)
