@@ -356,12 +356,13 @@ class FlashFamily(Family):
         if problem.direction == "fwd":
             # As a user calls it to infer: no log-sum-exp asked for.
             return lambda: flash_vendor.forward(backend, q, k, v, causal=causal, scale=scale, need_lse=False)
-        if backend in (flash_vendor.FLASH, flash_vendor.CUDNN):
+        if backend == flash_vendor.FLASH or (backend == flash_vendor.CUDNN
+                                             and flash_vendor.CUDNN_BACKWARD_ON_GIVEN_LSE):
             return super().timed_call(problem, config, inputs, outputs)  # its ATen backward, on O and LSE
         # The backward alone, as the generated backward (given O and LSE) is timed: the forward runs once here
         # and keeps its graph. NOTE: flash_vendor.backward of the other backends goes through autograd and runs the
         # forward on every call (cuDNN's backward of 2 x 32 x 4096 x 128 causal timed 2.01 ms that way, 1.54 ms
-        # alone, before it took O and LSE).
+        # alone).
         leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
         with torch.enable_grad():
             out, _ = flash_vendor.forward(backend, *leaves, causal=causal, scale=scale, need_lse=False)
