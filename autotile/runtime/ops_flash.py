@@ -752,13 +752,18 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
     return (o, lse * LN2) if return_lse else o
 
 
+def _foldable(q, k, v) -> bool:
+    """q, k and v of one rank of at least 3, with the same leading dims before (H, S, D)."""
+    return q.dim() >= 3 and all(isinstance(t, torch.Tensor) and t.dim() == q.dim() and t.shape[:-3] == q.shape[:-3]
+                                for t in (k, v))
+
+
 def _leading_dims_folded(q, k, v, causal, scale, window, softcap, alibi_slopes, return_lse):
     """SDPA's other ranks, (H, S, D) and (..., H, S, D) alike for q, k and v, as one batch of the leading dims (a
     view where the strides allow, as reshape gives); None for anything else, which the 4-D checks then explain."""
-    lead = q.shape[:-3]
-    if q.dim() < 3 or not all(isinstance(t, torch.Tensor) and t.dim() == q.dim() and t.shape[:-3] == lead
-                              for t in (k, v)):
+    if not _foldable(q, k, v):
         return None
+    lead = q.shape[:-3]
     out = flash_attention(*(t.reshape(-1, *t.shape[-3:]) for t in (q, k, v)), causal=causal, scale=scale,
                           window=window, softcap=softcap, alibi_slopes=alibi_slopes, return_lse=return_lse)
     if return_lse:
@@ -769,6 +774,8 @@ def _leading_dims_folded(q, k, v, causal, scale, window, softcap, alibi_slopes, 
 def problem_for(q, k, v, *, causal: bool = False, scale: float | None = None, window=None, softcap=None,
                 alibi_slopes=None, return_lse: bool = False) -> tuple[FlashFamily, FlashProblem, DeviceInfo]:
     """(family, forward problem, device) that `flash_attention(q, k, v, ...)` runs, for autotile.explain."""
+    if isinstance(q, torch.Tensor) and q.dim() != 4 and _foldable(q, k, v):  # as the op folds them
+        q, k, v = (t.reshape(-1, *t.shape[-3:]) for t in (q, k, v))
     q, k, v, scale, window, softcap = _normalise(q, k, v, scale, window, softcap)
     problem = FAMILY.problem_from_tensors(q, k, v, causal=causal, window=window, softcap=softcap,
                                           alibi_slopes=alibi_slopes)
