@@ -78,7 +78,8 @@ def _check_caches(q, k_cache, v_cache) -> None:
             f"caches are (num_pages, page_size, Hkv, D), vLLM's layout (FlashInfer's NHD): pass an HND cache as "
             f"cache.transpose(1, 2)")
     if canonical_dtype_name(q.dtype) not in QUERY_DTYPES:
-        raise UnsupportedDtypeError(f"q must be one of {QUERY_DTYPES}, got {q.dtype}")
+        raise UnsupportedDtypeError(f"q must be one of {QUERY_DTYPES}, got {q.dtype}: cast q (and 16-bit caches) to "
+                                    f"one, e.g. q.to(torch.bfloat16)")
     if k_cache.dtype != v_cache.dtype:
         raise UnsupportedDtypeError(f"k_cache is {k_cache.dtype} and v_cache {v_cache.dtype}: store both in one dtype")
     kv = canonical_dtype_name(k_cache.dtype) if k_cache.dtype in (torch.float16, torch.bfloat16, torch.float8_e4m3fn) else None
