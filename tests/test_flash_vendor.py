@@ -110,6 +110,45 @@ def test_a_vendor_backward_is_timed_without_its_forward(monkeypatch):
             assert torch.allclose(g, w, atol=1e-5, rtol=1e-5)
 
 
+def test_cudnns_backward_gets_the_natural_log_lse_in_its_layout_and_do_with_os_strides(monkeypatch):
+    """flash_vendor._cudnn_backward's arguments, with ATen's op stood in for on the CPU: the family's log2 LSE
+    (B, H, Sq) goes as cuDNN's forward leaves its own, natural-log (B, H, Sq, 1); dO is read with O's strides.
+    Where torch's op refuses them, the backward says so once and runs the forward again."""
+    seen = {}
+
+    def fake_backward(do, q, k, v, o, lse, seed, offset, bias, cum_q, cum_k, max_q, max_k, dropout, causal, scale):
+        seen.update(do=do, o=o, lse=lse, bias=bias, cum=(cum_q, cum_k), lengths=(max_q, max_k), dropout=dropout,
+                    causal=causal, scale=scale)
+        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), "extra"
+
+    monkeypatch.setattr(flash_vendor, "CUDNN_BACKWARD_ON_GIVEN_LSE", True)
+    monkeypatch.setattr(flash_vendor, "_cudnn_direct_ok", {})
+    monkeypatch.setattr(torch.ops.aten, "_scaled_dot_product_cudnn_attention_backward", fake_backward)
+    q = torch.randn(2, 4, 5, 8)
+    k = v = torch.randn(2, 2, 7, 8)
+    o = torch.randn(2, 5, 4, 8).transpose(1, 2)  # (B, S, H, D) memory
+    do, lse = torch.randn(2, 4, 5, 8), torch.randn(2, 4, 5)
+    grads = flash_vendor.backward(flash_vendor.CUDNN, do, q, k, v, o, lse, causal=True, scale=0.3)
+    assert len(grads) == 3 and grads[1].shape == k.shape
+    assert seen["lse"].shape == (2, 4, 5, 1) and seen["lse"].is_contiguous()
+    assert torch.allclose(seen["lse"][..., 0], lse * flash_vendor.LN2)
+    assert seen["do"].stride() == o.stride() and torch.equal(seen["do"], do)
+    assert seen["bias"] is None and seen["cum"] == (None, None) and seen["lengths"] == (5, 7)
+    assert (seen["dropout"], seen["causal"], seen["scale"]) == (0.0, True, 0.3)
+
+    def refusing(*args, **kwargs):
+        raise RuntimeError("cuDNN SDPA backward: bad arguments")
+
+    forwards = []
+    monkeypatch.setattr(torch.ops.aten, "_scaled_dot_product_cudnn_attention_backward", refusing)
+    monkeypatch.setattr(flash_vendor, "forward", lambda backend, q, k, v, **kw: forwards.append(1) or (
+        q + (k.sum() + v.sum()) * 0, None))
+    with pytest.warns(RuntimeWarning, match="refused the forward's O and LSE"):
+        flash_vendor.backward(flash_vendor.CUDNN, do, q, k, v, o, lse, causal=True, scale=0.3)
+    flash_vendor.backward(flash_vendor.CUDNN, do, q, k, v, o, lse, causal=True, scale=0.3)  # no second warning
+    assert len(forwards) == 2 and flash_vendor._cudnn_direct_ok == {q.device: False}
+
+
 # --- serving through the op, with sdpa-math standing in for SDPA on the CPU --------------------------
 @pytest.fixture
 def math_vendor(monkeypatch):
