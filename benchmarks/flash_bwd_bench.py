@@ -31,7 +31,8 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 
 from autotile.device import cuda_device  # noqa: E402
-from autotile.families import flash_launch  # noqa: E402
+from autotile.families import flash_launch, flash_vendor  # noqa: E402
+from autotile.families.base import VENDOR_KEY  # noqa: E402
 from autotile.families.flash import FAMILY, GLUON_WS, FlashProblem  # noqa: E402
 from autotile.space import Config  # noqa: E402
 from flash_bench import interleaved, kernel_call, sdpa_calls  # noqa: E402
@@ -82,6 +83,21 @@ def op_call(problem: FlashProblem, inputs: dict):
     leaves = [inputs[n].detach().clone().requires_grad_(True) for n in "qkv"]
     out = autotile.flash_attention(*leaves, causal=problem.causal)
     return lambda: torch.autograd.grad(out, leaves, inputs["do"], retain_graph=True)
+
+
+def cudnn_direct_call(problem: FlashProblem, inputs: dict):
+    """cuDNN's backward given the family's O and LSE (no second forward), as the vendor config is timed."""
+    flash_vendor.CUDNN_BACKWARD_ON_GIVEN_LSE = True
+    config = Config({VENDOR_KEY: flash_vendor.CUDNN})
+    got = FAMILY.vendor_run(problem, config, inputs)
+    print(f"  {label_of(problem)} cuDNN direct: {gradient_error(problem, inputs, got)}"
+          + ("" if flash_vendor._cudnn_direct_ok.get(inputs['q'].device, True) else " (refused: ran its forward again)"),
+          flush=True)
+    return FAMILY.timed_call(problem, config, inputs, FAMILY.allocate_outputs(problem, inputs))
+
+
+def label_of(problem: FlashProblem) -> str:
+    return f"{problem.batch}x{problem.heads_q}/{problem.heads_kv}x{problem.seq_q} D{problem.head_dim}"
 
 
 def gradient_error(problem: FlashProblem, inputs: dict, outputs: dict) -> str:
@@ -137,6 +153,9 @@ def main() -> int:
     parser.add_argument("--tail", action="store_true",
                         help="also time the Gluon backward with a stream-K tail where even tiles would take one but "
                              "its rule declines (flash_launch.gluon_backward_tail, overhead taken as nothing)")
+    parser.add_argument("--cudnn-direct", action="store_true",
+                        help="also time cuDNN's backward on the family's O and LSE (flash_vendor.backward with "
+                             "CUDNN_BACKWARD_ON_GIVEN_LSE on), as the op's untuned backward would call it")
     parser.add_argument("--all-stages", action="store_true",
                         help="time the Gluon backward on every slot count (default: two, the untuned one's)")
     args = parser.parse_args()
@@ -192,6 +211,8 @@ def main() -> int:
             fns["dense padded"] = kernel_call(dense, FAMILY.default_config(dense, device),
                                               FAMILY.make_inputs(dense, device, seed=0))
         fns.update(sdpa_calls(problem, inputs))
+        if args.cudnn_direct and not problem.varlen and flash_vendor.expresses(flash_vendor.CUDNN, problem):
+            fns["cuDNN direct"] = cudnn_direct_call(problem, inputs)
         schedule = gluon_schedule(problem, device)
         dealt = (f"chunk {schedule.chunk}, split {schedule.split}, "
                  f"{'head by head' if schedule.head_major else 'key block first'}, tail {schedule.tail}")
