@@ -420,3 +420,19 @@ def test_gpu_cuda_graph_capture_without_syncs(vendor, monkeypatch):
     torch.cuda.synchronize()
     assert torch.equal(out, expected)
     dispatch.clear_cache()
+
+
+def test_which_vendor_backwards_take_the_given_lse(monkeypatch):
+    """flash_vendor.backward_takes_given_lse, which decides whether SDPA's own training pair is worth running:
+    FlashAttention-2's always, cuDNN's only under CUDNN_BACKWARD_ON_GIVEN_LSE and until it refused on that device."""
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(flash_vendor, "_cudnn_direct_ok", {})
+    monkeypatch.setattr(flash_vendor, "CUDNN_BACKWARD_ON_GIVEN_LSE", False)
+    assert flash_vendor.backward_takes_given_lse(flash_vendor.FLASH, cpu)
+    assert not flash_vendor.backward_takes_given_lse(flash_vendor.CUDNN, cpu)
+    assert not flash_vendor.backward_takes_given_lse(flash_vendor.MATH, cpu)
+    monkeypatch.setattr(flash_vendor, "CUDNN_BACKWARD_ON_GIVEN_LSE", True)
+    assert flash_vendor.backward_takes_given_lse(flash_vendor.CUDNN, cpu)
+    assert not flash_vendor.backward_takes_given_lse(flash_vendor.EFFICIENT, cpu)
+    flash_vendor._cudnn_direct_ok[cpu] = False
+    assert not flash_vendor.backward_takes_given_lse(flash_vendor.CUDNN, cpu)

@@ -199,6 +199,12 @@ def _rng_placeholder(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     return hit
 
 
+def backward_takes_given_lse(backend: str, device: torch.device) -> bool:
+    """Whether `backward` of `backend` runs on the given O and LSE alone, rather than its forward again first."""
+    return backend == FLASH or (backend == CUDNN and CUDNN_BACKWARD_ON_GIVEN_LSE
+                                and _cudnn_direct_ok.get(device, True))
+
+
 def backward(backend: str, do, q, k, v, o, lse, *, causal: bool, scale: float):
     """(dq, dk, dv) of the forward whose output is `o` and log2 log-sum-exp is `lse` (B, Hq, Sq)."""
     if backend == FLASH:
@@ -209,7 +215,7 @@ def backward(backend: str, do, q, k, v, o, lse, *, causal: bool, scale: float):
             do, q, k, v, o, lse_nat, None, None, q.shape[2], k.shape[2], 0.0, causal, seed, offset, scale=scale)
     if backend not in BACKENDS:
         raise ValueError(f"unknown SDPA backend {backend!r}; known: {', '.join(BACKENDS)}")
-    if backend == CUDNN and CUDNN_BACKWARD_ON_GIVEN_LSE and _cudnn_direct_ok.get(q.device, True):
+    if backend == CUDNN and backward_takes_given_lse(backend, q.device):
         try:
             return _cudnn_backward(do, q, k, v, o, lse, causal=causal, scale=scale)
         except RuntimeError as exc:  # a torch whose op takes other arguments: its forward again, as below

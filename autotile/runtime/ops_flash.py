@@ -373,7 +373,8 @@ def sdpa_training_pair(q, k, v, causal: bool, scale: float, window: tuple = (-1,
     unless the Gluon backward comes first (gluon_before_vendor). SDPA's backward of a forward it did not run is
     cuDNN's (or the efficient kernel's) after running its forward again, one more forward a step: more than a
     generated forward saves (its policies and winners win by 3-30%). SDPA's own pair needs no second forward.
-    FlashAttention-2's backward takes O and LSE as given, so with it the pair stays ours."""
+    FlashAttention-2's backward takes O and LSE as given, as cuDNN's does under
+    flash_vendor.CUDNN_BACKWARD_ON_GIVEN_LSE, so with those the pair stays ours."""
     if scale <= 0 or window != (-1, -1) or softcap or (causal and q.shape[2] != k.shape[2]):
         return None  # SDPA's is_causal is top-left aligned: the same mask only where Sq == Sk
     device = current_device(q.device)
@@ -385,7 +386,7 @@ def sdpa_training_pair(q, k, v, causal: bool, scale: float, window: tuple = (-1,
     if not resolution.vendor or gluon_before_vendor(problem, device, resolution):
         return None
     backend = _vendor_for(problem, device, resolution.config[VENDOR_KEY], {"q": q, "k": k, "v": v}, grad=True)
-    if backend in (None, flash_vendor.FLASH):
+    if backend is None or flash_vendor.backward_takes_given_lse(backend, q.device):
         return None
     return causal, scale, q.shape[1] != k.shape[1]
 
