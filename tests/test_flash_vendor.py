@@ -220,14 +220,17 @@ def test_our_backward_beside_the_vendors_forward(math_vendor):
         assert (g.double() - w).abs().max() < 1e-5
 
 
-def test_an_untuned_backward_takes_the_gluon_backward_before_sdpas():
-    """ops_flash.gluon_before_vendor: SDPA's backward of a forward it did not run recomputes that forward, and the
-    Gluon backward beats it; a stored winner, a fallback after a failure, deterministic mode and head dims the Gluon
-    backward does not take keep the vendor op."""
+def test_an_untuned_backward_takes_the_gluon_backward_before_sdpas(monkeypatch):
+    """ops_flash.gluon_before_vendor: where SDPA's backward of a forward it did not run would recompute that forward
+    (or is FlashAttention-2's), the Gluon backward beats it; a stored winner, a fallback after a failure,
+    deterministic mode and head dims the Gluon backward does not take keep the vendor op."""
+    monkeypatch.setattr(flash_vendor, "CUDNN_BACKWARD_ON_GIVEN_LSE", False)
     problem = FlashProblem("bwd", 1, 32, 8, 4096, 4096, 128, causal=True, dtype="bf16")
     key = FAMILY.problem_key(problem)
     untuned = dispatch.Resolution(Config({VENDOR_KEY: "sdpa-cudnn"}), "vendor", H200.key, key, None, "vendor")
     assert ops_flash.gluon_before_vendor(problem, H200, untuned)
+    flash_untuned = dataclasses.replace(untuned, config=Config({VENDOR_KEY: "sdpa-flash"}))
+    assert ops_flash.gluon_before_vendor(problem, H200, flash_untuned)
     assert not ops_flash.gluon_before_vendor(problem, H200, dataclasses.replace(untuned, match="fallback"))
     stored = dataclasses.replace(untuned, source="user-db", tuned_for=key, match="exact")
     assert not ops_flash.gluon_before_vendor(problem, H200, stored)
@@ -238,6 +241,22 @@ def test_an_untuned_backward_takes_the_gluon_backward_before_sdpas():
         assert not ops_flash.gluon_before_vendor(problem, H200, untuned)
     finally:
         torch.use_deterministic_algorithms(False)
+
+
+def test_an_untuned_backward_takes_cudnns_on_the_given_lse_first(monkeypatch):
+    """ops_flash.gluon_before_vendor: cuDNN's backward on the given O and LSE runs at its own speed and serves an
+    untuned backward before the Gluon one, until torch's op refused those arguments on the device."""
+    monkeypatch.setattr(flash_vendor, "CUDNN_BACKWARD_ON_GIVEN_LSE", True)
+    monkeypatch.setattr(flash_vendor, "_cudnn_direct_ok", {})
+    problem = FlashProblem("bwd", 1, 32, 8, 4096, 4096, 128, causal=True, dtype="bf16")
+    untuned = dispatch.Resolution(Config({VENDOR_KEY: "sdpa-cudnn"}), "vendor", H200.key, FAMILY.problem_key(problem),
+                                  None, "vendor")
+    assert not ops_flash.gluon_before_vendor(problem, H200, untuned)
+    # FlashAttention-2's backward takes the given LSE too, but the Gluon backward beats it.
+    assert ops_flash.gluon_before_vendor(problem, H200, dataclasses.replace(untuned, config=Config({VENDOR_KEY:
+                                                                                                    "sdpa-flash"})))
+    flash_vendor._cudnn_direct_ok[torch.device(H200.torch_device)] = False
+    assert ops_flash.gluon_before_vendor(problem, H200, untuned)
 
 
 @pytest.mark.parametrize("gluon_first", [False, True])

@@ -352,16 +352,23 @@ def gluon_before_vendor(problem: FlashProblem, device: DeviceInfo, resolution) -
     """Whether a backward nobody tuned goes to the Gluon backward rather than SDPA's.
 
     The family's backward serves only calls whose forward was not SDPA's own call (a generated forward, or
-    return_lse), and there SDPA's backward costs more than in SDPA's own autograd: cuDNN's (and the other fused
-    backends') run their forward again first (flash_vendor.backward; cuDNN's of 2 x 32 x 4096 causal took 2.01 ms
-    so, 1.54 ms alone), and FlashAttention-2's, given O and LSE, runs at 0.53-0.76x of cuDNN's backward alone. The
-    Gluon backward, given O and LSE, ran at 0.92x or more of cuDNN's backward alone over the model shapes measured
-    (benchmarks/results/flash_bwd_2026-12-04d_chunks.txt). A stored winner, even the vendor op, still serves as
-    stored; under torch.use_deterministic_algorithms(True) the Triton backward would serve (0.6-0.8x) and SDPA's
-    stays, as it does where the Gluon backward failed here (the resolution's match is then 'fallback')."""
-    return (resolution.source == "vendor" and resolution.match == "vendor"
-            and not torch.are_deterministic_algorithms_enabled()
-            and FAMILY.default_config(problem, device).get("LOADS") == GLUON_WS)
+    return_lse). There cuDNN's backward runs on the given O and LSE (flash_vendor.CUDNN_BACKWARD_ON_GIVEN_LSE) at its
+    own speed, and serves first: the Gluon backward beside it over twelve model and anchor shapes on an H100 ran at
+    0.78-1.05x (head dim 64 not causal 0.90x; benchmarks/results/flash_bwd_2026-12-05b_cudnn_direct.txt), so an
+    untuned call gets the vendor's backward and a tuned winner the Gluon one where it wins. Where cuDNN's backward
+    would run its forward again first (the flag off, or torch's op refused the given O and LSE on this device; cuDNN's
+    of 2 x 32 x 4096 causal took 2.01 ms so, 1.54 ms alone) or SDPA's pick is another backend (FlashAttention-2's,
+    given O and LSE, runs at 0.53-0.76x of cuDNN's), the Gluon backward comes first: it ran at 0.92x or more of
+    cuDNN's backward alone over the model shapes measured (benchmarks/results/flash_bwd_2026-12-04d_chunks.txt). A
+    stored winner, even the vendor op, still serves as stored; under torch.use_deterministic_algorithms(True) the
+    Triton backward would serve (0.6-0.8x) and SDPA's stays, as it does where the Gluon backward failed here (the
+    resolution's match is then 'fallback')."""
+    if resolution.source != "vendor" or resolution.match != "vendor" or torch.are_deterministic_algorithms_enabled():
+        return False
+    chosen = resolution.config[VENDOR_KEY]
+    if chosen == flash_vendor.CUDNN and flash_vendor.backward_takes_given_lse(chosen, torch.device(device.torch_device)):
+        return False
+    return FAMILY.default_config(problem, device).get("LOADS") == GLUON_WS
 
 
 def sdpa_training_pair(q, k, v, causal: bool, scale: float, window: tuple = (-1, -1),
