@@ -353,7 +353,7 @@ def gluon_before_vendor(problem: FlashProblem, device: DeviceInfo, resolution) -
 
     The family's backward serves only calls whose forward was not SDPA's own call (a generated forward, or
     return_lse). There cuDNN's backward runs on the given O and LSE (flash_vendor.CUDNN_BACKWARD_ON_GIVEN_LSE) at its
-    own speed, and serves first: the Gluon backward beside it over twelve model and anchor shapes on an H100 ran at
+    own speed, and serves first: the Gluon backward beside it over fourteen model and anchor shapes on an H100 ran at
     0.78-1.05x (head dim 64 not causal 0.90x; benchmarks/results/flash_bwd_2026-12-05b_cudnn_direct.txt), so an
     untuned call gets the vendor's backward and a tuned winner the Gluon one where it wins. Where cuDNN's backward
     would run its forward again first (the flag off, or torch's op refused the given O and LSE on this device; cuDNN's
