@@ -366,7 +366,8 @@ def gluon_before_vendor(problem: FlashProblem, device: DeviceInfo, resolution) -
     if resolution.source != "vendor" or resolution.match != "vendor" or torch.are_deterministic_algorithms_enabled():
         return False
     chosen = resolution.config[VENDOR_KEY]
-    if chosen == flash_vendor.CUDNN and flash_vendor.backward_takes_given_lse(chosen, torch.device(device.torch_device)):
+    if chosen == flash_vendor.CUDNN and flash_vendor.backward_takes_given_lse(chosen,
+                                                                              torch.device(device.torch_device)):
         return False
     return FAMILY.default_config(problem, device).get("LOADS") == GLUON_WS
 
