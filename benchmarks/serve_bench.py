@@ -278,7 +278,10 @@ def _step_served(q, k, v) -> str:
     device = current_device(q.device)
     resolution = fallback.usable(FAMILY, problem, device)
     if resolution.vendor and not ops_flash.gluon_before_vendor(problem, device, resolution):
-        backward = f"{resolution.config.to_json()} (recomputes the forward unless FlashAttention-2's)"
+        from autotile.families import flash_vendor
+
+        given = flash_vendor.backward_takes_given_lse(resolution.config["VENDOR"], q.device)
+        backward = f"{resolution.config['VENDOR']} ({'on the given O and LSE' if given else 'recomputes its forward'})"
     elif resolution.vendor:
         backward = "default (the Gluon backward, before the vendor op)"
     else:
@@ -442,6 +445,14 @@ def markdown(gemm, flash, host, graphs, header: str, gemm_op: str = "linear", tr
     return "\n".join(lines) + "\n"
 
 
+def withhold_forward_vendor() -> None:
+    """The flash family lists no vendor config for a forward problem from now on (the backward keeps its own)."""
+    from autotile.families.flash import FAMILY
+
+    listed = FAMILY.vendor_configs
+    FAMILY.vendor_configs = lambda problem, device: [] if problem.direction == "fwd" else listed(problem, device)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, type=Path)
@@ -461,8 +472,14 @@ def main() -> None:
     parser.add_argument("--gemm-op", choices=("linear", "matmul"), default="linear",
                         help="the GEMM rows' op: autotile.linear beside F.linear, or autotile.matmul(x, w.t()) "
                              "beside torch.matmul")
+    parser.add_argument("--generated-forward", action="store_true",
+                        help="withhold the forward's vendor configs, so that a generated forward serves every call "
+                             "(as where a shipped policy or winner does) and the training step's backward is the "
+                             "family's untuned one")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.generated_forward:
+        withhold_forward_vendor()
     os.environ["AUTOTILE_DB"] = args.db or f"sqlite:///{tempfile.mkdtemp()}/empty.sqlite"
     if args.record:
         os.environ["AUTOTILE_RECORD"] = args.record
