@@ -400,7 +400,8 @@ gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA dev
 @gpu
 @pytest.mark.parametrize("direction", ["fwd", "bwd"])
 @pytest.mark.parametrize("shape, causal", [((2, 8, 2, 300, 555, 128), True), ((1, 4, 4, 555, 300, 64), True),
-                                           ((2, 4, 4, 257, 257, 96), True), ((1, 8, 8, 129, 700, 128), False)])
+                                           ((2, 4, 4, 257, 257, 96), True), ((1, 8, 8, 129, 700, 128), False),
+                                           ((1, 8, 4, 300, 300, 256), True), ((2, 8, 2, 200, 200, 128), True)])
 def test_gpu_every_vendor_config_is_right(direction, shape, causal):
     from autotile.device import cuda_device
 
@@ -414,6 +415,8 @@ def test_gpu_every_vendor_config_is_right(direction, shape, causal):
             FAMILY.run_config(problem, config, inputs, outputs)
             result = FAMILY.check(problem, inputs, outputs, expected)
             assert result.ok, f"{config.to_json()} {problem}: {result.message}"
+        # cuDNN's backward ran on the given O and LSE, not its forward again after a refusal.
+        assert flash_vendor._cudnn_direct_ok.get(inputs["q"].device, True)
 
 
 @pytest.mark.gpu
