@@ -44,9 +44,10 @@ _allowed_lock = threading.Lock()
 _rng_placeholders: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 _cudnn_direct_ok: dict[torch.device, bool] = {}  # False once cuDNN's backward refused a given O and LSE here
 # cuDNN's backward on the given O and LSE (_cudnn_backward) rather than its forward run again first. Checked on an H100
-# (torch 2.11): gradients of the family's own O and LSE within 0.0034-0.0048 relative error of plain fp32 torch over
-# fourteen shapes (MHA and GQA, causal and not, head dims 64, 96 and 128), as the Gluon backward's; its time that of
-# cuDNN's backward alone in SDPA's autograd (0.98-1.03x; benchmarks/results/flash_bwd_2026-12-05b_cudnn_direct.txt).
+# and an H200 (torch 2.11): gradients of the family's own O and LSE within 0.0034-0.0048 relative error of plain fp32
+# torch over fourteen shapes (MHA and GQA, causal and not, head dims 64, 96 and 128), as the Gluon backward's, and
+# every vendor config's GPU test (head dim 256 too) against float64; its time that of cuDNN's backward alone in SDPA's
+# autograd (0.98-1.03x; benchmarks/results/flash_bwd_2026-12-05b_cudnn_direct.txt, _2026-12-05c_h200_cudnn_direct.txt).
 CUDNN_BACKWARD_ON_GIVEN_LSE = True
 
 
