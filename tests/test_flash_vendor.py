@@ -458,3 +458,40 @@ def test_which_vendor_backwards_take_the_given_lse(monkeypatch):
     assert not flash_vendor.backward_takes_given_lse(flash_vendor.EFFICIENT, cpu)
     flash_vendor._cudnn_direct_ok[cpu] = False
     assert not flash_vendor.backward_takes_given_lse(flash_vendor.CUDNN, cpu)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
+@pytest.mark.parametrize("heads_kv", [8, 2])
+def test_gpu_a_generated_forwards_backward_is_cudnns_on_its_o_and_lse(monkeypatch, layout, heads_kv):
+    """A training call whose forward a generated kernel serves (the forward's vendor configs withheld, as where a
+    shipped policy or winner serves it): its untuned backward is cuDNN's run on that forward's O and LSE, for the
+    layouts models pass (heads-major, or (B, S, H, D) transposed), MHA and GQA; gradients match float64."""
+    listed = FAMILY.vendor_configs
+    monkeypatch.setattr(FAMILY, "vendor_configs", lambda p, d: [] if p.direction == "fwd" else listed(p, d))
+    monkeypatch.delenv("AUTOTILE_VENDOR", raising=False)
+    monkeypatch.setattr(flash_vendor, "_cudnn_direct_ok", {})
+    direct = []
+    call = flash_vendor._cudnn_backward
+    monkeypatch.setattr(flash_vendor, "_cudnn_backward", lambda *a, **kw: direct.append(1) or call(*a, **kw))
+    dispatch.clear_cache()
+    gen = torch.Generator(device="cuda").manual_seed(3)
+
+    def tensor(heads):
+        shape = (2, heads, 200, 128) if layout == "bhsd" else (2, 200, heads, 128)
+        t = torch.randn(shape, device="cuda", generator=gen).bfloat16()
+        return (t if layout == "bhsd" else t.transpose(1, 2)).requires_grad_(True)
+
+    try:
+        q, k, v = tensor(8), tensor(heads_kv), tensor(heads_kv)
+        do = torch.randn(q.shape, device="cuda", generator=gen).bfloat16()
+        got = torch.autograd.grad(autotile.flash_attention(q, k, v, causal=True), (q, k, v), do)
+        assert direct, "the backward was not cuDNN's on the given O and LSE"
+        assert flash_vendor._cudnn_direct_ok.get(q.device, True)
+        want = attention_grads(*(t.detach().double() for t in (q, k, v)), do.double(), causal=True,
+                               scale=128 ** -0.5, dtype=torch.float64)
+        for g, w in zip(got, want):
+            assert ((g.double() - w).abs().max() / w.abs().max()).item() < 1e-2
+    finally:
+        dispatch.clear_cache()
