@@ -110,10 +110,11 @@ def test_a_vendor_backward_is_timed_without_its_forward(monkeypatch):
             assert torch.allclose(g, w, atol=1e-5, rtol=1e-5)
 
 
-def test_cudnns_backward_gets_the_natural_log_lse_in_its_layout_and_do_with_os_strides(monkeypatch):
+def test_cudnns_backward_gets_the_natural_log_lse_in_its_layout_and_o_and_do_in_qs(monkeypatch):
     """flash_vendor._cudnn_backward's arguments, with ATen's op stood in for on the CPU: the family's log2 LSE
-    (B, H, Sq) goes as cuDNN's forward leaves its own, natural-log (B, H, Sq, 1); dO is read with O's strides.
-    Where torch's op refuses them, the backward says so once and runs the forward again."""
+    (B, H, Sq) goes as cuDNN's forward leaves its own, natural-log (B, H, Sq, 1); O goes in q's layout, as cuDNN's
+    forward leaves its own, and dO in O's strides. Where torch's op refuses them, the backward says so once and runs
+    the forward again."""
     seen = {}
 
     def fake_backward(do, q, k, v, o, lse, seed, offset, bias, cum_q, cum_k, max_q, max_k, dropout, causal, scale):
@@ -132,7 +133,13 @@ def test_cudnns_backward_gets_the_natural_log_lse_in_its_layout_and_do_with_os_s
     assert len(grads) == 3 and grads[1].shape == k.shape
     assert seen["lse"].shape == (2, 4, 5, 1) and seen["lse"].is_contiguous()
     assert torch.allclose(seen["lse"][..., 0], lse * flash_vendor.LN2)
-    assert seen["do"].stride() == o.stride() and torch.equal(seen["do"], do)
+    assert seen["o"].stride() == q.stride() and torch.equal(seen["o"], o)
+    assert seen["do"].stride() == q.stride() and torch.equal(seen["do"], do)
+    # q laid out (B, S, H, D) in memory: O and dO follow it
+    q_bshd = torch.randn(2, 5, 4, 8).transpose(1, 2)
+    flash_vendor.backward(flash_vendor.CUDNN, do, q_bshd, k, v, o.contiguous(), lse, causal=True, scale=0.3)
+    assert seen["o"].stride() == q_bshd.stride() and torch.equal(seen["o"], o)
+    assert seen["do"].stride() == q_bshd.stride() and torch.equal(seen["do"], do)
     assert seen["bias"] is None and seen["cum"] == (None, None) and seen["lengths"] == (5, 7)
     assert (seen["dropout"], seen["causal"], seen["scale"]) == (0.0, True, 0.3)
 
@@ -466,11 +473,13 @@ def test_which_vendor_backwards_take_the_given_lse(monkeypatch):
 @pytest.mark.parametrize("heads_kv", [8, 2])
 def test_gpu_a_generated_forwards_backward_is_cudnns_on_its_o_and_lse(monkeypatch, layout, heads_kv):
     """A training call whose forward a generated kernel serves (the forward's vendor configs withheld, as where a
-    shipped policy or winner serves it): its untuned backward is cuDNN's run on that forward's O and LSE, for the
-    layouts models pass (heads-major, or (B, S, H, D) transposed), MHA and GQA; gradients match float64."""
+    shipped policy or winner serves it): with CUDNN_BACKWARD_ON_GIVEN_LSE on, its untuned backward is cuDNN's run on
+    that forward's O and LSE, for the layouts models pass (heads-major, or (B, S, H, D) transposed), MHA and GQA;
+    gradients match float64."""
     listed = FAMILY.vendor_configs
     monkeypatch.setattr(FAMILY, "vendor_configs", lambda p, d: [] if p.direction == "fwd" else listed(p, d))
     monkeypatch.delenv("AUTOTILE_VENDOR", raising=False)
+    monkeypatch.setattr(flash_vendor, "CUDNN_BACKWARD_ON_GIVEN_LSE", True)
     monkeypatch.setattr(flash_vendor, "_cudnn_direct_ok", {})
     direct = []
     call = flash_vendor._cudnn_backward
@@ -495,3 +504,44 @@ def test_gpu_a_generated_forwards_backward_is_cudnns_on_its_o_and_lse(monkeypatc
             assert ((g.double() - w).abs().max() / w.abs().max()).item() < 1e-2
     finally:
         dispatch.clear_cache()
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("ours_first", [False, True])
+def test_gpu_cudnn_direct_backward_beside_sdpas_own(monkeypatch, ours_first):
+    """Torch caches cuDNN's backward graph by q, k and v alone, with the strides of O and dO it was built with
+    (flash_vendor.CUDNN_BACKWARD_ON_GIVEN_LSE). SDPA's own backward and the direct call on the same (B, S, H, D)-laid
+    q, k and v in one process, in either order, the direct call given O and dO contiguous (as the family's forward
+    writes O): both gradients match float64."""
+    monkeypatch.setattr(flash_vendor, "CUDNN_BACKWARD_ON_GIVEN_LSE", True)
+    monkeypatch.setattr(flash_vendor, "_cudnn_direct_ok", {})
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    seq = 192 if ours_first else 160  # one graph key an order: neither finds the other's graph cached
+    scale = 128 ** -0.5
+
+    def bshd(heads):
+        return torch.randn(2, seq, heads, 128, device="cuda", generator=gen).bfloat16().transpose(1, 2)
+
+    q, k, v = bshd(8), bshd(4), bshd(4)
+    do = bshd(8)  # the gradient a model's o.transpose(1, 2).reshape(B, S, -1) hands back: O's layout
+    want = attention_grads(*(t.double() for t in (q, k, v)), do.double(), causal=True, scale=scale,
+                           dtype=torch.float64)
+
+    def sdpas_own():
+        leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+        out, _ = flash_vendor.forward(flash_vendor.CUDNN, *leaves, causal=True, scale=scale, need_lse=False)
+        return torch.autograd.grad(out, leaves, do)
+
+    def direct():
+        o, lse = flash_vendor.forward(flash_vendor.CUDNN, q, k, v, causal=True, scale=scale, need_lse=True)
+        return flash_vendor.backward(flash_vendor.CUDNN, do.contiguous(), q, k, v, o.contiguous(), lse, causal=True,
+                                     scale=scale)
+
+    for name, call in ((("direct", direct), ("SDPA's own", sdpas_own)) if ours_first
+                       else (("SDPA's own", sdpas_own), ("direct", direct))):
+        got = call()
+        for g, w in zip(got, want):
+            err = ((g.double() - w).abs().max() / w.abs().max()).item()
+            assert err < 1e-2, f"{name}: relative error {err:.4f}"
+    assert flash_vendor._cudnn_direct_ok.get(q.device, True)

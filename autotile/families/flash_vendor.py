@@ -48,7 +48,13 @@ _cudnn_direct_ok: dict[torch.device, bool] = {}  # False once cuDNN's backward r
 # torch over fourteen shapes (MHA and GQA, causal and not, head dims 64, 96 and 128), as the Gluon backward's, and
 # every vendor config's GPU test (head dim 256 too) against float64; its time that of cuDNN's backward alone in SDPA's
 # autograd (0.98-1.03x; benchmarks/results/flash_bwd_2026-12-05b_cudnn_direct.txt, _2026-12-05c_h200_cudnn_direct.txt).
-CUDNN_BACKWARD_ON_GIVEN_LSE = True
+# NOTE: off all the same. Torch keys its cached cuDNN backward graphs by q, k and v (shapes, strides, flags) alone, and
+# the graph bakes in the strides of O, dO and the LSE it was built with (aten/src/ATen/native/cudnn/MHA.cpp,
+# MHAParams). This call passes O contiguous and dO in O's strides; SDPA's own backward, on the same q, k and v in one
+# process, passes its O in q's layout and dO as autograd hands it. Whichever call builds the graph first, the other
+# would run it on tensors laid out otherwise: wrong gradients, no error. On only once a GPU test of both orders
+# (tests/test_flash_vendor.py, test_gpu_cudnn_direct_backward_beside_sdpas_own) passes with layouts that differ.
+CUDNN_BACKWARD_ON_GIVEN_LSE = False
 
 
 def expresses(backend: str, problem) -> bool:
@@ -185,7 +191,11 @@ def _cudnn_backward(do, q, k, v, o, lse, *, causal: bool, scale: float):
     forward leaves it, (B, H, Sq, 1) with unit strides below H; no bias, no packed lengths, no dropout."""
     seed, offset = _rng_placeholder(q.device)
     lse_nat = (lse * LN2).unsqueeze(-1).contiguous()
-    if do.stride() != o.stride():  # its kernel reads dO with O's strides
+    # O in q's layout, as cuDNN's own forward leaves it, and dO in O's strides: torch caches the backward graph by q, k
+    # and v alone, with the strides of O and dO it was built with (see CUDNN_BACKWARD_ON_GIVEN_LSE).
+    if o.stride() != q.stride():
+        o = torch.empty_like(q).copy_(o)
+    if do.stride() != o.stride():
         do = torch.empty_like(o).copy_(do)
     return torch.ops.aten._scaled_dot_product_cudnn_attention_backward(
         do, q, k, v, o, lse_nat, seed, offset, None, None, None, q.shape[2], k.shape[2], 0.0, causal, scale=scale)[:3]
