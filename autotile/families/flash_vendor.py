@@ -50,10 +50,11 @@ _cudnn_direct_ok: dict[torch.device, bool] = {}  # False once cuDNN's backward r
 # autograd (0.98-1.03x; benchmarks/results/flash_bwd_2026-12-05b_cudnn_direct.txt, _2026-12-05c_h200_cudnn_direct.txt).
 # NOTE: off all the same. Torch keys its cached cuDNN backward graphs by q, k and v (shapes, strides, flags) alone, and
 # the graph bakes in the strides of O, dO and the LSE it was built with (aten/src/ATen/native/cudnn/MHA.cpp,
-# MHAParams). This call passes O contiguous and dO in O's strides; SDPA's own backward, on the same q, k and v in one
-# process, passes its O in q's layout and dO as autograd hands it. Whichever call builds the graph first, the other
-# would run it on tensors laid out otherwise: wrong gradients, no error. On only once a GPU test of both orders
-# (tests/test_flash_vendor.py, test_gpu_cudnn_direct_backward_beside_sdpas_own) passes with layouts that differ.
+# MHAParams). This call passes O in q's layout and dO in O's strides, as cuDNN's own forward and most models lay them
+# out; SDPA's own backward passes dO as autograd hands it, which may be laid out otherwise. On the same q, k and v in
+# one process, whichever call builds the graph first, the other would run it on its dO read with the wrong strides:
+# wrong gradients, no error. On only once GPU tests of both orders pass, with dO laid out like O
+# (tests/test_flash_vendor.py, test_gpu_cudnn_direct_backward_beside_sdpas_own) and unlike it.
 CUDNN_BACKWARD_ON_GIVEN_LSE = False
 
 
