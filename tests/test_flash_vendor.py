@@ -110,11 +110,12 @@ def test_a_vendor_backward_is_timed_without_its_forward(monkeypatch):
             assert torch.allclose(g, w, atol=1e-5, rtol=1e-5)
 
 
-def test_cudnns_backward_gets_the_natural_log_lse_in_its_layout_and_o_and_do_in_qs(monkeypatch):
+def test_cudnns_backward_gets_its_lse_o_and_do_as_sdpas_own_backward_does(monkeypatch):
     """flash_vendor._cudnn_backward's arguments, with ATen's op stood in for on the CPU: the family's log2 LSE
     (B, H, Sq) goes as cuDNN's forward leaves its own, natural-log (B, H, Sq, 1); O goes in q's layout, as cuDNN's
-    forward leaves its own, and dO in O's strides. Where torch's op refuses them, the backward says so once and runs
-    the forward again."""
+    forward leaves its own; dO as given, laid out like O only where its innermost stride is not 1 (SDPA's own
+    backward passes them so, and torch caches the graph by q, k and v alone). Where torch's op refuses them, the
+    backward says so once and runs the forward again."""
     seen = {}
 
     def fake_backward(do, q, k, v, o, lse, seed, offset, bias, cum_q, cum_k, max_q, max_k, dropout, causal, scale):
@@ -134,12 +135,23 @@ def test_cudnns_backward_gets_the_natural_log_lse_in_its_layout_and_o_and_do_in_
     assert seen["lse"].shape == (2, 4, 5, 1) and seen["lse"].is_contiguous()
     assert torch.allclose(seen["lse"][..., 0], lse * flash_vendor.LN2)
     assert seen["o"].stride() == q.stride() and torch.equal(seen["o"], o)
-    assert seen["do"].stride() == q.stride() and torch.equal(seen["do"], do)
-    # q laid out (B, S, H, D) in memory: O and dO follow it
+    assert seen["do"] is do
+    # q laid out (B, S, H, D) in memory: O follows it; dO as given
     q_bshd = torch.randn(2, 5, 4, 8).transpose(1, 2)
-    flash_vendor.backward(flash_vendor.CUDNN, do, q_bshd, k, v, o.contiguous(), lse, causal=True, scale=0.3)
+    do_bshd = torch.randn(2, 5, 4, 8).transpose(1, 2)
+    flash_vendor.backward(flash_vendor.CUDNN, do_bshd, q_bshd, k, v, o.contiguous(), lse, causal=True, scale=0.3)
     assert seen["o"].stride() == q_bshd.stride() and torch.equal(seen["o"], o)
+    assert seen["do"] is do_bshd
+    # dO whose innermost stride is not 1 goes laid out like O
+    do_cols = torch.randn(2, 4, 8, 5).transpose(2, 3)
+    flash_vendor.backward(flash_vendor.CUDNN, do_cols, q_bshd, k, v, o, lse, causal=True, scale=0.3)
+    assert seen["do"].stride() == q_bshd.stride() and torch.equal(seen["do"], do_cols)
+    # before cuDNN 9.5.1 torch lays dO out like O whatever its strides
+    version = torch.backends.cudnn.version
+    monkeypatch.setattr(torch.backends.cudnn, "version", lambda: 90100)
+    flash_vendor.backward(flash_vendor.CUDNN, do, q_bshd, k, v, o, lse, causal=True, scale=0.3)
     assert seen["do"].stride() == q_bshd.stride() and torch.equal(seen["do"], do)
+    monkeypatch.setattr(torch.backends.cudnn, "version", version)
     assert seen["bias"] is None and seen["cum"] == (None, None) and seen["lengths"] == (5, 7)
     assert (seen["dropout"], seen["causal"], seen["scale"]) == (0.0, True, 0.3)
 
@@ -512,8 +524,8 @@ def test_gpu_a_generated_forwards_backward_is_cudnns_on_its_o_and_lse(monkeypatc
 def test_gpu_cudnn_direct_backward_beside_sdpas_own(monkeypatch, ours_first):
     """Torch caches cuDNN's backward graph by q, k and v alone, with the strides of O and dO it was built with
     (flash_vendor.CUDNN_BACKWARD_ON_GIVEN_LSE). SDPA's own backward and the direct call on the same (B, S, H, D)-laid
-    q, k and v in one process, in either order, the direct call given O and dO contiguous (as the family's forward
-    writes O): both gradients match float64."""
+    q, k and v in one process, in either order, the direct call given O contiguous (as the family's forward writes it)
+    and the same dO: both gradients match float64."""
     monkeypatch.setattr(flash_vendor, "CUDNN_BACKWARD_ON_GIVEN_LSE", True)
     monkeypatch.setattr(flash_vendor, "_cudnn_direct_ok", {})
     gen = torch.Generator(device="cuda").manual_seed(11)
@@ -535,8 +547,7 @@ def test_gpu_cudnn_direct_backward_beside_sdpas_own(monkeypatch, ours_first):
 
     def direct():
         o, lse = flash_vendor.forward(flash_vendor.CUDNN, q, k, v, causal=True, scale=scale, need_lse=True)
-        return flash_vendor.backward(flash_vendor.CUDNN, do.contiguous(), q, k, v, o.contiguous(), lse, causal=True,
-                                     scale=scale)
+        return flash_vendor.backward(flash_vendor.CUDNN, do, q, k, v, o.contiguous(), lse, causal=True, scale=scale)
 
     for name, call in ((("direct", direct), ("SDPA's own", sdpas_own)) if ours_first
                        else (("SDPA's own", sdpas_own), ("direct", direct))):

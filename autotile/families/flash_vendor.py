@@ -50,11 +50,12 @@ _cudnn_direct_ok: dict[torch.device, bool] = {}  # False once cuDNN's backward r
 # autograd (0.98-1.03x; benchmarks/results/flash_bwd_2026-12-05b_cudnn_direct.txt, _2026-12-05c_h200_cudnn_direct.txt).
 # NOTE: off all the same. Torch keys its cached cuDNN backward graphs by q, k and v (shapes, strides, flags) alone, and
 # the graph bakes in the strides of O, dO and the LSE it was built with (aten/src/ATen/native/cudnn/MHA.cpp,
-# MHAParams). This call passes O in q's layout and dO in O's strides, as cuDNN's own forward and most models lay them
-# out; SDPA's own backward passes dO as autograd hands it, which may be laid out otherwise. On the same q, k and v in
-# one process, whichever call builds the graph first, the other would run it on its dO read with the wrong strides:
-# wrong gradients, no error. On only once GPU tests of both orders pass, with dO laid out like O
-# (tests/test_flash_vendor.py, test_gpu_cudnn_direct_backward_beside_sdpas_own) and unlike it.
+# MHAParams). This call passes O and dO as SDPA's own backward does (O in q's layout, dO as autograd hands it), so the
+# two agree wherever their calls see the same layouts; where they do not (the family's forward writes O contiguous,
+# SDPA's in q's layout, so a model's gradient of O may come back laid out otherwise), whichever call builds the graph
+# first, the other would run it on strides it was not built for: wrong gradients, no error. On only once GPU checks
+# of both orders pass (tests/test_flash_vendor.py, test_gpu_cudnn_direct_backward_beside_sdpas_own;
+# benchmarks/prototypes/cudnn_graph_cache_layouts.py) and the op's O takes q's layout as SDPA's does.
 CUDNN_BACKWARD_ON_GIVEN_LSE = False
 
 
@@ -192,14 +193,23 @@ def _cudnn_backward(do, q, k, v, o, lse, *, causal: bool, scale: float):
     forward leaves it, (B, H, Sq, 1) with unit strides below H; no bias, no packed lengths, no dropout."""
     seed, offset = _rng_placeholder(q.device)
     lse_nat = (lse * LN2).unsqueeze(-1).contiguous()
-    # O in q's layout, as cuDNN's own forward leaves it, and dO in O's strides: torch caches the backward graph by q, k
-    # and v alone, with the strides of O and dO it was built with (see CUDNN_BACKWARD_ON_GIVEN_LSE).
+    # O and dO as SDPA's own backward passes them: O in q's layout, as cuDNN's forward leaves it, and dO as autograd
+    # hands it, laid out like O only where its innermost stride is not 1 (or, before cuDNN 9.5.1, always). Torch caches
+    # the backward graph by q, k and v alone, with the strides of O and dO it was built with (see
+    # CUDNN_BACKWARD_ON_GIVEN_LSE).
     if o.stride() != q.stride():
         o = torch.empty_like(q).copy_(o)
-    if do.stride() != o.stride():
+    if do.stride() != o.stride() and (do.stride()[-1] != 1 or not _cudnn_takes_any_do_strides()):
         do = torch.empty_like(o).copy_(do)
     return torch.ops.aten._scaled_dot_product_cudnn_attention_backward(
         do, q, k, v, o, lse_nat, seed, offset, None, None, None, q.shape[2], k.shape[2], 0.0, causal, scale=scale)[:3]
+
+
+def _cudnn_takes_any_do_strides() -> bool:
+    """Whether torch's cuDNN backward reads dO with its own strides (cuDNN 9.5.1 on; before, torch lays dO out like O
+    first: aten/src/ATen/native/cudnn/MHA.cpp)."""
+    version = torch.backends.cudnn.version()
+    return version is None or version >= 90501
 
 
 def _rng_placeholder(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -2,10 +2,11 @@
 
 Torch caches cuDNN's attention backward graphs by q, k and v alone (shapes, strides, flags), and each graph keeps the
 strides of the O, dO and LSE it was built with (aten/src/ATen/native/cudnn/MHA.cpp, MHAParams). flash_vendor's
-direct call (_cudnn_backward, behind CUDNN_BACKWARD_ON_GIVEN_LSE) passes O in q's layout and dO in O's strides;
-SDPA's own backward passes dO as autograd hands it. This script runs both on the same q, k and v, in both orders,
-with SDPA's dO laid out like O and unlike it, each case on a sequence length of its own (a fresh graph key), and
-prints every gradient's relative error against float64. Any case past 1e-2 means the two calls mixed one graph.
+direct call (_cudnn_backward, behind CUDNN_BACKWARD_ON_GIVEN_LSE) passes O in q's layout and dO as given, as SDPA's
+own backward does. This script runs both on the same q, k and v and the same dO, in both orders, with dO laid out like
+O and unlike it, each case on a sequence length of its own (a fresh graph key), and prints every gradient's relative
+error against float64. Any case past 1e-2 means the two calls mixed one graph. (It does not cover a dO that reaches
+the two calls laid out differently, as it can where the op's O is contiguous and SDPA's is not.)
 
     PYTHONPATH=. python benchmarks/prototypes/cudnn_graph_cache_layouts.py
 """
@@ -41,8 +42,8 @@ def sdpas_own(q, k, v, do):
 
 def direct(q, k, v, do):
     o, lse = flash_vendor.forward(flash_vendor.CUDNN, q, k, v, causal=True, scale=SCALE, need_lse=True)
-    return flash_vendor.backward(flash_vendor.CUDNN, do.contiguous(), q, k, v, o.contiguous(), lse, causal=True,
-                                 scale=SCALE)
+    # O contiguous, as the family's forward writes it; dO the same tensor SDPA's own backward gets
+    return flash_vendor.backward(flash_vendor.CUDNN, do, q, k, v, o.contiguous(), lse, causal=True, scale=SCALE)
 
 
 def worst_error(got, want) -> float:
