@@ -77,13 +77,17 @@ def expresses(backend: str, problem) -> bool:
     return False
 
 
+# torch's check of each fused backend (torch.backends.cuda.<name>(SDPAParams, debug)).
+_TORCH_CHECKS = {CUDNN: "can_use_cudnn_attention", FLASH: "can_use_flash_attention",
+                 EFFICIENT: "can_use_efficient_attention"}
+
+
 def _torch_allows(backend: str, problem, device_index: int) -> bool:
     """torch's own checks (hardware, build, head dim limits, backends switched off by the user) on small probes."""
     p = problem
     if backend == MATH:
         return torch.backends.cuda.math_sdp_enabled()
-    checks = {CUDNN: "can_use_cudnn_attention", FLASH: "can_use_flash_attention", EFFICIENT: "can_use_efficient_attention"}
-    check = getattr(torch.backends.cuda, checks[backend], None)
+    check = getattr(torch.backends.cuda, _TORCH_CHECKS[backend], None)
     if check is None:
         return False
     key = (backend, p.dtype, p.heads_q, p.heads_kv, min(p.seq_q, _PROBE_SEQ), min(p.seq_k, _PROBE_SEQ), p.head_dim,
@@ -118,8 +122,7 @@ def accepts(backend: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gra
     does not record); the runtime asks once per call signature before serving a vendor config."""
     if backend == MATH:
         return True
-    checks = {CUDNN: "can_use_cudnn_attention", FLASH: "can_use_flash_attention", EFFICIENT: "can_use_efficient_attention"}
-    check = getattr(torch.backends.cuda, checks.get(backend, ""), None)
+    check = getattr(torch.backends.cuda, _TORCH_CHECKS.get(backend, ""), None)
     if check is None or not q.is_cuda:
         return False
     try:
@@ -154,7 +157,8 @@ def _math(q, k, v, causal: bool, scale: float) -> torch.Tensor:
 
 
 def _log2_lse_from(lse: torch.Tensor, seq_q: int) -> torch.Tensor:
-    """A backend's natural-log log-sum-exp ((B, H, Sq), (B, H, Sq, 1), or padded along Sq) in the family's log2 units."""
+    """A backend's natural-log log-sum-exp ((B, H, Sq), (B, H, Sq, 1), or padded along Sq) in the family's log2
+    units."""
     if lse.dim() == 4:
         lse = lse[..., 0]
     return lse[..., :seq_q] * LOG2E
