@@ -279,9 +279,11 @@ def _step_served(q, k, v) -> str:
     resolution = fallback.usable(FAMILY, problem, device)
     if resolution.vendor and not ops_flash.gluon_before_vendor(problem, device, resolution):
         from autotile.families import flash_vendor
+        from autotile.families.base import VENDOR_KEY
 
-        given = flash_vendor.backward_takes_given_lse(resolution.config["VENDOR"], q.device)
-        backward = f"{resolution.config['VENDOR']} ({'on the given O and LSE' if given else 'recomputes its forward'})"
+        backend = resolution.config[VENDOR_KEY]
+        given = flash_vendor.backward_takes_given_lse(backend, q.device)
+        backward = f"{backend} ({'on the given O and LSE' if given else 'recomputes its forward'})"
     elif resolution.vendor:
         backward = "default (the Gluon backward, before the vendor op)"
     else:

@@ -356,8 +356,7 @@ class FlashFamily(Family):
         if problem.direction == "fwd":
             # As a user calls it to infer: no log-sum-exp asked for.
             return lambda: flash_vendor.forward(backend, q, k, v, causal=causal, scale=scale, need_lse=False)
-        if backend == flash_vendor.FLASH or (backend == flash_vendor.CUDNN
-                                             and flash_vendor.CUDNN_BACKWARD_ON_GIVEN_LSE):
+        if flash_vendor.backward_takes_given_lse(backend, q.device):
             return super().timed_call(problem, config, inputs, outputs)  # its ATen backward, on O and LSE
         # The backward alone, as the generated backward (given O and LSE) is timed: the forward runs once here
         # and keeps its graph. NOTE: flash_vendor.backward of the other backends goes through autograd and runs the
