@@ -153,9 +153,11 @@ def _sdpa_best(q, k, v, rounds: int) -> tuple[str, float, object]:
     for backend in (None, SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION):
         def fn(backend=backend):
             if backend is None:  # SDPA's own choice, without the cost of the context manager
-                return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+                return _merged(torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                                                enable_gqa=gqa))
             with sdpa_kernel([backend]):
-                return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+                return _merged(torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                                                enable_gqa=gqa))
         try:
             fn()
             ms = triton.testing.do_bench(fn, warmup=10, rep=40)
@@ -166,23 +168,41 @@ def _sdpa_best(q, k, v, rounds: int) -> tuple[str, float, object]:
     return best
 
 
+# How the attention rows lay out q, k and v (--layout): "bhsd" heads-major tensors, or "bshd" a model's (B, S, H, D)
+# projections seen as (B, H, S, D), each call's O then merged back to (B, S, H * D) for the output projection.
+ATTENTION_LAYOUT = "bhsd"
+
+
+def _attention_inputs(model, batch, seq, gen=None) -> tuple:
+    """bf16 q, k and v of an attention row, laid out as ATTENTION_LAYOUT says."""
+    import torch
+
+    def one(heads):
+        if ATTENTION_LAYOUT == "bhsd":
+            return torch.randn(batch, heads, seq, model.head_dim, device="cuda", generator=gen, dtype=torch.bfloat16)
+        return torch.randn(batch, seq, heads, model.head_dim, device="cuda", generator=gen,
+                           dtype=torch.bfloat16).transpose(1, 2)
+    return one(model.heads), one(model.kv_heads), one(model.kv_heads)
+
+
+def _merged(o):
+    """O as the next layer takes it: itself (bhsd), or (B, S, H * D), a view only where O is laid out so (bshd)."""
+    return o if ATTENTION_LAYOUT == "bhsd" else o.transpose(1, 2).reshape(o.shape[0], o.shape[2], -1)
+
+
 def _attention_shape(name, model, batch, seq) -> dict:
     """The fields that name an attention row's shape."""
     return {"model": name, "batch": batch, "seq": seq, "heads": f"{model.heads}/{model.kv_heads}", "d": model.head_dim}
 
 
 def flash_rows(models, shapes, rounds: int) -> list[dict]:
-    import torch
-
     from autotile.models import MODELS
 
     rows = []
     for name in models:
         model = MODELS[name]
         for batch, seq in shapes:
-            q = torch.randn(batch, model.heads, seq, model.head_dim, device="cuda", dtype=torch.bfloat16)
-            k = torch.randn(batch, model.kv_heads, seq, model.head_dim, device="cuda", dtype=torch.bfloat16)
-            v = torch.randn_like(k)
+            q, k, v = _attention_inputs(model, batch, seq)
             best = _sdpa_best(q, k, v, rounds)
             if best is None:
                 print(f"flash {name} {batch}x{seq}: no SDPA backend takes it", flush=True)
@@ -200,10 +220,10 @@ def _flash_row(name, model, batch, seq, q, k, v, best, rounds) -> dict:
 
     backend, _, sdpa = best
     want = sdpa()
-    got = autotile.flash_attention(q, k, v, causal=True)
+    got = _merged(autotile.flash_attention(q, k, v, causal=True))
     err = (got.float() - want.float()).abs().max().item()
     info = autotile.explain("flash_attention", q, k, v, causal=True)
-    ours, theirs = _timed_pair(lambda: autotile.flash_attention(q, k, v, causal=True), sdpa, rounds)
+    ours, theirs = _timed_pair(lambda: _merged(autotile.flash_attention(q, k, v, causal=True)), sdpa, rounds)
     flops = 4 * batch * model.heads * seq * seq * model.head_dim / 2
     # bf16 attention outputs (|o| < ~1 for N(0, 1) inputs): differences above 2e-2 mean a wrong result.
     return {**_attention_shape(name, model, batch, seq), "ours_ms": ours, "vendor_ms": theirs, "ratio": theirs / ours,
@@ -223,9 +243,7 @@ def train_rows(models, shapes, rounds: int) -> list[dict]:
     for name in models:
         model = MODELS[name]
         for batch, seq in shapes:
-            shapes_qkv = ((batch, model.heads, seq, model.head_dim), (batch, model.kv_heads, seq, model.head_dim))
-            q, k, v = (torch.randn(shapes_qkv[min(i, 1)], device="cuda", generator=gen, dtype=torch.bfloat16)
-                       .requires_grad_(True) for i in range(3))
+            q, k, v = (t.requires_grad_(True) for t in _attention_inputs(model, batch, seq, gen))
             try:
                 rows.append(_train_row(name, model, batch, seq, q, k, v, rounds))
             except Exception as exc:  # noqa: BLE001 - the table says what failed
@@ -240,15 +258,15 @@ def _train_row(name, model, batch, seq, q, k, v, rounds) -> dict:
     import autotile
 
     gqa = q.shape[1] != k.shape[1]
-    do = torch.randn(q.shape, device="cuda", dtype=torch.bfloat16)
+    do = _merged(torch.randn(q.shape, device="cuda", dtype=torch.bfloat16))  # the gradient the next layer hands back
     leaves = (q, k, v)
 
     def ours():
-        return torch.autograd.grad(autotile.flash_attention(q, k, v, causal=True), leaves, do)
+        return torch.autograd.grad(_merged(autotile.flash_attention(q, k, v, causal=True)), leaves, do)
 
     def sdpa():
         out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
-        return torch.autograd.grad(out, leaves, do)
+        return torch.autograd.grad(_merged(out), leaves, do)
 
     # bf16 gradients: a relative error past 2% of the largest gradient is a wrong result, as flash_bwd_bench says.
     err = max(((g.float() - w.float()).abs().max() / w.float().abs().max()).item() for g, w in zip(ours(), sdpa()))
@@ -478,8 +496,14 @@ def main() -> None:
                         help="withhold the forward's vendor configs, so that a generated forward serves every call "
                              "(as where a shipped policy or winner does) and the training step's backward is the "
                              "family's untuned one")
+    parser.add_argument("--layout", choices=("bhsd", "bshd"), default="bhsd",
+                        help="the attention rows' q, k and v: heads-major (bhsd), or a model's (B, S, H, D) "
+                             "projections seen as (B, H, S, D), each O merged back to (B, S, H * D) as the output "
+                             "projection takes it (bshd)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    global ATTENTION_LAYOUT
+    ATTENTION_LAYOUT = args.layout
     if args.generated_forward:
         withhold_forward_vendor()
     os.environ["AUTOTILE_DB"] = args.db or f"sqlite:///{tempfile.mkdtemp()}/empty.sqlite"
@@ -508,7 +532,8 @@ def main() -> None:
     props = torch.cuda.get_device_properties(0)
     header = (f"# {args.name}: public ops vs the vendor op\n\n{props.name} ({props.multi_processor_count} SMs), "
               f"torch {torch.__version__}, triton {triton.__version__}, {datetime.date.today()}; user database: "
-              f"{'given' if args.db else 'empty (shipped winners only)'}; medians of {args.rounds} interleaved rounds. "
+              f"{'given' if args.db else 'empty (shipped winners only)'}; attention layout {args.layout}; medians of "
+              f"{args.rounds} interleaved rounds. "
               "Ratio = vendor time / autotile time (above 1: autotile is faster).")
     text = markdown(gemm, flash, host, graphs, header, args.gemm_op, train)
     (args.out / f"{args.name}.md").write_text(text)

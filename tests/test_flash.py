@@ -17,6 +17,7 @@ from autotile.device import DeviceInfo, interpret_device
 from autotile.errors import BadInputError, ShapeMismatchError, UnsupportedDtypeError
 from autotile.families.flash import (FAMILY, FlashProblem, attention_math, causal_seen, default_scale,
                                      fa_rule_check, seen_pairs)
+from autotile.layouts import matching_strides
 from autotile.runtime import ops_flash
 from autotile.space import Config
 
@@ -281,10 +282,38 @@ def test_backward_of_traced_tensors_goes_through_the_op():
         assert ops_flash.eager_or_op("op", "body", fake, fake, None) == "op"
 
 
-def test_op_fake_impls_pass_opcheck():
-    q, k, v = (torch.randn(1, 2, 5, 16) for _ in range(3))
+def _laid_out(layout: str, batch: int, heads: int, seq: int, dim: int) -> torch.Tensor:
+    """(B, H, S, D) tensors as models hand them to attention."""
+    if layout == "contiguous":
+        return torch.randn(batch, heads, seq, dim)
+    if layout == "bshd":  # a projection viewed as (B, S, H, D) and transposed
+        return torch.randn(batch, seq, heads, dim).transpose(1, 2)
+    return torch.randn(batch, seq, 3, heads, dim)[:, :, 1].transpose(1, 2)  # a slice of a fused QKV projection
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "bshd", "qkv_slice"])
+def test_op_fake_impls_pass_opcheck(layout):
+    # The fake implementations promise torch.compile the real outputs' strides: O and the gradients laid out as
+    # q, k and v (autotile.layouts), as SDPA's backends lay them out.
+    q, k, v = (_laid_out(layout, 1, 2, 5, 16) for _ in range(3))
     torch.library.opcheck(torch.ops.autotile.flash_attention_fwd, (q, k, v, True, 0.25),
                           test_utils=("test_schema", "test_faketensor"))
+    o, lse = torch.ops.autotile.flash_attention_fwd(q, k, v, True, 0.25)
+    torch.library.opcheck(torch.ops.autotile.flash_attention_bwd, (torch.randn_like(o), q, k, v, o, lse, True, 0.25),
+                          test_utils=("test_schema", "test_faketensor"))
+
+
+@pytest.mark.parametrize("layout", ["bshd", "qkv_slice"])
+def test_op_output_and_gradients_keep_the_models_layout(layout):
+    # So a model's o.transpose(1, 2).reshape(B, S, H * D) is a view, as it is after SDPA.
+    q, k, v = (_laid_out(layout, 2, heads, 9, 16).requires_grad_(True) for heads in (4, 2, 2))
+    out = ops_flash.flash_attention(q, k, v, causal=True)
+    assert out.stride() == matching_strides(q) and out.transpose(1, 2).is_contiguous()
+    grads = torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
+    assert [g.stride() for g in grads] == [matching_strides(t) for t in (q, k, v)]
+    ref = attention_math(*(t.detach().double() for t in (q, k, v)), causal=True, scale=default_scale(16),
+                         dtype=torch.float64)
+    assert (out.double() - ref).abs().max() < 1e-4
 
 
 def test_problem_for_explains_the_forward_problem():

@@ -556,3 +556,40 @@ def test_gpu_cudnn_direct_backward_beside_sdpas_own(monkeypatch, ours_first):
             err = ((g.double() - w).abs().max() / w.abs().max()).item()
             assert err < 1e-2, f"{name}: relative error {err:.4f}"
     assert flash_vendor._cudnn_direct_ok.get(q.device, True)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("vendor", ["1", "0"], ids=["vendor", "kernels"])
+def test_gpu_inductor_reads_the_ops_outputs_as_laid_out(vendor, monkeypatch):
+    """Under torch.compile, Inductor's own kernels read the op's O and gradients with the strides its fake
+    implementations promise (q's layout, autotile.layouts): a model's (B, S, H, D) projections, attention, and the
+    transpose back fused into the next kernel, forward and backward, whichever kernel serves (SDPA's backend or the
+    family's), against float64."""
+    monkeypatch.setenv("AUTOTILE_VENDOR", vendor)
+    dispatch.clear_cache()
+    torch._dynamo.reset()
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    batch, seq, dim = 2, 300, 128
+
+    def block(q, k, v):
+        def heads(t):
+            return t.view(batch, seq, -1, dim).transpose(1, 2)
+        o = autotile.flash_attention(heads(q), heads(k), heads(v), causal=True)
+        return o.transpose(1, 2).reshape(batch, seq, -1) * 2.0
+
+    q, k, v = (torch.randn(batch, seq, h * dim, device="cuda", generator=gen).bfloat16().requires_grad_(True)
+               for h in (8, 2, 2))
+    grad = torch.randn(batch, seq, 8 * dim, device="cuda", generator=gen).bfloat16()
+    try:
+        out = torch.compile(block)(q, k, v)
+        got = torch.autograd.grad(out, (q, k, v), grad)
+        leaves = [t.detach().double().requires_grad_(True) for t in (q, k, v)]
+        want_o = attention_math(*(t.view(batch, seq, -1, dim).transpose(1, 2) for t in leaves), causal=True,
+                                scale=dim ** -0.5, dtype=torch.float64).transpose(1, 2).reshape(batch, seq, -1) * 2.0
+        want = torch.autograd.grad(want_o, leaves, grad.double())
+        for g, w in zip((out, *got), (want_o, *want)):
+            assert ((g.double() - w).abs().max() / w.abs().max()).item() < 1e-2
+    finally:
+        dispatch.clear_cache()
+        torch._dynamo.reset()

@@ -40,6 +40,7 @@ from autotile.families.flash_reference import (LOG2E, Scores, attention_grads, a
                                                split_packed)
 from autotile.families.flash_space import (_backward_render_loads, _forward_upgrade, gluon_bwd_smem,  # noqa: F401 - re-exported
                                            gluon_q_slots, gluon_split_kv, uses_tma)
+from autotile.layouts import matching_strides
 from autotile.render import load_kernel_module
 from autotile.space import Config, Space
 
@@ -409,14 +410,19 @@ class FlashFamily(Family):
         return inputs
 
     def allocate_outputs(self, problem: FlashProblem, inputs: Tensors) -> Tensors:
+        # Dense outputs are laid out like their inputs, as SDPA's backends and the ops' fake implementations lay them
+        # out (autotile.layouts); packed ones are contiguous.
         q = inputs["q"]
+
+        def like(t, dtype):
+            if problem.varlen:
+                return torch.empty(t.shape, dtype=dtype, device=q.device)
+            return torch.empty_strided(t.shape, matching_strides(t), dtype=dtype, device=q.device)
         if problem.direction == "fwd":
             stats = (q.shape[1], q.shape[0]) if problem.varlen else q.shape[:3]
-            return {"o": torch.empty(q.shape, dtype=torch_dtype(problem.out_dtype), device=q.device),
+            return {"o": like(q, torch_dtype(problem.out_dtype)),
                     "lse": torch.empty(stats, dtype=torch.float32, device=q.device)}
-        # Contiguous whatever the inputs' strides, as the op's fake implementation promises torch.compile.
-        return {name: torch.empty(inputs[src].shape, dtype=inputs[src].dtype, device=q.device)
-                for name, src in (("dq", "q"), ("dk", "k"), ("dv", "v"))}
+        return {name: like(inputs[src], inputs[src].dtype) for name, src in (("dq", "q"), ("dk", "k"), ("dv", "v"))}
 
     # --- references ---------------------------------------------------------------------
     def _attend(self, p: FlashProblem, inputs: Tensors, q, k, v, *, dtype: torch.dtype, lse: bool, scale=None):

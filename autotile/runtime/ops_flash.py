@@ -32,6 +32,7 @@ from autotile.families import flash_vendor
 from autotile.families.base import VENDOR_KEY
 from autotile.families.flash import (FAMILY, GLUON_WS, MAX_HEAD_DIM, FlashFamily, FlashProblem, default_scale,
                                      window_pair)
+from autotile.layouts import matching_strides, with_strides
 from autotile.runtime import fallback, trace
 from autotile.runtime.dispatch import on_clear
 from autotile.runtime.eager import autograd_call_ok, direct_call_ok
@@ -241,12 +242,15 @@ def _forward_runner(served: _Served, problem: FlashProblem, device: DeviceInfo, 
             own = _sdpa_picks(backend, problem, sample, scale)
             gqa = problem.heads_q != problem.heads_kv
             sdpa = torch.nn.functional.scaled_dot_product_attention
+            # cuDNN and FlashAttention-2 write O in q's layout already; the efficient kernel (B, S, H, D) whatever q's.
+            o_strides = matching_strides(sample["q"])
 
             def run_vendor(q, k, v, alibi, cu_q, cu_k, need_lse):
                 if own and not need_lse:
                     # The backend SDPA itself picks for this call: its C entry point costs the least host time.
-                    return sdpa(q, k, v, is_causal=causal, scale=scale, enable_gqa=gqa), None
-                return flash_vendor.forward(backend, q, k, v, causal=causal, scale=scale, need_lse=need_lse)
+                    return with_strides(sdpa(q, k, v, is_causal=causal, scale=scale, enable_gqa=gqa), o_strides), None
+                o, lse = flash_vendor.forward(backend, q, k, v, causal=causal, scale=scale, need_lse=need_lse)
+                return with_strides(o, o_strides), lse
             served.vendor, served.sdpa = True, (causal, scale, gqa) if own else None
             return Config({VENDOR_KEY: backend}), run_vendor
     source = resolution.source
@@ -260,6 +264,7 @@ def _forward_runner(served: _Served, problem: FlashProblem, device: DeviceInfo, 
     with_lse, without_lse = (FAMILY.plan(problem, config, sample, outputs, scale=scale, keep=True,
                                          store_lse=store) for store in (True, False))
     o_shape, o_dtype, lse_shape, dev = q.shape, torch_dtype(problem.out_dtype), outputs["lse"].shape, q.device
+    o_strides = outputs["o"].stride()  # q's layout (autotile.layouts), as the plan took it
     # fp8 tensors passed by users carry their values as they are: unit descales.
     descale = torch.ones(3, dtype=torch.float32, device=dev) if problem.dtype == "fp8" else None
 
@@ -304,7 +309,8 @@ def _forward_runner(served: _Served, problem: FlashProblem, device: DeviceInfo, 
         if packed:
             o = torch.zeros(o_shape, dtype=o_dtype, device=dev)
         else:
-            o = q.new_empty(o_shape) if same_dtype else torch.empty(o_shape, dtype=o_dtype, device=dev)
+            o = (q.new_empty_strided(o_shape, o_strides) if same_dtype
+                 else torch.empty_strided(o_shape, o_strides, dtype=o_dtype, device=dev))
         if not need_lse:
             launch_without(q, k, v, o, o, alibi, cu_q, cu_k)
             return o, None
@@ -412,8 +418,11 @@ def _backward_runner(served: _Served, problem: FlashProblem, device: DeviceInfo,
         if backend is not None:
             causal = problem.causal
 
+            grad_strides = tuple(matching_strides(sample[name]) for name in ("q", "k", "v"))
+
             def run_vendor(q, k, v, o, do, lse, alibi, cu_q, cu_k, dlse):
-                return flash_vendor.backward(backend, do, q, k, v, o, lse, causal=causal, scale=scale)
+                grads = flash_vendor.backward(backend, do, q, k, v, o, lse, causal=causal, scale=scale)
+                return tuple(with_strides(g, strides) for g, strides in zip(grads, grad_strides))
             served.vendor = True
             return Config({VENDOR_KEY: backend}), run_vendor
         # SDPA's backward takes no gradient of the log-sum-exp (and no backend may take these tensors), or the Gluon
@@ -437,12 +446,16 @@ def _backward_runner(served: _Served, problem: FlashProblem, device: DeviceInfo,
 
     launch_here = _on_device(dev, launch)
     # Packed rows in no sequence get no gradient from the kernels: zero, not whatever memory held (see
-    # _forward_runner).
-    new_grad = torch.zeros if problem.varlen else torch.empty
+    # _forward_runner). Dense gradients are laid out as their inputs, as the plan took them (autotile.layouts).
+    grad_strides = tuple(outputs[name].stride() for name in ("dq", "dk", "dv"))
+
+    def new_grad(t, strides):
+        if problem.varlen:
+            return torch.zeros(t.shape, dtype=t.dtype, device=dev)
+        return t.new_empty_strided(t.shape, strides)
 
     def run_kernel(q, k, v, o, do, lse, alibi, cu_q, cu_k, dlse):
-        # Contiguous whatever the inputs' strides, as the fake implementations promise torch.compile.
-        dq, dk, dv = (new_grad(t.shape, dtype=t.dtype, device=dev) for t in (q, k, v))
+        dq, dk, dv = (new_grad(t, strides) for t, strides in zip((q, k, v), grad_strides))
         launch_here(q, k, v, o, do, lse, alibi, cu_q, cu_k, dlse, dq, dk, dv)
         return dq, dk, dv
     choice = fallback.Choice(FAMILY, problem, device, config, source)
@@ -494,7 +507,8 @@ def flash_attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causa
 def _flash_attention_fwd_fake(q, k, v, causal, scale, window_left=-1, window_right=-1, softcap=0.0,
                               alibi_slopes=None):
     out_dtype = torch.bfloat16 if q.dtype == torch.float8_e4m3fn else q.dtype
-    return q.new_empty(q.shape, dtype=out_dtype), q.new_empty(q.shape[:3], dtype=torch.float32)
+    return (q.new_empty_strided(q.shape, matching_strides(q), dtype=out_dtype),
+            q.new_empty(q.shape[:3], dtype=torch.float32))
 
 
 def _flash_attention_bwd(do, q, k, v, o, lse, causal, scale, window_left=-1, window_right=-1, softcap=0.0,
@@ -520,7 +534,7 @@ def flash_attention_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: t
 @flash_attention_bwd.register_fake
 def _flash_attention_bwd_fake(do, q, k, v, o, lse, causal, scale, window_left=-1, window_right=-1, softcap=0.0,
                               alibi_slopes=None, dlse=None):
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+    return tuple(t.new_empty_strided(t.shape, matching_strides(t)) for t in (q, k, v))
 
 
 def _setup_context(ctx, inputs, output):

@@ -5,8 +5,9 @@ strides of the O, dO and LSE it was built with (aten/src/ATen/native/cudnn/MHA.c
 direct call (_cudnn_backward, behind CUDNN_BACKWARD_ON_GIVEN_LSE) passes O in q's layout and dO as given, as SDPA's
 own backward does. This script runs both on the same q, k and v and the same dO, in both orders, with dO laid out like
 O and unlike it, each case on a sequence length of its own (a fresh graph key), and prints every gradient's relative
-error against float64. Any case past 1e-2 means the two calls mixed one graph. (It does not cover a dO that reaches
-the two calls laid out differently, as it can where the op's O is contiguous and SDPA's is not.)
+error against float64. Any case past 1e-2 means the two calls mixed one graph. A second table gives two calls on the
+same q, k and v dO laid out differently (one like O, one not), every pairing of the two backwards, SDPA's own twice
+included: where that pairing is wrong too, the exposure is torch's own, not the direct call's.
 
     PYTHONPATH=. python benchmarks/prototypes/cudnn_graph_cache_layouts.py
 """
@@ -42,8 +43,8 @@ def sdpas_own(q, k, v, do):
 
 def direct(q, k, v, do):
     o, lse = flash_vendor.forward(flash_vendor.CUDNN, q, k, v, causal=True, scale=SCALE, need_lse=True)
-    # O contiguous, as the family's forward writes it; dO the same tensor SDPA's own backward gets
-    return flash_vendor.backward(flash_vendor.CUDNN, do, q, k, v, o.contiguous(), lse, causal=True, scale=SCALE)
+    # O in q's layout, as SDPA's forward and the op's write it; dO the same tensor SDPA's own backward gets
+    return flash_vendor.backward(flash_vendor.CUDNN, do, q, k, v, o, lse, causal=True, scale=SCALE)
 
 
 def worst_error(got, want) -> float:
@@ -72,6 +73,20 @@ def main() -> int:
             cells.append(f"{name} {err:.4f}{' WRONG' if err > 1e-2 else ''}")
         print(f"q {'heads-major' if q_heads_major else '(B, S, H, D)'}, dO {'like' if do_like_o else 'unlike'} O, "
               f"{'direct' if direct_first else 'SDPA'} first: " + ", ".join(cells), flush=True)
+    calls = {"direct": direct, "SDPA's own": sdpas_own}
+    for case, (first, second) in enumerate(itertools.product(calls, repeat=2)):
+        seq = 1024 + 64 * case
+        q, k, v = (laid((2, heads, seq, 128), False, gen) for heads in (8, 4, 4))
+        cells = []
+        for name, do_heads_major in ((first, False), (second, True)):
+            do = laid((2, 8, seq, 128), do_heads_major, gen)
+            want = attention_grads(*(t.double() for t in (q, k, v)), do.double(), causal=True, scale=SCALE,
+                                   dtype=torch.float64)
+            err = worst_error(calls[name](q, k, v, do), want)
+            wrong += err > 1e-2
+            cells.append(f"{name} (dO {'heads-major' if do_heads_major else 'like O'}) {err:.4f}"
+                         f"{' WRONG' if err > 1e-2 else ''}")
+        print("q (B, S, H, D), dO laid out otherwise the second time: " + ", then ".join(cells), flush=True)
     print(f"direct call refused: {not flash_vendor._cudnn_direct_ok.get(torch.device('cuda', 0), True)}")
     return 1 if wrong else 0
 

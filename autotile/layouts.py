@@ -1,0 +1,38 @@
+"""Outputs laid out like their inputs, as SDPA's attention backends lay them out.
+
+A model's q is rarely (B, H, S, D)-contiguous: a projection viewed as (B, S, H, D) and transposed leaves it
+(B, S, H, D) in memory. SDPA's cuDNN and FlashAttention backends then write O, dQ, dK and dV in that same dimension
+order, so the model's `o.transpose(1, 2).reshape(B, S, H * D)` is a view, not a copy, and the gradients flow back
+without one. Attention ops follow the same rule (matching_strides), whichever kernel serves, so that what their fake
+implementations promise torch.compile holds for every backend.
+"""
+from __future__ import annotations
+
+import torch
+
+
+def matching_strides(t: torch.Tensor) -> tuple[int, ...]:
+    """Strides of a dense tensor of t's shape whose dimensions lie in memory in t's order: innermost the one with
+    the smallest stride, ties (size-1 dimensions) to the lower index, as torch's cuDNN attention allocates its
+    outputs (aten/src/ATen/native/cudnn/MHA.cpp, alloc_with_matching_layout)."""
+    order = sorted(range(t.dim()), key=lambda d: t.stride(d))  # stable: ties keep index order
+    strides = [0] * t.dim()
+    step = 1
+    for d in order:
+        strides[d] = step
+        step *= t.shape[d]
+    return tuple(strides)
+
+
+def same_layout(t: torch.Tensor, strides: tuple[int, ...]) -> bool:
+    """Whether t addresses memory as `strides` do: equal but where a dimension has size 1."""
+    return t.stride() == strides or all(a == b or n == 1 for a, b, n in zip(t.stride(), strides, t.shape))
+
+
+def with_strides(t: torch.Tensor, strides: tuple[int, ...]) -> torch.Tensor:
+    """t with exactly `strides`: itself, a view where only size-1 dimensions differ, or a copy."""
+    if t.stride() == strides:
+        return t
+    if same_layout(t, strides):
+        return t.as_strided(t.shape, strides)
+    return torch.empty_strided(t.shape, strides, dtype=t.dtype, device=t.device).copy_(t)
