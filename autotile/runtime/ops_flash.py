@@ -695,7 +695,8 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
     bottom-right aligned, as SDPA's causal_lower_right and FlashAttention: `causal` masks key j from
     query i unless j <= i + Sk - Sq; `window=(left, right)` keeps keys j with
     i + Sk - Sq - left <= j <= i + Sk - Sq + right (-1: no limit on that side; causal sets right to 0).
-    Rows that see no key return 0. `scale` defaults to 1/sqrt(D) and may be any finite number.
+    Rows that see no key return 0; o (and each gradient) is laid out as q (as its input), as SDPA's backends
+    lay theirs out (autotile.layouts). `scale` defaults to 1/sqrt(D) and may be any finite number.
     `softcap` > 0 maps the scaled logits x to softcap * tanh(x / softcap) (Gemma-2); `alibi_slopes`
     (Hq,) or (B, Hq) fp32 add -slope * |i + Sk - Sq - j| to head h's logits. With `return_lse` the
     result is (o, lse), lse (B, Hq, Sq) fp32 the natural-log log-sum-exp of each row's logits
