@@ -113,9 +113,9 @@ def test_a_vendor_backward_is_timed_without_its_forward(monkeypatch):
 def test_cudnns_backward_gets_its_lse_o_and_do_as_sdpas_own_backward_does(monkeypatch):
     """flash_vendor._cudnn_backward's arguments, with ATen's op stood in for on the CPU: the family's log2 LSE
     (B, H, Sq) goes as cuDNN's forward leaves its own, natural-log (B, H, Sq, 1); O goes in q's layout, as cuDNN's
-    forward leaves its own; dO as given, laid out like O only where its innermost stride is not 1 (SDPA's own
-    backward passes them so, and torch caches the graph by q, k and v alone). Where torch's op refuses them, the
-    backward says so once and runs the forward again."""
+    forward leaves its own; dO always laid out like O (torch caches the graph by q, k and v, and a second call whose
+    dO is laid out otherwise gets wrong gradients). Where torch's op refuses them, the backward says so once and
+    runs the forward again."""
     seen = {}
 
     def fake_backward(do, q, k, v, o, lse, seed, offset, bias, cum_q, cum_k, max_q, max_k, dropout, causal, scale):
@@ -136,22 +136,15 @@ def test_cudnns_backward_gets_its_lse_o_and_do_as_sdpas_own_backward_does(monkey
     assert torch.allclose(seen["lse"][..., 0], lse * flash_vendor.LN2)
     assert seen["o"].stride() == q.stride() and torch.equal(seen["o"], o)
     assert seen["do"] is do
-    # q laid out (B, S, H, D) in memory: O follows it; dO as given
+    # q laid out (B, S, H, D) in memory: O follows it, and dO follows O whatever its own layout
     q_bshd = torch.randn(2, 5, 4, 8).transpose(1, 2)
     do_bshd = torch.randn(2, 5, 4, 8).transpose(1, 2)
     flash_vendor.backward(flash_vendor.CUDNN, do_bshd, q_bshd, k, v, o.contiguous(), lse, causal=True, scale=0.3)
     assert seen["o"].stride() == q_bshd.stride() and torch.equal(seen["o"], o)
     assert seen["do"] is do_bshd
-    # dO whose innermost stride is not 1 goes laid out like O
-    do_cols = torch.randn(2, 4, 8, 5).transpose(2, 3)
-    flash_vendor.backward(flash_vendor.CUDNN, do_cols, q_bshd, k, v, o, lse, causal=True, scale=0.3)
-    assert seen["do"].stride() == q_bshd.stride() and torch.equal(seen["do"], do_cols)
-    # before cuDNN 9.5.1 torch lays dO out like O whatever its strides
-    version = torch.backends.cudnn.version
-    monkeypatch.setattr(torch.backends.cudnn, "version", lambda: 90100)
-    flash_vendor.backward(flash_vendor.CUDNN, do, q_bshd, k, v, o, lse, causal=True, scale=0.3)
-    assert seen["do"].stride() == q_bshd.stride() and torch.equal(seen["do"], do)
-    monkeypatch.setattr(torch.backends.cudnn, "version", version)
+    for other in (do, torch.randn(2, 4, 8, 5).transpose(2, 3)):  # heads-major; innermost stride not 1
+        flash_vendor.backward(flash_vendor.CUDNN, other, q_bshd, k, v, o, lse, causal=True, scale=0.3)
+        assert seen["do"].stride() == q_bshd.stride() and torch.equal(seen["do"], other)
     assert seen["bias"] is None and seen["cum"] == (None, None) and seen["lengths"] == (5, 7)
     assert (seen["dropout"], seen["causal"], seen["scale"]) == (0.0, True, 0.3)
 
@@ -593,3 +586,28 @@ def test_gpu_inductor_reads_the_ops_outputs_as_laid_out(vendor, monkeypatch):
     finally:
         dispatch.clear_cache()
         torch._dynamo.reset()
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_cudnn_direct_backward_twice_with_do_laid_out_otherwise(monkeypatch):
+    """Torch's cached cuDNN backward graph keeps the dO strides it was built with: a second call on the same q, k
+    and v whose dO is laid out otherwise got wrong gradients (relative error ~1.8; SDPA's own backward does the same,
+    results/cudnn_graph_cache_layouts_2026-12-05_h100.txt). The direct call lays dO out like O: both right."""
+    monkeypatch.setattr(flash_vendor, "CUDNN_BACKWARD_ON_GIVEN_LSE", True)
+    monkeypatch.setattr(flash_vendor, "_cudnn_direct_ok", {})
+    gen = torch.Generator(device="cuda").manual_seed(13)
+    scale = 128 ** -0.5
+
+    def bshd(heads):
+        return torch.randn(2, 224, heads, 128, device="cuda", generator=gen).bfloat16().transpose(1, 2)
+
+    q, k, v = bshd(8), bshd(4), bshd(4)
+    o, lse = flash_vendor.forward(flash_vendor.CUDNN, q, k, v, causal=True, scale=scale, need_lse=True)
+    for do in (bshd(8), torch.randn(2, 8, 224, 128, device="cuda", generator=gen).bfloat16()):
+        want = attention_grads(*(t.double() for t in (q, k, v)), do.double(), causal=True, scale=scale,
+                               dtype=torch.float64)
+        got = flash_vendor.backward(flash_vendor.CUDNN, do, q, k, v, o, lse, causal=True, scale=scale)
+        for g, w in zip(got, want):
+            assert ((g.double() - w).abs().max() / w.abs().max()).item() < 1e-2
+    assert flash_vendor._cudnn_direct_ok.get(q.device, True)

@@ -48,15 +48,13 @@ _cudnn_direct_ok: dict[torch.device, bool] = {}  # False once cuDNN's backward r
 # torch over fourteen shapes (MHA and GQA, causal and not, head dims 64, 96 and 128), as the Gluon backward's, and
 # every vendor config's GPU test (head dim 256 too) against float64; its time that of cuDNN's backward alone in SDPA's
 # autograd (0.98-1.03x; benchmarks/results/flash_bwd_2026-12-05b_cudnn_direct.txt, _2026-12-05c_h200_cudnn_direct.txt).
-# NOTE: off all the same. Torch keys its cached cuDNN backward graphs by q, k and v (shapes, strides, flags) alone, and
-# the graph bakes in the strides of O, dO and the LSE it was built with (aten/src/ATen/native/cudnn/MHA.cpp,
-# MHAParams). This call passes O and dO as SDPA's own backward does (O in q's layout, dO as autograd hands it), so the
-# two agree wherever their calls see the same layouts; where they do not (the family's forward writes O contiguous,
-# SDPA's in q's layout, so a model's gradient of O may come back laid out otherwise), whichever call builds the graph
-# first, the other would run it on strides it was not built for: wrong gradients, no error. On only once GPU checks
-# of both orders pass (tests/test_flash_vendor.py, test_gpu_cudnn_direct_backward_beside_sdpas_own;
-# benchmarks/prototypes/cudnn_graph_cache_layouts.py) and the op's O takes q's layout as SDPA's does.
-CUDNN_BACKWARD_ON_GIVEN_LSE = False
+# NOTE: torch keys its cached cuDNN backward graphs by q, k and v, and the graph bakes in the strides of O and dO it
+# was built with (aten/src/ATen/native/cudnn/MHA.cpp, MHAParams). The call passes O in q's layout (the op writes it
+# so, as SDPA does: autotile.layouts) and dO always laid out like O, so its own calls never mix layouts; beside SDPA's
+# own backward on the same q, k and v, in either order, with dO laid out like O or not, every gradient was right
+# (benchmarks/prototypes/cudnn_graph_cache_layouts.py, results/cudnn_graph_cache_layouts_2026-12-05_h100.txt; GPU
+# tests test_gpu_cudnn_direct_backward_beside_sdpas_own, _twice_with_do_laid_out_otherwise).
+CUDNN_BACKWARD_ON_GIVEN_LSE = True
 
 
 def expresses(backend: str, problem) -> bool:
@@ -197,23 +195,17 @@ def _cudnn_backward(do, q, k, v, o, lse, *, causal: bool, scale: float):
     forward leaves it, (B, H, Sq, 1) with unit strides below H; no bias, no packed lengths, no dropout."""
     seed, offset = _rng_placeholder(q.device)
     lse_nat = (lse * LN2).unsqueeze(-1).contiguous()
-    # O and dO as SDPA's own backward passes them: O in q's layout, as cuDNN's forward leaves it, and dO as autograd
-    # hands it, laid out like O only where its innermost stride is not 1 (or, before cuDNN 9.5.1, always). Torch caches
-    # the backward graph by q, k and v alone, with the strides of O and dO it was built with (see
-    # CUDNN_BACKWARD_ON_GIVEN_LSE).
+    # O in q's layout, as cuDNN's forward (and the op) leaves it, and dO always laid out like O. NOTE: torch caches the
+    # backward graph by q, k and v, with the strides of O and dO it was built with (see CUDNN_BACKWARD_ON_GIVEN_LSE):
+    # two calls on the same q, k and v whose dO differ in layout give the second wrong gradients, SDPA's own backward
+    # included (benchmarks/results/cudnn_graph_cache_layouts_2026-12-05_h100.txt). One dO layout per q layout rules
+    # that out for these calls; a copy only where autograd hands dO laid out otherwise.
     if o.stride() != q.stride():
         o = torch.empty_like(q).copy_(o)
-    if do.stride() != o.stride() and (do.stride()[-1] != 1 or not _cudnn_takes_any_do_strides()):
+    if do.stride() != o.stride():
         do = torch.empty_like(o).copy_(do)
     return torch.ops.aten._scaled_dot_product_cudnn_attention_backward(
         do, q, k, v, o, lse_nat, seed, offset, None, None, None, q.shape[2], k.shape[2], 0.0, causal, scale=scale)[:3]
-
-
-def _cudnn_takes_any_do_strides() -> bool:
-    """Whether torch's cuDNN backward reads dO with its own strides (cuDNN 9.5.1 on; before, torch lays dO out like O
-    first: aten/src/ATen/native/cudnn/MHA.cpp)."""
-    version = torch.backends.cudnn.version()
-    return version is None or version >= 90501
 
 
 def _rng_placeholder(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
