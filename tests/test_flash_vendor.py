@@ -20,6 +20,7 @@ from autotile.families import flash_vendor
 from autotile.families.base import VENDOR_KEY
 from autotile.families.flash import FAMILY, FlashProblem
 from autotile.families.flash_reference import attention_grads, attention_math, log2_sum_exp
+from autotile.layouts import matching_strides
 from autotile.runtime import dispatch, fallback, ops_flash
 from autotile.space import Config
 
@@ -145,6 +146,11 @@ def test_cudnns_backward_gets_its_lse_o_and_do_as_sdpas_own_backward_does(monkey
     for other in (do, torch.randn(2, 4, 8, 5).transpose(2, 3)):  # heads-major; innermost stride not 1
         flash_vendor.backward(flash_vendor.CUDNN, other, q_bshd, k, v, o, lse, causal=True, scale=0.3)
         assert seen["do"].stride() == q_bshd.stride() and torch.equal(seen["do"], other)
+    # q a slice of a fused QKV projection (not dense): O and dO dense in q's dimension order, as the op writes O
+    q_slice = torch.randn(2, 5, 3, 4, 8)[:, :, 0].transpose(1, 2)
+    flash_vendor.backward(flash_vendor.CUDNN, do, q_slice, k, v, o.contiguous(), lse, causal=True, scale=0.3)
+    assert seen["o"].stride() == seen["do"].stride() == matching_strides(q_slice) == q_bshd.stride()
+    assert torch.equal(seen["o"], o) and torch.equal(seen["do"], do)
     assert seen["bias"] is None and seen["cum"] == (None, None) and seen["lengths"] == (5, 7)
     assert (seen["dropout"], seen["causal"], seen["scale"]) == (0.0, True, 0.3)
 

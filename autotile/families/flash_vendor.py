@@ -27,6 +27,7 @@ import warnings
 import torch
 
 from autotile.families.flash_reference import LOG2E, causal_seen, log2_sum_exp, map_head_chunks
+from autotile.layouts import matching_strides, with_strides
 
 CUDNN, FLASH, EFFICIENT, MATH = "sdpa-cudnn", "sdpa-flash", "sdpa-efficient", "sdpa-math"
 # Usually fastest first on Hopper (SDPA's own order there since torch 2.9: cuDNN, then FlashAttention-2,
@@ -52,7 +53,7 @@ _cudnn_direct_ok: dict[torch.device, bool] = {}  # False once cuDNN's backward r
 # was built with (aten/src/ATen/native/cudnn/MHA.cpp, MHAParams). The call passes O in q's layout (the op writes it
 # so, as SDPA does: autotile.layouts) and dO always laid out like O, so its own calls never mix layouts; beside SDPA's
 # own backward on the same q, k and v, in either order, with dO laid out like O or not, every gradient was right
-# (benchmarks/prototypes/cudnn_graph_cache_layouts.py, results/cudnn_graph_cache_layouts_2026-12-05_h100.txt; GPU
+# (benchmarks/prototypes/cudnn_graph_cache_layouts.py, results/cudnn_graph_cache_layouts_2026-12-05b_h100.txt; GPU
 # tests test_gpu_cudnn_direct_backward_beside_sdpas_own, _twice_with_do_laid_out_otherwise).
 CUDNN_BACKWARD_ON_GIVEN_LSE = True
 
@@ -199,11 +200,12 @@ def _cudnn_backward(do, q, k, v, o, lse, *, causal: bool, scale: float):
     # backward graph by q, k and v, with the strides of O and dO it was built with (see CUDNN_BACKWARD_ON_GIVEN_LSE):
     # two calls on the same q, k and v whose dO differ in layout give the second wrong gradients, SDPA's own backward
     # included (benchmarks/results/cudnn_graph_cache_layouts_2026-12-05_h100.txt). One dO layout per q layout rules
-    # that out for these calls; a copy only where autograd hands dO laid out otherwise.
+    # that out for these calls; a copy only where autograd hands dO laid out otherwise (strides of size-1 dimensions
+    # address nothing, so they may differ).
     if o.stride() != q.stride():
-        o = torch.empty_like(q).copy_(o)
+        o = with_strides(o, matching_strides(q))
     if do.stride() != o.stride():
-        do = torch.empty_like(o).copy_(do)
+        do = with_strides(do, o.stride())
     return torch.ops.aten._scaled_dot_product_cudnn_attention_backward(
         do, q, k, v, o, lse_nat, seed, offset, None, None, None, q.shape[2], k.shape[2], 0.0, causal, scale=scale)[:3]
 

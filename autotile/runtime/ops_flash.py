@@ -358,8 +358,8 @@ def gluon_before_vendor(problem: FlashProblem, device: DeviceInfo, resolution) -
     """Whether a backward nobody tuned goes to the Gluon backward rather than SDPA's.
 
     The family's backward serves only calls whose forward was not SDPA's own call (a generated forward, or
-    return_lse). Where cuDNN's backward runs on the given O and LSE (flash_vendor.CUDNN_BACKWARD_ON_GIVEN_LSE, off
-    for now) at its own speed, it serves first: the Gluon backward beside it ran at 0.78-1.05x over fourteen model and
+    return_lse). Where cuDNN's backward runs on the given O and LSE (flash_vendor.CUDNN_BACKWARD_ON_GIVEN_LSE, on)
+    at its own speed, it serves first: the Gluon backward beside it ran at 0.78-1.05x over fourteen model and
     anchor shapes on an H100 and 0.92-1.11x over ten on an H200 (head dim 64 not causal 0.90-0.92x, GQA at 4k on the
     H200 1.10x; benchmarks/results/flash_bwd_2026-12-05b_cudnn_direct.txt, _2026-12-05c_h200_cudnn_direct.txt), so
     an untuned call gets the vendor's backward, which never loses to PyTorch's, and a tuned winner the Gluon one where
@@ -368,7 +368,10 @@ def gluon_before_vendor(problem: FlashProblem, device: DeviceInfo, resolution) -
     on this device; cuDNN's of 2 x 32 x 4096 causal took 2.01 ms so, 1.54 ms alone) or SDPA's pick is another backend
     (FlashAttention-2's, given O and LSE, runs at 0.53-0.76x of cuDNN's), the Gluon backward comes first: it ran at
     0.92x or more of cuDNN's backward alone over the model shapes measured
-    (benchmarks/results/flash_bwd_2026-12-04d_chunks.txt). A stored winner, even the vendor op, still serves as
+    (benchmarks/results/flash_bwd_2026-12-04d_chunks.txt). With a generated forward on an H100, a training step with
+    cuDNN's backward on the given O and LSE ran at 0.855x of SDPA's own step (geometric mean of 16 model shapes, the
+    forward untuned) against 0.781x with the Gluon backward first (results/serve_bench_h100_train_flag_2026-12-05.md).
+    A stored winner, even the vendor op, still serves as
     stored; under torch.use_deterministic_algorithms(True) the Triton backward would serve (0.6-0.8x) and SDPA's
     stays, as it does where the Gluon backward failed here (the resolution's match is then 'fallback')."""
     if resolution.source != "vendor" or resolution.match != "vendor" or torch.are_deterministic_algorithms_enabled():
