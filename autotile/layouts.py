@@ -8,14 +8,20 @@ implementations promise torch.compile holds for every backend.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 
 def matching_strides(t: torch.Tensor) -> tuple[int, ...]:
-    """Strides of a dense tensor of t's shape whose dimensions lie in memory in t's order: innermost the one with
-    the smallest stride, ties (size-1 dimensions) to the lower index, as torch's cuDNN attention allocates its
-    outputs (aten/src/ATen/native/cudnn/MHA.cpp, alloc_with_matching_layout)."""
-    order = sorted(range(t.dim()), key=lambda d: t.stride(d))  # stable: ties keep index order
+    """Strides of a dense tensor of t's shape whose dimensions lie in memory in t's order, as torch's cuDNN attention
+    allocates its outputs (aten/src/ATen/native/cudnn/MHA.cpp, alloc_with_matching_layout): innermost the one with
+    the smallest stride, ties (size-1 dimensions) to the lower index. Two departures, for tensors torch's rule was
+    not written for: the last dimension stays innermost (the kernels step along it with stride 1), and a broadcast
+    dimension (stride 0, as k.expand(...) gives) goes outermost rather than innermost."""
+    last = t.dim() - 1
+    order = sorted(range(t.dim()), key=lambda d: (d != last, t.stride(d) if t.stride(d) or t.shape[d] <= 1
+                                                  else math.inf))  # stable: ties keep index order
     strides = [0] * t.dim()
     step = 1
     for d in order:

@@ -187,6 +187,21 @@ def test_op_forward_and_autograd_non_contiguous(causal):
         assert result.ok, result.message
 
 
+def test_gradients_of_broadcast_keys_are_right():
+    # k.expand(...) shares one key head among query heads (stride 0): its gradient is laid out with the broadcast
+    # dimension outermost and the head dim still innermost (autotile.layouts), and autograd sums it back.
+    gen = torch.Generator().manual_seed(8)
+    q = torch.randn(1, 2, 9, 16, generator=gen, requires_grad=True)
+    k_one, v = torch.randn(1, 1, 9, 16, generator=gen, requires_grad=True), torch.randn(1, 2, 9, 16, generator=gen)
+    out = ops_flash.flash_attention(q, k_one.expand(1, 2, 9, 16), v, causal=True)
+    got = torch.autograd.grad(out.sum(), (q, k_one))
+    leaves = [t.detach().double().requires_grad_(True) for t in (q, k_one)]
+    ref = attention_math(leaves[0], leaves[1].expand(1, 2, 9, 16), v.double(), causal=True, scale=default_scale(16),
+                         dtype=torch.float64)
+    for g, w in zip(got, torch.autograd.grad(ref.sum(), leaves)):
+        assert (g.double() - w).abs().max() < 1e-4
+
+
 def _op_grads(q, k, v, causal, scale, grad_out, grad_lse=None):
     """Gradients through the custom op and its registered autograd, as torch.compile records them."""
     leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]

@@ -40,3 +40,10 @@ def test_with_strides_keeps_views_and_copies_only_other_layouts():
     assert not same_layout(other, t.stride())
     moved = with_strides(other, t.stride())
     assert moved.stride() == t.stride() and moved.data_ptr() != other.data_ptr() and torch.equal(moved, t)
+
+
+def test_a_broadcast_dimension_goes_outermost_and_the_last_stays_innermost():
+    k = torch.empty(2, 1, 9, 16).expand(2, 4, 9, 16)  # one key head shared by four query heads
+    assert matching_strides(k) == (9 * 16, 2 * 9 * 16, 16, 1)
+    odd = torch.empty(2, 3, 1, 16).as_strided((2, 3, 1, 16), (48, 16, 1, 1))  # a size-1 dimension of stride 1
+    assert matching_strides(odd)[-1] == 1
