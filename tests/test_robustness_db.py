@@ -351,3 +351,25 @@ def test_many_processes_create_one_new_database(backend, tmp_path, request):
     failed = [err[-1500:] for code, out, err in results if code != 0 or "ok" not in out]
     assert not failed, failed[0]
     assert Store(open_engine(url, create=False)).winners() == []
+
+
+def test_opening_a_file_another_process_holds_locked_waits_past_pythons_five_seconds(tmp_path):
+    """The WAL switch on opening takes a lock: it waits as long as every other statement (30 s), not Python's
+    default 5 s, so a process opening a new file while another creates its schema on a loaded machine does not
+    give up with "database is locked" (seen in CI, test_many_processes_create_one_new_database)."""
+    path = tmp_path / "new.sqlite"
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    holder.execute("CREATE TABLE held (x)")
+    script = ("import sys; from autotile.store.db import inspect_database; "
+              "print(inspect_database('sqlite:///' + sys.argv[1])[1])")
+    child = subprocess.Popen([sys.executable, "-c", script, str(path)], text=True, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE)
+    try:
+        time.sleep(6.5)
+        assert child.poll() is None, child.communicate()[1][-800:]  # still waiting for the lock
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    out, err = child.communicate(timeout=120)
+    assert child.returncode == 0 and out.strip() == "empty", err[-800:]

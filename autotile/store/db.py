@@ -63,13 +63,16 @@ def _configure_sqlite(engine: Engine, read_only: bool) -> None:
     @event.listens_for(engine, "connect")
     def _pragmas(dbapi_conn, _record):
         cursor = dbapi_conn.cursor()
+        # First: the WAL switch below takes a lock too, and with Python's default busy timeout (5 s) a process
+        # opening a new file while another creates its schema gave up with "database is locked" (seen on a
+        # loaded 2-core machine, tests/test_robustness_db.py::test_many_processes_create_one_new_database).
+        cursor.execute(f"PRAGMA busy_timeout={_SQLITE_BUSY_TIMEOUT_MS}")
         if not read_only:
             # WAL: readers never block the writer, so tuners and the runtime can share one file.
             cursor.execute("PRAGMA journal_mode=WAL")
             # In WAL mode NORMAL syncs at checkpoints, not at every commit: a killed process loses nothing
             # committed (only a power cut can), and each of a trial's many small commits skips an fsync.
             cursor.execute("PRAGMA synchronous=NORMAL")
-        cursor.execute(f"PRAGMA busy_timeout={_SQLITE_BUSY_TIMEOUT_MS}")
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.close()
 
