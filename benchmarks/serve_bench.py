@@ -153,11 +153,11 @@ def _sdpa_best(q, k, v, rounds: int) -> tuple[str, float, object]:
     for backend in (None, SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION):
         def fn(backend=backend):
             if backend is None:  # SDPA's own choice, without the cost of the context manager
-                return _merged(torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True,
-                                                                                enable_gqa=gqa))
-            with sdpa_kernel([backend]):
-                return _merged(torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True,
-                                                                                enable_gqa=gqa))
+                out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+            else:
+                with sdpa_kernel([backend]):
+                    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+            return _merged(out)
         try:
             fn()
             ms = triton.testing.do_bench(fn, warmup=10, rep=40)
