@@ -35,7 +35,7 @@ from pathlib import Path
 import optuna
 from sqlalchemy import event
 
-from autotile.store.db import schema_lock
+from autotile.store.db import schema_lock, switch_to_wal
 
 log = logging.getLogger("autotile.tune")
 
@@ -199,7 +199,7 @@ def _serialise_sqlite_transactions(engine) -> None:
     def _driver_leaves_transactions_to_us(dbapi_conn, _record):
         dbapi_conn.isolation_level = None
         # Optuna commits once per suggested parameter: without an fsync each (see autotile.store.db).
-        dbapi_conn.execute("PRAGMA journal_mode=WAL")
+        switch_to_wal(dbapi_conn)
         dbapi_conn.execute("PRAGMA synchronous=NORMAL")
 
     @event.listens_for(engine, "begin")
