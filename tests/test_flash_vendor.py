@@ -357,6 +357,42 @@ def test_a_training_call_whose_backward_would_be_sdpas_runs_sdpas_pair(tmp_path,
         dispatch.clear_cache()
 
 
+def test_a_host_bound_training_step_runs_sdpas_pair_even_where_its_backward_takes_o_and_lse(tmp_path, monkeypatch):
+    """ops_flash.HOST_BOUND_STEP_FLOPS: where SDPA's backward would run on a generated forward's O and LSE (cuDNN's
+    under CUDNN_BACKWARD_ON_GIVEN_LSE; sdpa-math stands in), a step with less forward work than the threshold runs
+    SDPA's own pair, and a larger one the generated forward with the vendor's backward on its O and LSE."""
+    monkeypatch.setattr(flash_vendor, "backends_for",
+                        lambda p, d: [] if p.dtype == "fp8" or p.varlen or p.has_features else ["sdpa-math"])
+    monkeypatch.setattr(flash_vendor, "backward_takes_given_lse", lambda backend, device: True)
+    url = f"sqlite:///{tmp_path / 'user.sqlite'}"
+    monkeypatch.setenv("AUTOTILE_DB", url)
+    monkeypatch.setattr("autotile.resources.shipped_db_path", lambda: tmp_path / "no-shipped.sqlite")
+    monkeypatch.delenv("AUTOTILE_VENDOR", raising=False)
+    gen = torch.Generator().manual_seed(8)
+    q, k, v = _qkv(gen, 2, 4, 2, 12, 12, 16, grad=True)
+    work = FAMILY.cost(FAMILY.problem_from_tensors(q, k, v, causal=True)).flops
+    _save_forward_winner(url, FAMILY.problem_from_tensors(q, k, v, causal=True))
+    sdpa_calls, vendor_backwards = [], []
+    sdpa = ops_flash._sdpa
+    monkeypatch.setattr(ops_flash, "_sdpa", lambda *a, **kw: sdpa_calls.append(kw) or sdpa(*a, **kw))
+    backward = flash_vendor.backward
+    monkeypatch.setattr(flash_vendor, "backward", lambda *a, **kw: vendor_backwards.append(a[0]) or backward(*a, **kw))
+    do = torch.randn(q.shape, generator=gen)
+    want = attention_grads(*(t.detach().double() for t in (q, k, v)), do.double(), causal=True, scale=0.25,
+                           dtype=torch.float64)
+    try:
+        for threshold, pair in ((work + 1, True), (work, False)):
+            monkeypatch.setattr(ops_flash, "HOST_BOUND_STEP_FLOPS", threshold)
+            dispatch.clear_cache()
+            sdpa_calls.clear(), vendor_backwards.clear()
+            got = torch.autograd.grad(autotile.flash_attention(q, k, v, causal=True), (q, k, v), do)
+            assert (len(sdpa_calls), vendor_backwards) == ((1, []) if pair else (0, ["sdpa-math"])), threshold
+            for g, w in zip(got, want):
+                assert (g.double() - w).abs().max() < 1e-5
+    finally:
+        dispatch.clear_cache()
+
+
 @pytest.mark.parametrize("direction", ["fwd", "bwd"])
 def test_vendor_run_passes_the_family_check(direction):
     # The tuner checks a vendor config like any candidate: outputs (and the forward's log-sum-exp) vs float64.
@@ -492,6 +528,7 @@ def test_gpu_a_generated_forwards_backward_is_cudnns_on_its_o_and_lse(monkeypatc
     monkeypatch.delenv("AUTOTILE_VENDOR", raising=False)
     monkeypatch.setattr(flash_vendor, "CUDNN_BACKWARD_ON_GIVEN_LSE", True)
     monkeypatch.setattr(flash_vendor, "_cudnn_direct_ok", {})
+    monkeypatch.setattr(ops_flash, "HOST_BOUND_STEP_FLOPS", 0)  # a small step: SDPA's pair would serve it
     direct = []
     call = flash_vendor._cudnn_backward
     monkeypatch.setattr(flash_vendor, "_cudnn_backward", lambda *a, **kw: direct.append(1) or call(*a, **kw))

@@ -383,6 +383,16 @@ def gluon_before_vendor(problem: FlashProblem, device: DeviceInfo, resolution) -
     return FAMILY.default_config(problem, device).get("LOADS") == GLUON_WS
 
 
+# Forward FLOPs below which a training call runs SDPA's own forward and backward even where a generated forward
+# would serve (sdpa_training_pair): the step is host-bound, and SDPA's C++ autograd costs the least host time.
+# H100, a generated forward and the backward on its O and LSE beside SDPA's step (16 shapes of four models,
+# benchmarks/results/serve_bench_h100_train_flag_2026-12-05.md): 1 x 1000 (6.1-8.2 GFLOP of forward work) ran at
+# 0.44-0.67x, host-bound: 361-383 us of host time a step against SDPA's 219-292 (torch profiler; kernels 137 us
+# against SDPA's 143). 16 x 512 (26-34 GFLOP) ran at 0.94-0.99x and 4 x 2048 (69-137) at 0.92-1.01x, which the
+# forward's tuning decides. The threshold lies between the groups' ends, 8.2 and 26 GFLOP (their geometric middle).
+HOST_BOUND_STEP_FLOPS = 15e9
+
+
 def sdpa_training_pair(q, k, v, causal: bool, scale: float, window: tuple = (-1, -1),
                        softcap: float = 0.0) -> tuple | None:
     """(is_causal, scale, enable_gqa) where a plain call that needs gradients, whose forward a generated kernel
@@ -393,19 +403,23 @@ def sdpa_training_pair(q, k, v, causal: bool, scale: float, window: tuple = (-1,
     cuDNN's (or the efficient kernel's) after running its forward again, one more forward a step: more than a
     generated forward saves (its policies and winners win by 3-30%). SDPA's own pair needs no second forward.
     FlashAttention-2's backward takes O and LSE as given, as cuDNN's does under
-    flash_vendor.CUDNN_BACKWARD_ON_GIVEN_LSE, so with those the pair stays ours."""
+    flash_vendor.CUDNN_BACKWARD_ON_GIVEN_LSE, so with those the pair stays ours, except for a step too small to
+    hide the host time of our autograd Function (HOST_BOUND_STEP_FLOPS): SDPA's pair serves it whichever backward
+    would."""
     if scale <= 0 or window != (-1, -1) or softcap or (causal and q.shape[2] != k.shape[2]):
         return None  # SDPA's is_causal is top-left aligned: the same mask only where Sq == Sk
     device = current_device(q.device)
     forward = FAMILY.problem_from_tensors(q, k, v, causal=causal)
-    if not FAMILY.vendor_configs(forward, device):
-        return None
     problem = dataclasses.replace(forward, direction="bwd")
     resolution = fallback.usable(FAMILY, problem, device)
-    if not resolution.vendor or gluon_before_vendor(problem, device, resolution):
-        return None
+    if not resolution.vendor:
+        return None  # a stored backward winner serves as stored, and no SDPA backend takes these tensors
     backend = _vendor_for(problem, device, resolution.config[VENDOR_KEY], {"q": q, "k": k, "v": v}, grad=True)
-    if backend is None or flash_vendor.backward_takes_given_lse(backend, q.device):
+    if backend is None:
+        return None
+    host_bound = FAMILY.cost(forward).flops < HOST_BOUND_STEP_FLOPS
+    if not host_bound and (gluon_before_vendor(problem, device, resolution)
+                           or flash_vendor.backward_takes_given_lse(backend, q.device)):
         return None
     return causal, scale, q.shape[1] != k.shape[1]
 
