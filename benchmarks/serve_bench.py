@@ -496,6 +496,12 @@ def main() -> None:
                         help="withhold the forward's vendor configs, so that a generated forward serves every call "
                              "(as where a shipped policy or winner does) and the training step's backward is the "
                              "family's untuned one")
+    parser.add_argument("--prefill", default=None,
+                        help="the attention rows' batch x tokens, e.g. 1x1000,2x1000,16x512 (default: "
+                             + ",".join(f"{b}x{s}" for b, s in PREFILL) + ")")
+    parser.add_argument("--host-bound-gflop", type=float, default=None,
+                        help="set ops_flash.HOST_BOUND_STEP_FLOPS (GFLOP of forward work below which a training "
+                             "step runs SDPA's own pair); 0 turns the rule off, to time the family's step itself")
     parser.add_argument("--layout", choices=("bhsd", "bshd"), default="bhsd",
                         help="the attention rows' q, k and v: heads-major (bhsd), or a model's (B, S, H, D) "
                              "projections seen as (B, H, S, D), each O merged back to (B, S, H * D) as the output "
@@ -525,8 +531,14 @@ def main() -> None:
     gemm = gemm_rows(models, tokens, args.rounds, args.gemm_op) if "gemm" in parts else []
     flash_models = (args.flash_models.split(",") if args.flash_models
                     else FLASH_MODELS[:3] if args.quick else FLASH_MODELS)
-    flash = flash_rows(flash_models, PREFILL, args.rounds) if "flash" in parts else []
-    train = train_rows(flash_models, PREFILL, args.rounds) if "train" in parts else []
+    prefill = (tuple(tuple(int(x) for x in shape.split("x")) for shape in args.prefill.split(","))
+               if args.prefill else PREFILL)
+    if args.host_bound_gflop is not None:
+        from autotile.runtime import ops_flash
+
+        ops_flash.HOST_BOUND_STEP_FLOPS = args.host_bound_gflop * 1e9
+    flash = flash_rows(flash_models, prefill, args.rounds) if "flash" in parts else []
+    train = train_rows(flash_models, prefill, args.rounds) if "train" in parts else []
     host = host_overhead() if "host" in parts else []
     graphs = graph_capture() if "graph" in parts else []
     props = torch.cuda.get_device_properties(0)
