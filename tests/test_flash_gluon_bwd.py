@@ -384,25 +384,29 @@ CASES = [
 KEY_LOOP_SPILLS = 24
 
 
-def _compile_cases() -> list:
+def _compile_case(case) -> dict:
     from autotile import xcompile
+
+    problem, stages = case
+    config = dict(LOADS=GLUON_WS, BLOCK_M1=64, BLOCK_N1=128, BLOCK_M2=64, BLOCK_N2=128, num_warps=4,
+                  num_stages=stages)
+    return {k.name: dict(shared=k.shared, stack=k.stack, spills=k.mma_loop_spills, scratch=k.global_scratch,
+                         features=list(k.ptx_features), estimate=gluon_bwd_smem(problem, config))
+            for k in xcompile.compile_config(FAMILY, problem, config, H200)}
+
+
+def _compile_cases() -> list:
+    from compile_child import map_in_processes
+
     from autotile.families import flash_launch
 
     # The stream-K tail is off by default (flash_launch.TAIL_MIN_GAIN); its template still builds, at the model's
-    # threshold.
+    # threshold (set before the pool forks: its processes inherit it).
     kept, flash_launch.TAIL_MIN_GAIN = flash_launch.TAIL_MIN_GAIN, 0.01
-    out = []
     try:
-        for problem, stages in CASES:
-            config = dict(LOADS=GLUON_WS, BLOCK_M1=64, BLOCK_N1=128, BLOCK_M2=64, BLOCK_N2=128, num_warps=4,
-                          num_stages=stages)
-            out.append({k.name: dict(shared=k.shared, stack=k.stack, spills=k.mma_loop_spills,
-                                     scratch=k.global_scratch, features=list(k.ptx_features),
-                                     estimate=gluon_bwd_smem(problem, config))
-                        for k in xcompile.compile_config(FAMILY, problem, config, H200)})
+        return map_in_processes(_compile_case, CASES)
     finally:
         flash_launch.TAIL_MIN_GAIN = kept
-    return out
 
 
 def test_gluon_ws_backward_compiles_for_sm90_within_shared_memory_and_moves_its_gradients_by_tma():

@@ -315,19 +315,25 @@ def _save_forward_winner(url: str, problem) -> None:
                       interpreted=1, provenance="test", verified_range=None, kernel_config=None, baseline_ms=None)
 
 
-def test_a_training_call_whose_backward_would_be_sdpas_runs_sdpas_pair(tmp_path, monkeypatch):
-    """ops_flash.sdpa_training_pair: a stored forward winner (a generated kernel) and an untuned backward that SDPA
-    would serve by running its forward again (sdpa-math stands in): calls needing gradients run SDPA's own forward
-    and backward; calls without keep the winner; with AUTOTILE_VENDOR=0 the family's backward serves."""
+def _forward_winner_and_math_vendor(tmp_path, monkeypatch, q, k, v) -> None:
+    """A user database whose forward winner for (q, k, v, causal) is a generated kernel, no shipped database, and
+    sdpa-math standing in for SDPA's backends (the interpreter has none)."""
     monkeypatch.setattr(flash_vendor, "backends_for",
                         lambda p, d: [] if p.dtype == "fp8" or p.varlen or p.has_features else ["sdpa-math"])
     url = f"sqlite:///{tmp_path / 'user.sqlite'}"
     monkeypatch.setenv("AUTOTILE_DB", url)
     monkeypatch.setattr("autotile.resources.shipped_db_path", lambda: tmp_path / "no-shipped.sqlite")
     monkeypatch.delenv("AUTOTILE_VENDOR", raising=False)
+    _save_forward_winner(url, FAMILY.problem_from_tensors(q, k, v, causal=True))
+
+
+def test_a_training_call_whose_backward_would_be_sdpas_runs_sdpas_pair(tmp_path, monkeypatch):
+    """ops_flash.sdpa_training_pair: a stored forward winner (a generated kernel) and an untuned backward that SDPA
+    would serve by running its forward again (sdpa-math stands in): calls needing gradients run SDPA's own forward
+    and backward; calls without keep the winner; with AUTOTILE_VENDOR=0 the family's backward serves."""
     gen = torch.Generator().manual_seed(6)
     q, k, v = _qkv(gen, 1, 4, 2, 12, 12, 16, grad=True)
-    _save_forward_winner(url, FAMILY.problem_from_tensors(q, k, v, causal=True))
+    _forward_winner_and_math_vendor(tmp_path, monkeypatch, q, k, v)
     sdpa_calls, backwards = [], []
     sdpa = ops_flash._sdpa
     monkeypatch.setattr(ops_flash, "_sdpa", lambda *a, **kw: sdpa_calls.append(kw) or sdpa(*a, **kw))
@@ -361,17 +367,11 @@ def test_a_host_bound_training_step_runs_sdpas_pair_even_where_its_backward_take
     """ops_flash.HOST_BOUND_STEP_FLOPS: where SDPA's backward would run on a generated forward's O and LSE (cuDNN's
     under CUDNN_BACKWARD_ON_GIVEN_LSE; sdpa-math stands in), a step with less forward work than the threshold runs
     SDPA's own pair, and a larger one the generated forward with the vendor's backward on its O and LSE."""
-    monkeypatch.setattr(flash_vendor, "backends_for",
-                        lambda p, d: [] if p.dtype == "fp8" or p.varlen or p.has_features else ["sdpa-math"])
     monkeypatch.setattr(flash_vendor, "backward_takes_given_lse", lambda backend, device: True)
-    url = f"sqlite:///{tmp_path / 'user.sqlite'}"
-    monkeypatch.setenv("AUTOTILE_DB", url)
-    monkeypatch.setattr("autotile.resources.shipped_db_path", lambda: tmp_path / "no-shipped.sqlite")
-    monkeypatch.delenv("AUTOTILE_VENDOR", raising=False)
     gen = torch.Generator().manual_seed(8)
     q, k, v = _qkv(gen, 2, 4, 2, 12, 12, 16, grad=True)
     work = FAMILY.cost(FAMILY.problem_from_tensors(q, k, v, causal=True)).flops
-    _save_forward_winner(url, FAMILY.problem_from_tensors(q, k, v, causal=True))
+    _forward_winner_and_math_vendor(tmp_path, monkeypatch, q, k, v)
     sdpa_calls, vendor_backwards = [], []
     sdpa = ops_flash._sdpa
     monkeypatch.setattr(ops_flash, "_sdpa", lambda *a, **kw: sdpa_calls.append(kw) or sdpa(*a, **kw))
