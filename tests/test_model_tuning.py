@@ -139,6 +139,9 @@ def test_recorded_trace_is_tuned_from_the_cli_and_its_winners_are_served(tmp_pat
                                       "--db", str(db)])
     assert result.exit_code == 0, result.output
     assert "2 recorded problem(s) -> 2 to tune" in result.output and "tuned 2 problem(s)" in result.output
+    # The interpreter has no vendor op and no bucket to verify over: both winners serve their exact shape.
+    assert "0 served by the vendor op, 0 generated winners verified over their bucket, 2 for their exact shape" \
+        in result.output
     keys = {w.params["m"] for w in Store(open_engine(f"sqlite:///{db}", create=False)).winners("gemm")}
     assert keys == {3, 6}
     # The second of two shards: the less called problem alone, into its own database.
