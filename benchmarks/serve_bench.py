@@ -291,7 +291,8 @@ def _step_served(q, k, v) -> str:
     if info["vendor"]:
         return f"{forward}; backward: SDPA's autograd"
     if ops_flash.sdpa_training_pair(q, k, v, True, q.shape[-1] ** -0.5) is not None:
-        return f"SDPA's forward and backward (the forward alone: {forward})"
+        short = FAMILY.cost(FAMILY.problem_from_tensors(q, k, v, causal=True)).flops < ops_flash.HOST_BOUND_STEP_FLOPS
+        return f"SDPA's forward and backward{' (a host-bound step)' if short else ''} (the forward alone: {forward})"
     problem = FAMILY.problem_from_tensors(q, k, v, causal=True, direction="bwd")
     device = current_device(q.device)
     resolution = fallback.usable(FAMILY, problem, device)
