@@ -290,6 +290,8 @@ def fused(**values):
 # --- paged ------------------------------------------------------------------------------
 
 def _paged_launcher(problem, config: Config, switches: dict) -> str:
+    from autotile.families.paged import LOG2E
+
     split = config["VARIANT"] == "split"
     return "\n".join([
         _LAUNCHER_RULE,
@@ -306,6 +308,9 @@ def _paged_launcher(problem, config: Config, switches: dict) -> str:
                                    NUM_QUERIES=problem.num_queries, ROWS=problem.rows),
             _BLOCK_N=config["BLOCK_N"], _PARTITION_SIZE=config["PARTITION_SIZE"],
             _NUM_WARPS=config["num_warps"], _NUM_STAGES=config["num_stages"],
+            # The kernels' runtime feature arguments (soft-capping in base 2, the window), as PagedLaunch passes them.
+            _FEATURES=((problem.softcap * LOG2E,) if problem.softcap > 0 else ())
+            + ((problem.window,) if problem.window >= 0 else ()),
         ),
         _PAGED_BODY,
     ])
@@ -416,7 +421,7 @@ def paged_attention(q, k_cache, v_cache, block_table, context_lens, scale=None, 
         paged_attention_kernel[(heads_kv, batch, _PARTITIONS)](
             q4, k_cache, v_cache, out, block_table, context_lens,
             k_scale if k_scale is not None else out, v_scale if v_scale is not None else out,
-            ws_acc, ws_max, ws_sum, scale, _PARTITIONS,
+            ws_acc, ws_max, ws_sum, scale, *_FEATURES, _PARTITIONS,
             q4.stride(0), q4.stride(1), q4.stride(2), out.stride(0), out.stride(1), out.stride(2),
             k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
             v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_table.stride(0),

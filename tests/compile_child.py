@@ -24,11 +24,15 @@ def run_compile_child(module_file: str, timeout: float = 600):
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+# Scalar parameters that are floats (the others are integers).
+FLOAT_SCALARS = ("scale", "softcap_log2")
+
+
 def launch_signature(kernel, pointers: dict[str, str]) -> tuple[dict, dict]:
     """A Triton kernel's (signature, attrs) for ASTSource, specialised as real launches are.
 
     Pointer parameters (`*_ptr`) get the dtype named in `pointers` (fp32 otherwise) and 16-byte alignment;
-    `scale` is fp32; other integers are i32, strides divisible by 16 (16-element rows).
+    `scale` and `softcap_log2` are fp32; other integers are i32, strides divisible by 16 (16-element rows).
     """
     signature, attrs = {}, {}
     for index, param in enumerate(kernel.params):
@@ -38,7 +42,7 @@ def launch_signature(kernel, pointers: dict[str, str]) -> tuple[dict, dict]:
             signature[param.name] = "*" + pointers.get(param.name, "fp32")
             attrs[(index,)] = [["tt.divisibility", 16]]
         else:
-            signature[param.name] = "fp32" if param.name == "scale" else "i32"
+            signature[param.name] = "fp32" if param.name in FLOAT_SCALARS else "i32"
             if param.name.startswith("stride"):
                 attrs[(index,)] = [["tt.divisibility", 16]]
     return signature, attrs

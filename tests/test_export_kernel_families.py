@@ -130,6 +130,16 @@ def test_paged_split_variant_ragged_contexts(tmp_path):
                                inputs["context_lens"])
 
 
+def test_paged_exported_with_softcap_and_window_computes_them(tmp_path):
+    # Gemma-2's features baked into the written module: its kernel takes their values as PagedLaunch passes them.
+    problem = PagedProblem(batch=2, num_q_heads=4, num_kv_heads=2, head_dim=32, page_size=16, max_context=300,
+                           mean_context=200, dtype="fp16", kv_dtype="fp16", softcap=5.0, window=40)
+    config = Config(VARIANT="split", BLOCK_N=32, PARTITION_SIZE=256, num_warps=4, num_stages=3)
+    module = written(tmp_path, "paged", problem, config=config, name="exported_features")
+    assert module._FEATURES == (5.0 * 1.4426950408889634, 40)
+    check_paged(module, problem)
+
+
 def test_paged_cli_whole_variant_three_d_query(tmp_path):
     out = tmp_path / "paged_kernel.py"
     result = run("paged", "--batch", 3, "--context", 40, "--mean-context", 24, "--q-heads", 4, "--kv-heads", 1,

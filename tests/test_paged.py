@@ -291,8 +291,8 @@ def test_fp8_cache_needs_scales():
 
 def test_registered_op_traces_with_fake_tensors():
     q, k, v, table, lens = _good_args()
-    for max_context, return_lse in ((None, False), (32, True)):
-        args = (q.unsqueeze(1), k, v, table, lens, 0.125, None, None, max_context, return_lse)
+    for max_context, return_lse, features in ((None, False, ()), (32, True, ()), (32, False, (30.0, 7))):
+        args = (q.unsqueeze(1), k, v, table, lens, 0.125, None, None, max_context, return_lse, *features)
         torch.library.opcheck(torch.ops.autotile.paged_attention.default, args,
                               test_utils=("test_schema", "test_faketensor"))
     explained = autotile.explain("paged_attention", q, k, v, table, lens)

@@ -30,10 +30,10 @@ KERNELS = {
 
 
 def compile_variant(variant, *, cc=90, dtype="bf16", fp8=False, lse=False, head_dim=128, group=4, queries=1,
-                    block_n=64, block_m=64, num_warps=4, num_stages=3):
+                    block_n=64, block_m=64, num_warps=4, num_stages=3, softcap=False, window=False):
     """Compile every kernel of a variant; returns {kernel name: CompiledKernel}."""
     switches = dict(VARIANT=variant, FP8_SCALES=fp8, WRITE_LSE=lse, UPCAST_DOTS=False,
-                    PREFETCH_PAGES=prefetches_pages(num_stages))
+                    PREFETCH_PAGES=prefetches_pages(num_stages), SOFTCAP=softcap, WINDOW=window)
     module = _kernel_module(FAMILY.template, False, tuple(sorted(switches.items())))
     kv = "fp8e4nv" if fp8 else dtype
     pointers = dict(q_ptr=dtype, out_ptr=dtype, k_ptr=kv, v_ptr=kv, block_table_ptr="i32", context_lens_ptr="i32",
@@ -70,6 +70,12 @@ CASES = {
     "whole-n128-s3": dict(variant="whole", block_n=128, num_stages=3),
     "split-d256-s5": dict(variant="split", head_dim=256, block_n=32, num_stages=5, group=8),
     "balanced-s5-sm80": dict(variant="balanced", cc=80, num_stages=5),
+    # Model features (Gemma-2's soft-capping and window at its heads; a window alone elsewhere).
+    "balanced-gemma2": dict(variant="balanced", head_dim=256, block_n=32, group=2, softcap=True, window=True),
+    "split-window": dict(variant="split", window=True, lse=True),
+    "whole-softcap-fp8": dict(variant="whole", softcap=True, fp8=True, dtype="fp16"),
+    "prefill-gemma2": dict(variant="prefill", head_dim=256, block_m=64, block_n=64, num_stages=2, group=2,
+                           softcap=True, window=True),
 }
 DECODE_MODEL_CASES = ("balanced-s2", "balanced-s5", "balanced-s4", "whole-n128-s3", "split-d256-s5",
                       "balanced-s5-sm80", "whole-lse-d96", "balanced-lse-d80-g16")
@@ -104,7 +110,7 @@ def test_every_kernel_compiles_within_the_shared_memory_of_its_gpu(compiled):
 
 def case_problem_and_config(case: str) -> tuple[PagedProblem, dict]:
     options = dict(dtype="bf16", head_dim=128, group=4, queries=1, block_n=64, num_stages=3, num_warps=4)
-    options.update({k: v for k, v in CASES[case].items() if k not in ("cc", "lse", "fp8")})
+    options.update({k: v for k, v in CASES[case].items() if k not in ("cc", "lse", "fp8", "softcap", "window")})
     problem = PagedProblem(1, 8 * options["group"], 8, options["head_dim"], 16, 4096, 4096, options["queries"],
                            options["dtype"], options["dtype"])
     config = dict(VARIANT=options["variant"], BLOCK_N=options["block_n"], PARTITION_SIZE=256, BLOCK_M=16,

@@ -319,7 +319,8 @@ def compile_balanced(constants: dict, *, cc: int = 90) -> dict:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    switches = dict(VARIANT="balanced", FP8_SCALES=False, WRITE_LSE=False, UPCAST_DOTS=False, PREFETCH_PAGES=False)
+    switches = dict(VARIANT="balanced", FP8_SCALES=False, WRITE_LSE=False, UPCAST_DOTS=False, PREFETCH_PAGES=False,
+                    SOFTCAP=False, WINDOW=False)
     kernel = paged._kernel_module(FAMILY.template, False, tuple(sorted(switches.items()))).paged_attention_balanced
     constexprs = dict(PAGE_SIZE=16, HEAD_DIM=128, GROUP=4, NUM_QUERIES=1, ROWS=16, BLOCK_N=64, PARTITION_SIZE=256,
                       BATCH_PAD=64, PDL=cc >= 90,

@@ -29,6 +29,7 @@ True
 from __future__ import annotations
 
 import collections
+import dataclasses
 import functools
 import math
 import threading
@@ -40,7 +41,8 @@ from autotile.arch import device_default, device_seeds, require_dtypes
 from autotile.device import DeviceInfo, current_device, interpret_device
 from autotile.dtypes import element_size, torch_dtype
 from autotile.errors import BadInputError, ShapeMismatchError, UnsupportedDtypeError
-from autotile.families.base import Baseline, Cost, Family, ProblemOption, Tensors, Tolerance, is_vendor, next_pow2
+from autotile.families.base import (Baseline, Cost, Family, ProblemOption, Tensors, Tolerance, canonical_json, is_vendor,
+                                    next_pow2)
 from autotile.launch import launch as launch_kernel
 from autotile.render import launching, load_kernel_module
 from autotile.space import Axis, AxisKind, Config, Constraint, Space
@@ -63,6 +65,8 @@ MIN_ROWS = 16
 MAX_DECODE_ROWS = 64
 # Query tokens per sequence from which the default is the prefill variant (tensor-core query blocks).
 PREFILL_MIN_QUERIES = 16
+# log2(e): the kernels keep logits in base 2 (templates/paged_attention.py.j2).
+LOG2E = 1.4426950408889634
 # Unit roundoff (half an ulp at 1.0) of the dtype the attention weights and the output are rounded to.
 _UNIT_ROUNDOFF = {"fp16": 2.0**-11, "bf16": 2.0**-8}
 # e4m3's largest finite value: per-head scales map each head's amax onto it.
@@ -138,6 +142,8 @@ class PagedProblem:
     num_queries: int = 1  # query tokens per sequence: 1 for decode, a few for speculative decoding
     dtype: str = "bf16"  # queries and output
     kv_dtype: str = "bf16"  # caches: the query dtype, or fp8 (e4m3 with per-KV-head scales)
+    softcap: float = 0.0  # > 0: logits x -> softcap * tanh(x / softcap) (Gemma-2)
+    window: int = -1  # >= 0: sliding window, a query at position p sees keys p - window .. p (Mistral, Gemma-2)
 
     def __post_init__(self):
         if self.mean_context == 0:
@@ -159,6 +165,13 @@ class PagedProblem:
             raise UnsupportedDtypeError(f"queries must be one of {QUERY_DTYPES}, got {self.dtype}")
         if self.kv_dtype not in CACHE_DTYPES:
             raise UnsupportedDtypeError(f"caches must be one of {CACHE_DTYPES}, got {self.kv_dtype}")
+        if isinstance(self.softcap, bool) or not isinstance(self.softcap, (int, float)) or not (
+                math.isfinite(self.softcap) and self.softcap >= 0):
+            raise BadInputError(f"softcap must be a finite number >= 0 (0: none), got {self.softcap!r}")
+        object.__setattr__(self, "softcap", float(self.softcap))
+        if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < -1:
+            raise BadInputError(f"window must be an int >= 0 (keys a query sees left of itself) or -1 (none), "
+                                f"got {self.window!r}")
         if self.kv_dtype != "fp8" and self.kv_dtype != self.dtype:
             raise UnsupportedDtypeError(
                 f"a {self.kv_dtype} cache needs {self.kv_dtype} queries (got {self.dtype}); only fp8 caches mix dtypes")
@@ -166,6 +179,15 @@ class PagedProblem:
     @property
     def group(self) -> int:
         return self.num_q_heads // self.num_kv_heads
+
+    @property
+    def has_features(self) -> bool:
+        """Soft-capping or a sliding window: what SDPA's baseline cannot compute."""
+        return self.softcap > 0 or self.window >= 0
+
+    def span(self, context: int) -> int:
+        """Keys the queries of a sequence of `context` tokens see: all, or the last num_queries + window."""
+        return context if self.window < 0 else min(context, self.num_queries + self.window)
 
     @property
     def rows(self) -> int:
@@ -176,6 +198,20 @@ class PagedProblem:
     def head_dim_pad(self) -> int:
         """The tile width along D: the next power of two (80, 96, 112 -> 128); loads and stores are masked."""
         return next_pow2(self.head_dim)
+
+
+# Fields added after databases were shipped: left out of a problem's key while they hold these values, so the
+# keys of plain problems stay what they were.
+FEATURE_DEFAULTS = {"softcap": 0.0, "window": -1}
+
+
+def key_fields(problem: "PagedProblem") -> dict:
+    """The problem's fields for its key and bucket: features left out while off."""
+    data = dataclasses.asdict(problem)
+    for name, off in FEATURE_DEFAULTS.items():
+        if data[name] == off:
+            del data[name]
+    return data
 
 
 def check_head_dim(head_dim: int) -> None:
@@ -369,6 +405,9 @@ class PagedFamily(Family):
                       "chunked prefill when many)", default=1),
         ProblemOption("dtype", str, "query dtype", default="bf16", choices=QUERY_DTYPES),
         ProblemOption("kv_dtype", str, "cache dtype (default: the query dtype)", choices=CACHE_DTYPES),
+        ProblemOption("softcap", float, "logit soft-capping, softcap * tanh(x / softcap) (Gemma-2: 50; 0: none)",
+                      default=0.0),
+        ProblemOption("window", int, "sliding window: keys a query sees left of itself (-1: none)", default=-1),
     )
 
     # --- problems -----------------------------------------------------------------
@@ -378,7 +417,8 @@ class PagedFamily(Family):
                 ((64, 32, 4096), (16, 32, 16384), (256, 32, 1024), (8, 64, 32768))]
 
     def problems_from_cli(self, *, batch=(), context=(), mean_context=None, q_heads=32, kv_heads=8, head_dim=128,
-                          page_size=16, num_queries=1, dtype="bf16", kv_dtype=None, **_unused) -> list[PagedProblem]:
+                          page_size=16, num_queries=1, dtype="bf16", kv_dtype=None, softcap=0.0, window=-1,
+                          **_unused) -> list[PagedProblem]:
         batches = [batch] if isinstance(batch, int) else list(batch or ())
         contexts = [context] if isinstance(context, int) else list(context or ())
         if not batches and not contexts:
@@ -386,7 +426,17 @@ class PagedFamily(Family):
         if not batches or not contexts:
             raise BadInputError("give both --batch and --context (or neither, for the default suite)")
         return [PagedProblem(b, q_heads, kv_heads, head_dim, page_size, ctx, min(mean_context or ctx, ctx),
-                             num_queries, dtype, kv_dtype or dtype) for b in batches for ctx in contexts]
+                             num_queries, dtype, kv_dtype or dtype, softcap or 0.0, -1 if window is None else window)
+                for b in batches for ctx in contexts]
+
+    def problem_key(self, problem: PagedProblem) -> str:
+        return canonical_json(key_fields(problem))
+
+    def bucket(self, problem: PagedProblem) -> str:
+        data = key_fields(problem)
+        for name in self.shape_fields:
+            data[name] = next_pow2(data[name])
+        return canonical_json(data)
 
     # --- the search -----------------------------------------------------------------
     def space(self, problem: PagedProblem, device: DeviceInfo) -> Space:
@@ -553,21 +603,24 @@ class PagedFamily(Family):
 
     def cost(self, problem: PagedProblem) -> Cost:
         p = problem
-        tokens = p.batch * p.mean_context
+        tokens = p.batch * p.span(p.mean_context)
         kv_bytes = 2 * tokens * p.num_kv_heads * p.head_dim * element_size(p.kv_dtype)
         q_bytes = 2 * p.batch * p.num_queries * p.num_q_heads * p.head_dim * element_size(p.dtype)  # q in, out
-        table_bytes = 4 * (p.batch * cdiv(p.mean_context, p.page_size) + p.batch)
+        table_bytes = 4 * (p.batch * cdiv(p.span(p.mean_context), p.page_size) + p.batch)
         return Cost(flops=4.0 * tokens * p.num_q_heads * p.num_queries * p.head_dim,
                     bytes=float(kv_bytes + q_bytes + table_bytes))
 
 
     def baseline(self, problem: PagedProblem, inputs: Tensors) -> Baseline | None:
+        if problem.softcap > 0:
+            return None  # SDPA has no soft-capping
         return Baseline("gather + SDPA", gather_sdpa(problem, inputs))
 
     # --- running --------------------------------------------------------------------
     def render_switches(self, problem: PagedProblem, config: Config) -> dict:
         return dict(VARIANT=config["VARIANT"], FP8_SCALES=problem.kv_dtype == "fp8", UPCAST_DOTS=False, WRITE_LSE=False,
-                    PREFETCH_PAGES=prefetches_pages(config["num_stages"]))
+                    PREFETCH_PAGES=prefetches_pages(config["num_stages"]), SOFTCAP=problem.softcap > 0,
+                    WINDOW=problem.window >= 0)
 
     def launch(self, problem: PagedProblem, config: Config, inputs: Tensors, outputs: Tensors) -> None:
         q, out = inputs["q"], outputs["out"]
@@ -646,6 +699,12 @@ class PagedLaunch:
             self._uniform_cu_seqlens = torch.arange(0, (p.batch + 1) * p.num_queries, p.num_queries,
                                                     dtype=torch.int32, device=self.device)
         self._schedule_constants = self.split_constants.kernel_constants()
+        # The features' runtime arguments, in the kernels' order (templates/paged_attention.py.j2, feature_params):
+        # none for a plain problem, whose kernels take none.
+        self._window = (p.window,) if p.window >= 0 else ()
+        self._features = ((p.softcap * LOG2E,) if p.softcap > 0 else ()) + self._window
+        if p.window >= 0:
+            self._combine_options["NUM_QUERIES"] = p.num_queries
 
     @property
     def workspace_bytes(self) -> int:
@@ -698,7 +757,8 @@ class PagedLaunch:
                 launch_kernel(
                     module.paged_attention_kernel, (p.num_kv_heads, p.batch, self.partitions),
                     q, k_cache, v_cache, out, block_table, context_lens, k_scale, v_scale, ws_acc, ws_max, ws_sum,
-                    *lse_args, scale, self.partitions, *q_strides, *o_strides, *caches, block_table.stride(0),
+                    *lse_args, scale, *self._features, self.partitions, *q_strides, *o_strides, *caches,
+                    block_table.stride(0),
                     **shape, PARTITION_SIZE=size, **self.options)
                 if variant == "split":
                     launch_kernel(
@@ -710,12 +770,12 @@ class PagedLaunch:
             launch_kernel(
                 module.paged_attention_balanced, (self.max_chunks, p.num_kv_heads),
                 q, k_cache, v_cache, out, block_table, context_lens, k_scale, v_scale, ws_acc, ws_max, ws_sum,
-                self.schedule, *lse_args, scale, p.batch, self.num_sms, self.max_chunks,
+                self.schedule, *lse_args, scale, *self._features, p.batch, self.num_sms, self.max_chunks,
                 *q_strides, *o_strides, *caches, block_table.stride(0), **shape, PARTITION_SIZE=size,
                 BATCH_PAD=self.batch_pad, PDL=self.pdl, **self._schedule_constants, **self.options)
             launch_kernel(
                 module.paged_attention_combine, (p.batch, p.num_kv_heads, p.group * p.num_queries),
-                out, context_lens, ws_acc, ws_max, ws_sum, self.schedule, *lse_args, p.batch, *o_strides,
+                out, context_lens, ws_acc, ws_max, ws_sum, self.schedule, *lse_args, *self._window, p.batch, *o_strides,
                 HEAD_DIM=p.head_dim, GROUP=p.group, ROWS=p.rows, BATCH_PAD=self.batch_pad,
                 **self._combine_options)
 
@@ -732,7 +792,8 @@ class PagedLaunch:
             launch_kernel(
                 self.module.paged_prefill_kernel, (num_blocks, p.num_kv_heads),
                 q, k_cache, v_cache, out, block_table, context_lens, cu_seqlens_q, k_scale, v_scale, *lse_args,
-                scale, p.batch, num_blocks, q.stride(0), q.stride(1), out.stride(0), out.stride(1), *caches,
+                scale, *self._features, p.batch, num_blocks, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+                *caches,
                 block_table.stride(0), PAGE_SIZE=p.page_size, HEAD_DIM=p.head_dim, GROUP=p.group,
                 BLOCK_M=block_m, BATCH_PAD=self.batch_pad, **self.options)
 
@@ -786,7 +847,8 @@ def dense_kv(problem: PagedProblem, inputs: Tensors, seq: int, name: str) -> tor
 def dense_attention(problem: PagedProblem, inputs: Tensors) -> tuple[torch.Tensor, torch.Tensor]:
     """Plain float32 attention, one sequence at a time, over de-paged contiguous K and V: (out, lse).
 
-    Query j of Q sits at position context - Q + j and sees positions 0..itself. out is (B, Q, Hq, D),
+    Query j of Q sits at position context - Q + j and sees positions 0..itself (the window's last ones only, where
+    the problem has one; logits soft-capped where it says so). out is (B, Q, Hq, D),
     lse (B, Q, Hq) the natural-log log-sum-exp of each query row's scaled logits.
     """
     p = problem
@@ -799,9 +861,14 @@ def dense_attention(problem: PagedProblem, inputs: Tensors) -> tuple[torch.Tenso
         v = dense_kv(p, inputs, b, "v")
         grouped = q[b].view(p.num_queries, p.num_kv_heads, p.group, p.head_dim)  # (Q, Hkv, G, D)
         logits = torch.einsum("qhgd,khd->hgqk", grouped, k) * scale  # (Hkv, G, Q, context)
+        if p.softcap > 0:
+            logits = p.softcap * torch.tanh(logits / p.softcap)
         positions = torch.arange(k.shape[0], device=q.device)
         last = k.shape[0] - p.num_queries + torch.arange(p.num_queries, device=q.device)  # (Q,)
-        logits = logits.masked_fill(positions[None, :] > last[:, None], float("-inf"))
+        hidden = positions[None, :] > last[:, None]  # (Q, context)
+        if p.window >= 0:
+            hidden |= positions[None, :] < last[:, None] - p.window
+        logits = logits.masked_fill(hidden, float("-inf"))
         attended = torch.einsum("hgqk,khd->qhgd", torch.softmax(logits, dim=-1), v)  # (Q, Hkv, G, D)
         out[b] = attended.reshape(p.num_queries, p.num_q_heads, p.head_dim)
         lse[b] = torch.logsumexp(logits, dim=-1).permute(2, 0, 1).reshape(p.num_queries, p.num_q_heads)
@@ -821,7 +888,9 @@ def gather_sdpa(problem: PagedProblem, inputs: Tensors):
     positions = torch.arange(span, device=q.device)
     last = lengths[:, None] - p.num_queries + torch.arange(p.num_queries, device=q.device)[None, :]  # (B, Q)
     mask = positions[None, None, None, :] <= last[:, None, :, None]  # (B, 1, Q, span)
-    if p.num_queries == 1 and bool((lengths == span).all()):
+    if p.window >= 0:
+        mask &= positions[None, None, None, :] >= last[:, None, :, None] - p.window
+    elif p.num_queries == 1 and bool((lengths == span).all()):
         mask = None  # every sequence fills its table: no mask, so SDPA may take its fastest backend
     qt = q.transpose(1, 2)  # (B, Hq, Q, D)
     tables = table.long()

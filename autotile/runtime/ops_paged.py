@@ -191,14 +191,15 @@ def _register_clear_hook() -> None:
 _register_clear_hook()
 
 
-def _decode_plan(q4, k_cache, bound: int, mean: int | None, return_lse: bool) -> paged_plan.PagedAttentionPlan:
+def _decode_plan(q4, k_cache, bound: int, mean: int | None, return_lse: bool, softcap: float = 0.0,
+                 window: int = -1) -> paged_plan.PagedAttentionPlan:
     batch, queries, heads, dim = q4.shape
     key = ("decode", q4.device, batch, queries, heads, k_cache.shape[2], dim, k_cache.shape[1], bound, mean,
-           q4.dtype, k_cache.dtype, return_lse)
+           q4.dtype, k_cache.dtype, return_lse, softcap, window)
     return _cached_plan(key, lambda: paged_plan.PagedAttentionPlan(
         batch=batch, num_q_heads=heads, num_kv_heads=k_cache.shape[2], head_dim=dim, page_size=k_cache.shape[1],
         max_context=bound, mean_context=mean, dtype=q4.dtype, kv_dtype=k_cache.dtype, num_queries=queries,
-        device=q4.device, return_lse=return_lse, checks=False))
+        device=q4.device, return_lse=return_lse, checks=False, softcap=softcap, window=window))
 
 
 def _decode_bounds(q4, k_cache, block_table, context_lens, max_context) -> tuple[int, int | None]:
@@ -217,13 +218,14 @@ def _decode_bounds(q4, k_cache, block_table, context_lens, max_context) -> tuple
 
 
 def _execute(q, k_cache, v_cache, block_table, context_lens, scale: float, k_scale, v_scale,
-             max_context: int | None, return_lse: bool) -> tuple[torch.Tensor, torch.Tensor]:
+             max_context: int | None, return_lse: bool, softcap: float = 0.0,
+             window: int = -1) -> tuple[torch.Tensor, torch.Tensor]:
     # q: (B, Q, Hq, D) here; the public function adds and removes the Q axis of plain decode.
     q = q if q.stride(-1) == 1 else q.contiguous()
     block_table = block_table if block_table.stride(-1) == 1 else block_table.contiguous()
     context_lens = context_lens.contiguous()
     bound, mean = _decode_bounds(q, k_cache, block_table, context_lens, max_context)
-    plan = _decode_plan(q, k_cache, bound, mean, return_lse)
+    plan = _decode_plan(q, k_cache, bound, mean, return_lse, softcap, window)
     result = plan.run(q, k_cache, v_cache, block_table, context_lens, scale=scale, k_scale=k_scale, v_scale=v_scale)
     if return_lse:
         return result
@@ -234,12 +236,15 @@ def _execute(q, k_cache, v_cache, block_table, context_lens, scale: float, k_sca
 def _paged_attention_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
                         context_lens: torch.Tensor, scale: float, k_scale: torch.Tensor | None,
                         v_scale: torch.Tensor | None, max_context: int | None,
-                        return_lse: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    return _execute(q, k_cache, v_cache, block_table, context_lens, scale, k_scale, v_scale, max_context, return_lse)
+                        return_lse: bool, softcap: float = 0.0,
+                        window: int = -1) -> tuple[torch.Tensor, torch.Tensor]:
+    return _execute(q, k_cache, v_cache, block_table, context_lens, scale, k_scale, v_scale, max_context, return_lse,
+                    softcap, window)
 
 
 @_paged_attention_op.register_fake
-def _(q, k_cache, v_cache, block_table, context_lens, scale, k_scale, v_scale, max_context, return_lse):
+def _(q, k_cache, v_cache, block_table, context_lens, scale, k_scale, v_scale, max_context, return_lse, softcap=0.0,
+      window=-1):
     lse_shape = q.shape[:3] if return_lse else (0,)
     return torch.empty_like(q), q.new_empty(lse_shape, dtype=torch.float32)
 
@@ -247,7 +252,8 @@ def _(q, k_cache, v_cache, block_table, context_lens, scale, k_scale, v_scale, m
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
                     context_lens: torch.Tensor, *, scale: float | None = None,
                     k_scale: float | torch.Tensor | None = None, v_scale: float | torch.Tensor | None = None,
-                    max_context: int | None = None, return_lse: bool = False):
+                    max_context: int | None = None, return_lse: bool = False, softcap: float | None = None,
+                    window=None):
     """Attention of one (or Q speculative) query token(s) per sequence over a paged KV cache.
 
     q (B, Hq, D), or (B, Q, Hq, D) whose Q queries are the last Q positions of each context (causal
@@ -262,17 +268,22 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     Returns a tensor shaped and typed like q, or (out, lse) with `return_lse=True`: lse (B, Hq) or
     (B, Q, Hq) float32, the natural-log log-sum-exp of each row's scaled logits (see
     autotile.runtime.paged_plan.merge_attention_states). A batch of 0 sequences gives empty outputs.
+    `softcap` soft-caps the logits, softcap * tanh(x / softcap) (Gemma-2: 50.0); `window` keeps the keys at most
+    `window` positions left of each query (a model's sliding window of W tokens is window=W - 1; (left, 0) is taken
+    too). A call without them runs kernels that have neither.
     For many steps of one shape, `autotile.plan_paged_attention` keeps the host work out of the loop.
     """
     _check_layout(q, k_cache, v_cache, block_table, context_lens)
     k_scale_t, v_scale_t = _fp8_scales(k_cache, k_scale, v_scale)
     scale = paged_plan.finite_scale(scale, q.shape[-1])
     max_context = _max_context(max_context)
+    softcap, window = paged_plan.model_features(softcap, window)
     if q.shape[0] == 0:
         out = torch.empty_like(q)
         return (out, torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)) if return_lse else out
     q4 = q if q.dim() == 4 else q.unsqueeze(1)
-    args = (q4, k_cache, v_cache, block_table, context_lens, scale, k_scale_t, v_scale_t, max_context, bool(return_lse))
+    args = (q4, k_cache, v_cache, block_table, context_lens, scale, k_scale_t, v_scale_t, max_context, bool(return_lse),
+            softcap, window)
     # Eager calls of plain tensors skip the dispatcher (decode steps are short kernels).
     out, lse = _execute(*args) if direct_call_ok(*args) else _paged_attention_op(*args)
     if q.dim() == 3:
@@ -283,21 +294,22 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
 
 # --- chunked prefill ----------------------------------------------------------------------------
 
-def _prefill_plan(q, k_cache, batch: int, bound: int, return_lse: bool) -> paged_plan.PagedPrefillPlan:
+def _prefill_plan(q, k_cache, batch: int, bound: int, return_lse: bool, softcap: float = 0.0,
+                  window: int = -1) -> paged_plan.PagedPrefillPlan:
     tokens, heads, dim = q.shape
     # Plans are kept per power-of-two bucket of the step's tokens (their config's key).
     bucket = context_bucket(tokens)
     key = ("prefill", q.device, batch, bucket, heads, k_cache.shape[2], dim, k_cache.shape[1], bound, q.dtype,
-           k_cache.dtype, return_lse)
+           k_cache.dtype, return_lse, softcap, window)
     return _cached_plan(key, lambda: paged_plan.PagedPrefillPlan(
         batch=batch, num_tokens=tokens, num_q_heads=heads, num_kv_heads=k_cache.shape[2], head_dim=dim,
         page_size=k_cache.shape[1], max_context=bound, dtype=q.dtype, kv_dtype=k_cache.dtype, device=q.device,
-        return_lse=return_lse, checks=False))
+        return_lse=return_lse, checks=False, softcap=softcap, window=window))
 
 
 def _execute_prefill(q, k_cache, v_cache, block_table, cu_seqlens_q, context_lens, k_new, v_new, slot_mapping,
                      scale: float, k_scale, v_scale, max_context: int | None,
-                     return_lse: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                     return_lse: bool, softcap: float = 0.0, window: int = -1) -> tuple[torch.Tensor, torch.Tensor]:
     q = q if q.stride(-1) == 1 else q.contiguous()
     block_table = block_table if block_table.stride(-1) == 1 else block_table.contiguous()
     context_lens, cu_seqlens_q = context_lens.contiguous(), cu_seqlens_q.contiguous()
@@ -308,9 +320,9 @@ def _execute_prefill(q, k_cache, v_cache, block_table, cu_seqlens_q, context_len
         max_context = max_context or max(facts[0], 1)
     if is_fresh_uniform(q, k_new, v_new, k_cache, batch, max_context):
         paged_plan.write_kv(k_cache, v_cache, slot_mapping, k_new, v_new, k_scale, v_scale)
-        result = fresh_prefill(q, k_new, v_new, batch, scale, return_lse)
+        result = fresh_prefill(q, k_new, v_new, batch, scale, return_lse, softcap=softcap, window=window)
         return result if return_lse else (result, q.new_empty((0,), dtype=torch.float32))
-    plan = _prefill_plan(q, k_cache, batch, context_bucket(max_context), return_lse)
+    plan = _prefill_plan(q, k_cache, batch, context_bucket(max_context), return_lse, softcap, window)
     result = plan.run(q, k_cache, v_cache, block_table, cu_seqlens_q, context_lens, k_new=k_new, v_new=v_new,
                       slot_mapping=slot_mapping, scale=scale, k_scale=k_scale, v_scale=v_scale)
     if return_lse:
@@ -323,14 +335,15 @@ def _paged_prefill_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
                       cu_seqlens_q: torch.Tensor, context_lens: torch.Tensor, k_new: torch.Tensor | None,
                       v_new: torch.Tensor | None, slot_mapping: torch.Tensor | None, scale: float,
                       k_scale: torch.Tensor | None, v_scale: torch.Tensor | None, max_context: int | None,
-                      return_lse: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                      return_lse: bool, softcap: float = 0.0,
+                      window: int = -1) -> tuple[torch.Tensor, torch.Tensor]:
     return _execute_prefill(q, k_cache, v_cache, block_table, cu_seqlens_q, context_lens, k_new, v_new, slot_mapping,
-                            scale, k_scale, v_scale, max_context, return_lse)
+                            scale, k_scale, v_scale, max_context, return_lse, softcap, window)
 
 
 @_paged_prefill_op.register_fake
 def _(q, k_cache, v_cache, block_table, cu_seqlens_q, context_lens, k_new, v_new, slot_mapping, scale, k_scale,
-      v_scale, max_context, return_lse):
+      v_scale, max_context, return_lse, softcap=0.0, window=-1):
     lse_shape = q.shape[:2] if return_lse else (0,)
     return torch.empty_like(q), q.new_empty(lse_shape, dtype=torch.float32)
 
@@ -355,7 +368,7 @@ def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                   v_new: torch.Tensor | None = None, slot_mapping: torch.Tensor | None = None,
                   scale: float | None = None, k_scale: float | torch.Tensor | None = None,
                   v_scale: float | torch.Tensor | None = None, max_context: int | None = None,
-                  return_lse: bool = False):
+                  return_lse: bool = False, softcap: float | None = None, window=None):
     """Chunked prefill over a paged KV cache: each new token attends causally to its sequence's whole context.
 
     q (T, Hq, D) packs the new tokens of B sequences: sequence b's are rows cu_seqlens_q[b] to
@@ -363,8 +376,8 @@ def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     context_lens[b] tokens ((B,) int32, the cached prefix plus the new tokens). k_new, v_new
     (T, Hkv, D) and slot_mapping (T,) int64 (from PagedKVCache.reserve) write the new tokens' K and
     V into their pages first; leave them out when the pages already hold them. Caches, block_table,
-    scales and `max_context` as for autotile.paged_attention (without max_context the call reads
-    the lengths back once and checks them). Returns out like q, or (out, lse (T, Hq) float32).
+    scales, `max_context`, `softcap` and `window` as for autotile.paged_attention (without max_context the call
+    reads the lengths back once and checks them). Returns out like q, or (out, lse (T, Hq) float32).
 
     >>> import torch, autotile
     >>> from autotile.kvcache import PagedKVCache
@@ -383,6 +396,7 @@ def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     k_scale_t, v_scale_t = _fp8_scales(k_cache, k_scale, v_scale)
     scale = paged_plan.finite_scale(scale, q.shape[-1])
     max_context = _max_context(max_context)
+    softcap, window = paged_plan.model_features(softcap, window)
     if batch == 0 or q.shape[0] == 0:
         out = torch.empty_like(q)
         return (out, torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)) if return_lse else out
@@ -390,7 +404,7 @@ def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     if slot_mapping is not None and slot_mapping.dtype == torch.int32:
         slot_mapping = slot_mapping.long()
     args = (q, k_cache, v_cache, block_table, cu_seqlens_q, context_lens, k_new, v_new, slot_mapping, scale,
-            k_scale_t, v_scale_t, max_context, bool(return_lse))
+            k_scale_t, v_scale_t, max_context, bool(return_lse), softcap, window)
     out, lse = _execute_prefill(*args) if direct_call_ok(*args) else _paged_prefill_op(*args)
     return (out, lse) if return_lse else out
 
@@ -399,7 +413,8 @@ def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
 
 def paged_prefill_problem_for(q, k_cache, v_cache, block_table, cu_seqlens_q, context_lens, *, k_new=None,
                               v_new=None, slot_mapping=None, scale=None, k_scale=None, v_scale=None,
-                              max_context=None, return_lse=False) -> tuple[PagedFamily, PagedProblem, DeviceInfo]:
+                              max_context=None, return_lse=False, softcap=None,
+                              window=None) -> tuple[PagedFamily, PagedProblem, DeviceInfo]:
     """(family, problem, device) of an autotile.paged_prefill call's plan, for autotile.explain. A step of fresh
     prompts of one length runs as dense causal attention instead (explain("flash_attention", ...) names that)."""
     batch = _check_prefill_layout(q, k_cache, v_cache, block_table, cu_seqlens_q, context_lens)
@@ -413,12 +428,13 @@ def paged_prefill_problem_for(q, k_cache, v_cache, block_table, cu_seqlens_q, co
         max_context = max(facts[0], 1)
     problem = paged_plan.prefill_problem(batch, q.shape[0], q.shape[1], k_cache.shape[2], q.shape[2],
                                          k_cache.shape[1], context_bucket(max_context), canonical_dtype_name(q.dtype),
-                                         canonical_dtype_name(k_cache.dtype))
+                                         canonical_dtype_name(k_cache.dtype), *paged_plan.model_features(softcap, window))
     return FAMILY, problem, paged_plan._device_info(q.device)
 
 
 def problem_for(q, k_cache, v_cache, block_table, context_lens, *, scale=None, k_scale=None, v_scale=None,
-                max_context=None, return_lse=False) -> tuple[PagedFamily, PagedProblem, DeviceInfo]:
+                max_context=None, return_lse=False, softcap=None,
+                window=None) -> tuple[PagedFamily, PagedProblem, DeviceInfo]:
     """(family, problem, device) of an autotile.paged_attention call, for autotile.explain."""
     _check_layout(q, k_cache, v_cache, block_table, context_lens)
     _fp8_scales(k_cache, k_scale, v_scale)
@@ -427,5 +443,6 @@ def problem_for(q, k_cache, v_cache, block_table, context_lens, *, scale=None, k
     plan_device = paged_plan._device_info(q.device)
     problem = PagedProblem(q4.shape[0], q4.shape[2], k_cache.shape[2], q4.shape[3], k_cache.shape[1], bound,
                            bound if mean is None else min(mean, bound), q4.shape[1],
-                           canonical_dtype_name(q4.dtype), canonical_dtype_name(k_cache.dtype))
+                           canonical_dtype_name(q4.dtype), canonical_dtype_name(k_cache.dtype),
+                           *paged_plan.model_features(softcap, window))
     return FAMILY, problem, plan_device

@@ -28,9 +28,11 @@ def is_fresh_uniform(q: torch.Tensor, k_new, v_new, k_cache: torch.Tensor, batch
 
 
 def fresh_prefill(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, batch: int, scale: float,
-                  return_lse: bool, out: torch.Tensor | None = None, lse: torch.Tensor | None = None):
+                  return_lse: bool, out: torch.Tensor | None = None, lse: torch.Tensor | None = None, *,
+                  softcap: float = 0.0, window: int = -1):
     """Causal attention of each sequence's new tokens over themselves: q (T, Hq, D), k_new/v_new (T, Hkv, D)
-    packed by sequence, T = batch * S. Returns out (T, Hq, D), or (out, lse (T, Hq) float32, natural log)."""
+    packed by sequence, T = batch * S, soft-capped and windowed as the paged kernels are. Returns out (T, Hq, D),
+    or (out, lse (T, Hq) float32, natural log)."""
     from autotile.runtime.ops_flash import flash_attention  # (the flash runtime imports this package)
 
     tokens, heads, dim = q.shape
@@ -39,7 +41,8 @@ def fresh_prefill(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, bat
     def dense(t):  # (T, H, D) -> (B, H, S, D), a view
         return t.view(batch, seq, t.shape[1], dim).transpose(1, 2)
 
-    result = flash_attention(dense(q), dense(k_new), dense(v_new), causal=True, scale=scale, return_lse=return_lse)
+    result = flash_attention(dense(q), dense(k_new), dense(v_new), causal=True, scale=scale, return_lse=return_lse,
+                             window=(window, 0) if window >= 0 else None, softcap=softcap)
     o, row_lse = result if return_lse else (result, None)
     packed = o.transpose(1, 2).reshape(tokens, heads, dim)  # a view when the backend wrote (B, S, H, D)
     if out is not None:

@@ -46,6 +46,7 @@ torch.Size([2, 4, 64])
 from __future__ import annotations
 
 import math
+import numbers
 import os
 
 import torch
@@ -89,6 +90,25 @@ def finite_scale(scale, head_dim: int) -> float:
     return value
 
 
+def model_features(softcap, window) -> tuple[float, int]:
+    """(softcap, window) as the kernels take them: softcap a finite float >= 0 (0 or None: none); window the keys a
+    query sees left of itself, an int >= 0, or -1 / None for none; a flash-style (left, right) pair is taken too,
+    its right side 0 or -1 (decode is causal)."""
+    cap = 0.0 if softcap is None else softcap
+    if isinstance(cap, bool) or not isinstance(cap, numbers.Real) or not math.isfinite(cap) or cap < 0:
+        raise BadInputError(f"softcap must be a finite number >= 0 (Gemma-2 uses 50.0; 0 or None: none), got {softcap!r}")
+    left = -1 if window is None else window
+    if isinstance(left, (tuple, list)):
+        if len(left) != 2 or left[1] not in (0, -1):
+            raise BadInputError(f"window=(left, right) takes right 0 or -1 here (attention over a cache is causal), "
+                                f"got {window!r}; or pass the left size alone")
+        left = left[0]
+    if isinstance(left, bool) or not isinstance(left, numbers.Integral) or left < -1:
+        raise BadInputError(f"window must be an int >= 0, the keys a query sees left of itself (a model's "
+                            f"sliding_window of W tokens is W - 1), or None / -1 for none; got {window!r}")
+    return float(cap), int(left)
+
+
 def _dtype(value) -> torch.dtype:
     if isinstance(value, torch.dtype):
         return value
@@ -129,13 +149,14 @@ def served_config(problem: PagedProblem, device: DeviceInfo, resolution) -> Conf
 
 
 def prefill_problem(batch: int, num_tokens: int, num_q_heads: int, num_kv_heads: int, head_dim: int, page_size: int,
-                    max_context: int, dtype_name: str, kv_dtype_name: str) -> PagedProblem:
+                    max_context: int, dtype_name: str, kv_dtype_name: str, softcap: float = 0.0,
+                    window: int = -1) -> PagedProblem:
     """The problem a prefill step's config is keyed by: its context bound's bucket, and the mean query tokens per
     sequence (a power of two, at least 2: the prefill variant's problems)."""
     bound = context_bucket(max_context)
     queries = min(max(2, context_bucket(cdiv(max(num_tokens, 1), batch))), bound)
     return PagedProblem(batch, num_q_heads, num_kv_heads, head_dim, page_size, bound, bound, queries, dtype_name,
-                        kv_dtype_name)
+                        kv_dtype_name, softcap, window)
 
 
 def served_prefill_config(problem: PagedProblem, device: DeviceInfo, resolution) -> Config:
@@ -268,7 +289,8 @@ class PagedAttentionPlan(_PlanBase):
                  max_context: int, dtype=torch.bfloat16, kv_dtype=None, num_queries: int = 1,
                  device=None, return_lse: bool = False, mean_context: int | None = None,
                  config: Config | dict | None = None, num_sms: int | None = None, checks: bool | None = None,
-                 split_constants=None):
+                 split_constants=None, softcap: float | None = None, window=None):
+        self.softcap, self.window = model_features(softcap, window)
         self._init_shapes(batch=batch, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
                           page_size=page_size, max_context=max_context, dtype=dtype, kv_dtype=kv_dtype,
                           device=device, return_lse=return_lse, checks=checks)
@@ -284,7 +306,8 @@ class PagedAttentionPlan(_PlanBase):
         bound = context_bucket(max(self.max_context, self.num_queries))
         mean = bound if mean_context is None else min(context_bucket(max(mean_context, self.num_queries)), bound)
         self.problem = PagedProblem(self.batch, self.num_q_heads, self.num_kv_heads, self.head_dim, self.page_size,
-                                    bound, mean, self.num_queries, self.dtype_name, self.kv_dtype_name)
+                                    bound, mean, self.num_queries, self.dtype_name, self.kv_dtype_name, self.softcap,
+                                    self.window)
         info = _device_info(self.device)
         self._num_sms = num_sms
         self._choice = None  # the generated kernel dispatch chose (autotile.runtime.fallback); None: a config given
@@ -359,7 +382,7 @@ def plan_paged_attention(*, batch: int, num_q_heads: int, num_kv_heads: int, hea
                          max_context: int, dtype=torch.bfloat16, kv_dtype=None, num_queries: int = 1, device=None,
                          return_lse: bool = False, mean_context: int | None = None, config=None,
                          num_sms: int | None = None, checks: bool | None = None,
-                         split_constants=None) -> PagedAttentionPlan:
+                         split_constants=None, softcap: float | None = None, window=None) -> PagedAttentionPlan:
     """A decode plan from host integers: choose the config and the split-KV strategy, allocate the workspace.
 
     `max_context` is an upper bound on this step's context lengths (the engine's max model length
@@ -368,14 +391,16 @@ def plan_paged_attention(*, batch: int, num_q_heads: int, num_kv_heads: int, hea
     bucket. `config` overrides the tuned config; `num_sms` the SM count the balanced variant fills;
     `split_constants` its scheduler's constants (autotile.families.paged.SplitConstants or a dict of its
     fields, e.g. {"items_per_sm": 16}; None: the module's); `checks` the AUTOTILE_CHECKS switch; `device` where
-    the plan runs (None: the current CUDA device where there is one, else the CPU). See the module docstring for an
-    example and the contract.
+    the plan runs (None: the current CUDA device where there is one, else the CPU). `softcap` soft-caps the logits,
+    softcap * tanh(x / softcap) (Gemma-2: 50.0), and `window` keeps the keys at most `window` positions left of each
+    query (a sliding window of W tokens, as models configure it, is window=W - 1); both off by default, and a plan
+    without them runs kernels that have neither. See the module docstring for an example and the contract.
     """
     return PagedAttentionPlan(batch=batch, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
                               page_size=page_size, max_context=max_context, dtype=dtype, kv_dtype=kv_dtype,
                               num_queries=num_queries, device=device, return_lse=return_lse,
                               mean_context=mean_context, config=config, num_sms=num_sms, checks=checks,
-                              split_constants=split_constants)
+                              split_constants=split_constants, softcap=softcap, window=window)
 
 
 class PagedPrefillPlan(_PlanBase):
@@ -393,7 +418,9 @@ class PagedPrefillPlan(_PlanBase):
 
     def __init__(self, *, batch: int, num_tokens: int, num_q_heads: int, num_kv_heads: int, head_dim: int,
                  page_size: int, max_context: int, dtype=torch.bfloat16, kv_dtype=None, device=None,
-                 return_lse: bool = False, config: Config | dict | None = None, checks: bool | None = None):
+                 return_lse: bool = False, config: Config | dict | None = None, checks: bool | None = None,
+                 softcap: float | None = None, window=None):
+        self.softcap, self.window = model_features(softcap, window)
         self._init_shapes(batch=batch, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
                           page_size=page_size, max_context=max_context, dtype=dtype, kv_dtype=kv_dtype,
                           device=device, return_lse=return_lse, checks=checks)
@@ -403,7 +430,7 @@ class PagedPrefillPlan(_PlanBase):
             return
         self.problem = prefill_problem(self.batch, self.num_tokens, self.num_q_heads, self.num_kv_heads,
                                        self.head_dim, self.page_size, self.max_context, self.dtype_name,
-                                       self.kv_dtype_name)
+                                       self.kv_dtype_name, self.softcap, self.window)
         info = _device_info(self.device)
         self._choice = None  # the generated kernel dispatch chose (autotile.runtime.fallback); None: a config given
         if config is not None:
@@ -456,7 +483,8 @@ class PagedPrefillPlan(_PlanBase):
         if k_new is not None:
             write_kv(k_cache, v_cache, slot_mapping, k_new, v_new, k_scale, v_scale)
         if self.source != "given" and is_fresh_uniform(q, k_new, v_new, k_cache, self.batch, self.max_context):
-            return fresh_prefill(q, k_new, v_new, self.batch, scale, self.return_lse, out, lse)
+            return fresh_prefill(q, k_new, v_new, self.batch, scale, self.return_lse, out, lse, softcap=self.softcap,
+                                 window=self.window)
         out = torch.empty(q.shape, dtype=self.dtype, device=self.device) if out is None else out
         if self.return_lse and lse is None:
             lse = torch.empty((tokens, self.num_q_heads), dtype=torch.float32, device=self.device)
@@ -467,9 +495,11 @@ class PagedPrefillPlan(_PlanBase):
 
 def plan_paged_prefill(*, batch: int, num_tokens: int, num_q_heads: int, num_kv_heads: int, head_dim: int,
                        page_size: int, max_context: int, dtype=torch.bfloat16, kv_dtype=None, device=None,
-                       return_lse: bool = False, config=None, checks: bool | None = None) -> PagedPrefillPlan:
+                       return_lse: bool = False, config=None, checks: bool | None = None, softcap: float | None = None,
+                       window=None) -> PagedPrefillPlan:
     """A chunked-prefill plan from host integers: B sequences, `num_tokens` new tokens in all (it picks the
-    tuned config; runs may pack any number), contexts up to `max_context`. See PagedPrefillPlan.
+    tuned config; runs may pack any number), contexts up to `max_context`. `softcap` and `window` as for
+    plan_paged_attention. See PagedPrefillPlan.
 
     >>> import torch
     >>> from autotile.kvcache import PagedKVCache
@@ -487,7 +517,8 @@ def plan_paged_prefill(*, batch: int, num_tokens: int, num_q_heads: int, num_kv_
     """
     return PagedPrefillPlan(batch=batch, num_tokens=num_tokens, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
                             head_dim=head_dim, page_size=page_size, max_context=max_context, dtype=dtype,
-                            kv_dtype=kv_dtype, device=device, return_lse=return_lse, config=config, checks=checks)
+                            kv_dtype=kv_dtype, device=device, return_lse=return_lse, config=config, checks=checks,
+                            softcap=softcap, window=window)
 
 
 # --- writing new tokens --------------------------------------------------------------------------
