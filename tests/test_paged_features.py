@@ -3,6 +3,9 @@ a float64 reference that reads the pages one sequence at a time."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import torch
 
@@ -161,3 +164,14 @@ def test_a_plain_call_renders_the_kernels_it_always_had_and_keeps_its_key():
     assert FAMILY.distance(windowed, plain) is None  # a plain winner never serves a windowed call
     # The work a window leaves: 4096 keys -> 1 + 511 at window 511.
     assert FAMILY.cost(PagedProblem(4, 32, 8, 128, 16, 4096, window=511)).bytes < FAMILY.cost(plain).bytes / 7
+
+
+def test_the_benchmark_script_runs_in_its_smoke_mode(tmp_path):
+    """benchmarks/paged_features_bench.py, which the GPU runs: its checks and table, on the interpreter."""
+    root = Path(__file__).resolve().parent.parent
+    out = tmp_path / "features.md"
+    done = subprocess.run([sys.executable, str(root / "benchmarks" / "paged_features_bench.py"), "--smoke", "--out",
+                           str(out)], cwd=root, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(root)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "| smoke | 2 x 150 | 40 / 5 |" in out.read_text()
