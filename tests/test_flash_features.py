@@ -250,3 +250,29 @@ def test_varlen_bad_input_says_what_to_do():
 def test_alibi_slopes_follow_the_paper():
     assert torch.allclose(alibi_slopes(8), torch.tensor([2.0 ** -(i + 1) for i in range(8)]))
     assert alibi_slopes(12).shape == (12,) and (alibi_slopes(12) > 0).all()
+
+
+def test_a_window_wider_than_the_call_is_a_plain_call():
+    """A model's sliding window over a shorter prompt masks nothing: the op serves it as a plain call (its problem
+    has no window, so the vendor op and plain winners may serve it), with the plain result; a window that masks
+    keeps it, dense and packed alike."""
+    import autotile
+
+    gen = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(1, 4, 40, 16, generator=gen) for _ in range(3))
+    for window in ((39, 0), (4095, 0), (4095, -1)):
+        info = autotile.explain("flash_attention", q, k, v, causal=True, window=window)
+        assert (info["problem"]["window_left"], info["problem"]["window_right"]) == (-1, -1), window
+        assert torch.equal(autotile.flash_attention(q, k, v, causal=True, window=window),
+                           autotile.flash_attention(q, k, v, causal=True))
+    assert autotile.explain("flash_attention", q, k, v, causal=True, window=(38, 0))["problem"]["window_left"] == 38
+    # Not causal: the right side counts, masking nothing from Sq - 1 on.
+    info = autotile.explain("flash_attention", q, k, v, window=(100, 39))
+    assert (info["problem"]["window_left"], info["problem"]["window_right"]) == (-1, -1)
+    assert autotile.explain("flash_attention", q, k, v, window=(100, 38))["problem"]["window_right"] == 38
+    packed = [t[0].transpose(0, 1).contiguous() for t in (q, k, v)]  # (40, 4, 16): one sequence
+    cu = torch.tensor([0, 40], dtype=torch.int32)
+    info = autotile.explain("flash_attention_varlen", *packed, cu, cu, 40, 40, causal=True, window=(4095, 0))
+    assert info["problem"]["window_left"] == -1
+    got = autotile.flash_attention_varlen(*packed, cu, cu, 40, 40, causal=True, window=(4095, 0))
+    assert torch.allclose(got, autotile.flash_attention_varlen(*packed, cu, cu, 40, 40, causal=True))

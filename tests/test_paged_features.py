@@ -175,3 +175,12 @@ def test_the_benchmark_script_runs_in_its_smoke_mode(tmp_path):
                           env={**os.environ, "PYTHONPATH": str(root)})
     assert done.returncode == 0, done.stderr[-2000:]
     assert "| smoke | 2 x 150 | 40 / 5 |" in out.read_text()
+
+
+def test_a_window_wider_than_the_plans_contexts_is_a_plain_plan():
+    plan = autotile.plan_paged_attention(batch=2, num_q_heads=4, num_kv_heads=2, head_dim=32, page_size=8,
+                                         max_context=96, dtype=torch.float16, device="cpu", window=4095)
+    assert plan.problem.window == -1 and plan.window == -1
+    plan = autotile.plan_paged_attention(batch=2, num_q_heads=4, num_kv_heads=2, head_dim=32, page_size=8,
+                                         max_context=96, dtype=torch.float16, device="cpu", window=94)
+    assert plan.problem.window == 94

@@ -660,6 +660,24 @@ def window_pair(window) -> tuple[int, int]:
     return left, right
 
 
+def effective_window(window: tuple[int, int], seq_q: int, seq_k: int, causal: bool) -> tuple[int, int]:
+    """`window` with each side that masks nothing at these lengths set to -1 (no limit).
+
+    With queries aligned to the end of the keys (query i's diagonal is key i + seq_k - seq_q), a left side of at
+    least seq_k - 1 keys and a right side of at least seq_q - 1 leave every key in view, and a causal call's right
+    side adds nothing to its mask. Such calls (a model's 4k sliding window over a 2k prompt) are then plain calls:
+    the vendor op and plain winners may serve them. For packed sequences pass the longest lengths: each
+    sequence's own are no longer.
+
+    >>> effective_window((4095, 0), 2048, 2048, True), effective_window((100, 0), 2048, 2048, True)
+    ((-1, -1), (100, -1))
+    >>> effective_window((4095, 2047), 2048, 2048, False), effective_window((4095, 10), 2048, 2048, False)
+    ((-1, -1), (-1, 10))
+    """
+    left, right = window
+    return (-1 if left >= seq_k - 1 else left), (-1 if causal or right >= seq_q - 1 else right)
+
+
 def max_seqlen(value, name: str) -> int:
     """A varlen call's longest sequence as an int: any host integer >= 1, never a tensor (reading it would sync)."""
     length = host_int(value)

@@ -31,7 +31,7 @@ from autotile.errors import BadInputError, ShapeMismatchError, UnsupportedDtypeE
 from autotile.families import flash_vendor
 from autotile.families.base import VENDOR_KEY
 from autotile.families.flash import (FAMILY, GLUON_WS, MAX_HEAD_DIM, FlashFamily, FlashProblem, default_scale,
-                                     window_pair)
+                                     effective_window, window_pair)
 from autotile.layouts import matching_strides, with_strides
 from autotile.runtime import fallback, trace
 from autotile.runtime.dispatch import on_clear
@@ -649,11 +649,22 @@ class _EagerFlash(torch.autograd.Function):
 
 
 # --- the public function ----------------------------------------------------------------------------
-def _normalise(q, k, v, scale, window, softcap):
+def _normalise(q, k, v, scale, window, softcap, causal=False, lengths: tuple | None = None):
+    """Checked arguments, scale and window as the kernels take them. `lengths` (the query and key lengths, dense
+    calls): window sides that mask nothing at them become -1 (effective_window), so such a call is a plain one."""
     check_args(q, k, v, scale, softcap)
     scale = default_scale(q.shape[-1]) if scale is None else float(scale)
     window = window_pair(window)  # (-1, -1) for None; Python ints from NumPy ones; a clear message for the rest
+    if lengths is not None and window != (-1, -1) and not torch.compiler.is_compiling():
+        window = effective_window(window, *lengths, bool(causal))
     return _unit_stride(q), _unit_stride(k), _unit_stride(v), scale, window, float(softcap or 0.0)
+
+
+def _dense_lengths(q, k) -> tuple | None:
+    """(Sq, Sk) of (B, H, S, D) tensors; None for anything else (check_args explains it)."""
+    if isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and q.dim() == k.dim() == 4:
+        return q.shape[2], k.shape[2]
+    return None
 
 
 def _call_key(q, k, v, causal, scale, window, softcap, alibi) -> tuple:
@@ -667,7 +678,7 @@ def _call_key(q, k, v, causal, scale, window, softcap, alibi) -> tuple:
 def _first_call(key: tuple, q, k, v, causal, scale, window, softcap, alibi) -> _Served:
     """Check and normalise a new call signature, and keep what serves it under its raw key."""
     check_flags(causal, alibi)
-    qn, kn, vn, scale, window, softcap = _normalise(q, k, v, scale, window, softcap)
+    qn, kn, vn, scale, window, softcap = _normalise(q, k, v, scale, window, softcap, causal, _dense_lengths(q, k))
     causal = bool(causal)
     inner = _served_forward(qn, kn, vn, causal, scale, window, softcap, alibi)
     run = inner.run
@@ -787,7 +798,7 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
         return folded
     check_flags(causal, alibi_slopes)
     check_slopes_grad(alibi_slopes)
-    q, k, v, scale, window, softcap = _normalise(q, k, v, scale, window, softcap)
+    q, k, v, scale, window, softcap = _normalise(q, k, v, scale, window, softcap, causal, _dense_lengths(q, k))
     if (cast := autocast_inputs(q, k, v)) is not None:
         q, k, v = cast
     o, lse = torch.ops.autotile.flash_attention_fwd(q, k, v, bool(causal), scale, window[0], window[1], softcap,
@@ -819,7 +830,7 @@ def problem_for(q, k, v, *, causal: bool = False, scale: float | None = None, wi
     """(family, forward problem, device) that `flash_attention(q, k, v, ...)` runs, for autotile.explain."""
     if isinstance(q, torch.Tensor) and q.dim() != 4 and _foldable(q, k, v):  # as the op folds them
         q, k, v = (t.reshape(-1, *t.shape[-3:]) for t in (q, k, v))
-    q, k, v, scale, window, softcap = _normalise(q, k, v, scale, window, softcap)
+    q, k, v, scale, window, softcap = _normalise(q, k, v, scale, window, softcap, causal, _dense_lengths(q, k))
     problem = FAMILY.problem_from_tensors(q, k, v, causal=causal, window=window, softcap=softcap,
                                           alibi_slopes=alibi_slopes)
     return FAMILY, problem, current_device(q.device)

@@ -16,7 +16,7 @@ import torch
 
 from autotile.device import DeviceInfo, current_device
 from autotile.errors import BadInputError, ShapeMismatchError
-from autotile.families.flash import FAMILY, FlashFamily, FlashProblem, max_seqlen
+from autotile.families.flash import FAMILY, FlashFamily, FlashProblem, effective_window, max_seqlen
 from autotile.runtime.eager import autograd_call_ok, direct_call_ok
 from autotile.runtime.ops_flash import (LN2, _keep, _layout, _normalise, _unit_stride, autocast_inputs, check_flags,
                                         check_fp8_grad, check_slopes_grad, eager_or_op, no_double_backward,
@@ -191,6 +191,7 @@ def flash_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
     causal = bool(causal)
     if not torch.compiler.is_compiling():  # NOTE: a traced max_seqlen may be symbolic: the op's own check reads it
         max_seqlen_q, max_seqlen_k = max_seqlen(max_seqlen_q, "max_seqlen_q"), max_seqlen(max_seqlen_k, "max_seqlen_k")
+        window = effective_window(window, max_seqlen_q, max_seqlen_k, causal)
     args = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
         if not isinstance(cu, torch.Tensor):  # the call's key reads its layout
@@ -222,6 +223,8 @@ def problem_for(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                 return_lse: bool = False) -> tuple[FlashFamily, FlashProblem, DeviceInfo]:
     """(family, forward problem, device) that `flash_attention_varlen(...)` runs, for autotile.explain."""
     q, k, v, scale, window, softcap = _normalise(q, k, v, scale, window, softcap)
+    window = effective_window(window, max_seqlen(max_seqlen_q, "max_seqlen_q"), max_seqlen(max_seqlen_k, "max_seqlen_k"),
+                              bool(causal))
     problem = _problem(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, window, softcap,
                        alibi_slopes)
     return FAMILY, problem, current_device(q.device)

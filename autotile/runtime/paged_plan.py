@@ -109,6 +109,12 @@ def model_features(softcap, window) -> tuple[float, int]:
     return float(cap), int(left)
 
 
+def effective_paged_window(window: int, max_context: int) -> int:
+    """-1 where a window of `window` keys left of each query masks nothing in contexts of at most `max_context`
+    tokens (a 4k sliding window in a plan bounded at 2k): the plan is then a plain one, its kernels and winners."""
+    return -1 if window >= max_context - 1 else window
+
+
 def _dtype(value) -> torch.dtype:
     if isinstance(value, torch.dtype):
         return value
@@ -299,6 +305,7 @@ class PagedAttentionPlan(_PlanBase):
         if num_queries < 1 or num_queries > max_context:
             raise BadInputError(f"num_queries must be from 1 to max_context ({max_context}), got {num_queries}")
         self.num_queries = int(num_queries)
+        self.window = effective_paged_window(self.window, self.max_context)
         self.problem = self.launch = self.source = None
         self.config = None
         if self.batch == 0:
@@ -425,6 +432,7 @@ class PagedPrefillPlan(_PlanBase):
                           page_size=page_size, max_context=max_context, dtype=dtype, kv_dtype=kv_dtype,
                           device=device, return_lse=return_lse, checks=checks)
         self.num_tokens = int(num_tokens)
+        self.window = effective_paged_window(self.window, self.max_context)
         self.problem = self.launch = self.config = self.source = None
         if self.batch == 0:
             return
