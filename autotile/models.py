@@ -14,7 +14,7 @@ num_attention_heads, num_key_value_heads, head_dim, attention bias).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from autotile.errors import BadInputError
 
@@ -31,12 +31,17 @@ class ModelDims:
     kv_heads: int
     head_dim: int
     qkv_bias: bool = False  # Qwen2 projects q, k and v with a bias
+    softcap: float = 0.0  # attn_logit_softcapping: every layer's logits x -> softcap * tanh(x / softcap) (Gemma-2)
+    sliding_window: int = 0  # tokens its local layers see (a query and the W - 1 before it); 0: none (Gemma-2, 3)
 
     def __post_init__(self):
         for field in ("hidden", "intermediate", "heads", "kv_heads", "head_dim"):
             value = getattr(self, field)
             if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 1 << 20:
                 raise BadInputError(f"model {self.name}: {field} must be an integer from 1 to 2**20, got {value!r}")
+        if not 0 <= self.sliding_window <= 1 << 24 or not 0 <= self.softcap < float("inf"):
+            raise BadInputError(f"model {self.name}: sliding_window must be 0 (none) or a token count, and softcap "
+                                f"a number >= 0 (0: none); got {self.sliding_window!r} and {self.softcap!r}")
         if self.heads % self.kv_heads:
             raise BadInputError(f"model {self.name}: heads ({self.heads}) must be a multiple of kv_heads "
                                 f"({self.kv_heads})")
@@ -54,9 +59,9 @@ MODELS: dict[str, ModelDims] = {m.name: m for m in (
     ModelDims("qwen2.5-72b", 8192, 29568, 64, 8, 128, qkv_bias=True),
     ModelDims("phi3-mini", 3072, 8192, 32, 32, 96),
     ModelDims("phi3-medium", 5120, 17920, 40, 10, 128),
-    ModelDims("gemma2-9b", 3584, 14336, 16, 8, 256),
-    ModelDims("gemma2-27b", 4608, 36864, 32, 16, 128),
-    ModelDims("gemma2-2b", 2304, 9216, 8, 4, 256),
+    ModelDims("gemma2-9b", 3584, 14336, 16, 8, 256, softcap=50.0, sliding_window=4096),
+    ModelDims("gemma2-27b", 4608, 36864, 32, 16, 128, softcap=50.0, sliding_window=4096),
+    ModelDims("gemma2-2b", 2304, 9216, 8, 4, 256, softcap=50.0, sliding_window=4096),
     ModelDims("qwen2.5-1.5b", 1536, 8960, 12, 2, 128, qkv_bias=True),
     ModelDims("qwen2.5-3b", 2048, 11008, 16, 2, 128, qkv_bias=True),
     ModelDims("qwen2.5-32b", 5120, 27648, 40, 8, 128, qkv_bias=True),
@@ -71,9 +76,9 @@ MODELS: dict[str, ModelDims] = {m.name: m for m in (
     ModelDims("qwen3-1.7b", 2048, 6144, 16, 8, 128),
     ModelDims("qwen3-32b", 5120, 25600, 64, 8, 128),
     ModelDims("phi4-mini", 3072, 8192, 24, 8, 128),
-    ModelDims("gemma3-4b", 2560, 10240, 8, 4, 256),
-    ModelDims("gemma3-12b", 3840, 15360, 16, 8, 256),
-    ModelDims("gemma3-27b", 5376, 21504, 32, 16, 128),
+    ModelDims("gemma3-4b", 2560, 10240, 8, 4, 256, sliding_window=1024),
+    ModelDims("gemma3-12b", 3840, 15360, 16, 8, 256, sliding_window=1024),
+    ModelDims("gemma3-27b", 5376, 21504, 32, 16, 128, sliding_window=1024),
     ModelDims("llama2-7b", 4096, 11008, 32, 32, 128),
     ModelDims("llama2-13b", 5120, 13824, 40, 40, 128),
     ModelDims("gemma-2b", 2048, 16384, 8, 1, 256),
@@ -81,7 +86,8 @@ MODELS: dict[str, ModelDims] = {m.name: m for m in (
 )}
 
 _DIM_NAMES = {"hidden": "hidden", "intermediate": "intermediate", "ffn": "intermediate", "heads": "heads",
-              "kv_heads": "kv_heads", "head_dim": "head_dim"}
+              "kv_heads": "kv_heads", "head_dim": "head_dim", "sliding_window": "sliding_window",
+              "softcap": "softcap"}
 
 
 @dataclass(frozen=True)
@@ -101,13 +107,14 @@ def model_dims(name: str | None = None, dims: str | None = None) -> ModelDims:
         values = {}
         for part in dims.split(","):
             key, _, value = part.partition("=")
-            key = key.strip().lower()
-            if key not in _DIM_NAMES or not value.strip().isdigit():
-                raise BadInputError(f"--dims: {part.strip()!r} is not NAME=INTEGER with NAME one of "
+            key, value = key.strip().lower(), value.strip()
+            number = value.replace(".", "", 1).isdigit() if key == "softcap" else value.isdigit()
+            if key not in _DIM_NAMES or not number:
+                raise BadInputError(f"--dims: {part.strip()!r} is not NAME=INTEGER (softcap=NUMBER) with NAME one of "
                                     f"{', '.join(sorted(set(_DIM_NAMES)))}")
             if _DIM_NAMES[key] in values:
                 raise BadInputError(f"--dims gives {_DIM_NAMES[key]} twice; give each dimension once")
-            values[_DIM_NAMES[key]] = int(value)
+            values[_DIM_NAMES[key]] = float(value) if key == "softcap" else int(value)
         missing = {"hidden", "intermediate", "heads"} - set(values)
         if missing:
             raise BadInputError(f"--dims needs {', '.join(sorted(missing))} (kv_heads defaults to heads, head_dim "
@@ -173,13 +180,28 @@ def gemm_problems(model: ModelDims, tokens: tuple[int, ...], dtype: str = "bf16"
             for p in projections(model) for m in tokens]
 
 
-def flash_problems(model: ModelDims, tokens: tuple[int, ...], dtype: str = "bf16", batch: int = 1) -> list:
-    """Causal prefill attention of `batch` sequences of each token count, at the model's head configuration."""
+def flash_problems(model: ModelDims, tokens: tuple[int, ...], dtype: str = "bf16", batch: int = 1,
+                   features: bool = True) -> list:
+    """Causal prefill attention of `batch` sequences of each token count, at the model's head configuration, with
+    its soft-capping; a model with local layers also runs their window where a prompt is longer than it (shorter
+    prompts are plain calls there: autotile.families.flash.effective_window). `features=False`: the head
+    configuration alone (plain calls; what a policy against the vendor op, which has neither, is tuned on).
+
+    >>> [(p.seq_q, p.window_left, p.softcap) for p in flash_problems(MODELS["gemma2-9b"], (2048, 8192))]
+    [(2048, -1, 50.0), (8192, -1, 50.0), (8192, 4095, 50.0)]
+    """
     from autotile.families.flash import FAMILY
 
-    return [FAMILY.problem_type(direction="fwd", batch=batch, heads_q=model.heads, heads_kv=model.kv_heads,
-                                seq_q=s, seq_k=s, head_dim=model.head_dim, causal=True, dtype=dtype)
-            for s in tokens if s >= 16]
+    def problem(seq: int, window: int):
+        return FAMILY.problem_type(direction="fwd", batch=batch, heads_q=model.heads, heads_kv=model.kv_heads,
+                                   seq_q=seq, seq_k=seq, head_dim=model.head_dim, causal=True, dtype=dtype,
+                                   window_left=window, softcap=model.softcap)
+
+    if not features:
+        model = replace(model, softcap=0.0, sliding_window=0)
+    seqs = [s for s in tokens if s >= 16]
+    local = [problem(s, model.sliding_window - 1) for s in seqs if 0 < model.sliding_window < s]
+    return [problem(s, -1) for s in seqs] + local
 
 
 __all__ = ["MODELS", "TOKEN_BUCKETS", "ModelDims", "Projection", "model_dims", "projections", "parse_tokens",

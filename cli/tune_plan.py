@@ -79,7 +79,10 @@ def _tune_policy(family, model_opts: dict, dtype: str, device, db_url, seed, bat
 
     models = _models(model_opts)
     tokens = parse_tokens(model_opts["tokens"])
-    problems = [p.problem for m in models for p in model_problems(family.name, [m], tokens, dtype, batch)]
+    # A policy must beat the vendor op, which has no soft-capping or window: heads alone (calls with those features
+    # are the family's own anyway).
+    problems = [p.problem for m in models for p in model_problems(family.name, [m], tokens, dtype, batch,
+                                                                  features=False)]
     click.echo(f"policy: {len(problems)} {family.name} shapes of {', '.join(m.name for m in models)}")
     outcomes = tune_policy(family, problems, device, db_url=db_url, seed=seed, report=lambda line: click.echo(line))
     click.echo(f"{sum(o.stored for o in outcomes)} of {len(outcomes)} groups won by the default config everywhere")

@@ -232,3 +232,21 @@ def test_model_descriptions_that_were_read_wrongly_are_refused(dims, message):
     """A repeated dimension was last-wins and a hidden size not a multiple of heads gave a floored head dim."""
     with pytest.raises(BadInputError, match=message):
         model_dims(None, dims)
+
+
+def test_a_models_attention_features_are_what_its_flash_problems_run():
+    """Gemma-2 soft-caps every layer's logits and windows its local layers (4096 tokens): `tune flash --model`
+    tunes those calls (a prompt no longer than the window is a plain call there); a policy, which must beat the
+    vendor op, takes the heads alone; --dims describes both for other models."""
+    from autotile.models import MODELS, flash_problems, model_dims
+    from autotile.tune.plan import model_problems
+
+    gemma = [(p.seq_q, p.window_left, p.softcap) for p in flash_problems(MODELS["gemma2-9b"], (1024, 4096, 8192))]
+    assert gemma == [(1024, -1, 50.0), (4096, -1, 50.0), (8192, -1, 50.0), (8192, 4095, 50.0)]
+    plain = model_problems("flash", [MODELS["gemma2-9b"]], (1024, 8192), "bf16", features=False)
+    assert [(p.problem.seq_q, p.problem.has_features) for p in plain] == [(1024, False), (8192, False)]
+    assert all(not p.has_features for p in flash_problems(MODELS["llama3-8b"], (1024, 8192)))
+    custom = model_dims(None, "hidden=2048,intermediate=8192,heads=16,kv_heads=4,softcap=30.0,sliding_window=512")
+    assert (custom.softcap, custom.sliding_window) == (30.0, 512)
+    with pytest.raises(BadInputError, match="softcap=NUMBER"):
+        model_dims(None, "hidden=2048,intermediate=8192,heads=16,softcap=big")

@@ -187,10 +187,11 @@ def tune_planned(planned: Sequence[PlannedProblem], device, *, budget_s: float |
 
 
 def model_problems(family_name: str, models: Sequence, tokens: tuple[int, ...], dtype: str,
-                   batch: int = 1) -> list[PlannedProblem]:
+                   batch: int = 1, features: bool = True) -> list[PlannedProblem]:
     """Models' problems for `autotile tune FAMILY --model A,B`: gemm projections or flash prefill (`batch` sequences
-    of each token count), each shape once (Mistral-7B runs Llama-3-8B's projections), fewest FLOPs first (decode
-    steps are the calls a served model makes most often)."""
+    of each token count; with the models' soft-capping and windows unless `features` is False), each shape once
+    (Mistral-7B runs Llama-3-8B's projections), fewest FLOPs first (decode steps are the calls a served model makes
+    most often)."""
     from autotile.models import flash_problems, gemm_problems
 
     family = get_family(family_name)
@@ -202,7 +203,7 @@ def model_problems(family_name: str, models: Sequence, tokens: tuple[int, ...], 
     unique = {}
     for model in models:
         problems = gemm_problems(model, tokens, dtype) if family_name == "gemm" else flash_problems(
-            model, tokens, dtype, batch=batch)
+            model, tokens, dtype, batch=batch, features=features)
         for problem in problems:
             unique.setdefault(family.problem_key(problem), problem)
     problems = sorted(unique.values(), key=lambda p: family.cost(p).flops)
