@@ -144,11 +144,22 @@ class Family(abc.ABC):
     # sequence lengths). A winner is verified across the bucket of these fields when it is stored, and
     # served for any call inside the range it was verified on. Families with a vendor op set them.
     serving_fields: ClassVar[tuple[str, ...]] = ()
+    # Fields added after databases were shipped, with the value every problem had before: left out of keys and
+    # buckets while they hold it, so that the stored keys of the problems that existed then still match.
+    later_fields: ClassVar[Mapping[str, object]] = {}
 
     # --- problems -----------------------------------------------------------------
+    def key_fields(self, problem) -> dict:
+        """The problem's fields as its key and bucket name them: later_fields left out at their defaults."""
+        data = problem_to_dict(problem)
+        for name, default in self.later_fields.items():
+            if data[name] == default:
+                del data[name]
+        return data
+
     def problem_key(self, problem) -> str:
         """Canonical, hashable description of a problem: shapes, dtypes, layout class, variant flags."""
-        return canonical_json(problem_to_dict(problem))
+        return canonical_json(self.key_fields(problem))
 
     def problem_from_dict(self, data: Mapping):
         fields = {f.name for f in dataclasses.fields(self.problem_type)}
@@ -159,7 +170,7 @@ class Family(abc.ABC):
 
     def bucket(self, problem) -> str:
         """Nearby shapes share a bucket: shape fields rounded up to powers of two, the rest exact."""
-        data = problem_to_dict(problem)
+        data = self.key_fields(problem)
         for name in self.shape_fields:
             data[name] = next_pow2(data[name])
         return canonical_json(data)

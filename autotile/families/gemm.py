@@ -25,7 +25,7 @@ from autotile.device import DeviceInfo
 from autotile.dtypes import canonical_dtype_name, element_size, torch_dtype
 from autotile.errors import BadInputError, ShapeMismatchError, UnsupportedDtypeError
 from autotile.families.base import (
-    VENDOR_KEY, Baseline, Cost, Family, ProblemOption, Tensors, Tolerance, canonical_json, is_vendor, next_pow2,
+    VENDOR_KEY, Baseline, Cost, Family, ProblemOption, Tensors, Tolerance, is_vendor,
 )
 from autotile.families.gemm_launch import bind_gemm, launch_plan, run_plan
 from autotile.families.gemm_policy import preferred_config, seed_variations
@@ -112,15 +112,6 @@ def layout_of(t: torch.Tensor) -> str:
     return "strided"
 
 
-def _key_fields(problem: GemmProblem) -> dict:
-    """The problem's fields for its key: those added later are left out while they hold their defaults."""
-    data = dataclasses.asdict(problem)
-    for name, default in _LATER_FIELDS.items():
-        if data[name] == default:
-            del data[name]
-    return data
-
-
 def scale_mode_of(m: int, n: int, k: int, scale_a, scale_b, device) -> str:
     """'tensor', 'row' or 'block' from the shapes of fp8 scales (None counts as a per-tensor scale of 1)."""
     groups_k, groups_n = math.ceil(k / SCALE_BLOCK), math.ceil(n / SCALE_BLOCK)
@@ -181,6 +172,7 @@ class GemmFamily(Family):
     # N, K, dtypes, layouts and the epilogue are fixed by a layer's weight; M (tokens) varies per call.
     # M is bucketed by powers of two (1, 2, 4, ..., 8192, ...), as vLLM's shipped fused-MoE tables key it.
     serving_fields = ("m",)
+    later_fields = _LATER_FIELDS
     range_free_fields = ("aligned",)
 
     # --- problems -----------------------------------------------------------------
@@ -243,15 +235,6 @@ class GemmFamily(Family):
         if dtype != "fp8" and (scale_a is not None or scale_b is not None):
             raise BadInputError(f"scale_a/scale_b apply to float8_e4m3fn operands only; these are {a.dtype}")
         return dtype, out
-
-    def problem_key(self, problem: GemmProblem) -> str:
-        return canonical_json(_key_fields(problem))
-
-    def bucket(self, problem: GemmProblem) -> str:
-        data = _key_fields(problem)
-        for name in self.shape_fields:
-            data[name] = next_pow2(data[name])
-        return canonical_json(data)
 
     def distance(self, problem: GemmProblem, other: GemmProblem) -> float | None:
         # Alignment does not change what a config computes, only whether the TMA variant may run;

@@ -29,7 +29,6 @@ True
 from __future__ import annotations
 
 import collections
-import dataclasses
 import functools
 import math
 import threading
@@ -41,8 +40,7 @@ from autotile.arch import device_default, device_seeds, require_dtypes
 from autotile.device import DeviceInfo, current_device, interpret_device
 from autotile.dtypes import element_size, torch_dtype
 from autotile.errors import BadInputError, ShapeMismatchError, UnsupportedDtypeError
-from autotile.families.base import (Baseline, Cost, Family, ProblemOption, Tensors, Tolerance, canonical_json, is_vendor,
-                                    next_pow2)
+from autotile.families.base import Baseline, Cost, Family, ProblemOption, Tensors, Tolerance, is_vendor, next_pow2
 from autotile.launch import launch as launch_kernel
 from autotile.render import launching, load_kernel_module
 from autotile.space import Axis, AxisKind, Config, Constraint, Space
@@ -200,18 +198,8 @@ class PagedProblem:
         return next_pow2(self.head_dim)
 
 
-# Fields added after databases were shipped: left out of a problem's key while they hold these values, so the
-# keys of plain problems stay what they were.
+# Fields added after databases were shipped, off (the family's later_fields): plain problems keep their keys.
 FEATURE_DEFAULTS = {"softcap": 0.0, "window": -1}
-
-
-def key_fields(problem: "PagedProblem") -> dict:
-    """The problem's fields for its key and bucket: features left out while off."""
-    data = dataclasses.asdict(problem)
-    for name, off in FEATURE_DEFAULTS.items():
-        if data[name] == off:
-            del data[name]
-    return data
 
 
 def check_head_dim(head_dim: int) -> None:
@@ -392,6 +380,7 @@ class PagedFamily(Family):
     template = "paged_attention.py.j2"
     problem_type = PagedProblem
     shape_fields = ("batch", "max_context", "mean_context")
+    later_fields = FEATURE_DEFAULTS
 
     cli_options = (
         ProblemOption("batch", int, "sequences per step", multiple=True),
@@ -429,14 +418,6 @@ class PagedFamily(Family):
                              num_queries, dtype, kv_dtype or dtype, softcap or 0.0, -1 if window is None else window)
                 for b in batches for ctx in contexts]
 
-    def problem_key(self, problem: PagedProblem) -> str:
-        return canonical_json(key_fields(problem))
-
-    def bucket(self, problem: PagedProblem) -> str:
-        data = key_fields(problem)
-        for name in self.shape_fields:
-            data[name] = next_pow2(data[name])
-        return canonical_json(data)
 
     # --- the search -----------------------------------------------------------------
     def space(self, problem: PagedProblem, device: DeviceInfo) -> Space:
