@@ -184,3 +184,28 @@ def test_a_window_wider_than_the_plans_contexts_is_a_plain_plan():
     plan = autotile.plan_paged_attention(batch=2, num_q_heads=4, num_kv_heads=2, head_dim=32, page_size=8,
                                          max_context=96, dtype=torch.float16, device="cpu", window=94)
     assert plan.problem.window == 94
+
+
+def test_the_balanced_kernel_schedules_only_the_keys_a_window_leaves():
+    """The device's choice (the chunk size it leaves for the combine kernel) is the host mirror's with a window, and
+    a window narrower than the contexts splits them less."""
+    from autotile.families.paged import balanced_schedule, paged_launch
+
+    lengths = [4000, 3000]
+    problem = PagedProblem(batch=2, num_q_heads=4, num_kv_heads=2, head_dim=32, page_size=16, max_context=4096,
+                           mean_context=3500, dtype="fp16", kv_dtype="fp16", window=300)
+    config = FAMILY.validate_config(problem, CPU, dict(VARIANT="balanced", BLOCK_N=32, PARTITION_SIZE=256,
+                                                       BLOCK_M=16, num_warps=4, num_stages=3))
+    k, v, table, lens = _pages(lengths, page_size=16, seed=5)
+    launch = paged_launch(problem, config, torch.device("cpu"), num_sms=8)
+    q = torch.randn(2, 1, 4, 32).half()
+    out = torch.empty_like(q)
+    launch.decode(q, k, v, table, lens, out, scale=32 ** -0.5)
+    shift = int(launch.schedule[0])
+    spans = [min(n, 1 + 300) for n in lengths]
+    on_device = [1 if shift < 0 else -(-n // (1 << shift)) for n in spans]
+    assert on_device == balanced_schedule(lengths, 2, 8, 256, window=300)
+    assert sum(on_device) < sum(balanced_schedule(lengths, 2, 8, 256))
+    want = reference({"q": q, "k_cache": k, "v_cache": v, "block_table": table, "context_lens": lens}, 0.0, 300, 1,
+                     32 ** -0.5)
+    assert (out.double() - want).abs().max() < 4e-3

@@ -309,18 +309,21 @@ def balanced_max_chunks(batch: int, num_kv_heads: int, num_sms: int, split_const
 
 
 def balanced_schedule(context_lens: list[int], num_kv_heads: int, num_sms: int, partition_size: int,
-                      split_constants=None) -> list[int]:
+                      split_constants=None, *, window: int = -1, num_queries: int = 1) -> list[int]:
     """The chunk count of each sequence that the balanced kernels choose for these lengths.
 
     The same integer arithmetic as `_chunk_schedule` in the template, for tests and benchmark
     reports (the kernels compute it on the device; nothing calls this on the hot path).
-    `split_constants` as for PagedLaunch (None: the module's constants).
+    `split_constants` as for PagedLaunch (None: the module's constants). With a `window`, the kernels weigh and cut
+    only the keys it leaves: the last num_queries + window of each context.
     >>> balanced_schedule([32768], num_kv_heads=8, num_sms=132, partition_size=256)
     [64]
     >>> balanced_schedule([4096] * 64, num_kv_heads=8, num_sms=132, partition_size=256) == [1] * 64
     True
     """
     split = SplitConstants.of(split_constants)
+    if window >= 0:
+        context_lens = [min(n, num_queries + window) for n in context_lens]
     max_chunks = balanced_max_chunks(len(context_lens), num_kv_heads, num_sms, split)
     total, longest = sum(context_lens), max(max(context_lens, default=0), 1)
     best_cost, best_size = None, longest
