@@ -94,6 +94,8 @@ def model_features(softcap, window) -> tuple[float, int]:
     """(softcap, window) as the kernels take them: softcap a finite float >= 0 (0 or None: none); window the keys a
     query sees left of itself, an int >= 0, or -1 / None for none; a flash-style (left, right) pair is taken too,
     its right side 0 or -1 (decode is causal)."""
+    if softcap is None and window is None:
+        return 0.0, -1  # a plain call: decode steps are short, its host time counts
     cap = 0.0 if softcap is None else softcap
     if isinstance(cap, bool) or not isinstance(cap, numbers.Real) or not math.isfinite(cap) or cap < 0:
         raise BadInputError(f"softcap must be a finite number >= 0 (Gemma-2 uses 50.0; 0 or None: none), got {softcap!r}")
