@@ -147,8 +147,18 @@ def _build(problem, block_n, stages, queue=False) -> dict:
                                              k.global_scratch) for k in kernels])
 
 
+# Gemma-2's soft-capped calls (flash_space.GLUON_SOFTCAP): its head dim 256 on one split K/V slot, and head dim 128.
+SOFTCAP_CASES = [(FlashProblem("fwd", 4, 16, 8, 2048, 2048, 256, causal=True, softcap=50.0), 128, 1),
+                 (FlashProblem("fwd", 1, 32, 16, 4096, 4096, 128, causal=True, softcap=50.0), 128, 3)]
+
+
 def _compile_cases() -> dict:
-    return dict(static=[_build(*case) for case in CASES], queued=[_build(*case, queue=True) for case in QUEUE_CASES])
+    from autotile.families import flash_space
+
+    static = [_build(*case) for case in CASES]
+    queued = [_build(*case, queue=True) for case in QUEUE_CASES]
+    flash_space.GLUON_SOFTCAP = True
+    return dict(static=static, queued=queued, softcap=[_build(*case) for case in SOFTCAP_CASES])
 
 
 def test_gluon_ws_kernels_compile_for_sm90_without_spills_in_the_key_loop_or_launch_scratch():
@@ -156,7 +166,9 @@ def test_gluon_ws_kernels_compile_for_sm90_without_spills_in_the_key_loop_or_lau
 
     results = run_compile_child(__file__)
     assert len(results["static"]) == len(CASES) and len(results["queued"]) == len(QUEUE_CASES)
-    for case, result in [*zip(CASES, results["static"]), *zip(QUEUE_CASES, results["queued"])]:
+    assert len(results["softcap"]) == len(SOFTCAP_CASES)
+    for case, result in [*zip(CASES, results["static"]), *zip(QUEUE_CASES, results["queued"]),
+                         *zip(SOFTCAP_CASES, results["softcap"])]:
         assert result["feasible"], case
         (name, shared, stack, loop_spills, features, scratch), = result["kernels"]
         assert name == "attn_fwd" and shared <= H200.smem_per_block, (case, shared)

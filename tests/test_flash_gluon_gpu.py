@@ -201,3 +201,21 @@ def test_tiles_taken_from_a_queue_match_float64_launch_after_launch(shape):
             for _ in range(3):
                 again = run_checked(problem, config, inputs)
             assert torch.equal(first["o"], again["o"]), config.to_json()
+
+
+@pytest.mark.parametrize("softcap", [1.0, 50.0])
+@pytest.mark.parametrize("shape", [(2, 8, 2, 1000, 1000, 128), (1, 8, 4, 257, 511, 256), (1, 4, 4, 300, 1030, 64),
+                                   (2, 8, 2, 333, 517, 96)], ids=lambda s: "x".join(map(str, s)))
+def test_gluon_ws_soft_caps_as_float64(monkeypatch, shape, softcap):
+    """Soft-capping in the Gluon forward (tanh.approx.f32, as FlashAttention-3's), every tile and key block the
+    space offers, against float64: what flash_space.GLUON_SOFTCAP waits for before soft-capped calls take it."""
+    from autotile.device import cuda_device
+    from autotile.families import flash_space
+
+    monkeypatch.setattr(flash_space, "GLUON_SOFTCAP", True)
+    device = cuda_device()
+    for causal in (False, True):
+        problem = FlashProblem("fwd", *shape, causal=causal, softcap=softcap)
+        inputs = FAMILY.make_inputs(problem, device, seed=9)
+        for config in gluon_configs(problem, device):
+            run_checked(problem, config, inputs)
