@@ -45,6 +45,18 @@ def run_checked(problem, config, inputs) -> dict:
     return outputs
 
 
+def check_every_gluon_config(shape, seed: int, **features) -> None:
+    """Causal and not, every Gluon config the space offers for the problem, each run against float64."""
+    from autotile.device import cuda_device
+
+    device = cuda_device()
+    for causal in (False, True):
+        problem = FlashProblem("fwd", *shape, causal=causal, **features)
+        inputs = FAMILY.make_inputs(problem, device, seed=seed)
+        for config in gluon_configs(problem, device):
+            run_checked(problem, config, inputs)
+
+
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_gluon_ws_matches_float64(shape, dtype):
@@ -67,14 +79,7 @@ def test_gluon_ws_packed_sequences_match_float64(shape):
     """Packed (varlen) sequences of random lengths up to the given ones: only tiles that hold rows are numbered (40
     sequences: more than the producer warp's 32 lanes take at once), keys of the next sequence masked, each
     sequence's own causal diagonal."""
-    from autotile.device import cuda_device
-
-    device = cuda_device()
-    for causal in (False, True):
-        problem = FlashProblem("fwd", *shape, causal=causal, varlen=True)
-        inputs = FAMILY.make_inputs(problem, device, seed=11)
-        for config in gluon_configs(problem, device):
-            run_checked(problem, config, inputs)
+    check_every_gluon_config(shape, 11, varlen=True)
 
 
 def test_gluon_ws_reads_strided_projections_and_a_right_window():
@@ -209,13 +214,7 @@ def test_tiles_taken_from_a_queue_match_float64_launch_after_launch(shape):
 def test_gluon_ws_soft_caps_as_float64(monkeypatch, shape, softcap):
     """Soft-capping in the Gluon forward (tanh.approx.f32, as FlashAttention-3's), every tile and key block the
     space offers, against float64: what flash_space.GLUON_SOFTCAP waits for before soft-capped calls take it."""
-    from autotile.device import cuda_device
     from autotile.families import flash_space
 
     monkeypatch.setattr(flash_space, "GLUON_SOFTCAP", True)
-    device = cuda_device()
-    for causal in (False, True):
-        problem = FlashProblem("fwd", *shape, causal=causal, softcap=softcap)
-        inputs = FAMILY.make_inputs(problem, device, seed=9)
-        for config in gluon_configs(problem, device):
-            run_checked(problem, config, inputs)
+    check_every_gluon_config(shape, 9, softcap=softcap)
