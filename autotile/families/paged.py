@@ -178,14 +178,9 @@ class PagedProblem:
     def group(self) -> int:
         return self.num_q_heads // self.num_kv_heads
 
-    @property
-    def has_features(self) -> bool:
-        """Soft-capping or a sliding window: what SDPA's baseline cannot compute."""
-        return self.softcap > 0 or self.window >= 0
-
     def span(self, context: int) -> int:
-        """Keys the queries of a sequence of `context` tokens see: all, or the last num_queries + window."""
-        return context if self.window < 0 else min(context, self.num_queries + self.window)
+        """Keys the queries of a sequence of `context` tokens see (window_span)."""
+        return window_span(context, self.num_queries, self.window)
 
     @property
     def rows(self) -> int:
@@ -200,6 +195,12 @@ class PagedProblem:
 
 # Fields added after databases were shipped, off (the family's later_fields): plain problems keep their keys.
 FEATURE_DEFAULTS = {"softcap": 0.0, "window": -1}
+
+
+def window_span(context: int, num_queries: int, window: int) -> int:
+    """Keys the num_queries last positions of a context see: all of it, or (window >= 0) its last
+    num_queries + window (the span the kernels walk and the balanced scheduler cuts)."""
+    return context if window < 0 else min(context, num_queries + window)
 
 
 def check_head_dim(head_dim: int) -> None:
@@ -322,8 +323,7 @@ def balanced_schedule(context_lens: list[int], num_kv_heads: int, num_sms: int, 
     True
     """
     split = SplitConstants.of(split_constants)
-    if window >= 0:
-        context_lens = [min(n, num_queries + window) for n in context_lens]
+    context_lens = [window_span(n, num_queries, window) for n in context_lens]
     max_chunks = balanced_max_chunks(len(context_lens), num_kv_heads, num_sms, split)
     total, longest = sum(context_lens), max(max(context_lens, default=0), 1)
     best_cost, best_size = None, longest
@@ -420,7 +420,6 @@ class PagedFamily(Family):
         return [PagedProblem(b, q_heads, kv_heads, head_dim, page_size, ctx, min(mean_context or ctx, ctx),
                              num_queries, dtype, kv_dtype or dtype, softcap or 0.0, -1 if window is None else window)
                 for b in batches for ctx in contexts]
-
 
     # --- the search -----------------------------------------------------------------
     def space(self, problem: PagedProblem, device: DeviceInfo) -> Space:
@@ -587,10 +586,11 @@ class PagedFamily(Family):
 
     def cost(self, problem: PagedProblem) -> Cost:
         p = problem
-        tokens = p.batch * p.span(p.mean_context)
+        span = p.span(p.mean_context)
+        tokens = p.batch * span
         kv_bytes = 2 * tokens * p.num_kv_heads * p.head_dim * element_size(p.kv_dtype)
         q_bytes = 2 * p.batch * p.num_queries * p.num_q_heads * p.head_dim * element_size(p.dtype)  # q in, out
-        table_bytes = 4 * (p.batch * cdiv(p.span(p.mean_context), p.page_size) + p.batch)
+        table_bytes = 4 * (p.batch * cdiv(span, p.page_size) + p.batch)
         return Cost(flops=4.0 * tokens * p.num_q_heads * p.num_queries * p.head_dim,
                     bytes=float(kv_bytes + q_bytes + table_bytes))
 

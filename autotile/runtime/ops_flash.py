@@ -649,12 +649,13 @@ class _EagerFlash(torch.autograd.Function):
 
 
 # --- the public function ----------------------------------------------------------------------------
-def _normalise(q, k, v, scale, window, softcap, causal=False, lengths: tuple | None = None):
-    """Checked arguments, scale and window as the kernels take them. `lengths` (the query and key lengths, dense
-    calls): window sides that mask nothing at them become -1 (effective_window), so such a call is a plain one."""
+def _normalise(q, k, v, scale, window, softcap, causal=False):
+    """Checked arguments, scale and window as the kernels take them. Dense calls: window sides that mask nothing at
+    their lengths become -1 (effective_window), so such a call is a plain one (packed calls: ops_flash_varlen)."""
     check_args(q, k, v, scale, softcap)
     scale = default_scale(q.shape[-1]) if scale is None else float(scale)
     window = window_pair(window)  # (-1, -1) for None; Python ints from NumPy ones; a clear message for the rest
+    lengths = _dense_lengths(q, k)
     if lengths is not None and window != (-1, -1) and not torch.compiler.is_compiling():
         window = effective_window(window, *lengths, bool(causal))
     return _unit_stride(q), _unit_stride(k), _unit_stride(v), scale, window, float(softcap or 0.0)
@@ -678,7 +679,7 @@ def _call_key(q, k, v, causal, scale, window, softcap, alibi) -> tuple:
 def _first_call(key: tuple, q, k, v, causal, scale, window, softcap, alibi) -> _Served:
     """Check and normalise a new call signature, and keep what serves it under its raw key."""
     check_flags(causal, alibi)
-    qn, kn, vn, scale, window, softcap = _normalise(q, k, v, scale, window, softcap, causal, _dense_lengths(q, k))
+    qn, kn, vn, scale, window, softcap = _normalise(q, k, v, scale, window, softcap, causal)
     causal = bool(causal)
     inner = _served_forward(qn, kn, vn, causal, scale, window, softcap, alibi)
     run = inner.run
@@ -700,7 +701,7 @@ def _empty_attention(q, k, v, causal, scale, window, softcap, alibi, return_lse)
     """A batch of 0, no queries or no keys: SDPA's result (empty, or with no keys rows of zeros; LSE +inf, as for
     every row that sees no key), differentiable, after the checks every call gets. Nothing to tune or launch."""
     check_flags(causal, alibi)
-    q, k, v, scale, window, softcap = _normalise(q, k, v, scale, window, softcap)
+    q, k, v, scale, window, softcap = _normalise(q, k, v, scale, window, softcap, causal)
     FAMILY.check_tensors(q, k, v, causal=causal, window=window, softcap=softcap, alibi_slopes=alibi, empty_ok=True)
     group = q.shape[1] // k.shape[1]
     keys, values = (t.float().repeat_interleave(group, 1) for t in (k, v))
@@ -798,7 +799,7 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
         return folded
     check_flags(causal, alibi_slopes)
     check_slopes_grad(alibi_slopes)
-    q, k, v, scale, window, softcap = _normalise(q, k, v, scale, window, softcap, causal, _dense_lengths(q, k))
+    q, k, v, scale, window, softcap = _normalise(q, k, v, scale, window, softcap, causal)
     if (cast := autocast_inputs(q, k, v)) is not None:
         q, k, v = cast
     o, lse = torch.ops.autotile.flash_attention_fwd(q, k, v, bool(causal), scale, window[0], window[1], softcap,
@@ -830,7 +831,7 @@ def problem_for(q, k, v, *, causal: bool = False, scale: float | None = None, wi
     """(family, forward problem, device) that `flash_attention(q, k, v, ...)` runs, for autotile.explain."""
     if isinstance(q, torch.Tensor) and q.dim() != 4 and _foldable(q, k, v):  # as the op folds them
         q, k, v = (t.reshape(-1, *t.shape[-3:]) for t in (q, k, v))
-    q, k, v, scale, window, softcap = _normalise(q, k, v, scale, window, softcap, causal, _dense_lengths(q, k))
+    q, k, v, scale, window, softcap = _normalise(q, k, v, scale, window, softcap, causal)
     problem = FAMILY.problem_from_tensors(q, k, v, causal=causal, window=window, softcap=softcap,
                                           alibi_slopes=alibi_slopes)
     return FAMILY, problem, current_device(q.device)
