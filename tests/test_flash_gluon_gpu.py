@@ -213,7 +213,7 @@ def test_tiles_taken_from_a_queue_match_float64_launch_after_launch(shape):
                                    (2, 8, 2, 333, 517, 96)], ids=lambda s: "x".join(map(str, s)))
 def test_gluon_ws_soft_caps_as_float64(monkeypatch, shape, softcap):
     """Soft-capping in the Gluon forward (tanh.approx.f32, as FlashAttention-3's), every tile and key block the
-    space offers, against float64: what flash_space.GLUON_SOFTCAP waits for before soft-capped calls take it."""
+    space offers, against float64: what lets soft-capped calls take it (flash_space.GLUON_SOFTCAP)."""
     from autotile.families import flash_space
 
     monkeypatch.setattr(flash_space, "GLUON_SOFTCAP", True)
