@@ -384,13 +384,16 @@ def gluon_before_vendor(problem: FlashProblem, device: DeviceInfo, resolution) -
 
 
 # Forward FLOPs below which a training call runs SDPA's own forward and backward even where a generated forward
-# would serve (sdpa_training_pair): the step is host-bound, and SDPA's C++ autograd costs the least host time.
-# H100, a generated forward and the backward on its O and LSE beside SDPA's step (16 shapes of four models,
-# benchmarks/results/serve_bench_h100_train_flag_2026-12-05.md): 1 x 1000 (6.1-8.2 GFLOP of forward work) ran at
-# 0.44-0.67x, host-bound: 361-383 us of host time a step against SDPA's 219-292 (torch profiler; kernels 137 us
-# against SDPA's 143). 16 x 512 (26-34 GFLOP) ran at 0.94-0.99x and 4 x 2048 (69-137) at 0.92-1.01x, which the
-# forward's tuning decides. The threshold lies between the groups' ends, 8.2 and 26 GFLOP (their geometric middle).
-HOST_BOUND_STEP_FLOPS = 15e9
+# would serve (sdpa_training_pair): a step this small gains nothing from the generated forward and pays our autograd
+# Function's host time, where SDPA's C++ autograd costs the least. H100, a generated forward and cuDNN's backward on
+# its O and LSE beside SDPA's step: 1 x 1000 (6.1-8.2 GFLOP of forward work) ran at 0.44-0.67x, host-bound (361-383
+# us of host time a step against SDPA's 219-292; kernels 137 us against 143;
+# results/serve_bench_h100_train_flag_2026-12-05.md); Llama-3-8B, Qwen2.5-7B and Gemma-2-9B at 2 x 1000, 8 x 512,
+# 4 x 1000 and 16 x 512 (14-34 GFLOP) at 0.51-1.01x over two runs, none ahead of parity
+# (results/serve_bench_h100_train_small_rule_off_2026-12-05b.md, _rule_15g_2026-12-05b.md); from 4 x 2048 (69-137
+# GFLOP) 0.92-1.04x, which the forward's tuning decides. The threshold lies between 34 and 69 GFLOP (their geometric
+# middle).
+HOST_BOUND_STEP_FLOPS = 48e9
 
 
 def sdpa_training_pair(q, k, v, causal: bool, scale: float, window: tuple = (-1, -1),
