@@ -218,3 +218,34 @@ def test_gluon_ws_soft_caps_as_float64(monkeypatch, shape, softcap):
 
     monkeypatch.setattr(flash_space, "GLUON_SOFTCAP", True)
     check_every_gluon_config(shape, 9, softcap=softcap)
+
+
+@pytest.mark.parametrize("window", [0, 1, 63, 300])
+@pytest.mark.parametrize("shape", [(2, 8, 2, 1000, 1000, 128), (1, 8, 4, 257, 511, 256), (1, 4, 4, 700, 1030, 64),
+                                   (3, 6, 2, 65, 4000, 64), (2, 8, 2, 333, 517, 96)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_gluon_ws_windows_as_float64(monkeypatch, shape, window):
+    """Sliding windows in the Gluon forward (LEFT_BOUND: each tile's loads and key loop start at its first row's
+    window), causal and left-only, every tile and key block the space offers, against float64: what lets windowed
+    calls take it (flash_space.GLUON_WINDOW). Windows of 0 and 1 keys leave most key blocks of a tile masked."""
+    from autotile.families import flash_space
+
+    monkeypatch.setattr(flash_space, "GLUON_WINDOW", True)
+    check_every_gluon_config(shape, 5, window_left=window)
+
+
+@pytest.mark.parametrize("shape", [(5, 8, 2, 700, 900, 128), (9, 4, 1, 130, 2000, 256)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_gluon_ws_windows_soft_capped_packed_and_queued_as_float64(monkeypatch, shape):
+    """Gemma-2's local layers (a window and soft-capping) dense and packed, static rounds and the tile queue."""
+    from autotile.device import cuda_device
+    from autotile.families import flash_space
+
+    monkeypatch.setattr(flash_space, "GLUON_WINDOW", True)
+    device = cuda_device()
+    for varlen in (False, True):
+        problem = FlashProblem("fwd", *shape, causal=True, varlen=varlen, window_left=200, softcap=30.0)
+        inputs = FAMILY.make_inputs(problem, device, seed=17)
+        for config in gluon_configs(problem, device):
+            for queued in (False, True):
+                run_checked(problem, FAMILY.validate_config(problem, device, dict(config, TILE_QUEUE=queued)), inputs)

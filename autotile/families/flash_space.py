@@ -120,17 +120,23 @@ def uses_tma(config) -> bool:
 # -27B causal prefill, 1 x 4096 to 16 x 512 (results/gluon_softcap_2026-12-05_h100.md). Off, soft-capped calls take
 # the Triton forward (benchmarks/prototypes/gluon_softcap_time.py times the two).
 GLUON_SOFTCAP = True
+# The Gluon forward's sliding windows (Mistral, Gemma-2 and -3 local layers; templates/flash_gluon_ws.py.j2,
+# LEFT_BOUND: loads and key loop start at the window of a tile's first row). NOTE: off until its GPU test
+# (tests/test_flash_gluon_gpu.py::test_gluon_ws_windows_as_float64) has passed on a Hopper GPU; off, windowed calls
+# take the Triton forward.
+GLUON_WINDOW = False
 
 
 def gluon_ws_ok(problem, device: DeviceInfo) -> bool:
     """Whether the gluon_ws forward (templates/flash_gluon_ws.py.j2) applies: Hopper's wgmma and TMA compiled by
     Triton (never its interpreter, which does not run Gluon), 16-bit dense tensors with TMA-able strides, a head dim
     that is or pads to 64, 128 or 256 (96 -> 128: TMA fills the padding), dense or packed, and no feature but a right
-    bound (causal, or a window's right side) and, where GLUON_SOFTCAP is on, soft-capping."""
+    bound (causal, or a window's right side), soft-capping (GLUON_SOFTCAP) and, where GLUON_WINDOW is on, a window's
+    left side."""
     p = problem
     return (not device.interpret and device.compute_capability[0] == 9 and p.direction == "fwd"
             and p.dtype in ("bf16", "fp16") and p.aligned and p.block_d in _GLUON_HEAD_DIMS and p.head_dim % 8 == 0
-            and p.window_left < 0 and (p.softcap <= 0 or GLUON_SOFTCAP) and not p.alibi)
+            and (p.window_left < 0 or GLUON_WINDOW) and (p.softcap <= 0 or GLUON_SOFTCAP) and not p.alibi)
 
 
 def gluon_bwd_ok(problem, device: DeviceInfo) -> bool:
