@@ -100,8 +100,11 @@ def gluon_tiles(switch: str, q, k, v, **features) -> dict:
     launches = {}
     for block_n, config in sorted(deepest.items()):
         outputs = FAMILY.allocate_outputs(problem, inputs)
+        # A kept plan, as the op's: an unkept one's launch state does not outlive the call, and a graph replay of it
+        # read freed memory.
+        plan, plan_args = FAMILY._planned(problem, config, inputs, outputs, scale=q.shape[-1] ** -0.5, keep=True)
         launches[f"gluon {block_n} keys x {config['num_stages']}"] = graph_of(
-            lambda config=config, outputs=outputs: FAMILY.launch(problem, config, inputs, outputs))
+            lambda plan=plan, plan_args=plan_args: plan(*plan_args))
     return launches
 
 
