@@ -60,12 +60,18 @@ def reference(q, k, v, window: int, softcap: float) -> torch.Tensor:
 
 
 def graph_of(fn):
+    """A replay of fn captured in a CUDA graph. The replay holds fn, and so what fn holds: the graph holds only raw
+    addresses, and tensors that died with fn were released at the next capture (an illegal access on replay)."""
     fn()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fn()
-    return graph.replay
+
+    def replay():
+        graph.replay()
+    replay.holds = fn
+    return replay
 
 
 def served(switch: str, on: bool, q, k, v, **features):
@@ -100,8 +106,7 @@ def gluon_tiles(switch: str, q, k, v, **features) -> dict:
     launches = {}
     for block_n, config in sorted(deepest.items()):
         outputs = FAMILY.allocate_outputs(problem, inputs)
-        # A kept plan, as the op's: an unkept one's launch state does not outlive the call, and a graph replay of it
-        # read freed memory.
+        # A kept plan, as the op's.
         plan, plan_args = FAMILY._planned(problem, config, inputs, outputs, scale=q.shape[-1] ** -0.5, keep=True)
         launches[f"gluon {block_n} keys x {config['num_stages']}"] = graph_of(
             lambda plan=plan, plan_args=plan_args: plan(*plan_args))
