@@ -551,12 +551,12 @@ def test_forward_default_follows_the_h200_sweep():
     # (fp32 output: gluon_ws does not apply).
     assert default(4, 4096, 64, False, dtype="fp32")[:2] == ("tma", 128)
     assert default(1, 4096, 256, True) == ("gluon_ws", 128, 128, False, 4)
-    assert default(1, 4096, 256, True, window_left=512) == ("tma", 64, 64, False, 4)  # a left window: no gluon_ws
+    assert default(1, 4096, 256, True, window_left=512) == ("gluon_ws", 128, 128, False, 4)  # one split K/V slot
     assert default(1, 4096, 256, False) == ("gluon_ws", 128, 128, False, 4)
     assert default(1, 4096, 128, True, aligned=False)[0] == "pointer"  # TMA needs aligned rows
     assert default(1, 4096, 128, True, varlen=True)[0] == "gluon_ws"  # results/flash_2026-12-03d_varlen.md
     assert default(1, 4096, 128, True, softcap=50.0)[0] == "gluon_ws"  # results/gluon_softcap_2026-12-05_h100.md
-    assert default(1, 4096, 128, True, window_left=1000)[0] == "tma"  # windows: the Triton forward
+    assert default(1, 4096, 128, True, window_left=1000)[0] == "gluon_ws"  # results/gluon_window_2026-12-05_h100.md
     assert FAMILY.default_config(FlashProblem("fwd", 1, 32, 8, 4096, 4096, 128, True), INTERPRET)["LOADS"] != "gluon_ws"
 
 
@@ -568,7 +568,7 @@ def test_forward_default_moves_masked_blocks_into_the_loop_where_it_led():
         return FAMILY.default_config(problem, H200)["MASKS_IN_LOOP"]
 
     assert in_loop(16, 512, 128, aligned=False) and in_loop(4, 2048, 96, aligned=False)
-    assert in_loop(2, 300, 128, causal=False, window_left=64)
+    assert in_loop(2, 300, 128, causal=False, window_left=64, aligned=False)  # (aligned: gluon_ws)
     assert not in_loop(1, 4096, 128)  # TMA loads
     assert not in_loop(3, 2000, 64)
     assert not in_loop(16, 512, 256)

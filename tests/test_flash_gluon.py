@@ -33,7 +33,7 @@ def test_the_space_offers_gluon_ws_on_hopper_only(direction):
 
 @pytest.mark.parametrize("change", [
     dict(dtype="fp32"), dict(dtype="fp8"), dict(head_dim=100), dict(aligned=False),
-    dict(window_left=256), dict(alibi=True),
+    dict(alibi=True),
 ], ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()))
 def test_gluon_ws_is_infeasible_where_it_does_not_apply(change):
     # (The backward's gluon_ws is its own kernel: tests/test_flash_gluon_bwd.py.)
@@ -52,14 +52,18 @@ def test_head_dims_that_pad_to_a_gluon_tile_take_it_by_the_padded_tiles_rules():
         dataclasses.replace(short, head_dim=128), H200))
 
 
-def test_soft_capped_calls_take_gluon_ws_by_default_unless_switched_off(monkeypatch):
+@pytest.mark.parametrize("feature, switch", [(dict(softcap=50.0), "GLUON_SOFTCAP"),
+                                             (dict(window_left=1023), "GLUON_WINDOW"),
+                                             (dict(window_left=4095, softcap=50.0), "GLUON_WINDOW")])
+def test_soft_capped_and_windowed_calls_take_gluon_ws_by_default_unless_switched_off(monkeypatch, feature, switch):
     from autotile.families import flash_space
 
-    capped = dataclasses.replace(LLAMA_4K, softcap=50.0)
-    assert FAMILY.default_config(capped, H200)["LOADS"] == GLUON_WS
-    monkeypatch.setattr(flash_space, "GLUON_SOFTCAP", False)
-    assert not gluon_configs(capped, H200)
-    assert FAMILY.default_config(capped, H200)["LOADS"] != GLUON_WS
+    problem = dataclasses.replace(LLAMA_4K, seq_q=8192, seq_k=8192, **feature)
+    assert FAMILY.default_config(problem, H200)["LOADS"] == GLUON_WS
+    assert FAMILY.render_switches(problem, FAMILY.default_config(problem, H200))["LEFT_BOUND"] == ("window_left" in feature)
+    monkeypatch.setattr(flash_space, switch, False)
+    assert not gluon_configs(problem, H200)
+    assert FAMILY.default_config(problem, H200)["LOADS"] != GLUON_WS
 
 
 def test_a_window_right_side_alone_and_packed_sequences_keep_gluon_ws():
@@ -173,11 +177,8 @@ WINDOW_CASES = [(FlashProblem("fwd", 1, 32, 8, 8192, 8192, 128, causal=True, win
 
 
 def _compile_cases() -> dict:
-    from autotile.families import flash_space
-
     static = [_build(*case) for case in CASES]
     queued = [_build(*case, queue=True) for case in QUEUE_CASES]
-    flash_space.GLUON_WINDOW = True  # (this child process's own)
     return dict(static=static, queued=queued, softcap=[_build(*case) for case in SOFTCAP_CASES],
                 window=[_build(*case) for case in WINDOW_CASES])
 
