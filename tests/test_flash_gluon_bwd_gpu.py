@@ -308,3 +308,31 @@ def test_the_untuned_backward_is_gluon_at_head_dims_64_to_128_and_triton_at_256(
     for change in (dict(), dict(seq_q=512, seq_k=512), dict(head_dim=64), dict(head_dim=96)):
         assert FAMILY.default_config(dataclasses.replace(base, **change), device)["LOADS"] == GLUON_WS, change
     assert FAMILY.default_config(dataclasses.replace(base, head_dim=256), device)["LOADS"] != GLUON_WS
+
+
+@pytest.mark.parametrize("window", [0, 63, 300])
+@pytest.mark.parametrize("shape", [(2, 4, 2, 1000, 1000, 128), (1, 4, 1, 200, 777, 128), (2, 2, 1, 333, 555, 64)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_gluon_backward_windows_as_float64(monkeypatch, shape, window):
+    """Causal sliding windows in the Gluon backward (LEFT_BOUND): each tile's query blocks end where their windows
+    leave its keys; with Sk > Sq + window the first keys are seen by no query (dK and dV zero); tiles shared by
+    programs (SPLIT) split only the blocks that see them."""
+    from autotile.device import cuda_device
+    from autotile.families import flash_space
+
+    monkeypatch.setattr(flash_space, "GLUON_BWD_WINDOW", True)
+    device = cuda_device()
+    problem = FlashProblem("bwd", *shape, causal=True, window_left=window)
+    inputs = FAMILY.make_inputs(problem, device, seed=5)
+    run_checked(problem, gluon_configs(problem, device)[0], inputs)
+
+
+def test_gluon_backward_windows_of_packed_sequences_match_float64(monkeypatch):
+    from autotile.device import cuda_device
+    from autotile.families import flash_space
+
+    monkeypatch.setattr(flash_space, "GLUON_BWD_WINDOW", True)
+    device = cuda_device()
+    problem = FlashProblem("bwd", 5, 8, 2, 700, 900, 128, causal=True, varlen=True, window_left=200)
+    inputs = FAMILY.make_inputs(problem, device, seed=13)
+    run_checked(problem, gluon_configs(problem, device)[0], inputs)

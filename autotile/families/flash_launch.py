@@ -435,8 +435,9 @@ def gluon_backward_plan(module, problem, config, scale: float, q, k, v, o, do, l
         out_strides = part_strides * 2
     else:
         out_strides = (*rows_strides(dk, varlen), *rows_strides(dv, varlen))
+    window = (p.window_left,) if p.window_left >= 0 else ()  # (rendered in only where LEFT_BOUND is)
     main_scalars = (*out_strides, p.batch, p.heads_q, p.heads_kv, p.seq_q, p.seq_k, stat_rows,
-                    float(scale) * LOG2E, float(scale), whole, tail_programs)
+                    float(scale) * LOG2E, float(scale), whole, tail_programs, *window)
     block_d = p.block_d
 
     def describe(*tensors):

@@ -142,14 +142,22 @@ def gluon_ws_ok(problem, device: DeviceInfo) -> bool:
             and (p.window_left < 0 or GLUON_WINDOW) and (p.softcap <= 0 or GLUON_SOFTCAP) and not p.alibi)
 
 
+# The Gluon backward's causal sliding windows (templates/flash_gluon_bwd.py.j2, LEFT_BOUND: a tile walks the query
+# blocks whose windows reach its keys). NOTE: off until its GPU test (tests/test_flash_gluon_bwd_gpu.py::
+# test_gluon_backward_windows_as_float64) has passed on a Hopper GPU; off, windowed calls take the Triton backward.
+GLUON_BWD_WINDOW = False
+
+
 def gluon_bwd_ok(problem, device: DeviceInfo) -> bool:
     """Whether the Gluon backward (templates/flash_gluon_bwd.py.j2) applies: Hopper, compiled (not interpreted),
-    16-bit tensors with TMA-able strides, dense or packed, a head dim that is or pads to 64 or 128, causal or not
-    and no other feature (windows, soft-capping and ALiBi stay on the Triton backward)."""
+    16-bit tensors with TMA-able strides, dense or packed, a head dim that is or pads to 64 or 128, causal or not,
+    a causal call's sliding window where GLUON_BWD_WINDOW is on, and no other feature (other windows, soft-capping
+    and ALiBi stay on the Triton backward: its soft-capping spills, benchmarks/RESULTS.md, "thirty-fifth run")."""
     p = problem
+    window_ok = p.window_left < 0 or (GLUON_BWD_WINDOW and p.causal)
     return (not device.interpret and device.compute_capability[0] == 9 and p.direction == "bwd"
             and p.dtype in ("bf16", "fp16") and p.aligned and p.block_d in _GLUON_BWD_HEAD_DIMS
-            and p.head_dim % 8 == 0 and not p.has_features)
+            and p.head_dim % 8 == 0 and window_ok and p.window_right < 0 and p.softcap <= 0 and not p.alibi)
 
 
 def gluon_bwd_smem(problem, config) -> int:

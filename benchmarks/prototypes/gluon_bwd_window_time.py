@@ -1,0 +1,74 @@
+"""The flash backward of causal sliding-window calls: the Gluon backward (LEFT_BOUND) beside the Triton backward (GPU).
+
+    PYTHONPATH=. python benchmarks/prototypes/gluon_bwd_window_time.py --out OUT/gluon_bwd_window.md
+
+Mistral-7B v0.1 (a 4096-token window) and Gemma-3-27B (1024) heads at 1 x 8192: each backward's untuned config,
+launched through the family on the same inputs, held to each other first, then timed in
+interleaved rounds of `do_bench` medians (L2 flushed). TFLOP/s count the pairs the window leaves, 2.5x the forward's.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+CASES = (("mistral-7b-v0.1", 1, 32, 8, 8192, 128, 4095), ("gemma3-27b", 1, 32, 16, 8192, 128, 1023))
+
+
+def main() -> None:
+    import triton
+    import triton.testing
+
+    from autotile.bench import interleaved_medians
+    from autotile.device import cuda_device
+    from autotile.families import flash_space
+    from autotile.families.flash import FAMILY, FlashProblem
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    device = cuda_device()
+    lines = [f"# Causal sliding-window backward, {torch.cuda.get_device_name()}, torch {torch.__version__}, triton "
+             f"{triton.__version__}, {datetime.date.today()}, bf16, medians of {args.rounds} interleaved rounds", "",
+             "| model | B x S | window | Triton backward ms (TF/s) | Gluon backward ms (TF/s) | speed-up | configs |",
+             "|---|---|---|---|---|---|---|"]
+    for name, batch, hq, hkv, seq, dim, window in CASES:
+        problem = FlashProblem("bwd", batch, hq, hkv, seq, seq, dim, causal=True, window_left=window)
+        inputs = FAMILY.make_inputs(problem, device, seed=3)
+        flash_space.GLUON_BWD_WINDOW = True
+        gluon = FAMILY.default_config(problem, device)
+        triton_config = flash_space.triton_backward_default(FAMILY, problem, device)
+        calls, grads = {}, {}
+        for label, config in (("triton", triton_config), ("gluon", gluon)):
+            outputs = FAMILY.allocate_outputs(problem, inputs)
+            FAMILY.launch(problem, config, inputs, outputs)
+            grads[label] = outputs
+            calls[label] = lambda config=config, outputs=outputs: FAMILY.launch(problem, config, inputs, outputs)
+        # A float64 reference of 8k x 8k scores a head would take minutes: the two backwards (each checked against
+        # float64 on smaller shapes by the GPU tests) are held to each other instead.
+        for name_ in ("dq", "dk", "dv"):
+            a, b = grads["triton"][name_].float(), grads["gluon"][name_].float()
+            err = ((a - b).abs().max() / a.abs().max()).item()
+            assert err < 2e-2, f"{name_} differs by {err:.4f}"
+        ms = interleaved_medians(calls, args.rounds, lambda fn: triton.testing.do_bench(fn, warmup=10, rep=40))
+        full = min(seq, window + 1)
+        pairs = full * (full + 1) // 2 + (seq - full) * (window + 1)
+        flops = 2.5 * 4 * batch * hq * pairs * dim
+        tf = {k: flops / (t * 1e-3) / 1e12 for k, t in ms.items()}
+        lines.append(f"| {name} | {batch} x {seq} | {window} | {ms['triton']:.3f} ({tf['triton']:.0f}) | "
+                     f"{ms['gluon']:.3f} ({tf['gluon']:.0f}) | {ms['triton'] / ms['gluon']:.2f}x | "
+                     f"`{triton_config.to_json()}` / `{gluon.to_json()}` |")
+        print(lines[-1], flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
