@@ -27,8 +27,8 @@ def gluon_configs(problem, device):
 
 
 @pytest.mark.parametrize("change", [
-    dict(dtype="fp32"), dict(head_dim=256), dict(head_dim=100), dict(aligned=False), dict(window_left=256),
-    dict(causal=False, window_right=64), dict(softcap=50.0), dict(alibi=True),
+    dict(dtype="fp32"), dict(head_dim=256), dict(head_dim=100), dict(aligned=False),
+    dict(causal=False, window_left=256), dict(causal=False, window_right=64), dict(softcap=50.0), dict(alibi=True),
 ], ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()))
 def test_gluon_ws_backward_is_infeasible_where_it_does_not_apply(change):
     problem = dataclasses.replace(LLAMA_4K, **change)
@@ -60,6 +60,7 @@ def test_the_untuned_backward_is_gluon_where_it_applies():
     assert loads(dataclasses.replace(LLAMA_4K, head_dim=64)) == GLUON_WS
     assert loads(dataclasses.replace(LLAMA_4K, head_dim=256)) == "tma"
     assert loads(dataclasses.replace(LLAMA_4K, softcap=30.0)) != GLUON_WS
+    assert loads(dataclasses.replace(LLAMA_4K, window_left=1023)) == GLUON_WS  # results/gluon_bwd_window_2026-12-05_h100.md
     # The deterministic default, which the runtime serves under torch.use_deterministic_algorithms(True).
     assert FAMILY.triton_backward_default(LLAMA_4K, H200)["LOADS"] == "tma"
     assert FAMILY.seed_configs(LLAMA_4K, H200)[0]["LOADS"] == GLUON_WS
@@ -376,12 +377,16 @@ CASES = [
     (FlashProblem("bwd", 4, 32, 32, 2048, 2048, 64, causal=True), 4),
     (FlashProblem("bwd", 8, 32, 8, 2048, 2048, 128, causal=True, varlen=True), 2),
     (FlashProblem("bwd", 2, 32, 32, 4096, 4096, 128), 2),
+    (FlashProblem("bwd", 1, 32, 8, 8192, 8192, 128, causal=True, window_left=4095), 2),  # Mistral-7B v0.1's window
 ]
 # Spill instructions (LDL/STL) in the key loops of both consumer partitions: 12 at head dim 128 causal, 0 at 64,
 # 10 with Qwen2.5-7B's heads, 15 packed, 0 not causal with a stream-K tail or without (sm90 builds of Triton 3.6),
 # against 53 before the row statistics came by TMA (the prototype's history). NOTE: a per-call scalar computed in the kernel and handed to the partitions (the scale
 # times log2(e)) took it to 29: the kernel takes it from the host; so did descriptors built in the kernel (19, 13, 20).
 KEY_LOOP_SPILLS = 24
+# A sliding window's mask beside the causal one (LEFT_BOUND): 26 where the same build without it has 18 (sm90, 1 x 32/8
+# x 8192 on two slots).
+WINDOW_KEY_LOOP_SPILLS = 32
 
 
 def _compile_case(case) -> dict:
@@ -428,7 +433,8 @@ def test_gluon_ws_backward_compiles_for_sm90_within_shared_memory_and_moves_its_
         # Its descriptors come from the host: no launch scratch to build them in.
         assert main["scratch"] == 0, (case, main)
         if main["stack"]:  # None: no cuobjdump with this Triton to read them
-            assert main["spills"] <= KEY_LOOP_SPILLS, (case, main)
+            bound = WINDOW_KEY_LOOP_SPILLS if case[0].window_left >= 0 else KEY_LOOP_SPILLS
+            assert main["spills"] <= bound, (case, main)
 
 
 if __name__ == "__main__":

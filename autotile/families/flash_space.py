@@ -143,9 +143,12 @@ def gluon_ws_ok(problem, device: DeviceInfo) -> bool:
 
 
 # The Gluon backward's causal sliding windows (templates/flash_gluon_bwd.py.j2, LEFT_BOUND: a tile walks the query
-# blocks whose windows reach its keys). NOTE: off until its GPU test (tests/test_flash_gluon_bwd_gpu.py::
-# test_gluon_backward_windows_as_float64) has passed on a Hopper GPU; off, windowed calls take the Triton backward.
-GLUON_BWD_WINDOW = False
+# blocks whose windows reach its keys). Checked against float64 on an H100 (windows of 0, 63 and 300 keys, Sq != Sk
+# with keys no query sees, shared tiles, head dim 64, packed sequences:
+# results/gpu_tests_2026-12-05_gluon_bwd_window_h100.txt); 1.40-1.43x the Triton backward on Mistral-7B v0.1 (4096
+# keys) and Gemma-3-27B (1024) at 1 x 8192 (results/gluon_bwd_window_2026-12-05_h100.md). Off, windowed calls take the
+# Triton backward.
+GLUON_BWD_WINDOW = True
 
 
 def gluon_bwd_ok(problem, device: DeviceInfo) -> bool:
