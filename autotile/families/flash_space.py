@@ -118,7 +118,7 @@ def uses_tma(config) -> bool:
 # float64 on an H100 at every tile and key block its space offers (tests/test_flash_gluon_gpu.py::
 # test_gluon_ws_soft_caps_as_float64), and 1.34-1.60x the Triton forward's speed through the op on Gemma-2-9B and
 # -27B causal prefill, 1 x 4096 to 16 x 512 (results/gluon_softcap_2026-12-05_h100.md). Off, soft-capped calls take
-# the Triton forward (benchmarks/prototypes/gluon_softcap_time.py times the two).
+# the Triton forward (benchmarks/prototypes/gluon_features_time.py times the two).
 GLUON_SOFTCAP = True
 # The Gluon forward's sliding windows (Mistral-7B v0.1, Gemma-2's and Gemma-3's local layers;
 # templates/flash_gluon_ws.py.j2, LEFT_BOUND: a tile's loads and key loop start at its first row's window). Checked
