@@ -472,7 +472,24 @@ def test_default_suite_and_cli():
     assert [(p.seq_q, p.batch, p.heads_q, p.heads_kv, p.head_dim, p.causal, p.direction) for p in shaped] == [
         (2048, 4, 16, 4, 96, True, "bwd"), (8192, 1, 16, 4, 96, True, "bwd")]
     assert all(p.direction == "fwd" for p in FAMILY.problems_from_cli(dtype="fp8"))
-    assert {o.name for o in FAMILY.cli_options} >= {"seq", "head_dim", "causal", "direction", "dtype"}
+    assert {o.name for o in FAMILY.cli_options} >= {"seq", "head_dim", "causal", "direction", "dtype", "window",
+                                                     "softcap"}
+
+
+def test_the_cli_tunes_windows_and_soft_capping_as_the_op_would_call_them():
+    # Gemma-2's local layers: a 4096-token window (left 4095) over an 8k prompt, and over a 2k one, where it masks
+    # nothing and the op calls the plain kernel (effective_window): the tuned problem is the one calls resolve to.
+    problems = FAMILY.problems_from_cli(seq=("2048,8192",), heads=16, heads_kv=8, head_dim=(256,), causal="yes",
+                                        direction="fwd", window=4095, softcap=50.0)
+    assert [(p.seq_q, p.window_left, p.window_right, p.softcap) for p in problems] == [
+        (2048, -1, -1, 50.0), (8192, 4095, -1, 50.0)]
+    plain = FAMILY.problems_from_cli(seq=(4096,), causal="yes", direction="fwd", window=-1, softcap=0.0)
+    assert not plain[0].has_features
+    for bad in (dict(window=-2), dict(softcap=-1.0), dict(softcap=float("inf"))):
+        with pytest.raises(BadInputError, match="--window must be"):
+            FAMILY.problems_from_cli(seq=(4096,), **bad)
+    with pytest.raises(BadInputError, match="give their shapes"):
+        FAMILY.problems_from_cli(window=100)  # the default suite is plain shapes, of no model
 
 
 def test_problem_rejects_what_the_kernels_cannot_do():

@@ -193,6 +193,11 @@ class FlashFamily(Family):
         ProblemOption("causal", str, "causal mask, plain, or both", default="both", choices=("yes", "no", "both")),
         ProblemOption("dtype", str, "operand dtype", default="bf16", choices=DTYPES),
         ProblemOption("direction", str, "forward, backward, or both", default="both", choices=("fwd", "bwd", "both")),
+        ProblemOption("window", int, "sliding window: keys a query sees left of itself, a model's window of W tokens "
+                      "is W - 1 (-1: none; dropped where it masks nothing at the lengths, as the op drops it)",
+                      default=-1),
+        ProblemOption("softcap", float, "logit soft-capping, softcap * tanh(x / softcap) (Gemma-2: 50; 0: none)",
+                      default=0.0),
     )
 
     # --- problems -----------------------------------------------------------------
@@ -286,11 +291,20 @@ class FlashFamily(Family):
         scalars = ("batch", "heads", "heads_kv", "seq_k")
         _check_cli_sizes({"seq": seqs, "head_dim": head_dims,
                           **{n: [options[n]] for n in scalars if options.get(n) is not None}})
+        window, softcap = options.get("window"), options.get("softcap")
+        window = -1 if window is None else window
+        softcap = softcap or 0.0
+        if window < -1 or not 0.0 <= softcap < float("inf"):
+            raise BadInputError(f"--window must be -1 (none) or a key count >= 0, and --softcap a number >= 0 (0: "
+                                f"none); got {window} and {softcap}")
         shape_given = seqs or head_dims or any(options.get(n) for n in scalars)
         directions = DIRECTIONS if options.get("direction", "both") == "both" else (options["direction"],)
         causals = {"yes": (True,), "no": (False,), "both": (False, True)}[options.get("causal") or "both"]
         dtype = options.get("dtype") or "bf16"
         if not shape_given:
+            if window >= 0 or softcap:
+                raise BadInputError("--window and --softcap describe a model's calls: give their shapes too (--seq, "
+                                    "--heads, --head-dim), or use --model")
             return [FlashProblem(p.direction, p.batch, p.heads_q, p.heads_kv, p.seq_q, p.seq_k, p.head_dim, p.causal, dtype)
                     for p in self.default_suite() if p.direction in directions and p.causal in causals
                     and not (dtype == "fp8" and p.direction == "bwd")]
@@ -304,8 +318,10 @@ class FlashFamily(Family):
                 batch = options.get("batch") or max(1, 8192 // seq)
                 for head_dim in head_dims or [128]:
                     for causal in causals:
-                        problems.append(FlashProblem(direction, batch, heads, heads_kv, seq,
-                                                     options.get("seq_k") or seq, head_dim, causal, dtype))
+                        seq_k = options.get("seq_k") or seq
+                        left, _ = effective_window((window, -1), seq, seq_k, causal)
+                        problems.append(FlashProblem(direction, batch, heads, heads_kv, seq, seq_k, head_dim, causal,
+                                                     dtype, window_left=left, softcap=softcap))
         return problems
 
     # --- the search (flash_space.py) ----------------------------------------------
