@@ -331,3 +331,24 @@ def test_the_variants_script_renders_the_queue_from_the_config_beside_a_patch():
 
 if __name__ == "__main__":
     sys.stdout.write(json.dumps(_compile_cases()) + "\n")
+
+
+@pytest.mark.parametrize("template", ["flash_gluon_ws.py.j2", "flash_gluon_bwd.py.j2"])
+def test_a_plain_gluon_render_carries_no_window_or_soft_capping_code(template):
+    """Windows (LEFT_BOUND) and soft-capping (SOFTCAP) are render switches: a call without them runs a kernel with
+    none of their code, arguments or masks."""
+    from autotile.render import render_source
+
+    def render(**features):
+        problem = dataclasses.replace(LLAMA_4K, direction="bwd" if "bwd" in template else "fwd", **features)
+        return render_source(template, **FAMILY.render_switches(problem, FAMILY.default_config(problem, H200)))
+
+    plain = render()
+    # (The forward kernel's signature takes win_left and softcap for every variant; none reads them unrendered.)
+    for marker in ("_first_key_block", "_end_block", "left_until", "it -= first", "_tanh", "cap_scale"):
+        assert marker not in plain, marker
+    assert "bwd" not in template or "win_left" not in plain
+    windowed = render(window_left=1023)
+    assert "_end_block" in windowed or ("_first_key_block" in windowed and "left_until" in windowed)
+    if "bwd" not in template:
+        assert "_tanh" in render(softcap=50.0)
