@@ -234,6 +234,23 @@ def test_gluon_ws_windows_as_float64(monkeypatch, shape, window):
     check_every_gluon_config(shape, 5, window_left=window)
 
 
+@pytest.mark.parametrize("shape", [(2, 8, 2, 1000, 1000, 128), (1, 4, 4, 700, 1030, 64)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_gluon_ws_two_sided_windows_as_float64(monkeypatch, shape):
+    """A window on both sides of the diagonal (not causal): the loop runs from the first row's left edge to the last
+    row's right edge, and a block may need both masks."""
+    from autotile.device import cuda_device
+    from autotile.families import flash_space
+
+    monkeypatch.setattr(flash_space, "GLUON_WINDOW", True)
+    device = cuda_device()
+    for left, right in ((50, 30), (0, 0), (200, 1)):
+        problem = FlashProblem("fwd", *shape, window_left=left, window_right=right)
+        inputs = FAMILY.make_inputs(problem, device, seed=19)
+        for config in gluon_configs(problem, device):
+            run_checked(problem, config, inputs)
+
+
 @pytest.mark.parametrize("shape", [(5, 8, 2, 700, 900, 128), (9, 4, 1, 130, 2000, 256)],
                          ids=lambda s: "x".join(map(str, s)))
 def test_gluon_ws_windows_soft_capped_packed_and_queued_as_float64(monkeypatch, shape):
