@@ -66,6 +66,16 @@ def test_soft_capped_and_windowed_calls_take_gluon_ws_by_default_unless_switched
     assert FAMILY.default_config(problem, H200)["LOADS"] != GLUON_WS
 
 
+def test_two_sided_windows_stay_on_the_triton_forward_until_checked_on_a_gpu(monkeypatch):
+    from autotile.families import flash_space
+
+    two_sided = dataclasses.replace(LLAMA_4K, causal=False, window_left=100, window_right=30)
+    assert not gluon_configs(two_sided, H200)
+    assert gluon_configs(dataclasses.replace(two_sided, window_right=-1), H200)  # left-only: checked
+    monkeypatch.setattr(flash_space, "GLUON_TWO_SIDED_WINDOW", True)
+    assert gluon_configs(two_sided, H200)
+
+
 def test_a_window_right_side_alone_and_packed_sequences_keep_gluon_ws():
     assert gluon_configs(dataclasses.replace(LLAMA_4K, causal=False, window_right=100), H200)
     assert gluon_configs(dataclasses.replace(LLAMA_4K, varlen=True), H200)

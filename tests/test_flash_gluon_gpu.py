@@ -238,11 +238,11 @@ def test_gluon_ws_windows_as_float64(monkeypatch, shape, window):
                          ids=lambda s: "x".join(map(str, s)))
 def test_gluon_ws_two_sided_windows_as_float64(monkeypatch, shape):
     """A window on both sides of the diagonal (not causal): the loop runs from the first row's left edge to the last
-    row's right edge, and a block may need both masks."""
+    row's right edge, and a block may need both masks. What lets such calls take it (GLUON_TWO_SIDED_WINDOW)."""
     from autotile.device import cuda_device
     from autotile.families import flash_space
 
-    monkeypatch.setattr(flash_space, "GLUON_WINDOW", True)
+    monkeypatch.setattr(flash_space, "GLUON_TWO_SIDED_WINDOW", True)
     device = cuda_device()
     for left, right in ((50, 30), (0, 0), (200, 1)):
         problem = FlashProblem("fwd", *shape, window_left=left, window_right=right)
