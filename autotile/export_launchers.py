@@ -290,7 +290,7 @@ def fused(**values):
 # --- paged ------------------------------------------------------------------------------
 
 def _paged_launcher(problem, config: Config, switches: dict) -> str:
-    from autotile.families.paged import LOG2E
+    from autotile.families.paged import feature_args
 
     split = config["VARIANT"] == "split"
     return "\n".join([
@@ -308,9 +308,7 @@ def _paged_launcher(problem, config: Config, switches: dict) -> str:
                                    NUM_QUERIES=problem.num_queries, ROWS=problem.rows),
             _BLOCK_N=config["BLOCK_N"], _PARTITION_SIZE=config["PARTITION_SIZE"],
             _NUM_WARPS=config["num_warps"], _NUM_STAGES=config["num_stages"],
-            # The kernels' runtime feature arguments (soft-capping in base 2, the window), as PagedLaunch passes them.
-            _FEATURES=((problem.softcap * LOG2E,) if problem.softcap > 0 else ())
-            + ((problem.window,) if problem.window >= 0 else ()),
+            _FEATURES=feature_args(problem),  # as PagedLaunch passes them
         ),
         _PAGED_BODY,
     ])

@@ -30,8 +30,7 @@ from autotile.dtypes import element_size, torch_dtype
 from autotile.errors import BadInputError, ShapeMismatchError, UnsupportedDtypeError
 from autotile.families import flash_space, flash_vendor
 from autotile.families.base import (VENDOR_KEY, Baseline, CheckResult, Cost, Family, ProblemOption, Tensors,
-                                    Tolerance, canonical_json, host_int, is_vendor, next_pow2,
-                                    problem_to_dict)
+                                    Tolerance, host_int, is_vendor, next_pow2)
 from autotile.families.checks import compare
 from autotile.families.flash_launch import GLUON_WS, backward_plan, forward_plan, gluon_backward_plan
 from autotile.families.flash_reference import (LOG2E, Scores, attention_grads, attention_math,  # noqa: F401 - re-exported
@@ -47,8 +46,9 @@ from autotile.space import Config, Space
 DIRECTIONS = ("fwd", "bwd")
 DTYPES = ("fp32", "fp16", "bf16", "fp8")  # fp8 (e4m3 with per-tensor descales): forward only
 MAX_HEAD_DIM = 256
-# Problem fields added after the first shipped winners, with the values that mean "off": they are left
-# out of the problem key at these values, so keys stored before they existed still match.
+# Problem fields added after the first shipped winners, with the values that mean "off" (the family's
+# later_fields): they are left out of the problem key and bucket at these values, so keys and buckets stored before
+# they existed still match.
 FEATURE_DEFAULTS = {"window_left": -1, "window_right": -1, "softcap": 0.0, "alibi": False, "varlen": False}
 
 
@@ -182,6 +182,7 @@ class FlashFamily(Family):
     # A model layer keeps its heads, head dim, dtype and features; batch and lengths vary per call.
     serving_fields = ("batch", "seq_q", "seq_k")
     range_free_fields = ("aligned",)
+    later_fields = FEATURE_DEFAULTS
 
     cli_options = (
         ProblemOption("batch", int, "batch size (default: tokens per batch kept near 8k)"),
@@ -201,13 +202,6 @@ class FlashFamily(Family):
     )
 
     # --- problems -----------------------------------------------------------------
-    def problem_key(self, problem: FlashProblem) -> str:
-        data = problem_to_dict(problem)
-        for name, off in FEATURE_DEFAULTS.items():
-            if data[name] == off:
-                del data[name]
-        return canonical_json(data)
-
     def check_tensors(self, q, k, v, *, causal: bool = False, direction: str = "fwd", window: tuple = (-1, -1),
                       softcap: float = 0.0, alibi_slopes=None, empty_ok: bool = False) -> FlashProblem:
         """Shapes, dtypes and devices of q, k, v, without reading their data (so fake tensors pass too).

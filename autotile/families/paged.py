@@ -197,6 +197,13 @@ class PagedProblem:
 FEATURE_DEFAULTS = {"softcap": 0.0, "window": -1}
 
 
+def feature_args(problem: PagedProblem) -> tuple:
+    """The kernels' runtime feature arguments, in their order (templates/paged_attention.py.j2, feature_params):
+    soft-capping in base 2, then the window; none for a plain problem, whose kernels take none."""
+    return (((problem.softcap * LOG2E,) if problem.softcap > 0 else ())
+            + ((problem.window,) if problem.window >= 0 else ()))
+
+
 def window_span(context: int, num_queries: int, window: int) -> int:
     """Keys the num_queries last positions of a context see: all of it, or (window >= 0) its last
     num_queries + window (the span the kernels walk and the balanced scheduler cuts)."""
@@ -683,10 +690,8 @@ class PagedLaunch:
             self._uniform_cu_seqlens = torch.arange(0, (p.batch + 1) * p.num_queries, p.num_queries,
                                                     dtype=torch.int32, device=self.device)
         self._schedule_constants = self.split_constants.kernel_constants()
-        # The features' runtime arguments, in the kernels' order (templates/paged_attention.py.j2, feature_params):
-        # none for a plain problem, whose kernels take none.
-        self._window = (p.window,) if p.window >= 0 else ()
-        self._features = ((p.softcap * LOG2E,) if p.softcap > 0 else ()) + self._window
+        self._window = (p.window,) if p.window >= 0 else ()  # the combine kernel's one feature argument
+        self._features = feature_args(p)
         if p.window >= 0:
             self._combine_options["NUM_QUERIES"] = p.num_queries
 
