@@ -105,6 +105,12 @@ def test_the_public_ops_and_plans_take_softcap_and_window():
     info = autotile.explain("paged_attention", q, k, v, table, lens, softcap=30.0, window=9)
     assert info["problem"]["softcap"] == 30.0 and info["problem"]["window"] == 9
     assert '"window":9' in info["problem_key"]
+    # A window wider than every context the step may hold masks nothing: explain names the plain problem the plan
+    # serves, as the plan drops the window.
+    wide = autotile.explain("paged_attention", q, k, v, table, lens, window=4096, max_context=96)
+    plain_plan = autotile.plan_paged_attention(batch=3, num_q_heads=4, num_kv_heads=2, head_dim=32, page_size=8,
+                                               max_context=96, dtype=torch.float16, device="cpu", window=4096)
+    assert wide["problem"]["window"] == -1 == plain_plan.problem.window
 
 
 @pytest.mark.parametrize("cached", [False, True], ids=["fresh-prompts", "cached-prefix"])

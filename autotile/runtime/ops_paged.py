@@ -426,9 +426,12 @@ def paged_prefill_problem_for(q, k_cache, v_cache, block_table, cu_seqlens_q, co
         facts = paged_plan.check_prefill_values(block_table, cu_seqlens_q, context_lens, k_cache.shape[0],
                                                 k_cache.shape[1], None, q.shape[0], slot_mapping)
         max_context = max(facts[0], 1)
+    bound = context_bucket(max_context)
+    softcap, window = paged_plan.model_features(softcap, window)
     problem = paged_plan.prefill_problem(batch, q.shape[0], q.shape[1], k_cache.shape[2], q.shape[2],
-                                         k_cache.shape[1], context_bucket(max_context), canonical_dtype_name(q.dtype),
-                                         canonical_dtype_name(k_cache.dtype), *paged_plan.model_features(softcap, window))
+                                         k_cache.shape[1], bound, canonical_dtype_name(q.dtype),
+                                         canonical_dtype_name(k_cache.dtype), softcap,
+                                         paged_plan.effective_paged_window(window, bound))  # as the plan drops it
     return FAMILY, problem, paged_plan._device_info(q.device)
 
 
@@ -441,8 +444,9 @@ def problem_for(q, k_cache, v_cache, block_table, context_lens, *, scale=None, k
     q4 = q if q.dim() == 4 else q.unsqueeze(1)
     bound, mean = _decode_bounds(q4, k_cache, block_table, context_lens, _max_context(max_context))
     plan_device = paged_plan._device_info(q.device)
+    softcap, window = paged_plan.model_features(softcap, window)
     problem = PagedProblem(q4.shape[0], q4.shape[2], k_cache.shape[2], q4.shape[3], k_cache.shape[1], bound,
                            bound if mean is None else min(mean, bound), q4.shape[1],
-                           canonical_dtype_name(q4.dtype), canonical_dtype_name(k_cache.dtype),
-                           *paged_plan.model_features(softcap, window))
+                           canonical_dtype_name(q4.dtype), canonical_dtype_name(k_cache.dtype), softcap,
+                           paged_plan.effective_paged_window(window, bound))  # as the plan drops it
     return FAMILY, problem, plan_device
