@@ -36,6 +36,29 @@ def test_gluon_ws_backward_is_infeasible_where_it_does_not_apply(change):
     assert FAMILY.space(problem, H200).feasible()  # the Triton backward still takes it
 
 
+@pytest.mark.parametrize("window", [dict(window_left=256), dict(window_right=64), dict(window_left=64, window_right=64),
+                                    dict(window_left=0, window_right=0)], ids=lambda w: ",".join(map(str, w.values())))
+def test_non_causal_windows_take_the_gluon_backward_behind_their_switch(monkeypatch, window):
+    """GLUON_BWD_NON_CAUSAL_WINDOW (off until its GPU test passes) offers the Gluon backward to windows of calls that
+    are not causal: the right side renders as an argument (RIGHT_WINDOW), the left as causal windows' (LEFT_BOUND)."""
+    from autotile.families import flash_space
+    from autotile.render import render_source
+
+    problem = dataclasses.replace(LLAMA_4K, causal=False, heads_kv=32, **window)
+    assert not gluon_configs(problem, H200)
+    monkeypatch.setattr(flash_space, "GLUON_BWD_NON_CAUSAL_WINDOW", True)
+    configs = gluon_configs(problem, H200)
+    assert configs
+    switches = FAMILY.render_switches(problem, configs[0])
+    assert switches["RIGHT_WINDOW"] == (problem.window_right >= 0)
+    assert switches["LEFT_BOUND"] == (problem.window_left >= 0)
+    source = render_source("flash_gluon_bwd.py.j2", **switches)
+    assert ("win_right" in source) == switches["RIGHT_WINDOW"]
+    assert ("_end_block" in source) == switches["LEFT_BOUND"]
+    causal = dataclasses.replace(LLAMA_4K, window_left=1023)  # a causal window's right bound is the diagonal
+    assert not FAMILY.render_switches(causal, configs[0])["RIGHT_WINDOW"]
+
+
 @pytest.mark.parametrize("head_dim,stages", [(128, {2, 3}), (96, {2, 3}), (64, {2, 3, 4})])
 def test_gluon_ws_backward_configs_keep_its_structure(head_dim, stages):
     problem = dataclasses.replace(LLAMA_4K, head_dim=head_dim)
@@ -61,17 +84,19 @@ def test_the_untuned_backward_is_gluon_where_it_applies():
     assert loads(dataclasses.replace(LLAMA_4K, head_dim=256)) == "tma"
     assert loads(dataclasses.replace(LLAMA_4K, softcap=30.0)) != GLUON_WS
     assert loads(dataclasses.replace(LLAMA_4K, window_left=1023)) == GLUON_WS  # results/gluon_bwd_window_2026-12-05_h100.md
+    assert loads(dataclasses.replace(LLAMA_4K, causal=False, window_left=64, window_right=64)) != GLUON_WS  # not yet
     # The deterministic default, which the runtime serves under torch.use_deterministic_algorithms(True).
     assert FAMILY.triton_backward_default(LLAMA_4K, H200)["LOADS"] == "tma"
     assert FAMILY.seed_configs(LLAMA_4K, H200)[0]["LOADS"] == GLUON_WS
     assert all(c["LOADS"] != GLUON_WS for c in FAMILY.seed_configs(LLAMA_4K, planned_device("a100")))
 
 
-def _schedule(batch, heads_q, heads_kv, seq, head_dim=128, causal=True, varlen=False):
+def _schedule(batch, heads_q, heads_kv, seq, head_dim=128, causal=True, varlen=False, **window):
     """flash_launch.gluon_backward_problem_schedule of a bf16 call, as gluon_backward_plan asks it."""
     from autotile.families.flash_launch import gluon_backward_problem_schedule
 
-    problem = FlashProblem("bwd", batch, heads_q, heads_kv, seq, seq, head_dim, causal=causal, varlen=varlen)
+    problem = FlashProblem("bwd", batch, heads_q, heads_kv, seq, seq, head_dim, causal=causal, varlen=varlen,
+                           **window)
     return gluon_backward_problem_schedule(problem, H200.sm_count)
 
 
@@ -139,6 +164,8 @@ def test_even_tiles_past_the_last_whole_wave_end_in_a_stream_k_tail(monkeypatch)
     assert _schedule(2, 32, 32, 4096)[3] == 0  # causal: uneven tiles, already heaviest first
     assert _schedule(2, 32, 32, 4096, causal=False, varlen=True)[3] == 0  # packed: uneven tiles
     assert _schedule(1, 28, 4, 4096, causal=False)[3] == 0  # 128 tiles: shared (SPLIT), not a tail
+    for window in (dict(window_left=256), dict(window_right=64), dict(window_left=64, window_right=64)):
+        assert _schedule(2, 32, 32, 4096, causal=False, **window)[3] == 0, window  # a window's tiles are uneven
     assert gluon_backward_tail(264, 64, 132, even=True) == 0  # whole waves
     assert gluon_backward_tail(100, 64, 132, even=True) == 0  # less than a wave
     assert gluon_backward_tail(133, 64, 132, even=True) == 1
@@ -221,6 +248,54 @@ def test_the_kernels_tail_walks_every_step_once():
     steps = [(tile, g, i) for p in sorted(shares) for tile, g, lo, hi in shares[p] for i in range(lo, hi)]
     assert steps == sorted(steps) and len(steps) == 4 * 3 * 11  # the tail's steps in order, shares contiguous
     assert sorted(len(set(t for t, *_ in share)) for share in shares.values())[-1] == 2  # some share crosses tiles
+
+
+def rendered_block_bounds(problem):
+    """The rendered Gluon backward's _first_block and _end_block (LEFT_BOUND) run as plain Python (as
+    rendered_tail_helpers runs its scheduling helpers)."""
+    import ast
+    import types
+
+    from autotile.render import render_source
+
+    config = dict(LOADS=GLUON_WS, BLOCK_M1=64, BLOCK_N1=128, BLOCK_M2=64, BLOCK_N2=128, num_warps=4, num_stages=2)
+    tree = ast.parse(render_source(FAMILY.template, **FAMILY.render_switches(problem, config)))
+    functions = [node for node in tree.body if isinstance(node, ast.FunctionDef)
+                 and node.name in ("_first_block", "_end_block")]
+    for f in functions:
+        f.decorator_list = []
+    gl = types.SimpleNamespace(constexpr=None, minimum=min, maximum=max)
+    namespace = {"gl": gl, "CAUSAL": problem.causal or problem.window_right >= 0}
+    exec(compile(ast.Module(body=functions, type_ignores=[]), "flash_gluon_bwd (rendered)", "exec"), namespace)
+    return namespace
+
+
+@pytest.mark.parametrize("causal, left, right", [
+    (True, -1, -1), (True, 0, -1), (True, 300, -1), (False, 0, 0), (False, 0, -1), (False, 63, 64), (False, 300, 5),
+    (False, -1, 100), (False, 1000, 1000), (False, 130, -1)], ids=lambda v: str(v))
+@pytest.mark.parametrize("seq_q, seq_k", [(700, 700), (200, 777), (777, 200)])
+def test_each_key_tile_walks_exactly_the_query_blocks_its_window_reaches(monkeypatch, causal, left, right, seq_q,
+                                                                         seq_k):
+    """A key tile's walk [_first_block, _end_block) of the rendered kernel, run as Python, holds every query block
+    with a query that sees one of its keys, from the first such block to the last: causal, with a window or not, and
+    windows of calls that are not causal on either side or both (RIGHT_WINDOW, LEFT_BOUND), Sq above and below Sk."""
+    from autotile.families import flash_space
+    from autotile.families.flash_reference import seen_mask
+
+    monkeypatch.setattr(flash_space, "GLUON_BWD_NON_CAUSAL_WINDOW", True)
+    problem = FlashProblem("bwd", 1, 2, 2, seq_q, seq_k, 128, causal=causal, window_left=left, window_right=right)
+    helpers = rendered_block_bounds(problem)
+    n_m = triton_cdiv(seq_q, 64)
+    seen = seen_mask(seq_q, seq_k, "cpu", problem.scores)  # (Sq, Sk) bool
+    right_arg = [right] if not causal and right >= 0 else []  # RIGHT_WINDOW's argument
+    for kb in range(triton_cdiv(seq_k, 128)):
+        first = helpers["_first_block"](kb, seq_q, seq_k, *right_arg, 64, 128)
+        end = helpers["_end_block"](kb, seq_q, seq_k, left, first, n_m, 64, 128) if left >= 0 else n_m
+        rows = seen[:, kb * 128:(kb + 1) * 128].any(dim=1).nonzero().flatten().tolist()
+        if rows:
+            assert (first, end) == (rows[0] // 64, rows[-1] // 64 + 1), (kb, first, end, rows[0], rows[-1])
+        else:
+            assert first >= min(end, n_m), (kb, first, end)
 
 
 @pytest.mark.parametrize("head_major", [False, True], ids=["key-block-first", "head-major"])
@@ -378,6 +453,8 @@ CASES = [
     (FlashProblem("bwd", 8, 32, 8, 2048, 2048, 128, causal=True, varlen=True), 2),
     (FlashProblem("bwd", 2, 32, 32, 4096, 4096, 128), 2),
     (FlashProblem("bwd", 1, 32, 8, 8192, 8192, 128, causal=True, window_left=4095), 2),  # Mistral-7B v0.1's window
+    # A window on both sides, not causal (ModernBERT's local layers have 64 keys a side, at head dim 64).
+    (FlashProblem("bwd", 2, 16, 16, 4096, 4096, 128, window_left=128, window_right=128), 2),
 ]
 # Spill instructions (LDL/STL) in the key loops of both consumer partitions: 12 at head dim 128 causal, 0 at 64,
 # 10 with Qwen2.5-7B's heads, 15 packed, 0 not causal with a stream-K tail or without (sm90 builds of Triton 3.6),
@@ -385,7 +462,8 @@ CASES = [
 # times log2(e)) took it to 29: the kernel takes it from the host; so did descriptors built in the kernel (19, 13, 20).
 KEY_LOOP_SPILLS = 24
 # A sliding window's mask beside the causal one (LEFT_BOUND): 26 where the same build without it has 18 (sm90, 1 x 32/8
-# x 8192 on two slots).
+# x 8192 on two slots); both sides of a window that is not causal (RIGHT_WINDOW too): 30 where the plain build has 0
+# (2 x 16 x 4096, head dim 128, two slots).
 WINDOW_KEY_LOOP_SPILLS = 32
 
 
@@ -403,15 +481,17 @@ def _compile_case(case) -> dict:
 def _compile_cases() -> list:
     from compile_child import map_in_processes
 
-    from autotile.families import flash_launch
+    from autotile.families import flash_launch, flash_space
 
     # The stream-K tail is off by default (flash_launch.TAIL_MIN_GAIN); its template still builds, at the model's
-    # threshold (set before the pool forks: its processes inherit it).
-    kept, flash_launch.TAIL_MIN_GAIN = flash_launch.TAIL_MIN_GAIN, 0.01
+    # threshold (set before the pool forks: its processes inherit it). So do windows that are not causal, whose switch
+    # waits for their GPU test.
+    kept = flash_launch.TAIL_MIN_GAIN, flash_space.GLUON_BWD_NON_CAUSAL_WINDOW
+    flash_launch.TAIL_MIN_GAIN, flash_space.GLUON_BWD_NON_CAUSAL_WINDOW = 0.01, True
     try:
         return map_in_processes(_compile_case, CASES)
     finally:
-        flash_launch.TAIL_MIN_GAIN = kept
+        flash_launch.TAIL_MIN_GAIN, flash_space.GLUON_BWD_NON_CAUSAL_WINDOW = kept
 
 
 def test_gluon_ws_backward_compiles_for_sm90_within_shared_memory_and_moves_its_gradients_by_tma():
@@ -420,7 +500,7 @@ def test_gluon_ws_backward_compiles_for_sm90_within_shared_memory_and_moves_its_
     results = run_compile_child(__file__)
     assert len(results) == len(CASES)
     for case, kernels in zip(CASES, results):
-        split, tail = case[0].heads_kv == 4, not case[0].causal
+        split, tail = case[0].heads_kv == 4, not case[0].masked
         assert set(kernels) == {"attn_bwd_gluon_preprocess", "attn_bwd_gluon", "attn_bwd_gluon_dq"} | (
             {"attn_bwd_gluon_reduce"} if split else set()) | ({"attn_bwd_gluon_tail_reduce"} if tail else set()), case
         main = kernels["attn_bwd_gluon"]

@@ -336,3 +336,31 @@ def test_gluon_backward_windows_of_packed_sequences_match_float64(monkeypatch):
     problem = FlashProblem("bwd", 5, 8, 2, 700, 900, 128, causal=True, varlen=True, window_left=200)
     inputs = FAMILY.make_inputs(problem, device, seed=13)
     run_checked(problem, gluon_configs(problem, device)[0], inputs)
+
+
+@pytest.mark.parametrize("window", [(63, 64), (300, 5), (-1, 100), (130, -1), (0, 0)], ids=lambda w: f"{w[0]},{w[1]}")
+@pytest.mark.parametrize("shape", [(2, 4, 2, 1000, 1000, 128), (1, 4, 1, 200, 777, 128), (2, 2, 1, 333, 555, 64),
+                                   (1, 4, 4, 777, 200, 64)], ids=lambda s: "x".join(map(str, s)))
+def test_gluon_backward_non_causal_windows_as_float64(monkeypatch, shape, window):
+    """Windows of calls that are not causal (RIGHT_WINDOW: the right side an argument; LEFT_BOUND): a tile walks the
+    query blocks from the first whose window reaches its keys to the last; keys no query sees get zero dK and dV.
+    NOTE: flash_space.GLUON_BWD_NON_CAUSAL_WINDOW stays off until this passes."""
+    from autotile.device import cuda_device
+    from autotile.families import flash_space
+
+    monkeypatch.setattr(flash_space, "GLUON_BWD_NON_CAUSAL_WINDOW", True)
+    device = cuda_device()
+    problem = FlashProblem("bwd", *shape, window_left=window[0], window_right=window[1])
+    inputs = FAMILY.make_inputs(problem, device, seed=11)
+    run_checked(problem, gluon_configs(problem, device)[0], inputs)
+
+
+def test_gluon_backward_non_causal_windows_of_packed_sequences_match_float64(monkeypatch):
+    from autotile.device import cuda_device
+    from autotile.families import flash_space
+
+    monkeypatch.setattr(flash_space, "GLUON_BWD_NON_CAUSAL_WINDOW", True)
+    device = cuda_device()
+    problem = FlashProblem("bwd", 5, 8, 2, 700, 900, 64, varlen=True, window_left=64, window_right=64)
+    inputs = FAMILY.make_inputs(problem, device, seed=17)
+    run_checked(problem, gluon_configs(problem, device)[0], inputs)

@@ -576,6 +576,7 @@ class FlashFamily(Family):
         forward = _forward_upgrade(config) if p.direction == "fwd" else {}  # its render axes, for older configs too
         return dict(
             RIGHT_BOUND=p.causal or p.window_right >= 0, LEFT_BOUND=p.window_left >= 0, SOFTCAP=p.softcap > 0,
+            RIGHT_WINDOW=not p.causal and p.window_right >= 0,  # (the Gluon backward's: its right bound an argument)
             ALIBI=p.alibi, VARLEN=p.varlen, HEAD_PADDED=p.block_d != p.head_dim, FP8=p.dtype == "fp8",
             LOADS=(config["LOADS"].removesuffix("_lookahead") if p.direction == "fwd"
                    else _backward_render_loads(config)),

@@ -343,7 +343,8 @@ def gluon_backward_problem_schedule(problem, sms: int) -> GluonBackwardSchedule:
     p = problem
     key_blocks = _cdiv(p.seq_k, GLUON_BWD_KEYS)
     q_do_bytes = 2 * p.batch * p.heads_q * p.seq_q * p.head_dim * element_size(p.dtype)
-    return gluon_backward_schedule(key_blocks * p.batch * p.heads_kv, key_blocks, sms, p.varlen, causal=p.causal,
+    # (Windowed tiles are uneven, as causal ones are: each walks the query blocks its window reaches.)
+    return gluon_backward_schedule(key_blocks * p.batch * p.heads_kv, key_blocks, sms, p.varlen, causal=p.masked,
                                    q_do_bytes=q_do_bytes, steps=gluon_backward_steps(p))
 
 
@@ -435,7 +436,10 @@ def gluon_backward_plan(module, problem, config, scale: float, q, k, v, o, do, l
         out_strides = part_strides * 2
     else:
         out_strides = (*rows_strides(dk, varlen), *rows_strides(dv, varlen))
-    window = (p.window_left,) if p.window_left >= 0 else ()  # (rendered in only where LEFT_BOUND is)
+    # The window's sides, each rendered in only where its switch is (LEFT_BOUND, RIGHT_WINDOW: a causal call's right
+    # bound is the diagonal).
+    window = ((p.window_left,) if p.window_left >= 0 else ()) + (
+        (p.window_right,) if not p.causal and p.window_right >= 0 else ())
     main_scalars = (*out_strides, p.batch, p.heads_q, p.heads_kv, p.seq_q, p.seq_k, stat_rows,
                     float(scale) * LOG2E, float(scale), whole, tail_programs, *window)
     block_d = p.block_d

@@ -153,18 +153,24 @@ def gluon_ws_ok(problem, device: DeviceInfo) -> bool:
 # keys) and Gemma-3-27B (1024) at 1 x 8192 (results/gluon_bwd_window_2026-12-05_h100.md). Off, windowed calls take the
 # Triton backward.
 GLUON_BWD_WINDOW = True
+# Windows of calls that are not causal (a left side, a right side or both: ModernBERT's local layers, encoders) in the
+# Gluon backward (RIGHT_WINDOW: the right bound an argument; LEFT_BOUND as above). NOTE: off until
+# tests/test_flash_gluon_bwd_gpu.py::test_gluon_backward_non_causal_windows_as_float64 has passed on a Hopper GPU.
+GLUON_BWD_NON_CAUSAL_WINDOW = False
 
 
 def gluon_bwd_ok(problem, device: DeviceInfo) -> bool:
     """Whether the Gluon backward (templates/flash_gluon_bwd.py.j2) applies: Hopper, compiled (not interpreted),
     16-bit tensors with TMA-able strides, dense or packed, a head dim that is or pads to 64 or 128, causal or not,
-    a causal call's sliding window where GLUON_BWD_WINDOW is on, and no other feature (other windows, soft-capping
-    and ALiBi stay on the Triton backward: its soft-capping spills, benchmarks/RESULTS.md, "thirty-fifth run")."""
+    a causal call's sliding window where GLUON_BWD_WINDOW is on, other windows where GLUON_BWD_NON_CAUSAL_WINDOW is,
+    and no other feature (soft-capping and ALiBi stay on the Triton backward: its soft-capping spills,
+    benchmarks/RESULTS.md, "thirty-fifth run")."""
     p = problem
-    window_ok = p.window_left < 0 or (GLUON_BWD_WINDOW and p.causal)
+    windowed = p.window_left >= 0 or p.window_right >= 0
+    window_ok = not windowed or (GLUON_BWD_WINDOW if p.causal else GLUON_BWD_NON_CAUSAL_WINDOW)
     return (not device.interpret and device.compute_capability[0] == 9 and p.direction == "bwd"
             and p.dtype in ("bf16", "fp16") and p.aligned and p.block_d in _GLUON_BWD_HEAD_DIMS
-            and p.head_dim % 8 == 0 and window_ok and p.window_right < 0 and p.softcap <= 0 and not p.alibi)
+            and p.head_dim % 8 == 0 and window_ok and p.softcap <= 0 and not p.alibi)
 
 
 def gluon_bwd_smem(problem, config) -> int:

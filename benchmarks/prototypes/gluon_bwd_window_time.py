@@ -1,8 +1,10 @@
-"""The flash backward of causal sliding-window calls: the Gluon backward (LEFT_BOUND) beside the Triton backward (GPU).
+"""The flash backward of sliding-window calls: the Gluon backward (LEFT_BOUND, RIGHT_WINDOW) beside the Triton one (GPU).
 
     PYTHONPATH=. python benchmarks/prototypes/gluon_bwd_window_time.py --out OUT/gluon_bwd_window.md
 
-Mistral-7B v0.1 (a 4096-token window) and Gemma-3-27B (1024) heads at 1 x 8192: each backward's untuned config,
+Mistral-7B v0.1 (a 4096-token window) and Gemma-3-27B (1024) heads at 1 x 8192, causal, and ModernBERT-base and
+-large's local layers (64 keys each side, not causal; their Gluon backward behind flash_space.
+GLUON_BWD_NON_CAUSAL_WINDOW, turned on here) at 4 x 8192: each backward's untuned config,
 launched through the family on the same inputs, held to each other first, then timed in
 interleaved rounds of `do_bench` medians (L2 flushed). TFLOP/s count the pairs the window leaves, 2.5x the forward's.
 """
@@ -17,7 +19,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-CASES = (("mistral-7b-v0.1", 1, 32, 8, 8192, 128, 4095), ("gemma3-27b", 1, 32, 16, 8192, 128, 1023))
+# (model, batch, Hq, Hkv, seq, head dim, causal, window left, window right)
+CASES = (("mistral-7b-v0.1", 1, 32, 8, 8192, 128, True, 4095, -1), ("gemma3-27b", 1, 32, 16, 8192, 128, True, 1023, -1),
+         ("modernbert-base", 4, 12, 12, 8192, 64, False, 64, 64), ("modernbert-large", 4, 16, 16, 8192, 64, False, 64, 64))
 
 
 def main() -> None:
@@ -28,20 +32,22 @@ def main() -> None:
     from autotile.device import cuda_device
     from autotile.families import flash_space
     from autotile.families.flash import FAMILY, FlashProblem
+    from autotile.families.flash_reference import seen_pairs
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     device = cuda_device()
-    lines = [f"# Causal sliding-window backward, {torch.cuda.get_device_name()}, torch {torch.__version__}, triton "
+    lines = [f"# Sliding-window backward, {torch.cuda.get_device_name()}, torch {torch.__version__}, triton "
              f"{triton.__version__}, {datetime.date.today()}, bf16, medians of {args.rounds} interleaved rounds", "",
-             "| model | B x S | window | Triton backward ms (TF/s) | Gluon backward ms (TF/s) | speed-up | configs |",
+             "| model | B x S | window (left, right) | Triton backward ms (TF/s) | Gluon backward ms (TF/s) | speed-up | configs |",
              "|---|---|---|---|---|---|---|"]
-    for name, batch, hq, hkv, seq, dim, window in CASES:
-        problem = FlashProblem("bwd", batch, hq, hkv, seq, seq, dim, causal=True, window_left=window)
+    flash_space.GLUON_BWD_WINDOW = flash_space.GLUON_BWD_NON_CAUSAL_WINDOW = True
+    for name, batch, hq, hkv, seq, dim, causal, left, right in CASES:
+        problem = FlashProblem("bwd", batch, hq, hkv, seq, seq, dim, causal=causal, window_left=left,
+                               window_right=right)
         inputs = FAMILY.make_inputs(problem, device, seed=3)
-        flash_space.GLUON_BWD_WINDOW = True
         gluon = FAMILY.default_config(problem, device)
         triton_config = flash_space.triton_backward_default(FAMILY, problem, device)
         calls, grads = {}, {}
@@ -57,11 +63,10 @@ def main() -> None:
             err = ((a - b).abs().max() / a.abs().max()).item()
             assert err < 2e-2, f"{name_} differs by {err:.4f}"
         ms = interleaved_medians(calls, args.rounds, lambda fn: triton.testing.do_bench(fn, warmup=10, rep=40))
-        full = min(seq, window + 1)
-        pairs = full * (full + 1) // 2 + (seq - full) * (window + 1)
+        pairs = seen_pairs(seq, seq, causal, left, right)
         flops = 2.5 * 4 * batch * hq * pairs * dim
         tf = {k: flops / (t * 1e-3) / 1e12 for k, t in ms.items()}
-        lines.append(f"| {name} | {batch} x {seq} | {window} | {ms['triton']:.3f} ({tf['triton']:.0f}) | "
+        lines.append(f"| {name} | {batch} x {seq} | {left}, {'causal' if causal else right} | {ms['triton']:.3f} ({tf['triton']:.0f}) | "
                      f"{ms['gluon']:.3f} ({tf['gluon']:.0f}) | {ms['triton'] / ms['gluon']:.2f}x | "
                      f"`{triton_config.to_json()}` / `{gluon.to_json()}` |")
         print(lines[-1], flush=True)

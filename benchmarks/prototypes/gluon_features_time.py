@@ -2,9 +2,11 @@
 
     PYTHONPATH=. python benchmarks/prototypes/gluon_features_time.py --feature softcap --out OUT/softcap.md [--flex]
     PYTHONPATH=. python benchmarks/prototypes/gluon_features_time.py --feature window --out OUT/window.md [--flex]
+    PYTHONPATH=. python benchmarks/prototypes/gluon_features_time.py --feature two_sided --out OUT/two_sided.md
 
-`flash_space.GLUON_SOFTCAP` (Gemma-2's capped logits) and `flash_space.GLUON_WINDOW` (sliding windows: Mistral-7B
-v0.1, Gemma-2's and Gemma-3's local layers) decide whether such calls may take the Gluon forward (on) or stay on the
+`flash_space.GLUON_SOFTCAP` (Gemma-2's capped logits), `flash_space.GLUON_WINDOW` (sliding windows: Mistral-7B
+v0.1, Gemma-2's and Gemma-3's local layers) and `flash_space.GLUON_TWO_SIDED_WINDOW` (windows with both sides, not
+causal: ModernBERT's local layers) decide whether such calls may take the Gluon forward (on) or stay on the
 Triton forward (off). For each shape each setting is resolved through the op (what `explain` names), checked
 against a float32 reference, and captured in a CUDA graph; the graphs are then replayed in interleaved rounds of
 `do_bench` medians with L2 flushed. Window rows also time the same call without its window (every causal key: what a
@@ -22,33 +24,36 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-# (model, Hq, Hkv, D, window (left keys; -1: none), softcap, shapes (batch, tokens)): the models' own heads.
+# (model, Hq, Hkv, D, window (left keys; -1: none), softcap, shapes (batch, tokens)): the models' own heads, causal.
 # Gemma-2 caps logits at 50 (attn_logit_softcapping) and its local layers see 4096 tokens; Gemma-3's local layers
-# 1024; Mistral-7B v0.1 4096.
+# 1024; Mistral-7B v0.1 4096. TWO_SIDED_CASES are not causal: their window (left, right) keys either side; ModernBERT's
+# local layers see 64 keys each side (local_attention 128).
 SOFTCAP_CASES = (("gemma2-9b", 16, 8, 256, -1, 50.0, ((1, 4096), (4, 2048), (16, 512))),
                  ("gemma2-27b", 32, 16, 128, -1, 50.0, ((1, 4096), (4, 2048), (16, 512))))
 WINDOW_CASES = (("mistral-7b-v0.1", 32, 8, 128, 4095, 0.0, ((1, 8192), (1, 16384))),
                 ("gemma3-12b", 16, 8, 256, 1023, 0.0, ((1, 4096), (1, 8192))),
                 ("gemma3-27b", 32, 16, 128, 1023, 0.0, ((1, 8192), (2, 4096))),
                 ("gemma2-9b local", 16, 8, 256, 4095, 50.0, ((1, 8192),)))
-SWITCH = {"softcap": "GLUON_SOFTCAP", "window": "GLUON_WINDOW"}
+TWO_SIDED_CASES = (("modernbert-base", 12, 12, 64, (64, 64), 0.0, ((4, 8192), (16, 2048))),
+                   ("modernbert-large", 16, 16, 64, (64, 64), 0.0, ((4, 8192),)))
+SWITCH = {"softcap": "GLUON_SOFTCAP", "window": "GLUON_WINDOW", "two_sided": "GLUON_TWO_SIDED_WINDOW"}
 
 
-def visible(seq: int, window: int) -> int:
-    """Causal (query, key) pairs a window of `window` keys to the left leaves (-1: none)."""
-    if window < 0:
-        return seq * (seq + 1) // 2
-    full = min(seq, window + 1)  # rows from `full` on see window + 1 keys
-    return full * (full + 1) // 2 + (seq - full) * (window + 1)
+def sides(window) -> tuple[int, int, bool]:
+    """(left, right, causal) of a case's window: keys left of the diagonal (-1: none) for causal cases, or a pair of
+    sides for calls that are not causal."""
+    return (*window, False) if isinstance(window, tuple) else (window, -1, True)
 
 
-def reference(q, k, v, window: int, softcap: float) -> torch.Tensor:
-    """Causal attention in float32, windowed and soft-capped, one head at a time (bounded memory)."""
+def reference(q, k, v, window, softcap: float) -> torch.Tensor:
+    """Attention in float32, windowed and soft-capped as the case asks, one head at a time (bounded memory)."""
+    left, right, causal = sides(window)
     group = q.shape[1] // k.shape[1]
     seq = q.shape[2]
     rows = torch.arange(seq, device=q.device)[:, None]
     cols = torch.arange(seq, device=q.device)[None, :]
-    seen = (cols <= rows) & ((cols >= rows - window) if window >= 0 else True)
+    seen = ((cols <= rows) if causal else (cols <= rows + right) if right >= 0 else True) & (
+        (cols >= rows - left) if left >= 0 else True)
     out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
     for h in range(q.shape[1]):
         kh, vh = k[:, h // group].float(), v[:, h // group].float()
@@ -74,7 +79,7 @@ def graph_of(fn):
     return replay
 
 
-def served(switch: str, on: bool, q, k, v, **features):
+def served(switch: str, on: bool, q, k, v, causal: bool = True, **features):
     """The op's call with the Gluon switch set as asked: a graph replay, its output, and what explain() names."""
     import autotile
     from autotile.families import flash_space
@@ -82,13 +87,13 @@ def served(switch: str, on: bool, q, k, v, **features):
 
     setattr(flash_space, switch, on)
     clear_cache()
-    info = autotile.explain("flash_attention", q, k, v, causal=True, **features)
-    out = autotile.flash_attention(q, k, v, causal=True, **features)
-    replay = graph_of(lambda: autotile.flash_attention(q, k, v, causal=True, **features))
+    info = autotile.explain("flash_attention", q, k, v, causal=causal, **features)
+    out = autotile.flash_attention(q, k, v, causal=causal, **features)
+    replay = graph_of(lambda: autotile.flash_attention(q, k, v, causal=causal, **features))
     return replay, out, f"{info['source']} {info['config']}"
 
 
-def gluon_tiles(switch: str, q, k, v, **features) -> dict:
+def gluon_tiles(switch: str, q, k, v, causal: bool = True, **features) -> dict:
     """Each Gluon key block's deepest pipeline the space offers for the call (the default among them), launched
     through the family as graph replays: which tile the policy should take with the feature."""
     from autotile.device import current_device
@@ -96,7 +101,7 @@ def gluon_tiles(switch: str, q, k, v, **features) -> dict:
     from autotile.families.flash import FAMILY, GLUON_WS
 
     setattr(flash_space, switch, True)
-    problem = FAMILY.problem_from_tensors(q, k, v, causal=True, **features)
+    problem = FAMILY.problem_from_tensors(q, k, v, causal=causal, **features)
     device = current_device(q.device)
     deepest = {}
     for c in FAMILY.space(problem, device).feasible():
@@ -113,14 +118,18 @@ def gluon_tiles(switch: str, q, k, v, **features) -> dict:
     return launches
 
 
-def flex_call(q, k, v, window: int, softcap: float):
+def flex_call(q, k, v, window, softcap: float):
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     def capped(score, b, h, q_idx, kv_idx):
         return softcap * torch.tanh(score / softcap)
 
+    left, right, causal = sides(window)
+
     def seen(b, h, qi, ki):
-        return (qi >= ki) & (qi - ki <= window) if window >= 0 else qi >= ki
+        if not causal:
+            return (qi - ki <= left) & (ki - qi <= right)  # (the two-sided cases have both sides)
+        return (qi >= ki) & (qi - ki <= left) if left >= 0 else qi >= ki
 
     seq = q.shape[2]
     mask = create_block_mask(seen, None, None, seq, seq, device=q.device)
@@ -143,10 +152,14 @@ def main() -> None:
     args = parser.parse_args()
     switch = SWITCH[args.feature]
     rows = []
-    for name, hq, hkv, dim, window, softcap, shapes in (SOFTCAP_CASES if args.feature == "softcap" else WINDOW_CASES):
+    from autotile.families.flash_reference import seen_pairs
+
+    cases = {"softcap": SOFTCAP_CASES, "window": WINDOW_CASES, "two_sided": TWO_SIDED_CASES}[args.feature]
+    for name, hq, hkv, dim, window, softcap, shapes in cases:
+        left, right, causal = sides(window)
         features = dict(softcap=softcap) if softcap > 0 else {}
-        if window >= 0:
-            features["window"] = (window, 0)
+        if left >= 0:
+            features["window"] = (left, 0 if causal else right)
         for batch, seq in shapes:
             gen = torch.Generator(device="cuda").manual_seed(seq + dim)
             q, k, v = (torch.randn(batch, h, seq, dim, device="cuda", generator=gen, dtype=torch.bfloat16)
@@ -154,18 +167,18 @@ def main() -> None:
             want = reference(q, k, v, window, softcap)
             impls, errs, what = {}, {}, {}
             for label, on in (("triton", False), ("gluon", True)):
-                impls[label], out, what[label] = served(switch, on, q, k, v, **features)
+                impls[label], out, what[label] = served(switch, on, q, k, v, causal, **features)
                 errs[label] = ((out.float() - want).abs().max() / want.abs().max()).item()
-            if window >= 0:
+            if left >= 0:
                 unwindowed = {key: value for key, value in features.items() if key != "window"}
-                impls["no window"], _, what["no window"] = served(switch, True, q, k, v, **unwindowed)
+                impls["no window"], _, what["no window"] = served(switch, True, q, k, v, causal, **unwindowed)
             if args.tiles:
-                impls.update(gluon_tiles(switch, q, k, v, **features))
+                impls.update(gluon_tiles(switch, q, k, v, causal, **features))
             if args.flex and (batch, seq) == shapes[0]:
                 impls["flex"] = flex_call(q, k, v, window, softcap)
                 errs["flex"] = ((impls["flex"]().float() - want).abs().max() / want.abs().max()).item()
             ms = interleaved_medians(impls, args.rounds, lambda fn: triton.testing.do_bench(fn, warmup=10, rep=40))
-            flops = 4 * batch * hq * visible(seq, window) * dim
+            flops = 4 * batch * hq * seen_pairs(seq, seq, causal, left, right) * dim
             row = dict(model=name, shape=f"{batch} x {seq}", window=window, softcap=softcap, ms=ms, errs=errs,
                        what=what, tflops={key: flops / (t * 1e-3) / 1e12 for key, t in ms.items()})
             rows.append(row)
@@ -175,7 +188,7 @@ def main() -> None:
     def cell(r, key):
         return f"{r['ms'][key]:.4f} ({r['tflops'][key]:.0f})" if key in r["ms"] else "-"
 
-    lines = [f"# Gluon forward {args.feature} off and on, causal prefill through the op, {torch.cuda.get_device_name()}, "
+    lines = [f"# Gluon forward {args.feature} off and on, prefill through the op (causal but for two_sided), {torch.cuda.get_device_name()}, "
              f"torch {torch.__version__}, triton {triton.__version__}, {datetime.date.today()}, bf16, CUDA-graph "
              f"replays, medians of {args.rounds} interleaved rounds; TF/s count the pairs the call's mask leaves", "",
              "| model | B x S | window / softcap | Triton forward ms (TF/s) | Gluon forward ms (TF/s) | Gluon / Triton | "
