@@ -66,6 +66,20 @@ def test_soft_capped_and_windowed_calls_take_gluon_ws_by_default_unless_switched
     assert FAMILY.default_config(problem, H200)["LOADS"] != GLUON_WS
 
 
+def test_alibi_stays_on_the_triton_forward_until_checked_on_a_gpu(monkeypatch):
+    from autotile.families import flash_space
+    from autotile.render import render_source
+
+    alibi = dataclasses.replace(LLAMA_4K, alibi=True)
+    assert not gluon_configs(alibi, H200)
+    monkeypatch.setattr(flash_space, "GLUON_ALIBI", True)
+    configs = gluon_configs(alibi, H200)
+    assert configs and FAMILY.default_config(alibi, H200)["LOADS"] == GLUON_WS
+    source = render_source(FAMILY.template, **FAMILY.render_switches(alibi, configs[0]))
+    assert "slope2" in source and "slope2" not in render_source(
+        FAMILY.template, **FAMILY.render_switches(LLAMA_4K, configs[0]))
+
+
 def test_two_sided_windows_stay_on_the_triton_forward_until_checked_on_a_gpu(monkeypatch):
     from autotile.families import flash_space
 
@@ -186,11 +200,20 @@ WINDOW_CASES = [(FlashProblem("fwd", 1, 32, 8, 8192, 8192, 128, causal=True, win
                               varlen=True), 64, 2)]
 
 
+# ALiBi (flash_space.GLUON_ALIBI, off until its GPU test passes: turned on in the compiling process): MPT-7B's heads
+# causal, and a two-sided window beside it at head dim 64 on 64-key blocks.
+ALIBI_CASES = [(FlashProblem("fwd", 1, 32, 32, 4096, 4096, 128, causal=True, alibi=True), 128, 3),
+               (FlashProblem("fwd", 2, 16, 16, 1000, 1000, 64, window_left=100, window_right=30, alibi=True), 64, 4)]
+
+
 def _compile_cases() -> dict:
+    from autotile.families import flash_space
+
     static = [_build(*case) for case in CASES]
     queued = [_build(*case, queue=True) for case in QUEUE_CASES]
+    flash_space.GLUON_ALIBI = flash_space.GLUON_TWO_SIDED_WINDOW = True
     return dict(static=static, queued=queued, softcap=[_build(*case) for case in SOFTCAP_CASES],
-                window=[_build(*case) for case in WINDOW_CASES])
+                window=[_build(*case) for case in WINDOW_CASES], alibi=[_build(*case) for case in ALIBI_CASES])
 
 
 def test_gluon_ws_kernels_compile_for_sm90_without_spills_in_the_key_loop_or_launch_scratch():
@@ -199,8 +222,10 @@ def test_gluon_ws_kernels_compile_for_sm90_without_spills_in_the_key_loop_or_lau
     results = run_compile_child(__file__)
     assert len(results["static"]) == len(CASES) and len(results["queued"]) == len(QUEUE_CASES)
     assert len(results["softcap"]) == len(SOFTCAP_CASES) and len(results["window"]) == len(WINDOW_CASES)
+    assert len(results["alibi"]) == len(ALIBI_CASES)
     for case, result in [*zip(CASES, results["static"]), *zip(QUEUE_CASES, results["queued"]),
-                         *zip(SOFTCAP_CASES, results["softcap"]), *zip(WINDOW_CASES, results["window"])]:
+                         *zip(SOFTCAP_CASES, results["softcap"]), *zip(WINDOW_CASES, results["window"]),
+                         *zip(ALIBI_CASES, results["alibi"])]:
         assert result["feasible"], case
         (name, shared, stack, loop_spills, features, scratch), = result["kernels"]
         assert name == "attn_fwd" and shared <= H200.smem_per_block, (case, shared)

@@ -59,6 +59,23 @@ def test_non_causal_windows_take_the_gluon_backward_behind_their_switch(monkeypa
     assert not FAMILY.render_switches(causal, configs[0])["RIGHT_WINDOW"]
 
 
+def test_alibi_takes_the_gluon_backward_behind_its_switch(monkeypatch):
+    """GLUON_BWD_ALIBI (off until its GPU test passes): the slopes' pointer and row stride are rendered in only where
+    the call has ALiBi, and the plan hands them over."""
+    from autotile.families import flash_space
+    from autotile.render import render_source
+
+    problem = dataclasses.replace(LLAMA_4K, alibi=True)
+    assert not gluon_configs(problem, H200)
+    monkeypatch.setattr(flash_space, "GLUON_BWD_ALIBI", True)
+    configs = gluon_configs(problem, H200)
+    assert configs and FAMILY.default_config(problem, H200)["LOADS"] == GLUON_WS
+    for call, has in ((problem, True), (LLAMA_4K, False)):
+        source = render_source("flash_gluon_bwd.py.j2", **FAMILY.render_switches(call, configs[0]))
+        assert ("alibi_ptr" in source and "stride_ab" in source and "slope2" in source) == has
+    assert not gluon_configs(dataclasses.replace(problem, softcap=30.0), H200)  # soft-capping stays on Triton's
+
+
 @pytest.mark.parametrize("head_dim,stages", [(128, {2, 3}), (96, {2, 3}), (64, {2, 3, 4})])
 def test_gluon_ws_backward_configs_keep_its_structure(head_dim, stages):
     problem = dataclasses.replace(LLAMA_4K, head_dim=head_dim)
@@ -455,6 +472,8 @@ CASES = [
     (FlashProblem("bwd", 1, 32, 8, 8192, 8192, 128, causal=True, window_left=4095), 2),  # Mistral-7B v0.1's window
     # A window on both sides, not causal (ModernBERT's local layers have 64 keys a side, at head dim 64).
     (FlashProblem("bwd", 2, 16, 16, 4096, 4096, 128, window_left=128, window_right=128), 2),
+    # ALiBi (MPT-7B's heads, causal).
+    (FlashProblem("bwd", 1, 32, 32, 4096, 4096, 128, causal=True, alibi=True), 2),
 ]
 # Spill instructions (LDL/STL) in the key loops of both consumer partitions: 12 at head dim 128 causal, 0 at 64,
 # 10 with Qwen2.5-7B's heads, 15 packed, 0 not causal with a stream-K tail or without (sm90 builds of Triton 3.6),
@@ -465,6 +484,9 @@ KEY_LOOP_SPILLS = 24
 # x 8192 on two slots); both sides of a window that is not causal (RIGHT_WINDOW too): 30 where the plain build has 0
 # (2 x 16 x 4096, head dim 128, two slots).
 WINDOW_KEY_LOOP_SPILLS = 32
+# ALiBi's bias beside the causal mask: 27 where the same build without it has 15 (1 x 32 x 4096 on two slots; the
+# expression's form decides it: templates/flash_gluon_bwd.py.j2, ALIBI_CAUSAL).
+ALIBI_KEY_LOOP_SPILLS = 32
 
 
 def _compile_case(case) -> dict:
@@ -484,14 +506,19 @@ def _compile_cases() -> list:
     from autotile.families import flash_launch, flash_space
 
     # The stream-K tail is off by default (flash_launch.TAIL_MIN_GAIN); its template still builds, at the model's
-    # threshold (set before the pool forks: its processes inherit it). So do windows that are not causal, whose switch
-    # waits for their GPU test.
-    kept = flash_launch.TAIL_MIN_GAIN, flash_space.GLUON_BWD_NON_CAUSAL_WINDOW
-    flash_launch.TAIL_MIN_GAIN, flash_space.GLUON_BWD_NON_CAUSAL_WINDOW = 0.01, True
+    # threshold (set before the pool forks: its processes inherit it). So do windows that are not causal and ALiBi,
+    # whose switches wait for their GPU tests.
+    switches = ("GLUON_BWD_NON_CAUSAL_WINDOW", "GLUON_BWD_ALIBI")
+    kept = flash_launch.TAIL_MIN_GAIN, [getattr(flash_space, name) for name in switches]
+    flash_launch.TAIL_MIN_GAIN = 0.01
+    for name in switches:
+        setattr(flash_space, name, True)
     try:
         return map_in_processes(_compile_case, CASES)
     finally:
-        flash_launch.TAIL_MIN_GAIN, flash_space.GLUON_BWD_NON_CAUSAL_WINDOW = kept
+        flash_launch.TAIL_MIN_GAIN = kept[0]
+        for name, value in zip(switches, kept[1]):
+            setattr(flash_space, name, value)
 
 
 def test_gluon_ws_backward_compiles_for_sm90_within_shared_memory_and_moves_its_gradients_by_tma():
@@ -513,7 +540,8 @@ def test_gluon_ws_backward_compiles_for_sm90_within_shared_memory_and_moves_its_
         # Its descriptors come from the host: no launch scratch to build them in.
         assert main["scratch"] == 0, (case, main)
         if main["stack"]:  # None: no cuobjdump with this Triton to read them
-            bound = WINDOW_KEY_LOOP_SPILLS if case[0].window_left >= 0 else KEY_LOOP_SPILLS
+            bound = (ALIBI_KEY_LOOP_SPILLS if case[0].alibi else WINDOW_KEY_LOOP_SPILLS if case[0].window_left >= 0
+                     else KEY_LOOP_SPILLS)
             assert main["spills"] <= bound, (case, main)
 
 

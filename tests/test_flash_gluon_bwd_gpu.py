@@ -364,3 +364,38 @@ def test_gluon_backward_non_causal_windows_of_packed_sequences_match_float64(mon
     problem = FlashProblem("bwd", 5, 8, 2, 700, 900, 64, varlen=True, window_left=64, window_right=64)
     inputs = FAMILY.make_inputs(problem, device, seed=17)
     run_checked(problem, gluon_configs(problem, device)[0], inputs)
+
+
+@pytest.mark.parametrize("shape", [(2, 4, 2, 1000, 1000, 128), (1, 4, 1, 200, 777, 128), (2, 2, 1, 333, 555, 64),
+                                   (2, 8, 2, 333, 517, 96)], ids=lambda s: "x".join(map(str, s)))
+def test_gluon_backward_alibi_as_float64(monkeypatch, shape):
+    """ALiBi in the Gluon backward (ALIBI): causal, the bias split between the keys and the rows' padded LSE; not
+    causal, the distance an element. Slopes (Hq,) as make_inputs gives them, then (B, Hq).
+    NOTE: flash_space.GLUON_BWD_ALIBI stays off until this and the test below pass."""
+    from autotile.device import cuda_device
+    from autotile.families import flash_space
+
+    monkeypatch.setattr(flash_space, "GLUON_BWD_ALIBI", True)
+    device = cuda_device()
+    for causal in (True, False):
+        problem = FlashProblem("bwd", *shape, causal=causal, alibi=True)
+        inputs = FAMILY.make_inputs(problem, device, seed=29)
+        run_checked(problem, gluon_configs(problem, device)[0], inputs)
+        gen = torch.Generator(device="cuda").manual_seed(29)
+        inputs["alibi"] = torch.rand(shape[0], shape[1], device="cuda", generator=gen) * 0.25
+        run_checked(problem, gluon_configs(problem, device)[0], inputs)
+
+
+@pytest.mark.parametrize("features", [dict(causal=True, varlen=True), dict(causal=True, window_left=200),
+                                      dict(window_left=64, window_right=64)],
+                         ids=["packed", "causal-window", "two-sided-window"])
+def test_gluon_backward_alibi_with_other_features_as_float64(monkeypatch, features):
+    from autotile.device import cuda_device
+    from autotile.families import flash_space
+
+    monkeypatch.setattr(flash_space, "GLUON_BWD_ALIBI", True)
+    monkeypatch.setattr(flash_space, "GLUON_BWD_NON_CAUSAL_WINDOW", True)
+    device = cuda_device()
+    problem = FlashProblem("bwd", 5, 8, 2, 700, 900, 128, alibi=True, **features)
+    inputs = FAMILY.make_inputs(problem, device, seed=31)
+    run_checked(problem, gluon_configs(problem, device)[0], inputs)

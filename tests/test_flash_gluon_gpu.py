@@ -251,6 +251,37 @@ def test_gluon_ws_two_sided_windows_as_float64(monkeypatch, shape):
             run_checked(problem, config, inputs)
 
 
+@pytest.mark.parametrize("shape", [(2, 8, 2, 1000, 1000, 128), (1, 8, 4, 257, 511, 256), (1, 4, 4, 300, 1030, 64),
+                                   (2, 8, 2, 333, 517, 96)], ids=lambda s: "x".join(map(str, s)))
+def test_gluon_ws_alibi_as_float64(monkeypatch, shape):
+    """ALiBi in the Gluon forward (ALIBI: -slope * |i + Sk - Sq - j| added to the scaled logits), causal and not,
+    every tile and key block the space offers, against float64. NOTE: flash_space.GLUON_ALIBI stays off until this
+    and the test below pass."""
+    from autotile.families import flash_space
+
+    monkeypatch.setattr(flash_space, "GLUON_ALIBI", True)
+    check_every_gluon_config(shape, 21, alibi=True)
+
+
+@pytest.mark.parametrize("features", [dict(causal=True, softcap=30.0), dict(window_left=100, window_right=30),
+                                      dict(causal=True, varlen=True, window_left=200)],
+                         ids=["soft-capped", "two-sided-window", "packed-window"])
+def test_gluon_ws_alibi_with_slopes_per_sequence_and_other_features_as_float64(monkeypatch, features):
+    """Slopes (B, Hq), one row a sequence, beside soft-capping, a two-sided window and packed sequences."""
+    from autotile.device import cuda_device
+    from autotile.families import flash_space
+
+    monkeypatch.setattr(flash_space, "GLUON_ALIBI", True)
+    monkeypatch.setattr(flash_space, "GLUON_TWO_SIDED_WINDOW", True)
+    device = cuda_device()
+    problem = FlashProblem("fwd", 3, 8, 2, 700, 900, 128, alibi=True, **features)
+    inputs = FAMILY.make_inputs(problem, device, seed=23)
+    gen = torch.Generator(device="cuda").manual_seed(23)
+    inputs["alibi"] = torch.rand(3, 8, device="cuda", generator=gen) * 0.25
+    for config in gluon_configs(problem, device):
+        run_checked(problem, config, inputs)
+
+
 @pytest.mark.parametrize("shape", [(5, 8, 2, 700, 900, 128), (9, 4, 1, 130, 2000, 256)],
                          ids=lambda s: "x".join(map(str, s)))
 def test_gluon_ws_windows_soft_capped_packed_and_queued_as_float64(monkeypatch, shape):

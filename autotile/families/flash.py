@@ -615,7 +615,7 @@ class FlashFamily(Family):
         if config["LOADS"] == GLUON_WS:
             return gluon_backward_plan(module, problem, config, scale, inputs["q"], inputs["k"], inputs["v"],
                                        inputs["o"], inputs["do"], inputs["lse"], outputs["dq"], outputs["dk"],
-                                       outputs["dv"], keep and not interpret)
+                                       outputs["dv"], keep and not interpret, alibi)
         return backward_plan(module, problem, config, scale, inputs["q"], inputs["k"], inputs["v"], inputs["o"],
                              inputs["do"], inputs["lse"], outputs["dq"], outputs["dk"], outputs["dv"], alibi, interpret,
                              keep)

@@ -357,11 +357,16 @@ class GluonBackwardPlan:
     dK and dV partials too, which `reduce` adds. The LSE's gradient enters Delta in the preprocess (`preprocess_dlse`, see
     BackwardPlan). `dq_cast` casts dQ into the caller's tensor."""
 
-    __slots__ = ("preprocess", "preprocess_dlse", "main", "reduce", "dq_cast", "scratch_parts", "scratch_size")
+    __slots__ = ("preprocess", "preprocess_dlse", "main", "reduce", "dq_cast", "scratch_parts", "scratch_size",
+                 "takes_alibi", "alibi_in_lse")
 
     def __init__(self, preprocess: _Launch, preprocess_dlse: _Launch, main: _Launch, reduce: _Launch | None,
-                 dq_cast: _Launch, stats: int, dq: int, part: int):
-        """`stats`, `dq`, `part`: elements of the padded LSE (and Delta), the fp32 dQ and (reduce) each partial."""
+                 dq_cast: _Launch, stats: int, dq: int, part: int, takes_alibi: bool = False,
+                 alibi_in_lse: bool = False):
+        """`stats`, `dq`, `part`: elements of the padded LSE (and Delta), the fp32 dQ and (reduce) each partial;
+        `takes_alibi`: the main kernel takes the slopes after the cumulative lengths (ALIBI); `alibi_in_lse`: so does
+        the preprocess, after its own tensors and the keys' cumulative lengths (causal ALIBI: the rows' term)."""
+        self.takes_alibi, self.alibi_in_lse = takes_alibi, alibi_in_lse
         self.preprocess, self.preprocess_dlse, self.main = preprocess, preprocess_dlse, main
         self.reduce, self.dq_cast = reduce, dq_cast
         self.scratch_parts = (stats, stats, dq) + ((part, part) if reduce is not None else ())
@@ -372,18 +377,20 @@ class GluonBackwardPlan:
         # H200's host, as much as a launch); the kernels take them as flat pointers, 256-byte aligned.
         scratch = torch.empty(self.scratch_size, dtype=torch.float32, device=q.device).split(self.scratch_parts)
         lse_pad, delta_pad, dq_acc = scratch[:3]
+        rows_bias = (cu_k, alibi) if self.alibi_in_lse else ()
         if dlse is None:
-            self.preprocess(o, do, lse, lse, cu_q, lse_pad, delta_pad, dq_acc)
+            self.preprocess(o, do, lse, lse, cu_q, lse_pad, delta_pad, dq_acc, *rows_bias)
         else:  # laid out as LSE (contiguous), whose strides the plan took
-            self.preprocess_dlse(o, do, lse, dlse.contiguous(), cu_q, lse_pad, delta_pad, dq_acc)
+            self.preprocess_dlse(o, do, lse, dlse.contiguous(), cu_q, lse_pad, delta_pad, dq_acc, *rows_bias)
         # The main kernel's descriptors: over the first 7 of these (dense: all 9; dK's and dV's unused with
         # SPLIT > 1); its pointers: dK's and dV's (or their partials) and the cumulative lengths.
         described = (q, do, k, v, lse_pad, delta_pad, dq_acc, dk, dv)[:self.main.described]
+        slopes = (alibi,) if self.takes_alibi else ()
         if self.reduce is None:
-            self.main(*described, dk, dv, cu_q, cu_k)
+            self.main(*described, dk, dv, cu_q, cu_k, *slopes)
         else:
             dk_part, dv_part = scratch[3:]
-            self.main(*described, dk_part, dv_part, cu_q, cu_k)
+            self.main(*described, dk_part, dv_part, cu_q, cu_k, *slopes)
             self.reduce(dk_part, dv_part, dk, dv)
         self.dq_cast(dq_acc, cu_q, dq)
 
@@ -400,7 +407,7 @@ def gluon_backward_stats_shape(problem, rows_q: int) -> tuple:
 
 
 def gluon_backward_plan(module, problem, config, scale: float, q, k, v, o, do, lse, dq, dk, dv,
-                        keep: bool = False) -> GluonBackwardPlan:
+                        keep: bool = False, alibi=None) -> GluonBackwardPlan:
     p = problem
     varlen = p.varlen
     rows, keys = GLUON_BWD_ROWS, GLUON_BWD_KEYS
@@ -409,8 +416,12 @@ def gluon_backward_plan(module, problem, config, scale: float, q, k, v, o, do, l
     stats_shape = gluon_backward_stats_shape(p, rows_q)
     stat_rows = stats_shape[-1]
     row_grid = (_cdiv(p.seq_q, rows), p.batch * p.heads_q)
+    # ALiBi's slopes (B, Hq) or (Hq,): their row stride, for the kernels that take them (rendered in only where
+    # ALIBI is; causal calls put the rows' term of the bias into the padded LSE, flash_gluon_bwd.py.j2's ALIBI_CAUSAL).
+    stride_ab = alibi.stride(0) if alibi is not None and alibi.dim() == 2 else 0
+    alibi_in_lse = p.alibi and p.causal
     pre_scalars = (*rows_strides(o, varlen), *rows_strides(do, varlen), *lse_strides(lse, varlen), p.heads_q, p.seq_q,
-                   stat_rows)
+                   stat_rows, *((p.seq_k, stride_ab) if alibi_in_lse else ()))
     preprocess, preprocess_dlse = (
         _Launch(module.attn_bwd_gluon_preprocess, row_grid, pre_scalars,
                 dict(BLOCK_M=rows, HAS_DLSE=has_dlse, **dims, num_warps=4), keep) for has_dlse in (False, True))
@@ -440,8 +451,9 @@ def gluon_backward_plan(module, problem, config, scale: float, q, k, v, o, do, l
     # bound is the diagonal).
     window = ((p.window_left,) if p.window_left >= 0 else ()) + (
         (p.window_right,) if not p.causal and p.window_right >= 0 else ())
+    slopes = (stride_ab,) if p.alibi else ()
     main_scalars = (*out_strides, p.batch, p.heads_q, p.heads_kv, p.seq_q, p.seq_k, stat_rows,
-                    float(scale) * LOG2E, float(scale), whole, tail_programs, *window)
+                    float(scale) * LOG2E, float(scale), whole, tail_programs, *window, *slopes)
     block_d = p.block_d
 
     def describe(*tensors):
@@ -467,4 +479,4 @@ def gluon_backward_plan(module, problem, config, scale: float, q, k, v, o, do, l
                       dict(BLOCK_M=rows, **dims, num_warps=4), keep)
     stats = math.prod(stats_shape)
     return GluonBackwardPlan(preprocess, preprocess_dlse, main, reduce, dq_cast, stats, stats * p.block_d,
-                             part if tail else split * part)
+                             part if tail else split * part, takes_alibi=p.alibi, alibi_in_lse=alibi_in_lse)

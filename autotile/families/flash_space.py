@@ -131,19 +131,23 @@ GLUON_WINDOW = True
 # Windows with both sides (not causal) compose the two masks above but have not run on a GPU yet. NOTE: off until
 # tests/test_flash_gluon_gpu.py::test_gluon_ws_two_sided_windows_as_float64 has passed on a Hopper GPU.
 GLUON_TWO_SIDED_WINDOW = False
+# ALiBi's per-head linear biases (BLOOM, MPT, Falcon-RW, Baichuan-13B; templates/flash_gluon_ws.py.j2, ALIBI: the bias
+# added to the scaled logits before their row maxima). NOTE: off until tests/test_flash_gluon_gpu.py::
+# test_gluon_ws_alibi_as_float64 has passed on a Hopper GPU; off, ALiBi calls take the Triton forward.
+GLUON_ALIBI = False
 
 
 def gluon_ws_ok(problem, device: DeviceInfo) -> bool:
     """Whether the gluon_ws forward (templates/flash_gluon_ws.py.j2) applies: Hopper's wgmma and TMA compiled by
     Triton (never its interpreter, which does not run Gluon), 16-bit dense tensors with TMA-able strides, a head dim
     that is or pads to 64, 128 or 256 (96 -> 128: TMA fills the padding), dense or packed, and no feature but a right
-    bound (causal, or a window's right side), soft-capping (GLUON_SOFTCAP) and, where GLUON_WINDOW is on, a window's
-    left side (with a right side too only where GLUON_TWO_SIDED_WINDOW is)."""
+    bound (causal, or a window's right side), soft-capping (GLUON_SOFTCAP), ALiBi (GLUON_ALIBI) and, where GLUON_WINDOW
+    is on, a window's left side (with a right side too only where GLUON_TWO_SIDED_WINDOW is)."""
     p = problem
     return (not device.interpret and device.compute_capability[0] == 9 and p.direction == "fwd"
             and p.dtype in ("bf16", "fp16") and p.aligned and p.block_d in _GLUON_HEAD_DIMS and p.head_dim % 8 == 0
             and (p.window_left < 0 or (GLUON_WINDOW and (p.window_right < 0 or GLUON_TWO_SIDED_WINDOW)))
-            and (p.softcap <= 0 or GLUON_SOFTCAP) and not p.alibi)
+            and (p.softcap <= 0 or GLUON_SOFTCAP) and (not p.alibi or GLUON_ALIBI))
 
 
 # The Gluon backward's causal sliding windows (templates/flash_gluon_bwd.py.j2, LEFT_BOUND: a tile walks the query
@@ -157,20 +161,23 @@ GLUON_BWD_WINDOW = True
 # Gluon backward (RIGHT_WINDOW: the right bound an argument; LEFT_BOUND as above). NOTE: off until
 # tests/test_flash_gluon_bwd_gpu.py::test_gluon_backward_non_causal_windows_as_float64 has passed on a Hopper GPU.
 GLUON_BWD_NON_CAUSAL_WINDOW = False
+# ALiBi in the Gluon backward (ALIBI: P^T recomputed with the forward's bias). NOTE: off until
+# tests/test_flash_gluon_bwd_gpu.py::test_gluon_backward_alibi_as_float64 has passed on a Hopper GPU.
+GLUON_BWD_ALIBI = False
 
 
 def gluon_bwd_ok(problem, device: DeviceInfo) -> bool:
     """Whether the Gluon backward (templates/flash_gluon_bwd.py.j2) applies: Hopper, compiled (not interpreted),
     16-bit tensors with TMA-able strides, dense or packed, a head dim that is or pads to 64 or 128, causal or not,
     a causal call's sliding window where GLUON_BWD_WINDOW is on, other windows where GLUON_BWD_NON_CAUSAL_WINDOW is,
-    and no other feature (soft-capping and ALiBi stay on the Triton backward: its soft-capping spills,
+    ALiBi where GLUON_BWD_ALIBI is, and no soft-capping (it stays on the Triton backward: its soft-capping spills,
     benchmarks/RESULTS.md, "thirty-fifth run")."""
     p = problem
     windowed = p.window_left >= 0 or p.window_right >= 0
     window_ok = not windowed or (GLUON_BWD_WINDOW if p.causal else GLUON_BWD_NON_CAUSAL_WINDOW)
     return (not device.interpret and device.compute_capability[0] == 9 and p.direction == "bwd"
             and p.dtype in ("bf16", "fp16") and p.aligned and p.block_d in _GLUON_BWD_HEAD_DIMS
-            and p.head_dim % 8 == 0 and window_ok and p.softcap <= 0 and not p.alibi)
+            and p.head_dim % 8 == 0 and window_ok and p.softcap <= 0 and (not p.alibi or GLUON_BWD_ALIBI))
 
 
 def gluon_bwd_smem(problem, config) -> int:

@@ -3,10 +3,11 @@
     PYTHONPATH=. python benchmarks/prototypes/gluon_features_time.py --feature softcap --out OUT/softcap.md [--flex]
     PYTHONPATH=. python benchmarks/prototypes/gluon_features_time.py --feature window --out OUT/window.md [--flex]
     PYTHONPATH=. python benchmarks/prototypes/gluon_features_time.py --feature two_sided --out OUT/two_sided.md
+    PYTHONPATH=. python benchmarks/prototypes/gluon_features_time.py --feature alibi --out OUT/alibi.md
 
 `flash_space.GLUON_SOFTCAP` (Gemma-2's capped logits), `flash_space.GLUON_WINDOW` (sliding windows: Mistral-7B
 v0.1, Gemma-2's and Gemma-3's local layers) and `flash_space.GLUON_TWO_SIDED_WINDOW` (windows with both sides, not
-causal: ModernBERT's local layers) decide whether such calls may take the Gluon forward (on) or stay on the
+causal: ModernBERT's local layers) and `flash_space.GLUON_ALIBI` (ALiBi's slopes: MPT, BLOOM) decide whether such calls may take the Gluon forward (on) or stay on the
 Triton forward (off). For each shape each setting is resolved through the op (what `explain` names), checked
 against a float32 reference, and captured in a CUDA graph; the graphs are then replayed in interleaved rounds of
 `do_bench` medians with L2 flushed. Window rows also time the same call without its window (every causal key: what a
@@ -36,7 +37,10 @@ WINDOW_CASES = (("mistral-7b-v0.1", 32, 8, 128, 4095, 0.0, ((1, 8192), (1, 16384
                 ("gemma2-9b local", 16, 8, 256, 4095, 50.0, ((1, 8192),)))
 TWO_SIDED_CASES = (("modernbert-base", 12, 12, 64, (64, 64), 0.0, ((4, 8192), (16, 2048))),
                    ("modernbert-large", 16, 16, 64, (64, 64), 0.0, ((4, 8192),)))
-SWITCH = {"softcap": "GLUON_SOFTCAP", "window": "GLUON_WINDOW", "two_sided": "GLUON_TWO_SIDED_WINDOW"}
+# ALiBi: MPT-7B and BLOOM-7B1 (32 heads of 128, MHA), causal, the ALiBi paper's slopes.
+ALIBI_CASES = (("mpt-7b", 32, 32, 128, -1, 0.0, ((1, 4096), (4, 2048), (16, 512))),)
+SWITCH = {"softcap": "GLUON_SOFTCAP", "window": "GLUON_WINDOW", "two_sided": "GLUON_TWO_SIDED_WINDOW",
+          "alibi": "GLUON_ALIBI"}
 
 
 def sides(window) -> tuple[int, int, bool]:
@@ -45,8 +49,9 @@ def sides(window) -> tuple[int, int, bool]:
     return (*window, False) if isinstance(window, tuple) else (window, -1, True)
 
 
-def reference(q, k, v, window, softcap: float) -> torch.Tensor:
-    """Attention in float32, windowed and soft-capped as the case asks, one head at a time (bounded memory)."""
+def reference(q, k, v, window, softcap: float, slopes=None) -> torch.Tensor:
+    """Attention in float32, windowed, soft-capped and ALiBi-biased as the case asks, one head at a time (bounded
+    memory)."""
     left, right, causal = sides(window)
     group = q.shape[1] // k.shape[1]
     seq = q.shape[2]
@@ -60,6 +65,8 @@ def reference(q, k, v, window, softcap: float) -> torch.Tensor:
         s = q[:, h].float() @ kh.transpose(-1, -2) * q.shape[-1] ** -0.5
         if softcap > 0:
             s = softcap * torch.tanh(s / softcap)
+        if slopes is not None:
+            s = s - slopes[h] * (rows - cols).abs()
         out[:, h] = torch.softmax(s.masked_fill(~seen, float("-inf")), -1) @ vh
     return out
 
@@ -118,11 +125,14 @@ def gluon_tiles(switch: str, q, k, v, causal: bool = True, **features) -> dict:
     return launches
 
 
-def flex_call(q, k, v, window, softcap: float):
+def flex_call(q, k, v, window, softcap: float, slopes=None):
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     def capped(score, b, h, q_idx, kv_idx):
         return softcap * torch.tanh(score / softcap)
+
+    def biased(score, b, h, q_idx, kv_idx):
+        return score - slopes[h] * (q_idx - kv_idx).abs()
 
     left, right, causal = sides(window)
 
@@ -134,7 +144,8 @@ def flex_call(q, k, v, window, softcap: float):
     seq = q.shape[2]
     mask = create_block_mask(seen, None, None, seq, seq, device=q.device)
     compiled = torch.compile(flex_attention, dynamic=False)
-    return lambda: compiled(q, k, v, score_mod=capped if softcap > 0 else None, block_mask=mask, enable_gqa=True)
+    score_mod = capped if softcap > 0 else biased if slopes is not None else None
+    return lambda: compiled(q, k, v, score_mod=score_mod, block_mask=mask, enable_gqa=True)
 
 
 def main() -> None:
@@ -154,7 +165,10 @@ def main() -> None:
     rows = []
     from autotile.families.flash_reference import seen_pairs
 
-    cases = {"softcap": SOFTCAP_CASES, "window": WINDOW_CASES, "two_sided": TWO_SIDED_CASES}[args.feature]
+    from autotile.families.flash import alibi_slopes
+
+    cases = {"softcap": SOFTCAP_CASES, "window": WINDOW_CASES, "two_sided": TWO_SIDED_CASES,
+             "alibi": ALIBI_CASES}[args.feature]
     for name, hq, hkv, dim, window, softcap, shapes in cases:
         left, right, causal = sides(window)
         features = dict(softcap=softcap) if softcap > 0 else {}
@@ -164,7 +178,10 @@ def main() -> None:
             gen = torch.Generator(device="cuda").manual_seed(seq + dim)
             q, k, v = (torch.randn(batch, h, seq, dim, device="cuda", generator=gen, dtype=torch.bfloat16)
                        for h in (hq, hkv, hkv))
-            want = reference(q, k, v, window, softcap)
+            slopes = alibi_slopes(hq).cuda() if args.feature == "alibi" else None
+            if slopes is not None:
+                features["alibi_slopes"] = slopes
+            want = reference(q, k, v, window, softcap, slopes)
             impls, errs, what = {}, {}, {}
             for label, on in (("triton", False), ("gluon", True)):
                 impls[label], out, what[label] = served(switch, on, q, k, v, causal, **features)
@@ -175,7 +192,7 @@ def main() -> None:
             if args.tiles:
                 impls.update(gluon_tiles(switch, q, k, v, causal, **features))
             if args.flex and (batch, seq) == shapes[0]:
-                impls["flex"] = flex_call(q, k, v, window, softcap)
+                impls["flex"] = flex_call(q, k, v, window, softcap, slopes)
                 errs["flex"] = ((impls["flex"]().float() - want).abs().max() / want.abs().max()).item()
             ms = interleaved_medians(impls, args.rounds, lambda fn: triton.testing.do_bench(fn, warmup=10, rep=40))
             flops = 4 * batch * hq * seen_pairs(seq, seq, causal, left, right) * dim
