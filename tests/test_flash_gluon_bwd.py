@@ -373,6 +373,49 @@ def _gluon_module(problem):
 
 
 @pytest.mark.parametrize("varlen", [False, True], ids=["dense", "packed"])
+def test_the_preprocess_takes_causal_alibis_row_term_into_the_padded_lse(monkeypatch, varlen):
+    """Causal ALiBi (ALIBI_CAUSAL): the padded LSE holds each row's LSE plus slope * log2(e) * (i + Sk - Sq), Sk and
+    Sq each sequence's, with slopes (B, Hq); rows past a sequence stay +inf."""
+    import torch
+
+    from autotile.families import flash_space
+    from autotile.families.flash_launch import LOG2E, gluon_backward_stats_shape, lse_strides, rows_strides
+    from autotile.render import launching
+
+    monkeypatch.setattr(flash_space, "GLUON_BWD_ALIBI", True)
+    q_lengths, k_lengths = ([150, 1, 64, 129], [200, 5, 64, 300]) if varlen else ([100] * 3, [170] * 3)
+    heads, dim, batch = 2, 64, len(q_lengths)
+    problem = FlashProblem("bwd", batch, heads, 1, max(q_lengths), max(k_lengths), dim, causal=True, varlen=varlen,
+                           alibi=True)
+    module = _gluon_module(problem)
+    gen = torch.Generator().manual_seed(1)
+    cu_q = torch.tensor([0] + list(torch.tensor(q_lengths).cumsum(0)), dtype=torch.int32)
+    cu_k = torch.tensor([0] + list(torch.tensor(k_lengths).cumsum(0)), dtype=torch.int32)
+    shape = (int(cu_q[-1]), heads, dim) if varlen else (batch, heads, max(q_lengths), dim)
+    o, do = (torch.randn(shape, generator=gen).bfloat16() for _ in range(2))
+    lse = torch.randn((heads, int(cu_q[-1])) if varlen else (batch, heads, max(q_lengths)), generator=gen)
+    slopes = torch.rand(batch, heads, generator=gen)
+    pad_shape = gluon_backward_stats_shape(problem, int(cu_q[-1]) if varlen else problem.seq_q)
+    lse_pad, delta_pad = torch.full(pad_shape, -7.0), torch.full(pad_shape, -7.0)
+    dq_acc = torch.full(pad_shape + (dim,), -7.0)
+    with launching(True):
+        module.attn_bwd_gluon_preprocess[(triton_cdiv(problem.seq_q, 64), batch * heads)](
+            o, do, lse, lse, cu_q, lse_pad, delta_pad, dq_acc, cu_k, slopes, *rows_strides(o, varlen),
+            *rows_strides(do, varlen), *lse_strides(lse, varlen), heads, problem.seq_q, pad_shape[-1], problem.seq_k,
+            slopes.stride(0), HEAD_DIM=dim, BLOCK_D=dim, BLOCK_M=64, HAS_DLSE=False)
+    for b, (n, keys) in enumerate(zip(q_lengths, k_lengths)):
+        bias = LOG2E * (torch.arange(n) + keys - n).float()
+        for h in range(heads):
+            if varlen:
+                first = 64 * (int(cu_q[b]) // 64 + b)
+                got, row_lse = lse_pad[h, first:first + triton_cdiv(n, 64) * 64], lse[h, cu_q[b]:cu_q[b + 1]]
+            else:
+                got, row_lse = lse_pad[b, h], lse[b, h]
+            assert torch.allclose(got[:n], row_lse + slopes[b, h] * bias, rtol=1e-6, atol=1e-5), (b, h)
+            assert torch.isinf(got[n:]).all()
+
+
+@pytest.mark.parametrize("varlen", [False, True], ids=["dense", "packed"])
 def test_the_preprocess_pads_each_sequences_rows_apart_and_dq_comes_back(varlen):
     """LSE, Delta (with the LSE's gradient) and the zeroed fp32 dQ land in whole 64-row blocks a (sequence, head), none
     overlapping another's, +inf LSE and zero Delta past each sequence's rows; dQ is cast back from them."""
