@@ -73,7 +73,27 @@ def test_alibi_takes_the_gluon_backward_behind_its_switch(monkeypatch):
     for call, has in ((problem, True), (LLAMA_4K, False)):
         source = render_source("flash_gluon_bwd.py.j2", **FAMILY.render_switches(call, configs[0]))
         assert ("alibi_ptr" in source and "stride_ab" in source and "slope2" in source) == has
-    assert not gluon_configs(dataclasses.replace(problem, softcap=30.0), H200)  # soft-capping stays on Triton's
+    monkeypatch.setattr(flash_space, "GLUON_BWD_SOFTCAP", True)
+    assert not gluon_configs(dataclasses.replace(problem, softcap=30.0), H200)  # not both: the Triton backward's
+
+
+def test_soft_capping_takes_the_gluon_backward_behind_its_switch_on_two_slots_at_head_dim_128(monkeypatch):
+    """GLUON_BWD_SOFTCAP (off until its GPU test passes): soft-capped calls take the Gluon backward, whose fp32 tile of
+    P^T times the cap's derivative leaves room for two Q/dO slots at head dim 128; the cap's scalars come from the
+    host (rendered in only where SOFTCAP is)."""
+    from autotile.families import flash_space
+    from autotile.render import render_source
+
+    problem = dataclasses.replace(LLAMA_4K, heads_kv=16, softcap=50.0)
+    assert not gluon_configs(problem, H200)
+    monkeypatch.setattr(flash_space, "GLUON_BWD_SOFTCAP", True)
+    assert {c["num_stages"] for c in gluon_configs(problem, H200)} == {2}
+    assert {c["num_stages"] for c in gluon_configs(dataclasses.replace(problem, head_dim=64), H200)} == {2, 3, 4}
+    assert FAMILY.default_config(problem, H200)["LOADS"] == GLUON_WS
+    config = gluon_configs(problem, H200)[0]
+    source = render_source("flash_gluon_bwd.py.j2", **FAMILY.render_switches(problem, config))
+    assert "cap_scale" in source and "_tanh" in source
+    assert "cap_scale" not in render_source("flash_gluon_bwd.py.j2", **FAMILY.render_switches(LLAMA_4K, config))
 
 
 @pytest.mark.parametrize("head_dim,stages", [(128, {2, 3}), (96, {2, 3}), (64, {2, 3, 4})])
@@ -517,6 +537,8 @@ CASES = [
     (FlashProblem("bwd", 2, 16, 16, 4096, 4096, 128, window_left=128, window_right=128), 2),
     # ALiBi (MPT-7B's heads, causal).
     (FlashProblem("bwd", 1, 32, 32, 4096, 4096, 128, causal=True, alibi=True), 2),
+    # Soft-capping (Gemma-2-27B's heads and cap).
+    (FlashProblem("bwd", 1, 32, 16, 4096, 4096, 128, causal=True, softcap=50.0), 2),
 ]
 # Spill instructions (LDL/STL) in the key loops of both consumer partitions: 12 at head dim 128 causal, 0 at 64,
 # 10 with Qwen2.5-7B's heads, 15 packed, 0 not causal with a stream-K tail or without (sm90 builds of Triton 3.6),
@@ -530,6 +552,9 @@ WINDOW_KEY_LOOP_SPILLS = 32
 # ALiBi's bias beside the causal mask: 27 where the same build without it has 15 (1 x 32 x 4096 on two slots; the
 # expression's form decides it: templates/flash_gluon_bwd.py.j2, ALIBI_CAUSAL).
 ALIBI_KEY_LOOP_SPILLS = 32
+# Soft-capping: 37 where the same build without it has 15 (1 x 32/16 x 4096 causal on two slots; P^T times the cap's
+# derivative through shared memory: templates/flash_gluon_bwd.py.j2, SOFTCAP).
+SOFTCAP_KEY_LOOP_SPILLS = 44
 
 
 def _compile_case(case) -> dict:
@@ -549,9 +574,9 @@ def _compile_cases() -> list:
     from autotile.families import flash_launch, flash_space
 
     # The stream-K tail is off by default (flash_launch.TAIL_MIN_GAIN); its template still builds, at the model's
-    # threshold (set before the pool forks: its processes inherit it). So do windows that are not causal and ALiBi,
-    # whose switches wait for their GPU tests.
-    switches = ("GLUON_BWD_NON_CAUSAL_WINDOW", "GLUON_BWD_ALIBI")
+    # threshold (set before the pool forks: its processes inherit it). So do windows that are not causal, ALiBi and
+    # soft-capping, whose switches wait for their GPU tests.
+    switches = ("GLUON_BWD_NON_CAUSAL_WINDOW", "GLUON_BWD_ALIBI", "GLUON_BWD_SOFTCAP")
     kept = flash_launch.TAIL_MIN_GAIN, [getattr(flash_space, name) for name in switches]
     flash_launch.TAIL_MIN_GAIN = 0.01
     for name in switches:
@@ -583,8 +608,8 @@ def test_gluon_ws_backward_compiles_for_sm90_within_shared_memory_and_moves_its_
         # Its descriptors come from the host: no launch scratch to build them in.
         assert main["scratch"] == 0, (case, main)
         if main["stack"]:  # None: no cuobjdump with this Triton to read them
-            bound = (ALIBI_KEY_LOOP_SPILLS if case[0].alibi else WINDOW_KEY_LOOP_SPILLS if case[0].window_left >= 0
-                     else KEY_LOOP_SPILLS)
+            bound = (ALIBI_KEY_LOOP_SPILLS if case[0].alibi else SOFTCAP_KEY_LOOP_SPILLS if case[0].softcap > 0
+                     else WINDOW_KEY_LOOP_SPILLS if case[0].window_left >= 0 else KEY_LOOP_SPILLS)
             assert main["spills"] <= bound, (case, main)
 
 

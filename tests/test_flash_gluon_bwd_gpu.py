@@ -399,3 +399,35 @@ def test_gluon_backward_alibi_with_other_features_as_float64(monkeypatch, featur
     problem = FlashProblem("bwd", 5, 8, 2, 700, 900, 128, alibi=True, **features)
     inputs = FAMILY.make_inputs(problem, device, seed=31)
     run_checked(problem, gluon_configs(problem, device)[0], inputs)
+
+
+@pytest.mark.parametrize("softcap", [1.0, 50.0])
+@pytest.mark.parametrize("shape", [(2, 4, 2, 1000, 1000, 128), (1, 4, 1, 200, 777, 128), (2, 2, 1, 333, 555, 64),
+                                   (2, 8, 2, 333, 517, 96)], ids=lambda s: "x".join(map(str, s)))
+def test_gluon_backward_soft_caps_as_float64(monkeypatch, shape, softcap):
+    """Soft-capping in the Gluon backward (SOFTCAP: tanh.approx.f32 again in P^T; P^T times the cap's derivative
+    through shared memory), causal and not, every slot count the space offers.
+    NOTE: flash_space.GLUON_BWD_SOFTCAP stays off until this and the test below pass."""
+    from autotile.device import cuda_device
+    from autotile.families import flash_space
+
+    monkeypatch.setattr(flash_space, "GLUON_BWD_SOFTCAP", True)
+    device = cuda_device()
+    for causal in (True, False):
+        problem = FlashProblem("bwd", *shape, causal=causal, softcap=softcap)
+        inputs = FAMILY.make_inputs(problem, device, seed=37)
+        for config in gluon_configs(problem, device):
+            run_checked(problem, config, inputs)
+
+
+@pytest.mark.parametrize("features", [dict(varlen=True), dict(window_left=200)], ids=["packed", "gemma2-local"])
+def test_gluon_backward_soft_caps_with_other_features_as_float64(monkeypatch, features):
+    """Gemma-2's local layers (a causal window beside the cap) and packed sequences."""
+    from autotile.device import cuda_device
+    from autotile.families import flash_space
+
+    monkeypatch.setattr(flash_space, "GLUON_BWD_SOFTCAP", True)
+    device = cuda_device()
+    problem = FlashProblem("bwd", 5, 8, 2, 700, 900, 128, causal=True, softcap=30.0, **features)
+    inputs = FAMILY.make_inputs(problem, device, seed=41)
+    run_checked(problem, gluon_configs(problem, device)[0], inputs)

@@ -452,8 +452,10 @@ def gluon_backward_plan(module, problem, config, scale: float, q, k, v, o, do, l
     window = ((p.window_left,) if p.window_left >= 0 else ()) + (
         (p.window_right,) if not p.causal and p.window_right >= 0 else ())
     slopes = (stride_ab,) if p.alibi else ()
+    # Soft-capping's scalars, from the host as the scale's (rendered in only where SOFTCAP is).
+    cap = (float(scale) / p.softcap, p.softcap * LOG2E) if p.softcap > 0 else ()
     main_scalars = (*out_strides, p.batch, p.heads_q, p.heads_kv, p.seq_q, p.seq_k, stat_rows,
-                    float(scale) * LOG2E, float(scale), whole, tail_programs, *window, *slopes)
+                    float(scale) * LOG2E, float(scale), whole, tail_programs, *window, *slopes, *cap)
     block_d = p.block_d
 
     def describe(*tensors):

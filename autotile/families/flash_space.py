@@ -164,32 +164,39 @@ GLUON_BWD_NON_CAUSAL_WINDOW = False
 # ALiBi in the Gluon backward (ALIBI: P^T recomputed with the forward's bias). NOTE: off until
 # tests/test_flash_gluon_bwd_gpu.py::test_gluon_backward_alibi_as_float64 has passed on a Hopper GPU.
 GLUON_BWD_ALIBI = False
+# Soft-capping in the Gluon backward (SOFTCAP: tanh again in P^T; P^T times the cap's derivative waits for dS^T in
+# shared memory: 39 key-loop spill instructions against 18 without, where the derivative in registers took 153). NOTE: off until tests/test_flash_gluon_bwd_gpu.py::test_gluon_backward_soft_caps_as_float64 has passed on
+# a Hopper GPU.
+GLUON_BWD_SOFTCAP = False
 
 
 def gluon_bwd_ok(problem, device: DeviceInfo) -> bool:
     """Whether the Gluon backward (templates/flash_gluon_bwd.py.j2) applies: Hopper, compiled (not interpreted),
     16-bit tensors with TMA-able strides, dense or packed, a head dim that is or pads to 64 or 128, causal or not,
     a causal call's sliding window where GLUON_BWD_WINDOW is on, other windows where GLUON_BWD_NON_CAUSAL_WINDOW is,
-    ALiBi where GLUON_BWD_ALIBI is, and no soft-capping (it stays on the Triton backward: its soft-capping spills,
-    benchmarks/RESULTS.md, "thirty-fifth run")."""
+    ALiBi where GLUON_BWD_ALIBI is and soft-capping where GLUON_BWD_SOFTCAP is, not both."""
     p = problem
     windowed = p.window_left >= 0 or p.window_right >= 0
     window_ok = not windowed or (GLUON_BWD_WINDOW if p.causal else GLUON_BWD_NON_CAUSAL_WINDOW)
     return (not device.interpret and device.compute_capability[0] == 9 and p.direction == "bwd"
             and p.dtype in ("bf16", "fp16") and p.aligned and p.block_d in _GLUON_BWD_HEAD_DIMS
-            and p.head_dim % 8 == 0 and window_ok and p.softcap <= 0 and (not p.alibi or GLUON_BWD_ALIBI))
+            and p.head_dim % 8 == 0 and window_ok and (not p.alibi or GLUON_BWD_ALIBI)
+            and (p.softcap <= 0 or (GLUON_BWD_SOFTCAP and not p.alibi)))
 
 
 def gluon_bwd_smem(problem, config) -> int:
     """Shared memory of a Gluon backward config, an upper bound: K and V of a tile, num_stages slots of Q, dO and
-    their row statistics, two dS^T buffers, barriers, and each consumer warpgroup's staging buffer for its fp32 dQ
-    block (64 rows x 64 columns), which a TMA reduction adds to dQ (sm90 builds: 198,096 B at head dim 128 on two
-    slots against 198,144 here, 166,352 at 64 on four against 166,400; tests/test_flash_gluon_bwd.py)."""
+    their row statistics, two dS^T buffers, barriers, each consumer warpgroup's staging buffer for its fp32 dQ block
+    (64 rows x 64 columns), which a TMA reduction adds to dQ, and (SOFTCAP) a 128 x 64 fp32 tile (sm90 builds:
+    198,096 B at head dim 128 on two slots against 198,144 here, 166,352 at 64 on four against 166,400, soft-capped
+    230,864 at 128 on two against 230,912; tests/test_flash_gluon_bwd.py)."""
     size, bd = element_size(problem.dtype), problem.block_d
     rows, keys = GLUON_BWD_ROWS, GLUON_BWD_KEYS
     slot = 2 * rows * bd * size + 2 * rows * 4
     dq_scratch = 2 * rows * 64 * 4
-    return 2 * keys * bd * size + config["num_stages"] * slot + 2 * keys * rows * size + 64 * 8 + dq_scratch
+    capped = keys * rows * 4 if problem.softcap > 0 else 0  # SOFTCAP: P^T times the cap's derivative, fp32
+    return (2 * keys * bd * size + config["num_stages"] * slot + 2 * keys * rows * size + 64 * 8 + dq_scratch
+            + capped)
 
 
 def _backward_upgrade(config):

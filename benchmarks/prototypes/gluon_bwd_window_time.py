@@ -1,11 +1,12 @@
-"""The flash backward of windowed and ALiBi calls: the Gluon backward beside the Triton one (GPU).
+"""The flash backward of windowed, ALiBi and soft-capped calls: the Gluon backward beside the Triton one (GPU).
 
     PYTHONPATH=. python benchmarks/prototypes/gluon_bwd_window_time.py --out OUT/gluon_bwd_window.md
 
 Mistral-7B v0.1 (a 4096-token window) and Gemma-3-27B (1024) heads at 1 x 8192, causal, and ModernBERT-base and
 -large's local layers (64 keys each side, not causal; their Gluon backward behind flash_space.
-GLUON_BWD_NON_CAUSAL_WINDOW, turned on here) at 4 x 8192, and MPT-7B's ALiBi (GLUON_BWD_ALIBI, turned on here) at
-1 x 4096 and 4 x 2048: each backward's untuned config,
+GLUON_BWD_NON_CAUSAL_WINDOW, turned on here) at 4 x 8192, MPT-7B's ALiBi (GLUON_BWD_ALIBI) at 1 x 4096 and
+4 x 2048, and Gemma-2-27B's soft-capping (GLUON_BWD_SOFTCAP), global and local layers: each backward's untuned config
+(the switches turned on here),
 launched through the family on the same inputs, held to each other first, then timed in
 interleaved rounds of `do_bench` medians (L2 flushed). TFLOP/s count the pairs the window leaves, 2.5x the forward's.
 """
@@ -20,12 +21,15 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-# (model, batch, Hq, Hkv, seq, head dim, causal, window left, window right, ALiBi)
-CASES = (("mistral-7b-v0.1", 1, 32, 8, 8192, 128, True, 4095, -1, False),
-         ("gemma3-27b", 1, 32, 16, 8192, 128, True, 1023, -1, False),
-         ("modernbert-base", 4, 12, 12, 8192, 64, False, 64, 64, False),
-         ("modernbert-large", 4, 16, 16, 8192, 64, False, 64, 64, False),
-         ("mpt-7b", 1, 32, 32, 4096, 128, True, -1, -1, True), ("mpt-7b", 4, 32, 32, 2048, 128, True, -1, -1, True))
+# (model, batch, Hq, Hkv, seq, head dim, causal, window left, window right, ALiBi, softcap)
+CASES = (("mistral-7b-v0.1", 1, 32, 8, 8192, 128, True, 4095, -1, False, 0.0),
+         ("gemma3-27b", 1, 32, 16, 8192, 128, True, 1023, -1, False, 0.0),
+         ("modernbert-base", 4, 12, 12, 8192, 64, False, 64, 64, False, 0.0),
+         ("modernbert-large", 4, 16, 16, 8192, 64, False, 64, 64, False, 0.0),
+         ("mpt-7b", 1, 32, 32, 4096, 128, True, -1, -1, True, 0.0),
+         ("mpt-7b", 4, 32, 32, 2048, 128, True, -1, -1, True, 0.0),
+         ("gemma2-27b", 1, 32, 16, 8192, 128, True, -1, -1, False, 50.0),
+         ("gemma2-27b local", 1, 32, 16, 8192, 128, True, 4095, -1, False, 50.0))
 
 
 def main() -> None:
@@ -45,12 +49,13 @@ def main() -> None:
     device = cuda_device()
     lines = [f"# Windowed and ALiBi backward, {torch.cuda.get_device_name()}, torch {torch.__version__}, triton "
              f"{triton.__version__}, {datetime.date.today()}, bf16, medians of {args.rounds} interleaved rounds", "",
-             "| model | B x S | window (left, right) / ALiBi | Triton backward ms (TF/s) | Gluon backward ms (TF/s) | speed-up | configs |",
+             "| model | B x S | window (left, right) / feature | Triton backward ms (TF/s) | Gluon backward ms (TF/s) | speed-up | configs |",
              "|---|---|---|---|---|---|---|"]
-    flash_space.GLUON_BWD_WINDOW = flash_space.GLUON_BWD_NON_CAUSAL_WINDOW = flash_space.GLUON_BWD_ALIBI = True
-    for name, batch, hq, hkv, seq, dim, causal, left, right, alibi in CASES:
+    for switch in ("GLUON_BWD_WINDOW", "GLUON_BWD_NON_CAUSAL_WINDOW", "GLUON_BWD_ALIBI", "GLUON_BWD_SOFTCAP"):
+        setattr(flash_space, switch, True)
+    for name, batch, hq, hkv, seq, dim, causal, left, right, alibi, softcap in CASES:
         problem = FlashProblem("bwd", batch, hq, hkv, seq, seq, dim, causal=causal, window_left=left,
-                               window_right=right, alibi=alibi)
+                               window_right=right, alibi=alibi, softcap=softcap)
         inputs = FAMILY.make_inputs(problem, device, seed=3)
         gluon = FAMILY.default_config(problem, device)
         triton_config = flash_space.triton_backward_default(FAMILY, problem, device)
@@ -70,7 +75,7 @@ def main() -> None:
         pairs = seen_pairs(seq, seq, causal, left, right)
         flops = 2.5 * 4 * batch * hq * pairs * dim
         tf = {k: flops / (t * 1e-3) / 1e12 for k, t in ms.items()}
-        lines.append(f"| {name} | {batch} x {seq} | {left}, {'causal' if causal else right}{' / ALiBi' if alibi else ''} | {ms['triton']:.3f} ({tf['triton']:.0f}) | "
+        lines.append(f"| {name} | {batch} x {seq} | {left}, {'causal' if causal else right}{' / ALiBi' if alibi else ''}{f' / cap {softcap:g}' if softcap else ''} | {ms['triton']:.3f} ({tf['triton']:.0f}) | "
                      f"{ms['gluon']:.3f} ({tf['gluon']:.0f}) | {ms['triton'] / ms['gluon']:.2f}x | "
                      f"`{triton_config.to_json()}` / `{gluon.to_json()}` |")
         print(lines[-1], flush=True)
