@@ -490,6 +490,13 @@ def test_the_cli_tunes_windows_and_soft_capping_as_the_op_would_call_them():
             FAMILY.problems_from_cli(seq=(4096,), **bad)
     with pytest.raises(BadInputError, match="give their shapes"):
         FAMILY.problems_from_cli(window=100)  # the default suite is plain shapes, of no model
+    with pytest.raises(BadInputError, match="give their shapes"):
+        FAMILY.problems_from_cli(alibi=True)
+    # MPT-7B's ALiBi: the slopes are the call's, not the problem's (the key holds only that it has them).
+    alibi, = FAMILY.problems_from_cli(seq=(2048,), heads=32, causal="yes", direction="bwd", alibi=True)
+    assert alibi.alibi and alibi.direction == "bwd" and not alibi.softcap
+    with pytest.raises(UnsupportedDtypeError):
+        FAMILY.problems_from_cli(seq=(2048,), causal="yes", direction="fwd", dtype="fp8", alibi=True)
 
 
 def test_problem_rejects_what_the_kernels_cannot_do():

@@ -199,6 +199,8 @@ class FlashFamily(Family):
                       default=-1),
         ProblemOption("softcap", float, "logit soft-capping, softcap * tanh(x / softcap) (Gemma-2: 50; 0: none)",
                       default=0.0),
+        ProblemOption("alibi", bool, "ALiBi's per-head linear biases (MPT, BLOOM; tuned with the ALiBi paper's "
+                      "slopes, served for any)", default=False),
     )
 
     # --- problems -----------------------------------------------------------------
@@ -285,7 +287,7 @@ class FlashFamily(Family):
         scalars = ("batch", "heads", "heads_kv", "seq_k")
         _check_cli_sizes({"seq": seqs, "head_dim": head_dims,
                           **{n: [options[n]] for n in scalars if options.get(n) is not None}})
-        window, softcap = options.get("window"), options.get("softcap")
+        window, softcap, alibi = options.get("window"), options.get("softcap"), bool(options.get("alibi"))
         window = -1 if window is None else window
         softcap = softcap or 0.0
         if window < -1 or not 0.0 <= softcap < float("inf"):
@@ -296,9 +298,9 @@ class FlashFamily(Family):
         causals = {"yes": (True,), "no": (False,), "both": (False, True)}[options.get("causal") or "both"]
         dtype = options.get("dtype") or "bf16"
         if not shape_given:
-            if window >= 0 or softcap:
-                raise BadInputError("--window and --softcap describe a model's calls: give their shapes too (--seq, "
-                                    "--heads, --head-dim), or use --model")
+            if window >= 0 or softcap or alibi:
+                raise BadInputError("--window, --softcap and --alibi describe a model's calls: give their shapes too "
+                                    "(--seq, --heads, --head-dim), or use --model")
             return [FlashProblem(p.direction, p.batch, p.heads_q, p.heads_kv, p.seq_q, p.seq_k, p.head_dim, p.causal, dtype)
                     for p in self.default_suite() if p.direction in directions and p.causal in causals
                     and not (dtype == "fp8" and p.direction == "bwd")]
@@ -315,7 +317,7 @@ class FlashFamily(Family):
                         seq_k = options.get("seq_k") or seq
                         left, _ = effective_window((window, -1), seq, seq_k, causal)
                         problems.append(FlashProblem(direction, batch, heads, heads_kv, seq, seq_k, head_dim, causal,
-                                                     dtype, window_left=left, softcap=softcap))
+                                                     dtype, window_left=left, softcap=softcap, alibi=alibi))
         return problems
 
     # --- the search (flash_space.py) ----------------------------------------------
