@@ -165,8 +165,9 @@ GLUON_BWD_NON_CAUSAL_WINDOW = False
 # tests/test_flash_gluon_bwd_gpu.py::test_gluon_backward_alibi_as_float64 has passed on a Hopper GPU.
 GLUON_BWD_ALIBI = False
 # Soft-capping in the Gluon backward (SOFTCAP: tanh again in P^T; P^T times the cap's derivative waits for dS^T in
-# shared memory: 39 key-loop spill instructions against 18 without, where the derivative in registers took 153). NOTE: off until tests/test_flash_gluon_bwd_gpu.py::test_gluon_backward_soft_caps_as_float64 has passed on
-# a Hopper GPU.
+# shared memory: 39 key-loop spill instructions against 18 without, where the derivative in registers took 153).
+# NOTE: off until tests/test_flash_gluon_bwd_gpu.py::test_gluon_backward_soft_caps_as_float64 has passed on a Hopper
+# GPU.
 GLUON_BWD_SOFTCAP = False
 
 
