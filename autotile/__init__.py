@@ -16,7 +16,7 @@ if not (_Path(__file__).parent / "cli").is_dir() and (_checkout_root / "cli" / "
 __version__ = "0.1.0"
 
 __all__ = ["matmul", "linear", "flash_attention", "flash_attention_varlen", "paged_attention", "paged_prefill", "plan_paged_attention",
-           "plan_paged_prefill", "fuse", "explain", "__version__"]
+           "plan_paged_prefill", "fuse", "explain", "warmup", "__version__"]
 
 # Public name -> (module, attribute). The ops are imported on first use, so `import autotile` stays
 # cheap (no torch.library registration, no database) for tools that only need the CLI or a family.
@@ -31,6 +31,7 @@ _PUBLIC = {
     "plan_paged_prefill": ("autotile.runtime.paged_plan", "plan_paged_prefill"),
     "fuse": ("autotile.runtime.ops_elementwise", "fuse"),
     "explain": ("autotile.runtime.api", "explain"),
+    "warmup": ("autotile.runtime.warmup", "warmup"),
 }
 
 

@@ -181,11 +181,12 @@ def gemm_problems(model: ModelDims, tokens: tuple[int, ...], dtype: str = "bf16"
 
 
 def flash_problems(model: ModelDims, tokens: tuple[int, ...], dtype: str = "bf16", batch: int = 1,
-                   features: bool = True) -> list:
+                   features: bool = True, shortest: int = 16) -> list:
     """Causal prefill attention of `batch` sequences of each token count, at the model's head configuration, with
     its soft-capping; a model with local layers also runs their window where a prompt is longer than it (shorter
     prompts are plain calls there: autotile.families.flash.effective_window). `features=False`: the head
-    configuration alone (plain calls; what a policy against the vendor op, which has neither, is tuned on).
+    configuration alone (plain calls; what a policy against the vendor op, which has neither, is tuned on). Token
+    counts below `shortest` are left out (tuning: calls that short are the vendor op's).
 
     >>> [(p.seq_q, p.window_left, p.softcap) for p in flash_problems(MODELS["gemma2-9b"], (2048, 8192))]
     [(2048, -1, 50.0), (8192, -1, 50.0), (8192, 4095, 50.0)]
@@ -199,7 +200,7 @@ def flash_problems(model: ModelDims, tokens: tuple[int, ...], dtype: str = "bf16
 
     if not features:
         model = replace(model, softcap=0.0, sliding_window=0)
-    seqs = [s for s in tokens if s >= 16]
+    seqs = [s for s in tokens if s >= shortest]
     local = [problem(s, model.sliding_window - 1) for s in seqs if 0 < model.sliding_window < s]
     return [problem(s, -1) for s in seqs] + local
 

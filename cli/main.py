@@ -414,8 +414,9 @@ def _register_command_modules() -> None:
     from autotile.cli.db import db_group
     from autotile.cli.export_kernel import export_kernel_command
     from autotile.cli.report import report_command
+    from autotile.cli.warmup import warmup_command
 
-    for command in (db_group, export_kernel_command, report_command):
+    for command in (db_group, export_kernel_command, report_command, warmup_command):
         cli.add_command(command)
 
 
