@@ -155,6 +155,25 @@ def test_varlen_rows_in_no_sequence_are_zero_with_zero_gradients():
         assert_close(out[rows], expected, 1e-5, f"sequence {b}")
 
 
+def test_varlen_reads_strided_cumulative_lengths_by_their_strides():
+    """cu_seqlens given as a strided view (every other entry of a longer tensor) mean what they hold: the kernels
+    read a contiguous copy, not the tensor's storage (which read [0, 1, 3] here, and past the rows with other
+    values: a corrupted heap under the interpreter)."""
+    torch.manual_seed(5)
+    q, k, v = (torch.randn(8, 2, 16, requires_grad=True) for _ in range(3))
+    strided = torch.tensor([0, 1, 3, 9, 8, 9], dtype=torch.int32)[::2]  # holds [0, 3, 8]
+    out = autotile.flash_attention_varlen(q, k, v, strided, strided, 5, 5, causal=True)
+    out.sum().backward()
+    grads = [t.grad.clone() for t in (q, k, v)]
+    for t in (q, k, v):
+        t.grad = None
+    dense = torch.tensor([0, 3, 8], dtype=torch.int32)
+    want = autotile.flash_attention_varlen(q, k, v, dense, dense, 5, 5, causal=True)
+    want.sum().backward()
+    assert torch.equal(out, want)
+    assert all(torch.equal(g, t.grad) for g, t in zip(grads, (q, k, v)))
+
+
 def test_alibi_slopes_that_require_grad_are_refused_not_left_without_gradient():
     q, k, v = (torch.randn(1, 2, 5, 16, requires_grad=True) for _ in range(3))
     slopes = torch.rand(2, requires_grad=True)

@@ -192,11 +192,13 @@ def flash_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
     if not torch.compiler.is_compiling():  # NOTE: a traced max_seqlen may be symbolic: the op's own check reads it
         max_seqlen_q, max_seqlen_k = max_seqlen(max_seqlen_q, "max_seqlen_q"), max_seqlen(max_seqlen_k, "max_seqlen_k")
         window = effective_window(window, max_seqlen_q, max_seqlen_k, causal)
-    args = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
         if not isinstance(cu, torch.Tensor):  # the call's key reads its layout
             raise BadInputError(f"{name} must be a 1-D int32 tensor of B + 1 cumulative lengths (starting at 0), got "
                                 f"{type(cu).__name__}: pass torch.tensor(lengths, dtype=torch.int32, device=q.device)")
+    # The kernels read the cumulative lengths as a contiguous array: a strided view (cu[::2]) would be read wrongly.
+    cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
+    args = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     if not torch.compiler.is_compiling():
         check_fp8_grad(q, k, v)
         served = _served_forward(q, k, v, *args, causal, scale, window, softcap, alibi_slopes)
