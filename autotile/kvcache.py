@@ -25,6 +25,7 @@ tensor([316])
 """
 from __future__ import annotations
 
+import numbers
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
@@ -80,6 +81,12 @@ class PagedKVCache:
     def __init__(self, *, num_layers: int, num_pages: int, page_size: int, num_kv_heads: int, head_dim: int,
                  dtype: torch.dtype = torch.float16, device: str | torch.device = "cpu",
                  k_scale: float | torch.Tensor | None = None, v_scale: float | torch.Tensor | None = None):
+        sizes = {"num_layers": num_layers, "num_pages": num_pages, "page_size": page_size,
+                 "num_kv_heads": num_kv_heads, "head_dim": head_dim}
+        for name, value in sizes.items():
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                raise BadInputError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
+        num_layers, num_pages, page_size, num_kv_heads, head_dim = (int(v) for v in sizes.values())
         if min(num_layers, num_pages, page_size, num_kv_heads, head_dim) < 1:
             raise BadInputError("num_layers, num_pages, page_size, num_kv_heads and head_dim must all be >= 1")
         # The page sizes the paged ops take (autotile.families.paged.PagedProblem), refused here rather than at the
@@ -196,10 +203,24 @@ class PagedKVCache:
         seq.length += num_tokens
         return slots
 
+    def _check_layer(self, layer) -> None:
+        if isinstance(layer, bool) or not isinstance(layer, numbers.Integral) or not 0 <= layer < self.num_layers:
+            raise BadInputError(f"layer must be an int in 0..{self.num_layers - 1}, got {layer!r}")
+
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Store K and V (num_tokens, num_kv_heads, head_dim) of one layer into reserved slots."""
-        if not 0 <= layer < self.num_layers:
-            raise BadInputError(f"layer {layer} is outside 0..{self.num_layers - 1}")
+        """Store K and V (num_tokens, num_kv_heads, head_dim) of one layer into reserved slots (`reserve`'s).
+
+        The slots' values are checked (in range, each once) where reading them is free: CPU tensors, or everywhere
+        under AUTOTILE_CHECKS=1 (autotile.runtime.paged_plan.checks_on); a GPU write does not wait for them."""
+        self._check_layer(layer)
+        if not isinstance(slots, torch.Tensor) or slots.dim() != 1 or slots.dtype not in (torch.int64, torch.int32):
+            raise BadInputError("slots must be a 1-D int64 (or int32) tensor of reserved slots, as reserve() returns, "
+                                f"got {getattr(slots, 'dtype', type(slots).__name__)} of shape "
+                                f"{tuple(getattr(slots, 'shape', ()))}")
+        from autotile.runtime.paged_plan import check_slots, checks_on
+
+        if checks_on(slots.device):
+            check_slots(slots, self.num_pages * self.page_size, "slots")
         want = (slots.numel(), self.num_kv_heads, self.head_dim)
         for name, t in (("k", k), ("v", v)):
             if tuple(t.shape) != want:
@@ -290,6 +311,7 @@ class PagedKVCache:
 
     def gather(self, seq_id: Hashable, layer: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """One sequence's K and V as contiguous (length, Hkv, D) tensors in the pool's dtype."""
+        self._check_layer(layer)
         seq = self._seq(seq_id)
         pages = torch.tensor(seq.pages, dtype=torch.int64, device=self.device)
         k = self.k_pools[layer][pages].flatten(0, 1)[:seq.length]

@@ -133,9 +133,21 @@ def test_misuse_raises_clear_errors():
     cache.append("a", *tokens(40))
     with pytest.raises(ShapeMismatchError, match="max_pages=2"):
         cache.block_table(["a"], max_pages=2)
+    # Writes and reads name a layer that exists, and slots reserve() gave: in range, each once, integers (a -1,
+    # vLLM's padding mark, indexed the pool's last slot, another sequence's).
+    slots = cache.reserve("a", 2)
+    for bad, words in ((slots - 10**6, "outside the cache"), (torch.tensor([5, 5]), "more than once"),
+                       (slots.float(), "int64"), (slots[None], "1-D")):
+        with pytest.raises(BadInputError, match=words):
+            cache.write(0, bad, *tokens(2))
+    for layer in (cache.num_layers, -1, 0.5):
+        with pytest.raises(BadInputError, match="layer must be an int"):
+            cache.gather("a", layer)
     cache.free("a")
     with pytest.raises(UnknownSequenceError, match="already freed"):
         cache.free("a")
+    with pytest.raises(BadInputError, match="page_size must be an int"):
+        PagedKVCache(num_layers=1, num_pages=4, page_size=2.5, num_kv_heads=1, head_dim=16)
 
 
 def test_fp8_pages_store_values_divided_by_the_scale():

@@ -189,6 +189,13 @@ def test_one_call_reads_the_lengths_without_a_bound_and_refuses_bad_packing(monk
         autotile.paged_prefill(*data.args(), k_new=data.k_new, max_context=32)
     with pytest.raises(BadInputError, match="finite"):
         autotile.paged_prefill(*data.args(), scale=float("inf"))
+    # Slots that do not follow the block table would leave the new positions' pages stale (zeros, here: the
+    # second sequence's output rows came back 0 without a word).
+    k_new, v_new, slots = data.k_new, data.v_new, data.slots
+    for bad, words in ((torch.zeros_like(slots), "more than once"), (slots.flip(0), "belongs in slot"),
+                       (slots - 10**6, "outside the cache")):
+        with pytest.raises(BadInputError, match=words):
+            autotile.paged_prefill(*data.args(), k_new=k_new, v_new=v_new, slot_mapping=bad)
     empty = autotile.paged_prefill(torch.zeros(0, 4, 64).half(), k_cache, v_cache, table[:0],
                                    torch.zeros(1, dtype=torch.int32), lens[:0], return_lse=True)
     assert empty[0].shape == (0, 4, 64) and empty[1].shape == (0, 4)

@@ -536,6 +536,22 @@ def plan_paged_prefill(*, batch: int, num_tokens: int, num_q_heads: int, num_kv_
 FP8_MAX = 448.0  # e4m3's largest finite value: values are divided by the scale and clamped to it
 
 
+def check_slots(slots: torch.Tensor, capacity: int, name: str) -> None:
+    """Slot values (page * page_size + offset) within the cache's `capacity` slots, each once: reads them back (see
+    checks_on). A negative slot would index from the end of the pool, into another sequence's page; a slot given
+    twice leaves which write lands to chance."""
+    if not slots.numel():
+        return
+    values = slots.cpu()
+    low, high = int(values.min()), int(values.max())
+    if low < 0 or high >= capacity:
+        raise BadInputError(f"{name} holds {low if low < 0 else high}, outside the cache's {capacity} slots (0.."
+                            f"{capacity - 1}): pass the slots reserve() gave; padding tokens take no slot (leave them "
+                            "out, where vLLM's slot_mapping marks them -1)")
+    if values.unique().numel() != values.numel():
+        raise BadInputError(f"{name} names a slot more than once: each new token takes a slot of its own")
+
+
 def check_new_tokens(k_new, v_new, slot_mapping, tokens: int) -> None:
     """Shapes only: k_new, v_new and slot_mapping come together, with one slot for each of the T new tokens."""
     if (k_new is None) != (v_new is None) or (k_new is None) != (slot_mapping is None):
@@ -636,10 +652,30 @@ def check_prefill_values(block_table, cu_seqlens_q, context_lens, num_pages: int
         if e - a > lengths[b]:
             raise ShapeMismatchError(f"sequence {b} has {e - a} new tokens but a context of {lengths[b]}: the context "
                                      "counts the new tokens too")
-    if slot_mapping is not None and slot_mapping.numel() and not (
-            0 <= int(slot_mapping.min()) and int(slot_mapping.max()) < num_pages * page_size):
-        raise BadInputError(f"slot_mapping points outside the cache's {num_pages * page_size} slots")
+    if slot_mapping is not None and slot_mapping.numel():
+        check_slots(slot_mapping, num_pages * page_size, "slot_mapping")
+        check_slots_follow_the_table(slot_mapping, block_table, starts, lengths, page_size)
     return facts
+
+
+def check_slots_follow_the_table(slot_mapping, block_table, starts: list[int], lengths: list[int],
+                                 page_size: int) -> None:
+    """Each new token's slot is the one its position (the context's last tokens are the new ones) maps to through
+    its sequence's block_table row: K and V written anywhere else would leave that position's page stale, which the
+    kernel reads."""
+    counts = torch.tensor([e - a for a, e in zip(starts, starts[1:])])
+    seq = torch.repeat_interleave(torch.arange(len(counts)), counts)
+    first = torch.tensor(lengths)[seq] - counts[seq]
+    position = first + torch.arange(seq.numel()) - torch.tensor(starts[:-1])[seq]
+    want = block_table.cpu().long()[seq, position // page_size] * page_size + position % page_size
+    got = slot_mapping.cpu().long()
+    wrong = (got != want).nonzero().flatten()
+    if wrong.numel():
+        t = int(wrong[0])
+        raise BadInputError(
+            f"slot_mapping[{t}] is {int(got[t])}, but that new token (sequence {int(seq[t])}, position "
+            f"{int(position[t])}) belongs in slot {int(want[t])} of its block_table row: pass the slots "
+            "PagedKVCache.reserve gave, or work them out from the same table")
 
 
 # --- merging partial results -------------------------------------------------------------------
