@@ -100,6 +100,10 @@ def test_matmul_bad_input_names_the_problem():
         autotile.matmul(torch.randint(0, 3, (3, 4)), torch.randint(0, 3, (4, 5)))
     with pytest.raises(ShapeMismatchError, match="bias must have shape"):
         autotile.matmul(torch.randn(3, 4), torch.randn(4, 5), bias=torch.randn(4))
+    with pytest.raises(UnsupportedDtypeError, match="output's dtype"):  # as F.linear: no silent rounding
+        autotile.linear(torch.randn(3, 4).half(), torch.randn(6, 4).half(), torch.randn(6).bfloat16())
+    with pytest.raises(UnsupportedDtypeError, match="output's dtype"):
+        autotile.matmul(torch.randn(3, 4).half(), torch.randn(4, 5).half(), bias=torch.randn(5))
     with pytest.raises(BadInputError, match="activation must be one of"):
         autotile.matmul(torch.randn(3, 4), torch.randn(4, 5), activation="tanh")
     with pytest.raises(ShapeMismatchError, match="2-D"):

@@ -226,6 +226,10 @@ class GemmFamily(Family):
             raise ShapeMismatchError(f"bias must have shape ({n},), got {tuple(bias.shape)}")
         if bias is not None and bias.device != a.device:
             raise BadInputError(f"bias is on {bias.device}, a on {a.device}")
+        if bias is not None and canonical_dtype_name(bias.dtype) != out:
+            # As F.linear and torch.addmm: a bias of another dtype would be rounded into the output's silently.
+            raise UnsupportedDtypeError(f"bias is {bias.dtype} but the output is {out}: pass the bias in the output's "
+                                        "dtype (bias.to(...))")
         if residual is not None:
             if tuple(residual.shape) != (m, n):
                 raise ShapeMismatchError(f"residual must have the output's shape ({m}, {n}), got {tuple(residual.shape)}")
