@@ -331,6 +331,20 @@ def test_checks_mode_reads_values_and_names_what_is_wrong(monkeypatch):
         autotile.paged_attention(q, data.k_cache, data.v_cache, bad_page, data.context_lens, max_context=48)
 
 
+@pytest.mark.parametrize("change, words", [
+    (dict(batch=2.5), "batch must be an int"), (dict(max_context=48.0), "max_context must be an int"),
+    (dict(num_queries=1.5), "num_queries must be an int"), (dict(mean_context=100), "mean_context must be"),
+    (dict(mean_context=0), "mean_context must be"), (dict(num_sms=0), "num_sms must be >= 1"),
+], ids=lambda v: str(v))
+def test_plan_sizes_are_ints_in_range_not_truncated(change, words):
+    """2.5 sequences used to plan 2 (the third's rows then went unwritten); a mean context past the longest, and no
+    SMs, were taken as given. mean_context is a hint and may be an average: 17.5 plans as 18."""
+    base = dict(batch=2, num_q_heads=4, num_kv_heads=2, head_dim=64, page_size=16, max_context=48, device="cpu")
+    with pytest.raises(BadInputError, match=words):
+        plan_paged_attention(**{**base, **change})
+    assert plan_paged_attention(**{**base, "mean_context": 17.5}).problem.mean_context <= 48
+
+
 def test_plan_refuses_tensors_it_was_not_made_for():
     data = PagedBatch([40, 20], heads_q=4, heads_kv=2, dim=64, page_size=16)
     plan = plan_paged_attention(batch=2, num_q_heads=4, num_kv_heads=2, head_dim=64, page_size=16, max_context=48,

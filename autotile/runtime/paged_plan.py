@@ -193,11 +193,21 @@ def _shape_dtypes(num_q_heads: int, num_kv_heads: int, head_dim: int, page_size:
     return dtype, kv_dtype, q_name, kv_name
 
 
+def _check_int(name: str, value) -> None:
+    """A plan's size given as an int (numpy's too): 2.5 sequences would otherwise be planned as 2."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise BadInputError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
+
+
 class _PlanBase:
     """What decode and prefill plans share: the shapes they were made for and the checks of a run's tensors."""
 
     def _init_shapes(self, *, batch, num_q_heads, num_kv_heads, head_dim, page_size, max_context, dtype, kv_dtype,
                      device, return_lse, checks):
+        sizes = {"batch": batch, "num_q_heads": num_q_heads, "num_kv_heads": num_kv_heads, "head_dim": head_dim,
+                 "page_size": page_size, "max_context": max_context}
+        for name, value in sizes.items():
+            _check_int(name, value)
         if batch < 0 or max_context < 1:
             raise BadInputError(f"need batch >= 0 and max_context >= 1, got batch={batch}, max_context={max_context}")
         self.dtype, self.kv_dtype, self.dtype_name, self.kv_dtype_name = _shape_dtypes(
@@ -304,6 +314,17 @@ class PagedAttentionPlan(_PlanBase):
                           device=device, return_lse=return_lse, checks=checks)
         # Checked even for an empty step, so a bad override fails where it is written.
         self.split_constants = SplitConstants.of(split_constants)
+        _check_int("num_queries", num_queries)
+        if mean_context is not None:  # a hint, often an average: any real number from 1 to max_context
+            if (isinstance(mean_context, bool) or not isinstance(mean_context, numbers.Real)
+                    or not 1 <= mean_context <= max_context):
+                raise BadInputError(f"mean_context must be a number from 1 to max_context ({max_context}), got "
+                                    f"{mean_context!r}")
+            mean_context = max(1, round(mean_context))
+        if num_sms is not None:
+            _check_int("num_sms", num_sms)
+            if num_sms < 1:
+                raise BadInputError(f"num_sms must be >= 1 (the SMs the balanced variant fills), got {num_sms}")
         if num_queries < 1 or num_queries > max_context:
             raise BadInputError(f"num_queries must be from 1 to max_context ({max_context}), got {num_queries}")
         self.num_queries = int(num_queries)
