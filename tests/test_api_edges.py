@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import autotile
-from autotile.errors import BadInputError, ShapeMismatchError
+from autotile.errors import BadInputError, ShapeMismatchError, UnsupportedDtypeError
 from autotile.runtime.paged_plan import merge_attention_states
 
 
@@ -114,6 +114,16 @@ def test_matmul_and_linear_name_what_to_pass_for_non_tensors():
         autotile.linear(a.numpy(), b.T)
     with pytest.raises(ShapeMismatchError, match="bias must have shape"):
         autotile.linear(a, b.T, bias=[1.0, 2.0, 3.0])
+    with pytest.raises(UnsupportedDtypeError, match=r"matmul supports .* got torch.int64"):  # its own dtypes
+        autotile.matmul(a.long(), b.long())
+
+
+def test_explain_without_the_ops_arguments_names_them():
+    """A bare TypeError from the op's internals before."""
+    with pytest.raises(BadInputError, match=r"takes the arguments autotile.linear takes \(x: .*missing"):
+        autotile.explain("linear")
+    with pytest.raises(BadInputError, match="autotile.flash_attention takes"):
+        autotile.explain("flash_attention", torch.randn(1, 2, 3, 16), causal=True)
 
 
 def test_a_paged_plan_runs_where_there_is_a_device_to_run_it():

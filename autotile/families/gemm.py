@@ -216,7 +216,7 @@ class GemmFamily(Family):
             raise UnsupportedDtypeError(f"a is {a.dtype} and b is {b.dtype}: cast both to one dtype")
         if a.device != b.device:
             raise BadInputError(f"a is on {a.device} and b on {b.device}: move both to one device")
-        dtype = canonical_dtype_name(a.dtype)
+        dtype = canonical_dtype_name(a.dtype) if a.is_floating_point() else str(a.dtype)
         if dtype not in OPERAND_DTYPES:
             raise UnsupportedDtypeError(f"matmul supports {OPERAND_DTYPES} operands, got {a.dtype}")
         out = canonical_dtype_name(out_dtype) if out_dtype is not None else ("bf16" if dtype == "fp8" else dtype)

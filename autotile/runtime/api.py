@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import inspect
 
 from autotile.errors import BadInputError
 from autotile.families.base import vendor_label
@@ -83,6 +84,12 @@ def explain(op_name: str, *args, **kwargs) -> dict:
     """
     module = _op_module(op_name)
     problem_for = getattr(module, f"{op_name}_problem_for", None) or module.problem_for
+    try:
+        inspect.signature(problem_for).bind(*args, **kwargs)
+    except TypeError as exc:
+        takes = inspect.signature(getattr(importlib.import_module("autotile"), op_name))
+        raise BadInputError(f"explain({op_name!r}, ...) takes the arguments autotile.{op_name} takes "
+                            f"{takes.replace(return_annotation=inspect.Signature.empty)}: {exc}") from None
     family, problem, device = problem_for(*args, **kwargs)
     resolution = fallback.usable(family, problem, device)
     # Ops whose plans adapt the resolved config (paged decode and prefill).
