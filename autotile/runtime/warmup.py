@@ -19,6 +19,7 @@ token counts the engine will run (its CUDA-graph batch sizes, its prefill chunk)
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import time
 from collections.abc import Callable, Iterable
 
@@ -181,8 +182,9 @@ def warmup(model: str | None = None, *, dims: str | None = None, tokens: Iterabl
     prefill = parse_prefill(prefill)
     target = _device(device)
     torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
-    calls = [*_linear_calls(spec, tokens, torch_dtype, target),
-             *_flash_calls(spec, prefill, dtype, torch_dtype, target, layout, backward)]
+    # Made one call at a time (the calls hold their tensors): a 70B model's every shape at once would not fit.
+    calls = itertools.chain(_linear_calls(spec, tokens, torch_dtype, target),
+                            _flash_calls(spec, prefill, dtype, torch_dtype, target, layout, backward))
     warmed = []
     for op, shape, call, explain in calls:
         first = _timed(call, target)
