@@ -121,6 +121,37 @@ def test_the_runtime_serves_from_the_next_source_with_one_warning(kind, tuned, t
     assert "secret" not in warnings[0]
 
 
+@pytest.mark.parametrize("damage", ["median_ms = 'abc'", "config = '{not json'", "config = '[1]'",
+                                    "created_at = 'notadate'", "kernel_config = '{bad'"])
+def test_one_damaged_winner_row_leaves_the_others_listed_exported_and_served(damage, tuned, tmp_path, monkeypatch,
+                                                                             caplog):
+    """A winner row edited by hand: list, report and export read the other rows (the damaged one left out and said
+    so, or, for a time or a kernel_config, read without it), and the runtime serves them. Before, one such row made
+    every reader fail, and an unparsable time turned the whole database off for the runtime."""
+    path = _copy(tuned, tmp_path / "two.sqlite")
+    url = f"sqlite:///{path}"
+    other = ELEMENTWISE.problems_from_cli(expr=EXPR, numel=(NUMEL + 24,), dtype=("fp32",))[0]
+    tune_problem(ELEMENTWISE, other, CPU, trials=1, db_url=url, retime_rounds=1)
+    store_db._engine.cache_clear()
+    with sqlite3.connect(path) as conn:
+        conn.execute(f"update autotile_winners set {damage} where id = (select min(id) from autotile_winners)")
+    for command in (["list"], ["report", "--format", "md", "--out", str(tmp_path / "r.md")],
+                    ["db", "export", "--out", str(tmp_path / "e.jsonl")]):
+        result = CliRunner().invoke(cli, [*command, "--db", url], catch_exceptions=False)
+        assert result.exit_code == 0 and "Traceback" not in result.output, (command, result.output)
+    kept = 2 if damage.startswith(("created_at", "kernel_config")) else 1
+    assert len(Store(open_engine(url, create=False)).winners()) == kept
+    assert len((tmp_path / "e.jsonl").read_text().splitlines()) == kept + 2  # a header and an end record
+    monkeypatch.setenv("AUTOTILE_DB", url)
+    dispatch.clear_cache()
+    try:
+        x = torch.randn(NUMEL + 24)
+        torch.testing.assert_close(autotile.fuse(EXPR)(x=x), x * 2 + 1, rtol=0, atol=0)
+        assert autotile.explain("fuse", EXPR, x=x)["source"] == "user-db"  # the intact winner serves
+    finally:
+        dispatch.clear_cache()
+
+
 def test_a_working_database_is_served(tuned, monkeypatch):
     monkeypatch.setenv("AUTOTILE_DB", f"sqlite:///{tuned}")
     dispatch.clear_cache()

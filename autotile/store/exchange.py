@@ -33,7 +33,7 @@ from autotile.space import Config
 from autotile.store.db import database_failure, normalise_url, open_engine, reading
 from autotile.store.fingerprint import device_fingerprint
 from autotile.store.models import SCHEMA_VERSION, Device, Policy, Problem, Toolchain, Winner
-from autotile.store.repo import Store, range_fault, warn_damaged_range
+from autotile.store.repo import Store, range_fault, warn_damaged_range, warn_damaged_row
 
 FORMAT = "autotile-db"
 FORMAT_VERSION = 1
@@ -131,10 +131,14 @@ def export_records(engine: Engine, family: str | None = None, device_key: str | 
     """One export record per stored winner, then one per tuned policy, in a stable order.
 
     A damaged verified range is left out of its winner's record (said once), as the runtime ignores it: the
-    winner is exported and imported whole, serving its own shape; a policy with a damaged range is left out.
+    winner is exported and imported whole, serving its own shape; so is a damaged kernel_config (the generated
+    kernel a vendor winner was timed beside); a policy with a damaged range, and a winner whose timings or config
+    cannot be read, are left out (said once), so that the rest can still be saved.
     """
     store = Store(engine)
     for w, p, d, t in store.winner_rows(family, device_key):
+        if not store.readable(w, p):
+            continue
         yield {
             "record": "winner", "schema_version": SCHEMA_VERSION, "family": p.family, "problem": dict(p.params),
             "problem_key": p.key,
@@ -149,7 +153,7 @@ def export_records(engine: Engine, family: str | None = None, device_key: str | 
                              "verified_ms": w.verified_ms, "verify_status": w.verify_status or "",
                              "regression": w.regression},
             "serving": {"verified_range": _exported_range(store, p, w),
-                        "kernel_config": json.loads(w.kernel_config) if w.kernel_config else None,
+                        "kernel_config": _exported_kernel_config(store, p, w),
                         "kernel_ms": w.kernel_ms},
         }
     with Session(engine) as session:
@@ -172,6 +176,22 @@ def export_records(engine: Engine, family: str | None = None, device_key: str | 
             "geomean_ratio": pol.geomean_ratio,
             "provenance": {"text": pol.provenance, "created_at": _iso(pol.created_at)},
         }
+
+
+def _exported_kernel_config(store: Store, problem: Problem, winner: Winner) -> dict | None:
+    """A vendor winner's kernel_config as a JSON object, or None when there is none or it is damaged (said once)."""
+    if not winner.kernel_config:
+        return None
+    try:
+        config = json.loads(winner.kernel_config)
+    except (TypeError, ValueError):
+        config = None
+    if isinstance(config, dict):
+        return config
+    warn_damaged_row(store.location(), f"the kernel_config of the {problem.family} winner for {problem.key} on "
+                     f"{winner.device_key}", f"not a JSON object: {str(winner.kernel_config)[:60]!r}",
+                     "the winner is exported without it")
+    return None
 
 
 def _exported_range(store: Store, problem: Problem, winner: Winner) -> dict | None:

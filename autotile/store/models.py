@@ -59,6 +59,28 @@ class TolerantJSON(TypeDecorator):
         return process
 
 
+class TolerantDateTime(TypeDecorator):
+    """A DateTime column whose damaged value (edited by hand) reads back as None, not an exception: as with
+    TolerantJSON, one unparsable time failed every query that read the column, and the runtime stopped serving from
+    the whole database. The DDL is DateTime's."""
+
+    impl = DateTime
+    cache_ok = True
+
+    def result_processor(self, dialect, coltype):
+        parse = super().result_processor(dialect, coltype)
+        if parse is None:
+            return None
+
+        def process(value):
+            try:
+                return parse(value)
+            except (ValueError, TypeError):
+                return None
+
+        return process
+
+
 class Base(DeclarativeBase):
     pass
 
@@ -125,7 +147,7 @@ class Trial(Base):
     interpreted: Mapped[int] = mapped_column(Integer, default=0)
     max_abs_error: Mapped[float | None] = mapped_column(Float, nullable=True)
     error: Mapped[str] = mapped_column(Text, default="")
-    created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=_now)
+    created_at: Mapped[dt.datetime] = mapped_column(TolerantDateTime, default=_now)
 
 
 class Winner(Base):
@@ -148,10 +170,10 @@ class Winner(Base):
     baseline_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
     trials_run: Mapped[int] = mapped_column(Integer, default=0)
     provenance: Mapped[str] = mapped_column(Text, default="")
-    created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=_now)
+    created_at: Mapped[dt.datetime] = mapped_column(TolerantDateTime, default=_now)
     # Schema 2 (revision 0002): staleness and verification on this GPU. A stale winner is still served.
     stale: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
-    verified_at: Mapped[dt.datetime | None] = mapped_column(DateTime, nullable=True)
+    verified_at: Mapped[dt.datetime | None] = mapped_column(TolerantDateTime, nullable=True)
     verified_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
     verify_status: Mapped[str] = mapped_column(String(32), default="", server_default="")  # VerifyStatus value
     regression: Mapped[float | None] = mapped_column(Float, nullable=True)  # verified_ms / median_ms - 1 when slower
@@ -186,5 +208,5 @@ class Policy(Base):
     min_ratio: Mapped[float] = mapped_column(Float)  # smallest vendor_ms / ours over the samples
     geomean_ratio: Mapped[float] = mapped_column(Float)
     provenance: Mapped[str] = mapped_column(Text, default="")
-    created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=_now)
+    created_at: Mapped[dt.datetime] = mapped_column(TolerantDateTime, default=_now)
 

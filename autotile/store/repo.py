@@ -89,6 +89,38 @@ def range_fault(value) -> str | None:
     return None
 
 
+def winner_fault(winner) -> str | None:
+    """Why a stored winner's row cannot be read; None when it can.
+
+    >>> from types import SimpleNamespace as Row
+    >>> winner_fault(Row(median_ms=1.5, q20_ms=1.0, q80_ms=2.0, config='{"BLOCK_M": 64}'))
+    >>> winner_fault(Row(median_ms="abc", q20_ms=1.0, q80_ms=2.0, config="{}"))
+    "median_ms is 'abc', not a number"
+    """
+    for name in ("median_ms", "q20_ms", "q80_ms"):
+        value = getattr(winner, name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return f"{name} is {value!r}, not a number"
+    try:
+        config = json.loads(winner.config)
+    except (TypeError, ValueError):
+        return f"its config is not JSON: {str(winner.config)[:60]!r}"
+    if not isinstance(config, dict):
+        return f"its config is not a JSON object: {str(winner.config)[:60]!r}"
+    return None
+
+
+def warn_damaged_row(where: str, what: str, fault: str,
+                     consequence: str = "it is left out, and the other winners are read") -> None:
+    """One warning per damaged winner row (or field) and process."""
+    with _reported_lock:
+        if (where, what, "row") in _reported_ranges:
+            return
+        _reported_ranges.add((where, what, "row"))
+    log.warning("autotile: %s in %s is damaged (%s): %s. Fix: tune that shape again, or import it again from an "
+                "export (`autotile db import --on-conflict replace`).", what, where, fault, consequence)
+
+
 _reported_ranges: set[tuple] = set()
 _reported_lock = threading.Lock()
 
@@ -214,6 +246,7 @@ class Store:
             query = query.where(Winner.device_key == device_key)
         with Session(self.engine) as session:
             rows = session.execute(query.order_by(Problem.family, Problem.key, Winner.device_key)).all()
+        rows = [row for row in rows if self.readable(row[0], row[1])]
         return [
             WinnerView(
                 family=p.family, problem_key=p.key, bucket=p.bucket, params=dict(p.params), device_key=w.device_key,
@@ -221,7 +254,8 @@ class Store:
                 interpreted=bool(w.interpreted), margin=w.margin, baseline_name=w.baseline_name,
                 baseline_ms=w.baseline_ms, trials_run=w.trials_run, provenance=w.provenance,
                 toolchain={"torch": t.torch, "triton": t.triton, "cuda": t.cuda, "python": t.python, "autotile": t.autotile},
-                created_at=w.created_at.isoformat(timespec="seconds"), driver=driver, stale=bool(w.stale),
+                created_at=w.created_at.isoformat(timespec="seconds") if w.created_at else "", driver=driver,
+                stale=bool(w.stale),
                 verify_status=w.verify_status or "", verified_ms=w.verified_ms, regression=w.regression,
                 verified_at=w.verified_at.isoformat(timespec="seconds") if w.verified_at else None,
                 verified_range=self._usable_range(w.verified_range, p, w.device_key),
@@ -229,6 +263,16 @@ class Store:
             )
             for w, p, t, driver in rows
         ]
+
+    def readable(self, winner: Winner, problem: Problem) -> bool:
+        """Whether a stored winner's row can be read (its timings numbers, its config a JSON object); a damaged one
+        is left out, said once, so that the other rows still list, report and serve."""
+        fault = winner_fault(winner)
+        if fault is None:
+            return True
+        warn_damaged_row(self.location(), f"the {problem.family} winner for {problem.key} on {winner.device_key}",
+                         fault)
+        return False
 
     def _usable_range(self, value, problem: Problem, device_key: str) -> dict | None:
         """A winner's verified range, or None (said once) when it is damaged: the winner still serves its own shape."""
