@@ -183,6 +183,14 @@ def test_merge_keeps_the_faster_winner(tuned_copy, tmp_path):
     assert winner.median_ms == 1e-3 and json.loads(winner.config)["num_stages"] == faster["config"]["num_stages"]
     same = run("merge", tuned_copy, "--db", tuned_copy)
     assert same.exit_code == 1 and "is the target database itself" in same.stderr
+    # A source that cannot be read, named after one that can: nothing is merged (the first used to be written, then
+    # the command failed on the second).
+    (tmp_path / "junk.sqlite").write_bytes(b"not a database" * 100)
+    fresh = f"sqlite:///{tmp_path / 'fresh.sqlite'}"
+    import_file(fresh, _write_lines(tmp_path / "empty.jsonl", [header, json.dumps({**json.loads(end), "count": 0})]))
+    partial = run("merge", tuned_copy, tmp_path / "junk.sqlite", "--db", fresh)
+    assert partial.exit_code == 1 and "junk.sqlite" in partial.stderr
+    assert Store(open_engine(fresh, create=False)).winners() == []
 
 
 def test_verify_marks_regressions_staleness_and_configs_outside_the_space(tuned_copy):

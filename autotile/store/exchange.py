@@ -805,16 +805,18 @@ def _refuse_an_export(source: str) -> None:
 
 def merge_databases(target_url: str | None, source_urls: Iterable[str], *,
                     policy: ConflictPolicy = ConflictPolicy.FASTER, dry_run: bool = False) -> list[ImportReport]:
-    """Merge the winners of other autotile databases into `target_url`, validated exactly like an import."""
+    """Merge the winners of other autotile databases into `target_url`, validated exactly like an import. Every
+    source is read before anything is written: a source that cannot be read leaves the target as it was, not merged
+    from the sources named before it."""
     target = normalise_url(target_url) if target_url else None
-    reports = []
+    read = []
     for source in source_urls:
         url = normalise_url(source)
         if target is not None and url == target:
             raise DatabaseError(f"{source} is the target database itself; name another one to merge from")
         _refuse_an_export(source)
         with reading(url):
-            records = ((number, record, "") for number, record in
-                       enumerate(export_records(open_engine(url, create=False, read_only=True)), start=1))
-            reports.append(import_records(target_url, records, source, policy=policy, dry_run=dry_run))
-    return reports
+            records = [(number, record, "") for number, record in
+                       enumerate(export_records(open_engine(url, create=False, read_only=True)), start=1)]
+        read.append((source, records))
+    return [import_records(target_url, records, source, policy=policy, dry_run=dry_run) for source, records in read]
