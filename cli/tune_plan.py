@@ -120,6 +120,10 @@ def _run(planned, device, budget, db_url, trials, seed, **tune_kwargs) -> None:
         raise SystemExit(EXIT_INTERRUPTED)
     if planned and not outcome.tuned:
         raise click.ClickException("no problem was tuned" + (": the budget is too small" if outcome.skipped else ""))
+    if outcome.failed:
+        # As `autotile tune` of one problem: a script that runs this must see that part of it did not happen.
+        raise click.ClickException(f"{len(outcome.failed)} of {len(planned)} problem(s) failed (above); the others "
+                                   "are stored")
 
 
 def _nothing_to_tune(trace_path, entries, families) -> str:

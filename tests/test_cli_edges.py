@@ -225,6 +225,28 @@ def test_a_trace_with_nothing_to_tune_is_an_error_not_a_silent_success(tmp_path)
     assert "unknown family 'gem'" in one_line_error(typo, exit_code=2)
 
 
+def test_a_trace_run_where_a_problem_fails_exits_non_zero_and_keeps_the_others(tmp_path, monkeypatch):
+    """A script running `tune --from-trace` sees that part of it did not happen; the problems that did are stored."""
+    from autotile.tune import driver
+
+    real = driver.tune_problem
+    second = dataclasses.asdict(dataclasses.replace(GEMM_PROBLEM, n=GEMM_PROBLEM.n + 8))  # a problem of its own
+    path = trace_file(tmp_path, "t.jsonl", HEADER + GEMM_LINE + json.dumps(
+        {"family": "gemm", "device": "interpret", "calls": 1, "problem": second}).encode() + b"\n"
+        + b'{"record": "end", "count": 2}\n')
+
+    def tune_or_fail(family, problem, *args, **kwargs):
+        if problem.n == second["n"]:
+            raise RuntimeError("this problem could not be tuned")
+        return real(family, problem, *args, **kwargs)
+
+    monkeypatch.setattr(driver, "tune_problem", tune_or_fail)
+    db = tmp_path / "d.sqlite"
+    result = invoke("tune", "--from-trace", path, "--gpu", "interpret", "--trials", "1", "--db", f"sqlite:///{db}")
+    assert "1 of 2 problem(s) failed" in one_line_error(result)
+    assert len(Store(open_engine(f"sqlite:///{db}", create=False)).winners()) == 1
+
+
 @pytest.mark.parametrize("budget, words", [("0s", "must be positive"), ("garbage", "give a duration"),
                                            ("-5", "give a duration")])
 def test_from_trace_budgets_that_are_not_durations(tmp_path, budget, words):
