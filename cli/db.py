@@ -56,6 +56,13 @@ def _print_import(report) -> None:
                    err=True)
 
 
+def _fail_if_nothing_kept(reports) -> None:
+    """An import or merge that skipped every record it read did not do what was asked: a non-zero exit for scripts
+    (a file of no records, or records all unchanged, is not a failure)."""
+    if any(r.skipped_count for r in reports) and not any(r.kept_count for r in reports):
+        raise click.ClickException("every record was skipped (above): nothing was imported")
+
+
 @db_group.command("import")
 @click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
 @_conflict_options(default="keep")
@@ -65,7 +72,9 @@ def import_command(file, on_conflict, dry_run, db_url):
     """Import winners from an export file; every record is validated, nothing in it is executed."""
     from autotile.store.exchange import ConflictPolicy, import_file
 
-    _print_import(import_file(db_url, file, policy=ConflictPolicy(on_conflict), dry_run=dry_run))
+    report = import_file(db_url, file, policy=ConflictPolicy(on_conflict), dry_run=dry_run)
+    _print_import(report)
+    _fail_if_nothing_kept([report])
 
 
 @db_group.command("merge")
@@ -77,8 +86,10 @@ def merge_command(sources, on_conflict, dry_run, db_url):
     """Merge the winners of other autotile databases (files or URLs) into --db."""
     from autotile.store.exchange import ConflictPolicy, merge_databases
 
-    for report in merge_databases(db_url, sources, policy=ConflictPolicy(on_conflict), dry_run=dry_run):
+    reports = merge_databases(db_url, sources, policy=ConflictPolicy(on_conflict), dry_run=dry_run)
+    for report in reports:
         _print_import(report)
+    _fail_if_nothing_kept(reports)
 
 
 @db_group.command("verify")

@@ -153,6 +153,10 @@ def test_import_skips_bad_records_and_keeps_what_exists(tuned_copy, tmp_path):
     result = run("import", bad, "--db", target)
     assert result.exit_code == 0 and "line 4: skipped: device 'h900/sm90'" in result.stderr
     assert "no end record" in result.stderr
+    # Nothing but bad records: the command says so and exits non-zero (it exited 0 having imported nothing).
+    only_bad = _write_lines(tmp_path / "only_bad.jsonl", [header, json.dumps(outside), json.dumps(foreign)])
+    result = run("import", only_bad, "--db", target)
+    assert result.exit_code == 1 and "every record was skipped" in result.stderr
 
 
 def test_foreign_and_newer_files_are_refused_whole(tmp_path):
