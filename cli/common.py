@@ -9,6 +9,13 @@ import click
 from autotile.errors import AutotileError, NoFeasibleConfigError
 
 
+# Errors of a path the user gave (an --out in a missing folder, under a file, read-only, a folder): one line, no
+# traceback.
+_PATH_ERRORS = {errno.ENOENT: "no such folder", errno.ENOTDIR: "a part of the path is a file, not a folder",
+                errno.EACCES: "permission denied", errno.EPERM: "not permitted", errno.EISDIR: "it is a folder",
+                errno.EROFS: "a read-only file system"}
+
+
 def friendly_errors(fn):
     """AutotileError, a failing database (damaged, full, read-only, busy, a row it cannot read), a full disk and
     a problem no config of its family fits -> a one-line message and exit status 1, never a traceback."""
@@ -28,11 +35,23 @@ def friendly_errors(fn):
             line = database_failure(exc, kwargs.get("db_url"))
             if line is None and isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
                 line = f"no space left to write {exc.filename or 'a file'}: free some space and run the command again"
+            if line is None and isinstance(exc, OSError) and exc.errno in _PATH_ERRORS and exc.filename:
+                line = (f"cannot use {exc.filename}: {exc.strerror or _PATH_ERRORS[exc.errno]}; check the path (its "
+                        "folder must exist and be a folder you may write in)")
             if line is None:
                 raise
             raise click.ClickException(line) from None
 
     return wrapper
+
+
+def named_file(ctx, param, value):
+    """Click callback of an --out FILE: an empty name is a usage error, not a traceback from pathlib."""
+    from pathlib import Path
+
+    if value is not None and value != "-" and not Path(str(value).strip()).name:
+        raise click.BadParameter(f"give a file name ({str(value)!r} names no file)")
+    return value
 
 
 def known_family(ctx, param, value):

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import click
 
-from autotile.cli.common import db_option, friendly_errors, known_family
+from autotile.cli.common import db_option, friendly_errors, known_family, named_file
 
 _POLICIES = ("keep", "faster", "replace")
 
@@ -26,7 +26,7 @@ def db_group() -> None:
 
 
 @db_group.command("export")
-@click.option("--out", "out", required=True, type=click.Path(dir_okay=False, path_type=Path),
+@click.option("--out", "out", required=True, type=click.Path(dir_okay=False, path_type=Path), callback=named_file,
               help="the JSON-lines file to write (format: autotile/store/EXPORT.md)")
 @click.option("--family", default=None, callback=known_family, help="only this family's winners")
 @click.option("--device", "device_key", default=None, help="only winners of this device key, e.g. h200/sm90")

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import click
 
-from autotile.cli.common import FamilyGroup, db_option, family_options, friendly_errors
+from autotile.cli.common import FamilyGroup, db_option, family_options, friendly_errors, named_file
 
 
 def _make_export_command(name: str):
@@ -15,7 +15,7 @@ def _make_export_command(name: str):
 
     @click.command(name=name, help=f"Write the tuned {name} kernel for one problem as a standalone Triton module.")
     @family_options(family)
-    @click.option("--out", "out", required=True, type=click.Path(dir_okay=False, path_type=Path),
+    @click.option("--out", "out", required=True, type=click.Path(dir_okay=False, path_type=Path), callback=named_file,
                   help="the .py file to write")
     @click.option("--config", "config_json", default=None,
                   help="config JSON to bake in instead of the stored winner (validated against the space)")

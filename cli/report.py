@@ -5,7 +5,7 @@ from pathlib import Path
 
 import click
 
-from autotile.cli.common import db_option, friendly_errors, known_family
+from autotile.cli.common import db_option, friendly_errors, known_family, named_file
 
 # The format a file name asks for, by its suffix (--format overrides it).
 SUFFIX_FORMATS = {".html": "html", ".htm": "html", ".md": "md", ".markdown": "md", ".csv": "csv", ".json": "json"}
@@ -38,7 +38,8 @@ def report_format(fmt: str | None, out: str) -> str:
 @click.option("--format", "fmt", type=click.Choice(["html", "md", "csv", "json"]), default=None,
               help="html: one self-contained page with plots; md: for pull requests; csv/json: for tools "
                    "(default: from the --out suffix; html on stdout or for a name without one)")
-@click.option("--out", "out", required=True, help="file to write (its suffix picks the format), or - for stdout")
+@click.option("--out", "out", required=True, callback=named_file,
+              help="file to write (its suffix picks the format), or - for stdout")
 @click.option("--storage", default=None,
               help="Optuna storage URL the studies were tuned with, if not the --db database (for parameter importance)")
 @db_option

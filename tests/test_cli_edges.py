@@ -424,3 +424,19 @@ def test_ranks_flushing_into_one_trace_all_count(tmp_path):
         process.join(60)
         assert process.exitcode == 0
     assert [e.calls for e in read_trace(path)] == [25 * (1 + 2 + 3 + 4)]
+
+
+@pytest.mark.parametrize("command", [["db", "export"], ["report"],
+                                     ["export-kernel", "gemm", "--m", "17", "--n", "9", "--k", "33"]],
+                         ids=["db-export", "report", "export-kernel"])
+def test_an_out_path_that_cannot_be_written_gets_one_line(command, tmp_path):
+    """Tracebacks before (pathlib's 'has an empty name', NotADirectoryError on the partial file)."""
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")
+    env = {"AUTOTILE_DB": f"sqlite:///{tmp_path / 'd.sqlite'}"}
+    gpu = ["--gpu", "interpret"] if command[0] == "export-kernel" else []
+    empty = CliRunner(env=env).invoke(cli, [*command, *gpu, "--out", ""])
+    assert empty.exit_code == 2 and "names no file" in empty.output
+    under_a_file = CliRunner(env=env).invoke(cli, [*command, *gpu, "--out", str(blocker / "x.md")])
+    assert under_a_file.exit_code == 1 and "Traceback" not in under_a_file.output, under_a_file.output
+    assert "Error:" in under_a_file.output
