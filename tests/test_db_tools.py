@@ -159,6 +159,28 @@ def test_import_skips_bad_records_and_keeps_what_exists(tuned_copy, tmp_path):
     assert result.exit_code == 1 and "every record was skipped" in result.stderr
 
 
+def test_replace_takes_the_imported_serving_range_of_the_same_config(tuned_copy, tmp_path):
+    """--on-conflict replace of a record whose config is the stored one but whose verified range differs: the range
+    is the import's (it was reported 'unchanged' and dropped); keep leaves the stored one."""
+    out = tmp_path / "w.jsonl"
+    run("export", "--out", out, "--db", tuned_copy)
+    header, record, end = out.read_text().splitlines()
+    ranged = json.loads(record)
+    m = ranged["problem"]["m"]
+    ranged.setdefault("serving", {})["verified_range"] = {"m": [m - 7, m + 8]}
+    path = _write_lines(tmp_path / "ranged.jsonl", [header, json.dumps(ranged), end])
+    kept = run("import", path, "--db", tuned_copy)
+    assert kept.exit_code == 0 and "1 unchanged" in kept.output
+    (winner,) = Store(open_engine(tuned_copy, create=False)).winners()
+    assert winner.verified_range is None
+    replaced = run("import", path, "--on-conflict", "replace", "--db", tuned_copy)
+    assert replaced.exit_code == 0 and "1 replaced" in replaced.output, replaced.output
+    (winner,) = Store(open_engine(tuned_copy, create=False)).winners()
+    assert winner.verified_range == {"m": [m - 7, m + 8]}
+    again = run("import", path, "--on-conflict", "replace", "--db", tuned_copy)
+    assert "1 unchanged" in again.output
+
+
 def test_foreign_and_newer_files_are_refused_whole(tmp_path):
     target = tmp_path / "target.sqlite"
     foreign = _write_lines(tmp_path / "foreign.jsonl", ['{"name": "not an export"}'])

@@ -724,7 +724,15 @@ def _write(session: Session, item: _Valid | _ValidPolicy, policy: ConflictPolicy
         session.flush()
         return "added"
     if existing.config == values["config"]:
-        return "unchanged"  # the same winner is stored already; its own timings stay
+        serving = {name: values[name] for name in ("verified_range", "kernel_config", "kernel_ms") if name in values}
+        if policy is not ConflictPolicy.REPLACE or all(getattr(existing, k) == v for k, v in serving.items()):
+            return "unchanged"  # the same winner is stored already; its own timings stay
+        # --on-conflict replace of the same config with another serving range (or kept kernel): the import's, as
+        # asked (reported 'unchanged' before, and the range dropped).
+        for name, value in serving.items():
+            setattr(existing, name, value)
+        session.flush()
+        return "replaced"
     if policy is ConflictPolicy.KEEP or (policy is ConflictPolicy.FASTER
                                          and existing.median_ms <= values["median_ms"]):
         return "kept-existing"
