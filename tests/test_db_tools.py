@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -320,3 +322,24 @@ def test_shipping_with_keep_generated_only_fills_gaps(tuned_copy, tmp_path):
     assert copy_winners(source, target) == 1 and _winner_config(target) == vendor
     _set_winner(target, delete=True)
     assert copy_winners(source, target, keep_generated=True) == 1 and _winner_config(target) == vendor
+
+
+def test_policy_records_that_would_serve_wrongly_are_refused():
+    """A policy without its dtype would serve calls of every dtype; one whose smallest ratio is below 1 loses to the
+    vendor op it replaces (such records were imported before). The shipped policies all pass."""
+    from autotile.store.db import read_only_url
+    from autotile.store.exchange import _Bad, export_records, validate_policy_record
+
+    shipped = Path(__file__).resolve().parent.parent / "tuning_db" / "winners.sqlite"
+    policies = [r for r in export_records(open_engine(read_only_url(shipped), create=False, read_only=True))
+                if r["record"] == "policy"]
+    assert policies
+    for line, record in enumerate(policies, start=1):
+        validate_policy_record(record, line)
+    record = policies[0]
+    no_dtype = json.loads(json.dumps(record))
+    del no_dtype["fixed"]["dtype"]
+    for bad, words in ((no_dtype, "missing ['dtype']"), ({**record, "min_ratio": 0.5}, "at least 1"),
+                       ({**record, "min_ratio": record["geomean_ratio"] + 0.5}, "at most geomean_ratio")):
+        with pytest.raises(_Bad, match=re.escape(words)):
+            validate_policy_record(bad, 1)

@@ -563,6 +563,12 @@ def validate_policy_record(record: dict, line: int) -> _ValidPolicy:
         corner = {name: bounds[0] for name, bounds in verified_range.items()}
     except (TypeError, KeyError, IndexError):
         raise _Bad("verified_range must map each field to [lo, hi]") from None
+    # Every field the range leaves is fixed (but those later autotile versions added, which take their defaults):
+    # a policy without its dtype would serve calls of every dtype.
+    missing = ({f.name for f in dataclasses.fields(family.problem_type)} - set(fixed) - set(verified_range)
+               - set(getattr(family, "later_fields", {}) or {}))
+    if missing:
+        raise _Bad(f"fixed must hold every problem field the range does not; missing {sorted(missing)}")
     problem = _problem(family, {**fixed, **corner})
     if not family.in_range(problem, problem, verified_range):
         raise _Bad(f"verified_range {json.dumps(verified_range, sort_keys=True):.200} is not a range of integers "
@@ -585,6 +591,10 @@ def validate_policy_record(record: dict, line: int) -> _ValidPolicy:
         "provenance": _text(provenance.get("text", ""), "provenance.text", 100_000),
         "created_at": _parse_time(provenance.get("created_at")),
     }
+    # A policy serves untuned shapes in place of the vendor op: it is stored only where it won on every sample.
+    if values["min_ratio"] < 1.0 or values["min_ratio"] > values["geomean_ratio"]:
+        raise _Bad(f"min_ratio {values['min_ratio']} must be at least 1 (a policy that loses to the vendor op is never "
+                   f"stored) and at most geomean_ratio {values['geomean_ratio']}")
     return _ValidPolicy(line, family_name, device, toolchain, values)
 
 
