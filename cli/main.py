@@ -131,6 +131,15 @@ def _make_tune_command(name: str):
             _revalidate_stale(db_url, device, family.name)
             return
         model_opts = take_model_options(options)
+        if model_opts["model"] is not None and not model_opts["model"].strip():
+            raise click.BadParameter("name a model (see autotile.models), or leave --model out", param_hint="--model")
+        if not (model_opts["model"] or model_opts["dims"]):
+            # These describe a model run: without --model or --dims they would be ignored, and the shape options tuned.
+            given = [f"--{name}" for name in ("tokens", "budget", "policy") if model_opts[name]]
+            if given:
+                raise click.UsageError(f"{', '.join(given)} {'go' if len(given) > 1 else 'goes'} with --model or --dims (a model's projections or "
+                                       "prefill); for one shape give its options alone, and --timeout for a time "
+                                       "limit")
         if model_opts["model"] or model_opts["dims"]:
             tune_model(family, model_opts, options, device, db_url, trials, seed, storage_url=storage, gpus=gpu_list,
                        trial_timeout=trial_timeout, compile_ahead=compile_ahead, patience=patience)

@@ -160,6 +160,14 @@ def tune_group(factory) -> click.Group:
         if ctx.invoked_subcommand is not None:
             if trace_path:
                 raise click.UsageError("--from-trace tunes what the trace holds; give it without a family")
+            # The group's own options serve --from-trace only: before a family they would be ignored.
+            given = [f"--{name}" for name, value in (("budget", budget), ("shard", shard), ("family", families))
+                     if value]
+            if given:
+                verb = "go" if len(given) > 1 else "goes"
+                raise click.UsageError(f"{', '.join(given)} before a family {verb} with --from-trace; give the "
+                                       "family's own options after its name (`autotile tune gemm --model NAME "
+                                       "--budget 10m`)")
             return
         if not trace_path:
             click.echo(ctx.get_help())

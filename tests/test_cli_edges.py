@@ -440,3 +440,18 @@ def test_an_out_path_that_cannot_be_written_gets_one_line(command, tmp_path):
     under_a_file = CliRunner(env=env).invoke(cli, [*command, *gpu, "--out", str(blocker / "x.md")])
     assert under_a_file.exit_code == 1 and "Traceback" not in under_a_file.output, under_a_file.output
     assert "Error:" in under_a_file.output
+
+
+@pytest.mark.parametrize("args, words", [
+    (["tune", "gemm", "--m", "17", "--n", "9", "--k", "33", "--tokens", "1"], "--tokens goes with --model"),
+    (["tune", "gemm", "--m", "17", "--n", "9", "--k", "33", "--policy"], "--policy goes with --model"),
+    (["tune", "gemm", "--model", ""], "name a model"),
+    (["tune", "--shard", "1/2", "gemm", "--m", "17", "--n", "9", "--k", "33"], "--shard before a family goes with"),
+    (["tune", "--budget", "5s", "gemm", "--m", "17", "--n", "9", "--k", "33"], "--budget before a family goes with"),
+], ids=["tokens", "policy", "empty-model", "shard", "budget"])
+def test_options_that_would_be_ignored_are_usage_errors(args, words, tmp_path):
+    """Each of these tuned the shape options as if the option were not there."""
+    result = CliRunner(env={"AUTOTILE_DB": f"sqlite:///{tmp_path / 'd.sqlite'}"}).invoke(
+        cli, [*args, "--gpu", "interpret", "--trials", "1"])
+    assert result.exit_code == 2 and words in result.output, result.output
+    assert not (tmp_path / "d.sqlite").exists()
