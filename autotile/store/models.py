@@ -32,6 +32,20 @@ class DamagedJSON:
         return False  # reads as "no value" wherever a range is tested for, and is never served as one
 
 
+def _tolerant(parse, damaged):
+    """A column's result processor that reads a value `parse` cannot as damaged(value), not an exception."""
+    if parse is None:
+        return None
+
+    def process(value):
+        try:
+            return parse(value)
+        except (ValueError, TypeError):
+            return damaged(value)
+
+    return process
+
+
 class TolerantJSON(TypeDecorator):
     """A JSON column whose damaged value (edited by hand, cut short) reads back as DamagedJSON, not an exception.
 
@@ -46,17 +60,7 @@ class TolerantJSON(TypeDecorator):
         return None if isinstance(value, DamagedJSON) else value  # a copied row carries no damaged text along
 
     def result_processor(self, dialect, coltype):
-        parse = super().result_processor(dialect, coltype)
-        if parse is None:
-            return None
-
-        def process(value):
-            try:
-                return parse(value)
-            except (ValueError, TypeError):
-                return DamagedJSON(str(value)[:200])
-
-        return process
+        return _tolerant(super().result_processor(dialect, coltype), lambda value: DamagedJSON(str(value)[:200]))
 
 
 class TolerantDateTime(TypeDecorator):
@@ -68,17 +72,7 @@ class TolerantDateTime(TypeDecorator):
     cache_ok = True
 
     def result_processor(self, dialect, coltype):
-        parse = super().result_processor(dialect, coltype)
-        if parse is None:
-            return None
-
-        def process(value):
-            try:
-                return parse(value)
-            except (ValueError, TypeError):
-                return None
-
-        return process
+        return _tolerant(super().result_processor(dialect, coltype), lambda value: None)
 
 
 class Base(DeclarativeBase):
