@@ -206,14 +206,22 @@ ALIBI_CASES = [(FlashProblem("fwd", 1, 32, 32, 4096, 4096, 128, causal=True, ali
                (FlashProblem("fwd", 2, 16, 16, 1000, 1000, 64, window_left=100, window_right=30, alibi=True), 64, 4)]
 
 
+def _build_job(job) -> dict:
+    case, queue = job
+    return _build(*case, queue=queue)
+
+
 def _compile_cases() -> dict:
+    from compile_child import map_in_processes
+
     from autotile.families import flash_space
 
-    static = [_build(*case) for case in CASES]
-    queued = [_build(*case, queue=True) for case in QUEUE_CASES]
+    # Set before the pool forks (its processes inherit them): ALiBi and two-sided windows wait for their GPU tests.
     flash_space.GLUON_ALIBI = flash_space.GLUON_TWO_SIDED_WINDOW = True
-    return dict(static=static, queued=queued, softcap=[_build(*case) for case in SOFTCAP_CASES],
-                window=[_build(*case) for case in WINDOW_CASES], alibi=[_build(*case) for case in ALIBI_CASES])
+    groups = {"static": (CASES, False), "queued": (QUEUE_CASES, True), "softcap": (SOFTCAP_CASES, False),
+              "window": (WINDOW_CASES, False), "alibi": (ALIBI_CASES, False)}
+    built = iter(map_in_processes(_build_job, [(case, queue) for cases, queue in groups.values() for case in cases]))
+    return {name: [next(built) for _ in cases] for name, (cases, _) in groups.items()}
 
 
 def test_gluon_ws_kernels_compile_for_sm90_without_spills_in_the_key_loop_or_launch_scratch():

@@ -185,19 +185,23 @@ CASES = [
 ]
 
 
-def _compile_cases() -> list:
+def _compile_case(case) -> dict:
     from autotile.xcompile import compile_config
 
-    out = []
-    for problem, tiles in CASES:
-        p = contiguous_problem(**problem)
-        config = dict(dict(VARIANT="gluon_ws", SCHEDULE="stream_k", SPLIT_K=1, PERSISTENT=False, WARP_SPECIALIZE=False,
-                           FLATTEN=False, SWAP_AB=False, EPILOGUE_SUBTILE=False, GROUP_M=8, num_warps=4), **tiles)
-        feasible = FAMILY.space(p, H200).admit(config) is not None
-        kernels = compile_config(FAMILY, p, config, H200)
-        out.append(dict(feasible=feasible, kernels=[(k.name, k.shared, k.registers, k.stack, list(k.ptx_features),
-                                                     k.global_scratch) for k in kernels]))
-    return out
+    problem, tiles = case
+    p = contiguous_problem(**problem)
+    config = dict(dict(VARIANT="gluon_ws", SCHEDULE="stream_k", SPLIT_K=1, PERSISTENT=False, WARP_SPECIALIZE=False,
+                       FLATTEN=False, SWAP_AB=False, EPILOGUE_SUBTILE=False, GROUP_M=8, num_warps=4), **tiles)
+    feasible = FAMILY.space(p, H200).admit(config) is not None
+    kernels = compile_config(FAMILY, p, config, H200)
+    return dict(feasible=feasible, kernels=[(k.name, k.shared, k.registers, k.stack, list(k.ptx_features),
+                                             k.global_scratch) for k in kernels])
+
+
+def _compile_cases() -> list:
+    from compile_child import map_in_processes
+
+    return map_in_processes(_compile_case, CASES)
 
 
 def test_gluon_ws_kernels_compile_for_sm90():
