@@ -48,6 +48,22 @@ def run_checked(problem, config, inputs, scale=None) -> dict:
     return outputs
 
 
+def switched_on(monkeypatch, *switches: str):
+    """Turn on the flash_space switches a test needs (features that wait for their GPU tests): the device to run on."""
+    from autotile.device import cuda_device
+    from autotile.families import flash_space
+
+    for name in switches:
+        monkeypatch.setattr(flash_space, name, True)
+    return cuda_device()
+
+
+def check_first_config(problem, device, seed: int, inputs=None) -> None:
+    """The problem's Gluon config of fewest slots against float64 (each config is its own build)."""
+    inputs = FAMILY.make_inputs(problem, device, seed=seed) if inputs is None else inputs
+    run_checked(problem, gluon_configs(problem, device)[0], inputs)
+
+
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_gluon_backward_matches_float64(shape):
     """bf16 on two Q/dO slots (each config is its own build: the slot counts and fp16 are checked below)."""
@@ -317,25 +333,14 @@ def test_gluon_backward_windows_as_float64(monkeypatch, shape, window):
     """Causal sliding windows in the Gluon backward (LEFT_BOUND): each tile's query blocks end where their windows
     leave its keys; with Sk > Sq + window the first keys are seen by no query (dK and dV zero); tiles shared by
     programs (SPLIT) split only the blocks that see them."""
-    from autotile.device import cuda_device
-    from autotile.families import flash_space
-
-    monkeypatch.setattr(flash_space, "GLUON_BWD_WINDOW", True)
-    device = cuda_device()
-    problem = FlashProblem("bwd", *shape, causal=True, window_left=window)
-    inputs = FAMILY.make_inputs(problem, device, seed=5)
-    run_checked(problem, gluon_configs(problem, device)[0], inputs)
+    device = switched_on(monkeypatch, "GLUON_BWD_WINDOW")
+    check_first_config(FlashProblem("bwd", *shape, causal=True, window_left=window), device, seed=5)
 
 
 def test_gluon_backward_windows_of_packed_sequences_match_float64(monkeypatch):
-    from autotile.device import cuda_device
-    from autotile.families import flash_space
-
-    monkeypatch.setattr(flash_space, "GLUON_BWD_WINDOW", True)
-    device = cuda_device()
-    problem = FlashProblem("bwd", 5, 8, 2, 700, 900, 128, causal=True, varlen=True, window_left=200)
-    inputs = FAMILY.make_inputs(problem, device, seed=13)
-    run_checked(problem, gluon_configs(problem, device)[0], inputs)
+    device = switched_on(monkeypatch, "GLUON_BWD_WINDOW")
+    check_first_config(FlashProblem("bwd", 5, 8, 2, 700, 900, 128, causal=True, varlen=True, window_left=200), device,
+                       seed=13)
 
 
 @pytest.mark.parametrize("window", [(63, 64), (300, 5), (-1, 100), (130, -1), (0, 0)], ids=lambda w: f"{w[0]},{w[1]}")
@@ -345,25 +350,14 @@ def test_gluon_backward_non_causal_windows_as_float64(monkeypatch, shape, window
     """Windows of calls that are not causal (RIGHT_WINDOW: the right side an argument; LEFT_BOUND): a tile walks the
     query blocks from the first whose window reaches its keys to the last; keys no query sees get zero dK and dV.
     NOTE: flash_space.GLUON_BWD_NON_CAUSAL_WINDOW stays off until this passes."""
-    from autotile.device import cuda_device
-    from autotile.families import flash_space
-
-    monkeypatch.setattr(flash_space, "GLUON_BWD_NON_CAUSAL_WINDOW", True)
-    device = cuda_device()
-    problem = FlashProblem("bwd", *shape, window_left=window[0], window_right=window[1])
-    inputs = FAMILY.make_inputs(problem, device, seed=11)
-    run_checked(problem, gluon_configs(problem, device)[0], inputs)
+    device = switched_on(monkeypatch, "GLUON_BWD_NON_CAUSAL_WINDOW")
+    check_first_config(FlashProblem("bwd", *shape, window_left=window[0], window_right=window[1]), device, seed=11)
 
 
 def test_gluon_backward_non_causal_windows_of_packed_sequences_match_float64(monkeypatch):
-    from autotile.device import cuda_device
-    from autotile.families import flash_space
-
-    monkeypatch.setattr(flash_space, "GLUON_BWD_NON_CAUSAL_WINDOW", True)
-    device = cuda_device()
-    problem = FlashProblem("bwd", 5, 8, 2, 700, 900, 64, varlen=True, window_left=64, window_right=64)
-    inputs = FAMILY.make_inputs(problem, device, seed=17)
-    run_checked(problem, gluon_configs(problem, device)[0], inputs)
+    device = switched_on(monkeypatch, "GLUON_BWD_NON_CAUSAL_WINDOW")
+    check_first_config(FlashProblem("bwd", 5, 8, 2, 700, 900, 64, varlen=True, window_left=64, window_right=64),
+                       device, seed=17)
 
 
 @pytest.mark.parametrize("shape", [(2, 4, 2, 1000, 1000, 128), (1, 4, 1, 200, 777, 128), (2, 2, 1, 333, 555, 64),
@@ -372,33 +366,22 @@ def test_gluon_backward_alibi_as_float64(monkeypatch, shape):
     """ALiBi in the Gluon backward (ALIBI): causal, the bias split between the keys and the rows' padded LSE; not
     causal, the distance an element. Slopes (Hq,) as make_inputs gives them, then (B, Hq).
     NOTE: flash_space.GLUON_BWD_ALIBI stays off until this and the test below pass."""
-    from autotile.device import cuda_device
-    from autotile.families import flash_space
-
-    monkeypatch.setattr(flash_space, "GLUON_BWD_ALIBI", True)
-    device = cuda_device()
+    device = switched_on(monkeypatch, "GLUON_BWD_ALIBI")
     for causal in (True, False):
         problem = FlashProblem("bwd", *shape, causal=causal, alibi=True)
         inputs = FAMILY.make_inputs(problem, device, seed=29)
-        run_checked(problem, gluon_configs(problem, device)[0], inputs)
+        check_first_config(problem, device, 29, inputs)
         gen = torch.Generator(device="cuda").manual_seed(29)
         inputs["alibi"] = torch.rand(shape[0], shape[1], device="cuda", generator=gen) * 0.25
-        run_checked(problem, gluon_configs(problem, device)[0], inputs)
+        check_first_config(problem, device, 29, inputs)
 
 
 @pytest.mark.parametrize("features", [dict(causal=True, varlen=True), dict(causal=True, window_left=200),
                                       dict(window_left=64, window_right=64)],
                          ids=["packed", "causal-window", "two-sided-window"])
 def test_gluon_backward_alibi_with_other_features_as_float64(monkeypatch, features):
-    from autotile.device import cuda_device
-    from autotile.families import flash_space
-
-    monkeypatch.setattr(flash_space, "GLUON_BWD_ALIBI", True)
-    monkeypatch.setattr(flash_space, "GLUON_BWD_NON_CAUSAL_WINDOW", True)
-    device = cuda_device()
-    problem = FlashProblem("bwd", 5, 8, 2, 700, 900, 128, alibi=True, **features)
-    inputs = FAMILY.make_inputs(problem, device, seed=31)
-    run_checked(problem, gluon_configs(problem, device)[0], inputs)
+    device = switched_on(monkeypatch, "GLUON_BWD_ALIBI", "GLUON_BWD_NON_CAUSAL_WINDOW")
+    check_first_config(FlashProblem("bwd", 5, 8, 2, 700, 900, 128, alibi=True, **features), device, seed=31)
 
 
 @pytest.mark.parametrize("softcap", [1.0, 50.0])
@@ -408,11 +391,7 @@ def test_gluon_backward_soft_caps_as_float64(monkeypatch, shape, softcap):
     """Soft-capping in the Gluon backward (SOFTCAP: tanh.approx.f32 again in P^T; P^T times the cap's derivative
     through shared memory), causal and not, every slot count the space offers.
     NOTE: flash_space.GLUON_BWD_SOFTCAP stays off until this and the test below pass."""
-    from autotile.device import cuda_device
-    from autotile.families import flash_space
-
-    monkeypatch.setattr(flash_space, "GLUON_BWD_SOFTCAP", True)
-    device = cuda_device()
+    device = switched_on(monkeypatch, "GLUON_BWD_SOFTCAP")
     for causal in (True, False):
         problem = FlashProblem("bwd", *shape, causal=causal, softcap=softcap)
         inputs = FAMILY.make_inputs(problem, device, seed=37)
@@ -423,11 +402,6 @@ def test_gluon_backward_soft_caps_as_float64(monkeypatch, shape, softcap):
 @pytest.mark.parametrize("features", [dict(varlen=True), dict(window_left=200)], ids=["packed", "gemma2-local"])
 def test_gluon_backward_soft_caps_with_other_features_as_float64(monkeypatch, features):
     """Gemma-2's local layers (a causal window beside the cap) and packed sequences."""
-    from autotile.device import cuda_device
-    from autotile.families import flash_space
-
-    monkeypatch.setattr(flash_space, "GLUON_BWD_SOFTCAP", True)
-    device = cuda_device()
-    problem = FlashProblem("bwd", 5, 8, 2, 700, 900, 128, causal=True, softcap=30.0, **features)
-    inputs = FAMILY.make_inputs(problem, device, seed=41)
-    run_checked(problem, gluon_configs(problem, device)[0], inputs)
+    device = switched_on(monkeypatch, "GLUON_BWD_SOFTCAP")
+    check_first_config(FlashProblem("bwd", 5, 8, 2, 700, 900, 128, causal=True, softcap=30.0, **features), device,
+                       seed=41)
