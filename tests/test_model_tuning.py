@@ -70,6 +70,15 @@ def test_a_trace_plan_merges_one_bucket_and_puts_most_calls_first():
     assert any("unknown family" in n for n in notes)
 
 
+def test_a_trace_problem_of_the_wrong_types_is_skipped_with_a_note_not_tuned():
+    for field, value in (("m", 5.0), ("bias", 1), ("dtype", "float99"), ("n", 0)):
+        bad = _entry(4, 9)
+        bad.problem[field] = value
+        planned, notes = plan_from_trace([bad, _entry(8, 3)])
+        assert [p.problem.m for p in planned] == [8], field
+        assert len(notes) == 1 and "does not rebuild" in notes[0], (field, notes)
+
+
 def test_the_shards_of_a_plan_hold_every_problem_once_and_share_the_most_called():
     from autotile.errors import BadInputError
     from autotile.families.gemm import contiguous_problem

@@ -433,7 +433,7 @@ def _count(value, name: str, minimum: int, maximum: int = _INT32_MAX) -> int:
     return value
 
 
-def _problem(family, data: dict):
+def checked_problem(family, data: dict):
     """The family's problem rebuilt from `data`, every field of the type the problem declares.
 
     The families' constructors take what they are given (m=64.5, tf32="yes", bias=2 would rebuild); a
@@ -569,7 +569,7 @@ def validate_policy_record(record: dict, line: int) -> _ValidPolicy:
                - set(getattr(family, "later_fields", {}) or {}))
     if missing:
         raise _Bad(f"fixed must hold every problem field the range does not; missing {sorted(missing)}")
-    problem = _problem(family, {**fixed, **corner})
+    problem = checked_problem(family, {**fixed, **corner})
     if not family.in_range(problem, problem, verified_range):
         raise _Bad(f"verified_range {json.dumps(verified_range, sort_keys=True):.200} is not a range of integers "
                    "that holds its own lowest corner")
@@ -613,7 +613,7 @@ def validate_record(record, line: int) -> _Valid | _ValidPolicy:
     if unknown:
         raise _Bad(f"unknown fields {sorted(unknown)}")
     family_name, family = _family_of(record)
-    problem = _problem(family, _object(record, "problem"))
+    problem = checked_problem(family, _object(record, "problem"))
     device = _device(_object(record, "device"))
     config_data = _object(record, "config")
     try:

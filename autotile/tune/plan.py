@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from autotile.errors import BadInputError
 from autotile.families import family_names, get_family
 from autotile.families.base import Family, problem_to_dict
+from autotile.store.exchange import checked_problem
 from autotile.tune.session import in_session
 
 # Seconds a problem needs at the least to be worth starting: the vendor check, a few trials, the re-timing.
@@ -94,8 +95,8 @@ def plan_from_trace(entries: Sequence, families: Sequence[str] | None = None) ->
         if families and entry.family not in families:
             continue
         family = get_family(entry.family)
-        try:
-            problem = family.problem_from_dict(entry.problem)
+        try:  # each field of the type the family declares: a hand-edited m=5.0 is caught here, not mid-tune
+            problem = checked_problem(family, entry.problem)
         except Exception as exc:  # noqa: BLE001 - a problem from another version of the family
             notes.append(f"{entry.family} problem {entry.problem} does not rebuild ({exc}): skipped")
             continue
