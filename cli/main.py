@@ -324,9 +324,18 @@ def list_command(family, device_key, db_url):
     from autotile.store.db import reading
 
     with reading(db_url):
-        winners = _read_store(db_url).winners(family, device_key)
+        store = _read_store(db_url)
+        winners = store.winners(family, device_key)
+        others = [] if winners or not (family or device_key) else store.winners(None, None)
     if not winners:
-        click.echo("no winners stored yet: run `autotile tune FAMILY`")
+        if not others:
+            click.echo("no winners stored yet: run `autotile tune FAMILY`")
+            return
+        asked = " and ".join(f"{name} {value!r}" for name, value in (("family", family), ("device", device_key))
+                             if value)
+        held = lambda values: ", ".join(sorted(set(values)))  # noqa: E731
+        click.echo(f"no winners stored for {asked}; the database holds winners of families "
+                   f"{held(w.family for w in others)} on devices {held(w.device_key for w in others)}")
         return
     table = Table(title="autotile winners")
     for col in ("family", "device", "problem", "median ms", "spread", "vs baseline", "trials"):

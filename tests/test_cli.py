@@ -31,6 +31,9 @@ def test_tune_list_show_end_to_end(run, tmp_path):
     assert listing.exit_code == 0 and "gemm" in listing.output and "m=20" in listing.output
     shown = run("show", "gemm", "--db", db)
     assert shown.exit_code == 0 and "trials: {'ok': 2}" in shown.output
+    elsewhere = run("list", "--device", "h200/sm90", "--db", db)  # a filter that matches nothing says what is there
+    assert elsewhere.exit_code == 0 and "no winners stored for device 'h200/sm90'" in elsewhere.output
+    assert "families gemm on devices interpret" in elsewhere.output
 
 
 def test_dtype_takes_short_and_torch_names(run, tmp_path):
