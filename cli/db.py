@@ -36,8 +36,10 @@ def export_command(out, family, device_key, db_url):
     """Write the stored winners to a portable JSON-lines file."""
     from autotile.store.exchange import export_database
 
-    count = export_database(db_url, out, family, device_key)
-    click.echo(f"exported {count} winner{'s' if count != 1 else ''} to {out}")
+    counts = export_database(db_url, out, family, device_key)
+    policies = counts["policy"]
+    also = f" and {policies} polic{'ies' if policies != 1 else 'y'}" if policies else ""
+    click.echo(f"exported {counts['winner']} winner{'s' if counts['winner'] != 1 else ''}{also} to {out}")
 
 
 def _print_import(report) -> None:

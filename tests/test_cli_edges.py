@@ -352,7 +352,7 @@ def test_export_and_import_keep_a_winner_whose_range_is_damaged(gemm_db, damage,
     path, url = gemm_db
     set_range(path, damage)
     out = tmp_path / "winners.jsonl"
-    assert export_database(url, out) == 1
+    assert export_database(url, out) == {"winner": 1, "policy": 0}
     report = import_file(f"sqlite:///{tmp_path / 'copy.sqlite'}", out)
     assert report.kept_count == 1 and report.skipped_count == 0, report.skipped
     (copied,) = Store(open_engine(f"sqlite:///{tmp_path / 'copy.sqlite'}", create=False)).winners("gemm")

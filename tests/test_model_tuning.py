@@ -71,7 +71,7 @@ def test_a_trace_plan_merges_one_bucket_and_puts_most_calls_first():
 
 
 def test_a_trace_problem_of_the_wrong_types_is_skipped_with_a_note_not_tuned():
-    for field, value in (("m", 5.0), ("bias", 1), ("dtype", "float99"), ("n", 0)):
+    for field, value in (("m", 5.0), ("bias", 1), ("dtype", "float99"), ("n", -3.5)):
         bad = _entry(4, 9)
         bad.problem[field] = value
         planned, notes = plan_from_trace([bad, _entry(8, 3)])

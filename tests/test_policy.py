@@ -130,7 +130,7 @@ def test_policies_travel_through_export_and_import_and_bad_ones_are_skipped(db, 
     from autotile.store.exchange import export_database, import_file
 
     out = tmp_path / "export.jsonl"
-    assert export_database(db, out) == 1
+    assert export_database(db, out) == {"winner": 0, "policy": 1}
     lines = [_json.loads(line) for line in out.read_text().splitlines()]
     (record,) = [r for r in lines if r.get("record") == "policy"]
     assert record["verified_range"] == {"m": [3, 4], "n": [40, 48], "k": [20, 28]}

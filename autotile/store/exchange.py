@@ -222,13 +222,15 @@ def _serving_range_fault(problem: Problem, value: dict) -> str | None:
     return None
 
 
-def export_database(db_url: str | None, out: Path, family: str | None = None, device_key: str | None = None) -> int:
-    """Write the winners of `db_url` to `out` as an autotile export; returns how many records were written.
+def export_database(db_url: str | None, out: Path, family: str | None = None,
+                    device_key: str | None = None) -> dict[str, int]:
+    """Write the winners and policies of `db_url` to `out` as an autotile export; returns how many records of each
+    kind ("winner", "policy") were written.
 
     The file is written beside `out` and renamed into place, so a reader never sees half of it.
 
     >>> export_database("sqlite:////tmp/t.sqlite", Path("/tmp/winners.jsonl"))  # doctest: +SKIP
-    3
+    {'winner': 3, 'policy': 1}
     """
     engine = open_engine(db_url, create=False, read_only=True)
     header = {"format": FORMAT, "format_version": FORMAT_VERSION, "schema_version": SCHEMA_VERSION,
@@ -236,14 +238,14 @@ def export_database(db_url: str | None, out: Path, family: str | None = None, de
               "exported_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
     out = Path(out)
     partial = out.with_name(out.name + ".partial")
-    count = 0
+    counts = {"winner": 0, "policy": 0}
     try:
         with reading(db_url), open(partial, "w", encoding="utf-8") as handle:
             handle.write(json.dumps(header, sort_keys=True) + "\n")
             for record in export_records(engine, family, device_key):
                 handle.write(json.dumps(record, sort_keys=True) + "\n")
-                count += 1
-            handle.write(json.dumps({"record": "end", "count": count}, sort_keys=True) + "\n")
+                counts[record["record"]] += 1
+            handle.write(json.dumps({"record": "end", "count": sum(counts.values())}, sort_keys=True) + "\n")
             handle.flush()
             os.fsync(handle.fileno())  # a full disk shows here, before the rename, not after it
         partial.replace(out)
@@ -252,7 +254,7 @@ def export_database(db_url: str | None, out: Path, family: str | None = None, de
         if isinstance(exc, OSError):
             raise ExportFormatError(f"cannot write {out}: {exc.strerror or exc}; nothing was written") from None
         raise
-    return count
+    return counts
 
 
 # --- reading and validating ----------------------------------------------------------------------

@@ -95,12 +95,14 @@ def plan_from_trace(entries: Sequence, families: Sequence[str] | None = None) ->
         if families and entry.family not in families:
             continue
         family = get_family(entry.family)
-        try:  # each field of the type the family declares: a hand-edited m=5.0 is caught here, not mid-tune
-            problem = checked_problem(family, entry.problem)
+        try:
+            problem = family.problem_from_dict(entry.problem)
+            empty = empty_shape_fields(family, problem)
+            if not empty:  # each field of the type the family declares: a hand-edited m=5.0 is caught here
+                problem = checked_problem(family, entry.problem)
         except Exception as exc:  # noqa: BLE001 - a problem from another version of the family
             notes.append(f"{entry.family} problem {entry.problem} does not rebuild ({exc}): skipped")
             continue
-        empty = empty_shape_fields(family, problem)
         if empty:
             notes.append(f"{entry.family} calls on empty tensors ({', '.join(empty)}): nothing to time, skipped")
             continue
