@@ -393,6 +393,10 @@ def test_import_and_merge_name_the_command_that_reads_the_file(gemm_db, tmp_path
     export_database(url, export)
     line = one_line_error(invoke("db", "merge", export, "--db", target))
     assert "is an autotile export, not a database: import it with `autotile db import" in line
+    garbage = tmp_path / "garbage.sqlite"
+    garbage.write_bytes(b"not a database at all" * 50)
+    line = one_line_error(invoke("db", "merge", garbage, "--db", target))  # advice about the source, not --db
+    assert f"cannot merge from {garbage}" in line and "nothing was merged" in line and "--db" not in line
 
 
 @pytest.mark.parametrize("command", [("report", "--out", "r.md"), ("db", "export", "--out", "w.jsonl"),

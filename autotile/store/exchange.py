@@ -835,8 +835,13 @@ def merge_databases(target_url: str | None, source_urls: Iterable[str], *,
         if target is not None and url == target:
             raise DatabaseError(f"{source} is the target database itself; name another one to merge from")
         _refuse_an_export(source)
-        with reading(url):
-            records = [(number, record, "") for number, record in
-                       enumerate(export_records(open_engine(url, create=False, read_only=True)), start=1)]
+        try:
+            with reading(url):
+                records = [(number, record, "") for number, record in
+                           enumerate(export_records(open_engine(url, create=False, read_only=True)), start=1)]
+        except DatabaseError as exc:  # its advice is about --db, which names the target here
+            reason = str(exc).split("; point --db/AUTOTILE_DB")[0]
+            raise DatabaseError(f"cannot merge from {source}: {reason}; nothing was merged (name autotile "
+                                "databases as sources)") from None
         read.append((source, records))
     return [import_records(target_url, records, source, policy=policy, dry_run=dry_run) for source, records in read]
