@@ -157,19 +157,23 @@ def tune_group(factory) -> click.Group:
     @click.pass_context
     @friendly_errors
     def callback(ctx, trace_path, budget, gpu, trials, families, shard, seed, db_url):
+        # The group's own options serve --from-trace only: before a family, or without a trace, they would be
+        # ignored (`tune --db X gemm ...` would tune into AUTOTILE_DB).
+        given = [param.opts[0] for param in ctx.command.params if param.name != "trace_path"
+                 and ctx.get_parameter_source(param.name) == click.core.ParameterSource.COMMANDLINE]
+        verb = "go" if len(given) > 1 else "goes"
         if ctx.invoked_subcommand is not None:
             if trace_path:
                 raise click.UsageError("--from-trace tunes what the trace holds; give it without a family")
-            # The group's own options serve --from-trace only: before a family they would be ignored.
-            given = [f"--{name}" for name, value in (("budget", budget), ("shard", shard), ("family", families))
-                     if value]
             if given:
-                verb = "go" if len(given) > 1 else "goes"
                 raise click.UsageError(f"{', '.join(given)} before a family {verb} with --from-trace; give the "
-                                       "family's own options after its name (`autotile tune gemm --model NAME "
-                                       "--budget 10m`)")
+                                       "family's own options after its name (`autotile tune gemm --trials 20 "
+                                       "--db FILE ...`)")
             return
         if not trace_path:
+            if given:
+                raise click.UsageError(f"{', '.join(given)} {verb} with --from-trace FILE, or after a family's name "
+                                       "(`autotile tune gemm ...`)")
             click.echo(ctx.get_help())
             return
         from autotile.device import resolve_gpu

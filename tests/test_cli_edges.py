@@ -452,7 +452,10 @@ def test_an_out_path_that_cannot_be_written_gets_one_line(command, tmp_path):
     (["tune", "gemm", "--model", ""], "name a model"),
     (["tune", "--shard", "1/2", "gemm", "--m", "17", "--n", "9", "--k", "33"], "--shard before a family goes with"),
     (["tune", "--budget", "5s", "gemm", "--m", "17", "--n", "9", "--k", "33"], "--budget before a family goes with"),
-], ids=["tokens", "policy", "empty-model", "shard", "budget"])
+    (["tune", "--trials", "1", "--db", "elsewhere.sqlite", "gemm", "--m", "17", "--n", "9", "--k", "33"],
+     "--trials, --db before a family go with"),
+    (["tune", "--seed", "3"], "--gpu, --trials, --seed go with --from-trace FILE"),
+], ids=["tokens", "policy", "empty-model", "shard", "budget", "db-trials", "seed-alone"])
 def test_options_that_would_be_ignored_are_usage_errors(args, words, tmp_path):
     """Each of these tuned the shape options as if the option were not there."""
     result = CliRunner(env={"AUTOTILE_DB": f"sqlite:///{tmp_path / 'd.sqlite'}"}).invoke(
