@@ -63,7 +63,16 @@ def _problems(family, preset: str | None, options: dict) -> list:
             raise click.UsageError(f"--preset {preset} names its own problems, so {flags} would be ignored: "
                                    "give either --preset or the shape options, not both")
         return presets[preset]
-    return family.problems_from_cli(**options)
+    problems = family.problems_from_cli(**options)
+    given = _given_options(options)
+    if given and problems == family.default_suite():
+        # The family took no shape from these options and fell back to its suite, which would ignore them.
+        flags = ", ".join("--" + name.replace("_", "-") for name in given)
+        raise click.UsageError(f"{flags} describe{'s' if len(given) == 1 else ''} a problem, but no shape was given, "
+                               f"so the default {family.name} suite would run without "
+                               f"{'it' if len(given) == 1 else 'them'}: give the shape too (see --help), or drop "
+                               f"{'it' if len(given) == 1 else 'them'} for the suite")
+    return problems
 
 
 def _given_options(options: dict) -> list[str]:
@@ -144,9 +153,11 @@ def _make_tune_command(name: str):
             tune_model(family, model_opts, options, device, db_url, trials, seed, storage_url=storage, gpus=gpu_list,
                        trial_timeout=trial_timeout, compile_ahead=compile_ahead, patience=patience)
             return
-        if device.interpret and not preset:
-            options = interpreter_defaults(family, options, _given_options(options))
         problems = _problems(family, preset, options)
+        if device.interpret and not preset and problems != family.default_suite():
+            # (a shape given: the options left out get interpreter-sized values; the suite keeps its own shapes)
+            options = interpreter_defaults(family, options, _given_options(options))
+            problems = _problems(family, preset, options)
         if device.interpret:
             click.echo("note: --gpu interpret runs on Triton's CPU interpreter; its timings are CPU timings.", err=True)
             if not preset and not _given_options(options) and len(problems) > 1:
@@ -278,7 +289,12 @@ def _make_bench_command(name: str):
         for col in ("problem", "config from", "autotile ms", "spread", "TFLOP/s", "TB/s", "baseline", "baseline ms",
                     "speedup"):
             table.add_column(col)
-        for problem in _problems(family, preset, options):
+        problems = _problems(family, preset, options)
+        if device.interpret and not preset and problems == family.default_suite():
+            click.echo(f"note: no shape given, so the default {family.name} suite runs: {len(problems)} GPU-sized "
+                       "problems, minutes each on the CPU interpreter; give a small shape for a quick run "
+                       "(see --help)", err=True)
+        for problem in problems:
             row = bench_problem(family, problem, device, rounds=rounds)
             source = f"{row.resolution.source} ({row.resolution.match})"
             if row.ours is None:

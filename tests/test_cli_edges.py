@@ -455,7 +455,11 @@ def test_an_out_path_that_cannot_be_written_gets_one_line(command, tmp_path):
     (["tune", "--trials", "1", "--db", "elsewhere.sqlite", "gemm", "--m", "17", "--n", "9", "--k", "33"],
      "--trials, --db before a family go with"),
     (["tune", "--seed", "3"], "--gpu, --trials, --seed go with --from-trace FILE"),
-], ids=["tokens", "policy", "empty-model", "shard", "budget", "db-trials", "seed-alone"])
+    (["tune", "elementwise", "--numel", "100"], "--numel describes a problem, but no shape was given"),
+    (["tune", "gemm", "--dtype", "fp16", "--bias"], "--dtype, --bias describe a problem, but no shape was given"),
+    (["tune", "paged", "--page-size", "8", "--dry-run"], "so the default paged suite would run without it"),
+], ids=["tokens", "policy", "empty-model", "shard", "budget", "db-trials", "seed-alone", "suite-numel",
+        "suite-dtype", "suite-paged"])
 def test_options_that_would_be_ignored_are_usage_errors(args, words, tmp_path):
     """Each of these tuned the shape options as if the option were not there."""
     result = CliRunner(env={"AUTOTILE_DB": f"sqlite:///{tmp_path / 'd.sqlite'}"}).invoke(
