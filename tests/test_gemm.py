@@ -168,6 +168,23 @@ def test_scale_modes_follow_the_scale_shapes():
         FAMILY.problem_from_tensors(torch.randn(4, 8), torch.randn(8, 2), residual=torch.randn(2, 4))
 
 
+@pytest.mark.parametrize("m, k, n, shape_a, shape_b", [(16, 32, 16, (16, 1), (1, 1)), (1, 64, 256, (1, 1), (1, 2))],
+                         ids=["one-block-of-B", "one-token"])
+def test_block_scales_holding_one_value_are_served_as_blocks(m, k, n, shape_a, shape_b):
+    """K and N within one 128-block: B's block scale is one value (and at M = 1 so is A's); the op took such a scale
+    for a per-tensor one and its launch failed."""
+    torch.manual_seed(0)
+    a = torch.randn(m, k).to(torch.float8_e4m3fn)
+    b = torch.randn(k, n).to(torch.float8_e4m3fn)
+    scale_a, scale_b = torch.rand(shape_a) + 0.5, torch.rand(shape_b) + 0.5
+    problem = FAMILY.problem_from_tensors(a, b, scale_a=scale_a, scale_b=scale_b)
+    assert problem.scale_mode == "block"
+    out = autotile.matmul(a, b, scale_a=scale_a, scale_b=scale_b)
+    ref = FAMILY.reference(problem, {"a": a, "b": b, "scale_a": scale_a, "scale_b": scale_b})["c"]
+    tol = FAMILY.tolerance(problem)
+    assert ((out.double() - ref).abs() <= tol.atol + tol.rtol * ref.abs()).all()
+
+
 def test_keys_of_problems_without_the_later_fields_are_unchanged():
     # Winners stored before residual / scale_mode / fp8_fast_accum existed keep matching their problems.
     problem = contiguous_problem(16, 8192, 8192, "bf16", "bf16")

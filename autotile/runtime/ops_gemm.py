@@ -36,10 +36,12 @@ def _inputs(a, b, bias, scale_a, scale_b, residual=None) -> dict:
         inputs["residual"] = residual
     if a.dtype == torch.float8_e4m3fn:
         one = torch.ones(1, dtype=torch.float32, device=a.device)
-        for name, scale in (("scale_a", scale_a), ("scale_b", scale_b)):
-            scale = one if scale is None else scale.float()
-            # One value: a per-tensor scale, as a 1-element tensor; row and block scales go as they are.
-            inputs[name] = scale.reshape(1) if scale.numel() == 1 else scale
+        scales = [one if scale is None else scale.float() for scale in (scale_a, scale_b)]
+        # One value each: per-tensor scales, as 1-element tensors; row and block scales go as they are (a block
+        # scale may hold one value: B's (1, 1) of a matmul with K and N up to one 128-block, gemm.scale_mode_of).
+        per_tensor = all(scale.numel() == 1 for scale in scales)
+        for name, scale in zip(("scale_a", "scale_b"), scales):
+            inputs[name] = scale.reshape(1) if per_tensor else scale
     return inputs
 
 
