@@ -466,3 +466,16 @@ def test_options_that_would_be_ignored_are_usage_errors(args, words, tmp_path):
         cli, [*args, "--gpu", "interpret", "--trials", "1"])
     assert result.exit_code == 2 and words in result.output, result.output
     assert not (tmp_path / "d.sqlite").exists()
+
+
+def test_fp8_flash_is_refused_where_it_cannot_run_not_skipped_or_tuned(tmp_path):
+    """The backward has no fp8 path (render crashed on an empty problem list; tune exited 0 having tuned nothing), and
+    the interpreter rounds to e4m3 wrongly (tune stored a winner whose configs all failed their check)."""
+    env = {"AUTOTILE_DB": f"sqlite:///{tmp_path / 'd.sqlite'}"}
+    shape = ["--batch", "1", "--heads", "1", "--seq", "16", "--head-dim", "16", "--dtype", "fp8"]
+    for command in (["render", "flash"], ["tune", "flash", "--gpu", "interpret", "--trials", "1"]):
+        result = CliRunner(env=env).invoke(cli, [*command, *shape, "--direction", "bwd"])
+        assert "the fp8 path is forward only" in one_line_error(result), command
+    result = CliRunner(env=env).invoke(cli, ["tune", "flash", *shape, "--direction", "fwd", "--gpu", "interpret",
+                                             "--trials", "1"])
+    assert result.exit_code == 1 and "fp8 flash attention runs on CUDA GPUs only" in result.output, result.output

@@ -297,6 +297,9 @@ class FlashFamily(Family):
         directions = DIRECTIONS if options.get("direction", "both") == "both" else (options["direction"],)
         causals = {"yes": (True,), "no": (False,), "both": (False, True)}[options.get("causal") or "both"]
         dtype = options.get("dtype") or "bf16"
+        if dtype == "fp8" and directions == ("bwd",):
+            raise UnsupportedDtypeError("the fp8 path is forward only: give --direction fwd with --dtype fp8, or "
+                                        "tune the backward in bf16 or fp16")
         if not shape_given:
             if window >= 0 or softcap or alibi:
                 raise BadInputError("--window, --softcap and --alibi describe a model's calls: give their shapes too "
