@@ -228,6 +228,9 @@ def resolve_gpu(requested: str, index: int = 0, planned: bool = False) -> Device
     requested = requested.strip().lower()
     if requested == "interpret":
         return interpret_device()
+    if requested != "auto" and requested not in PROFILES and not requested.startswith("other:"):
+        known = ", ".join(sorted(p for p in PROFILES if p != "interpret"))
+        raise DeviceMismatchError(f"--gpu {requested}: unknown GPU profile; known: {known}, auto or interpret")
     if planned and requested != "auto" and not (torch.cuda.is_available() and cuda_device(index).profile == requested):
         return planned_device(requested)
     if not torch.cuda.is_available():

@@ -36,7 +36,7 @@ def _make_export_command(name: str):
         if len(problems) != 1:
             raise BadInputError(f"export-kernel writes one kernel: give one {name} problem's shape "
                                 f"(these options give {len(problems)} problems)")
-        device = resolve_gpu(gpu)
+        device = resolve_gpu(gpu, planned=True)  # (nothing runs here: a named GPU's winner exports from anywhere)
         config = Config.from_json(config_json) if config_json else None
         kernel = export_kernel(name, problems[0], device, db_url=db_url, config=config)
         write_kernel(kernel, out)

@@ -243,7 +243,7 @@ def _make_render_command(name: str):
         from autotile.render import render_source
         from autotile.space import Config
 
-        device = resolve_gpu(gpu)
+        device = resolve_gpu(gpu, planned=True)  # (nothing runs: a named GPU's limits serve where it is absent)
         problems = family.problems_from_cli(**options)
         problem = problems[0]
         space = family.space(problem, device)

@@ -479,3 +479,16 @@ def test_fp8_flash_is_refused_where_it_cannot_run_not_skipped_or_tuned(tmp_path)
     result = CliRunner(env=env).invoke(cli, ["tune", "flash", *shape, "--direction", "fwd", "--gpu", "interpret",
                                              "--trials", "1"])
     assert result.exit_code == 1 and "fp8 flash attention runs on CUDA GPUs only" in result.output, result.output
+
+
+def test_render_and_export_kernel_take_a_named_gpu_that_is_absent_and_refuse_an_unknown_one(tmp_path):
+    """Neither runs a kernel: a named GPU's limits (render) and its winner (export-kernel) serve on any machine."""
+    shape = ["--m", "64", "--n", "64", "--k", "64"]
+    rendered = invoke("render", "gemm", *shape, "--gpu", "h200")
+    assert rendered.exit_code == 0 and "def gemm_kernel(" in rendered.output, rendered.output
+    exported = invoke("export-kernel", "gemm", *shape, "--gpu", "h200", "--out", tmp_path / "k.py",
+                      "--db", tmp_path / "d.sqlite")
+    assert exported.exit_code == 0 and (tmp_path / "k.py").exists(), exported.output
+    for command in (["render", "gemm"], ["tune", "gemm", "--db", tmp_path / "d.sqlite"]):
+        line = one_line_error(invoke(*command, *shape, "--gpu", "h900"))
+        assert "--gpu h900: unknown GPU profile; known: a100, h100, h200, l40s, auto or interpret" in line
