@@ -492,3 +492,12 @@ def test_render_and_export_kernel_take_a_named_gpu_that_is_absent_and_refuse_an_
     for command in (["render", "gemm"], ["tune", "gemm", "--db", tmp_path / "d.sqlite"]):
         line = one_line_error(invoke(*command, *shape, "--gpu", "h900"))
         assert "--gpu h900: unknown GPU profile; known: a100, h100, h200, l40s, auto or interpret" in line
+
+
+@pytest.mark.parametrize("storage", ["bogus://", "postgresql://u:p@127.0.0.1:1/x"])
+def test_a_bad_storage_url_is_named_as_the_storage_not_the_database(storage, tmp_path):
+    db = tmp_path / "d.sqlite"
+    line = one_line_error(invoke("tune", "gemm", "--m", "16", "--n", "16", "--k", "16", "--trials", "1", "--gpu",
+                                 "interpret", "--storage", storage, "--db", db))
+    assert "cannot open the study storage" in line and "check the --storage URL" in line and str(db) not in line
+    assert ":p@" not in line  # the password is hidden
