@@ -182,7 +182,7 @@ def family_options(family):
                     default = (default,)  # click takes the default of a repeatable option as a sequence
                 if opt.type is not str or opt.choices:  # free text (expressions) may hold commas itself
                     kind, callback = CommaList(kind), _flatten
-            help_text = opt.help + (" (comma-separated or repeated)" if callback else "")
+            help_text = opt.help + (" (comma-separated or repeated)" if callback is _flatten else "")
             fn = click.option(*flags, opt.name, type=kind, default=default, help=help_text, multiple=opt.multiple,
                               show_default=opt.default is not None, callback=callback)(fn)
         return fn
