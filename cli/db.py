@@ -36,6 +36,9 @@ def export_command(out, family, device_key, db_url):
     """Write the stored winners to a portable JSON-lines file."""
     from autotile.store.exchange import export_database
 
+    if str(out) == "-":
+        raise click.BadParameter("db export writes a file (renamed into place when whole): give it a name, e.g. "
+                                 "winners.jsonl", param_hint="--out")
     counts = export_database(db_url, out, family, device_key)
     policies = counts["policy"]
     also = f" and {policies} polic{'ies' if policies != 1 else 'y'}" if policies else ""

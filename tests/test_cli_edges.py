@@ -501,3 +501,10 @@ def test_a_bad_storage_url_is_named_as_the_storage_not_the_database(storage, tmp
                                  "interpret", "--storage", storage, "--db", db))
     assert "cannot open the study storage" in line and "check the --storage URL" in line and str(db) not in line
     assert ":p@" not in line  # the password is hidden
+
+
+def test_db_export_refuses_stdout_rather_than_writing_a_file_named_dash(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = invoke("db", "export", "--out", "-", "--db", tmp_path / "d.sqlite")
+    assert result.exit_code == 2 and "db export writes a file" in result.output
+    assert not (tmp_path / "-").exists()
