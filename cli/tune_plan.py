@@ -77,6 +77,10 @@ def _tune_policy(family, model_opts: dict, dtype: str, device, db_url, seed, bat
     from autotile.tune.plan import model_problems
     from autotile.tune.policy import tune_policy
 
+    if device.interpret:
+        raise click.UsageError("--policy keeps the family's default where it beats the vendor op (cuBLAS, SDPA) "
+                               "over a range of shapes; the interpreter has no vendor op to time it against: run "
+                               "it on the GPU whose policy you want")
     models = _models(model_opts)
     tokens = parse_tokens(model_opts["tokens"])
     # A policy must beat the vendor op, which has no soft-capping or window: heads alone (calls with those features

@@ -508,3 +508,9 @@ def test_db_export_refuses_stdout_rather_than_writing_a_file_named_dash(tmp_path
     result = invoke("db", "export", "--out", "-", "--db", tmp_path / "d.sqlite")
     assert result.exit_code == 2 and "db export writes a file" in result.output
     assert not (tmp_path / "-").exists()
+
+
+def test_a_policy_run_on_the_interpreter_is_refused_with_the_reason(tmp_path):
+    result = invoke("tune", "gemm", "--model", "llama3-8b", "--tokens", "1", "--policy", "--gpu", "interpret",
+                    "--db", tmp_path / "d.sqlite")
+    assert result.exit_code == 2 and "no vendor op to time it against" in result.output, result.output
