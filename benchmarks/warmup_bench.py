@@ -30,7 +30,9 @@ print(json.dumps([dataclasses.asdict(c) for c in calls]))
 
 
 def run_once(args, cache: str) -> list[dict]:
-    env = {**os.environ, "TRITON_CACHE_DIR": cache, "PYTHONPATH": str(ROOT)}
+    # (the repository first, then whatever the caller put there: benchmarks/gpu_env.sh's packages)
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "TRITON_CACHE_DIR": cache, "PYTHONPATH": path}
     code = CHILD.format(model=args.model, tokens=args.tokens, prefill=args.prefill, backward=args.backward)
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=args.timeout)
     if done.returncode:
