@@ -39,12 +39,13 @@ def test_gluon_ws_backward_is_infeasible_where_it_does_not_apply(change):
 @pytest.mark.parametrize("window", [dict(window_left=256), dict(window_right=64), dict(window_left=64, window_right=64),
                                     dict(window_left=0, window_right=0)], ids=lambda w: ",".join(map(str, w.values())))
 def test_non_causal_windows_take_the_gluon_backward_behind_their_switch(monkeypatch, window):
-    """GLUON_BWD_NON_CAUSAL_WINDOW (off until its GPU test passes) offers the Gluon backward to windows of calls that
+    """GLUON_BWD_NON_CAUSAL_WINDOW (on since its GPU tests passed) offers the Gluon backward to windows of calls that
     are not causal: the right side renders as an argument (RIGHT_WINDOW), the left as causal windows' (LEFT_BOUND)."""
     from autotile.families import flash_space
     from autotile.render import render_source
 
     problem = dataclasses.replace(LLAMA_4K, causal=False, heads_kv=32, **window)
+    monkeypatch.setattr(flash_space, "GLUON_BWD_NON_CAUSAL_WINDOW", False)
     assert not gluon_configs(problem, H200)
     monkeypatch.setattr(flash_space, "GLUON_BWD_NON_CAUSAL_WINDOW", True)
     configs = gluon_configs(problem, H200)
@@ -60,12 +61,13 @@ def test_non_causal_windows_take_the_gluon_backward_behind_their_switch(monkeypa
 
 
 def test_alibi_takes_the_gluon_backward_behind_its_switch(monkeypatch):
-    """GLUON_BWD_ALIBI (off until its GPU test passes): the slopes' pointer and row stride are rendered in only where
+    """GLUON_BWD_ALIBI (on since its GPU tests passed): the slopes' pointer and row stride are rendered in only where
     the call has ALiBi, and the plan hands them over."""
     from autotile.families import flash_space
     from autotile.render import render_source
 
     problem = dataclasses.replace(LLAMA_4K, alibi=True)
+    monkeypatch.setattr(flash_space, "GLUON_BWD_ALIBI", False)
     assert not gluon_configs(problem, H200)
     monkeypatch.setattr(flash_space, "GLUON_BWD_ALIBI", True)
     configs = gluon_configs(problem, H200)
@@ -78,13 +80,14 @@ def test_alibi_takes_the_gluon_backward_behind_its_switch(monkeypatch):
 
 
 def test_soft_capping_takes_the_gluon_backward_behind_its_switch_on_two_slots_at_head_dim_128(monkeypatch):
-    """GLUON_BWD_SOFTCAP (off until its GPU test passes): soft-capped calls take the Gluon backward, whose fp32 tile of
+    """GLUON_BWD_SOFTCAP (on since its GPU tests passed): soft-capped calls take the Gluon backward, whose fp32 tile of
     P^T times the cap's derivative leaves room for two Q/dO slots at head dim 128; the cap's scalars come from the
     host (rendered in only where SOFTCAP is)."""
     from autotile.families import flash_space
     from autotile.render import render_source
 
     problem = dataclasses.replace(LLAMA_4K, heads_kv=16, softcap=50.0)
+    monkeypatch.setattr(flash_space, "GLUON_BWD_SOFTCAP", False)
     assert not gluon_configs(problem, H200)
     monkeypatch.setattr(flash_space, "GLUON_BWD_SOFTCAP", True)
     assert {c["num_stages"] for c in gluon_configs(problem, H200)} == {2}
@@ -574,8 +577,8 @@ def _compile_cases() -> list:
     from autotile.families import flash_launch, flash_space
 
     # The stream-K tail is off by default (flash_launch.TAIL_MIN_GAIN); its template still builds, at the model's
-    # threshold (set before the pool forks: its processes inherit it). So do windows that are not causal, ALiBi and
-    # soft-capping, whose switches wait for their GPU tests.
+    # threshold (set before the pool forks: its processes inherit it). Windows that are not causal, ALiBi and
+    # soft-capping build with their switches on whatever their values.
     switches = ("GLUON_BWD_NON_CAUSAL_WINDOW", "GLUON_BWD_ALIBI", "GLUON_BWD_SOFTCAP")
     kept = flash_launch.TAIL_MIN_GAIN, [getattr(flash_space, name) for name in switches]
     flash_launch.TAIL_MIN_GAIN = 0.01

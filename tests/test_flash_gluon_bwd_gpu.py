@@ -349,7 +349,7 @@ def test_gluon_backward_windows_of_packed_sequences_match_float64(monkeypatch):
 def test_gluon_backward_non_causal_windows_as_float64(monkeypatch, shape, window):
     """Windows of calls that are not causal (RIGHT_WINDOW: the right side an argument; LEFT_BOUND): a tile walks the
     query blocks from the first whose window reaches its keys to the last; keys no query sees get zero dK and dV.
-    NOTE: flash_space.GLUON_BWD_NON_CAUSAL_WINDOW stays off until this passes."""
+    flash_space.GLUON_BWD_NON_CAUSAL_WINDOW went on when this passed."""
     device = switched_on(monkeypatch, "GLUON_BWD_NON_CAUSAL_WINDOW")
     check_first_config(FlashProblem("bwd", *shape, window_left=window[0], window_right=window[1]), device, seed=11)
 
@@ -365,7 +365,7 @@ def test_gluon_backward_non_causal_windows_of_packed_sequences_match_float64(mon
 def test_gluon_backward_alibi_as_float64(monkeypatch, shape):
     """ALiBi in the Gluon backward (ALIBI): causal, the bias split between the keys and the rows' padded LSE; not
     causal, the distance an element. Slopes (Hq,) as make_inputs gives them, then (B, Hq).
-    NOTE: flash_space.GLUON_BWD_ALIBI stays off until this and the test below pass."""
+    flash_space.GLUON_BWD_ALIBI went on when this and the test below passed."""
     device = switched_on(monkeypatch, "GLUON_BWD_ALIBI")
     for causal in (True, False):
         problem = FlashProblem("bwd", *shape, causal=causal, alibi=True)
@@ -373,6 +373,12 @@ def test_gluon_backward_alibi_as_float64(monkeypatch, shape):
         check_first_config(problem, device, 29, inputs)
         gen = torch.Generator(device="cuda").manual_seed(29)
         inputs["alibi"] = torch.rand(shape[0], shape[1], device="cuda", generator=gen) * 0.25
+        # O and LSE of the new slopes (make_inputs's are the first slopes')
+        with torch.no_grad():
+            o, lse = FAMILY._attend(problem, inputs, inputs["q"], inputs["k"], inputs["v"], dtype=torch.float32,
+                                    lse=True)
+        inputs["o"].copy_(o)
+        inputs["lse"].copy_(lse)
         check_first_config(problem, device, 29, inputs)
 
 
@@ -390,7 +396,7 @@ def test_gluon_backward_alibi_with_other_features_as_float64(monkeypatch, featur
 def test_gluon_backward_soft_caps_as_float64(monkeypatch, shape, softcap):
     """Soft-capping in the Gluon backward (SOFTCAP: tanh.approx.f32 again in P^T; P^T times the cap's derivative
     through shared memory), causal and not, every slot count the space offers.
-    NOTE: flash_space.GLUON_BWD_SOFTCAP stays off until this and the test below pass."""
+    flash_space.GLUON_BWD_SOFTCAP went on when this and the test below passed."""
     device = switched_on(monkeypatch, "GLUON_BWD_SOFTCAP")
     for causal in (True, False):
         problem = FlashProblem("bwd", *shape, causal=causal, softcap=softcap)

@@ -128,12 +128,15 @@ GLUON_SOFTCAP = True
 # and -27B (1024) and Gemma-2-9B's local layers (4096, soft-capped) at 4k-16k tokens, and 1.6-3.5x FlexAttention's
 # (results/gluon_window_2026-12-05_h100.md). Off, windowed calls take the Triton forward.
 GLUON_WINDOW = True
-# Windows with both sides (not causal) compose the two masks above but have not run on a GPU yet. NOTE: off until
-# tests/test_flash_gluon_gpu.py::test_gluon_ws_two_sided_windows_as_float64 has passed on a Hopper GPU.
+# Windows with both sides (not causal) compose the two masks above: correct against float64 on an H100, but 0.63-0.82x
+# the Triton forward on ModernBERT's (64, 64) bands at 4 x 8192 and 16 x 2048, two or three key blocks a query block
+# (results/gluon_gated_2026-12-06_h100_two_sided.md). Off: such calls take the Triton forward.
 GLUON_TWO_SIDED_WINDOW = False
 # ALiBi's per-head linear biases (BLOOM, MPT, Falcon-RW, Baichuan-13B; templates/flash_gluon_ws.py.j2, ALIBI: the bias
-# added to the scaled logits before their row maxima). NOTE: off until tests/test_flash_gluon_gpu.py::
-# test_gluon_ws_alibi_as_float64 has passed on a Hopper GPU; off, ALiBi calls take the Triton forward.
+# added to the scaled logits before their row maxima): correct against float64 on an H100; 1.19x the Triton forward
+# on MPT-7B at 1 x 4096 causal, 0.92x and 0.90x at 4 x 2048 and 16 x 512, where the untuned config takes the tile
+# queue (results/gluon_gated_2026-12-06_h100_alibi.md). Off until a rule picks its shapes: ALiBi calls take the
+# Triton forward.
 GLUON_ALIBI = False
 
 
@@ -158,17 +161,19 @@ def gluon_ws_ok(problem, device: DeviceInfo) -> bool:
 # Triton backward.
 GLUON_BWD_WINDOW = True
 # Windows of calls that are not causal (a left side, a right side or both: ModernBERT's local layers, encoders) in the
-# Gluon backward (RIGHT_WINDOW: the right bound an argument; LEFT_BOUND as above). NOTE: off until
-# tests/test_flash_gluon_bwd_gpu.py::test_gluon_backward_non_causal_windows_as_float64 has passed on a Hopper GPU.
-GLUON_BWD_NON_CAUSAL_WINDOW = False
-# ALiBi in the Gluon backward (ALIBI: P^T recomputed with the forward's bias). NOTE: off until
-# tests/test_flash_gluon_bwd_gpu.py::test_gluon_backward_alibi_as_float64 has passed on a Hopper GPU.
-GLUON_BWD_ALIBI = False
+# Gluon backward (RIGHT_WINDOW: the right bound an argument; LEFT_BOUND as above). Checked against float64 on an H100
+# (results/gluon_gated_2026-12-06_h100_tests.txt); 1.14x and 1.32x the Triton backward on ModernBERT-base and -large
+# at 4 x 8192 with a (64, 64) window, H200 (results/gluon_bwd_features_2026-12-06_h200.md).
+GLUON_BWD_NON_CAUSAL_WINDOW = True
+# ALiBi in the Gluon backward (ALIBI: P^T recomputed with the forward's bias). Checked against float64 on an H200,
+# slopes (Hq,) and (B, Hq), causal and not, beside windows and packed sequences; 1.79x and 1.60x the Triton backward
+# on MPT-7B at 1 x 4096 and 4 x 2048 causal (the same file).
+GLUON_BWD_ALIBI = True
 # Soft-capping in the Gluon backward (SOFTCAP: tanh again in P^T; P^T times the cap's derivative waits for dS^T in
-# shared memory: 39 key-loop spill instructions against 18 without, where the derivative in registers took 153).
-# NOTE: off until tests/test_flash_gluon_bwd_gpu.py::test_gluon_backward_soft_caps_as_float64 has passed on a Hopper
-# GPU.
-GLUON_BWD_SOFTCAP = False
+# shared memory: 27-28 key-loop spill instructions against 15-18 without, where the derivative in registers took
+# 153). Checked against float64 on an H200 (every slot count, causal and not, head dims 64-128 and 96 padded, packed,
+# Gemma-2's local layers); 1.71x and 1.72x the Triton backward on Gemma-2-27B's global and local layers at 1 x 8192.
+GLUON_BWD_SOFTCAP = True
 
 
 def gluon_bwd_ok(problem, device: DeviceInfo) -> bool:
