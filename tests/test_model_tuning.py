@@ -117,6 +117,11 @@ def test_the_budget_is_shared_and_what_it_misses_is_reported():
     assert seen[0] == pytest.approx(MIN_PROBLEM_S)
     outcome = tune_planned(planned, None, budget_s=MIN_PROBLEM_S - 1, db_url=None, tune=fake_tune)
     assert not outcome.tuned and len(outcome.skipped) == 3
+    # A model's table counts no calls: its lines do not say "0 calls".
+    lines = []
+    tune_planned([PlannedProblem(autotile_family(), contiguous_problem(4, 32, 32), 0), planned[0]], None,
+                 budget_s=None, db_url=None, tune=fake_tune, report=lines.append)
+    assert "0 calls" not in lines[0] and lines[1].endswith(": 9 calls"), lines
 
 
 def autotile_family():

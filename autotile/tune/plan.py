@@ -165,7 +165,9 @@ def tune_planned(planned: Sequence[PlannedProblem], device, *, budget_s: float |
                 report(f"budget spent: {len(planned) - index} problem(s) not tuned")
                 break
         label = f"[{index + 1}/{len(planned)}] {item.family.name} {item.family.problem_key(item.problem)}"
-        report(f"{label}: {item.calls} calls" + (f", {timeout:.0f} s" if timeout is not None else ""))
+        # (calls counted by a trace; a model's table counts none)
+        details = ([f"{item.calls} calls"] if item.calls else []) + ([f"{timeout:.0f} s"] if timeout is not None else [])
+        report(label + (": " + ", ".join(details) if details else ""))
         begun = time.monotonic()
         try:
             result = tune(item.family, item.problem, device, trials=trials, timeout=timeout, db_url=db_url,
