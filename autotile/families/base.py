@@ -198,6 +198,11 @@ class Family(abc.ABC):
         raise NotImplementedError
 
     # --- the search -----------------------------------------------------------------
+    def interpreter_refusal(self, problem) -> str | None:
+        """Why Triton's CPU interpreter cannot run `problem` right (the tuner refuses it there, as the runtime
+        does), or None. (The interpreter's space still stands for Hopper's limits: arch.device_default.)"""
+        return None
+
     @abc.abstractmethod
     def space(self, problem, device: DeviceInfo) -> Space:
         ...

@@ -324,6 +324,14 @@ class FlashFamily(Family):
         return problems
 
     # --- the search (flash_space.py) ----------------------------------------------
+    def interpreter_refusal(self, problem: FlashProblem) -> str | None:
+        # NOTE: as the runtime refuses it (ops_flash): Triton 3.6's interpreter rounds fp32 -> e4m3 wrongly, so
+        # every candidate would fail its check or be timed on wrong numbers.
+        if problem.dtype == "fp8":
+            return ("fp8 flash attention runs on CUDA GPUs only (the CPU interpreter rounds to e4m3 wrongly): tune it "
+                    "with --gpu h100 or h200 on such a GPU, or tune bf16 here")
+        return None
+
     def space(self, problem: FlashProblem, device: DeviceInfo) -> Space:
         return flash_space.space(problem, device)
 

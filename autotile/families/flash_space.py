@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from autotile.arch import (Feature, arch_of, architecture_constraints, device_default, device_seeds,
-                           UnsupportedOnDevice, require_dtypes)
+                           require_dtypes)
 from autotile.device import HOPPER_SMEM_PER_BLOCK, DeviceInfo
 from autotile.dtypes import element_size
 from autotile.families.base import next_pow2
@@ -293,11 +293,6 @@ _SEED_BACKWARD_GLUON = tuple(
 def space(problem: FlashProblem, device: DeviceInfo) -> Space:
     """The configs of the problem's direction that `device` can run."""
     require_dtypes(device, [problem.dtype, problem.out_dtype], f"{problem.dtype} flash attention")
-    if problem.dtype == "fp8" and device.interpret:
-        # NOTE: as the runtime refuses it (ops_flash.check_inputs): Triton 3.6's interpreter rounds fp32 -> e4m3
-        # wrongly, so every candidate would fail its check or be timed on wrong numbers.
-        raise UnsupportedOnDevice("fp8 flash attention runs on CUDA GPUs only (the CPU interpreter rounds to e4m3 "
-                                  "wrongly): tune it with --gpu h100 or h200 on such a GPU, or tune bf16 here")
     return forward_space(problem, device) if problem.direction == "fwd" else backward_space(problem, device)
 
 

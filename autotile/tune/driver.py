@@ -157,6 +157,9 @@ def tune_problem(
     if simulate is not None:
         return _simulate(family, problem, device, simulate, trials=trials, timeout=timeout, seed=seed,
                          warm_start=warm_start, prune=prune, patience=patience, progress=progress)
+    refusal = family.interpreter_refusal(problem) if device.interpret else None
+    if refusal:
+        raise TuneError(refusal)
     for url in (db_url, storage_url):
         if url and not is_journal(url) and _in_memory(url):
             raise TuneError(f"{url}: a study lives in a database its searches and reruns can reopen; give --db "
