@@ -154,8 +154,9 @@ def _make_tune_command(name: str):
                        trial_timeout=trial_timeout, compile_ahead=compile_ahead, patience=patience)
             return
         problems = _problems(family, preset, options)
-        if device.interpret and not preset and problems != family.default_suite():
-            # (a shape given: the options left out get interpreter-sized values; the suite keeps its own shapes)
+        if device.interpret and not preset and _given_options(options):
+            # (a shape given, as _problems made sure: the options left out get interpreter-sized values; the
+            # default suite keeps its own shapes)
             options = interpreter_defaults(family, options, _given_options(options))
             problems = _problems(family, preset, options)
         if device.interpret:
@@ -290,7 +291,7 @@ def _make_bench_command(name: str):
                     "speedup"):
             table.add_column(col)
         problems = _problems(family, preset, options)
-        if device.interpret and not preset and problems == family.default_suite():
+        if device.interpret and not preset and not _given_options(options):  # the default suite (see _problems)
             click.echo(f"note: no shape given, so the default {family.name} suite runs: {len(problems)} GPU-sized "
                        "problems, minutes each on the CPU interpreter; give a small shape for a quick run "
                        "(see --help)", err=True)
@@ -349,9 +350,10 @@ def list_command(family, device_key, db_url):
             return
         asked = " and ".join(f"{name} {value!r}" for name, value in (("family", family), ("device", device_key))
                              if value)
-        held = lambda values: ", ".join(sorted(set(values)))  # noqa: E731
-        click.echo(f"no winners stored for {asked}; the database holds winners of families "
-                   f"{held(w.family for w in others)} on devices {held(w.device_key for w in others)}")
+        families = ", ".join(sorted({w.family for w in others}))
+        devices = ", ".join(sorted({w.device_key for w in others}))
+        click.echo(f"no winners stored for {asked}; the database holds winners of families {families} on devices "
+                   f"{devices}")
         return
     table = Table(title="autotile winners")
     for col in ("family", "device", "problem", "median ms", "spread", "vs baseline", "trials"):

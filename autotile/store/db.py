@@ -116,6 +116,14 @@ def _engine(url: str) -> Engine:
     return engine
 
 
+def driver_message(exc: BaseException) -> str:
+    """The first line (at most 300 characters) of what the database driver said (SQLAlchemy's `orig`), or of `exc`
+    itself; its type's name where it said nothing."""
+    said = getattr(exc, "orig", None) or exc
+    lines = str(said).strip().splitlines()
+    return lines[0][:300] if lines else type(said).__name__
+
+
 def safe_url(url: str) -> str:
     """A URL fit for messages: its password hidden."""
     try:
@@ -140,7 +148,7 @@ def check_schema(engine: Engine, url: str) -> str:
         # ("database disk image is malformed", https://www.sqlite.org/howtocorrupt.html section 2.2).
         if "file is not a database" in str(exc.orig):
             raise DatabaseError(f"{url} is not a SQLite database; point --db/AUTOTILE_DB at another file") from None
-        reason = (str(exc.orig).strip().splitlines() or [type(exc.orig).__name__])[0]
+        reason = driver_message(exc)
         if sqlite_path(url) is None:
             raise DatabaseError(f"cannot read the database {safe_url(url)} ({reason}); check that the server is up and "
                                 "the URL right, or point --db/AUTOTILE_DB elsewhere") from None
@@ -313,8 +321,7 @@ def database_failure(exc: BaseException, url: str | None = None) -> str | None:
     cause = _database_cause(exc)
     if cause is None:
         return None
-    detail = str(getattr(cause, "orig", None) or cause).strip().splitlines()
-    detail_line = detail[0][:300] if detail else type(cause).__name__
+    detail_line = driver_message(cause)
     where = safe_url(normalise_url(url) if url else default_db_url())
     for needles, what, fix in _FAILURES:
         if any(n in detail_line.lower() for n in needles):

@@ -37,7 +37,7 @@ from sqlalchemy import event
 from sqlalchemy.exc import SQLAlchemyError
 
 from autotile.errors import DatabaseError
-from autotile.store.db import safe_url, schema_lock, switch_to_wal
+from autotile.store.db import driver_message, safe_url, schema_lock, switch_to_wal
 
 log = logging.getLogger("autotile.tune")
 
@@ -180,18 +180,22 @@ def optuna_storage(url: str) -> optuna.storages.BaseStorage:
     if is_journal(url):
         return journal_storage(url)
     engine_kwargs = {"connect_args": {"timeout": 30}} if url.startswith("sqlite") else {"pool_pre_ping": True}
-    try:
-        with schema_lock(url):  # Optuna creates its tables on first use: one process at a time, as autotile's
-            storage = optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
-    except (SQLAlchemyError, ImportError, ValueError) as exc:
-        # Named as the study's storage (--storage), not as the database of winners (--db) it may differ from.
-        reason = (str(getattr(exc, "orig", None) or exc).strip().splitlines() or [type(exc).__name__])[0][:300]
-        raise DatabaseError(f"cannot open the study storage {safe_url(url)} ({type(exc).__name__}: {reason}); "
-                            "check the --storage URL (a database URL SQLAlchemy knows, or journal:FILE) and that "
-                            "its server is up") from None
+    with schema_lock(url):  # Optuna creates its tables on first use: one process at a time, as autotile's
+        storage = optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
     if url.startswith("sqlite"):
         _serialise_sqlite_transactions(storage.engine)
     return storage
+
+
+def given_storage(url: str) -> optuna.storages.BaseStorage:
+    """optuna_storage of the URL a user gave as --storage: one that cannot be opened is named as that, not as the
+    database of winners (--db), whose own failures keep their messages."""
+    try:
+        return optuna_storage(url)
+    except (SQLAlchemyError, ImportError, ValueError) as exc:
+        raise DatabaseError(f"cannot open the study storage {safe_url(url)} ({type(exc).__name__}: "
+                            f"{driver_message(exc)}); check the --storage URL (a database URL SQLAlchemy knows, or "
+                            "journal:FILE) and that its server is up") from None
 
 
 def _serialise_sqlite_transactions(engine) -> None:
