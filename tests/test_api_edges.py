@@ -242,3 +242,42 @@ def test_matmul_second_derivatives_go_through_the_activation(activation):
     want = penalty_gradients(lambda a, b, bias: act(a @ b + bias))
     for g, w in zip(got, want):
         assert torch.allclose(g, w, rtol=1e-3, atol=1e-4)
+
+
+def test_linear_and_matmul_under_autocast_run_in_its_dtype_as_torch():
+    """An attention block under autocast: the projections come out in autocast's dtype as F.linear's do, so the
+    attention's output feeds the next projection (which raised on mixed dtypes before)."""
+    torch.manual_seed(0)
+    h, w, b = torch.randn(2, 16, 32), torch.randn(48, 32), torch.randn(48)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y, want = autotile.linear(h, w, b), torch.nn.functional.linear(h, w, b)
+        m, want_m = autotile.matmul(h[0], w.t(), bias=b), torch.addmm(b, h[0], w.t())
+        q = y[..., :32].reshape(2, 16, 2, 16).transpose(1, 2)
+        o = autotile.flash_attention(q, q, q, causal=True)
+        out = autotile.linear(o.transpose(1, 2).reshape(2, 16, 32), w, b)
+    assert y.dtype == want.dtype == m.dtype == want_m.dtype == out.dtype == torch.bfloat16
+    # The same bf16 operands in both: within two bf16 units of the largest output.
+    torch.testing.assert_close(y.float(), want.float(), atol=2 * 2**-8 * want.abs().max().item(), rtol=0)
+    torch.testing.assert_close(m.float(), want_m.float(), atol=2 * 2**-8 * want_m.abs().max().item(), rtol=0)
+    assert autotile.linear(h, w, b).dtype == torch.float32  # outside autocast, as given
+
+
+@pytest.mark.parametrize("op", ["decode", "prefill", "explain"])
+def test_paged_ops_name_an_argument_that_is_not_a_tensor(op):
+    q, cache = torch.randn(2, 4, 64), torch.randn(4, 16, 2, 64)
+    table, lengths = torch.zeros(2, 2, dtype=torch.int32), torch.tensor([3, 5], dtype=torch.int32)
+    with pytest.raises(BadInputError, match=r"must be a tensor of int32 .* got list"):
+        if op == "decode":
+            autotile.paged_attention(q, cache, cache, table, [3, 5])
+        elif op == "prefill":
+            autotile.paged_prefill(q, cache, cache, table, [0, 6, 11], lengths)
+        else:
+            autotile.explain("paged_attention", q, cache, cache, table, [3, 5])
+    with pytest.raises(BadInputError, match="q must be a tensor of the queries"):
+        autotile.paged_attention([1.0], cache, cache, table, lengths)
+
+
+def test_a_prefill_plan_of_negative_tokens_is_refused():
+    with pytest.raises(BadInputError, match="num_tokens .* must be >= 0, got -3"):
+        autotile.plan_paged_prefill(batch=1, num_tokens=-3, num_q_heads=4, num_kv_heads=2, head_dim=64, page_size=16,
+                                    max_context=64, device="cpu")

@@ -276,6 +276,28 @@ def test_flushing_into_a_damaged_trace_keeps_both_the_counts_and_the_file(tmp_pa
     assert [e.calls for e in read_trace(path)] == [6]
 
 
+@pytest.mark.parametrize("what", ["folder", "notes"])
+def test_flushing_never_moves_what_is_not_a_trace(tmp_path, fresh_counters, what):
+    target = tmp_path / "traces"
+    if what == "folder":
+        target.mkdir()
+        (target / "notes.txt").write_text("data")
+    else:
+        target.write_text("# my notes\n")
+    with pytest.raises(trace.TraceFormatError, match="nothing was recorded"):
+        trace.flush(target)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["traces"]  # nothing moved aside, no lock file left
+    assert (target / "notes.txt").read_text() == "data" if what == "folder" else target.read_text() == "# my notes\n"
+    assert fresh_counters[0] == 4  # the counts stay for a flush to a trace
+
+
+def test_flushing_into_an_empty_file_starts_a_trace(tmp_path, fresh_counters):
+    path = tmp_path / "t.jsonl"
+    path.write_text("")
+    trace.flush(path)
+    assert [e.calls for e in read_trace(path)] == [4]
+
+
 def test_a_failed_trace_write_keeps_the_counts_for_the_next_flush(tmp_path, fresh_counters, monkeypatch):
     path = tmp_path / "t.jsonl"
 

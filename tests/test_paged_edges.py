@@ -179,11 +179,14 @@ def test_a_cuda_plan_on_a_machine_without_cuda_says_to_run_on_the_cpu():
                              dtype=torch.float16, device="cuda")
 
 
+@pytest.mark.parametrize("checks_env", [None, "0"])
 @pytest.mark.parametrize("call", ["plan", "plan-prefill", "one-call"])
-def test_cpu_runs_check_page_ids_by_default(call):
+def test_cpu_runs_check_page_ids_by_default(call, checks_env, monkeypatch):
     """A page id out of range read outside the interpreter's buffers: the process died (a segmentation fault) on the
     trusted paths (a plan's run, the one-call op given max_context). CPU runs now check their values, which is free
-    there; AUTOTILE_CHECKS=0 or checks=False keeps a GPU run's contract."""
+    there, even under AUTOTILE_CHECKS=0; a plan's checks=False keeps a GPU run's contract."""
+    if checks_env is not None:
+        monkeypatch.setenv("AUTOTILE_CHECKS", checks_env)
     cache = filled_cache([20, 37], heads_kv=1, dim=64)
     table = cache.block_table([0, 1]).clone()
     table[1, 1] = 10_000  # the second page of sequence 1

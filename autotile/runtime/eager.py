@@ -61,3 +61,23 @@ def autograd_call_ok(*values) -> bool:
     if _is_compiling() or _dispatch_stack_depth() or _function_mode_on() or _functorch_level() is not None:
         return False
     return _plain(values, False)
+
+
+any_autocast = torch._C._is_any_autocast_enabled
+_AUTOCAST_FROM = (torch.float32, torch.float16, torch.bfloat16)  # what autocast casts; fp8 runs as it is
+
+
+def autocast_operands(*tensors) -> tuple | None:
+    """`tensors` cast as torch.autocast casts the operands of an op it runs in its lower precision (matmul, linear,
+    SDPA), or None where autocast leaves them as they are: off for their device, or of its dtype already. None
+    entries and fp8 tensors stay as given; values that are not tensors leave all as given (the op's checks name
+    them)."""
+    if not all(t is None or isinstance(t, torch.Tensor) for t in tensors):
+        return None
+    device = next((t.device.type for t in tensors if t is not None), None)
+    if device is None or not torch.is_autocast_enabled(device):
+        return None
+    dtype = torch.get_autocast_dtype(device)
+    if all(t is None or t.dtype == dtype or t.dtype not in _AUTOCAST_FROM for t in tensors):
+        return None
+    return tuple(t.to(dtype) if t is not None and t.dtype in _AUTOCAST_FROM else t for t in tensors)

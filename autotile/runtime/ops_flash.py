@@ -35,7 +35,7 @@ from autotile.families.flash import (FAMILY, GLUON_WS, MAX_HEAD_DIM, FlashFamily
 from autotile.layouts import matching_strides, with_strides
 from autotile.runtime import fallback, trace
 from autotile.runtime.dispatch import on_clear
-from autotile.runtime.eager import autograd_call_ok, direct_call_ok
+from autotile.runtime.eager import any_autocast, autocast_operands, autograd_call_ok, direct_call_ok
 from autotile.space import Config
 
 LN2 = math.log(2.0)
@@ -79,8 +79,7 @@ _served_lock = threading.Lock()
 # would have served runs the vendor op); calls served by a kernel always take the full key.
 _sdpa_direct: dict[tuple, tuple] = {}
 _sdpa = torch.nn.functional.scaled_dot_product_attention
-_any_autocast = torch._C._is_any_autocast_enabled
-_AUTOCAST_FROM = (torch.float32, torch.float16, torch.bfloat16)  # what autocast casts; fp8 runs as it is
+_any_autocast = any_autocast
 
 
 def _forget_served() -> None:
@@ -163,13 +162,7 @@ def check_slopes_grad(alibi_slopes) -> None:
 def autocast_inputs(q, k, v) -> tuple | None:
     """q, k, v cast as autocast casts SDPA's (an op that runs in the lower precision), or None where autocast leaves
     them as they are: it is off for their device, or they already have its dtype. fp8 inputs stay fp8."""
-    device = q.device.type
-    if not torch.is_autocast_enabled(device):
-        return None
-    dtype = torch.get_autocast_dtype(device)
-    if all(t.dtype == dtype or t.dtype not in _AUTOCAST_FROM for t in (q, k, v)):
-        return None
-    return tuple(t.to(dtype) if t.dtype in _AUTOCAST_FROM else t for t in (q, k, v))
+    return autocast_operands(q, k, v)
 
 
 def check_fp8_grad(q, k, v) -> None:

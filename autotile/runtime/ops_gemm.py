@@ -23,7 +23,7 @@ from autotile.families.gemm import FAMILY, GemmProblem, vendor_matmul
 from autotile.families.gemm_launch import bind_gemm
 from autotile.runtime import fallback, trace
 from autotile.runtime.dispatch import on_clear
-from autotile.runtime.eager import direct_call_ok
+from autotile.runtime.eager import any_autocast, autocast_operands, direct_call_ok
 
 _ACTIVATIONS = {"none": None, "relu": torch.relu, "silu": torch.nn.functional.silu, "gelu": torch.nn.functional.gelu}
 
@@ -362,10 +362,15 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None
             # short call is bound by host time, and torch is right for any strides, devices and autograd).
             fast[0] += 1
             return _torch_mm(a, b) if bias is None else _torch_addmm(bias, a, b)
-        if fast is not None:
+        if fast is not None and not _any_autocast():
             out = fast(a, b, bias)
             if out is not None:
                 return out
+    # Under torch.autocast, 16- and 32-bit operands are cast as torch.matmul's are (fp8 calls run as given).
+    if (scale_a is None and scale_b is None and (_any_autocast() or _is_compiling())
+            and (cast := autocast_operands(a, b, bias)) is not None):
+        return matmul(*cast[:2], bias=cast[2], activation=activation, out_dtype=out_dtype, residual=residual,
+                      fp8_fast_accum=fp8_fast_accum)
     if direct_call_ok(a, b, bias, scale_a, scale_b, residual):
         # Eager calls of plain tensors skip the dispatcher (decode GEMMs are short kernels). The shapes' key is the
         # first half of the full signature's.
@@ -446,10 +451,13 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
                 # F.linear itself: right for autograd, subclasses, modes and devices, as it always is.
                 return _f_linear(x, weight, bias)
             return _vendor_epilogue(_f_linear(x, weight, bias), activation, residual)
-        if fast is not None:
+        if fast is not None and not _any_autocast():
             out = fast(x, weight, bias)
             if out is not None:
                 return out
+    # Under torch.autocast, x, weight and bias are cast as F.linear's are (the vendor's calls above cast themselves).
+    if (_any_autocast() or _is_compiling()) and (cast := autocast_operands(x, weight, bias)) is not None:
+        return linear(*cast, activation=activation, residual=residual)
     if isinstance(x, _Tensor) and isinstance(weight, _Tensor) and weight.dim() == 2 and 0 in weight.shape:
         # No output features or no input features (then every output is its bias): torch's result, nothing to
         # tune or launch.
@@ -497,6 +505,7 @@ _torch_addmm = torch.addmm
 _Tensor = torch.Tensor
 _grad_enabled = torch._C.is_grad_enabled
 _function_mode_on = torch._C._is_torch_function_mode_enabled
+_any_autocast = any_autocast
 
 
 def _vendor_epilogue(y: torch.Tensor, activation, residual) -> torch.Tensor:

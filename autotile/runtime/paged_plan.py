@@ -67,14 +67,13 @@ __all__ = ["PagedAttentionPlan", "PagedPrefillPlan", "plan_paged_attention", "pl
 
 
 def checks_on(device: torch.device) -> bool:
-    """Whether a run reads its lengths and page ids back and checks them. `AUTOTILE_CHECKS=1`: everywhere (a debug
-    mode; a GPU run then waits for the queued work); `=0`: nowhere. Unset: on CPU tensors only, where reading them
-    is free. NOTE: under Triton's interpreter a page id out of range reads outside the host's buffers: it took the
-    process down (a segmentation fault) where a GPU reads garbage."""
-    value = os.environ.get("AUTOTILE_CHECKS", "").strip().lower()
-    if not value:
-        return device.type == "cpu"
-    return value not in ("0", "false", "no", "off")
+    """Whether a run reads its lengths and page ids back and checks them: always for CPU tensors, where reading them
+    is free; on a GPU only under `AUTOTILE_CHECKS=1` (a debug mode: a run then waits for the queued work).
+    NOTE: CPU runs check even under `AUTOTILE_CHECKS=0`: under Triton's interpreter a page id out of range reads
+    outside the host's buffers and takes the process down (a segmentation fault), where a GPU reads garbage."""
+    if device.type == "cpu":
+        return True
+    return os.environ.get("AUTOTILE_CHECKS", "").strip().lower() not in ("", "0", "false", "no", "off")
 
 
 def finite_scale(scale, head_dim: int) -> float:
@@ -454,6 +453,10 @@ class PagedPrefillPlan(_PlanBase):
         self._init_shapes(batch=batch, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
                           page_size=page_size, max_context=max_context, dtype=dtype, kv_dtype=kv_dtype,
                           device=device, return_lse=return_lse, checks=checks)
+        _check_int("num_tokens", num_tokens)
+        if num_tokens < 0:
+            raise BadInputError(f"num_tokens counts the new tokens of all the sequences: it must be >= 0, got "
+                                f"{num_tokens}")
         self.num_tokens = int(num_tokens)
         self.window = effective_paged_window(self.window, self.max_context)
         self.problem = self.launch = self.config = self.source = None

@@ -91,13 +91,15 @@ def entries() -> list[TraceEntry]:
 def flush(path: str | os.PathLike | None = None) -> Path | None:
     """Merge this process's counts into the trace file (AUTOTILE_RECORD, or `path`) and reset them.
 
-    A file there that is not a readable trace (damaged, another version's) is moved aside to `<name>.unreadable`
-    (said once), and this process's counts start a new trace: no count is dropped, and nothing is overwritten.
+    A trace there that cannot be read (damaged, another version's) is moved aside to `<name>.unreadable` (said
+    once), and this process's counts start a new trace: no count is dropped, and nothing is overwritten. Anything
+    else there (a folder, a file that is not a trace) is left alone: TraceFormatError, and nothing is written.
     The counts are reset only once they are written, so a failed write keeps them for the next flush.
     """
     target = Path(path) if path is not None else recording_path()
     if target is None:
         return None
+    _refuse_foreign(target)
     with _lock:
         taken = [(key, problem, [(c, c[0]) for c in counts]) for key, (problem, counts) in _counters.items()]
     # NOTE: without POSIX locks (Windows), concurrent flushes into one file may lose one side's counts.
@@ -117,9 +119,35 @@ def flush(path: str | os.PathLike | None = None) -> Path | None:
     return target
 
 
+def _refuse_foreign(path: Path) -> None:
+    """Raise TraceFormatError where `path` is something autotile did not write: a folder, a device, or a file whose
+    first line is not a trace's header. Only a trace (damaged or not) is ever moved aside or replaced."""
+    if not path.exists() and not path.is_symlink():
+        return
+    if not path.is_file():
+        raise TraceFormatError(f"AUTOTILE_RECORD={path} is not a file (a folder?): nothing was recorded; name a "
+                               "trace file, e.g. AUTOTILE_RECORD=trace.jsonl")
+    if path.stat().st_size and not _starts_as_trace(path):
+        raise TraceFormatError(f"AUTOTILE_RECORD={path} names a file that is not an autotile trace: it was left as "
+                               "it is and nothing was recorded; name a new file")
+
+
+def _starts_as_trace(path: Path) -> bool:
+    """Whether the first line that is not blank is a trace's header (of any version)."""
+    try:
+        with open(path, "rb") as handle:
+            for line in iter(lambda: handle.readline(_MAX_LINE), b""):
+                if line.strip():
+                    record = json.loads(line)
+                    return isinstance(record, dict) and record.get("format") == FORMAT
+    except (OSError, ValueError):
+        return False
+    return True  # blank lines only: nothing to lose
+
+
 def _readable_entries(path: Path) -> list[TraceEntry]:
-    """The entries of the trace at `path` to merge into; a file that is not a readable trace is moved aside."""
-    if not path.exists():
+    """The entries of the trace at `path` to merge into; a damaged trace, or another version's, is moved aside."""
+    if not path.exists() or not path.stat().st_size:
         return []
     try:
         return read_trace(path)
