@@ -49,9 +49,21 @@ def test_the_public_name_and_bad_input(monkeypatch):
         warmup(dims=TINY, dtype="fp32", device="cpu")
     with pytest.raises(BadInputError, match="layout"):
         warmup(dims=TINY, layout="sbhd", device="cpu")
+    for kwargs, words in (({"dims": TINY, "tokens": []}, "tokens is empty"),
+                          ({"dims": TINY, "tokens": [1.5]}, "whole token counts"),
+                          ({"dims": TINY, "tokens": [1], "prefill": 8}, "BATCHxTOKENS"),
+                          ({"dims": TINY, "tokens": [1], "report": 5}, "report must be a function"),
+                          ({"model": "llama3-8b", "dims": TINY}, "not both"),
+                          ({"dims": TINY, "tokens": [1], "device": "meta"}, "CUDA device"),
+                          ({"dims": TINY, "tokens": [1], "device": "nonsense"}, "is not a device")):
+        with pytest.raises(BadInputError, match=words):
+            warmup(**{"device": "cpu", **kwargs})
+    assert [c.shape for c in warmup(dims=TINY, tokens=3, device="cpu")][0] == "qkv 3 x 64 x 32"  # one int
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(BadInputError, match="no CUDA device"):
         warmup("llama3-8b", tokens="1")
+    with pytest.raises(BadInputError, match="no CUDA device"):
+        warmup(dims=TINY, tokens=[1], device="cuda")
 
 
 def test_the_command_says_what_to_do_without_a_gpu(monkeypatch):

@@ -48,12 +48,15 @@ def parse_prefill(text: str | Iterable | None) -> tuple[tuple[int, int], ...]:
     """
     if text is None:
         return ()
+    if not isinstance(text, (str, Iterable)):
+        raise BadInputError(f"prefill takes 'BATCHxTOKENS,...' (e.g. '1x4096,4x2048') or (batch, tokens) pairs, "
+                            f"got {text!r}")
     parts = [p.strip() for p in text.split(",") if p.strip()] if isinstance(text, str) else list(text)
     shapes = []
     for part in parts:
         try:
             batch, seq = (int(x) for x in part.lower().split("x")) if isinstance(part, str) else map(int, part)
-        except ValueError:
+        except (ValueError, TypeError):
             raise BadInputError(f"--prefill: {part!r} is not BATCHxTOKENS (e.g. 1x4096)") from None
         if batch < 1 or seq < 1:
             raise BadInputError(f"--prefill: {part!r} needs a batch and a token count of at least 1")
@@ -61,14 +64,39 @@ def parse_prefill(text: str | Iterable | None) -> tuple[tuple[int, int], ...]:
     return tuple(dict.fromkeys(shapes))
 
 
+_NO_CUDA = ("warm-up compiles the kernels the ops serve on this machine's GPU, and there is no CUDA device here (on "
+            "the CPU the ops run Triton's interpreter, which compiles nothing); run it where the model will be served")
+
+
 def _device(device) -> torch.device:
     if device is None:
         if not torch.cuda.is_available():
-            raise BadInputError("warm-up compiles the kernels the ops serve on this machine's GPU, and there is no "
-                                "CUDA device here (on the CPU the ops run Triton's interpreter, which compiles "
-                                "nothing); run it where the model will be served")
+            raise BadInputError(_NO_CUDA)
         return torch.device("cuda")
-    return torch.device(device)
+    try:
+        target = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise BadInputError(f"device={device!r} is not a device: pass 'cuda', 'cuda:N' or 'cpu'") from None
+    if target.type not in ("cuda", "cpu"):
+        raise BadInputError(f"warm-up runs the ops on a CUDA device (or the CPU's interpreter), got device={device!r}")
+    if target.type == "cuda" and not torch.cuda.is_available():
+        raise BadInputError(_NO_CUDA)
+    return target
+
+
+def _tokens(tokens) -> tuple[int, ...]:
+    """`tokens` as warmup takes them: None (every M bucket), "1,16,128", one int, or ints."""
+    from autotile.models import parse_tokens
+
+    if tokens is None or isinstance(tokens, str):
+        return parse_tokens(tokens)
+    values = [tokens] if isinstance(tokens, int) else list(tokens)
+    if not values:
+        raise BadInputError("tokens is empty: give the token counts to warm (e.g. [1, 16, 128]), or None for every "
+                            "M bucket")
+    if any(isinstance(t, bool) or not isinstance(t, int) for t in values):
+        raise BadInputError(f"tokens must be whole token counts, got {values!r}")
+    return parse_tokens(",".join(map(str, values)))
 
 
 def _timed(call: Callable[[], object], device: torch.device) -> float:
@@ -167,18 +195,19 @@ def warmup(model: str | None = None, *, dims: str | None = None, tokens: Iterabl
 
     `device`: the CUDA device to warm (default: the current one). Warming on the CPU runs the interpreter, which
     compiles nothing: it only checks the calls."""
-    from autotile.models import model_dims, parse_tokens
+    from autotile.models import model_dims
 
+    if model is not None and dims:
+        raise BadInputError(f"warm-up takes a model name or its dims, not both: model={model!r}, dims={dims!r}")
+    if report is not None and not callable(report):
+        raise BadInputError(f"report must be a function called with each WarmCall, got {type(report).__name__}")
     if dtype not in ("bf16", "fp16"):
         raise BadInputError(f"warm-up runs models in bf16 or fp16, got dtype={dtype!r}")
     if layout not in ("bshd", "bhsd"):
         raise BadInputError(f"layout must be 'bshd' ((B, S, H, D) projections seen as (B, H, S, D)) or 'bhsd', "
                             f"got {layout!r}")
     spec = model_dims(model, dims)
-    if tokens is None or isinstance(tokens, str):
-        tokens = parse_tokens(tokens)
-    else:
-        tokens = parse_tokens(",".join(str(int(t)) for t in tokens))
+    tokens = _tokens(tokens)
     prefill = parse_prefill(prefill)
     target = _device(device)
     torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
