@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import autotile
+from autotile import expr
 from autotile.errors import BadInputError
 
 
@@ -110,3 +111,13 @@ def test_traced_outputs_have_the_same_shapes_as_eager_ones():
     fused = autotile.fuse("a = x * 2; b = a + y")
     compiled = torch.compile(lambda x, y: fused(x=x, y=y), backend="aot_eager", fullgraph=True)
     assert [t.shape for t in compiled(x, y)] == [(3, 1), (3, 5)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("text", ["x == 0.1", "x != 0.1", "x > 0.2", "0.3 >= x", "where(x <= 0.3, x, 0.0)"])
+def test_a_literal_compared_with_a_16_bit_tensor_is_rounded_to_its_dtype_as_torch_does(text, dtype):
+    """x == 0.1 with x fp16 holding fp16's 0.1 is True in torch (the literal is rounded to fp16 first); computing
+    the comparison in fp32 against fp32's 0.1 flipped it."""
+    x = torch.tensor([0.1, 0.2, 0.3, -1.0], dtype=dtype)
+    want = expr.evaluate(expr.parse(text), {"x": x})["out"]
+    assert torch.equal(autotile.fuse(text)(x=x), want)

@@ -210,6 +210,14 @@ class _Lowering:
             self.casts[key] = self.emit("cast", type_, [name])
         return self.casts[key]
 
+    def compared_const(self, name: str, dtype: torch.dtype, type_: str) -> str:
+        """A constant a comparison compares in a 16-bit float dtype, rounded to it first as torch rounds it
+        (x == 0.1 with x fp16 compares against fp16's 0.1), then emitted in the compute type."""
+        value = self.const_of[name]
+        if dtype in (torch.float16, torch.bfloat16) and isinstance(value, float):
+            value = torch.tensor(value, dtype=dtype).item()
+        return self.const(value, type_)
+
     def compute(self, node: Node) -> str:
         return compute_type(self.typing.of(node), self.weak_float)
 
@@ -220,8 +228,10 @@ class _Lowering:
         if out_t == "i1" and name in _ARITH_OPS | {"relu", "silu", "gelu", "gelu_tanh"}:
             raise ExpressionError(f"{name}() on bool values is not supported; turn masks into numbers with where(m, 1, 0)")
         if name in ("lt", "le", "gt", "ge", "eq", "ne"):
-            arg_t = compute_type(self.typing.operands[node.text], self.weak_float)
-            return self.emit(name, out_t, [self.as_type(a, arg_t) for a in args])
+            operand = self.typing.operands[node.text]
+            arg_t = compute_type(operand, self.weak_float)
+            return self.emit(name, out_t, [self.compared_const(a, operand.dtype, arg_t) if a in self.const_of
+                                           else self.as_type(a, arg_t) for a in args])
         if name == "where":
             cond = self.as_type(args[0], "i1")
             return self.emit("where", out_t, [cond] + [self.as_type(a, out_t) for a in args[1:]])
