@@ -114,7 +114,7 @@ def test_matmul_and_linear_name_what_to_pass_for_non_tensors():
         autotile.linear(a.numpy(), b.T)
     with pytest.raises(ShapeMismatchError, match="bias must have shape"):
         autotile.linear(a, b.T, bias=[1.0, 2.0, 3.0])
-    with pytest.raises(UnsupportedDtypeError, match=r"matmul supports .* got torch.int64"):  # its own dtypes
+    with pytest.raises(UnsupportedDtypeError, match=r"gemm kernels take .* got torch.int64"):  # its own dtypes
         autotile.matmul(a.long(), b.long())
 
 
@@ -281,3 +281,32 @@ def test_a_prefill_plan_of_negative_tokens_is_refused():
     with pytest.raises(BadInputError, match="num_tokens .* must be >= 0, got -3"):
         autotile.plan_paged_prefill(batch=1, num_tokens=-3, num_q_heads=4, num_kv_heads=2, head_dim=64, page_size=16,
                                     max_context=64, device="cpu")
+
+
+def test_messages_name_the_argument_and_what_to_do():
+    x, w = torch.randn(4, 8), torch.randn(6, 8)
+    with pytest.raises(UnsupportedDtypeError, match="gemm kernels take .* got torch.float64: cast them"):
+        autotile.linear(x.double(), w.double())
+    with pytest.raises(UnsupportedDtypeError, match="bias is torch.int64 but the output is fp32"):
+        autotile.linear(x, w, torch.ones(6, dtype=torch.int64))
+    with pytest.raises(ShapeMismatchError, match=r"q must be \(batch, heads, seq, head_dim\) as in SDPA, got shape \(8, 16\)"):
+        autotile.flash_attention(torch.randn(8, 16), torch.randn(8, 16), torch.randn(8, 16))
+
+
+def test_an_unknown_vendor_switch_is_said_once_and_taken_as_on(monkeypatch, caplog):
+    from autotile.families import base
+
+    monkeypatch.setattr(base, "_vendor_values_warned", set())
+    monkeypatch.setenv("AUTOTILE_VENDOR", "maybe")
+    with caplog.at_level("WARNING", logger="autotile.runtime"):
+        assert base.vendor_enabled() and base.vendor_enabled()
+    assert caplog.text.count("AUTOTILE_VENDOR='maybe' is neither") == 1
+    monkeypatch.setenv("AUTOTILE_VENDOR", "off")
+    assert not base.vendor_enabled()
+
+
+def test_explain_refuses_a_varlen_call_the_op_refuses():
+    cu = torch.tensor([0, 16], dtype=torch.int32)
+    q = torch.randn(16, 2, 16)
+    with pytest.raises(BadInputError, match="longer than max_seqlen_q=4"):
+        autotile.explain("flash_attention_varlen", q, q, q, cu, cu, 4, 4)

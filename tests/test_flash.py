@@ -339,7 +339,7 @@ def test_problem_for_explains_the_forward_problem():
 
 
 @pytest.mark.parametrize("make, error, words", [
-    (lambda: (torch.randn(5, 16), torch.randn(5, 16), torch.randn(5, 16)), ShapeMismatchError, "4-D"),
+    (lambda: (torch.randn(5, 16), torch.randn(5, 16), torch.randn(5, 16)), ShapeMismatchError, "as in SDPA"),
     (lambda: (torch.randn(1, 3, 5, 16), torch.randn(1, 2, 5, 16), torch.randn(1, 2, 5, 16)), ShapeMismatchError, "multiple"),
     (lambda: (torch.randn(1, 2, 5, 16), torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8)), ShapeMismatchError, "head dim"),
     (lambda: (torch.randn(1, 2, 5, 16), torch.randn(1, 2, 6, 16), torch.randn(1, 2, 5, 16)), ShapeMismatchError, "same shape"),

@@ -214,7 +214,8 @@ class FlashFamily(Family):
         for name, t in (("q", q), ("k", k), ("v", v)):
             if t.dim() != 4:
                 raise ShapeMismatchError(
-                    f"{name} must be 4-D (batch, heads, seq, head_dim) as in SDPA, got shape {tuple(t.shape)}")
+                    f"{name} must be (batch, heads, seq, head_dim) as in SDPA, got shape {tuple(t.shape)}; as in SDPA, "
+                    f"q, k and v may instead share the same other leading dims (or none before heads)")
         if k.shape != v.shape:
             raise ShapeMismatchError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must have the same shape")
         if q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]:

@@ -218,7 +218,8 @@ class GemmFamily(Family):
             raise BadInputError(f"a is on {a.device} and b on {b.device}: move both to one device")
         dtype = canonical_dtype_name(a.dtype) if a.is_floating_point() else str(a.dtype)
         if dtype not in OPERAND_DTYPES:
-            raise UnsupportedDtypeError(f"matmul supports {OPERAND_DTYPES} operands, got {a.dtype}")
+            raise UnsupportedDtypeError(f"the gemm kernels take {OPERAND_DTYPES} operands, got {a.dtype}: cast them "
+                                        "(e.g. .to(torch.bfloat16)), or call torch for other dtypes")
         out = canonical_dtype_name(out_dtype) if out_dtype is not None else ("bf16" if dtype == "fp8" else dtype)
         m, k = a.shape
         n = b.shape[1]
@@ -226,7 +227,7 @@ class GemmFamily(Family):
             raise ShapeMismatchError(f"bias must have shape ({n},), got {tuple(bias.shape)}")
         if bias is not None and bias.device != a.device:
             raise BadInputError(f"bias is on {bias.device}, a on {a.device}")
-        if bias is not None and canonical_dtype_name(bias.dtype) != out:
+        if bias is not None and not (bias.is_floating_point() and bias.dtype == torch_dtype(out)):
             # As F.linear and torch.addmm: a bias of another dtype would be rounded into the output's silently.
             raise UnsupportedDtypeError(f"bias is {bias.dtype} but the output is {out}: pass the bias in the output's "
                                         "dtype (bias.to(...))")

@@ -120,9 +120,13 @@ def _warn_once(url: str, exc: BaseException) -> None:
 
     shown = safe_url(url)  # never a password in a log
     reason = str(exc) if isinstance(exc, AutotileError) else database_failure(exc, url) or f"{type(exc).__name__}: {exc}"
-    log.warning("autotile: not using the tuning database %s (%s); serving from the next source. Fix: run "
-                "`autotile db verify --db %s`, or move the file away (or unset AUTOTILE_DB) to start a new one.",
-                shown, reason.splitlines()[0][:300] if reason else "unreadable", shown)
+    if url.startswith("sqlite:") or "://" not in url:
+        fix = f"run `autotile db verify --db {shown}`, or move the file away (or unset AUTOTILE_DB) to start a new one"
+    else:
+        fix = ("check AUTOTILE_DB: a SQLite file, or a SQLAlchemy URL of a reachable server whose driver is "
+               "installed (or unset it)")
+    log.warning("autotile: not using the tuning database %s (%s); serving from the next source. Fix: %s.",
+                shown, reason.splitlines()[0][:300] if reason else "unreadable", fix)
 
 
 def _candidates(family: Family, problem, winners: list, strict: bool) -> list[tuple[str, object]]:

@@ -229,4 +229,6 @@ def problem_for(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                               bool(causal))
     problem = _problem(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, window, softcap,
                        alibi_slopes)
+    if checks_on(q.device):  # as the call checks them: explain never approves a call the op refuses
+        check_lengths(q, k, cu_seqlens_q, cu_seqlens_k, problem.seq_q, problem.seq_k)
     return FAMILY, problem, current_device(q.device)
