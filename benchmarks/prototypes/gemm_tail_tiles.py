@@ -33,7 +33,7 @@ from autotile.space import Config  # noqa: E402
 SHAPES = (("llama3-8b gate_up", 512, 28672, 4096), ("qwen2.5-7b gate_up", 512, 37888, 3584),
           ("qwen2.5-7b qkv", 2048, 4608, 3584), ("qwen2.5-7b qkv", 4096, 4608, 3584),
           ("llama3-8b qkv", 1024, 6144, 4096), ("mistral-nemo-12b o", 2048, 5120, 4096),
-          ("phi3-mini qkv", 2048, 9216, 3072), ("llama3-8b gate_up", 1024, 28672, 4096))
+          ("phi3-mini qkv", 2048, 9216, 3072))
 H200_PLAN = DeviceInfo("h200", "NVIDIA H200", (9, 0), 132, 150_000_000_000, HOPPER_SMEM_PER_BLOCK, "plan")
 BIG, SMALL = (128, 256), (128, 128)
 
