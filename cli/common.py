@@ -54,6 +54,31 @@ def named_file(ctx, param, value):
     return value
 
 
+def refuse_overwriting_database(out, db_url: str | None, storage: str | None = None) -> None:
+    """A usage error where --out names the tuning database (or its WAL, shared-memory or journal file, or a study
+    journal beside it): writing there would destroy every trial it holds."""
+    from pathlib import Path
+
+    from autotile.store.db import default_db_url, normalise_url, sqlite_path
+
+    if out is None or str(out) == "-":
+        return
+    target = Path(out).expanduser().resolve()
+    for url in (db_url or default_db_url(), storage):
+        if url is None:
+            continue
+        path = sqlite_path(normalise_url(url))
+        if path is None and url and url.startswith("journal:"):
+            path = Path(url.removeprefix("journal:"))
+        if path is None:
+            continue
+        path = path.expanduser().resolve()
+        companions = {path, *(path.with_name(path.name + suffix) for suffix in ("-wal", "-shm", "-journal", ".lock"))}
+        if target in companions or path.with_name(path.name + ".studies") in target.parents:
+            raise click.BadParameter(f"{out} is the tuning database {path} (or a file of it): writing it would "
+                                     "destroy every trial it holds; give another file", param_hint="--out")
+
+
 def known_family(ctx, param, value):
     """Click callback: a family name autotile has (None passes), else a usage error listing them."""
     from autotile.families import family_names

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import click
 
-from autotile.cli.common import db_option, friendly_errors, known_family, named_file
+from autotile.cli.common import db_option, friendly_errors, known_family, named_file, refuse_overwriting_database
 
 _POLICIES = ("keep", "faster", "replace")
 
@@ -39,6 +39,7 @@ def export_command(out, family, device_key, db_url):
     if str(out) == "-":
         raise click.BadParameter("db export writes a file (renamed into place when whole): give it a name, e.g. "
                                  "winners.jsonl", param_hint="--out")
+    refuse_overwriting_database(out, db_url)
     counts = export_database(db_url, out, family, device_key)
     policies = counts["policy"]
     also = f" and {policies} polic{'ies' if policies != 1 else 'y'}" if policies else ""

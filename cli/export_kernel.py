@@ -5,7 +5,7 @@ from pathlib import Path
 
 import click
 
-from autotile.cli.common import FamilyGroup, db_option, family_options, friendly_errors, named_file
+from autotile.cli.common import FamilyGroup, db_option, family_options, friendly_errors, named_file, refuse_overwriting_database
 
 
 def _make_export_command(name: str):
@@ -29,6 +29,7 @@ def _make_export_command(name: str):
         from autotile.export_kernel import ExportNotSupportedError, export_kernel, export_not_supported_reason, write_kernel
         from autotile.space import Config
 
+        refuse_overwriting_database(out, db_url)
         reason = export_not_supported_reason(name)
         if reason:
             raise ExportNotSupportedError(reason)

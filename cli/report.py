@@ -5,7 +5,7 @@ from pathlib import Path
 
 import click
 
-from autotile.cli.common import db_option, friendly_errors, known_family, named_file
+from autotile.cli.common import db_option, friendly_errors, known_family, named_file, refuse_overwriting_database
 
 # The format a file name asks for, by its suffix (--format overrides it).
 SUFFIX_FORMATS = {".html": "html", ".htm": "html", ".md": "md", ".markdown": "md", ".csv": "csv", ".json": "json"}
@@ -48,6 +48,7 @@ def report_command(family, device_key, fmt, out, storage, db_url):
     """Write a report of the stored winners and trials; reads the database only."""
     from autotile.reports import ReportFormat, build_report, render, write_report
 
+    refuse_overwriting_database(out, db_url, storage)
     chosen = ReportFormat(report_format(fmt, out))
     if out == "-":
         report = build_report(db_url, family=family, device=device_key, storage_url=storage)

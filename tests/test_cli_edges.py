@@ -532,6 +532,19 @@ def test_db_export_refuses_stdout_rather_than_writing_a_file_named_dash(tmp_path
     assert not (tmp_path / "-").exists()
 
 
+@pytest.mark.parametrize("command, out", [
+    (("db", "export"), "gemm.sqlite"), (("db", "export"), "gemm.sqlite-wal"),
+    (("report", "--format", "json"), "gemm.sqlite"), (("report", "--format", "json"), "gemm.sqlite-shm"),
+    (("export-kernel", "gemm", "--m", "20", "--n", "24", "--k", "40", "--dtype", "fp32", "--gpu", "interpret"),
+     "gemm.sqlite")])
+def test_writing_over_the_database_being_read_is_refused(gemm_db, command, out):
+    path, url = gemm_db
+    before = path.read_bytes()
+    result = invoke(*command, "--out", path.parent / out, "--db", url)
+    assert result.exit_code == 2 and "would destroy every trial" in result.output, result.output
+    assert path.read_bytes() == before
+
+
 def test_a_policy_run_on_the_interpreter_is_refused_with_the_reason(tmp_path):
     result = invoke("tune", "gemm", "--model", "llama3-8b", "--tokens", "1", "--policy", "--gpu", "interpret",
                     "--db", tmp_path / "d.sqlite")
