@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import sqlite3
 
 import pytest
@@ -549,3 +550,24 @@ def test_a_policy_run_on_the_interpreter_is_refused_with_the_reason(tmp_path):
     result = invoke("tune", "gemm", "--model", "llama3-8b", "--tokens", "1", "--policy", "--gpu", "interpret",
                     "--db", tmp_path / "d.sqlite")
     assert result.exit_code == 2 and "no vendor op to time it against" in result.output, result.output
+
+
+@pytest.mark.parametrize("ending", ["sigterm", "os._exit"])
+def test_a_recording_process_stopped_without_atexit_keeps_its_trace(tmp_path, ending):
+    """Servers are stopped by SIGTERM, whose default handler skips atexit; os._exit and SIGKILL skip it too. The
+    trace is written on SIGTERM, and every FLUSH_EVERY_S otherwise."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "t.jsonl"
+    stop = "os.kill(os.getpid(), signal.SIGTERM)" if ending == "sigterm" else "time.sleep(1.0); os._exit(0)"
+    code = ("import os, signal, time, torch, autotile\n"
+            "from autotile.runtime import trace\n"
+            "trace.FLUSH_EVERY_S = 0.2\n"
+            "autotile.fuse('x * 2')(x=torch.ones(8))\n"
+            f"{stop}\n"
+            "time.sleep(30)\n")
+    done = subprocess.run([sys.executable, "-c", code], env={**os.environ, "AUTOTILE_RECORD": str(path)},
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == (-15 if ending == "sigterm" else 0), done.stderr
+    assert [(e.family, e.calls) for e in read_trace(path)] == [("elementwise", 1)]

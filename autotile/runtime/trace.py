@@ -2,7 +2,8 @@
 
 Each op keeps one counter per call signature (a one-element list registered here when the signature is
 first seen); the hot path pays one increment. When the process exits (or `flush()` is called) the
-counters are summed per problem and written as JSON lines, merged with the counts already in the file,
+counters are summed per problem and written as JSON lines (also every FLUSH_EVERY_S, and on SIGTERM where the
+program left its default handler), merged with the counts already in the file,
 so several runs (or ranks) of a model add up (`<name>.lock` beside the file serialises their flushes). `autotile tune --from-trace trace.jsonl --budget 10m`
 tunes the recorded problems, most calls first.
 
@@ -24,7 +25,9 @@ import datetime as dt
 import json
 import logging
 import os
+import signal
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,7 +43,7 @@ _MAX_LINE = 65536
 log = logging.getLogger("autotile.runtime")
 
 _counters: dict[tuple[str, str, str], tuple[dict, list[list[int]]]] = {}
-_lock = threading.Lock()
+_lock = threading.RLock()  # RLock: the SIGTERM handler may flush while the main thread holds it
 _registered_exit = False
 
 
@@ -77,8 +80,40 @@ def counter(family, problem, device) -> list[int]:
         entry[1].append(count)
         if not _registered_exit and recording_path() is not None:
             atexit.register(_flush_at_exit)
+            _flush_on_sigterm()
+            threading.Thread(target=_flush_every, args=(FLUSH_EVERY_S,), name="autotile-trace", daemon=True).start()
             _registered_exit = True
     return count
+
+
+# A recording process also writes its counts this often (seconds): a server stopped by SIGKILL, or by an exit that
+# skips atexit (os._exit), loses at most this much of its trace.
+FLUSH_EVERY_S = 60.0
+
+
+def _flush_every(seconds: float) -> None:
+    while True:
+        time.sleep(seconds)
+        try:
+            flush()
+        except Exception as exc:  # noqa: BLE001 - a failed write keeps the counts for the next one; say why once
+            log.warning("autotile: could not write the trace %s: %s", recording_path(), exc)
+            return
+
+
+def _flush_on_sigterm() -> None:
+    """Write the trace when SIGTERM stops the process, as servers are stopped (Python's default handler exits
+    without atexit). Only where SIGTERM still has its default handler, set from the main thread: a handler the
+    program installed is left as it is (its own exit path runs atexit)."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+        return
+
+    def on_sigterm(signum, frame):
+        _flush_at_exit()
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)  # the default: the process ends as SIGTERM ends it
+
+    signal.signal(signal.SIGTERM, on_sigterm)
 
 
 def entries() -> list[TraceEntry]:
