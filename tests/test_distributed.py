@@ -248,3 +248,28 @@ def test_a_journal_cut_by_a_dying_writer_still_takes_trials(tmp_path):
     again = optuna.load_study(storage=journal_storage(url), study_name="cut")
     assert len(again.trials) == 3 and all(t.state.is_finished() for t in again.trials)
     assert (tmp_path / "s.journal").read_bytes().endswith(b"\n")
+
+
+@pytest.mark.parametrize("damage", [b"garbage{{{\n", b"\x00\x01\xffgarbage\n"])
+def test_a_damaged_study_journal_beside_the_database_is_set_aside_and_a_new_one_started(tmp_path, damage, caplog):
+    """A journal autotile keeps beside its database that cannot be replayed (not JSON, not UTF-8) raised Optuna's
+    JSONDecodeError / UnicodeDecodeError as a traceback at every rerun of the problem."""
+    from autotile.tune.storage import optuna_storage, own_storage
+
+    url = f"journal:{tmp_path / 'db.sqlite.studies' / 's.journal'}"
+    study = optuna.create_study(storage=own_storage(url), study_name="s")
+    study.optimize(lambda trial: trial.suggest_float("x", 0, 1), n_trials=2)
+    path = tmp_path / "db.sqlite.studies" / "s.journal"
+    # Damage before a whole record: Optuna replays past a bad last line (a writer that died), not past this.
+    damage += path.read_bytes().splitlines(keepends=True)[-1]
+    with open(path, "ab") as journal:
+        journal.write(damage)
+    with pytest.raises(ValueError):
+        optuna_storage(url)  # Optuna's own replay
+    with caplog.at_level("WARNING", logger="autotile.tune"):
+        storage = own_storage(url)
+    assert "could not be replayed" in caplog.text and "s.journal.damaged" in caplog.text
+    study = optuna.create_study(storage=storage, study_name="s", load_if_exists=True)
+    study.optimize(lambda trial: trial.suggest_float("x", 0, 1), n_trials=1)
+    assert len(study.trials) == 1
+    assert (tmp_path / "db.sqlite.studies" / "s.journal.damaged").read_bytes().endswith(damage)

@@ -26,7 +26,7 @@ from autotile.store.db import default_db_url, normalise_url, open_engine
 from autotile.store.repo import Store
 from autotile.tune.cluster import evaluated_trials, fail_stale_trials
 from autotile.tune.processes import CtrlC, run_search_processes
-from autotile.tune.storage import given_storage, is_journal, optuna_storage, study_journal
+from autotile.tune.storage import given_storage, is_journal, optuna_storage, own_storage, study_journal
 from autotile.tune.retime import race
 from autotile.tune.search import (  # noqa: F401 - re-exported
     Progress, TuneError, _Search, _SearchPlan, _SharedState, next_vendor_number, vendor_study,
@@ -186,7 +186,7 @@ def tune_problem(
         name = study_name(family, problem, device)
         study_url, rows_complete = _study_url(storage_url, db_url, engine, name)
         store = Store(engine)
-        storage = given_storage(study_url) if storage_url is not None else optuna_storage(study_url)
+        storage = given_storage(study_url) if storage_url is not None else own_storage(study_url)
         device_id = store.ensure_device(device)
         toolchain_id = store.ensure_toolchain()
         problem_id = store.ensure_problem(family, problem)

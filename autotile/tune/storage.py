@@ -26,6 +26,7 @@ storage URL is taken (`--storage`).
 from __future__ import annotations
 
 import fcntl
+import json
 import logging
 import os
 import re
@@ -185,6 +186,27 @@ def optuna_storage(url: str) -> optuna.storages.BaseStorage:
     if url.startswith("sqlite"):
         _serialise_sqlite_transactions(storage.engine)
     return storage
+
+
+def own_storage(url: str) -> optuna.storages.BaseStorage:
+    """optuna_storage of a study's storage that autotile chose (its journal beside the database, or the database):
+    a journal that cannot be replayed (damaged: a line that is not JSON, bytes that are not UTF-8) is moved aside to
+    `<journal>.damaged` (said once) and the study starts a new one; the database keeps every trial it recorded."""
+    try:
+        return optuna_storage(url)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        if not is_journal(url):
+            raise
+        path = journal_path(url)
+        aside, number = path.with_name(path.name + ".damaged"), 0
+        while aside.exists():
+            number += 1
+            aside = path.with_name(f"{path.name}.damaged.{number}")
+        path.replace(aside)
+        log.warning("autotile: the study journal %s could not be replayed (%s: %s); it was moved to %s and the "
+                    "search starts a new study (the database keeps the trials it recorded)", path,
+                    type(exc).__name__, str(exc)[:120], aside)
+        return optuna_storage(url)
 
 
 def given_storage(url: str) -> optuna.storages.BaseStorage:
