@@ -457,3 +457,30 @@ def test_the_wal_switch_is_tried_again_while_locked_and_other_errors_pass_throug
     monkeypatch.setattr(store_db, "_SQLITE_BUSY_TIMEOUT_MS", 0)  # past the deadline: the lock error is raised
     with pytest.raises(sqlite3.OperationalError, match="locked"):
         store_db.switch_to_wal(Cursor([locked] * 50))
+
+
+@pytest.mark.parametrize("said, writable, words", [
+    ("unable to open database file", False, "cannot be written"),
+    ("disk I/O error", True, "the disk is full"),
+    ("unable to open database file", True, "is not a readable database")])
+def test_a_database_that_cannot_be_opened_is_named_for_why(tmp_path, monkeypatch, said, writable, words):
+    """A whole file on a read-only mount, or on a full disk, was called 'not a readable database' with advice to move
+    it away; `list`, `report` and `export` read it fine."""
+    from sqlalchemy.exc import OperationalError
+
+    from autotile.errors import DatabaseError
+    from autotile.store import db as store_db
+
+    path = tmp_path / "t.sqlite"
+    sqlite3.connect(path).close()
+    url = f"sqlite:///{path}"
+    engine = store_db._engine(url)
+
+    def refuse(_engine):
+        raise OperationalError("PRAGMA", {}, sqlite3.OperationalError(said))
+
+    monkeypatch.setattr(store_db, "inspect", refuse)
+    real_access = os.access
+    monkeypatch.setattr(store_db.os, "access", lambda p, mode: writable and real_access(p, mode))
+    with pytest.raises(DatabaseError, match=words):
+        store_db.check_schema(engine, url)

@@ -152,6 +152,16 @@ def check_schema(engine: Engine, url: str) -> str:
         if sqlite_path(url) is None:
             raise DatabaseError(f"cannot read the database {safe_url(url)} ({reason}); check that the server is up and "
                                 "the URL right, or point --db/AUTOTILE_DB elsewhere") from None
+        path = sqlite_path(url)
+        if path.exists() and not (os.access(path, os.W_OK) and os.access(path.parent, os.W_OK)):
+            # SQLite's WAL needs its -wal and -shm files beside the database: a read-only file, folder or file
+            # system says "unable to open database file" for a file that is whole.
+            raise DatabaseError(f"{url} cannot be written ({reason}: a read-only file, folder or file system); this "
+                                "command writes to it: point --db/AUTOTILE_DB at a writable copy (autotile list, "
+                                "report and db export read it as it is)") from None
+        lowered = reason.lower()
+        if any(needle in lowered for needle in ("disk i/o error", "database or disk is full", "no space left")):
+            raise DatabaseError(database_failure(exc, url)) from None
         raise DatabaseError(f"{url} is not a readable database ({reason}); point --db/AUTOTILE_DB at another file "
                             "or move this one away") from None
     ours = {t for t in tables if t.startswith("autotile_")}
