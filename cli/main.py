@@ -363,8 +363,9 @@ def list_command(family, device_key, db_url):
         spread = f"{(w.q80_ms - w.q20_ms) / w.median_ms:.1%}" if w.median_ms else "-"
         config = Config.from_json(w.config)
         served = f" [{vendor_label(config)}]" if is_vendor(config) else ""
+        stale = "(stale: another toolchain or driver) " if w.stale else ""
         table.add_row(w.family, w.device_key + (" (interpret)" if w.interpreted else ""),
-                      _short_key(w.params) + served, f"{w.median_ms:.4f}", spread, speed, str(w.trials_run))
+                      stale + _short_key(w.params) + served, f"{w.median_ms:.4f}", spread, speed, str(w.trials_run))
     _console(200).print(table)
 
 

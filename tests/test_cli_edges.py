@@ -571,3 +571,16 @@ def test_a_recording_process_stopped_without_atexit_keeps_its_trace(tmp_path, en
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == (-15 if ending == "sigterm" else 0), done.stderr
     assert [(e.family, e.calls) for e in read_trace(path)] == [("elementwise", 1)]
+
+
+def test_winners_of_another_toolchain_are_marked_stale_when_their_device_next_tunes(tmp_path):
+    db = tmp_path / "d.sqlite"
+    args = ("--numel", "4096", "--trials", "1", "--gpu", "interpret", "--db", db)
+    assert invoke("tune", "elementwise", "--expr", "x*2", *args).exit_code == 0
+    with sqlite3.connect(db) as conn:
+        conn.execute("update autotile_toolchains set triton = '3.5.0'")  # as imported from an older install
+    assert "stale" not in invoke("list", "--db", db).output
+    assert invoke("tune", "elementwise", "--expr", "x*3", *args).exit_code == 0
+    rows = [line for line in invoke("list", "--db", db).output.splitlines() if "mul(" in line]
+    assert [("stale" in line, "mul(2" in line) for line in rows] in ([(True, True), (False, False)],
+                                                                     [(False, False), (True, True)])

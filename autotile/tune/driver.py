@@ -24,6 +24,7 @@ from autotile.families.base import Family, is_vendor, vendor_label
 from autotile.space import Config
 from autotile.store.db import default_db_url, normalise_url, open_engine
 from autotile.store.repo import Store
+from autotile.store.staleness import mark_stale
 from autotile.tune.cluster import evaluated_trials, fail_stale_trials
 from autotile.tune.processes import CtrlC, run_search_processes
 from autotile.tune.storage import given_storage, is_journal, optuna_storage, own_storage, study_journal
@@ -190,6 +191,8 @@ def tune_problem(
         device_id = store.ensure_device(device)
         toolchain_id = store.ensure_toolchain()
         problem_id = store.ensure_problem(family, problem)
+        # This device's winners of another torch, Triton, CUDA or driver: marked stale (`autotile list` shows it).
+        mark_stale(store, device, family.name)
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         study = optuna.create_study(study_name=name, storage=storage, direction="minimize", load_if_exists=True)
