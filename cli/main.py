@@ -397,12 +397,13 @@ def show_command(family, match, errors, db_url):
 
     with reading(db_url):
         store = _read_store(db_url)
-        winners = {(w.problem_key, w.device_key): w for w in store.winners(family)}
+        winners = {(w.problem_key, w.device_key): w for w in store.winners(family) if match in w.problem_key}
         trials = [t for t in store.trials(family) if match in t["problem_key"]]
-    if not trials:
-        click.echo(f"no trials stored for {family}" + (f" matching {match!r}" if match else ""))
+    if not trials and not winners:
+        click.echo(f"no winners or trials stored for {family}" + (f" matching {match!r}" if match else ""))
         return
-    by_problem: dict[str, list] = {}
+    # Problems with trials, and those with a winner alone (imported or merged: their trials stayed where they ran).
+    by_problem: dict[str, list] = {key: [] for key, _ in winners}
     for t in trials:
         by_problem.setdefault(t["problem_key"], []).append(t)
     for key, rows in by_problem.items():
@@ -411,7 +412,8 @@ def show_command(family, match, errors, db_url):
             if pkey == key:
                 click.echo(f"  winner on {dkey}: {w.median_ms:.4f} ms [{w.q20_ms:.4f}, {w.q80_ms:.4f}] "
                            f"margin {w.margin if w.margin is not None else float('nan'):.1%}  {w.config}\n    {w.provenance}")
-        click.echo(f"  trials: {dict(Counter(r['status'] for r in rows))}")
+        click.echo(f"  trials: {dict(Counter(r['status'] for r in rows))}" if rows else
+                   "  trials: none stored here (the winner was imported or merged)")
         ok = sorted((r for r in rows if r["status"] == "ok"), key=lambda r: r["median_ms"])[:5]
         for r in ok:
             click.echo(f"    {r['median_ms']:.4f} ms  {json.dumps(r['config'], sort_keys=True)}")

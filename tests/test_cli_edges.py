@@ -584,3 +584,14 @@ def test_winners_of_another_toolchain_are_marked_stale_when_their_device_next_tu
     rows = [line for line in invoke("list", "--db", db).output.splitlines() if "mul(" in line]
     assert [("stale" in line, "mul(2" in line) for line in rows] in ([(True, True), (False, False)],
                                                                      [(False, False), (True, True)])
+
+
+def test_show_names_imported_winners_that_have_no_trials_here(gemm_db, tmp_path):
+    path, url = gemm_db
+    export = tmp_path / "w.jsonl"
+    assert invoke("db", "export", "--db", url, "--out", export).exit_code == 0
+    fresh = tmp_path / "fresh.sqlite"
+    assert invoke("db", "import", export, "--db", fresh).exit_code == 0
+    result = invoke("show", "gemm", "--db", fresh)
+    assert result.exit_code == 0 and "winner on interpret" in result.output, result.output
+    assert "none stored here (the winner was imported or merged)" in result.output
