@@ -85,6 +85,18 @@ def test_upgrade_keeps_the_rows_of_a_first_schema_database(tmp_path):
     assert again.exit_code == 0 and "nothing to do" in again.output
 
 
+def test_a_writer_that_migrates_an_older_schema_keeps_a_copy_and_says_so(tmp_path, caplog):
+    """`autotile tune` on an older file migrated it in place, silently, with no copy (db upgrade keeps one)."""
+    path = tmp_path / "v1.sqlite"
+    url = f"sqlite:///{path}"
+    upgrade_to(create_engine(url), "0001")
+    store_db._engine.cache_clear()
+    with caplog.at_level("WARNING", logger="autotile"):
+        open_engine(url, create=True)
+    assert (tmp_path / "v1.sqlite.schema1.bak").exists()
+    assert "had an older schema: migrated" in caplog.text and "v1.sqlite.schema1.bak" in caplog.text
+
+
 def test_upgrade_refuses_a_foreign_database(tmp_path):
     foreign = tmp_path / "foreign.sqlite"
     with sqlite3.connect(foreign) as conn:

@@ -484,3 +484,30 @@ def test_a_database_that_cannot_be_opened_is_named_for_why(tmp_path, monkeypatch
     monkeypatch.setattr(store_db.os, "access", lambda p, mode: writable and real_access(p, mode))
     with pytest.raises(DatabaseError, match=words):
         store_db.check_schema(engine, url)
+
+
+@pytest.mark.parametrize("case, fix", [("newer schema", "upgrade autotile"), ("older schema", "run `autotile db upgrade"),
+                                       ("not sqlite", "move the file away"), ("missing driver", "check AUTOTILE_DB")])
+def test_the_runtimes_fix_fits_what_is_wrong(case, fix, tuned, tmp_path, monkeypatch, caplog):
+    """The runtime's warning said `db verify` whatever was wrong, also where its own reason said to upgrade."""
+    path = _copy(tuned, tmp_path / "t.sqlite")
+    url = f"sqlite:///{path}"
+    if case == "newer schema":
+        with sqlite3.connect(path) as conn:
+            conn.execute("update autotile_meta set value = '99' where key = 'schema_version'")
+    elif case == "older schema":
+        with sqlite3.connect(path) as conn:
+            conn.execute("update autotile_meta set value = '1' where key = 'schema_version'")
+    elif case == "not sqlite":
+        path.write_text("not a database " * 200)
+    else:
+        url = "postgresql+psycopg2://tuner@localhost/autotile"
+    monkeypatch.setenv("AUTOTILE_DB", url)
+    dispatch.clear_cache()
+    try:
+        with caplog.at_level(logging.WARNING, logger="autotile.runtime"):
+            autotile.fuse(EXPR)(x=torch.randn(NUMEL))
+    finally:
+        dispatch.clear_cache()
+    warnings = [r.getMessage() for r in caplog.records if "not using the tuning database" in r.getMessage()]
+    assert len(warnings) == 1 and f"Fix: {fix}" in warnings[0], warnings

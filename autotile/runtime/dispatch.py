@@ -120,7 +120,13 @@ def _warn_once(url: str, exc: BaseException) -> None:
 
     shown = safe_url(url)  # never a password in a log
     reason = str(exc) if isinstance(exc, AutotileError) else database_failure(exc, url) or f"{type(exc).__name__}: {exc}"
-    if url.startswith("sqlite:") or "://" not in url:
+    if "db upgrade" in reason:
+        fix = f"run `autotile db upgrade --db {shown}` (it keeps a copy of the file first)"
+    elif "newer than this autotile" in reason:
+        fix = "upgrade autotile (pip install -U autotile), or point AUTOTILE_DB at another file"
+    elif "not a SQLite database" in reason or "damaged" in reason or "not an autotile database" in reason:
+        fix = "move the file away (or unset AUTOTILE_DB); the next tune starts a new one"
+    elif url.startswith("sqlite:") or "://" not in url:
         fix = f"run `autotile db verify --db {shown}`, or move the file away (or unset AUTOTILE_DB) to start a new one"
     else:
         fix = ("check AUTOTILE_DB: a SQLite file, or a SQLAlchemy URL of a reachable server whose driver is "

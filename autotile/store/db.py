@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import os
 import sqlite3
 import time
@@ -243,8 +244,13 @@ def open_engine(url: str | None = None, *, create: bool = True, read_only: bool 
 
                 create_fresh_sqlite(engine)  # the migrated schema, without importing Alembic
             elif state != "ok":
-                from autotile.store.migrate import upgrade_to_head
+                from autotile.store.migrate import backup_sqlite, upgrade_to_head
 
+                path = sqlite_path(url)
+                if state == "old" and path is not None:  # as `autotile db upgrade` does: a copy first, and said
+                    copy = backup_sqlite(path, stored_schema_version(engine))
+                    logging.getLogger("autotile").warning(
+                        "autotile: %s had an older schema: migrated to this autotile's; its copy before is %s", url, copy)
                 upgrade_to_head(engine)
     return engine
 

@@ -82,13 +82,13 @@ def upgrade_database(url: str | None = None, *, backup: bool = True) -> UpgradeR
     if state == "old":
         path = sqlite_path(url)
         if backup and path is not None:
-            copy = _backup_sqlite(path, before_version)
+            copy = backup_sqlite(path, before_version)
         upgrade_to_head(engine)
     return UpgradeReport(url, before_version, stored_schema_version(engine), before_revision,
                          current_revision(engine), copy)
 
 
-def _backup_sqlite(path: Path, version: int | None) -> Path:
+def backup_sqlite(path: Path, version: int | None) -> Path:
     """A consistent copy of a (possibly WAL-mode) SQLite file, through SQLite's own backup API."""
     import sqlite3
 
