@@ -79,6 +79,23 @@ def refuse_overwriting_database(out, db_url: str | None, storage: str | None = N
                                      "destroy every trial it holds; give another file", param_hint="--out")
 
 
+def what_is_stored(db_url, family: str | None, device_key: str | None) -> str:
+    """For a selection that matched nothing: what the database does hold ('' where the selection was everything
+    or the database holds no winners)."""
+    from autotile.store.db import open_engine, reading
+    from autotile.store.repo import Store
+
+    if not (family or device_key):
+        return ""
+    with reading(db_url):
+        stored = Store(open_engine(db_url, create=False, read_only=True)).winners(None, None)
+    if not stored:
+        return ""
+    asked = " and ".join(f"{name} {value!r}" for name, value in (("family", family), ("device", device_key)) if value)
+    return (f"no winners stored for {asked}; the database holds winners of families "
+            f"{', '.join(sorted({w.family for w in stored}))} on devices {', '.join(sorted({w.device_key for w in stored}))}")
+
+
 def known_family(ctx, param, value):
     """Click callback: a family name autotile has (None passes), else a usage error listing them."""
     from autotile.families import family_names

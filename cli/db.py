@@ -5,7 +5,9 @@ from pathlib import Path
 
 import click
 
-from autotile.cli.common import db_option, friendly_errors, known_family, named_file, refuse_overwriting_database
+from autotile.cli.common import (
+    db_option, friendly_errors, known_family, named_file, refuse_overwriting_database, what_is_stored,
+)
 
 _POLICIES = ("keep", "faster", "replace")
 
@@ -44,6 +46,8 @@ def export_command(out, family, device_key, db_url):
     policies = counts["policy"]
     also = f" and {policies} polic{'ies' if policies != 1 else 'y'}" if policies else ""
     click.echo(f"exported {counts['winner']} winner{'s' if counts['winner'] != 1 else ''}{also} to {out}")
+    if not counts["winner"] and not policies and (note := what_is_stored(db_url, family, device_key)):
+        click.echo(note, err=True)
 
 
 def _print_import(report) -> None:

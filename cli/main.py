@@ -7,7 +7,7 @@ import sys
 import click
 
 from autotile.cli.common import (
-    FamilyGroup, db_option, family_options, friendly_errors, known_family, positive_seconds,
+    FamilyGroup, db_option, family_options, friendly_errors, known_family, positive_seconds, what_is_stored,
 )
 from autotile.cli.tune_run import interpreter_defaults, suite_note, tune_each
 from autotile.cli.tune_plan import model_options, take_model_options, tune_group, tune_model
@@ -341,19 +341,9 @@ def list_command(family, device_key, db_url):
     from autotile.store.db import reading
 
     with reading(db_url):
-        store = _read_store(db_url)
-        winners = store.winners(family, device_key)
-        others = [] if winners or not (family or device_key) else store.winners(None, None)
+        winners = _read_store(db_url).winners(family, device_key)
     if not winners:
-        if not others:
-            click.echo("no winners stored yet: run `autotile tune FAMILY`")
-            return
-        asked = " and ".join(f"{name} {value!r}" for name, value in (("family", family), ("device", device_key))
-                             if value)
-        families = ", ".join(sorted({w.family for w in others}))
-        devices = ", ".join(sorted({w.device_key for w in others}))
-        click.echo(f"no winners stored for {asked}; the database holds winners of families {families} on devices "
-                   f"{devices}")
+        click.echo(what_is_stored(db_url, family, device_key) or "no winners stored yet: run `autotile tune FAMILY`")
         return
     table = Table(title="autotile winners")
     for col in ("family", "device", "problem", "median ms", "spread", "vs baseline", "trials"):

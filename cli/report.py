@@ -5,7 +5,9 @@ from pathlib import Path
 
 import click
 
-from autotile.cli.common import db_option, friendly_errors, known_family, named_file, refuse_overwriting_database
+from autotile.cli.common import (
+    db_option, friendly_errors, known_family, named_file, refuse_overwriting_database, what_is_stored,
+)
 
 # The format a file name asks for, by its suffix (--format overrides it).
 SUFFIX_FORMATS = {".html": "html", ".htm": "html", ".md": "md", ".markdown": "md", ".csv": "csv", ".json": "json"}
@@ -58,7 +60,8 @@ def report_command(family, device_key, fmt, out, storage, db_url):
         report = write_report(db_url, chosen, out, family=family, device=device_key, storage_url=storage)
         where = out
     if not report.problems:
-        click.echo("no trials or winners stored for this selection: run `autotile tune FAMILY`", err=True)
+        click.echo(what_is_stored(db_url, family, device_key)
+                   or "no trials or winners stored for this selection: run `autotile tune FAMILY`", err=True)
     click.echo(f"wrote {chosen.value} report of {len(report.problems)} problem(s) to {where}",
                err=out == "-")
     for note in report.notes:

@@ -595,3 +595,11 @@ def test_show_names_imported_winners_that_have_no_trials_here(gemm_db, tmp_path)
     result = invoke("show", "gemm", "--db", fresh)
     assert result.exit_code == 0 and "winner on interpret" in result.output, result.output
     assert "none stored here (the winner was imported or merged)" in result.output
+
+
+def test_report_and_export_of_a_selection_that_matches_nothing_name_what_is_stored(gemm_db, tmp_path):
+    path, url = gemm_db
+    for command in (("report", "--out", tmp_path / "r.md"), ("db", "export", "--out", tmp_path / "e.jsonl")):
+        result = invoke(*command, "--device", "bogus", "--db", url)
+        assert result.exit_code == 0 and "no winners stored for device 'bogus'; the database holds winners of " \
+            "families gemm on devices interpret" in result.output, result.output
