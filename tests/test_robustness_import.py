@@ -58,6 +58,8 @@ HOSTILE = [  # (field path, value, words of the reason)
     (("timings", "baseline_ms"), -5.0, "timings.baseline_ms must be positive, got -5.0"),
     (("timings", "q80_ms"), 10**400, "timings.q80_ms must be a finite number, got an integer of 401 digits"),
     (("timings", "margin"), -3.0, "timings.margin must be within [-1, 1e+06]"),
+    # A median below its own 20th percentile: list showed thousands of x over the baseline.
+    (("timings", "median_ms"), 1e-6, "timings must keep q20_ms <= median_ms <= q80_ms"),
 ]
 
 
@@ -75,7 +77,7 @@ def test_each_hostile_record_is_refused_with_its_reason(export, tmp_path, dry_ru
     result = CliRunner().invoke(db, ["import", str(path), "--db", target] + (["--dry-run"] if dry_run else []),
                                 catch_exceptions=False)
     assert result.exit_code == 0, result.output
-    assert "1 record(s) (1 added); skipped 13" in result.output
+    assert f"1 record(s) (1 added); skipped {len(HOSTILE)}" in result.output
     for line, (_path, _value, words) in enumerate(HOSTILE, start=3):
         assert f"line {line}: skipped: " in result.stderr and words in result.stderr, (words, result.stderr)
     winners = Store(open_engine(target, create=False)).winners()
@@ -114,3 +116,14 @@ def test_a_large_file_is_read_in_bounded_memory(export, tmp_path):
     assert report.counts() == {"added": 1, "skipped": count} and report.truncated == ""
     assert len(report.skipped) == MAX_LISTED and report.unlisted == count - MAX_LISTED
     assert peak < size / 4, f"peak {peak / 1e6:.1f} MB for a {size / 1e6:.1f} MB file"
+
+
+def test_a_header_version_that_is_not_an_integer_is_named_as_such(export, tmp_path):
+    header, record, end = export
+    edited = json.loads(header)
+    edited["format_version"] = str(edited["format_version"])
+    path = tmp_path / "edited.jsonl"
+    path.write_text("\n".join([json.dumps(edited), json.dumps(record), end]) + "\n")
+    result = CliRunner().invoke(db, ["import", str(path), "--db", f"sqlite:///{tmp_path / 't.sqlite'}"])
+    assert result.exit_code != 0 and "format_version must be an integer, got '1'" in result.output, result.output
+    assert "upgrade autotile" not in result.output

@@ -310,11 +310,16 @@ class ExportReader:
                                     f'{{"format": "{FORMAT}", ...}} header){hint}; nothing was imported')
         version = self.header.get("format_version")
         schema = self.header.get("schema_version")
-        if not _is_int(version) or version > FORMAT_VERSION:
+        for name, value in (("format_version", version), ("schema_version", schema)):
+            if not _is_int(value):
+                self._handle.close()
+                raise ExportFormatError(f"{path}: the header's {name} must be an integer, got {value!r:.40}: the "
+                                        "file was edited or damaged; export it again. Nothing was imported")
+        if version > FORMAT_VERSION:
             self._handle.close()
             raise ExportFormatError(f"{path} has export format version {version!r:.40}; this autotile reads version "
                                     f"{FORMAT_VERSION}: upgrade autotile to import it. Nothing was imported")
-        if not _is_int(schema) or schema > SCHEMA_VERSION:
+        if schema > SCHEMA_VERSION:
             self._handle.close()
             raise ExportFormatError(f"{path} was written with schema version {schema!r:.40}, newer than this "
                                     f"autotile's {SCHEMA_VERSION}: upgrade autotile to import it. Nothing was imported")
@@ -652,6 +657,9 @@ def validate_record(record, line: int) -> _Valid | _ValidPolicy:
                               bounds=(-1.0, 1e6)),
         **_serving_values(record.get("serving") or {}, family, problem, device),
     }
+    if not values["q20_ms"] <= values["median_ms"] <= values["q80_ms"]:
+        raise _Bad(f"timings must keep q20_ms <= median_ms <= q80_ms, got {values['q20_ms']}, {values['median_ms']}, "
+                   f"{values['q80_ms']}")
     return _Valid(line, family_name, family.problem_key(problem), family.bucket(problem),
                   dataclasses.asdict(problem), device, toolchain, config, values)
 
