@@ -67,10 +67,14 @@ def _print_import(report) -> None:
 
 
 def _fail_if_nothing_kept(reports) -> None:
-    """An import or merge that skipped every record it read did not do what was asked: a non-zero exit for scripts
-    (a file of no records, or records all unchanged, is not a failure)."""
+    """An import or merge that skipped every record it read, or read a file cut short, did not do what was asked: a
+    non-zero exit for scripts (a file of no records, or records all unchanged, is not a failure)."""
     if any(r.skipped_count for r in reports) and not any(r.kept_count for r in reports):
         raise click.ClickException("every record was skipped (above): nothing was imported")
+    cut = [r for r in reports if r.truncated]
+    if cut:
+        raise click.ClickException(f"{cut[0].truncated}: the records read were kept (above); export the file again "
+                                   "and import it once more for the rest")
 
 
 @db_group.command("import")

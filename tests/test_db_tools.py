@@ -165,8 +165,8 @@ def test_import_skips_bad_records_and_keeps_what_exists(tuned_copy, tmp_path):
     assert sorted(winners) == [24, 40] and winners[24].median_ms == 123.0 and winners[24].provenance == "mine"
 
     result = run("import", bad, "--db", target)
-    assert result.exit_code == 0 and "line 4: skipped: device 'h900/sm90'" in result.stderr
-    assert "no end record" in result.stderr
+    assert result.exit_code == 1 and "line 4: skipped: device 'h900/sm90'" in result.stderr
+    assert "no end record" in result.stderr and "the records read were kept" in result.stderr  # a cut file fails
     # Nothing but bad records: the command says so and exits non-zero (it exited 0 having imported nothing).
     only_bad = _write_lines(tmp_path / "only_bad.jsonl", [header, json.dumps(outside), json.dumps(foreign)])
     result = run("import", only_bad, "--db", target)

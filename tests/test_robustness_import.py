@@ -127,3 +127,13 @@ def test_a_header_version_that_is_not_an_integer_is_named_as_such(export, tmp_pa
     result = CliRunner().invoke(db, ["import", str(path), "--db", f"sqlite:///{tmp_path / 't.sqlite'}"])
     assert result.exit_code != 0 and "format_version must be an integer, got '1'" in result.output, result.output
     assert "upgrade autotile" not in result.output
+
+
+def test_importing_a_file_cut_short_keeps_what_it_read_and_exits_non_zero(export, tmp_path):
+    header, record, _end = export
+    path = tmp_path / "cut.jsonl"
+    path.write_text("\n".join([header, json.dumps(record)]) + "\n")  # no end record: the copy was cut short
+    target = f"sqlite:///{tmp_path / 't.sqlite'}"
+    result = CliRunner().invoke(db, ["import", str(path), "--db", target])
+    assert result.exit_code == 1 and "the records read were kept" in result.output, result.output
+    assert [w.params["m"] for w in Store(open_engine(target, create=False)).winners()] == [24]
