@@ -67,9 +67,7 @@ def refuse_overwriting_database(out, db_url: str | None, storage: str | None = N
     for url in (db_url or default_db_url(), storage):
         if url is None:
             continue
-        path = sqlite_path(normalise_url(url))
-        if path is None and url and url.startswith("journal:"):
-            path = Path(url.removeprefix("journal:"))
+        path = Path(url.removeprefix("journal:")) if url.startswith("journal:") else sqlite_path(normalise_url(url))
         if path is None:
             continue
         path = path.expanduser().resolve()
