@@ -1,6 +1,7 @@
 """Drop shipped GEMM winners that lost to the vendor op through the public op (serve_bench.py's rows).
 
     python benchmarks/drop_losers.py OUT/serve_bench.json [--below 0.97] [--dry-run]
+    python benchmarks/drop_losers.py OUT/decode_stream.json    # decode_stream_bench.py's rows (CUDA-graph streams)
 
 A winner is verified in the tuner, against cuBLAS, over its M bucket. The public op adds its own host path and
 other token counts of the bucket, so serve_bench.py times it again, as a user calls it. A row served by a shipped

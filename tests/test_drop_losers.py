@@ -51,3 +51,26 @@ def test_a_file_that_is_not_a_serve_run_is_refused_clearly(drop, tmp_path, monke
     monkeypatch.setattr("sys.argv", ["drop_losers.py", str(bad), "--dry-run"])
     with pytest.raises(SystemExit, match="not the JSON serve_bench.py writes"):
         drop.main()
+
+
+@pytest.fixture(scope="module")
+def stream():
+    yield from loaded_script(SCRIPT.parent / "decode_stream_bench.py", "decode_stream_bench_script")
+
+
+def _stream_row(served_us, retimed_us=None):
+    row = {"label": "llama3-8b qkv", "m": 16, "n": 6144, "k": 4096, "weights": 11, "errors": [], "cuBLAS_us": 15.3,
+           "served_us": served_us, "generated_us": served_us, "weight_bytes": 6144 * 4096 * 2,
+           "served_by": "shipped-db/exact blocked 16x128x128", "served_tuned_for": "K16", "device": "h200/sm90",
+           "generated_by": "shipped-db/exact blocked 16x128x128"}
+    return row if retimed_us is None else {**row, "retimed_us": retimed_us}
+
+
+def test_decode_stream_rows_feed_drop_losers(drop, stream):
+    """decode_stream_bench.py writes its rows as serve_bench.py's JSON: a winner slow in both of its streamed timings
+    is dropped; one at par the second time is kept."""
+    lost = drop.losers([stream.serve_row(_stream_row(17.3, retimed_us=(17.0, 15.2)))], 0.97)
+    assert list(lost) == [("h200/sm90", "K16")] and lost[("h200/sm90", "K16")][0]["proj"] == "qkv"
+    assert drop.losers([stream.serve_row(_stream_row(17.3, retimed_us=(15.0, 15.2)))], 0.97) == {}
+    assert drop.losers([stream.serve_row(_stream_row(14.0))], 0.97) == {}
+    assert "(again 0.894x)" in stream.markdown([_stream_row(17.3, retimed_us=(17.0, 15.2))], 4.2, "# h")
