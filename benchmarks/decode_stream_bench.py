@@ -35,6 +35,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from gemm_kernels_bench import copy_tbps, geomean  # noqa: E402
+
 MODELS = ("llama3-8b", "qwen2.5-7b", "mistral-nemo-12b", "phi3-mini", "gemma2-9b", "llama3-70b")
 QUICK_MODELS = ("llama3-8b", "qwen2.5-7b")
 TOKENS = (1, 4, 8, 16)
@@ -198,10 +200,6 @@ def markdown(rows: list[dict], copy: float, header: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def geomean(values: list[float]) -> float:
-    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=Path("decode_stream.md"), help="markdown file to write")
@@ -219,7 +217,6 @@ def main() -> int:
         print("no CUDA GPU: this benchmark runs on a GPU only")
         return 2
     from autotile.models import MODELS as TABLE, projections
-    from gemm_kernels_bench import copy_tbps
 
     models = args.models.split(",") if args.models else (QUICK_MODELS if args.quick else MODELS)
     tokens = tuple(int(t) for t in args.tokens.split(",")) if args.tokens else (

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from autotile.locks import beside_lock
+from autotile.paths import unused_name
 
 from autotile.errors import BadInputError
 
@@ -187,19 +188,10 @@ def _readable_entries(path: Path) -> list[TraceEntry]:
     try:
         return read_trace(path)
     except TraceFormatError as exc:
-        aside = _unused_name(path.with_name(path.name + ".unreadable"))
+        aside = unused_name(path.with_name(path.name + ".unreadable"))
         path.replace(aside)
         log.warning("autotile: %s; it was moved to %s and a new trace is started in its place", exc, aside)
         return []
-
-
-def _unused_name(path: Path) -> Path:
-    """`path`, or `path.1`, `path.2`, ...: the first that does not exist (an earlier one is never overwritten)."""
-    candidate, number = path, 0
-    while candidate.exists():
-        number += 1
-        candidate = path.with_name(f"{path.name}.{number}")
-    return candidate
 
 
 def _flush_at_exit() -> None:

@@ -38,6 +38,7 @@ from sqlalchemy import event
 from sqlalchemy.exc import SQLAlchemyError
 
 from autotile.errors import DatabaseError
+from autotile.paths import unused_name
 from autotile.store.db import driver_message, safe_url, schema_lock, switch_to_wal
 
 log = logging.getLogger("autotile.tune")
@@ -198,10 +199,7 @@ def own_storage(url: str) -> optuna.storages.BaseStorage:
         if not is_journal(url):
             raise
         path = journal_path(url)
-        aside, number = path.with_name(path.name + ".damaged"), 0
-        while aside.exists():
-            number += 1
-            aside = path.with_name(f"{path.name}.damaged.{number}")
+        aside = unused_name(path.with_name(path.name + ".damaged"))
         path.replace(aside)
         log.warning("autotile: the study journal %s could not be replayed (%s: %s); it was moved to %s and the "
                     "search starts a new study (the database keeps the trials it recorded)", path,
