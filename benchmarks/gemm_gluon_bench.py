@@ -7,6 +7,7 @@ timed interleaved (medians of do_bench medians over rounds). The family's kernel
     python benchmarks/gemm_gluon_bench.py --out results/gluon_gemm.md      # ~2 min on an H200
     python benchmarks/gemm_gluon_bench.py --set bf16 --out results/gluon_gemm_bf16.md  # LLM projections, both schedules
     python benchmarks/gemm_gluon_bench.py --set parts --out results/gluon_gemm_parts.md  # two-part tile widths
+    python benchmarks/gemm_gluon_bench.py --set pingpong --out results/gluon_gemm_pingpong.md  # ping-pong consumers
 """
 from __future__ import annotations
 
@@ -74,6 +75,22 @@ def parts_tiles(m: int, width: int) -> list[dict]:
     return tiles
 
 
+# --set pingpong: two consumer warpgroups with whole tiles of their own, taking the tensor cores in turn, beside the
+# family's default (cooperative: both warpgroups on one tile). A warpgroup's tile holds at most 128 fp32 sums a thread.
+PP = dict(SCHEDULE="pingpong")
+PINGPONG_BF16_TILES = [dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_stages=5, **PP),
+                       dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_stages=6, EPILOGUE_SUBTILE=True, **PP),
+                       dict(BLOCK_M=64, BLOCK_N=256, BLOCK_K=64, num_stages=4, **PP),
+                       dict(BLOCK_M=64, BLOCK_N=256, BLOCK_K=64, num_stages=4, EPILOGUE_SUBTILE=True, **PP)]
+PINGPONG_PRECISE_TILES = [dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=128, num_stages=6, **PP)]
+PINGPONG_FAST_TILES = [dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=128, num_stages=5, **PP),
+                       dict(BLOCK_M=64, BLOCK_N=256, BLOCK_K=128, num_stages=4, **PP)]
+PINGPONG_SHAPES = [(2048, 6144, 4096, "Llama-3-8B qkv"), (2048, 4096, 4096, "Llama-3-8B o"),
+                   (2048, 28672, 4096, "Llama-3-8B gate_up"), (2048, 4096, 14336, "Llama-3-8B down"),
+                   (2048, 4608, 3584, "Qwen2.5-7B qkv"), (4096, 4608, 3584, "Qwen2.5-7B qkv"),
+                   (2048, 9216, 3072, "Phi-3-mini qkv"), (8192, 4096, 14336, "Mistral-7B down"),
+                   (3000, 5000, 1536, "irregular"), (1024, 6144, 4096, "Llama-3-8B qkv"),
+                   (512, 28672, 4096, "Llama-3-8B gate_up"), (512, 3584, 3584, "Qwen2.5-7B o")]
 FP8_SCHEDULE_TILES = [dict(num_stages=4), dict(num_stages=4, **DP), dict(num_stages=5, EPILOGUE_SUBTILE=True, **DP)]
 FAST_SCHEDULE_TILES = [dict(BLOCK_N=256, num_stages=3), dict(BLOCK_N=256, num_stages=3, **DP),
                        dict(BLOCK_N=256, num_stages=4, EPILOGUE_SUBTILE=True, **DP)]
@@ -103,6 +120,15 @@ def shapes(which: str = "all") -> list[tuple[str, object, list[dict]]]:
     if which == "tail":
         return [(f"bf16 {label}", contiguous_problem(m, n, k, "bf16", "bf16", layout_b="col"), TAIL_TILES)
                 for m, n, k, label in TAIL_SHAPES]
+    if which == "pingpong":
+        out = [(f"bf16 {label}", contiguous_problem(m, n, k, "bf16", "bf16", layout_b="col"), PINGPONG_BF16_TILES)
+               for m, n, k, label in PINGPONG_SHAPES]
+        for size in (4096, 8192):
+            out.append(("fp8 precise tensor", contiguous_problem(size, size, size, "fp8", "bf16", layout_b="col"),
+                        PINGPONG_PRECISE_TILES))
+            out.append(("fp8 fast", contiguous_problem(size, size, size, "fp8", "bf16", layout_b="col",
+                                                       fp8_fast_accum=True), PINGPONG_FAST_TILES))
+        return out
     if which == "fp8":
         for size in (4096, 8192):
             out.append(("fp8 precise tensor", contiguous_problem(size, size, size, "fp8", "bf16", layout_b="col"),
@@ -138,7 +164,8 @@ def checked_launches(problem, configs: dict, inputs: dict, reference: dict, outp
 
 
 def config_name(config) -> str:
-    schedule = {"data_parallel": "dp", "stream_k": "sk", "split_k": f"split{config['SPLIT_K']}"}[config["SCHEDULE"]]
+    schedule = {"data_parallel": "dp", "stream_k": "sk", "split_k": f"split{config['SPLIT_K']}",
+                "pingpong": "pp"}[config["SCHEDULE"]]
     sub = " sub" if config.get("EPILOGUE_SUBTILE") else ""
     return (f"gluon {config['BLOCK_M']}x{config['BLOCK_N']}x{config['BLOCK_K']} s{config['num_stages']} "
             f"{schedule}{sub}")
@@ -148,11 +175,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("gluon_gemm.md"))
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--set", choices=("all", "bf16", "fp8", "tail", "wide", "parts"), default="all",
+    parser.add_argument("--set", choices=("all", "bf16", "fp8", "tail", "wide", "parts", "pingpong"), default="all",
                         help="bf16: LLM projections under both schedules; fp8: 4096^3 and 8192^3 under both; "
                         "tail: part-empty last waves, whole tiles against the tail split over K; "
                         "wide: 192-column tiles beside 128 and 256; parts: 96-, 144-, 160- and 192-column tiles where "
-                        "they divide N")
+                        "they divide N; pingpong: two consumer warpgroups with tiles of their own, beside the default")
     args = parser.parse_args()
     device = cuda_device(0)
     import datetime

@@ -42,7 +42,7 @@ def test_gluon_ws_is_infeasible_where_it_does_not_apply(problem):
 
 def test_gluon_ws_configs_keep_its_structure():
     for config in gluon_configs(FP8_PRECISE, H200):
-        assert config["SCHEDULE"] in ("stream_k", "data_parallel", "split_k") and config["num_warps"] == 4
+        assert config["SCHEDULE"] in ("stream_k", "data_parallel", "split_k", "pingpong") and config["num_warps"] == 4
         assert not config["SWAP_AB"]
         assert config["BLOCK_M"] in (64, 128) and config["PROMOTE_TILES"] == 1
         assert config["BLOCK_N"] <= 128  # precise: its fp32 sum and a K tile's accumulator fit a consumer
@@ -179,6 +179,14 @@ CASES = [
      dict(BLOCK_M=128, BLOCK_N=160, BLOCK_K=64, num_stages=4, SCHEDULE="data_parallel")),
     (dict(m=300, n=3072, k=3072, dtype="bf16", out_dtype="bf16", layout_b="col", residual=True),
      dict(BLOCK_M=64, BLOCK_N=96, BLOCK_K=64, num_stages=6, SCHEDULE="data_parallel")),
+    # Ping-pong: two consumer warpgroups, each a whole 128 x 128 tile (B row-major, every epilogue), or fp8 with
+    # fast accumulation; 64 x 256 tiles with C in halves.
+    (dict(m=300, n=1000, k=784, dtype="fp16", out_dtype="fp16", layout_b="row", bias=True, activation="gelu",
+          residual=True), dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_stages=4, SCHEDULE="pingpong")),
+    (dict(m=512, n=512, k=512, dtype="fp8", out_dtype="bf16", layout_b="col", fp8_fast_accum=True),
+     dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=128, num_stages=5, SCHEDULE="pingpong")),
+    (dict(m=3000, n=5000, k=1536, dtype="bf16", out_dtype="bf16", layout_b="col"),
+     dict(BLOCK_M=64, BLOCK_N=256, BLOCK_K=64, num_stages=4, SCHEDULE="pingpong", EPILOGUE_SUBTILE=True)),
     # The tail split over K, with a bias and a residual.
     (dict(m=3000, n=5000, k=1536, dtype="bf16", out_dtype="bf16", layout_b="col", bias=True, residual=True),
      dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_stages=3, SCHEDULE="split_k", SPLIT_K=3)),

@@ -2,8 +2,9 @@
 resource estimates they rest on (shared memory, accumulator registers, programs per SM).
 
 The schedule is an axis: `data_parallel` (one program per C tile, or a persistent loop over tiles),
-`split_k` (SPLIT_K programs per tile) or `stream_k` (whole tiles for the full waves, the rest spread
-evenly over the programs that fill the GPU). SPLIT_K > 1 exactly when the schedule is split_k.
+`split_k` (SPLIT_K programs per tile), `stream_k` (whole tiles for the full waves, the rest spread
+evenly over the programs that fill the GPU) or, for the Gluon variant only, `pingpong` (whole tiles, two consumer
+warpgroups taking them in turn). SPLIT_K > 1 exactly when the schedule is split_k.
 
 The full grid of the axes has about a million points; `StagedSpace` enumerates the feasible ones by
 binding the axes in order and checking each constraint as soon as the axes it reads are bound, so a
@@ -21,12 +22,13 @@ from autotile.dtypes import element_size
 from autotile.families.base import next_pow2
 from autotile.space import Axis, AxisKind, Config, Constraint, Space
 
-SCHEDULES = ("data_parallel", "split_k", "stream_k")
+SCHEDULES = ("data_parallel", "split_k", "stream_k", "pingpong")
 # The Gluon variant (templates/gemm_gluon_ws.py.j2): warp-specialised, persistent; whole waves of tiles, then the
 # tiles left over by stream-K, split over K (split_k: only those split) or whole; one consumer warpgroup per
-# GLUON_WG_ROWS rows of a tile.
+# GLUON_WG_ROWS rows of a tile, or (pingpong) two consumer warpgroups with whole tiles of their own.
 GLUON_WS = "gluon_ws"
-GLUON_SCHEDULES = ("stream_k", "data_parallel", "split_k")
+GLUON_SCHEDULES = ("stream_k", "data_parallel", "split_k", "pingpong")
+PINGPONG = "pingpong"
 # Tile widths no power of two: the Gluon variant holds one as two parts (WIDE_N), the largest power of two below it
 # and a 16-, 32- or 64-column rest, so that projections whose 128- and 256-wide tiles leave a wave part-empty can
 # fill it: N = 3072 is 32 tiles of 96 a row, 4608 32 of 144, 5120 32 of 160, 6144 32 of 192. cuBLAS picks such
@@ -153,21 +155,25 @@ def smem_bytes(problem, c: Mapping) -> int:
     operands = (c["BLOCK_M"] + c["BLOCK_N"]) * c["BLOCK_K"] * element_size(problem.dtype) * c["num_stages"]
     staged = c["VARIANT"] in ("tma", GLUON_WS)
     staging = c["BLOCK_M"] * c["BLOCK_N"] * element_size(problem.out_dtype) if staged else 0
-    return operands + (staging // 2 if c.get("EPILOGUE_SUBTILE") else staging)
+    staging = staging // 2 if c.get("EPILOGUE_SUBTILE") else staging
+    return operands + (2 * staging if c.get("SCHEDULE") == PINGPONG else staging)  # pingpong: one per warpgroup
 
 
 def accumulator_registers(problem, c: Mapping) -> int:
-    """fp32 accumulator registers per thread (gluon_ws: per consumer thread, whose warpgroup owns 64 rows)."""
+    """fp32 accumulator registers per thread (gluon_ws: per consumer thread, whose warpgroup owns 64 rows, or
+    under pingpong a whole tile)."""
     copies = 2 if two_level_accumulation(problem) else 1
     if c["VARIANT"] == GLUON_WS:
-        return copies * GLUON_WG_ROWS * c["BLOCK_N"] // 128
+        rows = c["BLOCK_M"] if c.get("SCHEDULE") == PINGPONG else GLUON_WG_ROWS
+        return copies * rows * c["BLOCK_N"] // 128
     return copies * c["BLOCK_M"] * c["BLOCK_N"] // (32 * c["num_warps"])
 
 
 def programs_per_sm(problem, c: Mapping, device: DeviceInfo) -> int:
     """How many programs of config `c` one SM holds at once (by shared memory, registers and threads)."""
-    # gluon_ws: a warpgroup per 64 rows, and the producer warp's warpgroup
-    threads = 128 * (c["BLOCK_M"] // GLUON_WG_ROWS + 1) if c["VARIANT"] == GLUON_WS else 32 * c["num_warps"]
+    # gluon_ws: a warpgroup per 64 rows (pingpong: two), and the producer warp's warpgroup
+    consumers = 2 if c.get("SCHEDULE") == PINGPONG else c["BLOCK_M"] // GLUON_WG_ROWS
+    threads = 128 * (consumers + 1) if c["VARIANT"] == GLUON_WS else 32 * c["num_warps"]
     arch = arch_of(device)
     by_smem = (device.smem_per_block + SMEM_RESERVED_PER_BLOCK) // (smem_bytes(problem, c) + SMEM_RESERVED_PER_BLOCK)
     registers = min(255, 8 * math.ceil((accumulator_registers(problem, c) + REGISTERS_BESIDE_ACCUMULATORS) / 8))
@@ -277,6 +283,8 @@ def gemm_space(problem, device: DeviceInfo) -> StagedSpace:
                  and c["BLOCK_N"] >= 64 and c["BLOCK_K"] >= 64 and c["num_warps"] == 4),
              "gluon_ws is persistent (whole waves of tiles, then stream-K, split-K or whole tiles), one consumer warpgroup "
              "(4 warps) per 64 rows of a 64- or 128-row tile, BLOCK_N and BLOCK_K of at least 64, A and B unswapped"),
+        rule("pingpong_gluon_only", ("VARIANT", "SCHEDULE"), lambda c: c["SCHEDULE"] != PINGPONG or c["VARIANT"] == GLUON_WS,
+             "the pingpong schedule is the gluon_ws variant's (two warpgroups, each with tiles of its own)"),
         rule("wide_n_gluon_only", ("VARIANT", "SCHEDULE", "EPILOGUE_SUBTILE", "BLOCK_N"),
              lambda c: c["BLOCK_N"] not in GLUON_WIDE_NS or (
                  c["VARIANT"] == GLUON_WS and c["SCHEDULE"] == "data_parallel" and not c["EPILOGUE_SUBTILE"]
@@ -323,7 +331,7 @@ def gemm_space(problem, device: DeviceInfo) -> StagedSpace:
              f"split-K is for problems with fewer than {SPLIT_K_MAX_TILES_PER_SM} tiles per SM"),
         rule("group_m_useful", ("BLOCK_M", "GROUP_M"), lambda c: c["GROUP_M"] == 1 or math.ceil(p.m / c["BLOCK_M"]) > 1,
              "grouped ordering needs more than one row of tiles"),
-        rule("accumulator_registers", ("BLOCK_M", "BLOCK_N", "num_warps"),
+        rule("accumulator_registers", ("VARIANT", "SCHEDULE", "BLOCK_M", "BLOCK_N", "num_warps"),
              lambda c: accumulator_registers(p, c) <= 128,
              "the fp32 accumulators need more than 128 registers a thread"),
         # NOTE: Triton 3.6 fails to lower warp-specialised 64 x 256 tiles on one warpgroup for sm90
@@ -337,7 +345,7 @@ def gemm_space(problem, device: DeviceInfo) -> StagedSpace:
         rule("work_per_warp", ("BLOCK_M", "BLOCK_N", "num_warps"),
              lambda c: c["BLOCK_M"] * c["BLOCK_N"] >= 128 * c["num_warps"],
              "tile too small to give every warp a full mma"),
-        rule("shared_memory", ("VARIANT", "EPILOGUE_SUBTILE", "BLOCK_M", "BLOCK_N", "BLOCK_K", "num_stages"),
+        rule("shared_memory", ("VARIANT", "SCHEDULE", "EPILOGUE_SUBTILE", "BLOCK_M", "BLOCK_N", "BLOCK_K", "num_stages"),
              lambda c: smem_bytes(p, c) <= device.smem_per_block,
              lambda c: f"needs {smem_bytes(p, c)} B of shared memory, the device allows {device.smem_per_block} B"),
     ]
