@@ -370,7 +370,12 @@ _GLUON_16BIT_SEEDS = (_GLUON_192, *_GLUON_PARTS,
                       dict(BLOCK_N=256, BLOCK_K=64, num_stages=4, EPILOGUE_SUBTILE=True),
                       dict(BLOCK_N=128, BLOCK_K=64, num_stages=6, EPILOGUE_SUBTILE=True),
                       dict(BLOCK_N=128, BLOCK_K=64, num_stages=5, SCHEDULE="split_k", SPLIT_K=2),
-                      dict(BLOCK_N=256, BLOCK_K=64, num_stages=3, SCHEDULE="stream_k"))
+                      dict(BLOCK_N=256, BLOCK_K=64, num_stages=3, SCHEDULE="stream_k"),
+                      # Ping-pong consumers (a whole 128 x 128 tile each, main loops in turn): behind the default on
+                      # 13 of 16 shapes, ahead on 1024 x 6144 x 4096 (0.990x of cuBLAS against 0.954x) and
+                      # 2048 x 4096 x 14336 (1.013x against 0.994x; results/gluon_gemm_pingpong_2026-12-06_h100.md).
+                      dict(BLOCK_N=128, BLOCK_K=64, num_stages=6, EPILOGUE_SUBTILE=True, SCHEDULE="pingpong"),
+                      dict(BLOCK_N=128, BLOCK_K=64, num_stages=5, SCHEDULE="pingpong"))
 # Mid-sized M on Hopper takes the Gluon variant's tile of the shortest modelled makespan (_mid_gluon_config), among
 # those whose tiles fill MID_GLUON_FILL of the SMs: whole waves times the tile's area over MID_GLUON_EFFICIENCY, the
 # throughput it keeps against 128 x 128 tiles. Measured with host-built descriptors, every candidate of 16 Llama-3-8B
