@@ -70,6 +70,16 @@ class _Sequence:
     length: int = 0
 
 
+def _check_count(num_tokens) -> None:
+    """A token count as a Python (or numpy) int >= 0: a tensor, a bool, a float or a string would be stored as the
+    sequence's length and break its page accounting later."""
+    if isinstance(num_tokens, bool) or not isinstance(num_tokens, numbers.Integral):
+        raise BadInputError(f"num_tokens must be an int >= 0, got {num_tokens!r} ({type(num_tokens).__name__}); "
+                            "pass int(n)")
+    if num_tokens < 0:
+        raise BadInputError(f"num_tokens must be >= 0, got {num_tokens}")
+
+
 class PagedKVCache:
     """K and V pools of shape (num_pages, page_size, num_kv_heads, head_dim) per layer, and their block tables.
 
@@ -177,8 +187,8 @@ class PagedKVCache:
         Call `write` for every layer with these slots. Raises OutOfPagesError, changing nothing,
         when the pool cannot hold them.
         """
-        if num_tokens < 0:
-            raise BadInputError(f"num_tokens must be >= 0, got {num_tokens}")
+        _check_count(num_tokens)
+        num_tokens = int(num_tokens)
         needed = self.pages_needed(seq_id, num_tokens)
         if needed > len(self._free):
             raise OutOfPagesError(
@@ -293,9 +303,13 @@ class PagedKVCache:
         copy-on-write for every sequence whose last page is shared, which can ask for one page more
         than needed when forks of one parent grow in the same step).
         """
-        counts = [num_tokens] * len(seq_ids) if isinstance(num_tokens, int) else list(num_tokens)
-        if len(counts) != len(seq_ids) or any(n < 0 for n in counts):
+        one = isinstance(num_tokens, numbers.Integral) or (isinstance(num_tokens, torch.Tensor) and not num_tokens.dim())
+        counts = [num_tokens] * len(seq_ids) if one else list(num_tokens)
+        if len(counts) != len(seq_ids):
             raise BadInputError(f"num_tokens must be one count >= 0 per sequence ({len(seq_ids)}), got {num_tokens}")
+        for n in counts:
+            _check_count(n)
+        counts = [int(n) for n in counts]
         if len(set(seq_ids)) != len(seq_ids):
             raise BadInputError("reserve_many takes each sequence once; sum the tokens of a sequence instead")
         needed = sum(self.pages_needed(s, n) for s, n in zip(seq_ids, counts))

@@ -17,6 +17,7 @@ import os
 import sys
 import tempfile
 import threading
+import warnings
 from pathlib import Path
 from types import ModuleType
 
@@ -135,7 +136,11 @@ def interpreter_mode(on: bool):
     is set for the whole import or launch; CPU tensors take the interpreter
     even on a machine with a GPU.
     """
-    with _INTERPRET_LOCK:
+    with _INTERPRET_LOCK, warnings.catch_warnings():
+        # NOTE: Triton 3.6's interpreter converts one-element numpy arrays to scalars, which numpy >= 1.25 deprecates:
+        # a warning at every interpreted launch about Triton's code, not the caller's.
+        warnings.filterwarnings("ignore", message="Conversion of an array with ndim > 0 to a scalar",
+                                category=DeprecationWarning)
         before = os.environ.get("TRITON_INTERPRET")
         os.environ["TRITON_INTERPRET"] = "1" if on else "0"
         swapped = _interpret_language_helpers() if on else []
@@ -236,7 +241,13 @@ def load_kernel_module(template: str, *, interpret: bool, **switches) -> ModuleT
         memo_key = json.dumps([template, interpret, switches], sort_keys=True, default=str)
         module = _loaded.get(memo_key)
     if module is None:
-        source = render_source(template, **switches)
-        path = write_to_cache(source)
-        module = _loaded[memo_key] = _import_path(str(path), source_sha(source), interpret)
+        # NOTE: one thread at a time renders and imports: ast.parse is not thread-safe in CPython 3.11 ("AST
+        # constructor recursion depth mismatch" when a server's threads make their first calls together). The lock
+        # is the interpreter's, which imports take anyway, so no two locks are ever taken in either order.
+        with _INTERPRET_LOCK:
+            module = _loaded.get(memo_key)
+            if module is None:
+                source = render_source(template, **switches)
+                path = write_to_cache(source)
+                module = _loaded[memo_key] = _import_path(str(path), source_sha(source), interpret)
     return module

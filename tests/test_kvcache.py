@@ -163,3 +163,25 @@ def test_fp8_pages_store_values_divided_by_the_scale():
     torch.testing.assert_close(got_v.float() * 0.05, v, rtol=2**-4, atol=1e-3)
     with pytest.raises(BadInputError, match="needs k_scale"):
         PagedKVCache(num_layers=1, num_pages=4, page_size=8, num_kv_heads=HEADS, head_dim=DIM, dtype=torch.float8_e4m3fn)
+
+
+@pytest.mark.parametrize("count", [torch.tensor(3), True, "3", 1.5], ids=["tensor", "bool", "str", "float"])
+def test_token_counts_must_be_ints(count):
+    """A tensor count was stored as the sequence's length (length() then returned a tensor); True counted as 1."""
+    cache = PagedKVCache(num_layers=1, num_pages=8, page_size=16, num_kv_heads=1, head_dim=64)
+    cache.allocate("a")
+    with pytest.raises(BadInputError, match="num_tokens must be an int"):
+        cache.reserve("a", count)
+    with pytest.raises(BadInputError, match="num_tokens must be an int"):
+        cache.reserve_many(["a"], [count])
+    assert cache.length("a") == 0
+
+
+def test_numpy_counts_are_ints():
+    np = pytest.importorskip("numpy")
+    cache = PagedKVCache(num_layers=1, num_pages=8, page_size=16, num_kv_heads=1, head_dim=64)
+    cache.allocate("a")
+    cache.allocate("b")
+    assert cache.reserve_many(["a", "b"], np.int64(2)).tolist() == [0, 1, 16, 17]
+    cache.reserve("a", np.int64(1))
+    assert cache.length("a") == 3 and type(cache.length("a")) is int

@@ -247,3 +247,47 @@ def test_bound_descriptor_launchers_call_tritons_c_launch_as_its_wrapper_would(m
     run(3, 2, 1, 777, 5, ("meta",), None, None, None, _descriptor(other, [16, 32]), 11, 64, 7)
     direct, wrapped = calls
     assert direct == wrapped and direct[13] is other
+
+
+def test_first_loads_from_many_threads_render_one_at_a_time(monkeypatch):
+    """A server's threads making their first calls together raced in ast.parse ("SystemError: AST constructor
+    recursion depth mismatch", CPython 3.11): kernel modules are now rendered and imported one at a time."""
+    import threading
+    import time
+
+    from autotile import render
+
+    inside, most = [0], [0]
+    real = render.render_source
+
+    def slow_render(template, **switches):
+        inside[0] += 1
+        most[0] = max(most[0], inside[0])
+        time.sleep(0.02)
+        try:
+            return real(template, **switches)
+        finally:
+            inside[0] -= 1
+
+    from autotile.device import interpret_device
+    from autotile.families.gemm import FAMILY, contiguous_problem
+
+    problems = [contiguous_problem(64, 64, 64, "fp32", "fp32", bias=bias, activation=act)
+                for bias in (False, True) for act in ("none", "relu", "silu")]
+    switches = [FAMILY.render_switches(p, FAMILY.default_config(p, interpret_device())) for p in problems]
+    monkeypatch.setattr(render, "render_source", slow_render)
+    monkeypatch.setattr(render, "_loaded", {})
+    errors = []
+
+    def load(i):
+        try:
+            render.load_kernel_module(FAMILY.template, interpret=True, **switches[i])
+        except Exception as exc:  # noqa: BLE001 - the test reports every thread's failure
+            errors.append(exc)
+
+    threads = [threading.Thread(target=load, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and most[0] == 1

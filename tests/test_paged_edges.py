@@ -251,3 +251,77 @@ def test_a_head_major_cache_is_served_through_a_transposed_view_and_the_error_sa
         assert (out[seq].double() - want[0]).abs().max() < FP16_TOLERANCE
     with pytest.raises(ShapeMismatchError, match=r"cache.transpose\(1, 2\)"):
         autotile.paged_attention(q, *head_major, *tables)
+
+
+def _decode_plan_and_args(kv_dtype=None):
+    cache = filled_cache([20, 37], heads_kv=1, dim=64)
+    plan = plan_paged_attention(batch=2, num_q_heads=4, num_kv_heads=1, head_dim=64, page_size=16, max_context=64,
+                                dtype=torch.float16, device="cpu", kv_dtype=kv_dtype)
+    q = torch.randn(2, 4, 64, generator=torch.Generator().manual_seed(3)).half()
+    return plan, q, (cache.k_pools[0], cache.v_pools[0], cache.block_table([0, 1]), cache.context_lens([0, 1]))
+
+
+def test_plan_runs_name_an_argument_that_is_not_a_tensor():
+    """plan.run and paged_prefill's new tokens took a list as far as `.shape`: an AttributeError deep inside."""
+    plan, q, (k, v, table, lengths) = _decode_plan_and_args()
+    with pytest.raises(BadInputError, match=r"context_lens must be a tensor of int32 .* got list"):
+        plan.run(q, k, v, table, [20, 37])
+    with pytest.raises(BadInputError, match=r"block_table must be a tensor .* got list"):
+        plan.run(q, k, v, table.tolist(), lengths)
+    with pytest.raises(BadInputError, match="q must be a tensor of the queries"):
+        plan.run(q.tolist(), k, v, table, lengths)
+    cache = filled_cache([10], heads_kv=1, dim=64)
+    slots = cache.reserve(0, 3)
+    args = (torch.randn(3, 4, 64).half(), cache.k_pools[0], cache.v_pools[0], cache.block_table([0]),
+            torch.tensor([0, 3], dtype=torch.int32), cache.context_lens([0]))
+    new = dict(k_new=torch.randn(3, 1, 64).half(), v_new=torch.randn(3, 1, 64).half())
+    with pytest.raises(BadInputError, match=r"slot_mapping must be a tensor of the new tokens' slots .* got list"):
+        autotile.paged_prefill(*args, **new, slot_mapping=slots.tolist())
+    prefill = plan_paged_prefill(batch=1, num_tokens=3, num_q_heads=4, num_kv_heads=1, head_dim=64, page_size=16,
+                                 max_context=64, dtype=torch.float16, device="cpu")
+    with pytest.raises(BadInputError, match=r"slot_mapping must be a tensor .* got list"):
+        prefill.run(*args, **new, slot_mapping=slots.tolist())
+
+
+def test_a_plan_run_inside_torch_compile_runs_eagerly():
+    """The plan's run is no custom op: dynamo failed on its host state (KeyError(torch.uint64), an RLock). It is
+    now a graph break, and the compiled function gives the eager result."""
+    plan, q, args = _decode_plan_and_args()
+    want = plan.run(q, *args)
+    compiled = torch.compile(lambda q: plan.run(q, *args) * 2, backend="eager")
+    assert torch.equal(compiled(q), want * 2)
+
+
+def test_a_plan_says_once_that_its_output_carries_no_gradient(monkeypatch):
+    monkeypatch.setattr("autotile.runtime.paged_plan._warned_grad", False)
+    plan, q, args = _decode_plan_and_args()
+    with pytest.warns(UserWarning, match="serve inference and record no autograd graph"):
+        plan.run(q.clone().requires_grad_(), *args)
+    with torch.inference_mode():
+        plan.run(q, *args)  # nothing to say
+
+
+def test_checked_fp8_runs_refuse_scales_that_are_not_finite_and_positive():
+    cache = PagedKVCache(num_layers=1, num_pages=4, page_size=16, num_kv_heads=2, head_dim=64, dtype=torch.float8_e4m3fn,
+                         k_scale=0.5, v_scale=0.25)
+    cache.allocate("a")
+    cache.append("a", torch.randn(20, 2, 64), torch.randn(20, 2, 64))
+    plan = plan_paged_attention(batch=1, num_q_heads=4, num_kv_heads=2, head_dim=64, page_size=16, max_context=64,
+                                dtype=torch.float16, kv_dtype=torch.float8_e4m3fn, device="cpu")
+    args = (torch.randn(1, 4, 64).half(), cache.k_pools[0], cache.v_pools[0], cache.block_table(["a"]),
+            cache.context_lens(["a"]))
+    plan.run(*args, k_scale=cache.k_scale, v_scale=cache.v_scale)
+    for bad in (torch.tensor([0.0, 1.0]), torch.tensor([1.0, -1.0]), torch.tensor([float("nan"), 1.0])):
+        with pytest.raises(BadInputError, match="finite and > 0"):
+            plan.run(*args, k_scale=bad, v_scale=cache.v_scale)
+
+
+def test_a_prefill_plan_for_no_sequences_refuses_tokens():
+    """batch=0 with 5 rows of q returned an uninitialised torch.empty."""
+    plan = plan_paged_prefill(batch=0, num_tokens=0, num_q_heads=4, num_kv_heads=1, head_dim=64, page_size=16,
+                              max_context=64, dtype=torch.float16, device="cpu")
+    cache = torch.zeros(2, 16, 1, 64, dtype=torch.float16)
+    empty = (torch.zeros(0, 1, dtype=torch.int32), torch.zeros(1, dtype=torch.int32), torch.zeros(0, dtype=torch.int32))
+    assert plan.run(torch.randn(0, 4, 64).half(), cache, cache, *empty).shape == (0, 4, 64)
+    with pytest.raises(ShapeMismatchError, match="batch=0"):
+        plan.run(torch.randn(5, 4, 64).half(), cache, cache, *empty)

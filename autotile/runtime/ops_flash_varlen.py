@@ -191,6 +191,9 @@ def flash_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
     causal = bool(causal)
     if not torch.compiler.is_compiling():  # NOTE: a traced max_seqlen may be symbolic: the op's own check reads it
         max_seqlen_q, max_seqlen_k = max_seqlen(max_seqlen_q, "max_seqlen_q"), max_seqlen(max_seqlen_k, "max_seqlen_k")
+        # No sequence is longer than all the packed rows: a looser bound (an engine's max model length) would only
+        # size a grid of idle programs.
+        max_seqlen_q, max_seqlen_k = min(max_seqlen_q, max(1, q.shape[0])), min(max_seqlen_k, max(1, k.shape[0]))
         window = effective_window(window, max_seqlen_q, max_seqlen_k, causal)
     for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
         if not isinstance(cu, torch.Tensor):  # the call's key reads its layout

@@ -47,27 +47,9 @@ served_config = paged_plan.served_config
 paged_prefill_served_config = paged_plan.served_prefill_config
 
 
-# What each tensor argument of the paged ops holds, for the message when something else is passed.
-_TENSOR_ARGUMENTS = {
-    "q": "the queries (B, Hq, D)", "k_cache": "the key cache (num_pages, page_size, Hkv, D)",
-    "v_cache": "the value cache (num_pages, page_size, Hkv, D)",
-    "block_table": "int32 (B, max_pages) page ids: pass torch.tensor(pages, dtype=torch.int32, device=q.device)",
-    "context_lens": "int32 (B,) lengths: pass torch.tensor(lengths, dtype=torch.int32, device=q.device)",
-    "cu_seqlens_q": "int32 (B + 1,) cumulative lengths from 0: pass torch.tensor(cu, dtype=torch.int32, "
-                    "device=q.device)",
-}
-
-
-def _require_tensors(**given) -> None:
-    """BadInputError naming the first argument that is not a tensor, and what to pass instead."""
-    for name, value in given.items():
-        if not isinstance(value, torch.Tensor):
-            raise BadInputError(f"{name} must be a tensor of {_TENSOR_ARGUMENTS[name]}; got {type(value).__name__}")
-
-
 def _check_layout(q, k_cache, v_cache, block_table, context_lens) -> None:
     """Ranks, shapes, dtypes and devices: everything that can be checked without reading values."""
-    _require_tensors(q=q, k_cache=k_cache, v_cache=v_cache, block_table=block_table, context_lens=context_lens)
+    paged_plan.require_tensors(q=q, k_cache=k_cache, v_cache=v_cache, block_table=block_table, context_lens=context_lens)
     if q.dim() not in (3, 4):
         raise ShapeMismatchError(
             f"q must be (B, Hq, D), or (B, Q, Hq, D) for Q speculative query tokens, got {tuple(q.shape)}")
@@ -369,8 +351,8 @@ def _(q, k_cache, v_cache, block_table, cu_seqlens_q, context_lens, k_new, v_new
 
 def _check_prefill_layout(q, k_cache, v_cache, block_table, cu_seqlens_q, context_lens) -> int:
     """Ranks, shapes, dtypes and devices of a prefill call (nothing read back); its batch."""
-    _require_tensors(q=q, k_cache=k_cache, v_cache=v_cache, block_table=block_table, cu_seqlens_q=cu_seqlens_q,
-                     context_lens=context_lens)
+    paged_plan.require_tensors(q=q, k_cache=k_cache, v_cache=v_cache, block_table=block_table,
+                               cu_seqlens_q=cu_seqlens_q, context_lens=context_lens)
     if q.dim() != 3:
         raise ShapeMismatchError(f"q must be (T, Hq, D), the new tokens of all sequences packed, got {tuple(q.shape)}")
     _check_caches(q, k_cache, v_cache)

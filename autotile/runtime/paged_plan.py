@@ -23,8 +23,13 @@ AUTOTILE_CHECKS=1, see `checks_on`):
 Breaking the value rules (a page id out of range, a context longer than the table or than
 max_context) reads memory out of bounds on a GPU, as in FlashInfer and vLLM. `AUTOTILE_CHECKS=1`
 (or `checks=True`) checks every run's values first, at the cost of one device-to-host read (not
-allowed while a CUDA graph is being captured); CPU runs check them unless AUTOTILE_CHECKS=0 or
-`checks=False`.
+allowed while a CUDA graph is being captured); CPU runs check them, even under AUTOTILE_CHECKS=0. A
+plan made with `checks=False` trusts its values as a GPU run does, on the CPU too: there a bad page id
+takes the process down (Triton's interpreter reads outside its buffers).
+
+Plans serve inference: a run records no autograd graph (a q that requires grad gets an output that does not, said
+once). Inside a `torch.compile`d region a run is a graph break and runs eagerly; `autotile.paged_attention`, a
+custom op, compiles whole.
 
 A run does no device-to-host copy, no synchronisation and, given `out` (and `lse`), no
 allocation: it can be captured in a CUDA graph and replayed with new queries, block tables and
@@ -48,6 +53,7 @@ from __future__ import annotations
 import math
 import numbers
 import os
+import warnings
 
 import torch
 
@@ -74,6 +80,49 @@ def checks_on(device: torch.device) -> bool:
     if device.type == "cpu":
         return True
     return os.environ.get("AUTOTILE_CHECKS", "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
+# What each tensor argument of the paged ops and plans holds, for the message when something else is passed.
+_TENSOR_ARGUMENTS = {
+    "q": "the queries (B, Hq, D)", "k_cache": "the key cache (num_pages, page_size, Hkv, D)",
+    "v_cache": "the value cache (num_pages, page_size, Hkv, D)",
+    "block_table": "int32 (B, max_pages) page ids: pass torch.tensor(pages, dtype=torch.int32, device=q.device)",
+    "context_lens": "int32 (B,) lengths: pass torch.tensor(lengths, dtype=torch.int32, device=q.device)",
+    "cu_seqlens_q": "int32 (B + 1,) cumulative lengths from 0: pass torch.tensor(cu, dtype=torch.int32, "
+                    "device=q.device)",
+    "k_new": "the new tokens' keys (T, Hkv, D)", "v_new": "the new tokens' values (T, Hkv, D)",
+    "slot_mapping": "the new tokens' slots (T,): pass the tensor PagedKVCache.reserve gave",
+    "k_scale": "(Hkv,) float32 scales of an fp8 key cache", "v_scale": "(Hkv,) float32 scales of an fp8 value cache",
+}
+
+
+def require_tensors(**given) -> None:
+    """BadInputError naming the first argument that is not a tensor (None passes), and what to pass instead."""
+    for name, value in given.items():
+        if value is not None and not isinstance(value, torch.Tensor):
+            raise BadInputError(f"{name} must be a tensor of {_TENSOR_ARGUMENTS[name]}; got {type(value).__name__}")
+
+
+_warned_grad = False
+
+
+def _warn_no_grad(q: torch.Tensor) -> None:
+    """Said once: plans are for inference, and their output carries no gradient to q."""
+    global _warned_grad
+    if q.requires_grad and torch.is_grad_enabled() and not _warned_grad:
+        _warned_grad = True
+        warnings.warn("autotile: paged attention plans serve inference and record no autograd graph: the output "
+                      "carries no gradient to q. Train with autotile.flash_attention(_varlen); run the plan under "
+                      "torch.inference_mode() to silence this.", stacklevel=3)
+
+
+@torch.compiler.disable
+def _run_eagerly(run, plan, *args, **kwargs):
+    """A plan's run called from a torch.compile'd region: a graph break, and the run eagerly.
+
+    NOTE: a run reads host state that dynamo cannot trace (its kept launch, a lock of Triton's interpreter, value
+    checks that read tensors back), so it is kept out of the graph rather than traced."""
+    return run(plan, *args, **kwargs)
 
 
 def finite_scale(scale, head_dim: int) -> float:
@@ -251,6 +300,9 @@ class _PlanBase:
                     raise BadInputError(
                         f"an fp8 cache needs {name} as a ({self.num_kv_heads},) float32 tensor on {self.device} "
                         "(stored values times the scale are the real K and V); PagedKVCache.k_scale/v_scale are such")
+            if self.checks and not bool(((k_scale > 0) & (v_scale > 0) & k_scale.isfinite() & v_scale.isfinite()).all()):
+                raise BadInputError("k_scale and v_scale must be finite and > 0 (stored values times the scale are "
+                                    "the real K and V)")
         elif k_scale is not None or v_scale is not None:
             raise BadInputError(f"k_scale/v_scale apply to fp8 caches only; these caches are {self.kv_dtype}")
 
@@ -376,8 +428,14 @@ class PagedAttentionPlan(_PlanBase):
 
         No device-to-host copy, no synchronisation; no allocation when `out` (and `lse`) are given.
         """
+        if torch.compiler.is_compiling():
+            return _run_eagerly(PagedAttentionPlan.run, self, q, k_cache, v_cache, block_table, context_lens,
+                                scale=scale, k_scale=k_scale, v_scale=v_scale, out=out, lse=lse)
         scale = finite_scale(scale, self.head_dim)
+        if not isinstance(q, torch.Tensor):
+            require_tensors(q=q)
         three_d = q.dim() == 3
+        _warn_no_grad(q)
         q_shape = ((self.batch, self.num_q_heads, self.head_dim) if three_d and self.num_queries == 1
                    else (self.batch, self.num_queries, self.num_q_heads, self.head_dim))
         if tuple(q.shape) != q_shape or q.dtype != self.dtype or q.device != self.device or q.stride(-1) != 1:
@@ -392,7 +450,12 @@ class PagedAttentionPlan(_PlanBase):
             out = torch.empty(q_shape, dtype=self.dtype, device=self.device) if out is None else out
             lse = torch.empty(lse_shape, dtype=torch.float32, device=self.device) if lse is None else lse
             return (out, lse) if self.return_lse else out
-        self._check_common(k_cache, v_cache, block_table, context_lens, k_scale, v_scale)
+        try:
+            self._check_common(k_cache, v_cache, block_table, context_lens, k_scale, v_scale)
+        except AttributeError:  # a list or an array where a tensor goes: name it
+            require_tensors(k_cache=k_cache, v_cache=v_cache, block_table=block_table, context_lens=context_lens,
+                            k_scale=k_scale, v_scale=v_scale)
+            raise
         if self.checks:
             check_decode_values(block_table, context_lens, k_cache.shape[0], self.page_size, self.max_context,
                                 self.num_queries)
@@ -491,7 +554,14 @@ class PagedPrefillPlan(_PlanBase):
     def run(self, q, k_cache, v_cache, block_table, cu_seqlens_q, context_lens, *, k_new=None, v_new=None,
             slot_mapping=None, scale=None, k_scale=None, v_scale=None, out=None, lse=None):
         """Writes k_new/v_new (when given) into their slots, then attends; returns out (T, Hq, D), or (out, lse)."""
+        if torch.compiler.is_compiling():
+            return _run_eagerly(PagedPrefillPlan.run, self, q, k_cache, v_cache, block_table, cu_seqlens_q,
+                                context_lens, k_new=k_new, v_new=v_new, slot_mapping=slot_mapping, scale=scale,
+                                k_scale=k_scale, v_scale=v_scale, out=out, lse=lse)
         scale = finite_scale(scale, self.head_dim)
+        require_tensors(q=q, k_cache=k_cache, v_cache=v_cache, block_table=block_table, cu_seqlens_q=cu_seqlens_q,
+                        context_lens=context_lens, k_scale=k_scale, v_scale=v_scale)
+        _warn_no_grad(q)
         if (q.dim() != 3 or tuple(q.shape[1:]) != (self.num_q_heads, self.head_dim) or q.dtype != self.dtype
                 or q.device != self.device or q.stride(-1) != 1):
             raise ShapeMismatchError(f"q must be (T, {self.num_q_heads}, {self.head_dim}) {self.dtype} on "
@@ -500,6 +570,9 @@ class PagedPrefillPlan(_PlanBase):
         tokens = q.shape[0]
         self._check_output("out", out, tuple(q.shape), self.dtype)
         self._check_output("lse", lse, (tokens, self.num_q_heads), torch.float32)
+        if self.batch == 0 and tokens:
+            raise ShapeMismatchError(f"q holds {tokens} tokens but the plan was made for batch=0 (no sequences); "
+                                     "make the plan with the batch's sequences")
         if self.batch == 0 or tokens == 0:
             out = torch.empty(q.shape, dtype=self.dtype, device=self.device) if out is None else out
             if lse is None:
@@ -578,6 +651,7 @@ def check_slots(slots: torch.Tensor, capacity: int, name: str) -> None:
 
 def check_new_tokens(k_new, v_new, slot_mapping, tokens: int) -> None:
     """Shapes only: k_new, v_new and slot_mapping come together, with one slot for each of the T new tokens."""
+    require_tensors(k_new=k_new, v_new=v_new, slot_mapping=slot_mapping)
     if (k_new is None) != (v_new is None) or (k_new is None) != (slot_mapping is None):
         raise BadInputError("pass k_new, v_new and slot_mapping together (the new tokens' K, V and their slots), "
                             "or none of them when the pages already hold the new tokens")
