@@ -116,6 +116,14 @@ def _warn_no_grad(q: torch.Tensor) -> None:
                       "torch.inference_mode() to silence this.", stacklevel=3)
 
 
+def _fix_hint(t: torch.Tensor, device: torch.device) -> str:
+    """What to change in an int32 index tensor the run refused (dtype, device, strides), as a clause."""
+    fixes = ([".to(torch.int32)"] if t.dtype != torch.int32 else []) + (
+        [f".to({str(device)!r})"] if t.device != device else []) + (
+        [".contiguous()"] if t.dim() and t.stride(-1) != 1 else [])
+    return f": pass it{''.join(fixes)}" if fixes else ""
+
+
 @torch.compiler.disable
 def _run_eagerly(run, plan, *args, **kwargs):
     """A plan's run called from a torch.compile'd region: a graph break, and the run eagerly.
@@ -288,11 +296,13 @@ class _PlanBase:
                 or block_table.dtype != torch.int32 or block_table.stride(1) != 1 or block_table.device != self.device):
             raise ShapeMismatchError(
                 f"block_table must be ({self.batch}, max_pages >= 1) int32 on {self.device} with unit stride along "
-                f"pages, got {tuple(block_table.shape)} {block_table.dtype} on {block_table.device}")
+                f"pages, got {tuple(block_table.shape)} {block_table.dtype} on {block_table.device} with strides "
+                f"{block_table.stride()}{_fix_hint(block_table, self.device)}")
         if (tuple(context_lens.shape) != (self.batch,) or context_lens.dtype != torch.int32
                 or context_lens.stride(0) != 1 or context_lens.device != self.device):
             raise ShapeMismatchError(f"context_lens must be ({self.batch},) int32, contiguous, on {self.device}, got "
-                                     f"{tuple(context_lens.shape)} {context_lens.dtype} on {context_lens.device}")
+                                     f"{tuple(context_lens.shape)} {context_lens.dtype} on {context_lens.device} with "
+                                     f"strides {context_lens.stride()}{_fix_hint(context_lens, self.device)}")
         if self.fp8:
             for name, t in (("k_scale", k_scale), ("v_scale", v_scale)):
                 if (not isinstance(t, torch.Tensor) or tuple(t.shape) != (self.num_kv_heads,)
@@ -582,7 +592,8 @@ class PagedPrefillPlan(_PlanBase):
         if (tuple(cu_seqlens_q.shape) != (self.batch + 1,) or cu_seqlens_q.dtype != torch.int32
                 or cu_seqlens_q.stride(0) != 1 or cu_seqlens_q.device != self.device):
             raise ShapeMismatchError(f"cu_seqlens_q must be ({self.batch + 1},) int32, contiguous, on {self.device}, "
-                                     f"got {tuple(cu_seqlens_q.shape)} {cu_seqlens_q.dtype}")
+                                     f"got {tuple(cu_seqlens_q.shape)} {cu_seqlens_q.dtype} on {cu_seqlens_q.device} "
+                                     f"with strides {cu_seqlens_q.stride()}{_fix_hint(cu_seqlens_q, self.device)}")
         check_new_tokens(k_new, v_new, slot_mapping, tokens)
         if self.checks:
             check_prefill_values(block_table, cu_seqlens_q, context_lens, k_cache.shape[0], self.page_size,
