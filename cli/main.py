@@ -150,7 +150,8 @@ def _make_tune_command(name: str):
                                        "prefill); for one shape give its options alone, and --timeout for a time "
                                        "limit")
         if model_opts["model"] or model_opts["dims"]:
-            tune_model(family, model_opts, options, device, db_url, trials, seed, storage_url=storage, gpus=gpu_list,
+            tune_model(family, model_opts, options, _given_options(options), device, db_url, trials, seed,
+                       storage_url=storage, gpus=gpu_list,
                        trial_timeout=trial_timeout, compile_ahead=compile_ahead, patience=patience)
             return
         problems = _problems(family, preset, options)

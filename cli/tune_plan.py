@@ -38,15 +38,30 @@ def take_model_options(options: dict) -> dict:
     return {name: options.pop(name, None) for name in ("model", "tokens", "dims", "budget", "policy")}
 
 
-def tune_model(family, model_opts: dict, shape_options: dict, device, db_url, trials, seed, **tune_kwargs) -> None:
+# The problem options a --model run takes beside the model: the dtype, and flash's sequences a call (--batch).
+MODEL_RUN_OPTIONS = {"gemm": ("dtype",), "flash": ("dtype", "batch")}
+
+
+def tune_model(family, model_opts: dict, shape_options: dict, given: list[str], device, db_url, trials, seed,
+               **tune_kwargs) -> None:
+    """`given`: the problem options given on the command line (not left at their defaults)."""
     from autotile.models import parse_tokens
     from autotile.tune.plan import model_problems, parse_budget
 
-    # Flash prefill takes --batch beside --model: sequences a call, each of --tokens (default 1).
-    given = [name for name in ("m", "n", "k", "seq_q", "seq_k", "heads", "seq") + (() if family.name == "flash" else (
-        "batch",)) if shape_options.get(name)]
-    if given:
-        raise click.UsageError(f"--model describes the shapes; drop {', '.join('--' + g for g in given)}")
+    shapes = [name for name in ("m", "n", "k", "seq_q", "seq_k", "heads", "seq", "batch") if name in given
+              and name not in MODEL_RUN_OPTIONS[family.name]]
+    if shapes:
+        raise click.UsageError(f"--model describes the shapes; drop {', '.join(_flag(g) for g in shapes)}")
+    # Any other option (a bias, an activation, layouts, a window, the backward...) would be dropped: the model's
+    # problems are what it runs. Said, not ignored.
+    others = [name for name in given if name not in MODEL_RUN_OPTIONS[family.name]]
+    if others:
+        raise click.UsageError(
+            f"--model/--dims tune the {family.name} problems the model runs ("
+            f"{'its projections as nn.Linear calls' if family.name == 'gemm' else 'its causal prefill attention'}); "
+            f"they take {', '.join(_flag(o) for o in MODEL_RUN_OPTIONS[family.name])} only. "
+            f"Drop {', '.join(_flag(o) for o in others)}, or tune that one shape with its options "
+            "(autotile.models.model_dims gives its dimensions)")
     dtype = _dtype(shape_options.get("dtype"))
     batch = shape_options.get("batch") or 1
     if model_opts["policy"]:
@@ -59,6 +74,10 @@ def tune_model(family, model_opts: dict, shape_options: dict, device, db_url, tr
     click.echo(f"{', '.join(m.name for m in models)}: {len(planned)} {family.name} problems"
                + (f" within {budget:.0f} s" if budget else f", {trials} trials each"))
     _run(planned, device, budget, db_url, trials, seed, **tune_kwargs)
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
 
 
 def _models(model_opts: dict) -> list:

@@ -191,6 +191,13 @@ def test_tune_gemm_for_a_described_model(tmp_path):
     assert unknown.exit_code == 1 and "unknown model" in unknown.output
     mixed = CliRunner().invoke(cli, ["tune", "gemm", "--model", "llama3-8b", "--m", "4", "--gpu", "interpret"])
     assert mixed.exit_code != 0 and "--model describes the shapes" in mixed.output
+    # Problem options the model run does not apply were dropped: the winners landed under keys never asked for.
+    for family, extra in (("gemm", ["--bias", "--activation", "relu", "--layout-b", "row"]),
+                          ("flash", ["--direction", "bwd", "--softcap", "30", "--causal", "no"])):
+        dropped = CliRunner().invoke(cli, ["tune", family, "--dims", TINY_DIMS, "--tokens", "2", "--trials", "1",
+                                           "--gpu", "interpret", *extra])
+        assert dropped.exit_code == 2, dropped.output
+        assert all(flag in dropped.output for flag in extra if flag.startswith("--")), dropped.output
 
 
 def test_several_models_tune_each_shared_shape_once():
