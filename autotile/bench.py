@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from autotile.errors import KernelCacheError
 from autotile.device import DeviceInfo
 from autotile.families.base import Family, Tensors
 from autotile.render import TemplateRenderError
@@ -160,6 +161,8 @@ def run_checked(family: Family, problem, config: Config, device: DeviceInfo, see
         if not device.interpret:
             torch.cuda.synchronize()
         result = family.check(problem, inputs, outputs, expected)
+    except KernelCacheError:
+        raise  # the machine's setup, not this config's: the tune stops and says what to fix
     except Exception as exc:  # noqa: BLE001 - every failure is a trial status
         return TrialOutcome(classify_exception(exc), error=_error_text(exc)), None
     if not result.ok:

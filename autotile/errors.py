@@ -35,3 +35,8 @@ class DatabaseError(AutotileError):
 
 class KernelUnusableError(AutotileError):
     """No kernel can serve a call here: the generated ones failed to build or launch, and no vendor op computes it."""
+
+
+class KernelCacheError(AutotileError, OSError):
+    """The folder rendered kernels are written to cannot take them (not a folder, read-only, full): the machine's
+    setup, not a config's fault, so tuning stops instead of filing every config as a crash."""

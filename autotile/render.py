@@ -24,7 +24,7 @@ from types import ModuleType
 import jinja2
 import jinja2.meta
 
-from autotile.errors import AutotileError
+from autotile.errors import AutotileError, KernelCacheError
 from autotile.resources import templates_dir
 
 
@@ -36,8 +36,16 @@ def kernel_cache_dir() -> Path:
     root = os.environ.get("AUTOTILE_CACHE_DIR")
     base = Path(root) if root else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "autotile"
     path = base / "kernels"
-    path.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise _cache_error(path, exc) from exc
     return path
+
+
+def _cache_error(path: Path, exc: OSError) -> KernelCacheError:
+    return KernelCacheError(f"cannot write rendered kernels to {path} ({exc.strerror or exc}): point "
+                            "AUTOTILE_CACHE_DIR at a writable folder (it holds <folder>/kernels), or free some space")
 
 
 @functools.lru_cache(maxsize=1)
@@ -117,10 +125,13 @@ def write_to_cache(source: str) -> Path:
     path = kernel_cache_dir() / f"{source_sha(source)}.py"
     if not path.exists():
         # Written whole then renamed: several tuning processes may render the same kernel at once.
-        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-        with os.fdopen(fd, "w") as handle:
-            handle.write(source)
-        os.replace(tmp, path)
+        try:
+            fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+            with os.fdopen(fd, "w") as handle:
+                handle.write(source)
+            os.replace(tmp, path)
+        except OSError as exc:
+            raise _cache_error(path.parent, exc) from exc
     return path
 
 

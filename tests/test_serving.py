@@ -227,6 +227,31 @@ def test_the_trace_counts_each_problem_and_reads_back(tmp_path, monkeypatch):
     assert calls()[(5, 8, 16, "row")] == before + 1
 
 
+def test_the_trace_counts_paged_decode_and_prefill_runs(tmp_path, monkeypatch):
+    """The paged ops and plans were never counted: tune --from-trace could not tune what a serving engine ran."""
+    from autotile.kvcache import PagedKVCache
+    from autotile.runtime import trace
+
+    path = tmp_path / "trace.jsonl"
+    monkeypatch.setenv("AUTOTILE_RECORD", str(path))
+    cache = PagedKVCache(num_layers=1, num_pages=8, page_size=16, num_kv_heads=1, head_dim=32, dtype=torch.float16)
+    cache.allocate("a")
+    cache.append("a", torch.randn(20, 1, 32), torch.randn(20, 1, 32))
+    tables = (cache.k_pools[0], cache.v_pools[0], cache.block_table(["a"]), cache.context_lens(["a"]))
+    for _ in range(2):
+        autotile.paged_attention(torch.randn(1, 4, 32).half(), *tables, max_context=48)
+    slots = cache.reserve("a", 3)
+    autotile.paged_prefill(torch.randn(3, 4, 32).half(), cache.k_pools[0], cache.v_pools[0], cache.block_table(["a"]),
+                           torch.tensor([0, 3], dtype=torch.int32), cache.context_lens(["a"]),
+                           k_new=torch.randn(3, 1, 32).half(), v_new=torch.randn(3, 1, 32).half(), slot_mapping=slots)
+    trace.flush()
+    paged = [e for e in trace.read_trace(path) if e.family == "paged"]
+    decode = [e for e in paged if e.problem["num_queries"] == 1 and e.problem["head_dim"] == 32
+              and e.problem["max_context"] == 64]
+    assert decode and decode[0].calls >= 2
+    assert any(e.problem.get("num_tokens") == 3 or e.problem["num_queries"] > 1 for e in paged), paged
+
+
 @pytest.mark.parametrize("text, message", [
     ("", "empty"),
     ('{"format": "something-else"}\n', "not an autotile trace"),

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from autotile.device import DeviceInfo
-from autotile.errors import AutotileError, KernelUnusableError
+from autotile.errors import AutotileError, KernelCacheError, KernelUnusableError
 from autotile.families.base import Family, is_vendor, vendor_enabled, vendor_label
 from autotile.runtime.dispatch import Resolution, on_clear, resolve
 from autotile.space import Config
@@ -95,6 +95,8 @@ def is_build_failure(exc: BaseException) -> bool:
     from triton.runtime.errors import OutOfResources, PTXASError
 
     accelerator_error = getattr(torch, "AcceleratorError", None)  # torch's CUDA errors since 2.8
+    if isinstance(exc, KernelCacheError):
+        return True  # no generated kernel can be written here: the vendor op still computes the call
     if (isinstance(exc, (AutotileError, torch.OutOfMemoryError))
             or (accelerator_error is not None and isinstance(exc, accelerator_error))):
         return False

@@ -64,7 +64,7 @@ from autotile.families.paged import (
     CACHE_DTYPES, FAMILY, PARTITION_CHOICES, QUERY_DTYPES, PagedLaunch, PagedProblem, SplitConstants, balanced_tile,
     cdiv, check_head_dim, context_bucket,
 )
-from autotile.runtime import fallback
+from autotile.runtime import fallback, trace
 from autotile.runtime.paged_fresh import fresh_prefill, is_fresh_uniform
 from autotile.space import Config
 
@@ -392,6 +392,7 @@ class PagedAttentionPlan(_PlanBase):
         self.window = effective_paged_window(self.window, self.max_context)
         self.problem = self.launch = self.source = None
         self.config = None
+        self._calls = [0]  # runs, for AUTOTILE_RECORD (an empty step's are not recorded)
         if self.batch == 0:
             return  # an empty step: run returns empty outputs
         bound = context_bucket(max(self.max_context, self.num_queries))
@@ -400,6 +401,7 @@ class PagedAttentionPlan(_PlanBase):
                                     bound, mean, self.num_queries, self.dtype_name, self.kv_dtype_name, self.softcap,
                                     self.window)
         info = _device_info(self.device)
+        self._calls = trace.counter(FAMILY, self.problem, info)
         self._num_sms = num_sms
         self._choice = None  # the generated kernel dispatch chose (autotile.runtime.fallback); None: a config given
         if config is not None:
@@ -473,6 +475,7 @@ class PagedAttentionPlan(_PlanBase):
             out = torch.empty(q_shape, dtype=self.dtype, device=self.device)
         if self.return_lse and lse is None:
             lse = torch.empty(lse_shape, dtype=torch.float32, device=self.device)
+        self._calls[0] += 1
         q4, out4 = (q.unsqueeze(1), out.unsqueeze(1)) if three_d else (q, out)
         lse4 = lse.unsqueeze(1) if lse is not None and three_d else lse
         self._launch_step(q4, k_cache, v_cache, block_table, context_lens, out4, scale=scale, k_scale=k_scale,
@@ -533,12 +536,14 @@ class PagedPrefillPlan(_PlanBase):
         self.num_tokens = int(num_tokens)
         self.window = effective_paged_window(self.window, self.max_context)
         self.problem = self.launch = self.config = self.source = None
+        self._calls = [0]  # runs, for AUTOTILE_RECORD (an empty step's are not recorded)
         if self.batch == 0:
             return
         self.problem = prefill_problem(self.batch, self.num_tokens, self.num_q_heads, self.num_kv_heads,
                                        self.head_dim, self.page_size, self.max_context, self.dtype_name,
                                        self.kv_dtype_name, self.softcap, self.window)
         info = _device_info(self.device)
+        self._calls = trace.counter(FAMILY, self.problem, info)
         self._choice = None  # the generated kernel dispatch chose (autotile.runtime.fallback); None: a config given
         if config is not None:
             self.config, self.source = FAMILY.validate_config(self.problem, info, Config(config)), "given"
@@ -600,6 +605,7 @@ class PagedPrefillPlan(_PlanBase):
                                  self.max_context, tokens, slot_mapping)
         if k_new is not None:
             write_kv(k_cache, v_cache, slot_mapping, k_new, v_new, k_scale, v_scale)
+        self._calls[0] += 1
         if self.source != "given" and is_fresh_uniform(q, k_new, v_new, k_cache, self.batch, self.max_context):
             return fresh_prefill(q, k_new, v_new, self.batch, scale, self.return_lse, out, lse, softcap=self.softcap,
                                  window=self.window)
