@@ -68,6 +68,8 @@ def _stored_winner(family: Family, problem, device: DeviceInfo, db_url: str | No
         try:
             winners = Store(open_engine(url, create=False, read_only=True)).winners(family.name, device.key)
         except DatabaseError:
+            if url == db_url:
+                raise  # the database named (--db): a typo or a damaged file must not ship the default config quietly
             continue
         ranked = []
         for w in winners:

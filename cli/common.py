@@ -13,7 +13,8 @@ from autotile.errors import AutotileError, NoFeasibleConfigError
 # traceback.
 _PATH_ERRORS = {errno.ENOENT: "no such folder", errno.ENOTDIR: "a part of the path is a file, not a folder",
                 errno.EACCES: "permission denied", errno.EPERM: "not permitted", errno.EISDIR: "it is a folder",
-                errno.EROFS: "a read-only file system"}
+                errno.EROFS: "a read-only file system",
+                errno.EEXIST: "a part of the path is a file, not a folder"}  # mkdir(parents=True) over a file
 
 
 def friendly_errors(fn):
@@ -36,7 +37,8 @@ def friendly_errors(fn):
             if line is None and isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
                 line = f"no space left to write {exc.filename or 'a file'}: free some space and run the command again"
             if line is None and isinstance(exc, OSError) and exc.errno in _PATH_ERRORS and exc.filename:
-                line = (f"cannot use {exc.filename}: {exc.strerror or _PATH_ERRORS[exc.errno]}; check the path (its "
+                what = _PATH_ERRORS[exc.errno] if exc.errno == errno.EEXIST else exc.strerror or _PATH_ERRORS[exc.errno]
+                line = (f"cannot use {exc.filename}: {what}; check the path (its "
                         "folder must exist and be a folder you may write in)")
             if line is None:
                 raise
@@ -116,7 +118,12 @@ def positive_seconds(ctx, param, value):
     return value
 
 
-db_option = click.option("--db", "db_url", default=None, envvar="AUTOTILE_DB",
+def _blank_is_unset(ctx, param, value):
+    """AUTOTILE_DB="  " (or --db "") means no database given, as blank AUTOTILE_RECORD means no trace."""
+    return value.strip() or None if isinstance(value, str) else value
+
+
+db_option = click.option("--db", "db_url", default=None, envvar="AUTOTILE_DB", callback=_blank_is_unset,
                          help="SQLAlchemy URL or SQLite file of the tuning database (default: the user cache dir).")
 
 

@@ -425,7 +425,6 @@ def env_command(db_url):
 
     import autotile
     from autotile.device import cuda_device, interpret_device
-    from autotile.render import kernel_cache_dir
     from autotile.resources import shipped_db_path, templates_dir
     from autotile.store.db import default_db_url, normalise_url
 
@@ -434,9 +433,20 @@ def env_command(db_url):
         "autotile": autotile.__version__, "python": platform.python_version(), "torch": torch.__version__,
         "triton": triton.__version__, "cuda": torch.version.cuda, "device": device.fingerprint(),
         "database": normalise_url(db_url) if db_url else default_db_url(), "shipped_db": str(shipped_db_path()),
-        "templates": str(templates_dir()), "kernel_cache": str(kernel_cache_dir()),
+        "templates": str(templates_dir()), "kernel_cache": _kernel_cache_entry(),
     }
     click.echo(json.dumps(info, indent=2))
+
+
+def _kernel_cache_entry() -> str:
+    """The kernel cache folder, or what is wrong with it: env reports a broken setup instead of failing on it."""
+    from autotile.errors import KernelCacheError
+    from autotile.render import kernel_cache_dir
+
+    try:
+        return str(kernel_cache_dir())
+    except KernelCacheError as exc:
+        return f"unusable: {exc}"
 
 
 def _register_command_modules() -> None:

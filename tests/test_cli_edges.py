@@ -509,9 +509,15 @@ def test_render_and_export_kernel_take_a_named_gpu_that_is_absent_and_refuse_an_
     shape = ["--m", "64", "--n", "64", "--k", "64"]
     rendered = invoke("render", "gemm", *shape, "--gpu", "h200")
     assert rendered.exit_code == 0 and "def gemm_kernel(" in rendered.output, rendered.output
-    exported = invoke("export-kernel", "gemm", *shape, "--gpu", "h200", "--out", tmp_path / "k.py",
-                      "--db", tmp_path / "d.sqlite")
+    empty = tmp_path / "d.sqlite"
+    open_engine(f"sqlite:///{empty}", create=True).dispose()  # a database with nothing tuned in it
+    exported = invoke("export-kernel", "gemm", *shape, "--gpu", "h200", "--out", tmp_path / "k.py", "--db", empty)
     assert exported.exit_code == 0 and (tmp_path / "k.py").exists(), exported.output
+    # A --db that is no database (a typo, a folder) is an error: it shipped the default config quietly.
+    for bad in (tmp_path / "typo.sqlite", tmp_path):
+        line = one_line_error(invoke("export-kernel", "gemm", *shape, "--gpu", "h200", "--out", tmp_path / "k2.py",
+                                     "--db", bad))
+        assert "database" in line and not (tmp_path / "k2.py").exists(), line
     for command in (["render", "gemm"], ["tune", "gemm", "--db", tmp_path / "d.sqlite"]):
         line = one_line_error(invoke(*command, *shape, "--gpu", "h900"))
         assert "--gpu h900: unknown GPU profile; known: a100, h100, h200, l40s, auto or interpret" in line
@@ -603,3 +609,42 @@ def test_report_and_export_of_a_selection_that_matches_nothing_name_what_is_stor
         result = invoke(*command, "--device", "bogus", "--db", url)
         assert result.exit_code == 0 and "no winners stored for device 'bogus'; the database holds winners of " \
             "families gemm on devices interpret" in result.output, result.output
+
+
+def test_setup_mistakes_get_one_line_each(tmp_path, monkeypatch):
+    """A folder as the database read as a full disk; a database under a file, and env with an unusable kernel cache,
+    gave tracebacks; a blank AUTOTILE_DB became a file named by spaces; --tf32 on fp16 was dropped silently; a
+    report's missing folder was created (at /, as root)."""
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert "is a folder, not a database file" in one_line_error(invoke("list", "--db", tmp_path))
+    line = one_line_error(invoke("tune", "gemm", "--m", "32", "--n", "32", "--k", "32", "--trials", "1", "--gpu",
+                                 "interpret", "--db", blocker / "x.sqlite"))
+    assert "a part of the path is a file, not a folder" in line
+    monkeypatch.setenv("AUTOTILE_CACHE_DIR", str(blocker))
+    env = invoke("env")
+    assert env.exit_code == 0 and "unusable: cannot write rendered kernels" in env.output, env.output
+    monkeypatch.delenv("AUTOTILE_CACHE_DIR")
+    monkeypatch.setenv("AUTOTILE_DB", "   ")
+    assert '"database": "sqlite:///   "' not in invoke("env").output and "/   " not in invoke("env").output
+    monkeypatch.delenv("AUTOTILE_DB")
+    line = one_line_error(invoke("tune", "gemm", "--m", "32", "--n", "32", "--k", "32", "--dtype", "fp16", "--tf32",
+                                 "--gpu", "interpret", "--db", tmp_path / "t.sqlite"))
+    assert "drop --tf32" in line
+    open_engine(f"sqlite:///{tmp_path / 't.sqlite'}", create=True).dispose()
+    line = one_line_error(invoke("report", "--db", tmp_path / "t.sqlite", "--out", tmp_path / "missing" / "r.html"))
+    assert "does not exist" in line and not (tmp_path / "missing").exists()
+
+
+def test_an_unwritable_kernel_cache_stops_the_tune_and_files_no_crash(tmp_path, monkeypatch):
+    """Every config was filed as a crash (NotADirectoryError), and never tried again once the cache was fixed."""
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    db = tmp_path / "t.sqlite"
+    shape = ["--m", "32", "--n", "32", "--k", "32", "--trials", "1", "--gpu", "interpret", "--db", db]
+    monkeypatch.setattr("autotile.render._loaded", {})  # kernels this process loaded before would need no cache
+    monkeypatch.setenv("AUTOTILE_CACHE_DIR", str(blocker))
+    assert "AUTOTILE_CACHE_DIR" in one_line_error(invoke("tune", "gemm", *shape))
+    monkeypatch.setenv("AUTOTILE_CACHE_DIR", str(tmp_path / "cache"))
+    done = invoke("tune", "gemm", *shape)
+    assert done.exit_code == 0 and "trials {'ok': 1}" in done.output, done.output

@@ -308,8 +308,11 @@ class GemmFamily(Family):
             raise BadInputError("give all of --m, --n and --k (or none, for the default suite)")
         dt = canonical_dtype_name(dtype)
         out = canonical_dtype_name(out_dtype) if out_dtype else ("bf16" if dt == "fp8" else dt)
+        if tf32 and dt != "fp32":
+            raise BadInputError(f"--tf32 lets fp32 operands use the tensor cores; {dt} operands use them anyway: "
+                                "drop --tf32, or pass --dtype fp32")
         return [contiguous_problem(m, n, k, dt, out, layout_a, layout_b, bias=bias, activation=activation,
-                                   tf32=tf32 and dt == "fp32", residual=residual, scale_mode=scale_mode,
+                                   tf32=tf32, residual=residual, scale_mode=scale_mode,
                                    fp8_fast_accum=fp8_fast_accum)]
 
     # --- the search -----------------------------------------------------------------

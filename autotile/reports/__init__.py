@@ -49,8 +49,11 @@ def write_report(db_url: str | None, fmt: ReportFormat, out: str | Path, *, fami
     path = Path(out)
     text = render(report, fmt)
     partial = path.with_name(path.name + ".partial")
+    if not path.parent.is_dir():  # as every other --out: a typo must not create folders
+        what = "is a file" if path.parent.exists() else "does not exist"
+        raise ReportWriteError(f"cannot write the report {path}: its folder {path.parent} {what}; create the folder "
+                               "first, or pick another --out")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
         partial.write_text(text, encoding="utf-8")
         partial.replace(path)  # a report is whole or not there: never half of one over the previous
     except OSError as exc:

@@ -38,7 +38,7 @@ _SQLITE_BUSY_TIMEOUT_MS = 30_000
 
 def default_db_url() -> str:
     """AUTOTILE_DB, else a SQLite file in the user's cache directory."""
-    env = os.environ.get("AUTOTILE_DB")
+    env = os.environ.get("AUTOTILE_DB", "").strip()  # as AUTOTILE_RECORD: blank means unset, not a file named "  "
     if env:
         return normalise_url(env)
     base = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "autotile"
@@ -339,6 +339,10 @@ def database_failure(exc: BaseException, url: str | None = None) -> str | None:
         return None
     detail_line = driver_message(cause)
     where = safe_url(normalise_url(url) if url else default_db_url())
+    path = sqlite_path(normalise_url(url) if url else default_db_url())
+    if path is not None and path.is_dir():  # SQLite calls a folder a "disk I/O error"
+        return (f"database {where} is a folder, not a database file ({detail_line}); point --db/AUTOTILE_DB at a file "
+                f"in it, e.g. --db {path / 'tuning.sqlite'}")
     for needles, what, fix in _FAILURES:
         if any(n in detail_line.lower() for n in needles):
             return f"database {where}: {what} ({detail_line}); {fix}"

@@ -407,8 +407,14 @@ class _Search:
                     self._time_vendor(evaluator)
                 compiler.wait_for(config, plan.trial_timeout)
                 outcome = evaluator.evaluate(trial.number, config)
-            except WorkerSetupError as exc:
-                raise TuneError(str(exc)) from exc
+            except BaseException as exc:
+                # Not the config's outcome (the machine's setup, an interrupt): its claim is withdrawn, so that a
+                # search resumed in this process does not wait on it as another search's trial in flight.
+                heartbeat.release(trial)
+                self._release(trial, f"not run: {type(exc).__name__}")
+                if isinstance(exc, WorkerSetupError):
+                    raise TuneError(str(exc)) from exc
+                raise
             _record(plan.store, trial, self.study, outcome, config, plan.name, *plan.ids)
             heartbeat.release(trial)
             self._report(outcome, config, len(recorded) + 1)
@@ -608,8 +614,11 @@ class _Search:
         """Tell Optuna the asked trials this search will not run (so they are not left RUNNING)."""
         while self.queue:
             trial, _ = self.queue.popleft()
-            try:
-                trial.set_user_attr("pruned_because", reason)
-                self.study.tell(trial, state=optuna.trial.TrialState.PRUNED, skip_if_finished=True)
-            except Exception:  # noqa: BLE001 - the storage is gone; a rerun fails these as stale
-                log.debug("could not release trial %s", trial.number)
+            self._release(trial, reason)
+
+    def _release(self, trial, reason: str) -> None:
+        try:
+            trial.set_user_attr("pruned_because", reason)
+            self.study.tell(trial, state=optuna.trial.TrialState.PRUNED, skip_if_finished=True)
+        except Exception:  # noqa: BLE001 - the storage is gone; a rerun fails these as stale
+            log.debug("could not release trial %s", trial.number)
