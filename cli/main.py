@@ -354,10 +354,23 @@ def list_command(family, device_key, db_url):
         spread = f"{(w.q80_ms - w.q20_ms) / w.median_ms:.1%}" if w.median_ms else "-"
         config = Config.from_json(w.config)
         served = f" [{vendor_label(config)}]" if is_vendor(config) else ""
-        stale = "(stale: another toolchain or driver) " if w.stale else ""
+        stale = _stale_mark(w)
         table.add_row(w.family, w.device_key + (" (interpret)" if w.interpreted else ""),
                       stale + _short_key(w.params) + served, f"{w.median_ms:.4f}", spread, speed, str(w.trials_run))
     _console(200).print(table)
+
+
+def _stale_mark(w) -> str:
+    """Why a winner is marked stale: what `autotile db verify` found on it, or another toolchain's tuning."""
+    if not w.stale:
+        return ""
+    if w.verify_status == "regression" and w.regression is not None:
+        return f"(stale: db verify timed it {w.regression:+.0%} slower) "
+    if w.verify_status == "failed":
+        return "(stale: tune --stale could not re-time it with this toolchain; not served) "
+    if w.verify_status and w.verify_status != "ok":
+        return f"(stale: db verify found {w.verify_status.replace('_', ' ')}; not served) "
+    return "(stale: another toolchain or driver) "
 
 
 def _console(log_width: int):
@@ -402,7 +415,8 @@ def show_command(family, match, errors, db_url):
         for (pkey, dkey), w in winners.items():
             if pkey == key:
                 click.echo(f"  winner on {dkey}: {w.median_ms:.4f} ms [{w.q20_ms:.4f}, {w.q80_ms:.4f}] "
-                           f"margin {w.margin if w.margin is not None else float('nan'):.1%}  {w.config}\n    {w.provenance}")
+                           f"margin {w.margin if w.margin is not None else float('nan'):.1%}  {w.config}\n    {w.provenance}"
+                           + (f"\n    {_stale_mark(w).strip()}" if w.stale else ""))
         click.echo(f"  trials: {dict(Counter(r['status'] for r in rows))}" if rows else
                    "  trials: none stored here (the winner was imported or merged)")
         ok = sorted((r for r in rows if r["status"] == "ok"), key=lambda r: r["median_ms"])[:5]

@@ -115,3 +115,25 @@ def test_running_tuned_ops_imports_neither_optuna_nor_alembic():
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_a_winner_db_verify_found_failing_is_not_served_and_list_says_why(databases):
+    """db verify stored its findings, but nothing read them: a winner it found computing wrongly kept being served,
+    and `list` called every finding "another toolchain or driver"."""
+    from click.testing import CliRunner
+
+    from autotile.cli.main import cli
+
+    user, shipped = databases
+    problem = contiguous_problem(300, 100, 96, "fp32", "fp32")
+    store_winner(shipped, problem, config_with(problem, GROUP_M=4))
+    store_winner(user, problem, config_with(problem, GROUP_M=16))
+    store = Store(open_engine(user))
+    ((winner, *_),) = store.winner_rows(FAMILY.name, CPU.key)
+    for status, regression, served, words in (("regression", 0.21, 16, "timed it +21% slower"),
+                                              ("wrong_result", None, 4, "found wrong result")):
+        store.update_winner(winner.id, verify_status=status, regression=regression, stale=1)
+        dispatch.clear_cache()
+        assert dispatch.resolve(FAMILY, problem, CPU).config["GROUP_M"] == served
+        listed = CliRunner().invoke(cli, ["list", "--db", user])
+        assert words in " ".join(listed.output.split()), listed.output

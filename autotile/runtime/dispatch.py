@@ -101,11 +101,20 @@ def _winners(url: str, family: str, device_key: str) -> list:
         from autotile.store.repo import Store
 
         try:
-            _winner_cache[key] = Store(open_engine(url, create=False, read_only=True)).winners(family, device_key)
+            winners = Store(open_engine(url, create=False, read_only=True)).winners(family, device_key)
         except Exception as exc:  # noqa: BLE001 - a cache problem never takes a model down: serve from the next source
             _warn_once(url, exc)
-            _winner_cache[key] = []
+            winners = []
+        # A winner `autotile db verify` found failing here (a wrong result, a crash, no longer a config) is never
+        # served; one it found slower than stored still computes right, and serves until it is tuned again.
+        _winner_cache[key] = [w for w in winners if w.verify_status not in UNSERVABLE_VERIFY_STATUSES]
     return _winner_cache[key]
+
+
+# `autotile db verify` outcomes (autotile.store.verify.VerifyStatus values), and `tune --stale`'s "failed" (none of
+# the winner's top configs ran under this toolchain), that keep a winner from being served.
+UNSERVABLE_VERIFY_STATUSES = frozenset({"wrong_result", "crash", "compile_error", "out_of_resources", "timeout",
+                                        "outside_space", "bad_problem", "failed"})
 
 
 _warned: set[str] = set()
