@@ -360,6 +360,14 @@ def list_command(family, device_key, db_url):
     _console(200).print(table)
 
 
+def _margin(margin: float | None) -> str:
+    """The winner's lead over the runner-up; below 0 where the stored winner was kept against a rival timed faster
+    by less than the re-timing's noise (autotile.tune.driver's KEEP_STORED_MARGIN)."""
+    if margin is None:
+        return "-"
+    return f"{margin:.1%}" + (" (kept: the faster rival was within timing noise)" if margin < 0 else "")
+
+
 def _stale_mark(w) -> str:
     """Why a winner is marked stale: what `autotile db verify` found on it, or another toolchain's tuning."""
     if not w.stale:
@@ -415,7 +423,7 @@ def show_command(family, match, errors, db_url):
         for (pkey, dkey), w in winners.items():
             if pkey == key:
                 click.echo(f"  winner on {dkey}: {w.median_ms:.4f} ms [{w.q20_ms:.4f}, {w.q80_ms:.4f}] "
-                           f"margin {w.margin if w.margin is not None else float('nan'):.1%}  {w.config}\n    {w.provenance}"
+                           f"margin {_margin(w.margin)}  {w.config}\n    {w.provenance}"
                            + (f"\n    {_stale_mark(w).strip()}" if w.stale else ""))
         click.echo(f"  trials: {dict(Counter(r['status'] for r in rows))}" if rows else
                    "  trials: none stored here (the winner was imported or merged)")

@@ -133,8 +133,9 @@ def _run(planned, device, budget, db_url, trials, seed, **tune_kwargs) -> None:
     vendor = sum(1 for r in outcome.tuned if r.vendor_won)
     ranged = sum(1 for r in outcome.tuned if r.verified_range and not r.vendor_won)
     exact = len(outcome.tuned) - vendor - ranged
-    click.echo(f"tuned {len(outcome.tuned)} problem(s) in {outcome.seconds:.0f} s: {vendor} served by the vendor op, "
-               f"{ranged} generated winners verified over their bucket, {exact} for their exact shape only; "
+    partly = " (the last of them interrupted: its search resumes on the next run)" if outcome.interrupted else ""
+    click.echo(f"tuned {len(outcome.tuned)} problem(s){partly} in {outcome.seconds:.0f} s: {vendor} served by the "
+               f"vendor op, {ranged} generated winners verified over their bucket, {exact} for their exact shape only; "
                f"{len(outcome.skipped)} left for a later run, {len(outcome.failed)} failed")
     for item, reason in outcome.failed:
         click.echo(f"  failed: {item.family.name} {item.family.problem_key(item.problem)}: {reason}", err=True)

@@ -185,7 +185,8 @@ def tune_planned(planned: Sequence[PlannedProblem], device, *, budget_s: float |
         if getattr(result, "interrupted", False):
             outcome.interrupted = True
             outcome.skipped.extend(planned[index + 1:])
-            report(f"interrupted: {len(planned) - index - 1} problem(s) not tuned")
+            report(f"interrupted during problem {index + 1}: its best so far is stored and its search resumes on the "
+                   f"next run; {len(planned) - index - 1} problem(s) after it not tuned")
             break
     outcome.seconds = time.monotonic() - started
     return outcome
