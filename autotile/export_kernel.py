@@ -8,6 +8,8 @@ triton only. gemm, elementwise and paged have launcher writers; flash has none
 """
 from __future__ import annotations
 
+import warnings
+
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,7 +58,7 @@ class ExportedKernel:
 def _stored_winner(family: Family, problem, device: DeviceInfo, db_url: str | None) -> tuple[Config, str, float] | None:
     """The winner for `problem` from the database (then the shipped one): exact problem, else the nearest tuned one."""
     from autotile.resources import shipped_db_path
-    from autotile.store.db import default_db_url, open_engine, read_only_url
+    from autotile.store.db import default_db_url, normalise_url, open_engine, read_only_url, sqlite_path
     from autotile.store.repo import Store
 
     sources = [db_url or default_db_url()]
@@ -68,8 +70,13 @@ def _stored_winner(family: Family, problem, device: DeviceInfo, db_url: str | No
         try:
             winners = Store(open_engine(url, create=False, read_only=True)).winners(family.name, device.key)
         except DatabaseError:
-            if url == db_url:
-                raise  # the database named (--db): a typo or a damaged file must not ship the default config quietly
+            if url != db_url:
+                continue
+            path = sqlite_path(normalise_url(url))
+            if path is None or path.exists():
+                raise  # the database named (--db) is damaged or no database: never ship the default config quietly
+            warnings.warn(f"autotile: no database at {path} (--db): the kernel comes from the shipped winners or the "
+                          "family's default config", stacklevel=2)
             continue
         ranked = []
         for w in winners:

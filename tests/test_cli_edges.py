@@ -513,11 +513,17 @@ def test_render_and_export_kernel_take_a_named_gpu_that_is_absent_and_refuse_an_
     open_engine(f"sqlite:///{empty}", create=True).dispose()  # a database with nothing tuned in it
     exported = invoke("export-kernel", "gemm", *shape, "--gpu", "h200", "--out", tmp_path / "k.py", "--db", empty)
     assert exported.exit_code == 0 and (tmp_path / "k.py").exists(), exported.output
-    # A --db that is no database (a typo, a folder) is an error: it shipped the default config quietly.
-    for bad in (tmp_path / "typo.sqlite", tmp_path):
+    # A --db that is no database (a folder, a file of something else) is an error: it shipped the default config
+    # quietly; a path with no file is said.
+    (tmp_path / "junk.sqlite").write_bytes(b"not a database" * 100)
+    for bad in (tmp_path / "junk.sqlite", tmp_path):
         line = one_line_error(invoke("export-kernel", "gemm", *shape, "--gpu", "h200", "--out", tmp_path / "k2.py",
                                      "--db", bad))
         assert "database" in line and not (tmp_path / "k2.py").exists(), line
+    with pytest.warns(UserWarning, match="no database at"):
+        typo = invoke("export-kernel", "gemm", *shape, "--gpu", "h200", "--out", tmp_path / "k3.py",
+                      "--db", tmp_path / "typo.sqlite")
+    assert typo.exit_code == 0, typo.output
     for command in (["render", "gemm"], ["tune", "gemm", "--db", tmp_path / "d.sqlite"]):
         line = one_line_error(invoke(*command, *shape, "--gpu", "h900"))
         assert "--gpu h900: unknown GPU profile; known: a100, h100, h200, l40s, auto or interpret" in line
