@@ -84,6 +84,16 @@ def test_each_hostile_record_is_refused_with_its_reason(export, tmp_path, dry_ru
     assert [w.params["m"] for w in winners] == ([] if dry_run else [24])
 
 
+def test_a_file_is_checked_before_the_first_import_without_creating_the_database(export, tmp_path):
+    """--dry-run against a database not made yet said "no autotile database": a file could not be checked first."""
+    header, record, end = export
+    path = tmp_path / "one.jsonl"
+    path.write_text("\n".join([header, json.dumps(record), end]) + "\n")
+    target = tmp_path / "new.sqlite"
+    report = import_file(f"sqlite:///{target}", path, dry_run=True)
+    assert [k.action for k in report.kept] == ["added"] and not target.exists()
+
+
 def test_an_overlong_line_is_skipped_unread(export, tmp_path):
     header, record, _end = export
     huge = json.dumps(_variant(record, 200, ("provenance", "text"), "x" * (2 * MAX_RECORD_BYTES)))

@@ -30,7 +30,7 @@ from autotile.device import PROFILES, DeviceInfo
 from autotile.errors import AutotileError, DatabaseError
 from autotile.families import family_names, get_family
 from autotile.space import Config
-from autotile.store.db import database_failure, normalise_url, open_engine, reading
+from autotile.store.db import database_failure, normalise_url, open_engine, reading, sqlite_path
 from autotile.store.fingerprint import device_fingerprint
 from autotile.store.models import SCHEMA_VERSION, Device, Policy, Problem, Toolchain, Winner
 from autotile.store.repo import Store, range_fault, warn_damaged_range, warn_damaged_row
@@ -770,7 +770,12 @@ def import_records(target_url: str | None, records: Iterable[tuple[int, dict | N
     skipped with its reason; the others are all written, or (a database error) none.
     """
     report = ImportReport(source, dry_run=dry_run)
-    engine = open_engine(target_url, create=not dry_run)
+    path = sqlite_path(normalise_url(target_url)) if target_url else None
+    if dry_run and path is not None and not path.exists():
+        # Checking a file before the first import: against an empty database (in memory), where every record is new.
+        engine = open_engine("sqlite://", create=True)
+    else:
+        engine = open_engine(target_url, create=not dry_run)
     with Session(engine) as session:
         try:
             written = 0
