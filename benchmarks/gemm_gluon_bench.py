@@ -104,6 +104,17 @@ BF16_PROJECTIONS = [
 ]
 
 
+def _fp8_squares(precise_tiles: list[dict], fast_tiles: list[dict]) -> list[tuple[str, object, list[dict]]]:
+    """fp8 at 4096^3 and 8192^3, precise (tensor scales) and fast, with the tiles to time for each."""
+    out = []
+    for size in (4096, 8192):
+        out.append(("fp8 precise tensor", contiguous_problem(size, size, size, "fp8", "bf16", layout_b="col"),
+                    precise_tiles))
+        out.append(("fp8 fast", contiguous_problem(size, size, size, "fp8", "bf16", layout_b="col",
+                                                   fp8_fast_accum=True), fast_tiles))
+    return out
+
+
 def shapes(which: str = "all") -> list[tuple[str, object, list[dict]]]:
     out = []
     if which == "bf16":
@@ -121,21 +132,10 @@ def shapes(which: str = "all") -> list[tuple[str, object, list[dict]]]:
         return [(f"bf16 {label}", contiguous_problem(m, n, k, "bf16", "bf16", layout_b="col"), TAIL_TILES)
                 for m, n, k, label in TAIL_SHAPES]
     if which == "pingpong":
-        out = [(f"bf16 {label}", contiguous_problem(m, n, k, "bf16", "bf16", layout_b="col"), PINGPONG_BF16_TILES)
-               for m, n, k, label in PINGPONG_SHAPES]
-        for size in (4096, 8192):
-            out.append(("fp8 precise tensor", contiguous_problem(size, size, size, "fp8", "bf16", layout_b="col"),
-                        PINGPONG_PRECISE_TILES))
-            out.append(("fp8 fast", contiguous_problem(size, size, size, "fp8", "bf16", layout_b="col",
-                                                       fp8_fast_accum=True), PINGPONG_FAST_TILES))
-        return out
+        return [(f"bf16 {label}", contiguous_problem(m, n, k, "bf16", "bf16", layout_b="col"), PINGPONG_BF16_TILES)
+                for m, n, k, label in PINGPONG_SHAPES] + _fp8_squares(PINGPONG_PRECISE_TILES, PINGPONG_FAST_TILES)
     if which == "fp8":
-        for size in (4096, 8192):
-            out.append(("fp8 precise tensor", contiguous_problem(size, size, size, "fp8", "bf16", layout_b="col"),
-                        FP8_SCHEDULE_TILES))
-            out.append(("fp8 fast", contiguous_problem(size, size, size, "fp8", "bf16", layout_b="col",
-                                                       fp8_fast_accum=True), FAST_SCHEDULE_TILES))
-        return out
+        return _fp8_squares(FP8_SCHEDULE_TILES, FAST_SCHEDULE_TILES)
     for size in (4096, 8192):
         for scale in ("tensor", "row"):
             out.append((f"fp8 precise {scale}", contiguous_problem(size, size, size, "fp8", "bf16", layout_b="col",
