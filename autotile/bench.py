@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
-from autotile.errors import KernelCacheError
 from autotile.device import DeviceInfo
+from autotile.errors import KernelCacheError
 from autotile.families.base import Family, Tensors
 from autotile.render import TemplateRenderError
 from autotile.space import Config

@@ -9,7 +9,6 @@ triton only. gemm, elementwise and paged have launcher writers; flash has none
 from __future__ import annotations
 
 import warnings
-
 from dataclasses import dataclass
 from pathlib import Path
 

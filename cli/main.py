@@ -374,9 +374,11 @@ def _stale_mark(w) -> str:
         return ""
     if w.verify_status == "regression" and w.regression is not None:
         return f"(stale: db verify timed it {w.regression:+.0%} slower) "
+    from autotile.runtime.dispatch import UNSERVABLE_VERIFY_STATUSES
+
     if w.verify_status == "failed":
         return "(stale: tune --stale could not re-time it with this toolchain; not served) "
-    if w.verify_status and w.verify_status != "ok":
+    if w.verify_status in UNSERVABLE_VERIFY_STATUSES:
         return f"(stale: db verify found {w.verify_status.replace('_', ' ')}; not served) "
     return "(stale: another toolchain or driver) "
 

@@ -107,9 +107,9 @@ _warned_grad = False
 
 
 def _warn_no_grad(q: torch.Tensor) -> None:
-    """Said once: plans are for inference, and their output carries no gradient to q."""
+    """Said once, for a q that requires grad: plans are for inference, and their output carries no gradient to q."""
     global _warned_grad
-    if q.requires_grad and torch.is_grad_enabled() and not _warned_grad:
+    if torch.is_grad_enabled() and not _warned_grad:
         _warned_grad = True
         warnings.warn("autotile: paged attention plans serve inference and record no autograd graph: the output "
                       "carries no gradient to q. Train with autotile.flash_attention(_varlen); run the plan under "
@@ -447,7 +447,8 @@ class PagedAttentionPlan(_PlanBase):
         if not isinstance(q, torch.Tensor):
             require_tensors(q=q)
         three_d = q.dim() == 3
-        _warn_no_grad(q)
+        if q.requires_grad:
+            _warn_no_grad(q)
         q_shape = ((self.batch, self.num_q_heads, self.head_dim) if three_d and self.num_queries == 1
                    else (self.batch, self.num_queries, self.num_q_heads, self.head_dim))
         if tuple(q.shape) != q_shape or q.dtype != self.dtype or q.device != self.device or q.stride(-1) != 1:
@@ -574,9 +575,10 @@ class PagedPrefillPlan(_PlanBase):
                                 context_lens, k_new=k_new, v_new=v_new, slot_mapping=slot_mapping, scale=scale,
                                 k_scale=k_scale, v_scale=v_scale, out=out, lse=lse)
         scale = finite_scale(scale, self.head_dim)
-        require_tensors(q=q, k_cache=k_cache, v_cache=v_cache, block_table=block_table, cu_seqlens_q=cu_seqlens_q,
-                        context_lens=context_lens, k_scale=k_scale, v_scale=v_scale)
-        _warn_no_grad(q)
+        if not isinstance(q, torch.Tensor):
+            require_tensors(q=q)
+        if q.requires_grad:
+            _warn_no_grad(q)
         if (q.dim() != 3 or tuple(q.shape[1:]) != (self.num_q_heads, self.head_dim) or q.dtype != self.dtype
                 or q.device != self.device or q.stride(-1) != 1):
             raise ShapeMismatchError(f"q must be (T, {self.num_q_heads}, {self.head_dim}) {self.dtype} on "
@@ -593,9 +595,15 @@ class PagedPrefillPlan(_PlanBase):
             if lse is None:
                 lse = torch.empty((tokens, self.num_q_heads), dtype=torch.float32, device=self.device)
             return (out, lse) if self.return_lse else out
-        self._check_common(k_cache, v_cache, block_table, context_lens, k_scale, v_scale)
-        if (tuple(cu_seqlens_q.shape) != (self.batch + 1,) or cu_seqlens_q.dtype != torch.int32
-                or cu_seqlens_q.stride(0) != 1 or cu_seqlens_q.device != self.device):
+        try:
+            self._check_common(k_cache, v_cache, block_table, context_lens, k_scale, v_scale)
+            cu_ok = (tuple(cu_seqlens_q.shape) == (self.batch + 1,) and cu_seqlens_q.dtype == torch.int32
+                     and cu_seqlens_q.stride(0) == 1 and cu_seqlens_q.device == self.device)
+        except AttributeError:  # a list or an array where a tensor goes: name it
+            require_tensors(k_cache=k_cache, v_cache=v_cache, block_table=block_table, cu_seqlens_q=cu_seqlens_q,
+                            context_lens=context_lens, k_scale=k_scale, v_scale=v_scale)
+            raise
+        if not cu_ok:
             raise ShapeMismatchError(f"cu_seqlens_q must be ({self.batch + 1},) int32, contiguous, on {self.device}, "
                                      f"got {tuple(cu_seqlens_q.shape)} {cu_seqlens_q.dtype} on {cu_seqlens_q.device} "
                                      f"with strides {cu_seqlens_q.stride()}{_fix_hint(cu_seqlens_q, self.device)}")

@@ -338,8 +338,8 @@ def database_failure(exc: BaseException, url: str | None = None) -> str | None:
     if cause is None:
         return None
     detail_line = driver_message(cause)
-    where = safe_url(normalise_url(url) if url else default_db_url())
-    path = sqlite_path(normalise_url(url) if url else default_db_url())
+    full_url = normalise_url(url) if url else default_db_url()
+    where, path = safe_url(full_url), sqlite_path(full_url)
     if path is not None and path.is_dir():  # SQLite calls a folder a "disk I/O error"
         return (f"database {where} is a folder, not a database file ({detail_line}); point --db/AUTOTILE_DB at a file "
                 f"in it, e.g. --db {path / 'tuning.sqlite'}")
