@@ -310,3 +310,19 @@ def test_explain_refuses_a_varlen_call_the_op_refuses():
     q = torch.randn(16, 2, 16)
     with pytest.raises(BadInputError, match="longer than max_seqlen_q=4"):
         autotile.explain("flash_attention_varlen", q, q, q, cu, cu, 4, 4)
+
+
+@pytest.mark.parametrize("call", [_flash_call, _flash_op_call, _varlen_call], ids=["flash", "flash-op", "varlen"])
+def test_activation_checkpointing_recomputes_attention_and_gives_its_gradients(call):
+    """Non-reentrant checkpointing (torch's recommended kind) recomputes saved tensors on their first read and
+    refuses a second: the eager Function read them twice and its backward raised CheckpointError."""
+    import torch.utils.checkpoint
+
+    gen = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(1, 2, 8, 16, generator=gen, requires_grad=True) for _ in range(3))
+    plain = call(q, k, v)
+    do = torch.randn(plain.shape, generator=gen)
+    want = torch.autograd.grad(plain, (q, k, v), do)
+    out = torch.utils.checkpoint.checkpoint(call, q, k, v, use_reentrant=False)
+    for got, expected in zip(torch.autograd.grad(out, (q, k, v), do), want):
+        assert torch.allclose(got, expected, atol=1e-6)

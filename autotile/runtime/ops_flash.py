@@ -622,13 +622,15 @@ class _EagerFlash(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, do, dlse):
-        dq, dk, dv = _EagerFlash.gradients(ctx, do, dlse)
-        q, k, v = ctx.saved_tensors[:3]
-        return (*no_double_backward((dq, dk, dv), q, k, v, do, dlse), None, None)
+        # NOTE: saved tensors are read once: non-reentrant activation checkpointing recomputes them on the first
+        # read and refuses a second ("Unpack is being triggered for a tensor that was already unpacked once").
+        saved = ctx.saved_tensors
+        dq, dk, dv = _EagerFlash.gradients(ctx, saved, do, dlse)
+        return (*no_double_backward((dq, dk, dv), *saved[:3], do, dlse), None, None)
 
     @staticmethod
-    def gradients(ctx, do, dlse):
-        q, k, v, o, lse, alibi_slopes = ctx.saved_tensors
+    def gradients(ctx, saved, do, dlse):
+        q, k, v, o, lse, alibi_slopes = saved
         do = torch.zeros_like(o) if do is None else _unit_stride(do)
         # q, k, v, o and lse are laid out as the forward's signature fixes them: the backward's _Served is found
         # by what else it depends on (NOTE: the full key's nine layouts cost ~30 us of host time on the H200's host).
