@@ -42,3 +42,20 @@ def with_strides(t: torch.Tensor, strides: tuple[int, ...]) -> torch.Tensor:
     if same_layout(t, strides):
         return t.as_strided(t.shape, strides)
     return torch.empty_strided(t.shape, strides, dtype=t.dtype, device=t.device).copy_(t)
+
+
+_functorch_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+
+
+def base_aligned(t: torch.Tensor, bytes_: int = 16) -> bool:
+    """t's data pointer is a multiple of `bytes_`. Tensors with no data pointer to read count as aligned: fake
+    tensors (reading theirs is deprecated, and warns) and the tensors torch.func transforms wrap (it raises). They
+    only describe a call; a call with real tensors reads the real pointer."""
+    if t.__class__ is not torch.Tensor and t.__class__ is not torch.nn.Parameter:
+        from torch._subclasses.fake_tensor import is_fake
+
+        if is_fake(t):
+            return True
+    if _functorch_wrapped(t):
+        return True
+    return t.data_ptr() % bytes_ == 0

@@ -326,3 +326,74 @@ def test_activation_checkpointing_recomputes_attention_and_gives_its_gradients(c
     out = torch.utils.checkpoint.checkpoint(call, q, k, v, use_reentrant=False)
     for got, expected in zip(torch.autograd.grad(out, (q, k, v), do), want):
         assert torch.allclose(got, expected, atol=1e-6)
+
+
+def test_torch_func_transforms_differentiate_and_batch_the_ops():
+    """vmap and grad of linear and matmul raised 'Cannot access data pointer' (the wrapped tensors have none), and
+    grad of flash_attention raised torch's 'must override the setup_context staticmethod' (the custom op's registered
+    autograd). Inside a transform the ops now compute in plain torch, every feature included."""
+    gen = torch.Generator().manual_seed(11)
+    x, w, b = torch.randn(4, 5, 32, generator=gen), torch.randn(24, 32, generator=gen), torch.randn(24, generator=gen)
+    f = torch.nn.functional
+    got = torch.func.vmap(lambda xx: autotile.linear(xx, w, b, activation="silu"))(x)
+    assert torch.allclose(got, f.silu(f.linear(x, w, b)), atol=1e-5)
+    got = torch.func.grad(lambda ww: autotile.linear(x, ww, b).square().sum())(w)
+    assert torch.allclose(got, torch.func.grad(lambda ww: f.linear(x, ww, b).square().sum())(w), atol=1e-4)
+    got = torch.func.vmap(lambda xx: autotile.matmul(xx, w.t(), out_dtype=torch.float16))(x)
+    assert got.dtype == torch.float16 and torch.allclose(got.float(), f.linear(x, w), atol=2e-2)
+    q, k, v = (torch.randn(1, 2, 9, 16, generator=gen) for _ in range(3))
+    slopes = torch.rand(2, generator=gen)
+
+    def attention(qq):
+        o, lse = autotile.flash_attention(qq, k, v, causal=True, window=(4, 0), softcap=5.0, alibi_slopes=slopes,
+                                          return_lse=True)
+        return o.square().sum() + lse.sum()
+
+    leaves = [t.double().requires_grad_(True) for t in (q, k, v)]
+    rows, cols = torch.arange(9)[:, None], torch.arange(9)[None, :]
+    logits = (leaves[0] @ leaves[1].transpose(-1, -2)) * 0.25
+    logits = 5.0 * torch.tanh(logits / 5.0) - slopes.double()[:, None, None] * (rows - cols).abs()
+    logits = logits.masked_fill((cols > rows) | (cols < rows - 4), float("-inf"))
+    want_o, want_lse = torch.softmax(logits, -1) @ leaves[2], torch.logsumexp(logits, -1)
+    (want,) = torch.autograd.grad(want_o.square().sum() + want_lse.sum(), leaves[0])
+    got = torch.func.grad(attention)(q)
+    assert torch.allclose(got.double(), want, atol=1e-4)
+    batched = torch.func.vmap(lambda qq: autotile.flash_attention(qq, k[0], v[0], causal=True))(q)
+    assert torch.allclose(batched, torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True), atol=1e-5)
+    # Packed sequences (a padding row past the last one: o 0, lse +inf) and fused expressions.
+    cu = torch.tensor([0, 3, 8], dtype=torch.int32)
+    pq, pk, pv = (torch.randn(9, 2, 16, generator=gen) for _ in range(3))
+
+    def packed(qq):
+        o, lse = autotile.flash_attention_varlen(qq, pk, pv, cu, cu, 5, 5, causal=True, return_lse=True)
+        return o.square().sum() + lse[:, :8].sum(), (o, lse)
+
+    leaf = pq.clone().requires_grad_(True)
+    loss, (o, lse) = packed(leaf)
+    loss.backward()
+    got, (o_t, lse_t) = torch.func.grad(packed, has_aux=True)(pq)
+    assert torch.allclose(got, leaf.grad, atol=1e-5) and torch.allclose(o_t, o, atol=1e-5)
+    assert torch.equal(o_t[8], torch.zeros(2, 16)) and torch.isinf(lse_t[:, 8]).all()
+    fused = autotile.fuse("x * sigmoid(y) + 1")
+    y = torch.randn(32, generator=gen)
+    assert torch.allclose(torch.func.vmap(lambda xx: fused(x=xx, y=y))(x), x * torch.sigmoid(y) + 1, atol=1e-6)
+    assert torch.allclose(torch.func.grad(lambda xx: fused(x=xx, y=y).sum())(x), torch.sigmoid(y).expand_as(x))
+
+
+def test_meta_and_fake_tensors_give_the_outputs_shape_without_a_warning():
+    """Meta tensors were refused ('no data to run on') where F.linear and SDPA return meta outputs, and fake tensors
+    read their data pointer (torch warns that this will become an error)."""
+    import warnings
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    def calls(device=None):
+        x, w, q = (torch.randn(*s, device=device) for s in ((2, 5, 32), (24, 32), (1, 2, 8, 16)))
+        return (autotile.linear(x, w), autotile.matmul(x[0], w.t()), autotile.flash_attention(q, q, q, causal=True))
+
+    for out, shape in zip(calls("meta"), ((2, 5, 24), (5, 24), (1, 2, 8, 16))):
+        assert out.is_meta and out.shape == shape
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with FakeTensorMode():
+            assert [tuple(t.shape) for t in calls()] == [(2, 5, 24), (5, 24), (1, 2, 8, 16)]

@@ -39,7 +39,7 @@ from autotile.families.flash_reference import (LOG2E, Scores, attention_grads, a
                                                split_packed)
 from autotile.families.flash_space import (_backward_render_loads, _forward_upgrade, gluon_bwd_smem,  # noqa: F401 - re-exported
                                            gluon_q_slots, gluon_split_kv, uses_tma)
-from autotile.layouts import matching_strides
+from autotile.layouts import base_aligned, matching_strides
 from autotile.render import load_kernel_module
 from autotile.space import Config, Space
 
@@ -727,7 +727,7 @@ def check_alibi(slopes, batch: int, heads_q: int, device) -> None:
 
 def _aligned(t: torch.Tensor, dims: int) -> bool:
     """Base pointer and the leading `dims` strides are multiples of 16 bytes (what TMA descriptors need)."""
-    return t.data_ptr() % 16 == 0 and all((s * t.element_size()) % 16 == 0 for s in t.stride()[:dims])
+    return base_aligned(t) and all((s * t.element_size()) % 16 == 0 for s in t.stride()[:dims])
 
 
 FAMILY = FlashFamily()

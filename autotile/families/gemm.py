@@ -30,6 +30,7 @@ from autotile.families.base import (
 from autotile.families.gemm_launch import bind_gemm, launch_plan, run_plan
 from autotile.families.gemm_policy import preferred_config, seed_variations
 from autotile.families.gemm_space import FP8_PRECISE_INTERVAL, GLUON_WIDE_NS, GLUON_WS, SCALE_BLOCK, gemm_space
+from autotile.layouts import base_aligned
 from autotile.space import Config, Space
 
 OPERAND_DTYPES = ("fp32", "fp16", "bf16", "fp8")
@@ -137,7 +138,7 @@ def scale_mode_of(m: int, n: int, k: int, scale_a, scale_b, device) -> str:
 def _tma_aligned(t: torch.Tensor) -> bool:
     size = t.element_size()
     lead = t.stride(0) if layout_of(t) == "row" else t.stride(1)
-    return t.data_ptr() % 16 == 0 and (lead * size) % 16 == 0
+    return base_aligned(t) and (lead * size) % 16 == 0
 
 
 _ACTIVATIONS_TORCH = {"none": None, "relu": torch.relu, "silu": torch.nn.functional.silu,

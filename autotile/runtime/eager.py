@@ -6,6 +6,8 @@ much as a short kernel runs. Eager calls of plain tensors that need no autograd
 run the op's implementation directly; everything else (torch.compile tracing,
 fake and meta tensors, tensor subclasses, active dispatch or function modes,
 inputs that require grad) goes through the op, whose registrations handle it.
+Inside torch.func transforms (vmap, grad, jacrev, ...) the ops compute in plain
+torch instead (`under_transform`).
 Eager calls of plain tensors that do need autograd may record a torch.autograd.Function whose
 forward and backward call the implementations directly (`autograd_call_ok`): the custom op's
 autograd wrapper and dispatch cost more than its kernels on short training calls.
@@ -42,13 +44,14 @@ def _plain(values: tuple, refuse_grad: bool) -> bool:
 def direct_call_ok(*values) -> bool:
     """True when calling the op's implementation directly behaves exactly like calling the op.
 
-    Plain tensors and nn.Parameters (a model's weights) qualify; tensor subclasses, meta tensors and, while
-    grad mode is on, tensors that require grad do not. This runs on every eager call: ~1 us.
+    Plain tensors and nn.Parameters (a model's weights) qualify outside torch.func transforms (their wrapped tensors
+    have no data pointer); tensor subclasses, meta tensors and, while grad mode is on, tensors that require grad do
+    not. This runs on every eager call: ~1 us.
     """
     # NOTE: the C checks directly rather than torch.utils._python_dispatch._get_current_dispatch_mode (a Python
     # wrapper around the same): this runs on every call of a served op.
     # is_compiling first: under torch.compile it is a constant and the C calls after it are never traced.
-    if _is_compiling() or _dispatch_stack_depth() or _function_mode_on():
+    if _is_compiling() or _dispatch_stack_depth() or _function_mode_on() or _functorch_level() is not None:
         return False
     return _plain(values, _grad_enabled())
 
@@ -56,11 +59,18 @@ def direct_call_ok(*values) -> bool:
 def autograd_call_ok(*values) -> bool:
     """True when an eager call that needs autograd may record a torch.autograd.Function rather than the op: plain
     tensors and nn.Parameters (not meta), no torch.compile tracing, no dispatch or function modes, no torch.func
-    transform (the op's registrations serve those). Its Function's forward and backward then run the op's
+    transform (the ops compute in plain torch there: under_transform). Its Function's forward and backward then run the op's
     implementations directly (~1 us)."""
     if _is_compiling() or _dispatch_stack_depth() or _function_mode_on() or _functorch_level() is not None:
         return False
     return _plain(values, False)
+
+
+def under_transform() -> bool:
+    """Inside a torch.func transform (vmap, grad, jacrev, jvp, ...). The custom ops' registered autograd is one
+    torch.func cannot differentiate ("it must override the setup_context staticmethod"), and the tensors it wraps
+    have no data pointer for a kernel: the ops compute in plain torch there, which every transform knows."""
+    return _functorch_level() is not None
 
 
 any_autocast = torch._C._is_any_autocast_enabled
@@ -75,7 +85,7 @@ def autocast_operands(*tensors) -> tuple | None:
     if not all(t is None or isinstance(t, torch.Tensor) for t in tensors):
         return None
     device = next((t.device.type for t in tensors if t is not None), None)
-    if device is None or not torch.is_autocast_enabled(device):
+    if device is None or device == "meta" or not torch.is_autocast_enabled(device):  # torch has no meta autocast
         return None
     dtype = torch.get_autocast_dtype(device)
     if all(t is None or t.dtype == dtype or t.dtype not in _AUTOCAST_FROM for t in tensors):

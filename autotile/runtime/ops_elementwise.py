@@ -22,12 +22,12 @@ import torch
 
 from autotile.device import current_device
 from autotile.errors import BadInputError, ShapeMismatchError
-from autotile.expr import Expression, InputSpec, infer_types, parse
+from autotile.expr import Expression, InputSpec, evaluate, infer_types, parse
 from autotile.families.elementwise import FAMILY, LaunchPlan, Plan, check_scalar_fits
 from autotile.launch import bind
 from autotile.runtime import fallback, trace
 from autotile.runtime.dispatch import on_clear
-from autotile.runtime.eager import direct_call_ok
+from autotile.runtime.eager import direct_call_ok, under_transform
 
 
 @functools.lru_cache(maxsize=1024)
@@ -287,6 +287,8 @@ class FusedExpression:
             raise BadInputError(f"pass inputs by name, e.g. fuse(...)({', '.join(f'{n}=...' for n in self.expression.inputs)})")
         _check_names(self.expression, values)
         values = {name: _host_scalar(value) for name, value in values.items()}
+        if not torch.compiler.is_compiling() and under_transform():
+            return self._in_torch(values)
         if not torch.compiler.is_compiling():
             if torch.is_grad_enabled() and any(isinstance(v, torch.Tensor) and v.requires_grad for v in values.values()):
                 raise BadInputError("fuse has no backward; detach the inputs or call it under torch.no_grad()")
@@ -300,6 +302,17 @@ class FusedExpression:
         if self.expression.bare:
             return results[0]
         return tuple(results)
+
+
+    def _in_torch(self, values: dict):
+        """A call inside a torch.func transform (eager.under_transform): the expression in eager torch, which every
+        transform knows (grad included), after the checks every call gets; outputs of the inputs' broadcast shape."""
+        _check_scalars(values)
+        tensors = [v for v in values.values() if isinstance(v, torch.Tensor)]
+        shape = torch.broadcast_shapes(*(t.shape for t in tensors))
+        results = [torch.as_tensor(r, device=tensors[0].device).expand(shape)
+                   for r in evaluate(self.expression, values).values()]
+        return results[0] if self.expression.bare else tuple(results)
 
 
 def _host_scalar(value):

@@ -32,10 +32,12 @@ from autotile.families import flash_vendor
 from autotile.families.base import VENDOR_KEY
 from autotile.families.flash import (FAMILY, GLUON_WS, MAX_HEAD_DIM, FlashFamily, FlashProblem, default_scale,
                                      effective_window, window_pair)
+from autotile.families.flash_reference import Scores, attention_math, log2_sum_exp
 from autotile.layouts import matching_strides, with_strides
 from autotile.runtime import fallback, trace
 from autotile.runtime.dispatch import on_clear
-from autotile.runtime.eager import any_autocast, autocast_operands, autograd_call_ok, direct_call_ok
+from autotile.runtime.eager import (any_autocast, autocast_operands, autograd_call_ok, direct_call_ok,
+                                    under_transform)
 from autotile.space import Config
 
 LN2 = math.log(2.0)
@@ -80,6 +82,8 @@ _served_lock = threading.Lock()
 _sdpa_direct: dict[tuple, tuple] = {}
 _sdpa = torch.nn.functional.scaled_dot_product_attention
 _any_autocast = any_autocast
+_Tensor = torch.Tensor
+_Parameter = torch.nn.Parameter
 
 
 def _forget_served() -> None:
@@ -746,12 +750,16 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
         # Only plain calls can be SDPA's (windows, soft-capping and ALiBi are not): the others skip the short key.
         plain = alibi_slopes is None and not return_lse and window is None and not softcap
         try:
+            if q.__class__ is not _Tensor and q.__class__ is not _Parameter:
+                raise TypeError  # fake tensors and other subclasses (a fake data pointer read warns): the op's path
             short = (q.shape, k.shape, v.shape, q.dtype, k.dtype, causal, scale) if plain else None
             direct = _sdpa_direct.get(short) if plain else None
             key = served = None
             if direct is None:
                 key = _call_key(q, k, v, causal, scale, window, softcap, alibi_slopes)
                 served = _calls.get(key)
+                if served is None and q.is_meta:
+                    key = None  # no data to run on: the op's fake registration gives the output
         except Exception:  # noqa: BLE001 - not plain tensors, an unhashable window, fake tensors: the op checks them
             direct = key = served = None
         if direct is not None:
@@ -800,9 +808,28 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
     q, k, v, scale, window, softcap = _normalise(q, k, v, scale, window, softcap, causal)
     if (cast := autocast_inputs(q, k, v)) is not None:
         q, k, v = cast
+    if not torch.compiler.is_compiling() and under_transform():
+        return attention_in_torch(q, k, v, bool(causal), scale, window, softcap, alibi_slopes, return_lse)
     o, lse = torch.ops.autotile.flash_attention_fwd(q, k, v, bool(causal), scale, window[0], window[1], softcap,
                                                     alibi_slopes)
     return (o, lse * LN2) if return_lse else o
+
+
+def attention_in_torch(q, k, v, causal, scale, window, softcap, alibi, return_lse):
+    """A call inside a torch.func transform (eager.under_transform), after the checks every call gets: the family's
+    attention in plain torch (logits and softmax in fp32), with every feature, which every transform knows. It holds
+    the (Sq, Sk) scores as torch's math attention does."""
+    problem = FAMILY.check_tensors(q, k, v, causal=causal, window=window, softcap=softcap, alibi_slopes=alibi,
+                                   empty_ok=True)
+    if problem.dtype == "fp8":
+        raise BadInputError("autotile.flash_attention has no torch.func path for fp8 q, k and v: call it outside vmap, "
+                            "grad and the other torch.func transforms")
+    scores = Scores(causal, window[0], window[1], softcap)
+    wide = torch.float64 if q.dtype == torch.float64 else torch.float32
+    o = attention_math(q, k, v, scale=scale, dtype=wide, scores=scores, alibi_slopes=alibi).to(q.dtype)
+    if not return_lse:
+        return o
+    return o, log2_sum_exp(q, k, scale=scale, scores=scores, alibi_slopes=alibi) * LN2
 
 
 def _foldable(q, k, v) -> bool:

@@ -17,10 +17,10 @@ import torch
 from autotile.device import DeviceInfo, current_device
 from autotile.errors import BadInputError, ShapeMismatchError
 from autotile.families.flash import FAMILY, FlashFamily, FlashProblem, effective_window, max_seqlen
-from autotile.runtime.eager import autograd_call_ok, direct_call_ok
-from autotile.runtime.ops_flash import (LN2, _keep, _layout, _normalise, _unit_stride, autocast_inputs, check_flags,
-                                        check_fp8_grad, check_slopes_grad, eager_or_op, no_double_backward,
-                                        serve_backward, serve_forward)
+from autotile.runtime.eager import autograd_call_ok, direct_call_ok, under_transform
+from autotile.runtime.ops_flash import (LN2, _keep, _layout, _normalise, _unit_stride, attention_in_torch,
+                                        autocast_inputs, check_flags, check_fp8_grad, check_slopes_grad, eager_or_op,
+                                        no_double_backward, serve_backward, serve_forward)
 from autotile.runtime.paged_plan import checks_on
 
 
@@ -202,6 +202,8 @@ def flash_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
     # The kernels read the cumulative lengths as a contiguous array: a strided view (cu[::2]) would be read wrongly.
     cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
     args = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    if not torch.compiler.is_compiling() and under_transform():
+        return _varlen_in_torch(q, k, v, *args, causal, scale, window, softcap, alibi_slopes, return_lse)
     if not torch.compiler.is_compiling():
         check_fp8_grad(q, k, v)
         served = _served_forward(q, k, v, *args, causal, scale, window, softcap, alibi_slopes)
@@ -221,6 +223,26 @@ def flash_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
     o, lse = torch.ops.autotile.flash_attention_varlen_fwd(q, k, v, *args, causal, scale, window[0], window[1],
                                                            softcap, alibi_slopes)
     return (o, lse * LN2) if return_lse else o
+
+
+def _varlen_in_torch(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, window, softcap, alibi, return_lse):
+    """A call inside a torch.func transform (eager.under_transform): each sequence through
+    ops_flash.attention_in_torch, in plain torch, after the checks every call gets. Rows past the last sequence, and
+    rows of a sequence with no keys, see no key: o 0, lse +inf."""
+    _problem(q, k, v, cu_q, cu_k, max_q, max_k, causal, window, softcap, alibi)
+    check_lengths(q, k, cu_q, cu_k, max_q, max_k)
+    o = q.new_zeros(q.shape)
+    lse = torch.full((q.shape[1], q.shape[0]), torch.inf, dtype=torch.float32, device=q.device)
+    starts_q, starts_k = cu_q.tolist(), cu_k.tolist()
+    for b, (q0, q1, k0, k1) in enumerate(zip(starts_q, starts_q[1:], starts_k, starts_k[1:])):
+        if q1 == q0 or k1 == k0:
+            continue
+        one = [t[r0:r1].transpose(0, 1)[None] for t, r0, r1 in ((q, q0, q1), (k, k0, k1), (v, k0, k1))]
+        slopes = None if alibi is None else alibi if alibi.dim() == 1 else alibi[b]
+        o_b, lse_b = attention_in_torch(*one, causal, scale, window, softcap, slopes, True)
+        o = o.index_copy(0, torch.arange(q0, q1, device=q.device), o_b[0].transpose(0, 1))
+        lse = lse.index_copy(1, torch.arange(q0, q1, device=q.device), lse_b[0].float())
+    return (o, lse) if return_lse else o
 
 
 def problem_for(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal: bool = False,

@@ -23,7 +23,7 @@ from autotile.families.gemm import FAMILY, GemmProblem, vendor_matmul
 from autotile.families.gemm_launch import bind_gemm
 from autotile.runtime import fallback, trace
 from autotile.runtime.dispatch import on_clear
-from autotile.runtime.eager import any_autocast, autocast_operands, direct_call_ok
+from autotile.runtime.eager import any_autocast, autocast_operands, direct_call_ok, under_transform
 
 _ACTIVATIONS = {"none": None, "relu": torch.relu, "silu": torch.nn.functional.silu, "gelu": torch.nn.functional.gelu}
 
@@ -382,15 +382,33 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None
             served.short_key_tried = True
             _keep_fast_matmul(served, shapes, a, b, bias)
         return out
+    if not torch.compiler.is_compiling() and under_transform():
+        return _matmul_in_torch(a, b, bias, activation, out_dtype, scale_a, scale_b, residual, fp8_fast_accum)
     if not torch.compiler.is_compiling():
         # Bad input is reported here, before the op; traced calls meet the same checks when the op runs.
         if _is_empty(a, b):
             _empty_served(a, b, bias, activation, _as_dtype(out_dtype), scale_a, scale_b, residual)
-        else:
-            problem_for(a, b, bias=bias, activation=activation, out_dtype=out_dtype, scale_a=scale_a,
-                        scale_b=scale_b, residual=residual, fp8_fast_accum=fp8_fast_accum)
+        else:  # the problem alone: meta tensors have no device to run on, and the op's fake registration serves them
+            _check_tensor_types(a, b, bias, residual, scale_a, scale_b)
+            FAMILY.problem_from_tensors(a, b, bias, activation, out_dtype, residual=residual, scale_a=scale_a,
+                                        scale_b=scale_b, fp8_fast_accum=fp8_fast_accum)
     out = canonical_dtype_name(out_dtype) if out_dtype is not None else ""
     return _matmul_op(a, b, bias, scale_a, scale_b, residual, activation or "none", out, bool(fp8_fast_accum))
+
+
+def _matmul_in_torch(a, b, bias, activation, out_dtype, scale_a, scale_b, residual, fp8_fast_accum) -> torch.Tensor:
+    """A matmul call inside a torch.func transform (eager.under_transform), after the checks every call gets: torch's
+    ops, as the vendor config runs them; accumulated in fp32 where the output's dtype is not the operands'."""
+    _check_tensor_types(a, b, bias, residual, scale_a, scale_b)
+    problem = FAMILY.problem_from_tensors(a, b, bias, activation, out_dtype, residual=residual, scale_a=scale_a,
+                                          scale_b=scale_b, fp8_fast_accum=fp8_fast_accum)
+    if problem.dtype == "fp8":
+        raise BadInputError("autotile.matmul has no torch.func path for fp8 operands: call it outside vmap, grad and "
+                            "the other torch.func transforms")
+    out = torch_dtype(problem.out_dtype)
+    if out != a.dtype:
+        a, b, bias, residual = (None if t is None else t.float() for t in (a, b, bias, residual))
+    return vendor_matmul("cublas", a, b, bias, problem.activation, out, residual=residual).to(out)
 
 
 def _check_linear(x, weight, bias, residual=None) -> None:
@@ -655,12 +673,13 @@ class _FastLinear:
         self.out_shape = None if x.dim() == 2 else (*x.shape[:-1], weight.shape[0])
 
     def __call__(self, x, weight, bias) -> torch.Tensor | None:
-        if (self.weight_ref() is weight and _tensor_meta(weight) == self.weight_meta
+        # direct_call_ok first: under a torch.func transform x has no data pointer to read.
+        if (direct_call_ok(x, weight, bias) and self.weight_ref() is weight
+                and _tensor_meta(weight) == self.weight_meta
                 and (bias is None if self.bias_ref is None
                      else self.bias_ref() is bias and _tensor_meta(bias) == self.bias_meta)
                 and x.is_contiguous() and not x.data_ptr() & 15
-                and x.get_device() == self.device_index == _current_cuda_device()
-                and direct_call_ok(x, weight, bias)):
+                and x.get_device() == self.device_index == _current_cuda_device()):
             self.calls[0] += 1
             out = self.launch(x, weight, bias)
             return out if self.out_shape is None else out.view(self.out_shape)
@@ -687,11 +706,12 @@ class _FastMatmul:
 
     def __call__(self, a, b, bias) -> torch.Tensor | None:
         index = self.device_index
-        if (a.stride() == self.a_stride and b.stride() == self.b_stride and not (a.data_ptr() | b.data_ptr()) & 15
+        # direct_call_ok first: under a torch.func transform a and b have no data pointer to read.
+        if (direct_call_ok(a, b, bias) and a.stride() == self.a_stride and b.stride() == self.b_stride
+                and not (a.data_ptr() | b.data_ptr()) & 15
                 and a.get_device() == index == _current_cuda_device() and b.get_device() == index
                 and (bias is None or (bias.stride() == self.bias_stride and not bias.data_ptr() & 15
-                                      and bias.get_device() == index))
-                and direct_call_ok(a, b, bias)):
+                                      and bias.get_device() == index))):
             self.calls[0] += 1
             return self.launch(a, b, bias)
         return None
