@@ -397,3 +397,31 @@ def test_meta_and_fake_tensors_give_the_outputs_shape_without_a_warning():
         warnings.simplefilter("error")
         with FakeTensorMode():
             assert [tuple(t.shape) for t in calls()] == [(2, 5, 24), (5, 24), (1, 2, 8, 16)]
+
+
+def test_a_residual_of_another_dtype_promotes_as_torch_adds_it():
+    """A residual of another dtype was rounded into the output's dtype silently: under autocast a block written
+    linear(..., residual=x) returned bf16 where F.linear(...) + x gives fp32. It is now added after the kernel, as
+    torch's `+` promotes; the family refuses such a residual, so no kernel rounds it."""
+    gen = torch.Generator().manual_seed(13)
+    x, w, res = torch.randn(3, 16, generator=gen).half(), torch.randn(8, 16, generator=gen).half(), torch.randn(3, 8)
+    got = autotile.linear(x, w, residual=res)
+    want = torch.nn.functional.linear(x, w) + res
+    assert got.dtype == want.dtype == torch.float32 and torch.allclose(got, want, atol=1e-3)
+    got = autotile.matmul(x, w.t(), activation="relu", residual=res)
+    assert got.dtype == torch.float32 and torch.allclose(got, torch.relu(x @ w.t()) + res, atol=1e-3)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = autotile.linear(x.float(), w.float(), residual=res)
+        assert torch.nn.functional.linear(x.float(), w.float()).dtype == torch.bfloat16
+    # x @ w.T of the bf16-cast operands in bf16 (one step, 2**-7 of its size: Triton's interpreter truncates to bf16),
+    # plus the fp32 residual.
+    product = x.bfloat16().double() @ w.bfloat16().double().T
+    assert got.dtype == torch.float32
+    assert ((got.double() - (product + res.double())).abs() <= 2**-7 * product.abs() + 1e-5).all()
+    with pytest.raises(ShapeMismatchError, match="residual"):
+        autotile.linear(x, w, residual=res[:1])
+    assert autotile.explain("linear", x, w, residual=res)["problem"]["residual"] is False
+    from autotile.families.gemm import FAMILY
+
+    with pytest.raises(UnsupportedDtypeError, match="residual"):
+        FAMILY.problem_from_tensors(x, w.t(), residual=res)

@@ -238,6 +238,11 @@ class GemmFamily(Family):
             if residual.device != a.device or not residual.is_floating_point():
                 raise BadInputError(f"residual must be a floating-point tensor on {a.device}, got {residual.dtype} "
                                     f"on {residual.device}")
+            if residual.dtype != torch_dtype(out):
+                # The public ops add such a residual after the kernel, promoting as torch's `+` does
+                # (ops_gemm.residual_apart); a fused one would be rounded into the output's dtype silently.
+                raise UnsupportedDtypeError(f"residual is {residual.dtype} but the output is {out}: pass the residual "
+                                            "in the output's dtype (residual.to(...))")
         if dtype != "fp8" and (scale_a is not None or scale_b is not None):
             raise BadInputError(f"scale_a/scale_b apply to float8_e4m3fn operands only; these are {a.dtype}")
         return dtype, out

@@ -47,8 +47,11 @@ def _inputs(a, b, bias, scale_a, scale_b, residual=None) -> dict:
 
 def problem_for(a, b, *, bias=None, activation=None, out_dtype=None, scale_a=None, scale_b=None, residual=None,
                 fp8_fast_accum=False):
-    """(family, problem, device) of a matmul call, for `autotile.explain`."""
+    """(family, problem, device) of a matmul call, for `autotile.explain`: a residual the call adds after the kernel
+    (residual_apart) is not the kernel's."""
     _check_tensor_types(a, b, bias, residual, scale_a, scale_b)
+    if residual is not None and residual_apart(a, residual, out_dtype):
+        residual = None
     problem = FAMILY.problem_from_tensors(a, b, bias, activation, out_dtype, residual=residual, scale_a=scale_a,
                                           scale_b=scale_b, fp8_fast_accum=fp8_fast_accum)
     return FAMILY, problem, current_device(a.device)
@@ -371,6 +374,9 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None
             and (cast := autocast_operands(a, b, bias)) is not None):
         return matmul(*cast[:2], bias=cast[2], activation=activation, out_dtype=out_dtype, residual=residual,
                       fp8_fast_accum=fp8_fast_accum)
+    if residual is not None and residual_apart(a, residual, out_dtype):
+        return _add_residual(matmul(a, b, bias=bias, activation=activation, out_dtype=out_dtype, scale_a=scale_a,
+                                    scale_b=scale_b, fp8_fast_accum=fp8_fast_accum), residual)
     if direct_call_ok(a, b, bias, scale_a, scale_b, residual):
         # Eager calls of plain tensors skip the dispatcher (decode GEMMs are short kernels). The shapes' key is the
         # first half of the full signature's.
@@ -409,6 +415,22 @@ def _matmul_in_torch(a, b, bias, activation, out_dtype, scale_a, scale_b, residu
     if out != a.dtype:
         a, b, bias, residual = (None if t is None else t.float() for t in (a, b, bias, residual))
     return vendor_matmul("cublas", a, b, bias, problem.activation, out, residual=residual).to(out)
+
+
+def residual_apart(a, residual, out_dtype) -> bool:
+    """A residual whose dtype is not the output's: the call adds it after the kernel, as `F.linear(x, w) + residual`
+    promotes (an fp32 residual stream beside bf16 layers under autocast); fused, it would be rounded into the
+    output's dtype."""
+    if not (isinstance(a, torch.Tensor) and isinstance(residual, torch.Tensor)):
+        return False  # the checks name what to pass
+    out = _as_dtype(out_dtype) or (torch.bfloat16 if a.dtype == torch.float8_e4m3fn else a.dtype)
+    return residual.dtype != out
+
+
+def _add_residual(y: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    if tuple(residual.shape) != tuple(y.shape):  # `+` would broadcast it
+        raise ShapeMismatchError(f"residual must have the output's shape {tuple(y.shape)}, got {tuple(residual.shape)}")
+    return y + residual
 
 
 def _check_linear(x, weight, bias, residual=None) -> None:
@@ -481,6 +503,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         # tune or launch.
         _check_linear(x, weight, bias, residual)
         return _vendor_epilogue(_f_linear(x, weight, bias), activation, residual)
+    if residual is not None and residual_apart(x, residual, None):
+        return _add_residual(linear(x, weight, bias, activation), residual)
     if direct_call_ok(x, weight, bias, residual):
         try:
             signature = _linear_signature(x, weight, bias, activation, residual)
