@@ -425,3 +425,19 @@ def test_a_residual_of_another_dtype_promotes_as_torch_adds_it():
 
     with pytest.raises(UnsupportedDtypeError, match="residual"):
         FAMILY.problem_from_tensors(x, w.t(), residual=res)
+
+
+def test_explain_describes_the_call_the_op_runs_under_autocast_and_with_an_empty_dimension():
+    """explain reported an fp32 problem under autocast where the call runs bf16, and refused calls with an empty
+    dimension ('sizes must be >= 1') that the ops answer with torch's result."""
+    x, w, q = torch.randn(3, 64), torch.randn(24, 64), torch.randn(1, 2, 8, 64)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert autotile.linear(x, w).dtype == torch.bfloat16
+        for op, args in (("linear", (x, w)), ("matmul", (x, w.t())), ("flash_attention", (q, q, q))):
+            assert autotile.explain(op, *args)["problem"]["dtype"] == "bf16", op
+    for op, args in (("linear", (torch.randn(0, 64), w)), ("matmul", (torch.randn(5, 64), torch.randn(64, 0))),
+                     ("flash_attention", (q, q[:, :, :0], q[:, :, :0]))):
+        info = autotile.explain(op, *args)
+        assert info["source"] == "empty" and info["config"] is None, op
+    with pytest.raises(ShapeMismatchError, match="in_features"):
+        autotile.explain("linear", torch.randn(0, 63), w)

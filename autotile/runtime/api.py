@@ -72,7 +72,8 @@ def explain(op_name: str, *args, **kwargs) -> dict:
     """What a call would run, without running it: family, problem key, config, its source, device.
 
     `source` is 'user-db' or 'shipped-db' (a stored winner: `match` says 'exact' or 'range'), 'vendor' (a shape
-    nobody tuned, served by the vendor library) or 'default'; `vendor` names the library call when one runs
+    nobody tuned, served by the vendor library), 'default', or 'empty' (a call with an empty dimension: torch's
+    result, no kernel; problem and config are None); `vendor` names the library call when one runs
     (a stored winner may be the vendor op too). `unusable` lists the configs of this problem that failed to
     build or launch in this process (config, source, error): `match` is then 'fallback', and `config` what
     serves the call instead (autotile.runtime.fallback).
@@ -90,6 +91,13 @@ def explain(op_name: str, *args, **kwargs) -> dict:
         takes = inspect.signature(getattr(importlib.import_module("autotile"), op_name))
         raise BadInputError(f"explain({op_name!r}, ...) takes the arguments autotile.{op_name} takes "
                             f"{takes.replace(return_annotation=inspect.Signature.empty)}: {exc}") from None
+    empty_call = getattr(module, f"{op_name}_empty_call", None) or getattr(module, "empty_call", None)
+    if empty_call is not None and (empty := empty_call(*args, **kwargs)) is not None:
+        family, device = empty
+        return {"op": op_name, "family": family.name, "problem": None, "problem_key": None, "config": None,
+                "source": "empty", "vendor": None, "match": None, "tuned_for": None, "device": device.key,
+                "interpreted": device.interpret, "unusable": [],
+                "note": "an empty dimension: torch's result, checked as every call is; no kernel runs"}
     family, problem, device = problem_for(*args, **kwargs)
     resolution = fallback.usable(family, problem, device)
     # Ops whose plans adapt the resolved config (paged decode and prefill).

@@ -851,12 +851,29 @@ def _leading_dims_folded(q, k, v, causal, scale, window, softcap, alibi_slopes, 
     return out.reshape(*lead, *out.shape[-3:])
 
 
+def empty_call(q, k, v, *, causal: bool = False, scale: float | None = None, window=None, softcap=None,
+               alibi_slopes=None, return_lse: bool = False) -> tuple[FlashFamily, DeviceInfo] | None:
+    """For autotile.explain: (family, device) of a call with an empty batch, query or key length, after the checks
+    every call gets (it launches nothing: _empty_attention), else None."""
+    if isinstance(q, torch.Tensor) and q.dim() != 4 and _foldable(q, k, v):
+        q, k, v = (t.reshape(-1, *t.shape[-3:]) for t in (q, k, v))
+    if not (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and _is_empty(q, k)):
+        return None
+    check_flags(causal, alibi_slopes)
+    q, k, v, scale, window, softcap = _normalise(q, k, v, scale, window, softcap, causal)
+    FAMILY.check_tensors(q, k, v, causal=causal, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
+                         empty_ok=True)
+    return FAMILY, current_device(q.device)
+
+
 def problem_for(q, k, v, *, causal: bool = False, scale: float | None = None, window=None, softcap=None,
                 alibi_slopes=None, return_lse: bool = False) -> tuple[FlashFamily, FlashProblem, DeviceInfo]:
     """(family, forward problem, device) that `flash_attention(q, k, v, ...)` runs, for autotile.explain."""
     if isinstance(q, torch.Tensor) and q.dim() != 4 and _foldable(q, k, v):  # as the op folds them
         q, k, v = (t.reshape(-1, *t.shape[-3:]) for t in (q, k, v))
     q, k, v, scale, window, softcap = _normalise(q, k, v, scale, window, softcap, causal)
+    if (cast := autocast_inputs(q, k, v)) is not None:  # as the call casts them
+        q, k, v = cast
     problem = FAMILY.problem_from_tensors(q, k, v, causal=causal, window=window, softcap=softcap,
                                           alibi_slopes=alibi_slopes)
     return FAMILY, problem, current_device(q.device)

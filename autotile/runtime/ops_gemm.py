@@ -450,8 +450,40 @@ def _check_linear(x, weight, bias, residual=None) -> None:
                                  f"{tuple(residual.shape) if isinstance(residual, torch.Tensor) else type(residual).__name__}")
 
 
+def matmul_problem_for(a, b, *, bias=None, activation=None, out_dtype=None, scale_a=None, scale_b=None, residual=None,
+                       fp8_fast_accum=False):
+    """problem_for as the call sees it, for `autotile.explain("matmul", a, b)`: under torch.autocast, the operands
+    cast as matmul casts them."""
+    if scale_a is None and scale_b is None and (cast := autocast_operands(a, b, bias)) is not None:
+        a, b, bias = cast
+    return problem_for(a, b, bias=bias, activation=activation, out_dtype=out_dtype, scale_a=scale_a, scale_b=scale_b,
+                       residual=residual, fp8_fast_accum=fp8_fast_accum)
+
+
+def matmul_empty_call(a, b, *, bias=None, activation=None, out_dtype=None, scale_a=None, scale_b=None, residual=None,
+                      fp8_fast_accum=False) -> tuple | None:
+    """For autotile.explain: (family, device) of a call with an empty dimension, after the checks every call gets (it
+    launches nothing: _empty_served), else None."""
+    if not _is_empty(a, b):
+        return None
+    _empty_served(a, b, bias, activation, _as_dtype(out_dtype), scale_a, scale_b, residual)
+    return FAMILY, current_device(a.device)
+
+
+def linear_empty_call(x, weight, bias=None, activation=None, residual=None) -> tuple | None:
+    """matmul_empty_call of a linear call: no tokens, or a weight with no rows or columns."""
+    if not (isinstance(x, torch.Tensor) and isinstance(weight, torch.Tensor)):
+        return None
+    _check_linear(x, weight, bias, residual)
+    return matmul_empty_call(x.reshape(-1, x.shape[-1]), weight.t(), bias=bias, activation=activation,
+                             residual=None if residual is None else residual.reshape(-1, weight.shape[0]))
+
+
 def linear_problem_for(x, weight, bias=None, activation=None, residual=None):
-    """(family, problem, device) of a linear call, for `autotile.explain("linear", x, weight)`."""
+    """(family, problem, device) of a linear call, for `autotile.explain("linear", x, weight)`: under torch.autocast,
+    x, weight and bias cast as linear casts them."""
+    if (cast := autocast_operands(x, weight, bias)) is not None:
+        x, weight, bias = cast
     _check_linear(x, weight, bias, residual)
     return problem_for(x.reshape(-1, x.shape[-1]), weight.t(), bias=bias, activation=activation,
                        residual=None if residual is None else residual.reshape(-1, weight.shape[0]))
@@ -775,4 +807,4 @@ def _keep_fast_linear(served: _Served, x, weight, bias, activation) -> None:
             _FastLinear(served, *bound, x, weight, bias)
 
 
-__all__ = ["matmul", "linear", "problem_for", "linear_problem_for"]
+__all__ = ["matmul", "linear", "problem_for", "linear_problem_for", "matmul_problem_for"]
