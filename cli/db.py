@@ -118,6 +118,7 @@ def merge_command(sources, on_conflict, dry_run, db_url):
 def verify_command(family, gpu, threshold, rounds, db_url):
     """Re-check stored winners on this GPU for correctness and time; mark regressions and stale winners."""
     from autotile.device import resolve_gpu
+    from autotile.store.marks import servable
     from autotile.store.verify import DEFAULT_REGRESSION_THRESHOLD, DEFAULT_VERIFY_ROUNDS, VerifyStatus, verify_winners
 
     device = resolve_gpu(gpu)
@@ -135,8 +136,13 @@ def verify_command(family, gpu, threshold, rounds, db_url):
                    f"  stored {r.stored_ms:.4f} ms, now {now}{label}{stale}" + (f"\n  {r.detail}" if r.detail else ""))
     bad = [r for r in results if r.status is not VerifyStatus.OK]
     stale = [r for r in results if r.stale_reasons]
+    failing = [r for r in bad if not servable(r.status.value)]
     click.echo(f"verified {len(results)}: {len(results) - len(bad)} ok, {len(bad)} marked"
                + (f"; {len(stale)} stale (re-time them with `autotile tune --stale`)" if stale else ""))
+    if failing:
+        # A check that found winners failing fails (a script or CI job runs it after a driver or toolchain change).
+        raise click.ClickException(f"{len(failing)} winner(s) failed on this GPU and are no longer served: "
+                                   "tune their problems again (`autotile tune FAMILY ...`)")
 
 
 @db_group.command("upgrade")

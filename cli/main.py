@@ -354,7 +354,7 @@ def list_command(family, device_key, db_url):
         spread = f"{(w.q80_ms - w.q20_ms) / w.median_ms:.1%}" if w.median_ms else "-"
         config = Config.from_json(w.config)
         served = f" [{vendor_label(config)}]" if is_vendor(config) else ""
-        stale = _stale_mark(w)
+        stale = _winner_mark(w)
         table.add_row(w.family, w.device_key + (" (interpret)" if w.interpreted else ""),
                       stale + _short_key(w.params) + served, f"{w.median_ms:.4f}", spread, speed, str(w.trials_run))
     _console(200).print(table)
@@ -368,19 +368,12 @@ def _margin(margin: float | None) -> str:
     return f"{margin:.1%}" + (" (kept: the faster rival was within timing noise)" if margin < 0 else "")
 
 
-def _stale_mark(w) -> str:
-    """Why a winner is marked stale: what `autotile db verify` found on it, or another toolchain's tuning."""
-    if not w.stale:
-        return ""
-    if w.verify_status == "regression" and w.regression is not None:
-        return f"(stale: db verify timed it {w.regression:+.0%} slower) "
-    from autotile.runtime.dispatch import UNSERVABLE_VERIFY_STATUSES
+def _winner_mark(w) -> str:
+    """What `autotile db verify`, `tune --stale` or a toolchain change found on a winner, as '(...) ', or ''."""
+    from autotile.store.marks import winner_mark
 
-    if w.verify_status == "failed":
-        return "(stale: tune --stale could not re-time it with this toolchain; not served) "
-    if w.verify_status in UNSERVABLE_VERIFY_STATUSES:
-        return f"(stale: db verify found {w.verify_status.replace('_', ' ')}; not served) "
-    return "(stale: another toolchain or driver) "
+    mark = winner_mark(w.stale, w.verify_status, w.regression)
+    return f"({mark}) " if mark else ""
 
 
 def _console(log_width: int):
@@ -426,7 +419,7 @@ def show_command(family, match, errors, db_url):
             if pkey == key:
                 click.echo(f"  winner on {dkey}: {w.median_ms:.4f} ms [{w.q20_ms:.4f}, {w.q80_ms:.4f}] "
                            f"margin {_margin(w.margin)}  {w.config}\n    {w.provenance}"
-                           + (f"\n    {_stale_mark(w).strip()}" if w.stale else ""))
+                           + (f"\n    {mark.strip()}" if (mark := _winner_mark(w)) else ""))
         click.echo(f"  trials: {dict(Counter(r['status'] for r in rows))}" if rows else
                    "  trials: none stored here (the winner was imported or merged)")
         ok = sorted((r for r in rows if r["status"] == "ok"), key=lambda r: r["median_ms"])[:5]

@@ -256,6 +256,23 @@ def test_verify_marks_regressions_staleness_and_configs_outside_the_space(tuned_
     sql(tuned_copy, f"update autotile_winners set config = '{json.dumps(config)}'")
     result = run("verify", "--gpu", "interpret", "--db", tuned_copy)
     assert result.output.startswith("outside_space") and "BLOCK_M=48" in result.output
+    # A winner found failing fails the check (it exited 0, as for a regression, which is still served).
+    assert result.exit_code == 1 and "1 winner(s) failed on this GPU and are no longer served" in result.output
+
+
+def test_tuning_any_family_marks_every_familys_winners_of_another_toolchain_stale(tuned_copy):
+    """The README says winners of another toolchain are marked stale when their device next tunes; only the tuned
+    family's were: a gemm winner stayed unmarked while the device tuned elementwise."""
+    from autotile.families import get_family
+
+    sql(tuned_copy, "insert into autotile_toolchains (torch, triton, cuda, python, autotile) "
+                    "values ('2.0.0', '3.0.0', 'none', '3.11', '0.0.1')")
+    sql(tuned_copy, "update autotile_winners set toolchain_id = (select max(id) from autotile_toolchains), stale = 0")
+    elementwise = get_family("elementwise")
+    tune_problem(elementwise, elementwise.problem_for_expression("x + 1", "fp32", 64), CPU, trials=1, db_url=tuned_copy,
+                 retime_rounds=1)
+    winners = {w.family: w for w in Store(open_engine(tuned_copy, create=False)).winners()}
+    assert winners["gemm"].stale and not winners["elementwise"].stale
 
 
 def test_stale_winners_are_served_then_revalidated_from_their_top_configs(tuned_copy, monkeypatch):

@@ -312,6 +312,34 @@ def test_every_format_marks_the_vendor_winner_and_the_serving_range(crafted):
     assert "vendor op won: cuBLAS (torch.matmul)" in page and "verified to serve</dt><dd>m 17-32" in page
 
 
+def test_every_format_says_what_db_verify_found_on_a_winner(crafted, tmp_path):
+    """db verify's findings were never shown: a report said "generated kernel" for a winner the runtime no longer
+    served, and nothing of one it timed slower."""
+    import sqlite3
+
+    copy = tmp_path / "verified.sqlite"
+    with sqlite3.connect(crafted.removeprefix("sqlite:///")) as source, sqlite3.connect(copy) as target:
+        source.backup(target)  # the write-ahead log's pages too
+    ranged_key = get_family("gemm").problem_key(RANGED_PROBLEM)
+    with sqlite3.connect(copy) as con:
+        con.execute("update autotile_winners set verify_status = 'wrong_result' where problem_id = (select id from "
+                    "autotile_problems where key = ?)", (ranged_key,))
+        con.execute("update autotile_winners set verify_status = 'regression', regression = 0.3 where problem_id = "
+                    "(select id from autotile_problems where key != ? and family = 'gemm' limit 1)", (ranged_key,))
+    report = build_report(f"sqlite:///{copy}")
+    marks = {p.problem_key: p.winner.mark for p in report.problems if p.winner}
+    assert marks[ranged_key] == "db verify found wrong result; not served"
+    assert "db verify timed it +30% slower; still served" in marks.values()
+    md = render(report, ReportFormat.MARKDOWN)
+    assert "| generated kernel (db verify found wrong result; not served) |" in md
+    assert "- found since: db verify found wrong result; not served" in md
+    rows = {r["problem_key"]: r for r in csv.DictReader(io.StringIO(render(report, ReportFormat.CSV)))}
+    assert rows[ranged_key]["mark"] == "db verify found wrong result; not served"
+    data = {p["problem_key"]: p for p in json.loads(render(report, ReportFormat.JSON))["problems"]}
+    assert data[ranged_key]["winner"]["mark"] == "db verify found wrong result; not served"
+    assert "db verify found wrong result; not served" in render(report, ReportFormat.HTML)
+
+
 def test_the_html_is_escaped_by_its_template(crafted):
     page = render(build_report(crafted), ReportFormat.HTML)
     assert HOSTILE_TEXT not in page and "<script" not in page

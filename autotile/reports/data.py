@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 from autotile.device import PROFILES
 from autotile.families.base import is_vendor, vendor_label
 from autotile.store.db import default_db_url, normalise_url, open_engine, reading, safe_url
+from autotile.store.marks import winner_mark
 from autotile.store.models import Device, Problem, Trial
 from autotile.store.repo import Store, WinnerView
 
@@ -107,6 +108,7 @@ class Winner:
     created_at: str
     vendor: str | None = None  # the library call when the vendor op won (cuBLAS, SDPA), else None
     verified_range: dict | None = None  # {serving field: [lo, hi]} the winner was verified to serve
+    mark: str = ""  # what db verify, tune --stale or a toolchain change found on it (autotile.store.marks); '' for none
 
 
 @dataclass(frozen=True)
@@ -445,7 +447,8 @@ def _problem_report(key, family: str, params: dict, label: str, win: WinnerView 
             spread_pct=100.0 * (win.q80_ms - win.q20_ms) / win.median_ms if win.median_ms else 0.0,
             margin_pct=100.0 * win.margin if win.margin is not None else None, provenance=win.provenance,
             toolchain=win.toolchain, created_at=win.created_at,
-            vendor=vendor_label(config) if is_vendor(config) else None, verified_range=win.verified_range)
+            vendor=vendor_label(config) if is_vendor(config) else None, verified_range=win.verified_range,
+            mark=winner_mark(win.stale, win.verify_status, win.regression))
         if win.baseline_ms:
             baseline = Baseline(win.baseline_name, win.baseline_ms, win.baseline_ms / win.median_ms)
         try:

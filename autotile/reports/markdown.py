@@ -76,6 +76,8 @@ def _problem(p: ProblemReport) -> list[str]:
         out.append(f"- winner: {served}`{config_text(p.winner.config)}`")
         if p.winner.verified_range:
             out.append(f"- verified to serve: {range_text(p.winner.verified_range)}")
+        if p.winner.mark:
+            out.append(f"- found since: {p.winner.mark}")
         out.append(f"- {p.winner.provenance}")
     else:
         out.append("- no config passed the correctness check")

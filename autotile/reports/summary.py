@@ -75,10 +75,12 @@ def summary_row(problem: ProblemReport) -> dict[str, str]:
 
 
 def served_by(problem: ProblemReport) -> str:
-    """What runs the problem: the vendor op that won (by its library call), a generated kernel, or nothing."""
+    """What runs the problem: the vendor op that won (by its library call), a generated kernel, or nothing; with what
+    db verify, tune --stale or a toolchain change found on the winner (whether it is still served)."""
     if problem.winner is None:
         return "\u2013"
-    return f"vendor op: {problem.winner.vendor}" if problem.winner.vendor else GENERATED
+    served = f"vendor op: {problem.winner.vendor}" if problem.winner.vendor else GENERATED
+    return f"{served} ({problem.winner.mark})" if problem.winner.mark else served
 
 
 def range_text(verified_range: dict | None) -> str:

@@ -28,7 +28,7 @@ def csv_columns(report: Report) -> list[str]:
     seen = {s for p in report.problems for s in p.statuses}
     statuses = list(KNOWN_STATUSES) + sorted(seen - set(KNOWN_STATUSES))
     return (["family", "device_key", "interpreted", "problem", "problem_key", "vendor", "winner_config", "median_ms",
-             "q20_ms", "q80_ms", "spread_pct", "margin_pct", "verified_range", *_PERFORMANCE_FIELDS, "baseline_name",
+             "q20_ms", "q80_ms", "spread_pct", "margin_pct", "verified_range", "mark", *_PERFORMANCE_FIELDS, "baseline_name",
              "baseline_ms", "speedup", "trials_total"] + [f"trials_{s}" for s in statuses])
 
 
@@ -39,7 +39,8 @@ def csv_row(problem: ProblemReport, columns: list[str]) -> dict:
     if w:
         row.update(winner_config=json.dumps(w.config, sort_keys=True), median_ms=w.median_ms, q20_ms=w.q20_ms,
                    q80_ms=w.q80_ms, spread_pct=w.spread_pct, margin_pct=w.margin_pct, vendor=w.vendor,
-                   verified_range=json.dumps(w.verified_range, sort_keys=True) if w.verified_range else None)
+                   verified_range=json.dumps(w.verified_range, sort_keys=True) if w.verified_range else None,
+                   mark=w.mark)
     if perf:
         row.update({name: getattr(perf, name) for name in _PERFORMANCE_FIELDS})
     if base:

@@ -30,6 +30,7 @@ from autotile.device import DeviceInfo
 from autotile.errors import AutotileError
 from autotile.families.base import Family, is_vendor, vendor_enabled
 from autotile.space import Config
+from autotile.store.marks import UNSERVABLE_VERIFY_STATUSES
 
 log = logging.getLogger("autotile.runtime")
 
@@ -111,10 +112,6 @@ def _winners(url: str, family: str, device_key: str) -> list:
     return _winner_cache[key]
 
 
-# `autotile db verify` outcomes (autotile.store.verify.VerifyStatus values), and `tune --stale`'s "failed" (none of
-# the winner's top configs ran under this toolchain), that keep a winner from being served.
-UNSERVABLE_VERIFY_STATUSES = frozenset({"wrong_result", "crash", "compile_error", "out_of_resources", "timeout",
-                                        "outside_space", "bad_problem", "failed"})
 
 
 _warned: set[str] = set()

@@ -191,8 +191,9 @@ def tune_problem(
         device_id = store.ensure_device(device)
         toolchain_id = store.ensure_toolchain()
         problem_id = store.ensure_problem(family, problem)
-        # This device's winners of another torch, Triton, CUDA or driver: marked stale (`autotile list` shows it).
-        mark_stale(store, device, family.name)
+        # This device's winners of another torch, Triton, CUDA or driver, of every family: marked stale (`autotile list`
+        # shows it).
+        mark_stale(store, device)
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         study = optuna.create_study(study_name=name, storage=storage, direction="minimize", load_if_exists=True)
