@@ -102,7 +102,8 @@ def _make_tune_command(name: str):
                   help="CUDA devices to tune on at once, one worker each, on one shared study (default: the first)")
     @click.option("--trial-timeout", default=None, type=click.FloatRange(min=1),
                   help="seconds one trial may take before its worker is killed and the trial filed as timeout "
-                       "(default: 120 on a GPU, 600 under the interpreter)")
+                       "(default: 120; on a GPU only: under the interpreter trials run in this process, and "
+                       "--timeout bounds the problem)")
     @click.option("--compile-ahead/--no-compile-ahead", default=True, show_default=True,
                   help="compile the next asked configs in CPU processes while the GPU times the current one")
     @click.option("--stale", is_flag=True,
@@ -162,6 +163,9 @@ def _make_tune_command(name: str):
             problems = _problems(family, preset, options)
         if device.interpret:
             click.echo("note: --gpu interpret runs on Triton's CPU interpreter; its timings are CPU timings.", err=True)
+            if trial_timeout is not None:
+                click.echo("note: --trial-timeout applies on a GPU only (each trial in a worker process that can be "
+                           "killed); under the interpreter --timeout bounds a problem's search.", err=True)
             if not preset and not _given_options(options) and len(problems) > 1:
                 click.echo(suite_note(family, problems, trials), err=True)
         tune_each(problems, lambda problem: tune_with_progress(

@@ -654,3 +654,12 @@ def test_an_unwritable_kernel_cache_stops_the_tune_and_files_no_crash(tmp_path, 
     monkeypatch.setenv("AUTOTILE_CACHE_DIR", str(tmp_path / "cache"))
     done = invoke("tune", "gemm", *shape)
     assert done.exit_code == 0 and "trials {'ok': 1}" in done.output, done.output
+
+
+def test_trial_timeout_under_the_interpreter_says_it_does_not_apply(tmp_path):
+    """Its help gave it an interpreter default, but interpreter trials run in the tuner's process: a --trial-timeout
+    of 1 s let 5 s trials finish as 'ok', silently."""
+    result = invoke("tune", "gemm", "--m", 16, "--n", 16, "--k", 16, "--trials", 1, "--gpu", "interpret",
+                    "--trial-timeout", 1, "--db", f"sqlite:///{tmp_path / 't.sqlite'}")
+    assert result.exit_code == 0, result.output
+    assert "--trial-timeout applies on a GPU only" in " ".join(result.output.split())
