@@ -372,3 +372,25 @@ def test_policy_records_that_would_serve_wrongly_are_refused():
                        ({**record, "min_ratio": record["geomean_ratio"] + 0.5}, "at most geomean_ratio")):
         with pytest.raises(_Bad, match=re.escape(words)):
             validate_policy_record(bad, 1)
+
+
+def test_a_winner_stored_by_another_tune_meanwhile_is_compared_not_overwritten(tuned_copy, monkeypatch):
+    """Two tunes of one problem at once: the one that finished last replaced the other's winner without timing
+    beside it (its comparison had read the database before the other stored). save_winner now writes only over the
+    winner a comparison was made against; otherwise the tuner compares again, beside the new one."""
+    store = Store(open_engine(tuned_copy, create=False))
+    (before,) = store.winners()
+    calls = []
+    original = Store.save_winner
+
+    def racing_save(self, **values):
+        calls.append(values.get("replaces"))
+        if len(calls) == 1:  # another process stores its winner just before this one's first write
+            original(self, **dict(values, config_hash="theirs", replaces=values["replaces"]))
+        return original(self, **values)
+
+    monkeypatch.setattr(Store, "save_winner", racing_save)
+    tune_problem(FAMILY, PROBLEM, CPU, trials=4, db_url=tuned_copy, retime_rounds=1)
+    assert calls[0] == before.config_hash and calls[1] == "theirs" and len(calls) == 2
+    (after,) = Store(open_engine(tuned_copy, create=False)).winners()
+    assert after.config_hash != "theirs"  # the second comparison's winner, written over the one it was timed beside

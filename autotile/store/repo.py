@@ -141,6 +141,10 @@ def _policy_identity(params: dict, verified_range: dict) -> tuple[str, str]:
     return canonical(params), canonical(verified_range)
 
 
+# Store.save_winner's default: replace whatever winner is stored.
+ANY_WINNER = object()
+
+
 class Store:
     """autotile's tables on one engine."""
 
@@ -209,9 +213,19 @@ class Store:
             ).all()
         return {status: int(n) for status, n in rows}
 
-    def save_winner(self, *, problem_id: int, device: DeviceInfo, device_id: int, toolchain_id: int, **values) -> None:
-        """Insert or replace the winner of (problem, device key).
+    def winner_hash(self, problem_id: int, device_key: str) -> str | None:
+        """The config hash of the winner stored for (problem, device key), or None."""
+        with Session(self.engine) as session:
+            return session.execute(select(Winner.config_hash).where(
+                Winner.problem_id == problem_id, Winner.device_key == device_key)).scalar_one_or_none()
 
+    def save_winner(self, *, problem_id: int, device: DeviceInfo, device_id: int, toolchain_id: int,
+                    replaces: str | None | object = ANY_WINNER, **values) -> bool:
+        """Insert or replace the winner of (problem, device key); True when written.
+
+        `replaces`: the config hash of the winner the caller compared its own against (None: there was none). If
+        another process stored a different winner since (two tunes of one problem at once), nothing is written
+        and the result is False: the caller compares again, beside that winner. By default any row is replaced.
         A winner measured now is fresh: unless `values` say otherwise it is not stale and carries no
         earlier verification.
         """
@@ -222,7 +236,10 @@ class Store:
                 with Session(self.engine) as session:
                     row = session.execute(
                         select(Winner).where(Winner.problem_id == problem_id, Winner.device_key == device.key)
+                        .with_for_update()
                     ).scalar_one_or_none()
+                    if replaces is not ANY_WINNER and (row.config_hash if row is not None else None) != replaces:
+                        return False
                     if row is None:
                         row = Winner(problem_id=problem_id, device_key=device.key)
                         session.add(row)
@@ -230,7 +247,7 @@ class Store:
                     for name, value in values.items():
                         setattr(row, name, value)
                     session.commit()
-                return
+                return True
             except IntegrityError:
                 # Another tuner of the same study stored this problem's winner between the read and the
                 # insert: the second attempt finds that row and replaces it.

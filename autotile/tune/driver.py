@@ -23,7 +23,7 @@ from autotile.errors import ShapeMismatchError
 from autotile.families.base import Family, is_vendor, vendor_label
 from autotile.space import Config
 from autotile.store.db import default_db_url, normalise_url, open_engine
-from autotile.store.repo import Store
+from autotile.store.repo import ANY_WINNER, Store
 from autotile.store.staleness import mark_stale
 from autotile.tune.cluster import evaluated_trials, fail_stale_trials
 from autotile.tune.processes import CtrlC, run_search_processes
@@ -473,7 +473,8 @@ def verify_range(family: Family, problem, config: Config, vendor: Config, device
 
 
 def _pick_winner(family: Family, problem, device: DeviceInfo, store: Store, problem_id: int, device_id: int,
-                 toolchain_id: int, top_k: int, rounds: int, name: str, seed: int, crashed: bool) -> TuneResult:
+                 toolchain_id: int, top_k: int, rounds: int, name: str, seed: int, crashed: bool,
+                 compare_again: int = 2) -> TuneResult:
     """Re-time the best few configs, the stored winner and the vendor op in turns; the fastest median wins.
 
     The re-timing is a race (autotile.tune.retime): a candidate far behind the leader after a round leaves it.
@@ -481,6 +482,9 @@ def _pick_winner(family: Family, problem, device: DeviceInfo, store: Store, prob
     The vendor op (cuBLAS, SDPA) is a candidate like any config: checked, timed, stored as the winner when it is
     fastest. A generated winner is then re-timed beside it at the corners of its serving bucket, and the range
     it held there is stored with it.
+
+    Where another process stored a winner for the problem while this one compared (two tunes of one problem at
+    once), the comparison runs again beside it (`compare_again` times; then this one's result is stored).
     """
     result = TuneResult(family.name, family.problem_key(problem), device.key, name, None, None,
                         interpreted=device.interpret)
@@ -488,6 +492,8 @@ def _pick_winner(family: Family, problem, device: DeviceInfo, store: Store, prob
     finalists = [Config(json.loads(text)) for text, _ in store.best_configs(problem_id, device_id, top_k, study=name)]
     if not finalists:
         return result
+    # What this comparison is against: save_winner writes only if it is still what is stored.
+    replaces = store.winner_hash(problem_id, device.key) if compare_again > 0 else ANY_WINNER
     stored = _stored_config(store, family, problem, device, problem_id)
     if crashed:
         rounds = 0  # the CUDA context is gone; keep the trial timings
@@ -551,8 +557,8 @@ def _pick_winner(family: Family, problem, device: DeviceInfo, store: Store, prob
     kernel_values = {}
     if is_vendor(best) and best_kernel is not None:
         kernel_values = {"kernel_config": best_kernel.to_json(), "kernel_ms": timings[best_kernel.hash].median_ms}
-    store.save_winner(
-        problem_id=problem_id, device=device, device_id=device_id, toolchain_id=toolchain_id,
+    saved = store.save_winner(
+        problem_id=problem_id, device=device, device_id=device_id, toolchain_id=toolchain_id, replaces=replaces,
         config=best.to_json(), config_hash=best.hash, median_ms=win.median_ms, q20_ms=win.q20_ms,
         q80_ms=win.q80_ms, interpreted=int(device.interpret), runner_up_ms=runner_up,
         margin=(runner_up / win.median_ms - 1.0) if runner_up else None, baseline_name=baseline_name,
@@ -560,6 +566,10 @@ def _pick_winner(family: Family, problem, device: DeviceInfo, store: Store, prob
         provenance=(f"study {name}: {total} trials; best {len(finalists)} re-timed with the vendor op and the stored "
                     f"winner over up to {rounds} interleaved rounds" + (f"; range: {range_note}" if range_note else "")),
     )
+    if not saved:
+        log.info("another tuner stored a winner for %s meanwhile: comparing again beside it", result.problem_key)
+        return _pick_winner(family, problem, device, store, problem_id, device_id, toolchain_id, top_k, rounds, name,
+                            seed, crashed, compare_again - 1)
     from autotile.runtime.dispatch import clear_cache
 
     clear_cache()  # explain() and the ops in this process see the new winner
