@@ -14,7 +14,7 @@ from pathlib import Path
 
 import autotile
 from autotile.device import DeviceInfo
-from autotile.errors import AutotileError, ConfigOutsideSpaceError, DatabaseError
+from autotile.errors import AutotileError, BadInputError, ConfigOutsideSpaceError, DatabaseError
 from autotile.export_launchers import LAUNCHER_WRITERS
 from autotile.families import get_family
 from autotile.families.base import Family, is_vendor
@@ -54,8 +54,10 @@ class ExportedKernel:
     source: str
 
 
-def _stored_winner(family: Family, problem, device: DeviceInfo, db_url: str | None) -> tuple[Config, str, float] | None:
-    """The winner for `problem` from the database (then the shipped one): exact problem, else the nearest tuned one."""
+def _stored_winner(family: Family, problem, device: DeviceInfo, db_url: str | None,
+                   passed_over: list[str]) -> tuple[Config, str, float] | None:
+    """The winner for `problem` from the database (then the shipped one): exact problem, else the nearest tuned one.
+    Why an exact winner was passed over is added to `passed_over`."""
     from autotile.resources import shipped_db_path
     from autotile.store.db import default_db_url, normalise_url, open_engine, read_only_url, sqlite_path
     from autotile.store.repo import Store
@@ -88,21 +90,33 @@ def _stored_winner(family: Family, problem, device: DeviceInfo, db_url: str | No
                 continue
             if distance is not None:
                 ranked.append((distance, w))
+        where = "shipped tuning_db" if "mode=ro" in url else _named(url)
         for distance, w in sorted(ranked, key=lambda r: r[0]):
             # A module holds a generated kernel: where the vendor op won, the fastest kernel kept beside it.
             text, ms, kept = w.config, w.median_ms, ""
             if is_vendor(Config.from_json(w.config)):
                 if not w.kernel_config:
+                    if distance < 0:
+                        passed_over.append(f"the winner in {where} is the vendor op, with no generated kernel kept")
                     continue
                 text, ms, kept = w.kernel_config, w.kernel_ms, " (the vendor op won there; its fastest kernel)"
             try:
                 config = space.validate(Config.from_json(text))
-            except ConfigOutsideSpaceError:
+            except ConfigOutsideSpaceError as exc:
+                if distance < 0:
+                    passed_over.append(f"the winner in {where} is no longer a config of the space: {exc}")
                 continue
-            where = "shipped tuning_db" if "mode=ro" in url else url
             origin = f"exact winner in {where}" if distance < 0 else f"nearest winner (tuned for {w.problem_key}) in {where}"
             return config, origin + kept, ms
     return None
+
+
+def _named(url: str) -> str:
+    """A database as a kernel's header names it: a SQLite file by its name (no home folder in a shared file)."""
+    from autotile.store.db import normalise_url, safe_url, sqlite_path
+
+    path = sqlite_path(normalise_url(url))
+    return path.name if path is not None else safe_url(url)
 
 
 def export_kernel(family_name: str, problem, device: DeviceInfo, *, db_url: str | None = None,
@@ -122,13 +136,17 @@ def export_kernel(family_name: str, problem, device: DeviceInfo, *, db_url: str 
     space = family.space(problem, device)
     median_ms = None
     if config is not None:
-        chosen, origin = space.validate(config), "config given"
+        # Axes the config leaves out take the default config's values, as `autotile render --config` fills them.
+        chosen = space.validate(space.filled(config, family.default_config(problem, device)))
+        origin = "config given"
     else:
-        found = _stored_winner(family, problem, device, db_url)
+        passed_over: list[str] = []
+        found = _stored_winner(family, problem, device, db_url, passed_over)
         if found is not None:
             chosen, origin, median_ms = found
         else:
-            chosen, origin = family.default_config(problem, device), "default config (nothing tuned for it)"
+            chosen = family.default_config(problem, device)
+            origin = "default config (" + ("; ".join(passed_over) if passed_over else "no stored winner fits it") + ")"
     writer = LAUNCHER_WRITERS[family_name]
     switches = family.render_switches(problem, chosen)
     if device.interpret:
@@ -154,6 +172,11 @@ def write_kernel(kernel: ExportedKernel, out: Path) -> Path:
     """Write the module to `out` (whole, then renamed into place)."""
     out = Path(out)
     partial = out.with_name(out.name + ".partial")
-    partial.write_text(kernel.source, encoding="utf-8")
-    partial.replace(out)
+    try:
+        partial.write_text(kernel.source, encoding="utf-8")
+        partial.replace(out)
+    except OSError as exc:
+        if partial.parent.is_dir():
+            partial.unlink(missing_ok=True)
+        raise BadInputError(f"cannot write {out}: {exc.strerror or exc}") from None
     return out

@@ -50,6 +50,7 @@ def _gemm_launcher(problem, config: Config, switches: dict) -> str:
                                                 "WARP_SPECIALIZE", "FLATTEN")}
     params = dataclasses.asdict(problem)
     return _GEMM_LAUNCHER.format(
+        upcast=bool(switches.get("UPCAST_DOTS", False)),
         problem=json.dumps(params, sort_keys=True), config=repr(dict(config)), constexprs=repr(constexprs),
         num_warps=config["num_warps"], num_stages=config["num_stages"], variant=repr(config["VARIANT"]),
         persistent=bool(config["PERSISTENT"]), per_sm=programs_per_sm(problem, config, interpret_device()),
@@ -64,6 +65,7 @@ def _gemm_interpreter_switches(problem) -> dict:
 
 _GEMM_LAUNCHER = '''# --- launcher: the tuned config, baked in -------------------------------------------------------
 import json as _json
+import os
 
 import torch
 
@@ -76,6 +78,7 @@ _VARIANT = {variant}
 _PERSISTENT = {persistent}
 _PROGRAMS_PER_SM = {per_sm}  # programs of this config one Hopper SM holds at once
 _CPU_PROGRAMS = {cpu_programs}  # programs the interpreter pretends run at once
+_UPCAST_DOTS = {upcast}  # exported for Triton's CPU interpreter: 16-bit and fp8 dots in fp32
 _DTYPES = {{"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16,
            "fp8": getattr(torch, "float8_e4m3fn", None)}}
 
@@ -88,13 +91,27 @@ def _layout(t):
     return "strided"
 
 
-def _check(name, t, shape, dtype, layout):
+def _check(name, t, shape, dtype, layout, device=None, tma=True):
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{{name}} must be a torch.Tensor, got {{type(t).__name__}}")
     if tuple(t.shape) != shape or t.dtype != dtype:
         raise ValueError(f"{{name}} must be {{shape}} {{dtype}} for this kernel, got {{tuple(t.shape)}} {{t.dtype}}")
+    if device is not None and t.device != device:
+        raise ValueError(f"{{name}} is on {{t.device}}, a on {{device}}: use one device")
     if layout is not None and _layout(t) != layout:
         raise ValueError(f"{{name}} must have layout {{layout!r}} (the kernel was rendered for it), got {{_layout(t)!r}}")
-    if _VARIANT in ("tma", "gluon_ws") and (t.data_ptr() % 16 or (max(t.stride()) * t.element_size()) % 16):
+    if tma and _VARIANT in ("tma", "gluon_ws") and (t.data_ptr() % 16 or (max(t.stride()) * t.element_size()) % 16):
         raise ValueError(f"{{name}}: the TMA kernel needs 16-byte aligned base pointers and leading strides")
+
+
+def _scale_shapes(m, n, k):
+    """(scale_a's, scale_b's) accepted shapes for PROBLEM["scale_mode"]."""
+    mode, groups_k, groups_n = PROBLEM.get("scale_mode", "tensor"), -(-k // 128), -(-n // 128)
+    if mode == "row":
+        return ((m, 1), (m,)), ((1, n), (n,))
+    if mode == "block":
+        return ((m, groups_k),), ((groups_k, groups_n),)
+    return ((), (1,), (1, 1)), ((), (1,), (1, 1))
 
 
 def matmul(a, b, bias=None, scale_a=None, scale_b=None, residual=None):
@@ -108,14 +125,34 @@ def matmul(a, b, bias=None, scale_a=None, scale_b=None, residual=None):
     m, n, k = PROBLEM["m"], PROBLEM["n"], PROBLEM["k"]
     operand = _DTYPES[PROBLEM["dtype"]]
     _check("a", a, (m, k), operand, None if PROBLEM["layout_a"] == "strided" else PROBLEM["layout_a"])
-    _check("b", b, (k, n), operand, None if PROBLEM["layout_b"] == "strided" else PROBLEM["layout_b"])
+    _check("b", b, (k, n), operand, None if PROBLEM["layout_b"] == "strided" else PROBLEM["layout_b"], a.device)
     if (bias is not None) != PROBLEM["bias"]:
         raise ValueError("this kernel was rendered " + ("with" if PROBLEM["bias"] else "without") + " a bias")
     if (residual is not None) != PROBLEM.get("residual", False):
         raise ValueError("this kernel was rendered " + ("with" if PROBLEM.get("residual") else "without") + " a residual")
     if (PROBLEM["dtype"] == "fp8") != (scale_a is not None and scale_b is not None):
         raise ValueError("pass scale_a and scale_b exactly when the operands are fp8")
-    c = torch.empty(m, n, dtype=_DTYPES[PROBLEM["out_dtype"]], device=a.device)
+    out = _DTYPES[PROBLEM["out_dtype"]]
+    if bias is not None:
+        _check("bias", bias, (n,), out, None, a.device, tma=False)
+    if residual is not None:
+        _check("residual", residual, (m, n), out, None, a.device, tma=False)
+    if scale_a is not None:
+        for name, scale, shapes in zip(("scale_a", "scale_b"), (scale_a, scale_b), _scale_shapes(m, n, k)):
+            if not isinstance(scale, torch.Tensor) or tuple(scale.shape) not in shapes or scale.dtype != torch.float32:
+                raise ValueError(f"{{name}} must be float32 of shape {{' or '.join(map(str, shapes))}} "
+                                 f"({{PROBLEM.get('scale_mode', 'tensor')}} scales), got "
+                                 f"{{getattr(scale, 'dtype', type(scale).__name__)}} {{tuple(getattr(scale, 'shape', ()))}}")
+            if scale.device != a.device:
+                raise ValueError(f"{{name}} is on {{scale.device}}, a on {{a.device}}: use one device")
+    if not a.is_cuda:
+        if os.environ.get("TRITON_INTERPRET") != "1":
+            raise RuntimeError("CPU tensors run under Triton's interpreter: set TRITON_INTERPRET=1 before triton is "
+                               "imported, or pass CUDA tensors")
+        if PROBLEM["dtype"] in ("bf16", "fp8") and not _UPCAST_DOTS:
+            raise ValueError("this kernel was exported for a GPU; Triton's CPU interpreter computes its "
+                             f"{{PROBLEM['dtype']}} dots wrongly: export with --gpu interpret to run it on CPU tensors")
+    c = torch.empty(m, n, dtype=out, device=a.device)
     if a.is_cuda:
         programs = torch.cuda.get_device_properties(a.device).multi_processor_count * _PROGRAMS_PER_SM
     else:
@@ -360,10 +397,15 @@ def _check_contexts(block_table, context_lens, num_pages):
     pages_in_use = (torch.arange(block_table.shape[1], device=block_table.device)[None, :]
                     < (context_lens[:, None] + p["page_size"] - 1) // p["page_size"])
     used = torch.where(pages_in_use, block_table, 0)
-    longest, shortest, top_page, bottom_page = torch.stack(
-        [context_lens.max(), context_lens.min(), used.max(), used.min()]).tolist()
-    if shortest < p["num_queries"]:
-        raise ValueError(f"every context must hold its {p['num_queries']} query token(s); the shortest is {shortest}")
+    # 0 marks a padding row (its output is zeros), as in autotile's own op.
+    shortest_used = torch.where(context_lens > 0, context_lens, torch.iinfo(torch.int32).max).min()
+    longest, shortest, shortest_used, top_page, bottom_page = torch.stack(
+        [context_lens.max(), context_lens.min(), shortest_used, used.max(), used.min()]).tolist()
+    if shortest < 0:
+        raise ValueError(f"context_lens holds a negative length ({shortest}); 0 marks a padding row")
+    if longest > 0 and shortest_used < p["num_queries"]:
+        raise ValueError(f"every context must hold its {p['num_queries']} query token(s), or be 0 for a padding row; "
+                         f"the shortest is {shortest_used}")
     if longest > p["max_context"]:
         raise ValueError(f"this kernel was tuned for contexts of at most {p['max_context']} tokens, got {longest}")
     if longest > block_table.shape[1] * p["page_size"]:

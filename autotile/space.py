@@ -152,6 +152,12 @@ class Space:
     def is_feasible(self, config: Mapping[str, Value]) -> bool:
         return not self.violations(config)
 
+    def filled(self, config: Mapping[str, Value], defaults: Mapping[str, Value]) -> dict:
+        """A partial config (render's and export-kernel's --config): upgraded as stored ones are, then the axes it
+        still lacks taken from `defaults` (the default config). Not validated."""
+        upgraded = self._upgrade(config)
+        return {**{name: value for name, value in defaults.items() if name not in upgraded}, **upgraded}
+
     def validate(self, config: Mapping[str, Value]) -> Config:
         """The config, upgraded to this space's axes; raises ConfigOutsideSpaceError where it is not in the space."""
         upgraded = self._upgrade(config)

@@ -16,9 +16,10 @@ def _make_export_command(name: str):
     @click.command(name=name, help=f"Write the tuned {name} kernel for one problem as a standalone Triton module.")
     @family_options(family)
     @click.option("--out", "out", required=True, type=click.Path(dir_okay=False, path_type=Path), callback=named_file,
-                  help="the .py file to write")
+                  help="the .py file to write ('-': standard output)")
     @click.option("--config", "config_json", default=None,
-                  help="config JSON to bake in instead of the stored winner (validated against the space)")
+                  help="config JSON to bake in instead of the stored winner (validated against the space); axes it "
+                       "leaves out take the default config's values")
     @click.option("--gpu", default="auto", show_default=True,
                   help="device whose winner to export (h200, ..., auto, or interpret)")
     @db_option
@@ -40,9 +41,15 @@ def _make_export_command(name: str):
         device = resolve_gpu(gpu, planned=True)  # (nothing runs here: a named GPU's winner exports from anywhere)
         config = Config.from_json(config_json) if config_json else None
         kernel = export_kernel(name, problems[0], device, db_url=db_url, config=config)
-        write_kernel(kernel, out)
-        click.echo(f"wrote {out}: {name} {kernel.problem_key}\n  config {kernel.config.to_json()}\n"
-                   f"  from {kernel.origin}; call its {kernel.entry_point}(...) (the launcher at the end of the file)")
+        to_stdout = str(out) == "-"
+        if to_stdout:
+            click.echo(kernel.source)
+        else:
+            write_kernel(kernel, out)
+        click.echo(f"wrote {'the module to standard output' if to_stdout else out}: {name} {kernel.problem_key}\n"
+                   f"  config {kernel.config.to_json()}\n"
+                   f"  from {kernel.origin}; call its {kernel.entry_point}(...) (the launcher at the end of the file)",
+                   err=to_stdout)
 
     return command
 

@@ -255,7 +255,7 @@ def _make_render_command(name: str):
         space = family.space(problem, device)
         config = family.default_config(problem, device)
         if config_json:
-            config = space.validate(Config({**config, **Config.from_json(config_json)}))
+            config = space.validate(space.filled(Config.from_json(config_json), config))
         click.echo(f"# problem: {family.problem_key(problem)}\n# config:  {config.to_json()}")
         click.echo(render_source(family.template, **family.render_switches(problem, config)))
 

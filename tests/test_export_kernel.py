@@ -79,3 +79,38 @@ def test_clear_errors(tmp_path):
     outside = run("gemm", "--m", 8, "--n", 8, "--k", 8, "--gpu", "interpret", "--config", '{"BLOCK_M": 48}', "--out", out)
     assert outside.exit_code == 1 and "outside the search space" in outside.output
     assert not out.exists()
+
+
+def test_partial_configs_stdout_unwritable_paths_and_why_a_winner_was_passed_over(tmp_path):
+    """export-kernel's --config needed every axis (render's fills the rest from the default config); --out - wrote
+    a file named '-'; a missing folder was reported as its '.partial' file; and an exact winner that is no longer a
+    config of the space was passed over with 'nothing tuned for it'. The header named the database's full path."""
+    shape = ("gemm", "--m", 40, "--n", 48, "--k", 160, "--dtype", "fp16", "--gpu", "interpret")
+    partial = run(*shape, "--config", '{"BLOCK_N": 64, "num_stages": 2}', "--db", tmp_path / "none.sqlite",
+                  "--out", tmp_path / "partial.py")
+    assert partial.exit_code == 0, partial.output
+    module = load(tmp_path / "partial.py", "exported_partial")
+    assert module.CONFIG["BLOCK_N"] == 64 and module.CONFIG["num_stages"] == 2
+    check_against_reference(module, contiguous_problem(40, 48, 160, "fp16", "fp16"))
+
+    stdout = CliRunner().invoke(export_kernel_command, [str(a) for a in (*shape, "--db", tmp_path / "none.sqlite",
+                                                                        "--out", "-")])
+    assert stdout.exit_code == 0 and "def matmul(" in stdout.stdout and not (tmp_path / "-").exists()
+    assert "wrote the module to standard output" in stdout.stderr
+
+    missing = run(*shape, "--db", tmp_path / "none.sqlite", "--out", tmp_path / "nowhere" / "k.py")
+    assert missing.exit_code == 1 and f"cannot write {tmp_path / 'nowhere' / 'k.py'}:" in missing.output
+    assert ".partial" not in missing.output
+
+    problem = contiguous_problem(40, 48, 160, "fp16", "fp16")
+    url = f"sqlite:///{tmp_path / 'damaged.sqlite'}"
+    store = Store(open_engine(url))
+    config = dict(FAMILY.default_config(problem, CPU), BLOCK_M=48)  # no longer a config of the space
+    store.save_winner(problem_id=store.ensure_problem(FAMILY, problem), device=CPU, device_id=store.ensure_device(CPU),
+                      toolchain_id=store.ensure_toolchain(), config=Config(config).to_json(), config_hash="damaged",
+                      median_ms=2.5, q20_ms=2.4, q80_ms=2.6, interpreted=1, provenance="test")
+    passed = run(*shape, "--db", url, "--out", tmp_path / "default.py")
+    assert passed.exit_code == 0, passed.output
+    text = " ".join(passed.output.split())
+    assert "from default config (the winner in damaged.sqlite is no longer a config of the space" in text
+    assert str(tmp_path) not in (tmp_path / "default.py").read_text()

@@ -162,3 +162,58 @@ def test_paged_bf16_exported_for_a_gpu_refuses_the_interpreter(tmp_path):
     with pytest.raises(ValueError, match="export with --gpu interpret"):
         module.paged_attention(inputs["q"], inputs["k_cache"], inputs["v_cache"], inputs["block_table"],
                                inputs["context_lens"])
+
+
+def test_paged_export_takes_padding_rows_as_the_op_does(tmp_path):
+    """A context length of 0 pads a batch (the op returns zeros there); the exported launcher refused it."""
+    problem = PagedProblem(batch=3, num_q_heads=2, num_kv_heads=1, head_dim=32, page_size=16, max_context=64,
+                           mean_context=40, dtype="fp16", kv_dtype="fp16")
+    module = written(tmp_path, "paged", problem, config=Config(VARIANT="whole", BLOCK_N=32, num_warps=4,
+                                                               num_stages=2), name="exported_padding")
+    inputs = PAGED.make_inputs(problem, CPU, seed=2)
+    lens = inputs["context_lens"].clone()
+    lens[1] = 0
+    out = module.paged_attention(inputs["q"], inputs["k_cache"], inputs["v_cache"], inputs["block_table"], lens,
+                                 scale=float(inputs["scale"]))
+    assert torch.equal(out[1], torch.zeros_like(out[1]))
+    inputs["context_lens"] = lens
+    want = PAGED.reference(problem, inputs)["out"]
+    assert torch.allclose(out[[0, 2]].float(), want[[0, 2]].float(), atol=2e-3)
+    with pytest.raises(ValueError, match="negative length"):
+        module.paged_attention(inputs["q"], inputs["k_cache"], inputs["v_cache"], inputs["block_table"], lens - 1)
+
+
+def test_gemm_export_checks_its_epilogue_tensors_and_where_it_may_run(tmp_path):
+    """The gemm launcher checked only a and b: a (1, N) bias gave NaN, a short bias or residual was read out of
+    bounds, misshapen fp8 scales gave a wrong result; and a bf16 kernel exported for a GPU returned numbers off by
+    10^11 on CPU tensors (the interpreter's bf16 dots), where the paged launcher refuses."""
+    from autotile.families.gemm import FAMILY as GEMM
+    from autotile.families.gemm import contiguous_problem
+
+    problem = contiguous_problem(5, 47, 70, "fp16", "fp16", bias=True, activation="gelu", residual=True)
+    module = written(tmp_path, "gemm", problem, name="exported_epilogue")
+    inputs = GEMM.make_inputs(problem, CPU, seed=4)
+    a, b, bias, residual = (inputs[n] for n in ("a", "b", "bias", "residual"))
+    for bad_bias, bad_residual, words in ((bias.reshape(1, 47), residual, "bias must be \\(47,\\)"),
+                                          (bias[:10], residual, "bias must be \\(47,\\)"),
+                                          (bias.float(), residual, "bias must be \\(47,\\) torch.float16"),
+                                          (bias, residual[:1], "residual must be \\(5, 47\\)")):
+        with pytest.raises(ValueError, match=words):
+            module.matmul(a, b, bad_bias, residual=bad_residual)
+    c = module.matmul(a, b, bias, residual=residual)
+    assert GEMM.check(problem, inputs, {"c": c}, GEMM.reference(problem, inputs)).ok
+
+    fp8 = contiguous_problem(16, 64, 64, "fp8", "bf16", scale_mode="row")
+    module = written(tmp_path, "gemm", fp8, name="exported_fp8_rows")
+    inputs = GEMM.make_inputs(fp8, CPU, seed=4)
+    with pytest.raises(ValueError, match="scale_a must be float32 of shape \\(16, 1\\) or \\(16,\\)"):
+        module.matmul(inputs["a"], inputs["b"], scale_a=inputs["scale_b"].reshape(1, -1)[:, :17],
+                      scale_b=inputs["scale_a"].reshape(-1, 1))
+    with pytest.raises(ValueError, match="scale_a must be float32"):
+        module.matmul(inputs["a"], inputs["b"], scale_a=torch.tensor(1.0), scale_b=inputs["scale_b"])
+
+    bf16 = contiguous_problem(33, 47, 70, "bf16", "bf16")
+    module = written(tmp_path, "gemm", bf16, device=H200, name="exported_bf16_for_gpu")
+    inputs = GEMM.make_inputs(bf16, CPU, seed=4)
+    with pytest.raises(ValueError, match="export with --gpu interpret"):
+        module.matmul(inputs["a"], inputs["b"])
