@@ -148,6 +148,9 @@ def export_kernel(family_name: str, problem, device: DeviceInfo, *, db_url: str 
             chosen = family.default_config(problem, device)
             origin = "default config (" + ("; ".join(passed_over) if passed_over else "no stored winner fits it") + ")"
     writer = LAUNCHER_WRITERS[family_name]
+    chosen, changed = writer.exportable(problem, chosen, space)
+    if changed:
+        origin += f"; {changed}"
     switches = family.render_switches(problem, chosen)
     if device.interpret:
         switches.update(writer.interpreter_switches(problem))

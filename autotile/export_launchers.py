@@ -14,6 +14,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from autotile.errors import BadInputError
 from autotile.space import Config
 
 
@@ -26,6 +27,9 @@ class LauncherWriter:
     # Render switches that make the kernel correct under Triton's CPU interpreter, for exports filed
     # under the interpreter device (such a kernel still compiles for a GPU, where it runs slower).
     interpreter_switches: Callable[[object], dict] = lambda problem: {}
+    # (problem, config, space) -> (the config the module runs, a note saying what changed, '' for nothing): for
+    # configs whose schedule the launcher cannot reproduce on its own.
+    exportable: Callable[[object, Config, object], tuple[Config, str]] = lambda problem, config, space: (config, "")
 
 
 def _constants(**values) -> str:
@@ -479,8 +483,26 @@ def paged_attention(q, k_cache, v_cache, block_table, context_lens, scale=None, 
 '''
 
 
+def _paged_exportable(problem, config: Config, space) -> tuple[Config, str]:
+    """The launcher walks a context whole or in fixed partitions ('whole', 'split'). The balanced variant's
+    per-step schedule is planned on the device by the runtime, and the prefill variant's query tiles serve packed
+    prompts: their modules run the nearest walk of the two, with the same key tiles, and say so."""
+    if config["VARIANT"] not in ("balanced", "prefill"):
+        return config, ""
+    walks = ("split", "whole") if config["VARIANT"] == "balanced" else ("whole",)
+    decode_block_m = space.axis("BLOCK_M").choices[0]  # decode walks keep the first (paged: block_m_prefill_only)
+    for walk in walks:
+        admitted = space.admit(dict(config, VARIANT=walk, BLOCK_M=decode_block_m))
+        if admitted is not None:
+            return admitted, (f"the {config['VARIANT']} variant is not exportable (its schedule is the runtime's): "
+                              f"this module runs the {walk} walk with its key tiles")
+    why = "; ".join(space.violations(dict(config, VARIANT=walks[-1], BLOCK_M=decode_block_m)))
+    raise BadInputError(f"the {config['VARIANT']} variant is not exportable, and no whole or split walk holds this "
+                        f"problem ({why}): call autotile.paged_prefill for prompts of many tokens")
+
+
 LAUNCHER_WRITERS = {
     "gemm": LauncherWriter("matmul", _gemm_launcher, _gemm_interpreter_switches),
     "elementwise": LauncherWriter("fused", _elementwise_launcher, _elementwise_interpreter_switches),
-    "paged": LauncherWriter("paged_attention", _paged_launcher, _paged_interpreter_switches),
+    "paged": LauncherWriter("paged_attention", _paged_launcher, _paged_interpreter_switches, _paged_exportable),
 }

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from autotile.device import interpret_device
+from autotile.errors import BadInputError
 from autotile.expr import parse
 from autotile.export_kernel import export_kernel, write_kernel
 from autotile.families.elementwise import FAMILY as ELEMENTWISE
@@ -217,3 +218,25 @@ def test_gemm_export_checks_its_epilogue_tensors_and_where_it_may_run(tmp_path):
     inputs = GEMM.make_inputs(bf16, CPU, seed=4)
     with pytest.raises(ValueError, match="export with --gpu interpret"):
         module.matmul(inputs["a"], inputs["b"])
+
+
+def test_paged_balanced_and_prefill_configs_export_the_walk_they_run_and_say_so(tmp_path):
+    """A balanced or prefill config exported with the 'whole' kernel's launcher while its header said balanced,
+    with the balanced kernels in the file, never called."""
+    problem = PagedProblem(batch=2, num_q_heads=4, num_kv_heads=2, head_dim=32, page_size=16, max_context=600,
+                           mean_context=400, dtype="fp16", kv_dtype="fp16")
+    balanced = Config(VARIANT="balanced", BLOCK_N=64, PARTITION_SIZE=256, BLOCK_M=16, num_warps=4, num_stages=3)
+    kernel = export_kernel("paged", problem, CPU, config=balanced, db_url=f"sqlite:///{tmp_path / 'none.sqlite'}")
+    assert kernel.config["VARIANT"] == "split" and "this module runs the split walk" in kernel.origin
+    assert "def paged_attention_balanced" not in kernel.source and '"VARIANT":"balanced"' not in kernel.source
+    check_paged(load(write_kernel(kernel, tmp_path / "exported_balanced.py"), "exported_balanced"), problem)
+    # Speculative decoding's 8 tokens a sequence (2 x 8 query rows a program): a prefill config exports its walk.
+    chunk = dataclasses.replace(problem, num_queries=8)
+    prefill = Config(VARIANT="prefill", BLOCK_N=64, PARTITION_SIZE=256, BLOCK_M=16, num_warps=4, num_stages=3)
+    kernel = export_kernel("paged", chunk, CPU, config=prefill, db_url=f"sqlite:///{tmp_path / 'none.sqlite'}")
+    assert kernel.config["VARIANT"] == "whole" and "runs the whole walk" in kernel.origin
+    check_paged(load(write_kernel(kernel, tmp_path / "exported_prefill.py"), "exported_prefill"), chunk)
+    # A prompt's chunk of 40 tokens (80 rows a program): no decode walk holds it.
+    with pytest.raises(BadInputError, match="decode programs hold G x Q = 80 query rows"):
+        export_kernel("paged", dataclasses.replace(problem, num_queries=40), CPU,
+                      db_url=f"sqlite:///{tmp_path / 'n.sqlite'}")
