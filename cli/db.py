@@ -66,15 +66,18 @@ def _print_import(report) -> None:
                    err=True)
 
 
-def _fail_if_nothing_kept(reports) -> None:
+def _fail_if_nothing_kept(reports, dry_run: bool = False) -> None:
     """An import or merge that skipped every record it read, or read a file cut short, did not do what was asked: a
     non-zero exit for scripts (a file of no records, or records all unchanged, is not a failure)."""
     if any(r.skipped_count for r in reports) and not any(r.kept_count for r in reports):
-        raise click.ClickException("every record was skipped (above): nothing was imported")
+        raise click.ClickException("every record was skipped (above): nothing " + ("would be" if dry_run else "was")
+                                   + " imported")
     cut = [r for r in reports if r.truncated]
     if cut:
-        raise click.ClickException(f"{cut[0].truncated}: the records read were kept (above); export the file again "
-                                   "and import it once more for the rest")
+        kept = ("a real import would keep the records read (above)" if dry_run
+                else "the records read were kept (above)")
+        raise click.ClickException(f"{cut[0].truncated}: {kept}; export the file again and import it once more for "
+                                   "the rest")
 
 
 @db_group.command("import")
@@ -88,7 +91,7 @@ def import_command(file, on_conflict, dry_run, db_url):
 
     report = import_file(db_url, file, policy=ConflictPolicy(on_conflict), dry_run=dry_run)
     _print_import(report)
-    _fail_if_nothing_kept([report])
+    _fail_if_nothing_kept([report], dry_run)
 
 
 @db_group.command("merge")
@@ -103,7 +106,7 @@ def merge_command(sources, on_conflict, dry_run, db_url):
     reports = merge_databases(db_url, sources, policy=ConflictPolicy(on_conflict), dry_run=dry_run)
     for report in reports:
         _print_import(report)
-    _fail_if_nothing_kept(reports)
+    _fail_if_nothing_kept(reports, dry_run)
 
 
 @db_group.command("verify")

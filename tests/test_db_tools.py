@@ -167,6 +167,9 @@ def test_import_skips_bad_records_and_keeps_what_exists(tuned_copy, tmp_path):
     result = run("import", bad, "--db", target)
     assert result.exit_code == 1 and "line 4: skipped: device 'h900/sm90'" in result.stderr
     assert "no end record" in result.stderr and "the records read were kept" in result.stderr  # a cut file fails
+    # A dry run keeps nothing, and says what an import would keep (it said "were kept").
+    result = run("import", bad, "--db", target, "--dry-run")
+    assert result.exit_code == 1 and "a real import would keep the records read" in result.stderr
     # Nothing but bad records: the command says so and exits non-zero (it exited 0 having imported nothing).
     only_bad = _write_lines(tmp_path / "only_bad.jsonl", [header, json.dumps(outside), json.dumps(foreign)])
     result = run("import", only_bad, "--db", target)
