@@ -163,6 +163,9 @@ def export_kernel(family_name: str, problem, device: DeviceInfo, *, db_url: str 
         f"# from: {origin}; device {device.key}{timing}",
         "# Needs torch and triton only. The launcher at the end checks that its inputs match this problem.",
         "# CPU tensors run under Triton's interpreter: set TRITON_INTERPRET=1 before triton is imported.",
+        *(["# Rendered for the interpreter (dots in fp32: its bf16 dots are wrong): it runs on a GPU too, slower;",
+           "# export with --gpu <the GPU's profile, e.g. h200> for a GPU's kernel."]
+          if device.interpret and switches.get("UPCAST_DOTS") else []),
     ])
     launcher = writer.write(problem, chosen, switches)
     source = f"{header}\n{kernel.rstrip()}\n\n{launcher}"

@@ -21,7 +21,7 @@ def winner_mark(stale: bool, verify_status: str, regression: float | None) -> st
     >>> winner_mark(False, "wrong_result", None)
     'db verify found wrong result; not served'
     >>> winner_mark(True, "regression", 0.82)
-    'db verify timed it +82% slower; still served; tuned with another toolchain or driver'
+    'db verify timed it +82% slower; still served; stale: tuned with another toolchain or driver'
     """
     parts = []
     if verify_status == "failed":
@@ -31,5 +31,5 @@ def winner_mark(stale: bool, verify_status: str, regression: float | None) -> st
     elif verify_status == "regression" and regression is not None:
         parts.append(f"db verify timed it {regression:+.0%} slower; still served")
     if stale:
-        parts.append("tuned with another toolchain or driver")
+        parts.append("stale: tuned with another toolchain or driver")
     return "; ".join(parts)
