@@ -32,10 +32,21 @@ class TemplateRenderError(AutotileError):
     """A template rendered into something that is not valid Python."""
 
 
+def configured_cache_dir() -> Path:
+    """Where rendered kernels are kept: $AUTOTILE_CACHE_DIR/kernels, else $XDG_CACHE_HOME/autotile/kernels, else
+    ~/.cache/autotile/kernels. Blank values count as unset, and a relative XDG_CACHE_HOME is ignored, as the XDG
+    base directory specification says."""
+    root = (os.environ.get("AUTOTILE_CACHE_DIR") or "").strip()
+    if root:
+        return Path(root).expanduser() / "kernels"
+    xdg = (os.environ.get("XDG_CACHE_HOME") or "").strip()
+    base = Path(xdg) if xdg and Path(xdg).is_absolute() else Path.home() / ".cache"
+    return base / "autotile" / "kernels"
+
+
 def kernel_cache_dir() -> Path:
-    root = os.environ.get("AUTOTILE_CACHE_DIR")
-    base = Path(root) if root else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "autotile"
-    path = base / "kernels"
+    """The configured kernel cache folder, created; KernelCacheError where it cannot be."""
+    path = configured_cache_dir()
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -122,17 +133,66 @@ def source_sha(source: str) -> str:
 
 
 def write_to_cache(source: str) -> Path:
-    path = kernel_cache_dir() / f"{source_sha(source)}.py"
-    if not path.exists():
-        # Written whole then renamed: several tuning processes may render the same kernel at once.
+    """The file holding `source` in the kernel cache (written if it is not there yet). A file there that does not
+    hold its source (cut short by a crash, or edited) is written again; a cache that cannot be written is replaced,
+    for this process, by a temporary folder. Each says so once: a broken cache never breaks a model."""
+    name = f"{source_sha(source)}.py"
+    try:
+        return _cached_file(kernel_cache_dir() / name, source)
+    except KernelCacheError as exc:
         try:
-            fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-            with os.fdopen(fd, "w") as handle:
-                handle.write(source)
-            os.replace(tmp, path)
-        except OSError as exc:
-            raise _cache_error(path.parent, exc) from exc
+            return _cached_file(_process_folder(exc) / name, source)
+        except (KernelCacheError, OSError):
+            raise exc from None
+
+
+def _cached_file(path: Path, source: str) -> Path:
+    try:
+        held = path.read_text(encoding="utf-8") if path.exists() else None
+    except (OSError, UnicodeDecodeError):
+        held = ""
+    if held == source:
+        return path
+    if held is not None:
+        _warn_once(f"damaged:{path.parent}", f"autotile: the kernel cache file {path} did not hold the kernel its name "
+                                              "stands for (cut short or edited); it is written again")
+    # Written whole then renamed: several tuning processes may render the same kernel at once.
+    tmp = None
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(source)
+        os.replace(tmp, path)
+    except OSError as exc:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        raise _cache_error(path.parent, exc) from exc
     return path
+
+
+_process_cache: list[Path] = []
+_warned: set[str] = set()
+
+
+def _process_folder(reason: KernelCacheError) -> Path:
+    """A temporary kernel folder of this process's own (removed at exit), for a cache that cannot be written."""
+    if not _process_cache:
+        import atexit
+        import shutil
+
+        folder = Path(tempfile.mkdtemp(prefix="autotile-kernels-"))
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+        _process_cache.append(folder)
+    _warn_once(f"unwritable:{configured_cache_dir()}", f"autotile: {reason}; this process renders its kernels into "
+                                                      f"{_process_cache[0]} instead (they are not kept after it)")
+    return _process_cache[0]
+
+
+def _warn_once(key: str, message: str) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(message, RuntimeWarning, stacklevel=4)
 
 
 _INTERPRET_LOCK = threading.RLock()

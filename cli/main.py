@@ -467,7 +467,7 @@ def _kernel_cache_entry() -> str:
     try:
         return str(kernel_cache_dir())
     except KernelCacheError as exc:
-        return f"unusable: {exc}"
+        return f"unusable: {exc} (each process renders its kernels into a temporary folder of its own instead)"
 
 
 def _register_command_modules() -> None:

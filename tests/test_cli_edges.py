@@ -642,18 +642,70 @@ def test_setup_mistakes_get_one_line_each(tmp_path, monkeypatch):
     assert "does not exist" in line and not (tmp_path / "missing").exists()
 
 
-def test_an_unwritable_kernel_cache_stops_the_tune_and_files_no_crash(tmp_path, monkeypatch):
-    """Every config was filed as a crash (NotADirectoryError), and never tried again once the cache was fixed."""
+def test_an_unwritable_kernel_cache_is_replaced_by_a_process_folder_and_said_once(tmp_path, monkeypatch):
+    """Every config was filed as a crash (NotADirectoryError), and never tried again once the cache was fixed; then
+    the tune stopped, and served calls with no vendor op (fuse, any call on the CPU) raised, telling the user to
+    report a bug. The process now renders into a temporary folder of its own and says so once."""
+    import warnings
+
+    import torch
+
+    import autotile
+    from autotile import render
+
     blocker = tmp_path / "file"
     blocker.write_text("")
     db = tmp_path / "t.sqlite"
     shape = ["--m", "32", "--n", "32", "--k", "32", "--trials", "1", "--gpu", "interpret", "--db", db]
     monkeypatch.setattr("autotile.render._loaded", {})  # kernels this process loaded before would need no cache
+    monkeypatch.setattr("autotile.render._warned", set())
     monkeypatch.setenv("AUTOTILE_CACHE_DIR", str(blocker))
-    assert "AUTOTILE_CACHE_DIR" in one_line_error(invoke("tune", "gemm", *shape))
-    monkeypatch.setenv("AUTOTILE_CACHE_DIR", str(tmp_path / "cache"))
-    done = invoke("tune", "gemm", *shape)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        done = invoke("tune", "gemm", *shape)
+        a = torch.randn(8, 8)
+        assert torch.equal(autotile.fuse("x * 2 + 1")(x=a), a * 2 + 1)
     assert done.exit_code == 0 and "trials {'ok': 1}" in done.output, done.output
+    said = [str(w.message) for w in caught if "cannot write rendered kernels" in str(w.message)]
+    assert len(said) == 1 and "AUTOTILE_CACHE_DIR" in said[0] and "renders its kernels into" in said[0], said
+    assert render._process_cache and render._process_cache[0].is_dir()
+
+
+def test_a_damaged_kernel_cache_file_is_written_again_not_imported(tmp_path, monkeypatch):
+    """A cached kernel file was imported as it was: cut short (a crash between write and rename is enough), every
+    call raised SyntaxError or AttributeError from then on; edited, it returned wrong numbers silently."""
+    import warnings
+
+    import torch
+
+    import autotile
+    from autotile import render
+    from autotile.runtime.dispatch import clear_cache
+
+    monkeypatch.setenv("AUTOTILE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr("autotile.render._warned", set())
+    monkeypatch.setattr("autotile.render._loaded", {})
+    a = torch.randn(8, 8)
+    def as_a_new_process():
+        clear_cache()
+        render._loaded.clear()
+        render._import_path.cache_clear()
+
+    for damage in ("", "junk %%% not python", None):
+        as_a_new_process()
+        autotile.fuse("x * 3 - 1")(x=a)
+        (path,) = (tmp_path / "cache" / "kernels").glob("*.py")
+        text = path.read_text()
+        edited = text.replace("3.0", "4.0")
+        assert damage is not None or edited != text
+        path.write_text(damage if damage is not None else edited)
+        as_a_new_process()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert torch.equal(autotile.fuse("x * 3 - 1")(x=a), a * 3 - 1), damage
+        assert path.read_text() == text
+        assert any("did not hold the kernel its name stands for" in str(w.message) for w in caught)
+        render._warned.clear()
 
 
 def test_trial_timeout_under_the_interpreter_says_it_does_not_apply(tmp_path):
