@@ -294,15 +294,33 @@ def test_messages_name_the_argument_and_what_to_do():
 
 
 def test_an_unknown_vendor_switch_is_said_once_and_taken_as_on(monkeypatch, caplog):
+    from autotile import switches
     from autotile.families import base
 
-    monkeypatch.setattr(base, "_vendor_values_warned", set())
+    monkeypatch.setattr(switches, "_warned", set())
     monkeypatch.setenv("AUTOTILE_VENDOR", "maybe")
     with caplog.at_level("WARNING", logger="autotile.runtime"):
         assert base.vendor_enabled() and base.vendor_enabled()
     assert caplog.text.count("AUTOTILE_VENDOR='maybe' is neither") == 1
     monkeypatch.setenv("AUTOTILE_VENDOR", "off")
     assert not base.vendor_enabled()
+
+
+@pytest.mark.parametrize("value, on", [("false", False), ("no", False), ("OFF", False), ("1", True), ("yes", True),
+                                       ("none", False), ("2", False), ("", False)])
+def test_log_and_checks_switches_read_on_and_off_as_the_vendor_switch_does(value, on, monkeypatch, caplog):
+    """AUTOTILE_LOG=false, no or off turned logging on, and a mistyped AUTOTILE_CHECKS (none, 2) turned the GPU's
+    debug checks on silently. Both now take one spelling rule; other values stay off and are said once."""
+    from autotile import switches
+    from autotile.runtime.paged_plan import checks_on
+
+    monkeypatch.setattr(switches, "_warned", set())
+    monkeypatch.setenv("AUTOTILE_LOG", value)
+    monkeypatch.setenv("AUTOTILE_CHECKS", value)
+    with caplog.at_level("WARNING", logger="autotile.runtime"):
+        assert switches.switch("AUTOTILE_LOG", False, "") is on
+        assert checks_on(torch.device("cuda")) is on
+    assert ("is neither on" in caplog.text) == (value in ("none", "2"))
 
 
 def test_explain_refuses_a_varlen_call_the_op_refuses():

@@ -114,25 +114,12 @@ def vendor_label(config: Mapping) -> str:
     return names.get(kind, f"SDPA ({kind.removeprefix('sdpa-')})" if kind.startswith("sdpa") else kind)
 
 
-_VENDOR_OFF = ("0", "false", "no", "off")
-_VENDOR_ON = ("", "1", "true", "yes", "on")
-_vendor_values_warned: set[str] = set()
-
-
 def vendor_enabled() -> bool:
     """`AUTOTILE_VENDOR=0` serves generated kernels only (to measure them on their own); default on. A value that
-    is neither is taken as on, said once."""
-    import os
+    is neither is taken as on, said once (autotile.switches)."""
+    from autotile.switches import switch
 
-    value = os.environ.get("AUTOTILE_VENDOR", "1").strip().lower()
-    if value not in _VENDOR_OFF + _VENDOR_ON and value not in _vendor_values_warned:
-        _vendor_values_warned.add(value)
-        import logging
-
-        logging.getLogger("autotile.runtime").warning(
-            "autotile: AUTOTILE_VENDOR=%r is neither on (1) nor off (0); the vendor op stays a candidate. Set "
-            "AUTOTILE_VENDOR=0 to serve generated kernels only", value)
-    return value not in _VENDOR_OFF
+    return switch("AUTOTILE_VENDOR", True, "keeps the vendor op a candidate; 0 serves generated kernels only")
 
 
 def pow2_bucket(value: int) -> tuple[int, int]:

@@ -31,6 +31,7 @@ from autotile.errors import AutotileError
 from autotile.families.base import Family, is_vendor, vendor_enabled
 from autotile.space import Config
 from autotile.store.marks import UNSERVABLE_VERIFY_STATUSES
+from autotile.switches import switch
 
 log = logging.getLogger("autotile.runtime")
 
@@ -89,6 +90,12 @@ def _sources() -> list[tuple[str, str]]:
     path = sqlite_path(user)
     if path is None or path.exists():
         sources.append(("user-db", user))
+    elif (os.environ.get("AUTOTILE_DB") or "").strip() and f"missing:{path}" not in _warned:
+        # The default file not there yet is a fresh install; one named by AUTOTILE_DB is a mistake to say.
+        _warned.add(f"missing:{path}")
+        log.warning("autotile: AUTOTILE_DB names %s, which does not exist: no user database serves this process "
+                    "(shipped winners and the vendor op do). Fix the path, or tune into it first (autotile tune ... "
+                    "--db %s)", path, path)
     shipped = shipped_db_path()
     if shipped.exists():
         sources.append(("shipped-db", read_only_url(shipped)))
@@ -256,7 +263,7 @@ def _resolve_uncached(family: Family, problem, device: DeviceInfo) -> Resolution
 
 def log_resolution(family: Family, problem, resolution: Resolution) -> None:
     """`AUTOTILE_LOG=1`: one line per new shape, naming what serves it (as TRITON_PRINT_AUTOTUNING does)."""
-    if os.environ.get("AUTOTILE_LOG", "").strip() not in ("", "0"):
+    if switch("AUTOTILE_LOG", False, "prints one line per new shape, naming what serves it"):
         import sys
 
         tuned = f" (tuned for {resolution.tuned_for})" if resolution.tuned_for and resolution.match != "exact" else ""

@@ -52,7 +52,6 @@ from __future__ import annotations
 
 import math
 import numbers
-import os
 import warnings
 
 import torch
@@ -67,6 +66,7 @@ from autotile.families.paged import (
 from autotile.runtime import fallback, trace
 from autotile.runtime.paged_fresh import fresh_prefill, is_fresh_uniform
 from autotile.space import Config
+from autotile.switches import switch
 
 __all__ = ["PagedAttentionPlan", "PagedPrefillPlan", "plan_paged_attention", "plan_paged_prefill",
            "merge_attention_states", "checks_on"]
@@ -79,7 +79,7 @@ def checks_on(device: torch.device) -> bool:
     outside the host's buffers and takes the process down (a segmentation fault), where a GPU reads garbage."""
     if device.type == "cpu":
         return True
-    return os.environ.get("AUTOTILE_CHECKS", "").strip().lower() not in ("", "0", "false", "no", "off")
+    return switch("AUTOTILE_CHECKS", False, "checks every paged run's lengths and page ids on the GPU, waiting for it")
 
 
 # What each tensor argument of the paged ops and plans holds, for the message when something else is passed.
