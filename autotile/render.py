@@ -214,7 +214,7 @@ def interpreter_mode(on: bool):
                                 category=DeprecationWarning)
         before = os.environ.get("TRITON_INTERPRET")
         os.environ["TRITON_INTERPRET"] = "1" if on else "0"
-        swapped = _interpret_language_helpers() if on else []
+        swapped = _interpret_language_helpers() + _round_bf16_to_nearest() if on else []
         try:
             yield
         finally:
@@ -252,6 +252,39 @@ def _interpret_language_helpers() -> list:
 
 
 _INTERPRETED_HELPERS: dict[int, object] = {}
+
+
+def _round_bf16_to_nearest() -> list:
+    """Swap the interpreter's fp32 -> bf16 casts for ones that round to nearest even, as the GPU's do.
+
+    NOTE: Triton 3.6's interpreter truncates them (InterpreterBuilder.cast_impl passes no rounding mode, and
+    create_fp_to_fp's rtne still truncates half the time): every bf16 value a kernel stored on the CPU was up to a
+    whole unit in the last place off, biased toward zero (twice torch's error in a model's logits)."""
+    import numpy as np
+    from triton.runtime.interpreter import InterpreterBuilder, TensorHandle
+
+    import triton.language as tl
+
+    cast, fp_to_fp = InterpreterBuilder.cast_impl, InterpreterBuilder.create_fp_to_fp
+
+    def rounded(src):
+        bits = np.ascontiguousarray(src.data, dtype=np.float32).view(np.uint32)
+        half = ((bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16))
+        half = np.where(np.isnan(src.data), np.uint32(0x7FC0), half).astype(np.uint16)
+        return TensorHandle(half.view(np.uint16), tl.bfloat16)
+
+    def cast_impl(self, src, dst_type):
+        if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
+            return rounded(src)
+        return cast(self, src, dst_type)
+
+    def create_fp_to_fp(self, src, dst_type, rounding_mode):
+        if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
+            return rounded(src)
+        return fp_to_fp(self, src, dst_type, rounding_mode)
+
+    InterpreterBuilder.cast_impl, InterpreterBuilder.create_fp_to_fp = cast_impl, create_fp_to_fp
+    return [(InterpreterBuilder, "cast_impl", cast), (InterpreterBuilder, "create_fp_to_fp", fp_to_fp)]
 
 
 def _bindable_interpreted_class():
