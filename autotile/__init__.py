@@ -16,7 +16,7 @@ if not (_Path(__file__).parent / "cli").is_dir() and (_checkout_root / "cli" / "
 __version__ = "0.1.0"
 
 __all__ = ["matmul", "linear", "flash_attention", "flash_attention_varlen", "paged_attention", "paged_prefill", "plan_paged_attention",
-           "plan_paged_prefill", "fuse", "explain", "warmup", "__version__"]
+           "plan_paged_prefill", "fuse", "explain", "warmup", "clear_cache", "__version__"]
 
 # Public name -> (module, attribute). The ops are imported on first use, so `import autotile` stays
 # cheap (no torch.library registration, no database) for tools that only need the CLI or a family.
@@ -32,6 +32,8 @@ _PUBLIC = {
     "fuse": ("autotile.runtime.ops_elementwise", "fuse"),
     "explain": ("autotile.runtime.api", "explain"),
     "warmup": ("autotile.runtime.warmup", "warmup"),
+    # Forget what served each call signature and the databases' reads (after tuning in the same process).
+    "clear_cache": ("autotile.runtime.dispatch", "clear_cache"),
 }
 
 

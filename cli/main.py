@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
+from pathlib import Path
 
 import click
 
@@ -450,13 +452,39 @@ def env_command(db_url):
     from autotile.store.db import default_db_url, normalise_url
 
     device = cuda_device(0) if torch.cuda.is_available() else interpret_device()
+    database = normalise_url(db_url) if db_url else default_db_url()
     info = {
         "autotile": autotile.__version__, "python": platform.python_version(), "torch": torch.__version__,
         "triton": triton.__version__, "cuda": torch.version.cuda, "device": device.fingerprint(),
-        "database": normalise_url(db_url) if db_url else default_db_url(), "shipped_db": str(shipped_db_path()),
+        "database": database, "database_file": _database_file_entry(database), "shipped_db": str(shipped_db_path()),
         "templates": str(templates_dir()), "kernel_cache": _kernel_cache_entry(),
+        "triton_cache": str(Path(os.environ.get("TRITON_CACHE_DIR") or Path.home() / ".triton" / "cache")),
+        **_switches_in_effect(),
     }
     click.echo(json.dumps(info, indent=2))
+
+
+def _database_file_entry(url: str) -> str:
+    """Whether the database's SQLite file is there (the runtime serves from it only then); 'server' for other URLs."""
+    from autotile.store.db import sqlite_path
+
+    path = sqlite_path(url)
+    if path is None:
+        return "server"
+    return "present" if path.is_file() else "a folder, not a database file" if path.exists() else "not created yet"
+
+
+def _switches_in_effect() -> dict:
+    """The runtime's environment switches as the ops read them."""
+    from autotile.families.base import vendor_enabled
+    from autotile.runtime.trace import recording_path
+    from autotile.switches import switch
+
+    record = recording_path()
+    return {"vendor_op": "candidate" if vendor_enabled() else "off (AUTOTILE_VENDOR=0: generated kernels only)",
+            "log": switch("AUTOTILE_LOG", False, "prints one line per new shape"),
+            "gpu_checks": switch("AUTOTILE_CHECKS", False, "checks paged runs on the GPU"),
+            "record": str(record) if record is not None else None}
 
 
 def _kernel_cache_entry() -> str:

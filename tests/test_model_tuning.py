@@ -271,3 +271,24 @@ def test_a_models_attention_features_are_what_its_flash_problems_run():
     assert (custom.softcap, custom.sliding_window) == (30.0, 512)
     with pytest.raises(BadInputError, match="softcap=NUMBER"):
         model_dims(None, "hidden=2048,intermediate=8192,heads=16,softcap=big")
+
+
+def test_a_switch_like_record_value_names_no_file_and_a_relative_one_is_kept_absolute(tmp_path, monkeypatch, caplog):
+    """AUTOTILE_RECORD=1 (set as the other switches are) wrote a trace file named '1' beside the model; a relative
+    path was resolved at each write, so a model that changed folders after its first call split its trace."""
+    from autotile.runtime import trace
+
+    monkeypatch.setattr(trace, "_resolved", {})
+    monkeypatch.chdir(tmp_path)
+    for off in ("0", "off", " "):
+        monkeypatch.setenv("AUTOTILE_RECORD", off)
+        assert trace.recording_path() is None
+    monkeypatch.setenv("AUTOTILE_RECORD", "1")
+    with caplog.at_level("WARNING", logger="autotile.runtime"):
+        assert trace.recording_path() is None and trace.recording_path() is None
+    assert caplog.text.count("AUTOTILE_RECORD=1 names no trace file") == 1
+    monkeypatch.setenv("AUTOTILE_RECORD", "rel.jsonl")
+    first = trace.recording_path()
+    (tmp_path / "sub").mkdir()
+    monkeypatch.chdir(tmp_path / "sub")
+    assert trace.recording_path() == first == tmp_path / "rel.jsonl"

@@ -31,10 +31,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from autotile import switches
+from autotile.errors import BadInputError
 from autotile.locks import beside_lock
 from autotile.paths import unused_name
-
-from autotile.errors import BadInputError
 
 FORMAT = "autotile-trace"
 VERSION = 1
@@ -65,8 +65,25 @@ class TraceEntry:
 
 
 def recording_path() -> Path | None:
+    """The trace file AUTOTILE_RECORD names, made absolute the first time it is read (a model that changes folders
+    after its first call keeps one trace); None when unset, blank or an off switch (0, false, no, off). An on switch
+    (1, true, yes, on) names no file: nothing is recorded, said once."""
     value = os.environ.get("AUTOTILE_RECORD", "").strip()
-    return Path(value).expanduser() if value else None
+    if not value or value.lower() in switches.OFF:
+        return None
+    if value.lower() in switches.ON:
+        if value not in _resolved:
+            _resolved[value] = None
+            log.warning("autotile: AUTOTILE_RECORD=%s names no trace file: nothing is recorded. Name one, e.g. "
+                        "AUTOTILE_RECORD=trace.jsonl", value)
+        return None
+    path = _resolved.get(value)
+    if path is None:
+        path = _resolved[value] = Path(value).expanduser().absolute()
+    return path
+
+
+_resolved: dict[str, Path | None] = {}  # AUTOTILE_RECORD's values -> their files, as first resolved
 
 
 def counter(family, problem, device) -> list[int]:
