@@ -487,7 +487,9 @@ def test_a_database_that_cannot_be_opened_is_named_for_why(tmp_path, monkeypatch
 
 
 @pytest.mark.parametrize("case, fix", [("newer schema", "upgrade autotile"), ("older schema", "run `autotile db upgrade"),
-                                       ("not sqlite", "move the file away"), ("missing driver", "check AUTOTILE_DB")])
+                                       ("not sqlite", "move the file away"), ("missing driver", "check AUTOTILE_DB"),
+                                       ("folder", "point AUTOTILE_DB at a database file"),
+                                       ("in memory", "an in-memory database holds no winners")])
 def test_the_runtimes_fix_fits_what_is_wrong(case, fix, tuned, tmp_path, monkeypatch, caplog):
     """The runtime's warning said `db verify` whatever was wrong, also where its own reason said to upgrade."""
     path = _copy(tuned, tmp_path / "t.sqlite")
@@ -500,6 +502,10 @@ def test_the_runtimes_fix_fits_what_is_wrong(case, fix, tuned, tmp_path, monkeyp
             conn.execute("update autotile_meta set value = '1' where key = 'schema_version'")
     elif case == "not sqlite":
         path.write_text("not a database " * 200)
+    elif case == "folder":  # (its fix said `db verify`, as for a damaged file)
+        url = f"sqlite:///{tmp_path}"
+    elif case == "in memory":
+        url = "sqlite://"
     else:
         url = "postgresql+psycopg2://tuner@localhost/autotile"
     monkeypatch.setenv("AUTOTILE_DB", url)

@@ -139,6 +139,10 @@ def _warn_once(url: str, exc: BaseException) -> None:
         fix = "upgrade autotile (pip install -U autotile), or point AUTOTILE_DB at another file"
     elif "not a SQLite database" in reason or "damaged" in reason or "not an autotile database" in reason:
         fix = "move the file away (or unset AUTOTILE_DB); the next tune starts a new one"
+    elif "is a folder" in reason:
+        fix = "point AUTOTILE_DB at a database file (e.g. <folder>/tuning.sqlite), or unset it"
+    elif url.rstrip("/") in ("sqlite:", "sqlite://"):
+        fix = "an in-memory database holds no winners: point AUTOTILE_DB at a file, or unset it"
     elif url.startswith("sqlite:") or "://" not in url:
         fix = f"run `autotile db verify --db {shown}`, or move the file away (or unset AUTOTILE_DB) to start a new one"
     else:
