@@ -474,3 +474,18 @@ def test_bf16_results_on_the_cpu_round_to_nearest_as_on_a_gpu():
     ours = (autotile.flash_attention(q, k, v, causal=True).double() - exact).abs().max()
     theirs = (torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True).double() - exact).abs().max()
     assert ours <= 1.25 * theirs, (ours, theirs)
+
+
+def test_linear_takes_the_biases_f_linear_broadcasts_over_the_features():
+    """A (1, N), (1,), (1, 1) or single-value bias, which F.linear broadcasts, was refused ('bias must have shape
+    (N,)'); each now serves as the (N,) bias, gradients included. Others are still refused, as F.linear refuses."""
+    gen = torch.Generator().manual_seed(17)
+    x, w = torch.randn(2, 3, 24, generator=gen), torch.randn(10, 24, generator=gen)
+    for shape in ((1, 10), (1,), (1, 1), ()):
+        bias = torch.randn(shape, generator=gen, requires_grad=True)
+        got, want = autotile.linear(x, w, bias), torch.nn.functional.linear(x, w, bias)
+        assert torch.allclose(got, want, atol=1e-5), shape
+        (g,), (g_want,) = torch.autograd.grad(got.sum(), bias), torch.autograd.grad(want.sum(), bias)
+        assert g.shape == bias.shape and torch.allclose(g, g_want, atol=1e-4), shape
+    with pytest.raises(ShapeMismatchError, match=r"bias must have shape \(10,\), got \(6, 10\)"):
+        autotile.linear(x, w, torch.randn(6, 10))

@@ -427,6 +427,14 @@ def residual_apart(a, residual, out_dtype) -> bool:
     return residual.dtype != out
 
 
+def _feature_bias(bias: torch.Tensor, n: int) -> torch.Tensor | None:
+    """A bias F.linear broadcasts over the output features alone ((1, N), (1, 1), a single value) as the (N,) one
+    the kernels take (differentiable); None for any other shape (the checks name it)."""
+    if bias.dim() > 2 or any(size != 1 for size in bias.shape[:-1]) or (bias.dim() and bias.shape[-1] not in (1, n)):
+        return None
+    return bias.reshape(-1).expand(n).contiguous() if bias.numel() == 1 else bias.reshape(n)
+
+
 def _add_residual(y: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
     if tuple(residual.shape) != tuple(y.shape):  # `+` would broadcast it
         raise ShapeMismatchError(f"residual must have the output's shape {tuple(y.shape)}, got {tuple(residual.shape)}")
@@ -535,6 +543,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         # tune or launch.
         _check_linear(x, weight, bias, residual)
         return _vendor_epilogue(_f_linear(x, weight, bias), activation, residual)
+    if (bias is not None and isinstance(bias, _Tensor) and isinstance(weight, _Tensor) and weight.dim() == 2
+            and bias.shape != weight.shape[:1] and (flat := _feature_bias(bias, weight.shape[0])) is not None):
+        return linear(x, weight, flat, activation, residual)
     if residual is not None and residual_apart(x, residual, None):
         return _add_residual(linear(x, weight, bias, activation), residual)
     if direct_call_ok(x, weight, bias, residual):
