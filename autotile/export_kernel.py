@@ -20,6 +20,7 @@ from autotile.families import get_family
 from autotile.families.base import Family, is_vendor
 from autotile.render import render_source
 from autotile.space import Config
+from autotile.store.marks import servable
 
 
 class ExportNotSupportedError(AutotileError):
@@ -92,6 +93,11 @@ def _stored_winner(family: Family, problem, device: DeviceInfo, db_url: str | No
                 ranked.append((distance, w))
         where = "shipped tuning_db" if "mode=ro" in url else _named(url)
         for distance, w in sorted(ranked, key=lambda r: r[0]):
+            if not servable(w.verify_status):  # as the runtime: db verify found it failing here
+                if distance < 0:
+                    passed_over.append(f"the winner in {where} is not served: db verify found "
+                                       f"{w.verify_status.replace('_', ' ')}")
+                continue
             # A module holds a generated kernel: where the vendor op won, the fastest kernel kept beside it.
             text, ms, kept = w.config, w.median_ms, ""
             if is_vendor(Config.from_json(w.config)):
@@ -151,6 +157,7 @@ def export_kernel(family_name: str, problem, device: DeviceInfo, *, db_url: str 
     chosen, changed = writer.exportable(problem, chosen, space)
     if changed:
         origin += f"; {changed}"
+        median_ms = None  # the time measured was another config's
     switches = family.render_switches(problem, chosen)
     if device.interpret:
         switches.update(writer.interpreter_switches(problem))

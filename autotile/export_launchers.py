@@ -150,7 +150,7 @@ def matmul(a, b, bias=None, scale_a=None, scale_b=None, residual=None):
             if scale.device != a.device:
                 raise ValueError(f"{{name}} is on {{scale.device}}, a on {{a.device}}: use one device")
     if not a.is_cuda:
-        if os.environ.get("TRITON_INTERPRET") != "1":
+        if os.environ.get("TRITON_INTERPRET", "").strip().lower() not in ("1", "true", "yes", "on"):
             raise RuntimeError("CPU tensors run under Triton's interpreter: set TRITON_INTERPRET=1 before triton is "
                                "imported, or pass CUDA tensors")
         if PROBLEM["dtype"] in ("bf16", "fp8") and not _UPCAST_DOTS:

@@ -25,6 +25,7 @@ import jinja2
 import jinja2.meta
 
 from autotile.errors import AutotileError, KernelCacheError
+from autotile.paths import user_cache_dir
 from autotile.resources import templates_dir
 
 
@@ -37,11 +38,7 @@ def configured_cache_dir() -> Path:
     ~/.cache/autotile/kernels. Blank values count as unset, and a relative XDG_CACHE_HOME is ignored, as the XDG
     base directory specification says."""
     root = (os.environ.get("AUTOTILE_CACHE_DIR") or "").strip()
-    if root:
-        return Path(root).expanduser() / "kernels"
-    xdg = (os.environ.get("XDG_CACHE_HOME") or "").strip()
-    base = Path(xdg) if xdg and Path(xdg).is_absolute() else Path.home() / ".cache"
-    return base / "autotile" / "kernels"
+    return (Path(root).expanduser() if root else user_cache_dir()) / "kernels"
 
 
 def kernel_cache_dir() -> Path:
@@ -214,8 +211,11 @@ def interpreter_mode(on: bool):
                                 category=DeprecationWarning)
         before = os.environ.get("TRITON_INTERPRET")
         os.environ["TRITON_INTERPRET"] = "1" if on else "0"
-        swapped = _interpret_language_helpers() + _round_bf16_to_nearest() if on else []
+        swapped = []
         try:
+            if on:
+                swapped += _interpret_language_helpers()
+                swapped += _round_bf16_to_nearest()
             yield
         finally:
             for module, name, original in swapped:
@@ -261,6 +261,7 @@ def _round_bf16_to_nearest() -> list:
     create_fp_to_fp's rtne still truncates half the time): every bf16 value a kernel stored on the CPU was up to a
     whole unit in the last place off, biased toward zero (twice torch's error in a model's logits)."""
     import numpy as np
+    from triton._C.libtriton import ir as _ir
     from triton.runtime.interpreter import InterpreterBuilder, TensorHandle
 
     import triton.language as tl
@@ -279,7 +280,9 @@ def _round_bf16_to_nearest() -> list:
         return cast(self, src, dst_type)
 
     def create_fp_to_fp(self, src, dst_type, rounding_mode):
-        if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
+        # Only where the GPU rounds to nearest: the default, or asked for (a kernel's rtz stays a truncation).
+        nearest = rounding_mode is None or rounding_mode == _ir.ROUNDING_MODE.RTNE
+        if nearest and src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
             return rounded(src)
         return fp_to_fp(self, src, dst_type, rounding_mode)
 

@@ -397,3 +397,23 @@ def test_a_winner_stored_by_another_tune_meanwhile_is_compared_not_overwritten(t
     assert calls[0] == before.config_hash and calls[1] == "theirs" and len(calls) == 2
     (after,) = Store(open_engine(tuned_copy, create=False)).winners()
     assert after.config_hash != "theirs"  # the second comparison's winner, written over the one it was timed beside
+
+
+def test_save_winner_writes_only_over_the_winner_it_was_compared_against(tuned_copy):
+    """The guarded write read the row, then wrote it: on SQLite (no row locks) two tuners could both pass the check
+    and the last one overwrote the other. It is one conditional UPDATE now; re-validation and its failure marks are
+    guarded the same way."""
+    store = Store(open_engine(tuned_copy, create=False))
+    ((row, *_),) = store.winner_rows(FAMILY.name, CPU.key)
+    (before,) = store.winners()
+    ids = dict(problem_id=row.problem_id, device=CPU, device_id=store.ensure_device(CPU),
+               toolchain_id=store.ensure_toolchain())
+    fields = dict(config=before.config, median_ms=1.0, q20_ms=1.0, q80_ms=1.0, provenance="test")
+    assert store.save_winner(**ids, **fields, config_hash="first", replaces=before.config_hash)
+    assert not store.save_winner(**ids, **fields, config_hash="second", replaces=before.config_hash)  # read too early
+    assert not store.save_winner(**ids, **fields, config_hash="third", replaces=None)  # one is there now
+    (after,) = store.winners()
+    assert after.config_hash == "first"
+    store.update_winner(row.id, config_hash=before.config_hash, verify_status="failed")  # an old winner's mark
+    (after,) = store.winners()
+    assert after.verify_status == ""

@@ -114,3 +114,19 @@ def test_partial_configs_stdout_unwritable_paths_and_why_a_winner_was_passed_ove
     text = " ".join(passed.output.split())
     assert "from default config (the winner in damaged.sqlite is no longer a config of the space" in text
     assert str(tmp_path) not in (tmp_path / "default.py").read_text()
+
+
+def test_a_winner_db_verify_found_failing_is_not_exported(tmp_path):
+    """The runtime stops serving a winner db verify found failing; export-kernel still wrote it as the exact winner."""
+    problem = contiguous_problem(40, 48, 160, "fp16", "fp16")
+    url = f"sqlite:///{tmp_path / 'verified.sqlite'}"
+    store = Store(open_engine(url))
+    config = Config(dict(FAMILY.default_config(problem, CPU), BLOCK_N=64))
+    store.save_winner(problem_id=store.ensure_problem(FAMILY, problem), device=CPU, device_id=store.ensure_device(CPU),
+                      toolchain_id=store.ensure_toolchain(), config=config.to_json(), config_hash=config.hash,
+                      median_ms=2.5, q20_ms=2.4, q80_ms=2.6, interpreted=1, provenance="test",
+                      verify_status="wrong_result")
+    result = run("gemm", "--m", 40, "--n", 48, "--k", 160, "--dtype", "fp16", "--gpu", "interpret", "--db", url,
+                 "--out", tmp_path / "k.py")
+    assert result.exit_code == 0, result.output
+    assert "the winner in verified.sqlite is not served: db verify found wrong result" in " ".join(result.output.split())

@@ -141,7 +141,7 @@ def _warn_once(url: str, exc: BaseException) -> None:
         fix = "move the file away (or unset AUTOTILE_DB); the next tune starts a new one"
     elif "is a folder" in reason:
         fix = "point AUTOTILE_DB at a database file (e.g. <folder>/tuning.sqlite), or unset it"
-    elif url.rstrip("/") in ("sqlite:", "sqlite://"):
+    elif url.rstrip("/") in ("sqlite:", "sqlite://") or url.endswith(":memory:"):
         fix = "an in-memory database holds no winners: point AUTOTILE_DB at a file, or unset it"
     elif url.startswith("sqlite:") or "://" not in url:
         fix = f"run `autotile db verify --db {shown}`, or move the file away (or unset AUTOTILE_DB) to start a new one"

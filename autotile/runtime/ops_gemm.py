@@ -406,6 +406,9 @@ def _matmul_in_torch(a, b, bias, activation, out_dtype, scale_a, scale_b, residu
     """A matmul call inside a torch.func transform (eager.under_transform), after the checks every call gets: torch's
     ops, as the vendor config runs them; accumulated in fp32 where the output's dtype is not the operands'."""
     _check_tensor_types(a, b, bias, residual, scale_a, scale_b)
+    if _is_empty(a, b):
+        served = _empty_served(a, b, bias, activation, _as_dtype(out_dtype), scale_a, scale_b, residual)
+        return served.run(a, b, bias, scale_a, scale_b, residual)
     problem = FAMILY.problem_from_tensors(a, b, bias, activation, out_dtype, residual=residual, scale_a=scale_a,
                                           scale_b=scale_b, fp8_fast_accum=fp8_fast_accum)
     if problem.dtype == "fp8":
@@ -421,10 +424,20 @@ def residual_apart(a, residual, out_dtype) -> bool:
     """A residual whose dtype is not the output's: the call adds it after the kernel, as `F.linear(x, w) + residual`
     promotes (an fp32 residual stream beside bf16 layers under autocast); fused, it would be rounded into the
     output's dtype."""
-    if not (isinstance(a, torch.Tensor) and isinstance(residual, torch.Tensor)):
+    if not (isinstance(a, torch.Tensor) and isinstance(residual, torch.Tensor) and residual.is_floating_point()
+            and residual.device == a.device):
         return False  # the checks name what to pass
     out = _as_dtype(out_dtype) or (torch.bfloat16 if a.dtype == torch.float8_e4m3fn else a.dtype)
     return residual.dtype != out
+
+
+def _as_linear_bias(bias, weight):
+    """`bias` as the (N,) bias linear's kernels take where F.linear broadcasts it over the features alone; else as
+    given (the checks name a bias of any other shape)."""
+    if (isinstance(bias, torch.Tensor) and isinstance(weight, torch.Tensor) and weight.dim() == 2
+            and bias.shape != weight.shape[:1] and (flat := _feature_bias(bias, weight.shape[0])) is not None):
+        return flat
+    return bias
 
 
 def _feature_bias(bias: torch.Tensor, n: int) -> torch.Tensor | None:
@@ -482,6 +495,7 @@ def linear_empty_call(x, weight, bias=None, activation=None, residual=None) -> t
     """matmul_empty_call of a linear call: no tokens, or a weight with no rows or columns."""
     if not (isinstance(x, torch.Tensor) and isinstance(weight, torch.Tensor)):
         return None
+    bias = _as_linear_bias(bias, weight)
     _check_linear(x, weight, bias, residual)
     return matmul_empty_call(x.reshape(-1, x.shape[-1]), weight.t(), bias=bias, activation=activation,
                              residual=None if residual is None else residual.reshape(-1, weight.shape[0]))
@@ -492,6 +506,7 @@ def linear_problem_for(x, weight, bias=None, activation=None, residual=None):
     x, weight and bias cast as linear casts them."""
     if (cast := autocast_operands(x, weight, bias)) is not None:
         x, weight, bias = cast
+    bias = _as_linear_bias(bias, weight)
     _check_linear(x, weight, bias, residual)
     return problem_for(x.reshape(-1, x.shape[-1]), weight.t(), bias=bias, activation=activation,
                        residual=None if residual is None else residual.reshape(-1, weight.shape[0]))
@@ -543,8 +558,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         # tune or launch.
         _check_linear(x, weight, bias, residual)
         return _vendor_epilogue(_f_linear(x, weight, bias), activation, residual)
-    if (bias is not None and isinstance(bias, _Tensor) and isinstance(weight, _Tensor) and weight.dim() == 2
-            and bias.shape != weight.shape[:1] and (flat := _feature_bias(bias, weight.shape[0])) is not None):
+    if (bias is not None and isinstance(bias, _Tensor) and isinstance(weight, _Tensor)
+            and (flat := _as_linear_bias(bias, weight)) is not bias):
         return linear(x, weight, flat, activation, residual)
     if residual is not None and residual_apart(x, residual, None):
         return _add_residual(linear(x, weight, bias, activation), residual)

@@ -24,6 +24,7 @@ from sqlalchemy.exc import OperationalError
 
 from autotile.errors import DatabaseError
 from autotile.locks import beside_lock
+from autotile.paths import user_cache_dir
 from autotile.store.models import SCHEMA_VERSION, VERSION_TABLE, Meta
 
 # Tables Optuna's RDB storage creates; they may share a database with ours.
@@ -41,8 +42,7 @@ def default_db_url() -> str:
     env = os.environ.get("AUTOTILE_DB", "").strip()  # as AUTOTILE_RECORD: blank means unset, not a file named "  "
     if env:
         return normalise_url(env)
-    base = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "autotile"
-    return f"sqlite:///{base / 'tuning.sqlite'}"
+    return f"sqlite:///{user_cache_dir() / 'tuning.sqlite'}"
 
 
 def normalise_url(url_or_path: str) -> str:

@@ -11,7 +11,7 @@ import threading
 import urllib.parse
 from dataclasses import dataclass
 
-from sqlalchemy import Engine, func, select
+from sqlalchemy import Engine, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -231,15 +231,23 @@ class Store:
         """
         values = {"stale": 0, "verified_at": None, "verified_ms": None, "verify_status": "", "regression": None,
                   "verified_range": None, "kernel_config": None, "kernel_ms": None, **values}
+        if replaces is not ANY_WINNER and replaces is not None:
+            # One conditional UPDATE: atomic on every backend (SQLite takes no row lock for a SELECT ... FOR UPDATE).
+            with Session(self.engine) as session:
+                written = session.execute(
+                    update(Winner).where(Winner.problem_id == problem_id, Winner.device_key == device.key,
+                                         Winner.config_hash == replaces)
+                    .values(device_id=device_id, toolchain_id=toolchain_id, **values)).rowcount
+                session.commit()
+            return written == 1
         for attempt in range(2):
             try:
                 with Session(self.engine) as session:
                     row = session.execute(
                         select(Winner).where(Winner.problem_id == problem_id, Winner.device_key == device.key)
-                        .with_for_update()
                     ).scalar_one_or_none()
-                    if replaces is not ANY_WINNER and (row.config_hash if row is not None else None) != replaces:
-                        return False
+                    if replaces is None and row is not None:
+                        return False  # there was no winner to compare against; now there is one
                     if row is None:
                         row = Winner(problem_id=problem_id, device_key=device.key)
                         session.add(row)
@@ -250,7 +258,7 @@ class Store:
                 return True
             except IntegrityError:
                 # Another tuner of the same study stored this problem's winner between the read and the
-                # insert: the second attempt finds that row and replaces it.
+                # insert: the second attempt finds that row and replaces it (or, compared against none, leaves it).
                 if attempt:
                     raise
 
@@ -322,12 +330,14 @@ class Store:
             session.expunge_all()
         return [tuple(r) for r in rows]
 
-    def update_winner(self, winner_id: int, **values) -> None:
-        """Set columns of one winner row (staleness, verification results)."""
+    def update_winner(self, winner_id: int, *, config_hash: str | None = None, **values) -> None:
+        """Set columns of one winner row (staleness, verification results); with `config_hash`, only while the row
+        still holds that config (a tune may have stored another winner in the row meanwhile)."""
+        query = update(Winner).where(Winner.id == winner_id)
+        if config_hash is not None:
+            query = query.where(Winner.config_hash == config_hash)
         with Session(self.engine) as session:
-            row = session.get(Winner, winner_id)
-            for name, value in values.items():
-                setattr(row, name, value)
+            session.execute(query.values(**values))
             session.commit()
 
     def best_configs_on_key(self, problem_id: int, device_key: str, top_k: int) -> list[tuple[str, float]]:

@@ -29,7 +29,8 @@ class RevalidationResult:
     family: str
     problem_key: str
     reasons: tuple[str, ...]  # why the winner was stale
-    status: str  # 'revalidated', or 'failed' when no stored config passes the check any more
+    status: str  # 'revalidated'; 'failed' when no stored config passes the check any more; 'superseded' when a tune
+    # stored a new winner while the old one was re-timed (the new one is kept)
     previous_config: str
     config: str | None  # the winner now (None when failed)
     previous_ms: float
@@ -69,7 +70,8 @@ def revalidate_stale(db_url: str | None, device: DeviceInfo, family: str | None 
 def _revalidate_one(store: Store, winner, problem_row, reasons: tuple[str, ...], device: DeviceInfo, device_id: int,
                     toolchain_id: int, top_k: int, rounds: int, seed: int) -> RevalidationResult:
     def failed(detail: str, candidates: int = 0) -> RevalidationResult:
-        store.update_winner(winner.id, stale=1, verified_at=_now(), verified_ms=None, verify_status="failed")
+        store.update_winner(winner.id, config_hash=winner.config_hash, stale=1, verified_at=_now(), verified_ms=None,
+                            verify_status="failed")
         return RevalidationResult(problem_row.family, problem_row.key, reasons, "failed", winner.config, None,
                                   winner.median_ms, None, candidates, detail)
 
@@ -118,9 +120,9 @@ def _revalidate_one(store: Store, winner, problem_row, reasons: tuple[str, ...],
     best = timings[ranked[0].hash]
     runner_up = timings[ranked[1].hash].median_ms if len(ranked) > 1 else None
     baseline_ms = timings["baseline"].median_ms if "baseline" in timings else None
-    store.save_winner(
+    saved = store.save_winner(
         problem_id=winner.problem_id, device=device, device_id=device_id, toolchain_id=toolchain_id,
-        config=ranked[0].to_json(), config_hash=ranked[0].hash, median_ms=best.median_ms, q20_ms=best.q20_ms,
+        replaces=winner.config_hash, config=ranked[0].to_json(), config_hash=ranked[0].hash, median_ms=best.median_ms, q20_ms=best.q20_ms,
         q80_ms=best.q80_ms, interpreted=int(device.interpret), runner_up_ms=runner_up,
         margin=(runner_up / best.median_ms - 1.0) if runner_up else None,
         baseline_name=baseline.name if baseline is not None else "", baseline_ms=baseline_ms,
@@ -129,6 +131,9 @@ def _revalidate_one(store: Store, winner, problem_row, reasons: tuple[str, ...],
                     f"{max(1, rounds)} interleaved rounds; before: {winner.provenance}")[:4000],
         verified_at=_now(), verified_ms=best.median_ms, verify_status="ok",
     )
+    if not saved:  # a tune stored a new winner while this re-timed the old one's configs: it stays
+        return RevalidationResult(problem_row.family, problem_row.key, reasons, "superseded", winner.config, None,
+                                  winner.median_ms, None, len(configs), "a tune stored a new winner meanwhile; kept")
     detail = "; ".join(failures) if failures else ""
     return RevalidationResult(problem_row.family, problem_row.key, reasons, "revalidated", winner.config,
                               ranked[0].to_json(), winner.median_ms, best.median_ms, len(configs), detail)
