@@ -303,7 +303,8 @@ class PagedKVCache:
         copy-on-write for every sequence whose last page is shared, which can ask for one page more
         than needed when forks of one parent grow in the same step).
         """
-        one = isinstance(num_tokens, numbers.Integral) or (isinstance(num_tokens, torch.Tensor) and not num_tokens.dim())
+        one = (isinstance(num_tokens, numbers.Integral)
+               or (isinstance(num_tokens, torch.Tensor) and not num_tokens.dim()))
         counts = [num_tokens] * len(seq_ids) if one else list(num_tokens)
         if len(counts) != len(seq_ids):
             raise BadInputError(f"num_tokens must be one count >= 0 per sequence ({len(seq_ids)}), got {num_tokens}")

@@ -260,6 +260,16 @@ def _round_bf16_to_nearest() -> list:
     NOTE: Triton 3.6's interpreter truncates them (InterpreterBuilder.cast_impl passes no rounding mode, and
     create_fp_to_fp's rtne still truncates half the time): every bf16 value a kernel stored on the CPU was up to a
     whole unit in the last place off, biased toward zero (twice torch's error in a model's logits)."""
+    builder, rounding = _bf16_rounding_casts()
+    swapped = [(builder, name, getattr(builder, name)) for name in rounding]  # as they are now (calls may nest)
+    for name, method in rounding.items():
+        setattr(builder, name, method)
+    return swapped
+
+
+@functools.lru_cache(maxsize=1)
+def _bf16_rounding_casts() -> tuple:
+    """(InterpreterBuilder, the rounding cast methods by name), built once around its own."""
     import numpy as np
     from triton._C.libtriton import ir as _ir
     from triton.runtime.interpreter import InterpreterBuilder, TensorHandle
@@ -286,8 +296,7 @@ def _round_bf16_to_nearest() -> list:
             return rounded(src)
         return fp_to_fp(self, src, dst_type, rounding_mode)
 
-    InterpreterBuilder.cast_impl, InterpreterBuilder.create_fp_to_fp = cast_impl, create_fp_to_fp
-    return [(InterpreterBuilder, "cast_impl", cast), (InterpreterBuilder, "create_fp_to_fp", fp_to_fp)]
+    return InterpreterBuilder, {"cast_impl": cast_impl, "create_fp_to_fp": create_fp_to_fp}
 
 
 def _bindable_interpreted_class():

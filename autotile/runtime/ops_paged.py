@@ -49,7 +49,8 @@ paged_prefill_served_config = paged_plan.served_prefill_config
 
 def _check_layout(q, k_cache, v_cache, block_table, context_lens) -> None:
     """Ranks, shapes, dtypes and devices: everything that can be checked without reading values."""
-    paged_plan.require_tensors(q=q, k_cache=k_cache, v_cache=v_cache, block_table=block_table, context_lens=context_lens)
+    paged_plan.require_tensors(q=q, k_cache=k_cache, v_cache=v_cache, block_table=block_table,
+                               context_lens=context_lens)
     if q.dim() not in (3, 4):
         raise ShapeMismatchError(
             f"q must be (B, Hq, D), or (B, Q, Hq, D) for Q speculative query tokens, got {tuple(q.shape)}")

@@ -116,6 +116,11 @@ def _warn_no_grad(q: torch.Tensor) -> None:
                       "torch.inference_mode() to silence this.", stacklevel=3)
 
 
+def _positive_finite(*scales: torch.Tensor) -> bool:
+    """Every value finite and > 0 (reads them back: checked runs only)."""
+    return all(bool(((s > 0) & s.isfinite()).all()) for s in scales)
+
+
 def _fix_hint(t: torch.Tensor, device: torch.device) -> str:
     """What to change in an int32 index tensor the run refused (dtype, device, strides), as a clause."""
     fixes = ([".to(torch.int32)"] if t.dtype != torch.int32 else []) + (
@@ -310,7 +315,7 @@ class _PlanBase:
                     raise BadInputError(
                         f"an fp8 cache needs {name} as a ({self.num_kv_heads},) float32 tensor on {self.device} "
                         "(stored values times the scale are the real K and V); PagedKVCache.k_scale/v_scale are such")
-            if self.checks and not bool(((k_scale > 0) & (v_scale > 0) & k_scale.isfinite() & v_scale.isfinite()).all()):
+            if self.checks and not _positive_finite(k_scale, v_scale):
                 raise BadInputError("k_scale and v_scale must be finite and > 0 (stored values times the scale are "
                                     "the real K and V)")
         elif k_scale is not None or v_scale is not None:

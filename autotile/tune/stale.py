@@ -122,8 +122,9 @@ def _revalidate_one(store: Store, winner, problem_row, reasons: tuple[str, ...],
     baseline_ms = timings["baseline"].median_ms if "baseline" in timings else None
     saved = store.save_winner(
         problem_id=winner.problem_id, device=device, device_id=device_id, toolchain_id=toolchain_id,
-        replaces=winner.config_hash, config=ranked[0].to_json(), config_hash=ranked[0].hash, median_ms=best.median_ms, q20_ms=best.q20_ms,
-        q80_ms=best.q80_ms, interpreted=int(device.interpret), runner_up_ms=runner_up,
+        replaces=winner.config_hash, config=ranked[0].to_json(), config_hash=ranked[0].hash,
+        median_ms=best.median_ms, q20_ms=best.q20_ms, q80_ms=best.q80_ms, interpreted=int(device.interpret),
+        runner_up_ms=runner_up,
         margin=(runner_up / best.median_ms - 1.0) if runner_up else None,
         baseline_name=baseline.name if baseline is not None else "", baseline_ms=baseline_ms,
         trials_run=winner.trials_run,
