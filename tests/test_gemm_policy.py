@@ -51,18 +51,34 @@ def test_the_shapes_that_raised_no_feasible_config(m, n, k):
             assert FAMILY.space(problem, device).is_feasible(FAMILY.default_config(problem, device))
 
 
-def test_decode_streams_the_weight_with_split_k():
-    problem = contiguous_problem(1, 4096, 4096, "bf16", "bf16", layout_b="col")
+def test_decode_splits_narrow_weights_over_k():
+    problem = contiguous_problem(1, 1024, 4096, "bf16", "bf16", layout_b="col")
     assert regime(problem) == "decode"
     config = FAMILY.default_config(problem, H200)
     assert config["BLOCK_M"] == 16 and config["SWAP_AB"] and config["SCHEDULE"] == "split_k"
     tiles = tile_count(problem, config["BLOCK_M"], config["BLOCK_N"])
-    assert tiles * config["SPLIT_K"] >= H200.sm_count, "the splits fill every SM"
-    assert tiles * config["SPLIT_K"] <= programs(problem, config, H200), "in one wave"
-    # Enough tiles already: no split, and no SWAP_AB before Hopper.
-    wide = contiguous_problem(16, 28672, 4096, "bf16", "bf16", layout_b="col")
-    assert FAMILY.default_config(wide, H200)["SCHEDULE"] != "split_k"
+    assert config["SPLIT_K"] > 1 and tiles * config["SPLIT_K"] <= programs(problem, config, H200), "one wave"
+    # No SWAP_AB before Hopper.
     assert not FAMILY.default_config(problem, A100)["SWAP_AB"]
+
+
+@pytest.mark.parametrize("n,k,width,swap", [
+    (2048, 3584, 32, False), (4096, 4096, 32, False), (4608, 3584, 64, True), (8192, 3072, 64, True),
+    (9216, 3072, 128, True), (14336, 4096, 128, True), (28672, 4096, 64, True)])
+def test_decode_takes_whole_tiles_where_the_weight_is_wide_enough(n, k, width, swap):
+    # The narrowest width whose tiles fit one an SM; past 128-column tiles in one wave, 64-column waves.
+    for m in (1, 16):
+        config = FAMILY.default_config(contiguous_problem(m, n, k, "bf16", "bf16", layout_b="col"), H200)
+        assert config["SCHEDULE"] == "data_parallel" and config["SPLIT_K"] == 1
+        assert (config["BLOCK_M"], config["BLOCK_N"], config["SWAP_AB"]) == (16, width, swap)
+
+
+def test_decode_keeps_the_split_outside_the_measured_rule():
+    # Long K (down projections), fp8, and GPUs without wgmma keep the split-K rule.
+    for problem, device in ((contiguous_problem(1, 4096, 14336, "bf16", "bf16", layout_b="col"), H200),
+                            (contiguous_problem(1, 4096, 4096, "fp8", "bf16", layout_b="col"), H200),
+                            (contiguous_problem(1, 4096, 4096, "bf16", "bf16", layout_b="col"), A100)):
+        assert FAMILY.default_config(problem, device)["SCHEDULE"] == "split_k", problem
 
 
 def test_prefill_takes_large_tma_tiles_and_irregular_shapes_stream_k():

@@ -329,7 +329,7 @@ class GemmFamily(Family):
         """The policy's config for the problem's regime (gemm_policy.py), or the feasible config nearest to it.
 
         >>> from autotile.device import interpret_device
-        >>> config = FAMILY.default_config(contiguous_problem(1, 4096, 4096, layout_b="col"), interpret_device())
+        >>> config = FAMILY.default_config(contiguous_problem(1, 1024, 4096, layout_b="col"), interpret_device())
         >>> config["SCHEDULE"], config["BLOCK_M"], config["SPLIT_K"]
         ('split_k', 16, 4)
         """

@@ -2,10 +2,11 @@
 
 The regime follows from M, N, K, the dtypes, the layouts and the GPU's SM count:
 - decode (M <= 16): every weight element is read once, so the kernel streams B: one 16-row tile of A,
-  64-column tiles of B with 128-deep K tiles in a 5-stage pipeline (two programs per SM; 16-byte
-  cp.async.cg copies), A and B swapped on Hopper so that B feeds wgmma from shared memory, and split-K
-  until the programs fill the SMs (a split is worth its partial tile's round trip through the
-  workspace). Its ceiling is copy bandwidth over the weight's bytes.
+  whole columns of B in data-parallel tiles where the weight's width gives the SMs enough of them (32 columns
+  256 deep, else 64 or 128 columns 128 deep with A and B swapped on Hopper so that B feeds wgmma from shared
+  memory), else 64-column tiles split over K until the programs fill the SMs (a split costs its partial
+  tile's round trip through the workspace and, in a CUDA graph, a memset of its tile counters). Its ceiling
+  is copy bandwidth over the weight's bytes.
 - mid (16 < M <= 512): up to M = 64 (STREAM_MAX_M), decode's weight-streaming kernel with every token in
   one tile; up to M = 128 (WIDE_STREAM_MAX_M) the same with a 128-token tile where its programs fit one wave,
   else one wave of TMA tiles or the weight streamed unsplit (few_tokens_config); above, tiles chosen by how
@@ -83,6 +84,26 @@ ONE_WAVE_MID_TILES = (
 FEW_TOKENS_FILL_SMS = 0.5
 FEW_TOKENS_WAVE_GAIN = 0.10
 _FEW_TOKENS_STREAMS = (dict(BLOCK_N=128, BLOCK_K=64, num_stages=3), dict(BLOCK_N=64, BLOCK_K=128, num_stages=4))
+
+
+# Decode's data-parallel tiles, narrowest first: each is taken up to one tile an SM; past the widest, 64-column
+# tiles in waves. Measured as a decode step runs them (CUDA graphs, one weight a call, 512 MB a graph; H100,
+# 16 projections of Llama-3, Qwen2.5, Mistral-Nemo, Phi-3 and Gemma-2 at 1 and 16 tokens,
+# results/decode_candidates_2026-12-06_h100.json), x cuBLAS, against the split-K tiles this replaced:
+# - 32 x 256 (B not swapped), N 2048-4096: 1.00-1.23x against 0.85-1.09x;
+# - 64 x 128 (swapped), N 4608-8192: 1.01-1.07x against 0.87-0.92x;
+# - 128 x 128 (swapped, 4 stages: one program an SM), N 9216-14336: 1.00-1.01x against 0.83-0.98x.
+# A split tile's partial sums round-trip through the workspace, and in a graph its tile counters cost a memset
+# node a replay; the split stays where whole tiles leave more than half the SMs idle (N = 1024: 0.91x whole
+# against 1.07-1.10x split).
+DECODE_WHOLE_TILES = (
+    dict(BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=5),
+    dict(BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=5),
+    dict(BLOCK_N=128, BLOCK_K=128, num_warps=4, num_stages=4),
+)
+DECODE_WHOLE_MIN_SMS = 0.45
+# K over which the rule above was measured (3072-5120); longer and shorter weights keep the split-K rule.
+DECODE_WHOLE_K = (3072, 8192)
 
 
 def regime(problem) -> str:
@@ -193,12 +214,38 @@ def swap_ab_fits(problem, device: DeviceInfo) -> bool:
 
 def decode_config(problem, device: DeviceInfo) -> dict:
     p = problem
+    whole = _whole_decode_tiles(p, device)
+    if whole is not None:
+        return _fit_stages(p, whole, device)
     # Two programs per SM (16 x 64 x 128 tiles, 5 stages: 100 KiB of shared memory each), so one
     # program's pipeline fill and tail hide behind the other's streaming.
     config = _fit_blocks(p, _base(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=5))
     if swap_ab_fits(p, device) and config["BLOCK_N"] >= 64:
         config["SWAP_AB"] = True
     return _schedule(p, config, device, split=True)
+
+
+def _whole_decode_tiles(problem, device: DeviceInfo) -> dict | None:
+    """Decode's data-parallel tiles (DECODE_WHOLE_TILES: the narrowest width whose tiles fit one per SM, or the
+    widest's waves), where they give DECODE_WHOLE_MIN_SMS of the SMs a tile and K is in the measured range;
+    None where split-K tiles serve the problem."""
+    p = problem
+    # Measured for 16-bit weights on Hopper (wgmma from shared memory for the swapped widths).
+    if p.dtype not in ("bf16", "fp16") or not swap_ab_fits(p, device):
+        return None
+    if not DECODE_WHOLE_K[0] <= p.k <= DECODE_WHOLE_K[1]:
+        return None
+    sms = sm_count(device)
+    for tiles in DECODE_WHOLE_TILES:
+        if math.ceil(p.n / tiles["BLOCK_N"]) <= sms:
+            break
+    else:
+        tiles = DECODE_WHOLE_TILES[1]  # wider than 128-column tiles fill in one wave: 64-column waves
+    if math.ceil(p.n / tiles["BLOCK_N"]) < DECODE_WHOLE_MIN_SMS * sms:
+        return None
+    config = _fit_blocks(p, _base(BLOCK_M=16, **tiles))
+    config["SWAP_AB"] = config["BLOCK_N"] >= 64
+    return config
 
 
 def streaming_config(problem, device: DeviceInfo) -> dict:
