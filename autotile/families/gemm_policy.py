@@ -93,6 +93,7 @@ _FEW_TOKENS_STREAMS = (dict(BLOCK_N=128, BLOCK_K=64, num_stages=3), dict(BLOCK_N
 # - 32 x 256 (B not swapped), N 2048-4096: 1.00-1.23x against 0.85-1.09x;
 # - 64 x 128 (swapped), N 4608-8192: 1.01-1.07x against 0.87-0.92x;
 # - 128 x 128 (swapped, 4 stages: one program an SM), N 9216-14336: 1.00-1.01x against 0.83-0.98x.
+# (K = 3072-5120 there; other K below.)
 # A split tile's partial sums round-trip through the workspace, and in a graph its tile counters cost a memset
 # node a replay; the split stays where whole tiles leave more than half the SMs idle (N = 1024: 0.91x whole
 # against 1.07-1.10x split).
@@ -102,8 +103,10 @@ DECODE_WHOLE_TILES = (
     dict(BLOCK_N=128, BLOCK_K=128, num_warps=4, num_stages=4),
 )
 DECODE_WHOLE_MIN_SMS = 0.45
-# K over which the rule above was measured (3072-5120); longer and shorter weights keep the split-K rule.
-DECODE_WHOLE_K = (3072, 8192)
+# The shortest K the rule was measured at (1536-18944: K = 1536-2304 1.00-1.10x against 0.74-0.88x split, down
+# projections at K = 14336-18944 1.05-1.10x against 0.99-1.05x, results/decode_candidates_2026-12-06_h100_more.json);
+# shorter weights keep the split-K rule.
+DECODE_WHOLE_MIN_K = 1536
 
 
 def regime(problem) -> str:
@@ -226,14 +229,14 @@ def decode_config(problem, device: DeviceInfo) -> dict:
 
 
 def _whole_decode_tiles(problem, device: DeviceInfo) -> dict | None:
-    """Decode's data-parallel tiles (DECODE_WHOLE_TILES: the narrowest width whose tiles fit one per SM, or the
-    widest's waves), where they give DECODE_WHOLE_MIN_SMS of the SMs a tile and K is in the measured range;
+    """Decode's data-parallel tiles (DECODE_WHOLE_TILES: the narrowest width whose tiles fit one per SM, else
+    64-column waves), where they give DECODE_WHOLE_MIN_SMS of the SMs a tile and K is DECODE_WHOLE_MIN_K or more;
     None where split-K tiles serve the problem."""
     p = problem
     # Measured for 16-bit weights on Hopper (wgmma from shared memory for the swapped widths).
     if p.dtype not in ("bf16", "fp16") or not swap_ab_fits(p, device):
         return None
-    if not DECODE_WHOLE_K[0] <= p.k <= DECODE_WHOLE_K[1]:
+    if p.k < DECODE_WHOLE_MIN_K:
         return None
     sms = sm_count(device)
     for tiles in DECODE_WHOLE_TILES:
