@@ -65,7 +65,7 @@ def test_decode_splits_narrow_weights_over_k():
 @pytest.mark.parametrize("n,k,width,swap", [
     (2048, 3584, 32, False), (4096, 4096, 32, False), (4608, 3584, 64, True), (8192, 3072, 64, True),
     (9216, 3072, 128, True), (14336, 4096, 128, True), (28672, 4096, 64, True), (4096, 14336, 32, False),
-    (8960, 1536, 128, True)])
+    (8960, 1536, 128, True), (1536, 1536, 64, True), (1024, 2048, 32, False), (896, 896, 64, True)])
 def test_decode_takes_whole_tiles_where_the_weight_is_wide_enough(n, k, width, swap):
     # The narrowest width whose tiles fit one an SM; past 128-column tiles in one wave, 64-column waves.
     for m in (1, 16):
@@ -75,8 +75,8 @@ def test_decode_takes_whole_tiles_where_the_weight_is_wide_enough(n, k, width, s
 
 
 def test_decode_keeps_the_split_outside_the_measured_rule():
-    # Short K, fp8, and GPUs without wgmma keep the split-K rule.
-    for problem, device in ((contiguous_problem(1, 4096, 896, "bf16", "bf16", layout_b="col"), H200),
+    # Very short K, fp8, and GPUs without wgmma keep the split-K rule.
+    for problem, device in ((contiguous_problem(1, 4096, 512, "bf16", "bf16", layout_b="col"), H200),
                             (contiguous_problem(1, 4096, 4096, "fp8", "bf16", layout_b="col"), H200),
                             (contiguous_problem(1, 4096, 4096, "bf16", "bf16", layout_b="col"), A100)):
         assert FAMILY.default_config(problem, device)["SCHEDULE"] == "split_k", problem

@@ -87,26 +87,27 @@ _FEW_TOKENS_STREAMS = (dict(BLOCK_N=128, BLOCK_K=64, num_stages=3), dict(BLOCK_N
 
 
 # Decode's data-parallel tiles, narrowest first: each is taken up to one tile an SM; past the widest, 64-column
-# tiles in waves. Measured as a decode step runs them (CUDA graphs, one weight a call, 512 MB a graph; H100,
-# 16 projections of Llama-3, Qwen2.5, Mistral-Nemo, Phi-3 and Gemma-2 at 1 and 16 tokens,
-# results/decode_candidates_2026-12-06_h100.json), x cuBLAS, against the split-K tiles this replaced:
-# - 32 x 256 (B not swapped), N 2048-4096: 1.00-1.23x against 0.85-1.09x;
+# tiles in waves. Measured as a decode step runs them (CUDA graphs, one weight a call, 512 MB a graph; H100; 44
+# projections of Llama-3, Qwen2.5, Mistral-Nemo, Phi-3 and Gemma-2 at 1 and 16 tokens, every candidate;
+# results/decode_candidates_2026-12-06_h100*.json), x cuBLAS, against the split-K tiles they replaced:
+# - 32 x 256 (B not swapped), N 2048-4096, K 3072-5120: 1.00-1.23x against 0.85-1.09x;
 # - 64 x 128 (swapped), N 4608-8192: 1.01-1.07x against 0.87-0.92x;
-# - 128 x 128 (swapped, 4 stages: one program an SM), N 9216-14336: 1.00-1.01x against 0.83-0.98x.
-# (K = 3072-5120 there; other K below.)
+# - 128 x 128 (swapped, 4 stages: one program an SM), N 9216-14336: 1.00-1.01x against 0.83-0.98x;
+# - down projections (K 14336-18944): 32 x 256 1.05-1.10x against 0.99-1.05x;
+# - short K (896-2048), any width: 64 x 128 1.02-1.13x at K < 2048, 32 x 256 0.95-1.04x at K = 2048-2304, against
+#   0.70-0.93x (a 256-deep tile leaves too few K steps for a 5-stage pipeline below 2048).
 # A split tile's partial sums round-trip through the workspace, and in a graph its tile counters cost a memset
-# node a replay; the split stays where whole tiles leave more than half the SMs idle (N = 1024: 0.91x whole
-# against 1.07-1.10x split).
+# node a replay. The split stays where K is long and whole tiles leave more than half the SMs idle
+# (N = 256-1792 at K 3072-8960: 1.06-1.27x split; N = 1024 x K 4096 whole: 0.91x).
 DECODE_WHOLE_TILES = (
     dict(BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=5),
     dict(BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=5),
     dict(BLOCK_N=128, BLOCK_K=128, num_warps=4, num_stages=4),
 )
 DECODE_WHOLE_MIN_SMS = 0.45
-# The shortest K the rule was measured at (1536-18944: K = 1536-2304 1.00-1.10x against 0.74-0.88x split, down
-# projections at K = 14336-18944 1.05-1.10x against 0.99-1.05x, results/decode_candidates_2026-12-06_h100_more.json);
-# shorter weights keep the split-K rule.
-DECODE_WHOLE_MIN_K = 1536
+DECODE_WHOLE_MIN_K = 896  # the shortest measured (Qwen2.5-0.5B)
+DECODE_DEEP_MIN_K = 2048
+DECODE_SPLIT_MIN_K = 2048
 
 
 def regime(problem) -> str:
@@ -229,22 +230,17 @@ def decode_config(problem, device: DeviceInfo) -> dict:
 
 
 def _whole_decode_tiles(problem, device: DeviceInfo) -> dict | None:
-    """Decode's data-parallel tiles (DECODE_WHOLE_TILES: the narrowest width whose tiles fit one per SM, else
-    64-column waves), where they give DECODE_WHOLE_MIN_SMS of the SMs a tile and K is DECODE_WHOLE_MIN_K or more;
-    None where split-K tiles serve the problem."""
+    """Decode's data-parallel tiles: the narrowest of DECODE_WHOLE_TILES whose tiles fit one an SM (256-deep ones
+    from DECODE_DEEP_MIN_K), else 64-column waves; None where split-K tiles serve the problem (K over
+    DECODE_SPLIT_MIN_K with whole tiles for fewer than DECODE_WHOLE_MIN_SMS of the SMs)."""
     p = problem
     # Measured for 16-bit weights on Hopper (wgmma from shared memory for the swapped widths).
-    if p.dtype not in ("bf16", "fp16") or not swap_ab_fits(p, device):
-        return None
-    if p.k < DECODE_WHOLE_MIN_K:
+    if p.dtype not in ("bf16", "fp16") or not swap_ab_fits(p, device) or p.k < DECODE_WHOLE_MIN_K:
         return None
     sms = sm_count(device)
-    for tiles in DECODE_WHOLE_TILES:
-        if math.ceil(p.n / tiles["BLOCK_N"]) <= sms:
-            break
-    else:
-        tiles = DECODE_WHOLE_TILES[1]  # wider than 128-column tiles fill in one wave: 64-column waves
-    if math.ceil(p.n / tiles["BLOCK_N"]) < DECODE_WHOLE_MIN_SMS * sms:
+    widths = [t for t in DECODE_WHOLE_TILES if p.k >= DECODE_DEEP_MIN_K or t["BLOCK_K"] < 256]
+    tiles = next((t for t in widths if math.ceil(p.n / t["BLOCK_N"]) <= sms), DECODE_WHOLE_TILES[1])
+    if p.k > DECODE_SPLIT_MIN_K and math.ceil(p.n / tiles["BLOCK_N"]) < DECODE_WHOLE_MIN_SMS * sms:
         return None
     config = _fit_blocks(p, _base(BLOCK_M=16, **tiles))
     config["SWAP_AB"] = config["BLOCK_N"] >= 64
