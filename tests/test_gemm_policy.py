@@ -74,6 +74,17 @@ def test_decode_takes_whole_tiles_where_the_weight_is_wide_enough(n, k, width, s
         assert (config["BLOCK_M"], config["BLOCK_N"], config["SWAP_AB"]) == (16, width, swap)
 
 
+@pytest.mark.parametrize("m,width,swap", [(32, 32, False), (48, 32, False), (64, 32, False)])
+def test_streaming_takes_decode_s_whole_tiles(m, width, swap):
+    config = FAMILY.default_config(contiguous_problem(m, 4096, 4096, "bf16", "bf16", layout_b="col"), H200)
+    assert config["SCHEDULE"] == "data_parallel" and config["BLOCK_M"] >= m
+    assert (config["BLOCK_N"], config["SWAP_AB"]) == (width, swap)
+    # 64 tokens: 32 x 256 tiles overflow shared memory in 5 stages, so 128-deep ones.
+    assert config["BLOCK_K"] == (256 if m <= 32 else 128)
+    narrow = FAMILY.default_config(contiguous_problem(m, 1024, 4096, "bf16", "bf16", layout_b="col"), H200)
+    assert narrow["SCHEDULE"] == "split_k"
+
+
 def test_decode_keeps_the_split_outside_the_measured_rule():
     # Very short K, fp8, and GPUs without wgmma keep the split-K rule.
     for problem, device in ((contiguous_problem(1, 4096, 512, "bf16", "bf16", layout_b="col"), H200),
@@ -174,8 +185,8 @@ def test_mid_sized_m_fills_the_gpu():
         tiles = tile_count(problem, config["BLOCK_M"], config["BLOCK_N"])
         slots = programs(problem, config, H200)
         if m <= STREAM_MAX_M:
-            # The weight-streaming kernel: every token in one swapped tile.
-            assert config["BLOCK_M"] >= m and config["SWAP_AB"], (m, config)
+            # The weight-streaming kernel: every token in one tile, swapped but for 32-column tiles.
+            assert config["BLOCK_M"] >= m and (config["SWAP_AB"] or config["BLOCK_N"] == 32), (m, config)
         assert config["SCHEDULE"] != "stream_k", (m, config)
         # Split over K only as far as the SMs need: one split fewer would leave a fifth of them without work.
         programs_now = tiles * config["SPLIT_K"]

@@ -98,16 +98,20 @@ _FEW_TOKENS_STREAMS = (dict(BLOCK_N=128, BLOCK_K=64, num_stages=3), dict(BLOCK_N
 #   0.70-0.93x (a 256-deep tile leaves too few K steps for a 5-stage pipeline below 2048).
 # A split tile's partial sums round-trip through the workspace, and in a graph its tile counters cost a memset
 # node a replay. The split stays where K is long and whole tiles leave more than half the SMs idle
-# (N = 256-1792 at K 3072-8960: 1.06-1.27x split; N = 1024 x K 4096 whole: 0.91x).
+# (N = 256-1792 at K 3072-8960: 1.06-1.27x split; N = 1024 x K 4096 whole: 0.91x). streaming_config (17-64
+# tokens) takes the same tiles.
 DECODE_WHOLE_TILES = (
     dict(BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=5),
     dict(BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=5),
     dict(BLOCK_N=128, BLOCK_K=128, num_warps=4, num_stages=4),
 )
+# With 64 tokens a 32 x 256 tile overflows shared memory in 5 stages: 32 x 128 in 6 (1.04-1.06x at N 1536-4096).
+STREAM_64_WHOLE_TILES = (dict(BLOCK_N=32, BLOCK_K=128, num_warps=4, num_stages=6),) + DECODE_WHOLE_TILES[1:]
 DECODE_WHOLE_MIN_SMS = 0.45
 DECODE_WHOLE_MIN_K = 896  # the shortest measured (Qwen2.5-0.5B)
 DECODE_DEEP_MIN_K = 2048
-DECODE_SPLIT_MIN_K = 2048
+# Measured at 2048 (whole tiles won) and 3072 (the split won); 2304 (Gemma-2-2B) is taken as 2048's.
+DECODE_SPLIT_MIN_K = 2304
 
 
 def regime(problem) -> str:
@@ -218,9 +222,9 @@ def swap_ab_fits(problem, device: DeviceInfo) -> bool:
 
 def decode_config(problem, device: DeviceInfo) -> dict:
     p = problem
-    whole = _whole_decode_tiles(p, device)
+    whole = _whole_stream_tiles(p, device)
     if whole is not None:
-        return _fit_stages(p, whole, device)
+        return whole
     # Two programs per SM (16 x 64 x 128 tiles, 5 stages: 100 KiB of shared memory each), so one
     # program's pipeline fill and tail hide behind the other's streaming.
     config = _fit_blocks(p, _base(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=5))
@@ -229,22 +233,25 @@ def decode_config(problem, device: DeviceInfo) -> dict:
     return _schedule(p, config, device, split=True)
 
 
-def _whole_decode_tiles(problem, device: DeviceInfo) -> dict | None:
-    """Decode's data-parallel tiles: the narrowest of DECODE_WHOLE_TILES whose tiles fit one an SM (256-deep ones
-    from DECODE_DEEP_MIN_K), else 64-column waves; None where split-K tiles serve the problem (K over
+def _whole_stream_tiles(problem, device: DeviceInfo) -> dict | None:
+    """Data-parallel tiles with every token in one tile (M <= STREAM_MAX_M): the narrowest of
+    DECODE_WHOLE_TILES (at 64 tokens, STREAM_64_WHOLE_TILES) whose tiles fit one an SM, 256-deep ones from
+    DECODE_DEEP_MIN_K, else 64-column waves; None where split-K tiles serve the problem (K over
     DECODE_SPLIT_MIN_K with whole tiles for fewer than DECODE_WHOLE_MIN_SMS of the SMs)."""
     p = problem
     # Measured for 16-bit weights on Hopper (wgmma from shared memory for the swapped widths).
     if p.dtype not in ("bf16", "fp16") or not swap_ab_fits(p, device) or p.k < DECODE_WHOLE_MIN_K:
         return None
+    block_m = max(16, next_pow2(p.m))
     sms = sm_count(device)
-    widths = [t for t in DECODE_WHOLE_TILES if p.k >= DECODE_DEEP_MIN_K or t["BLOCK_K"] < 256]
+    widths = [t for t in (STREAM_64_WHOLE_TILES if block_m > 32 else DECODE_WHOLE_TILES)
+              if p.k >= DECODE_DEEP_MIN_K or t["BLOCK_K"] < 256]
     tiles = next((t for t in widths if math.ceil(p.n / t["BLOCK_N"]) <= sms), DECODE_WHOLE_TILES[1])
     if p.k > DECODE_SPLIT_MIN_K and math.ceil(p.n / tiles["BLOCK_N"]) < DECODE_WHOLE_MIN_SMS * sms:
         return None
-    config = _fit_blocks(p, _base(BLOCK_M=16, **tiles))
+    config = _fit_blocks(p, _base(BLOCK_M=block_m, **tiles))
     config["SWAP_AB"] = config["BLOCK_N"] >= 64
-    return config
+    return _fit_stages(p, config, device)
 
 
 def streaming_config(problem, device: DeviceInfo) -> dict:
@@ -253,7 +260,13 @@ def streaming_config(problem, device: DeviceInfo) -> dict:
     and Qwen2.5-7B projections) the 64 x 128 stream-K tiles reached 0.50-0.92x of cuBLAS, geomean 0.72x
     (results/gemm_kernels_2026-12-01b_quick.md); this kernel at 4 stages with the cost model's splits 0.91x
     (_c_quick.md); in results/gemm_policy_sweep_2026-12-01.md, 2 splits at 5 stages led or tied on 4 of the 5
-    split shapes (0.95-1.07x), unsplit 64-column tiles on the two gate_up projections (0.97-1.01x)."""
+    split shapes (0.95-1.07x), unsplit 64-column tiles on the two gate_up projections (0.97-1.01x). As a
+    decode step runs them (CUDA graphs, H100, results/decode_candidates_2026-12-06_h100_mid.json), whole tiles
+    beat those splits wherever decode's do (_whole_stream_tiles: at 32 and 64 tokens 0.98-1.06x of cuBLAS
+    against 0.46-1.01x), and the split stays where decode's does."""
+    whole = _whole_stream_tiles(problem, device)
+    if whole is not None:
+        return whole
     return _streaming(problem, device, tokens=STREAM_MAX_M, stages=5)
 
 
