@@ -263,7 +263,8 @@ def short(config: Config | None) -> str:
     flags = "".join(f"+{name}" for name, key in (("persistent", "PERSISTENT"), ("ws", "WARP_SPECIALIZE"), ("swap", "SWAP_AB"),
                                                      ("subtile", "EPILOGUE_SUBTILE"))
                     if c.get(key))
-    schedule = {"data_parallel": "dp", "split_k": f"splitk{c['SPLIT_K']}", "stream_k": "streamk"}[c["SCHEDULE"]]
+    schedule = {"data_parallel": "dp", "split_k": f"splitk{c['SPLIT_K']}", "stream_k": "streamk",
+                "pingpong": "pingpong"}[c["SCHEDULE"]]
     promote = f" p{c['PROMOTE_TILES']}" if "PROMOTE_TILES" in c else ""
     return (f"{c['VARIANT']}{flags} {schedule} {c['BLOCK_M']}x{c['BLOCK_N']}x{c['BLOCK_K']} "
             f"w{c['num_warps']} s{c['num_stages']}{promote}")

@@ -90,6 +90,43 @@ def test_split_k_and_stream_k_launches_capture_in_cuda_graphs():
             assert result.ok, f"{config.to_json()}: {result.message}"
 
 
+def test_captured_split_launches_take_graph_counters_zeroed_once():
+    # Two graphs of one split config, replayed in turns with eager launches between: each captured launch takes
+    # counters of its own from the device's arena (no memset node), and leaves them zero after every replay.
+    from autotile.families import gemm_launch
+
+    device = cuda_device(0)
+    problem = contiguous_problem(1, 1024, 4096, "bf16", "bf16", layout_b="col")
+    config = FAMILY.default_config(problem, device)
+    assert config["SCHEDULE"] == "split_k", config
+    inputs = FAMILY.make_inputs(problem, device, seed=2)
+    expected = FAMILY.reference(problem, inputs)
+    eager = FAMILY.allocate_outputs(problem, inputs)
+    FAMILY.launch(problem, config, inputs, eager)  # plans, and makes the arena outside any capture
+    torch.cuda.synchronize()
+    arena = gemm_launch._graph_arenas[torch.cuda.current_device()]
+    first = arena[1]
+    graphs, outputs = [], []
+    for _ in range(2):
+        out = FAMILY.allocate_outputs(problem, inputs)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            FAMILY.launch(problem, config, inputs, out)
+        graphs.append(graph)
+        outputs.append(out)
+    assert arena[1] > first, "the captured launches took counters from the arena"
+    for _ in range(4):
+        for graph, out in zip(graphs, outputs):
+            out["c"].fill_(float("nan"))
+            graph.replay()
+            FAMILY.launch(problem, config, inputs, eager)
+    torch.cuda.synchronize()
+    for out in outputs + [eager]:
+        result = FAMILY.check(problem, inputs, out, expected)
+        assert result.ok, result.message
+    assert int(arena[0][first:arena[1]].count_nonzero()) == 0, "replays leave their counters zero"
+
+
 @pytest.mark.parametrize("problem", [
     contiguous_problem(300, 1000, 784, "bf16", "bf16", layout_b="row", bias=True, activation="gelu", residual=True),
     contiguous_problem(513, 4616, 2056, "fp16", "fp16", layout_b="col", activation="silu"),

@@ -3,10 +3,12 @@ tiles and the tile counters with which the last contributor of a tile finishes i
 
 The tile counters are zero between launches: the program that completes a tile resets its counter, so
 one buffer serves every launch on a stream without a memset. Buffers are kept per CUDA stream (launches
-on one stream never overlap). A launch captured in a CUDA graph gets counters of its own, zeroed by the
-graph on every replay (a graph may be replayed on any stream, beside eager launches): one small memset
-per split launch and replay. A launch that raises drops its stream's buffer, whose counters it may have
-left half counted.
+on one stream never overlap). A launch captured in a CUDA graph gets counters of its own (a graph may be
+replayed on any stream, beside eager launches): a slice of the device's graph counters, zeroed once and
+never handed out again, which the graph's kernels leave zero after every replay (CUDA runs the launches
+of one graph one after another). Where that arena is spent, or not made yet, the graph zeroes counters
+of its own on every replay: one small memset node per split launch. A launch that raises drops its
+stream's buffer, whose counters it may have left half counted.
 """
 from __future__ import annotations
 
@@ -147,15 +149,48 @@ def _stream_key(dev: torch.device) -> tuple:
 def tile_counters(dev: torch.device, count: int) -> torch.Tensor:
     """At least `count` int32 tile counters, all zero, for a launch on the current stream of `dev`."""
     if dev.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        return torch.zeros(count, dtype=torch.int32, device=dev)
+        taken = _graph_counters(dev, count)
+        return taken if taken is not None else torch.zeros(count, dtype=torch.int32, device=dev)
     key = _stream_key(dev)
     buffer = _counters.get(key)
     if buffer is not None and buffer.numel() >= count:
         return buffer
+    if dev.type == "cuda":
+        _make_graph_counters(dev)
     buffer = torch.zeros(max(count, _MIN_COUNTERS, 2 * (buffer.numel() if buffer is not None else 0)),
                          dtype=torch.int32, device=dev)
     _counters[key] = buffer
     return buffer
+
+
+# Tile counters of launches captured in CUDA graphs, per device: zeroed once, each slice handed to one captured
+# launch for good (1 MiB a device; a graph's launch takes one counter a tile, so 256K covers some thousands of
+# captured split launches, vLLM's graphs per batch size times a model's layers; past that, memset nodes).
+GRAPH_COUNTERS = 1 << 18
+_graph_arenas: dict[int, list] = {}  # device index -> [counters, first free]
+
+
+def _make_graph_counters(dev: torch.device) -> None:
+    """The device's graph counters, made by its first eager split launch (outside any capture, so zeroed once).
+
+    NOTE: the zeros are written on the current stream, not awaited: a graph taking from them is captured
+    later, and torch.cuda.graph synchronises the device before it captures (as vLLM's and torch.compile's
+    captures do). A raw CUDAGraph.capture_begin with no synchronisation since the first eager split launch,
+    replayed at once on another stream, is the one order that could find them unwritten.
+    """
+    index = dev.index if dev.index is not None else torch.cuda.current_device()
+    if index not in _graph_arenas:
+        _graph_arenas[index] = [torch.zeros(GRAPH_COUNTERS, dtype=torch.int32, device=dev), 0]
+
+
+def _graph_counters(dev: torch.device, count: int) -> torch.Tensor | None:
+    """`count` zero counters of the device's graph arena, for one captured launch; None where it has too few."""
+    entry = _graph_arenas.get(dev.index if dev.index is not None else torch.cuda.current_device())
+    if entry is None or entry[1] + count > entry[0].numel():
+        return None
+    start = entry[1]
+    entry[1] = start + count
+    return entry[0][start:start + count]
 
 
 _workspaces: dict[tuple, torch.Tensor] = {}
