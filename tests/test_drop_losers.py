@@ -74,3 +74,25 @@ def test_decode_stream_rows_feed_drop_losers(drop, stream):
     assert drop.losers([stream.serve_row(_stream_row(17.3, retimed_us=(15.0, 15.2)))], 0.97) == {}
     assert drop.losers([stream.serve_row(_stream_row(14.0))], 0.97) == {}
     assert "(again 0.894x)" in stream.markdown([_stream_row(17.3, retimed_us=(17.0, 15.2))], 4.2, "# h")
+
+
+@pytest.fixture(scope="module")
+def candidates_script():
+    yield from loaded_script(SCRIPT.parent / "decode_stream_candidates.py", "decode_stream_candidates_script")
+
+
+def test_decode_stream_candidates_are_points_of_the_space(candidates_script):
+    """The candidates the few-token policy was set from: the default first, every one feasible, whole tiles and
+    splits both among them, with every token in one tile."""
+    from autotile.families.gemm import FAMILY, contiguous_problem
+
+    h200 = candidates_script.gkb.H200_PLAN
+    for m, n, k in ((1, 4096, 4096), (64, 1024, 4096)):
+        problem = contiguous_problem(m, n, k, "bf16", "bf16", layout_b="col")
+        found = candidates_script.candidates(problem, h200)
+        configs = list(found)
+        assert found[configs[0]] == "default" and configs[0] == FAMILY.default_config(problem, h200)
+        space = FAMILY.space(problem, h200)
+        assert all(space.is_feasible(c) for c in configs)
+        assert {c["SCHEDULE"] for c in configs} >= {"data_parallel", "split_k", "stream_k"}
+        assert any(origin == "tile" and c["BLOCK_M"] >= m for c, origin in found.items())

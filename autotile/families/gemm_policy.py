@@ -89,7 +89,8 @@ _FEW_TOKENS_STREAMS = (dict(BLOCK_N=128, BLOCK_K=64, num_stages=3), dict(BLOCK_N
 # Decode's data-parallel tiles, narrowest first: each is taken up to one tile an SM; past the widest, 64-column
 # tiles in waves. Measured as a decode step runs them (CUDA graphs, one weight a call, 512 MB a graph; H100; 44
 # projections of Llama-3, Qwen2.5, Mistral-Nemo, Phi-3 and Gemma-2 at 1 and 16 tokens, every candidate;
-# results/decode_candidates_2026-12-06_h100*.json), x cuBLAS, against the split-K tiles they replaced:
+# benchmarks/decode_stream_candidates.py, results/decode_candidates_2026-12-06_h100*.json), x cuBLAS, against the
+# split-K tiles they replaced:
 # - 32 x 256 (B not swapped), N 2048-4096, K 3072-5120: 1.00-1.23x against 0.85-1.09x;
 # - 64 x 128 (swapped), N 4608-8192: 1.01-1.07x against 0.87-0.92x;
 # - 128 x 128 (swapped, 4 stages: one program an SM), N 9216-14336: 1.00-1.01x against 0.83-0.98x;

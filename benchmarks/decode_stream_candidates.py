@@ -1,0 +1,166 @@
+"""Every untuned candidate of few-token GEMMs timed as a decode step streams them, beside F.linear.
+
+Run from the repository root on a CUDA machine:
+    python benchmarks/decode_stream_candidates.py --out OUT/decode_candidates.json             # ~1 min on an H100
+    python benchmarks/decode_stream_candidates.py --tokens 32,64 --shapes 4096x4096,1024x4096 --out ...
+    python benchmarks/decode_stream_candidates.py --plan                                        # the work, no GPU
+
+decode_stream_bench.py times the op as served; this script times each candidate config of the gemm family the
+same way, so that the policy's few-token rules (gemm_policy.py: decode_config, streaming_config) can be set from
+the timing a decode step sees. For each (N, K) weight shape and token count: enough distinct weights for 512 MB
+are called once each in one captured CUDA graph, per candidate: the policy's default, its seeds, and tiles with
+every token in one tile, 32-128 columns wide, 128-256 deep, split over K 1-6 times, and stream-K. Each candidate
+is checked against F.linear first. Graphs are replayed in interleaved rounds (medians). Prints one line a shape
+(the default and the best four) and writes every timing as JSON to --out.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent.parent)]
+
+import gemm_kernels_bench as gkb  # noqa: E402  (compile pool, config labels)
+from decode_stream_bench import REL_TOLERANCE, graph_ms_per_call, weights_for  # noqa: E402
+
+from autotile.families.base import next_pow2  # noqa: E402
+from autotile.families.gemm import FAMILY, contiguous_problem  # noqa: E402
+
+# Llama-3-8B, Qwen2.5-7B, Phi-3-mini, Gemma-2-9B, Mistral-Nemo-12B and Qwen3-8B projections (N x K).
+SHAPES = ((4608, 3584), (6144, 4096), (9216, 3072), (5120, 3072), (3584, 3584), (4096, 3584), (3584, 4096),
+          (8192, 3072), (12288, 4096), (4096, 5120), (5120, 4096), (6144, 5120), (4096, 4096), (1024, 4096),
+          (14336, 4096), (2048, 3584))
+TOKENS = (1, 16)
+# Tiles tried beside the default and the seeds (BLOCK_M holds every token), each split 1-6 times.
+TILES = (dict(BLOCK_N=32, BLOCK_K=256, SWAP_AB=False, num_stages=5),
+         dict(BLOCK_N=64, BLOCK_K=128, SWAP_AB=True, num_stages=5),
+         dict(BLOCK_N=64, BLOCK_K=256, SWAP_AB=True, num_stages=4),
+         dict(BLOCK_N=128, BLOCK_K=128, SWAP_AB=True, num_stages=4),
+         dict(BLOCK_N=128, BLOCK_K=128, SWAP_AB=True, num_stages=4, num_warps=8),
+         dict(BLOCK_N=32, BLOCK_K=128, SWAP_AB=False, num_stages=6),
+         dict(BLOCK_N=64, BLOCK_K=128, SWAP_AB=False, num_stages=5))
+SPLITS = (1, 2, 3, 4, 6)
+STREAM_K_TILES = (dict(BLOCK_N=64, BLOCK_K=128, SWAP_AB=True, num_stages=5),
+                  dict(BLOCK_N=32, BLOCK_K=256, SWAP_AB=False, num_stages=5))
+
+
+def candidates(problem, device) -> dict:
+    """config -> origin ("default", "seed", "tile"): the points of the space around the few-token kernels."""
+    space = FAMILY.space(problem, device)
+    found = {FAMILY.default_config(problem, device): "default"}
+    for config in FAMILY.seed_configs(problem, device):
+        found.setdefault(config, "seed")
+    base = dict(next(iter(found)), VARIANT="blocked", PERSISTENT=False, WARP_SPECIALIZE=False, FLATTEN=False,
+                BLOCK_M=max(16, next_pow2(problem.m)), num_warps=4)
+    wanted = [dict(base, **tiles, SCHEDULE="split_k" if split > 1 else "data_parallel", SPLIT_K=split)
+              for tiles in TILES for split in SPLITS]
+    wanted += [dict(base, **tiles, SCHEDULE="stream_k", SPLIT_K=1) for tiles in STREAM_K_TILES]
+    for config in wanted:
+        admitted = space.admit(config)
+        if admitted is not None:
+            found.setdefault(admitted, "tile")
+    return found
+
+
+def time_shape(problem, configs: dict, rounds: int, gen, failures: list[str]) -> dict:
+    import torch
+    import torch.nn.functional as F
+
+    from autotile.bench import cuda_graph_of, interleaved_medians
+
+    n, k, m = problem.n, problem.k, problem.m
+    count = weights_for(n, k)
+    weights = [torch.randn(n, k, device="cuda", generator=gen, dtype=torch.bfloat16) / math.sqrt(k)
+               for _ in range(count)]
+    x = torch.randn(m, k, device="cuda", generator=gen, dtype=torch.bfloat16)
+    want = F.linear(x, weights[0]).float()
+    c = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+    inputs = [{"a": x, "b": w.t()} for w in weights]
+    graphs = {"cuBLAS": cuda_graph_of(lambda: [F.linear(x, w) for w in weights])}
+    names = {}
+    for config, origin in configs.items():
+        name = gkb.short(config) + (" [default]" if origin == "default" else "")
+        try:
+            FAMILY.launch(problem, config, inputs[0], {"c": c})
+            torch.cuda.synchronize()
+            error = (c.float() - want).abs().max().item() / want.abs().max().item()
+            if error > REL_TOLERANCE:
+                failures.append(f"{m}x{n}x{k} {name}: relative error {error:.3g}")
+                continue
+            graphs[name] = cuda_graph_of(
+                lambda config=config: [FAMILY.launch(problem, config, i, {"c": c}) for i in inputs])
+            names[name] = config.to_json()
+        except Exception as exc:  # noqa: BLE001 - a candidate that fails is reported, the others timed
+            failures.append(f"{m}x{n}x{k} {name}: {type(exc).__name__}: {str(exc)[:150]}")
+    torch.cuda.synchronize()
+    ms = interleaved_medians(graphs, rounds, lambda g: graph_ms_per_call(g, count))
+    vendor = ms.pop("cuBLAS")
+    del graphs, weights
+    torch.cuda.empty_cache()
+    return {"m": m, "n": n, "k": k, "cuBLAS_us": vendor * 1e3, "us": {name: v * 1e3 for name, v in ms.items()},
+            "configs": names}
+
+
+def summary(row: dict) -> str:
+    vendor = row["cuBLAS_us"]
+    ranked = sorted(row["us"].items(), key=lambda kv: kv[1])
+    default = next((v for name, v in row["us"].items() if name.endswith("[default]")), float("nan"))
+    best = "; ".join(f"{name} {us:.1f} ({vendor / us:.3f}x)" for name, us in ranked[:4])
+    return (f"{row['m']:3d}x{row['n']}x{row['k']}: cuBLAS {vendor:6.1f} default {default:6.1f} "
+            f"({vendor / default:.3f}x) | best {best}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, default=Path("decode_candidates.json"))
+    parser.add_argument("--shapes", type=lambda t: tuple(tuple(int(v) for v in s.split("x")) for s in t.split(",")),
+                        default=SHAPES, help="comma-separated NxK weight shapes (default: 16 LLM projections)")
+    parser.add_argument("--tokens", type=lambda t: tuple(int(v) for v in t.split(",")), default=TOKENS,
+                        help="comma-separated token counts (default 1,16)")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--budget-s", type=float, default=480, help="no shape starts after this many seconds")
+    parser.add_argument("--workers", type=int, default=14, help="processes compiling kernels ahead")
+    parser.add_argument("--plan", action="store_true", help="list shapes and candidates (H200 policy) and exit")
+    args = parser.parse_args()
+    problems = [contiguous_problem(m, n, k, "bf16", "bf16", layout_b="col")
+                for n, k in args.shapes for m in args.tokens]
+    if args.plan:
+        for problem in problems:
+            configs = candidates(problem, gkb.H200_PLAN)
+            print(f"{problem.m}x{problem.n}x{problem.k}: {len(configs)} candidates, default "
+                  f"{gkb.short(next(iter(configs)))}")
+        return 0
+
+    import torch
+
+    from autotile.device import resolve_gpu
+
+    device = resolve_gpu("auto")
+    if device.interpret:
+        print("no CUDA GPU: this benchmark runs on a GPU only (--plan lists its work without one)")
+        return 2
+    started = time.monotonic()
+    plans = [(problem, candidates(problem, device)) for problem in problems]
+    gkb.compile_ahead([(p, c) for p, configs in plans for c in configs], args.workers)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    rows, failures = [], []
+    for problem, configs in plans:
+        if time.monotonic() - started > args.budget_s:
+            failures.append(f"budget of {args.budget_s:.0f} s spent: {len(plans) - len(rows)} shapes not timed")
+            break
+        rows.append(time_shape(problem, configs, args.rounds, gen, failures))
+        print(summary(rows[-1]), flush=True)
+        args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "rows": rows,
+                                        "failures": failures}, indent=1))
+    for failure in failures:
+        print("FAILED", failure)
+    print(f"done in {time.monotonic() - started:.0f} s")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
