@@ -5,8 +5,7 @@ The regime follows from M, N, K, the dtypes, the layouts and the GPU's SM count:
   whole columns of B in data-parallel tiles where the weight's width gives the SMs enough of them (32 columns
   256 deep, else 64 or 128 columns 128 deep with A and B swapped on Hopper so that B feeds wgmma from shared
   memory), else 64-column tiles split over K until the programs fill the SMs (a split costs its partial
-  tile's round trip through the workspace and, in a CUDA graph, a memset of its tile counters). Its ceiling
-  is copy bandwidth over the weight's bytes.
+  tile's round trip through the workspace). Its ceiling is copy bandwidth over the weight's bytes.
 - mid (16 < M <= 512): up to M = 64 (STREAM_MAX_M), decode's weight-streaming kernel with every token in
   one tile; up to M = 128 (WIDE_STREAM_MAX_M) the same with a 128-token tile where its programs fit one wave,
   else one wave of TMA tiles or the weight streamed unsplit (few_tokens_config); above, tiles chosen by how
@@ -97,10 +96,11 @@ _FEW_TOKENS_STREAMS = (dict(BLOCK_N=128, BLOCK_K=64, num_stages=3), dict(BLOCK_N
 # - down projections (K 14336-18944): 32 x 256 1.05-1.10x against 0.99-1.05x;
 # - short K (896-2048), any width: 64 x 128 1.02-1.13x at K < 2048, 32 x 256 0.95-1.04x at K = 2048-2304, against
 #   0.70-0.93x (a 256-deep tile leaves too few K steps for a 5-stage pipeline below 2048).
-# A split tile's partial sums round-trip through the workspace, and in a graph its tile counters cost a memset
-# node a replay. The split stays where K is long and whole tiles leave more than half the SMs idle
-# (N = 256-1792 at K 3072-8960: 1.06-1.27x split; N = 1024 x K 4096 whole: 0.91x). streaming_config (17-64
-# tokens) takes the same tiles.
+# A split tile's partial sums round-trip through the workspace, and in those graphs its tile counters took a memset
+# node a replay (1.0-1.3 us of the gap; captured launches now take counters zeroed once, gemm_launch.py, and a split
+# 16 x 4608 x 3584 still ran 0.94x against 1.05x whole). The split stays where K is long and whole tiles leave more
+# than half the SMs idle (N = 256-1792 at K 3072-8960: 1.06-1.27x split; N = 1024 x K 4096 whole: 0.91x).
+# streaming_config (17-64 tokens) takes the same tiles.
 DECODE_WHOLE_TILES = (
     dict(BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=5),
     dict(BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=5),
