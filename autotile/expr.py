@@ -538,8 +538,10 @@ class Typing:
         return self.types[node.text]
 
 
-def infer_types(expression: Expression, specs: Mapping[str, InputSpec]) -> Typing:
-    """Type every node as eager torch would, by running the tree on one-element samples.
+def infer_types(expression: Expression, specs: Mapping[str, InputSpec],
+                default: torch.dtype = torch.float32) -> Typing:
+    """Type every node as eager torch would, by running the tree on one-element samples, under torch's default
+    dtype `default` (how Python floats and integer division promote; problems are typed under float32).
 
     Raises UnsupportedDtypeError, quoting torch, where torch refuses an op for a dtype.
 
@@ -547,11 +549,11 @@ def infer_types(expression: Expression, specs: Mapping[str, InputSpec]) -> Typin
     >>> t.outputs["out"]
     torch.bool
     """
-    return _infer_cached(expression, tuple(sorted((k, v) for k, v in specs.items())))
+    return _infer_cached(expression, tuple(sorted((k, v) for k, v in specs.items())), default)
 
 
 @functools.lru_cache(maxsize=256)
-def _infer_cached(expression: Expression, specs: tuple[tuple[str, InputSpec], ...]) -> Typing:
+def _infer_cached(expression: Expression, specs: tuple[tuple[str, InputSpec], ...], default: torch.dtype) -> Typing:
     spec_of = dict(specs)
     missing = [n for n in expression.inputs if n not in spec_of]
     if missing:
@@ -564,7 +566,7 @@ def _infer_cached(expression: Expression, specs: tuple[tuple[str, InputSpec], ..
         operands[node.text] = operand_type(node.name, args)
 
     try:
-        with default_dtype(torch.float32):
+        with default_dtype(default):
             computed = evaluate_nodes(expression, samples, note_comparison)
     except (RuntimeError, TypeError) as exc:
         dtypes = ", ".join(f"{s.name}: {s.dtype}" for _, s in specs)

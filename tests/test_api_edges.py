@@ -489,3 +489,13 @@ def test_linear_takes_the_biases_f_linear_broadcasts_over_the_features():
         assert g.shape == bias.shape and torch.allclose(g, g_want, atol=1e-4), shape
     with pytest.raises(ShapeMismatchError, match=r"bias must have shape \(10,\), got \(6, 10\)"):
         autotile.linear(x, w, torch.randn(6, 10))
+
+
+@pytest.mark.parametrize("a_shape, w_shape", [((0, 5), (3, 5)), ((2, 0), (3, 0)), ((2, 5), (0, 5))])
+def test_an_unknown_activation_is_refused_on_empty_calls_too(a_shape, w_shape):
+    # Empty calls never build a problem (whose check refuses the name): they used to raise a bare KeyError.
+    x, w = torch.randn(a_shape), torch.randn(w_shape)
+    with pytest.raises(BadInputError, match="activation must be one of"):
+        autotile.linear(x, w, activation="tanh")
+    with pytest.raises(BadInputError, match="activation must be one of"):
+        autotile.matmul(x, w.t(), activation="tanh")

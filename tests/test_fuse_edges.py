@@ -128,3 +128,60 @@ def test_interpreted_fused_ops_warn_no_more_than_torch(recwarn):
     x = torch.rand(100) + 0.1
     torch.testing.assert_close(autotile.fuse("rsqrt(x) + x**-2")(x=x), x.rsqrt() + x**-2)
     assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]
+
+
+@pytest.mark.parametrize("x_shape, y_shape", [((3, 0), (3, 1)), ((0, 3), (3,)), ((0, 1), (1, 3))])
+def test_an_output_of_nonempty_inputs_is_computed_when_another_input_is_empty(x_shape, y_shape):
+    # The kernel runs over the broadcast shape of all the inputs, empty here; b uses y alone and is not empty.
+    x, y = torch.randn(x_shape), torch.rand(y_shape)
+    a, b = autotile.fuse("a = x * 2; b = y + 1")(x=x, y=y)
+    _same_bits(a, x * 2)
+    _same_bits(b, y + 1)
+
+
+def test_each_output_keeps_its_own_shape_under_vmap():
+    g = autotile.fuse("a = x + 1; b = a * y")
+    y = torch.rand(1, 4)
+    a, b = torch.func.vmap(lambda x: g(x=x, y=y))(torch.rand(2, 3, 1))
+    assert a.shape == (2, 3, 1) and b.shape == (2, 3, 4)
+
+
+@pytest.mark.parametrize("text, values", [
+    ("x + (a - b)", dict(a=100000001.0, b=100000000.0)),
+    ("x * (a / b)", dict(a=1e39, b=1e39)),
+])
+def test_python_number_inputs_combine_in_double_as_python_combines_them(text, values):
+    # torch gets (a - b) and (a / b) from Python, in double precision: 1.0 both times.
+    x = torch.ones(3)
+    want = torch.full((3,), 2.0) if "+" in text else x
+    _same_bits(autotile.fuse(text)(x=x, **values), want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_other_operands_compared_with_a_16_bit_tensor_are_rounded_to_its_dtype_as_torch_does(dtype):
+    # A Python number, a 0-d tensor and an integer tensor are cast to the comparison's 16-bit dtype first.
+    x = torch.tensor([0.1, 0.3, 2048.0, 7.0], dtype=dtype)
+    for op in ("==", ">=", "<", "!="):
+        fused = autotile.fuse(f"x {op} s")
+        for s in (0.1, torch.tensor(0.1), torch.tensor(0.1, dtype=torch.float64)):
+            _same_bits(fused(x=x, s=s), eval(f"x {op} s"))
+    n = torch.tensor([1, 1, 2049, 7], dtype=torch.int32)  # 2049 is 2048 in fp16 and bf16
+    _same_bits(autotile.fuse("x == n")(x=x, n=n), x == n)
+    _same_bits(autotile.fuse("where(x < s, x, 0)")(x=x, s=0.1), torch.where(x < 0.1, x, 0))
+
+
+def test_another_default_dtype_types_calls_as_torch_does():
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        i = torch.tensor([16777217, 3])
+        with pytest.warns(UserWarning, match="default dtype is torch.float64"):
+            got = autotile.fuse("x * 1.0")(x=i)
+        _same_bits(got, i * 1.0)  # float64, exact
+        with pytest.warns(UserWarning, match="eager torch computes it"):
+            _same_bits(autotile.fuse("x / 2")(x=i), i / 2)
+        h = torch.tensor([1.5, -2.0], dtype=torch.float16)  # typed alike under either default: the kernel serves it
+        _same_bits(autotile.fuse("x * 2.0")(x=h), h * 2.0)
+    finally:
+        torch.set_default_dtype(before)
+    _same_bits(autotile.fuse("x * 1.0")(x=torch.tensor([3])), torch.tensor([3.0]))

@@ -56,7 +56,9 @@ _ULPS_PER_STEP = 16
 # result, and a finite fp32 result needs |t| < 149, so one pow step is budgeted 2 * 149 * ln2 + 16 < 256 ulps.
 _ULPS_PER_POW = 256
 _ARITH_OPS = frozenset({"add", "sub", "mul", "div", "pow", "neg", "abs", "maximum", "minimum"})
-_VALUE_STEPS = frozenset({"load", "scalar", "const", "cast"})
+_VALUE_STEPS = frozenset({"load", "scalar", "const", "cast", "round"})
+# 16-bit float dtypes a "round" step rounds a value to (and back to its compute type).
+_ROUNDED = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 
 
 @dataclass(frozen=True)
@@ -218,6 +220,15 @@ class _Lowering:
             value = torch.tensor(value, dtype=dtype).item()
         return self.const(value, type_)
 
+    def compared(self, name: str, text: str, dtype: torch.dtype, type_: str) -> str:
+        """A value a comparison compares in a 16-bit float dtype it is not of (a scalar input, a 0-d tensor, an
+        integer tensor), rounded to that dtype first, as torch casts every operand to the comparison's dtype
+        (x == s with x fp16 and s = 0.1 compares against fp16's 0.1), then held in the compute type."""
+        value = self.as_type(name, type_)
+        if dtype in _ROUNDED and self.typing.types[text].dtype != dtype:
+            value = self.emit("round", type_, [value], dtype=_ROUNDED[dtype])
+        return value
+
     def compute(self, node: Node) -> str:
         return compute_type(self.typing.of(node), self.weak_float)
 
@@ -231,7 +242,8 @@ class _Lowering:
             operand = self.typing.operands[node.text]
             arg_t = compute_type(operand, self.weak_float)
             return self.emit(name, out_t, [self.compared_const(a, operand.dtype, arg_t) if a in self.const_of
-                                           else self.as_type(a, arg_t) for a in args])
+                                           else self.compared(a, arg.text, operand.dtype, arg_t)
+                                           for a, arg in zip(args, node.args)])
         if name == "where":
             cond = self.as_type(args[0], "i1")
             return self.emit("where", out_t, [cond] + [self.as_type(a, out_t) for a in args[1:]])
@@ -345,8 +357,10 @@ def build_plan(expression: Expression, specs: Mapping[str, InputSpec], one_eleme
     for name, node in expression.outputs:
         if typing.of(node).weak:
             raise ExpressionError(f"output {name!r} depends on no tensor input; every output needs at least one tensor")
-    has_fp64 = any(s.dtype == "fp64" for s in specs.values()) or torch.float64 in typing.outputs.values()
-    weak_float = "fp64" if has_fp64 else "fp32"
+    # Python numbers, and ops of them alone, are held in double as Python computes them ('x + (a - b)' with
+    # a = 100000001.0 and b = 100000000.0 adds 1, as torch given a - b does); they are uniform over a block, so
+    # this costs a few scalar ops a block. A value meeting a tensor takes the tensor's compute type.
+    weak_float = "fp64"
     tensor_names = tuple(n for n in expression.inputs if specs[n].kind != "scalar")
     scalar_names = tuple(n for n in expression.inputs if specs[n].kind == "scalar")
     uniform = one_element | frozenset(scalar_names) | frozenset(n for n in tensor_names if specs[n].kind == "zero_dim")

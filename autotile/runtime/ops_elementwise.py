@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -28,6 +29,9 @@ from autotile.launch import bind
 from autotile.runtime import fallback, trace
 from autotile.runtime.dispatch import on_clear
 from autotile.runtime.eager import direct_call_ok, under_transform
+
+
+_default_dtype = torch.get_default_dtype
 
 
 @functools.lru_cache(maxsize=1024)
@@ -158,9 +162,28 @@ def _execute(expression: Expression, values: dict) -> list[torch.Tensor]:
     return _launch(prepared, values)
 
 
+def _evaluated(expression: Expression, values: dict) -> list[torch.Tensor]:
+    """The outputs computed by eager torch (expr.evaluate), each of its own broadcast shape (output_shapes)."""
+    device = next(v for v in values.values() if isinstance(v, torch.Tensor)).device
+    return [torch.as_tensor(r, device=device).expand(shape)
+            for r, shape in zip(evaluate(expression, values).values(), output_shapes(expression, values))]
+
+
+def _empty_kernel(expression: Expression, values: dict) -> bool:
+    """Whether the kernel's shape (the broadcast shape of all the tensor inputs) is empty while an output's own
+    shape is not ('a = x * 2; b = y + 1' with x (3, 0) and y (3, 1)): the kernel would compute nothing of it."""
+    try:
+        full = torch.broadcast_shapes(*(v.shape for v in values.values() if isinstance(v, torch.Tensor)))
+    except RuntimeError:
+        return False  # the problem's own check says so
+    return 0 in full and any(0 not in shape for shape in output_shapes(expression, values))
+
+
 def _first_launch(expression: Expression, values: dict) -> list[torch.Tensor]:
     """A new signature: prepare it, launch it, and keep it once it ran. A config that cannot build or launch here
     hands the call (and the signature) to the default config (autotile.runtime.fallback)."""
+    if _empty_kernel(expression, values):  # nothing to launch: torch computes the outputs that are not empty
+        return [t.clone(memory_format=torch.contiguous_format) for t in _evaluated(expression, values)]
     key = _signature(expression.canonical, values)
     problem, device_info, values = problem_from(expression, values)
     resolution = fallback.usable(FAMILY, problem, device_info)
@@ -264,7 +287,7 @@ class FusedExpression:
         Only plain tensors of one device that need no autograd take this path; a signature is only ever
         prepared by the full path, which checked it.
         """
-        if len(values) != len(self._names):
+        if len(values) != len(self._names) or _default_dtype() is not torch.float32:
             return None
         parts = [self.canonical]
         for name in self._names:
@@ -289,6 +312,9 @@ class FusedExpression:
         values = {name: _host_scalar(value) for name, value in values.items()}
         if not torch.compiler.is_compiling() and under_transform():
             return self._in_torch(values)
+        if (_default_dtype() is not torch.float32 and not torch.compiler.is_compiling()
+                and self._typed_by_default(values)):
+            return self._in_torch(values, copies=True)
         if not torch.compiler.is_compiling():
             if torch.is_grad_enabled() and any(isinstance(v, torch.Tensor) and v.requires_grad for v in values.values()):
                 raise BadInputError("fuse has no backward; detach the inputs or call it under torch.no_grad()")
@@ -304,15 +330,27 @@ class FusedExpression:
         return tuple(results)
 
 
-    def _in_torch(self, values: dict):
-        """A call inside a torch.func transform (eager.under_transform): the expression in eager torch, which every
-        transform knows (grad included), after the checks every call gets; outputs of the inputs' broadcast shape."""
+    def _in_torch(self, values: dict, copies: bool = False):
+        """The expression in eager torch, after the checks every call gets; each output of the broadcast shape of
+        the inputs it uses. Inside a torch.func transform (eager.under_transform), which every transform knows
+        (grad included); or as new tensors (`copies`), where the kernel would type the call otherwise."""
         _check_scalars(values)
-        tensors = [v for v in values.values() if isinstance(v, torch.Tensor)]
-        shape = torch.broadcast_shapes(*(t.shape for t in tensors))
-        results = [torch.as_tensor(r, device=tensors[0].device).expand(shape)
-                   for r in evaluate(self.expression, values).values()]
+        results = _evaluated(self.expression, values)
+        if copies:
+            results = [t.clone(memory_format=torch.contiguous_format) for t in results]
         return results[0] if self.expression.bare else tuple(results)
+
+    def _typed_by_default(self, values: dict) -> bool:
+        """Whether torch's default dtype, set to other than float32, types this call otherwise than the kernel's
+        problem, which is typed under float32 (an integer input through a float op, a Python float into an
+        integer tensor): then torch computes it, said once."""
+        specs = {name: InputSpec.of(name, value) for name, value in values.items()}
+        if infer_types(self.expression, specs).types == infer_types(self.expression, specs, _default_dtype()).types:
+            return False
+        warnings.warn(f"autotile.fuse: torch's default dtype is {_default_dtype()}, which types "
+                      f"{self.canonical!r} unlike the float32 its kernels are built for: eager torch computes it "
+                      "(set torch.set_default_dtype(torch.float32) around the call for the kernel)", stacklevel=3)
+        return True
 
 
 def _host_scalar(value):

@@ -19,13 +19,22 @@ from autotile.device import current_device
 from autotile.dtypes import canonical_dtype_name, torch_dtype
 from autotile.errors import BadInputError, ShapeMismatchError
 from autotile.families.base import VENDOR_KEY
-from autotile.families.gemm import FAMILY, GemmProblem, vendor_matmul
+from autotile.families.gemm import ACTIVATIONS, FAMILY, GemmProblem, vendor_matmul
 from autotile.families.gemm_launch import bind_gemm
 from autotile.runtime import fallback, trace
 from autotile.runtime.dispatch import on_clear
 from autotile.runtime.eager import any_autocast, autocast_operands, direct_call_ok, under_transform
 
 _ACTIVATIONS = {"none": None, "relu": torch.relu, "silu": torch.nn.functional.silu, "gelu": torch.nn.functional.gelu}
+
+
+def _activation_fn(activation) -> Callable | None:
+    """The torch function of `activation` (None for none), refusing a name the family does not take, as its
+    problems do (calls that never build a problem: empty ones, and the vendor op's own epilogue)."""
+    try:
+        return _ACTIVATIONS[activation or "none"]
+    except (KeyError, TypeError):
+        raise BadInputError(f"activation must be one of {ACTIVATIONS}, got {activation!r}") from None
 
 
 def _inputs(a, b, bias, scale_a, scale_b, residual=None) -> dict:
@@ -76,7 +85,7 @@ def _empty_served(a, b, bias, activation, out_dtype, scale_a, scale_b, residual)
     or launch."""
     _check_tensor_types(a, b, bias, residual, scale_a, scale_b)
     _, out = FAMILY.check_operands(a, b, bias, out_dtype, residual=residual, scale_a=scale_a, scale_b=scale_b)
-    dtype, act = torch_dtype(out), _ACTIVATIONS[activation or "none"]
+    dtype, act = torch_dtype(out), _activation_fn(activation)
 
     def run(a, b, bias, scale_a, scale_b, residual):
         c = a.new_zeros((a.shape[0], b.shape[1]), dtype=torch.float32)
@@ -609,7 +618,7 @@ _any_autocast = any_autocast
 
 
 def _vendor_epilogue(y: torch.Tensor, activation, residual) -> torch.Tensor:
-    act = _ACTIVATIONS[activation or "none"]
+    act = _activation_fn(activation)
     y = y if act is None else act(y)
     return y if residual is None else y + residual
 
