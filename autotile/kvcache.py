@@ -8,14 +8,14 @@ sampling, beam search), and the first write into a shared page copies it
 `OutOfPagesError` before anything is changed.
 
 >>> import torch
->>> cache = PagedKVCache(num_layers=1, num_pages=32, page_size=16, num_kv_heads=2, head_dim=8)
+>>> cache = PagedKVCache(num_layers=1, num_pages=32, page_size=16, num_kv_heads=2, head_dim=16)
 >>> cache.allocate("a")
->>> slots = cache.append("a", torch.randn(300, 2, 8), torch.randn(300, 2, 8))
+>>> slots = cache.append("a", torch.randn(300, 2, 16), torch.randn(300, 2, 16))
 >>> s = cache.stats()
 >>> (s.pages_used, s.tokens_stored, s.wasted_slots)
 (19, 300, 4)
 >>> cache.fork("a", "b")
->>> cache.append("b", torch.randn(1, 2, 8), torch.randn(1, 2, 8))  # copies the shared last page (19)
+>>> cache.append("b", torch.randn(1, 2, 16), torch.randn(1, 2, 16))  # copies the shared last page (19)
 tensor([316])
 >>> cache.stats().pages_used, cache.stats().pages_shared
 (20, 18)
@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 import torch
 
 from autotile.errors import AutotileError, BadInputError, ShapeMismatchError
+from autotile.families.paged import check_head_dim
 
 # fp8 e4m3's largest finite value; values are divided by the cache's scale before the cast.
 _FP8_MAX = 448.0
@@ -99,10 +100,15 @@ class PagedKVCache:
         num_layers, num_pages, page_size, num_kv_heads, head_dim = (int(v) for v in sizes.values())
         if min(num_layers, num_pages, page_size, num_kv_heads, head_dim) < 1:
             raise BadInputError("num_layers, num_pages, page_size, num_kv_heads and head_dim must all be >= 1")
-        # The page sizes the paged ops take (autotile.families.paged.PagedProblem), refused here rather than at the
-        # first call. (Any dtype is kept: fp32 caches serve as references; the ops take fp16, bf16 and fp8.)
+        # The page sizes and head dims the paged ops take (autotile.families.paged.PagedProblem), refused here
+        # rather than at the first call. (Any dtype is kept: fp32 caches serve as references; the ops take fp16,
+        # bf16 and fp8.)
         if page_size & (page_size - 1) or page_size > 256:
             raise ShapeMismatchError(f"page_size must be a power of two up to 256, got {page_size}")
+        check_head_dim(head_dim)
+        if dtype != torch.float8_e4m3fn and (k_scale is not None or v_scale is not None):
+            raise BadInputError(f"k_scale and v_scale apply to fp8 caches only (dtype=torch.float8_e4m3fn); a "
+                                f"{dtype} cache stores values as they are: leave them out")
         self.num_layers, self.num_pages, self.page_size = num_layers, num_pages, page_size
         self.num_kv_heads, self.head_dim, self.dtype = num_kv_heads, head_dim, dtype
         self.device = torch.device(device)

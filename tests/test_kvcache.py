@@ -7,7 +7,7 @@ import torch
 from autotile.errors import BadInputError, ShapeMismatchError
 from autotile.kvcache import OutOfPagesError, PagedKVCache, UnknownSequenceError
 
-HEADS, DIM = 2, 8
+HEADS, DIM = 2, 16
 
 
 def make_cache(num_pages=32, page_size=16, num_layers=1, **kwargs) -> PagedKVCache:

@@ -325,3 +325,52 @@ def test_a_prefill_plan_for_no_sequences_refuses_tokens():
     assert plan.run(torch.randn(0, 4, 64).half(), cache, cache, *empty).shape == (0, 4, 64)
     with pytest.raises(ShapeMismatchError, match="batch=0"):
         plan.run(torch.randn(5, 4, 64).half(), cache, cache, *empty)
+
+
+def test_a_plan_made_for_cpu_0_serves_cpu_tensors():
+    # 'cpu:0' names the one CPU device (a cache made with it keeps it), whose tensors say 'cpu'.
+    cache = PagedKVCache(num_layers=1, num_pages=4, page_size=16, num_kv_heads=2, head_dim=64, device="cpu:0")
+    cache.allocate("a")
+    cache.append("a", torch.randn(20, 2, 64).half(), torch.randn(20, 2, 64).half())
+    plan = plan_paged_attention(batch=1, num_q_heads=8, num_kv_heads=2, head_dim=64, page_size=16, max_context=64,
+                                dtype=torch.float16, device=cache.device)
+    q = torch.randn(1, 8, 64).half()
+    args = (cache.k_pools[0], cache.v_pools[0], cache.block_table(["a"]), cache.context_lens(["a"]))
+    torch.testing.assert_close(plan.run(q, *args), autotile.paged_attention(q, *args, max_context=64))
+    # A q with D not of unit stride: the message shows its strides and says what to do.
+    with pytest.raises(ShapeMismatchError, match=r"strides \(512, 1, 8\): pass q.contiguous\(\)"):
+        plan.run(torch.randn(1, 64, 8).half().transpose(1, 2), *args)
+
+
+def test_the_one_call_paged_ops_refuse_a_q_that_wants_a_gradient():
+    # They have no backward: the output used to claim one and backward failed with torch's own message.
+    cache = filled_cache([20], heads_kv=2, dim=64)
+    args = (cache.k_pools[0], cache.v_pools[0], cache.block_table([0]), cache.context_lens([0]))
+    q = torch.randn(1, 8, 64).half().requires_grad_()
+    with pytest.raises(BadInputError, match="no backward, but q requires grad"):
+        autotile.paged_attention(q, *args)
+    with pytest.raises(BadInputError, match="torch.func"):
+        torch.func.grad(lambda q: autotile.paged_attention(q, *args).float().sum())(q.detach())
+    with pytest.raises(BadInputError, match="no backward, but q requires grad"):
+        autotile.paged_prefill(q, args[0], args[1], args[2], torch.tensor([0, 1], dtype=torch.int32), args[3])
+    with torch.inference_mode():
+        assert autotile.paged_attention(q, *args).shape == q.shape
+
+
+def test_the_cache_manager_refuses_what_the_ops_would_at_their_first_call():
+    with pytest.raises(ShapeMismatchError, match="head_dim must be a multiple of 8"):
+        PagedKVCache(num_layers=1, num_pages=4, page_size=16, num_kv_heads=2, head_dim=20)
+    with pytest.raises(BadInputError, match="apply to fp8 caches only"):
+        PagedKVCache(num_layers=1, num_pages=4, page_size=16, num_kv_heads=2, head_dim=64, k_scale=0.5, v_scale=0.5)
+
+
+def test_slots_off_the_table_name_context_lens_too():
+    # context_lens taken before reserve leaves the new tokens out of the context: the slots then look wrong.
+    cache = filled_cache([20], heads_kv=2, dim=64)
+    before = cache.context_lens([0])
+    slots = cache.reserve(0, 5)
+    k_new, v_new = (torch.randn(5, 2, 64).half() for _ in range(2))
+    with pytest.raises(BadInputError, match="count the new tokens in context_lens"):
+        autotile.paged_prefill(torch.randn(5, 8, 64).half(), cache.k_pools[0], cache.v_pools[0], cache.block_table([0]),
+                               torch.tensor([0, 5], dtype=torch.int32), before, k_new=k_new, v_new=v_new,
+                               slot_mapping=slots)

@@ -36,7 +36,7 @@ from autotile.errors import BadInputError, ShapeMismatchError, UnsupportedDtypeE
 from autotile.families.base import host_int
 from autotile.families.paged import CACHE_DTYPES, FAMILY, QUERY_DTYPES, PagedFamily, PagedProblem, context_bucket
 from autotile.runtime import paged_plan
-from autotile.runtime.eager import direct_call_ok
+from autotile.runtime.eager import direct_call_ok, under_transform
 from autotile.runtime.paged_fresh import fresh_prefill, is_fresh_uniform
 
 __all__ = ["paged_attention", "paged_prefill", "problem_for", "paged_prefill_problem_for", "served_config",
@@ -251,6 +251,20 @@ def _(q, k_cache, v_cache, block_table, context_lens, scale, k_scale, v_scale, m
     return torch.empty_like(q), q.new_empty(lse_shape, dtype=torch.float32)
 
 
+def _refuse_autograd(op: str, **tensors) -> None:
+    """The paged ops serve inference: a call that would need their gradient is refused up front (it would fail
+    at backward time with torch's own message, or inside a torch.func transform)."""
+    if not torch.compiler.is_compiling() and under_transform():
+        raise BadInputError(f"{op} has no backward and does not run inside torch.func transforms; train with "
+                            "autotile.flash_attention(_varlen)")
+    if torch.is_grad_enabled():
+        wanting = [name for name, t in tensors.items() if isinstance(t, torch.Tensor) and t.requires_grad]
+        if wanting:
+            raise BadInputError(f"{op} has no backward, but {', '.join(wanting)} requires grad: call it under "
+                                "torch.inference_mode() or torch.no_grad(), or detach the inputs; train with "
+                                "autotile.flash_attention(_varlen)")
+
+
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
                     context_lens: torch.Tensor, *, scale: float | None = None,
                     k_scale: float | torch.Tensor | None = None, v_scale: float | torch.Tensor | None = None,
@@ -276,6 +290,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     For many steps of one shape, `autotile.plan_paged_attention` keeps the host work out of the loop.
     """
     _check_layout(q, k_cache, v_cache, block_table, context_lens)
+    _refuse_autograd("paged_attention", q=q)
     k_scale_t, v_scale_t = _fp8_scales(k_cache, k_scale, v_scale)
     scale = paged_plan.finite_scale(scale, q.shape[-1])
     max_context = _max_context(max_context)
@@ -397,6 +412,7 @@ def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     torch.Size([24, 8, 64])
     """
     batch = _check_prefill_layout(q, k_cache, v_cache, block_table, cu_seqlens_q, context_lens)
+    _refuse_autograd("paged_prefill", q=q, k_new=k_new, v_new=v_new)
     k_scale_t, v_scale_t = _fp8_scales(k_cache, k_scale, v_scale)
     scale = paged_plan.finite_scale(scale, q.shape[-1])
     max_context = _max_context(max_context)

@@ -254,6 +254,20 @@ def _shape_dtypes(num_q_heads: int, num_kv_heads: int, head_dim: int, page_size:
     return dtype, kv_dtype, q_name, kv_name
 
 
+def _described(t: torch.Tensor) -> str:
+    """A tensor as the plans' messages show it: shape, dtype, device and strides."""
+    return f"{tuple(t.shape)} {t.dtype} on {t.device} with strides {tuple(t.stride())}"
+
+
+def _q_hint(q: torch.Tensor, wanted: tuple | None) -> str:
+    """What to do about a refused q where one thing is plainly off: its layout along D, or a smaller batch."""
+    if q.dim() and q.stride(-1) != 1:
+        return ": pass q.contiguous()"
+    if wanted is not None and q.dim() == len(wanted) and tuple(q.shape[1:]) == wanted[1:] and q.shape[0] < wanted[0]:
+        return f": pad the batch to {wanted[0]} with rows of context length 0"
+    return ""
+
+
 def _check_int(name: str, value) -> None:
     """A plan's size given as an int (numpy's too): 2.5 sequences would otherwise be planned as 2."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
@@ -282,6 +296,8 @@ class _PlanBase:
                                 "(Triton's interpreter runs the plan) or leave device out")
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
+        elif self.device.type == "cpu":
+            self.device = torch.device("cpu")  # 'cpu:0' names the one CPU device, whose tensors say 'cpu'
         self.return_lse = bool(return_lse)
         self.checks = checks_on(self.device) if checks is None else bool(checks)
         self.fp8 = self.kv_dtype_name == "fp8"
@@ -458,7 +474,7 @@ class PagedAttentionPlan(_PlanBase):
                    else (self.batch, self.num_queries, self.num_q_heads, self.head_dim))
         if tuple(q.shape) != q_shape or q.dtype != self.dtype or q.device != self.device or q.stride(-1) != 1:
             raise ShapeMismatchError(f"q must be {q_shape} {self.dtype} on {self.device} with unit stride along D, "
-                                     f"got {tuple(q.shape)} {q.dtype} on {q.device}")
+                                     f"got {_described(q)}{_q_hint(q, q_shape)}")
         lse_shape = q_shape[:-1]
         self._check_output("out", out, q_shape, self.dtype)
         self._check_output("lse", lse, lse_shape, torch.float32)
@@ -587,8 +603,8 @@ class PagedPrefillPlan(_PlanBase):
         if (q.dim() != 3 or tuple(q.shape[1:]) != (self.num_q_heads, self.head_dim) or q.dtype != self.dtype
                 or q.device != self.device or q.stride(-1) != 1):
             raise ShapeMismatchError(f"q must be (T, {self.num_q_heads}, {self.head_dim}) {self.dtype} on "
-                                     f"{self.device} with unit stride along D, got {tuple(q.shape)} {q.dtype} "
-                                     f"on {q.device}")
+                                     f"{self.device} with unit stride along D, got {_described(q)}"
+                                     f"{_q_hint(q, None)}")
         tokens = q.shape[0]
         self._check_output("out", out, tuple(q.shape), self.dtype)
         self._check_output("lse", lse, (tokens, self.num_q_heads), torch.float32)
@@ -803,7 +819,8 @@ def check_slots_follow_the_table(slot_mapping, block_table, starts: list[int], l
         raise BadInputError(
             f"slot_mapping[{t}] is {int(got[t])}, but that new token (sequence {int(seq[t])}, position "
             f"{int(position[t])}) belongs in slot {int(want[t])} of its block_table row: pass the slots "
-            "PagedKVCache.reserve gave, or work them out from the same table")
+            "PagedKVCache.reserve gave, or work them out from the same table; and count the new tokens in "
+            "context_lens (take them after reserve), since the new tokens are the context's last")
 
 
 # --- merging partial results -------------------------------------------------------------------
