@@ -499,3 +499,10 @@ def test_an_unknown_activation_is_refused_on_empty_calls_too(a_shape, w_shape):
         autotile.linear(x, w, activation="tanh")
     with pytest.raises(BadInputError, match="activation must be one of"):
         autotile.matmul(x, w.t(), activation="tanh")
+
+
+@pytest.mark.parametrize("out_dtype", [torch.int32, torch.float64])
+def test_an_output_dtype_the_kernels_do_not_write_is_refused_naming_those_they_do(out_dtype):
+    # The message listed every dtype autotile knows (fp64 and fp8 among them), which the outputs then refused.
+    with pytest.raises(UnsupportedDtypeError, match=r"out_dtype must be one of \('fp32', 'fp16', 'bf16'\)"):
+        autotile.matmul(torch.randn(2, 5), torch.randn(5, 3), out_dtype=out_dtype)

@@ -221,7 +221,7 @@ class GemmFamily(Family):
         if dtype not in OPERAND_DTYPES:
             raise UnsupportedDtypeError(f"the gemm kernels take {OPERAND_DTYPES} operands, got {a.dtype}: cast them "
                                         "(e.g. .to(torch.bfloat16)), or call torch for other dtypes")
-        out = canonical_dtype_name(out_dtype) if out_dtype is not None else ("bf16" if dtype == "fp8" else dtype)
+        out = _output_dtype_name(out_dtype) if out_dtype is not None else ("bf16" if dtype == "fp8" else dtype)
         m, k = a.shape
         n = b.shape[1]
         if bias is not None and (bias.dim() != 1 or bias.shape[0] != n):
@@ -509,6 +509,18 @@ class GemmFamily(Family):
         if not bound:  # fp8 (its scales), or a launch Triton's own path took: the plan serves it
             return super().timed_call(problem, config, inputs, outputs)
         return lambda: bound(a, b, c, bias, residual)
+
+
+def _output_dtype_name(out_dtype) -> str:
+    """out_dtype's name, refused (naming the outputs the kernels write) where it is none of OUTPUT_DTYPES."""
+    try:
+        name = canonical_dtype_name(out_dtype)
+    except UnsupportedDtypeError:
+        name = None
+    if name not in OUTPUT_DTYPES:
+        raise UnsupportedDtypeError(f"out_dtype must be one of {OUTPUT_DTYPES} (torch.float32, torch.float16, "
+                                    f"torch.bfloat16), got {out_dtype!r}")
+    return name
 
 
 def fp8_promotion_interval(problem: GemmProblem) -> int:
