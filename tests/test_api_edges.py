@@ -506,3 +506,47 @@ def test_an_output_dtype_the_kernels_do_not_write_is_refused_naming_those_they_d
     # The message listed every dtype autotile knows (fp64 and fp8 among them), which the outputs then refused.
     with pytest.raises(UnsupportedDtypeError, match=r"out_dtype must be one of \('fp32', 'fp16', 'bf16'\)"):
         autotile.matmul(torch.randn(2, 5), torch.randn(5, 3), out_dtype=out_dtype)
+
+
+@pytest.mark.parametrize("name, value, advice", [
+    ("is_causal", True, "pass causal=True"), ("softmax_scale", 0.1, "pass scale="),
+    ("window_size", (3, 0), r"pass window=\(left, right\)"), ("attn_mask", None, "arbitrary masks are not served"),
+    ("dropout_p", 0.1, "dropout is not served"), ("foo", 1, "unexpected keyword argument 'foo'")])
+def test_sdpa_and_flash_attn_arguments_get_what_to_pass_instead(name, value, advice):
+    q, k, v = (torch.randn(1, 2, 8, 16) for _ in range(3))
+    with pytest.raises(BadInputError, match=advice):
+        autotile.flash_attention(q, k, v, **{name: value})
+    cu = torch.tensor([0, 8], dtype=torch.int32)
+    with pytest.raises(BadInputError, match=advice):
+        autotile.flash_attention_varlen(q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1), cu, cu,
+                                        8, 8, **{name: value})
+    # What changes nothing is let through, as SDPA users pass it.
+    torch.testing.assert_close(autotile.flash_attention(q, k, v, dropout_p=0.0, enable_gqa=True),
+                               autotile.flash_attention(q, k, v))
+
+
+def test_a_tensor_scale_is_read_by_value_and_refused_where_it_wants_a_gradient():
+    from autotile.runtime import ops_flash
+
+    q, k, v = (torch.randn(1, 2, 8, 16) for _ in range(3))
+    with pytest.raises(BadInputError, match="requires grad"):
+        autotile.flash_attention(q, k, v, scale=torch.tensor(0.3, requires_grad=True))
+    with pytest.raises(BadInputError, match="requires grad"):
+        autotile.flash_attention(q, k, v, softcap=torch.nn.Parameter(torch.tensor(5.0)))
+    want = autotile.flash_attention(q, k, v, scale=torch.tensor(0.3))
+    kept = len(ops_flash._calls)
+    for _ in range(5):  # each a new tensor: keyed by value, not by the object
+        torch.testing.assert_close(autotile.flash_attention(q, k, v, scale=torch.tensor(0.3)), want)
+    assert len(ops_flash._calls) == kept
+    with pytest.raises(BadInputError, match="softcap must be a finite number"):
+        autotile.flash_attention(q, k, v, softcap="50")
+
+
+def test_varlen_lengths_are_checked_where_torch_compile_traces_the_call():
+    # Traced, the call skips its own check (max_seqlen may be symbolic); the op checks the real lengths.
+    cu = torch.tensor([0, 70, 75], dtype=torch.int32)
+    q, k, v = (torch.randn(75, 2, 16) for _ in range(3))
+    compiled = torch.compile(lambda q, k, v, cu: autotile.flash_attention_varlen(q, k, v, cu, cu, 8, 8, causal=True),
+                             backend="eager", fullgraph=True)
+    with pytest.raises(BadInputError, match="longer than max_seqlen_q=8"):
+        compiled(q, k, v, cu)

@@ -126,6 +126,15 @@ class FlashProblem:
         return Scores(self.causal, self.window_left, self.window_right, self.softcap)
 
 
+
+def _v_hint(k, v) -> str:
+    """Why k and v differ where only the last dim does: a value head dim of its own (SDPA takes one) is not served."""
+    if k.dim() == v.dim() and k.shape[:-1] == v.shape[:-1]:
+        return (": a value head dim other than the key's is not served (nor by FlashAttention-2); call "
+                "torch.nn.functional.scaled_dot_product_attention, or pad v to the key's head dim")
+    return ""
+
+
 def alibi_slopes(heads: int) -> torch.Tensor:
     """The ALiBi paper's slopes for `heads` heads (geometric, 2^(-8/n) ... 2^-8 for n a power of two), fp32."""
     def powers(n: int) -> list[float]:
@@ -217,7 +226,7 @@ class FlashFamily(Family):
                     f"{name} must be (batch, heads, seq, head_dim) as in SDPA, got shape {tuple(t.shape)}; as in SDPA, "
                     f"q, k and v may instead share the same other leading dims (or none before heads)")
         if k.shape != v.shape:
-            raise ShapeMismatchError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must have the same shape")
+            raise ShapeMismatchError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must have the same shape{_v_hint(k, v)}")
         if q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]:
             raise ShapeMismatchError(
                 f"q {tuple(q.shape)} and k {tuple(k.shape)} must agree in batch (dim 0) and head dim (dim 3)")
@@ -242,7 +251,7 @@ class FlashFamily(Family):
                     f"{name} must be 3-D (total_tokens, heads, head_dim) as in FlashAttention's varlen API, "
                     f"got shape {tuple(t.shape)}")
         if k.shape != v.shape:
-            raise ShapeMismatchError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must have the same shape")
+            raise ShapeMismatchError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must have the same shape{_v_hint(k, v)}")
         if q.shape[2] != k.shape[2]:
             raise ShapeMismatchError(f"q {tuple(q.shape)} and k {tuple(k.shape)} must agree in head dim (dim 2)")
         for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):

@@ -126,13 +126,54 @@ def check_args(q, k, v, scale, softcap) -> None:
                                  f"shape {tuple(q.shape)}")
     if scale is not None and not (_is_number(scale) and math.isfinite(float(scale))):
         raise BadInputError(f"scale must be a finite number (None: 1/sqrt(head_dim)), got {scale!r}")
-    if softcap is not None and not (math.isfinite(float(softcap)) and float(softcap) >= 0):
+    if softcap is not None and not (_is_number(softcap) and math.isfinite(float(softcap)) and float(softcap) >= 0):
         raise BadInputError(f"softcap must be a finite number >= 0 (0 or None: off), got {softcap!r}")
     if q.dtype == torch.float8_e4m3fn and q.device.type == "cpu":
         # NOTE: Triton 3.6's interpreter rounds fp32 -> e4m3 wrongly (errors of 0.25 on [0, 1]); a wrong
         # result is worse than none.
         raise UnsupportedDtypeError("fp8 attention runs on CUDA GPUs only (the CPU interpreter rounds to e4m3 "
                                     "wrongly); on the CPU, cast q, k, v to bfloat16 or float32")
+
+
+def number_arguments(scale, softcap) -> tuple:
+    """scale and softcap as numbers: one-element tensors are read (and keyed) by value, and refused where they
+    require grad, since the kernels compute no gradient for them (SDPA refuses tensors outright)."""
+    for name, value in (("scale", scale), ("softcap", softcap)):
+        if isinstance(value, torch.Tensor) and value.requires_grad:
+            raise BadInputError(f"{name} is a tensor that requires grad, but attention takes it as a number and computes "
+                                f"no gradient for it: for a learnable temperature t, pass q * t (the logits scale "
+                                f"with q), or {name}=float(...) to train without it")
+    return (float(scale) if isinstance(scale, torch.Tensor) else scale,
+            float(softcap) if isinstance(softcap, torch.Tensor) else softcap)
+
+
+# Arguments of SDPA and of FlashAttention's flash_attn_(varlen_)func, with what to pass instead (None: taken and
+# ignored where its value changes nothing).
+_FOREIGN_ARGUMENTS = {
+    "is_causal": "pass causal=True",
+    "softmax_scale": "pass scale=",
+    "window_size": "pass window=(left, right)",
+    "attn_mask": "arbitrary masks are not served (causal, window, softcap and alibi_slopes are): call "
+                 "torch.nn.functional.scaled_dot_product_attention",
+    "dropout_p": "attention dropout is not served: apply dropout elsewhere, or call "
+                 "torch.nn.functional.scaled_dot_product_attention",
+    "deterministic": "use torch.use_deterministic_algorithms(True), which the backward follows",
+    "return_attn_probs": "the probabilities are not returned: return_lse=True gives each row's log-sum-exp",
+    "block_table": "for paged K/V call autotile.paged_prefill or autotile.paged_attention",
+}
+
+
+def foreign_arguments(op: str, extra: dict) -> None:
+    """Keyword arguments the op does not take: those of SDPA and FlashAttention get what to pass instead;
+    dropout_p=0 and enable_gqa (GQA is taken from the head counts) change nothing and are let through."""
+    for name, value in extra.items():
+        if (name == "dropout_p" and value in (0, 0.0, None)) or (name == "enable_gqa" and value in (True, False)):
+            continue
+        advice = _FOREIGN_ARGUMENTS.get(name)
+        if advice is None:
+            raise BadInputError(f"{op}() got an unexpected keyword argument {name!r}; it takes causal, scale, window, "
+                                "softcap, alibi_slopes and return_lse")
+        raise BadInputError(f"{op}() takes no {name!r}: {advice}")
 
 
 def _is_number(value) -> bool:
@@ -717,7 +758,7 @@ def _empty_attention(q, k, v, causal, scale, window, softcap, alibi, return_lse)
 
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
                     scale: float | None = None, window: tuple[int, int] | None = None, softcap: float | None = None,
-                    alibi_slopes: torch.Tensor | None = None, return_lse: bool = False):
+                    alibi_slopes: torch.Tensor | None = None, return_lse: bool = False, **sdpa_arguments):
     """softmax(scale * q k^T) v with SDPA's layout, differentiable.
 
     q is (B, Hq, Sq, D) and k, v are (B, Hkv, Sk, D) with Hq a multiple of Hkv (MHA, GQA, MQA), or
@@ -746,6 +787,10 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
     >>> out.sum().backward(); q.grad.shape
     torch.Size([1, 2, 5, 16])
     """
+    if sdpa_arguments:
+        foreign_arguments("flash_attention", sdpa_arguments)
+    if isinstance(scale, _Tensor) or isinstance(softcap, _Tensor):
+        scale, softcap = number_arguments(scale, softcap)
     if not torch.compiler.is_compiling():
         # Only plain calls can be SDPA's (windows, soft-capping and ALiBi are not): the others skip the short key.
         plain = alibi_slopes is None and not return_lse and window is None and not softcap

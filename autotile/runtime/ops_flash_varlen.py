@@ -20,7 +20,8 @@ from autotile.families.flash import FAMILY, FlashFamily, FlashProblem, effective
 from autotile.runtime.eager import autograd_call_ok, direct_call_ok, under_transform
 from autotile.runtime.ops_flash import (LN2, _keep, _layout, _normalise, _unit_stride, attention_in_torch,
                                         autocast_inputs, check_flags, check_fp8_grad, check_slopes_grad, eager_or_op,
-                                        no_double_backward, serve_backward, serve_forward)
+                                        foreign_arguments, no_double_backward, number_arguments, serve_backward,
+                                        serve_forward)
 from autotile.runtime.paged_plan import checks_on
 
 
@@ -48,6 +49,10 @@ def flash_attention_varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
                                scale: float, window_left: int = -1, window_right: int = -1, softcap: float = 0.0,
                                alibi_slopes: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """o (total_q, Hq, D) and lse (Hq, total_q) fp32, log2 domain (+inf for rows that see no key)."""
+    if checks_on(q.device):
+        # The call's own check is skipped where torch.compile traces it (a traced max_seqlen may be symbolic), and
+        # the lengths are only real here: a max_seqlen short of a sequence would leave its last rows unwritten.
+        check_lengths(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     served = _served_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale,
                              (window_left, window_right), softcap, alibi_slopes)
     served.calls[0] += 1
@@ -164,7 +169,7 @@ def flash_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
                            cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, *, causal: bool = False,
                            scale: float | None = None, window: tuple[int, int] | None = None,
                            softcap: float | None = None, alibi_slopes: torch.Tensor | None = None,
-                           return_lse: bool = False):
+                           return_lse: bool = False, **flash_attn_arguments):
     """Attention of each packed sequence with itself, as FlashAttention's flash_attn_varlen_func; differentiable.
 
     q (total_q, Hq, D), k and v (total_k, Hkv, D), Hq a multiple of Hkv; sequence b is rows
@@ -184,6 +189,10 @@ def flash_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
     >>> bool((out[:3] - first).abs().max() < 1e-5)
     True
     """
+    if flash_attn_arguments:
+        foreign_arguments("flash_attention_varlen", flash_attn_arguments)
+    if isinstance(scale, torch.Tensor) or isinstance(softcap, torch.Tensor):
+        scale, softcap = number_arguments(scale, softcap)
     check_flags(causal, alibi_slopes)
     q, k, v, scale, window, softcap = _normalise(q, k, v, scale, window, softcap)
     if (cast := autocast_inputs(q, k, v)) is not None:
