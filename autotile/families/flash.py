@@ -226,7 +226,8 @@ class FlashFamily(Family):
                     f"{name} must be (batch, heads, seq, head_dim) as in SDPA, got shape {tuple(t.shape)}; as in SDPA, "
                     f"q, k and v may instead share the same other leading dims (or none before heads)")
         if k.shape != v.shape:
-            raise ShapeMismatchError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must have the same shape{_v_hint(k, v)}")
+            raise ShapeMismatchError(
+                f"k {tuple(k.shape)} and v {tuple(v.shape)} must have the same shape{_v_hint(k, v)}")
         if q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]:
             raise ShapeMismatchError(
                 f"q {tuple(q.shape)} and k {tuple(k.shape)} must agree in batch (dim 0) and head dim (dim 3)")
@@ -251,7 +252,8 @@ class FlashFamily(Family):
                     f"{name} must be 3-D (total_tokens, heads, head_dim) as in FlashAttention's varlen API, "
                     f"got shape {tuple(t.shape)}")
         if k.shape != v.shape:
-            raise ShapeMismatchError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must have the same shape{_v_hint(k, v)}")
+            raise ShapeMismatchError(
+                f"k {tuple(k.shape)} and v {tuple(v.shape)} must have the same shape{_v_hint(k, v)}")
         if q.shape[2] != k.shape[2]:
             raise ShapeMismatchError(f"q {tuple(q.shape)} and k {tuple(k.shape)} must agree in head dim (dim 2)")
         for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):

@@ -140,9 +140,9 @@ def number_arguments(scale, softcap) -> tuple:
     require grad, since the kernels compute no gradient for them (SDPA refuses tensors outright)."""
     for name, value in (("scale", scale), ("softcap", softcap)):
         if isinstance(value, torch.Tensor) and value.requires_grad:
-            raise BadInputError(f"{name} is a tensor that requires grad, but attention takes it as a number and computes "
-                                f"no gradient for it: for a learnable temperature t, pass q * t (the logits scale "
-                                f"with q), or {name}=float(...) to train without it")
+            raise BadInputError(f"{name} is a tensor that requires grad, but attention takes it as a number and "
+                                f"computes no gradient for it: for a learnable temperature t, pass q * t (the "
+                                f"logits scale with q), or {name}=float(...) to train without it")
     return (float(scale) if isinstance(scale, torch.Tensor) else scale,
             float(softcap) if isinstance(softcap, torch.Tensor) else softcap)
 
