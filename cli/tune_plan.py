@@ -9,6 +9,16 @@ from autotile.cli.common import FamilyGroup, db_option, friendly_errors, known_f
 MODEL_FAMILIES = ("gemm", "flash")
 
 
+def option_value(parse, text: str, hint: str):
+    """An option's text through `parse`, its refusal a usage error (exit 2) as the parser's own are."""
+    from autotile.errors import BadInputError
+
+    try:
+        return parse(text)
+    except BadInputError as exc:
+        raise click.BadParameter(str(exc), param_hint=hint) from None
+
+
 def model_options(family):
     """--model/--tokens/--dims (and --budget) for the families a model table describes; others get none."""
 
@@ -70,7 +80,7 @@ def tune_model(family, model_opts: dict, shape_options: dict, given: list[str], 
     models = _models(model_opts)
     tokens = parse_tokens(model_opts["tokens"])
     planned = model_problems(family.name, models, tokens, dtype, batch)
-    budget = parse_budget(model_opts["budget"]) if model_opts["budget"] else None
+    budget = option_value(parse_budget, model_opts["budget"], "--budget") if model_opts["budget"] else None
     click.echo(f"{', '.join(m.name for m in models)}: {len(planned)} {family.name} problems"
                + (f" within {budget:.0f} s" if budget else f", {trials} trials each"))
     _run(planned, device, budget, db_url, trials, seed, **tune_kwargs)
@@ -204,8 +214,8 @@ def tune_group(factory) -> click.Group:
         from autotile.runtime.trace import read_trace
         from autotile.tune.plan import parse_budget, parse_shard, plan_from_trace, shard_of
 
-        seconds = parse_budget(budget) if budget else None
-        part = parse_shard(shard) if shard else None
+        seconds = option_value(parse_budget, budget, "--budget") if budget else None
+        part = option_value(parse_shard, shard, "--shard") if shard else None
         entries = read_trace(trace_path)
         device = resolve_gpu(gpu)
         planned, notes = plan_from_trace(entries, families or None)

@@ -195,7 +195,9 @@ GEMM_LINE = json.dumps({"family": "gemm", "device": "interpret", "calls": 3,
     (b"", "is empty"),
     (HEADER, "has no end record: it was cut short"),
     (HEADER + b'{"family": "gemm"', "not JSON"),
-    (b'{"format": "autotile-trace", "version": 9}\n', "format version 9; this autotile reads version 1"),
+    (b'{"format": "autotile-trace", "version": 9}\n', "format version 9, newer than this autotile reads"),
+    (b'{"format": "autotile-trace", "version": 0}\n', "format version 0; this autotile reads version 1"),
+    (b'{"format": "autotile-trace"}\n', "has no format version"),
     (b'{"format": "something-else"}\n', "is not an autotile trace"),
 ])
 def test_a_bad_trace_file_gets_one_line(tmp_path, content, words):
@@ -252,7 +254,8 @@ def test_a_trace_run_where_a_problem_fails_exits_non_zero_and_keeps_the_others(t
                                            ("-5", "give a duration")])
 def test_from_trace_budgets_that_are_not_durations(tmp_path, budget, words):
     gemm = trace_file(tmp_path, "gemm.jsonl", HEADER + GEMM_LINE + b'{"record": "end", "count": 1}\n')
-    assert words in one_line_error(invoke("tune", "--from-trace", gemm, "--gpu", "interpret", "--budget", budget))
+    # A usage error, as the parser's own (--trials 0) are: exit 2.
+    assert words in one_line_error(invoke("tune", "--from-trace", gemm, "--gpu", "interpret", "--budget", budget), 2)
 
 
 @pytest.fixture
@@ -322,10 +325,14 @@ def test_a_failed_trace_write_keeps_the_counts_for_the_next_flush(tmp_path, fres
     (("--dims", "hidden=64,heads"), "is not NAME=INTEGER"),
     (("--dims", "hidden=64"), "--dims needs heads, intermediate"),
     (("--model", "llama3-8b", "--tokens", "0"), "--tokens: '0' is not a token count"),
-    (("--model", "llama3-8b", "--budget", "soon"), "--budget 'soon'"),
 ])
 def test_tune_gemm_model_input_errors(args, words):
     assert words in one_line_error(invoke("tune", "gemm", *args, "--gpu", "interpret"))
+
+
+def test_a_budget_that_is_no_duration_is_a_usage_error():
+    result = invoke("tune", "gemm", "--model", "llama3-8b", "--budget", "soon", "--gpu", "interpret")
+    assert "--budget 'soon'" in one_line_error(result, 2)
 
 
 def test_tune_timeouts_must_be_positive(planned):
@@ -715,3 +722,35 @@ def test_trial_timeout_under_the_interpreter_says_it_does_not_apply(tmp_path):
                     "--trial-timeout", 1, "--db", f"sqlite:///{tmp_path / 't.sqlite'}")
     assert result.exit_code == 0, result.output
     assert "--trial-timeout applies on a GPU only" in " ".join(result.output.split())
+
+
+def test_tune_into_a_folder_names_it_as_every_other_command_does(tmp_path):
+    # tune said "not a readable database ... move this one away" of a folder.
+    line = one_line_error(invoke("tune", "gemm", "--m", 16, "--n", 16, "--k", 16, "--trials", 1, "--gpu", "interpret",
+                                 "--db", tmp_path))
+    assert "is a folder, not a database file" in line and "tuning.sqlite" in line
+
+
+def test_a_mean_context_above_the_context_is_refused_not_clamped(tmp_path):
+    # It tuned max_context = mean_context = 32 instead: another problem, silently.
+    line = one_line_error(invoke("tune", "paged", "--batch", 1, "--context", 32, "--mean-context", 64, "--trials", 1,
+                                 "--gpu", "interpret", "--db", tmp_path / "t.sqlite"))
+    assert "mean_context <= max_context" in line
+
+
+def test_from_trace_stops_at_a_database_it_cannot_use(tmp_path, monkeypatch):
+    # Each problem repeated the same database error; the command now says it once.
+    from autotile.errors import DatabaseError
+    from autotile.tune import driver
+
+    calls = []
+
+    def unusable(*args, **kwargs):
+        calls.append(1)
+        raise DatabaseError("sqlite:///x.sqlite cannot be written (a read-only file)")
+
+    monkeypatch.setattr(driver, "tune_problem", unusable)
+    two = trace_file(tmp_path, "two.jsonl", HEADER + GEMM_LINE + GEMM_LINE.replace(b'"m": ', b'"m": 1') +
+                     b'{"record": "end", "count": 2}\n')
+    line = one_line_error(invoke("tune", "--from-trace", two, "--gpu", "interpret", "--db", tmp_path / "t.sqlite"))
+    assert "cannot be written" in line and len(calls) == 1

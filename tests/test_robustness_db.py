@@ -489,7 +489,9 @@ def test_a_database_that_cannot_be_opened_is_named_for_why(tmp_path, monkeypatch
 @pytest.mark.parametrize("case, fix", [("newer schema", "upgrade autotile"), ("older schema", "run `autotile db upgrade"),
                                        ("not sqlite", "move the file away"), ("missing driver", "check AUTOTILE_DB"),
                                        ("folder", "point AUTOTILE_DB at a database file"),
-                                       ("in memory", "an in-memory database holds no winners")])
+                                       ("in memory", "an in-memory database holds no winners"),
+                                       # (these two said `db verify`, which fails on them as the runtime did)
+                                       ("empty file", "move the file away"), ("cut short", "move the file away")])
 def test_the_runtimes_fix_fits_what_is_wrong(case, fix, tuned, tmp_path, monkeypatch, caplog):
     """The runtime's warning said `db verify` whatever was wrong, also where its own reason said to upgrade."""
     path = _copy(tuned, tmp_path / "t.sqlite")
@@ -506,6 +508,11 @@ def test_the_runtimes_fix_fits_what_is_wrong(case, fix, tuned, tmp_path, monkeyp
         url = f"sqlite:///{tmp_path}"
     elif case == "in memory":
         url = "sqlite://"
+    elif case == "empty file":
+        path.write_bytes(b"")
+    elif case == "cut short":
+        with open(path, "r+b") as f:
+            f.truncate(path.stat().st_size // 2)
     else:
         url = "postgresql+psycopg2://tuner@localhost/autotile"
     monkeypatch.setenv("AUTOTILE_DB", url)

@@ -424,7 +424,8 @@ class PagedFamily(Family):
             return self.default_suite()
         if not batches or not contexts:
             raise BadInputError("give both --batch and --context (or neither, for the default suite)")
-        return [PagedProblem(b, q_heads, kv_heads, head_dim, page_size, ctx, min(mean_context or ctx, ctx),
+        # A --mean-context above a --context is refused by the problem (it was clamped: another problem, silently).
+        return [PagedProblem(b, q_heads, kv_heads, head_dim, page_size, ctx, mean_context or ctx,
                              num_queries, dtype, kv_dtype or dtype, softcap or 0.0, -1 if window is None else window)
                 for b in batches for ctx in contexts]
 

@@ -137,12 +137,13 @@ def _warn_once(url: str, exc: BaseException) -> None:
         fix = f"run `autotile db upgrade --db {shown}` (it keeps a copy of the file first)"
     elif "newer than this autotile" in reason:
         fix = "upgrade autotile (pip install -U autotile), or point AUTOTILE_DB at another file"
-    elif "not a SQLite database" in reason or "damaged" in reason or "not an autotile database" in reason:
+    elif url.rstrip("/") in ("sqlite:", "sqlite://") or url.endswith(":memory:"):
+        fix = "an in-memory database holds no winners: point AUTOTILE_DB at a file, or unset it"
+    elif any(part in reason for part in ("not a SQLite database", "damaged", "not an autotile database",
+                                          "holds no autotile tables", "not a readable database")):
         fix = "move the file away (or unset AUTOTILE_DB); the next tune starts a new one"
     elif "is a folder" in reason:
         fix = "point AUTOTILE_DB at a database file (e.g. <folder>/tuning.sqlite), or unset it"
-    elif url.rstrip("/") in ("sqlite:", "sqlite://") or url.endswith(":memory:"):
-        fix = "an in-memory database holds no winners: point AUTOTILE_DB at a file, or unset it"
     elif url.startswith("sqlite:") or "://" not in url:
         fix = f"run `autotile db verify --db {shown}`, or move the file away (or unset AUTOTILE_DB) to start a new one"
     else:

@@ -295,8 +295,13 @@ def _check_header(path: Path, record: dict) -> None:
         raise TraceFormatError(f"{path} is not an autotile trace (its first line has no \"format\": \"{FORMAT}\")")
     version = record.get("version")
     if version != VERSION:
-        raise TraceFormatError(f"{path} is a trace of format version {version!r}; this autotile reads version "
-                               f"{VERSION}: record it again with this autotile")
+        if isinstance(version, int) and version > VERSION:
+            raise TraceFormatError(f"{path} is a trace of format version {version}, newer than this autotile reads "
+                                   f"({VERSION}): upgrade autotile (pip install -U autotile), or record it again "
+                                   "with this one")
+        what = "no format version (an older trace)" if version is None else f"format version {version!r}"
+        raise TraceFormatError(f"{path} has {what}; this autotile reads version {VERSION}: record it again with "
+                               "this autotile")
 
 
 def _entry(path: Path, number: int, record: dict) -> TraceEntry:

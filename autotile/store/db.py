@@ -161,8 +161,10 @@ def check_schema(engine: Engine, url: str) -> str:
                                 "command writes to it: point --db/AUTOTILE_DB at a writable copy (autotile list, "
                                 "report and db export read it as it is)") from None
         lowered = reason.lower()
-        if any(needle in lowered for needle in ("disk i/o error", "database or disk is full", "no space left")):
-            raise DatabaseError(database_failure(exc, url)) from None
+        if path.is_dir() or any(needle in lowered for needle in ("disk i/o error", "database or disk is full",
+                                                                 "no space left", "malformed")):
+            # A folder, a full disk, a damaged file: said as every other command says it.
+            raise DatabaseError(database_failure(exc, url) or reason) from None
         raise DatabaseError(f"{url} is not a readable database ({reason}); point --db/AUTOTILE_DB at another file "
                             "or move this one away") from None
     ours = {t for t in tables if t.startswith("autotile_")}

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from autotile.errors import BadInputError
+from autotile.errors import BadInputError, DatabaseError
 from autotile.families import family_names, get_family
 from autotile.families.base import Family, problem_to_dict
 from autotile.store.exchange import checked_problem
@@ -172,8 +172,8 @@ def tune_planned(planned: Sequence[PlannedProblem], device, *, budget_s: float |
         try:
             result = tune(item.family, item.problem, device, trials=trials, timeout=timeout, db_url=db_url,
                           seed=seed, **tune_kwargs)
-        except KeyboardInterrupt:
-            raise
+        except (KeyboardInterrupt, DatabaseError):
+            raise  # a database that cannot be used fails every problem alike: said once, by the command
         except Exception as exc:  # noqa: BLE001 - one problem's failure does not stop the others
             outcome.failed.append((item, f"{type(exc).__name__}: {exc}"))
             report(f"{label}: failed: {exc}")
