@@ -105,6 +105,21 @@ def test_upgrade_refuses_a_foreign_database(tmp_path):
     assert result.exit_code == 1 and "not an autotile database" in result.stderr
 
 
+def test_upgrade_of_a_current_database_writes_nothing(tuned_copy, monkeypatch):
+    # A read-only copy of a current database was refused ("cannot be written") instead of "nothing to do".
+    opened = []
+    real = store_db.inspect_database
+
+    def recording(url=None, **kwargs):
+        opened.append(kwargs.get("read_only", False))
+        return real(url, **kwargs)
+
+    monkeypatch.setattr(store_db, "inspect_database", recording)
+    result = run("upgrade", "--db", tuned_copy)
+    assert result.exit_code == 0 and "nothing to do" in result.output
+    assert opened == [True], "opened for reading only"
+
+
 def test_export_then_import_reproduces_the_winners(tuned_copy, tmp_path):
     out = tmp_path / "winners.jsonl"
     result = run("export", "--out", out, "--db", tuned_copy)

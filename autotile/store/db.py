@@ -200,7 +200,8 @@ def inspect_database(url: str | None = None, *, create: bool = True, read_only: 
     engine_url = url
     if path is not None and "mode=ro" not in url:
         if not path.exists() and (read_only or not create):
-            raise DatabaseError(f"no autotile database at {path}")
+            raise DatabaseError(f"no autotile database at {path}: `autotile tune ...` makes one there, or point "
+                                "--db/AUTOTILE_DB at an existing one")
         if read_only:
             engine_url = read_only_url(path)
         elif create:

@@ -74,7 +74,11 @@ def upgrade_database(url: str | None = None, *, backup: bool = True) -> UpgradeR
     from autotile.store.db import default_db_url, inspect_database, normalise_url, sqlite_path, stored_schema_version
 
     url = normalise_url(url) if url else default_db_url()
-    engine, state = inspect_database(url, create=False)
+    # Read first: a current database needs no write (so a read-only one is "nothing to do", not refused).
+    engine, state = inspect_database(url, create=False, read_only=True)
+    if state == "old":
+        engine.dispose()
+        engine, state = inspect_database(url, create=False)
     if state == "empty":
         raise DatabaseError(f"{url} holds no autotile tables: nothing to upgrade")
     before_version, before_revision = stored_schema_version(engine), current_revision(engine)
