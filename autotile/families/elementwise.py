@@ -216,7 +216,7 @@ class _Lowering:
         """A constant a comparison compares in a 16-bit float dtype, rounded to it first as torch rounds it
         (x == 0.1 with x fp16 compares against fp16's 0.1), then emitted in the compute type."""
         value = self.const_of[name]
-        if dtype in (torch.float16, torch.bfloat16) and isinstance(value, float):
+        if dtype in _ROUNDED and isinstance(value, float):
             value = torch.tensor(value, dtype=dtype).item()
         return self.const(value, type_)
 

@@ -81,8 +81,7 @@ class GemmProblem:
             raise UnsupportedDtypeError(f"GEMM operands must be one of {OPERAND_DTYPES}, got {self.dtype}")
         if self.out_dtype not in OUTPUT_DTYPES:
             raise UnsupportedDtypeError(f"GEMM output must be one of {OUTPUT_DTYPES}, got {self.out_dtype}")
-        if self.activation not in ACTIVATIONS:
-            raise BadInputError(f"activation must be one of {ACTIVATIONS}, got {self.activation!r}")
+        check_activation(self.activation)
         if self.layout_a not in LAYOUTS or self.layout_b not in LAYOUTS:
             raise BadInputError(f"layouts must be one of {LAYOUTS}")
         if self.scale_mode not in SCALE_MODES:
@@ -509,6 +508,12 @@ class GemmFamily(Family):
         if not bound:  # fp8 (its scales), or a launch Triton's own path took: the plan serves it
             return super().timed_call(problem, config, inputs, outputs)
         return lambda: bound(a, b, c, bias, residual)
+
+
+def check_activation(name) -> None:
+    """Refuse an epilogue activation the kernels do not have."""
+    if name not in ACTIVATIONS:
+        raise BadInputError(f"activation must be one of {ACTIVATIONS}, got {name!r}")
 
 
 def _output_dtype_name(out_dtype) -> str:

@@ -138,10 +138,14 @@ _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 _capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None) or torch.cuda.is_current_stream_capturing
 
 
+def _cuda_index(dev: torch.device) -> int:
+    return dev.index if dev.index is not None else torch.cuda.current_device()
+
+
 def _stream_key(dev: torch.device) -> tuple:
     if dev.type != "cuda":
         return (dev.type, 0)
-    index = dev.index if dev.index is not None else torch.cuda.current_device()
+    index = _cuda_index(dev)
     stream = _raw_stream(index) if _raw_stream is not None else torch.cuda.current_stream(index).cuda_stream
     return ("cuda", index, stream)
 
@@ -178,14 +182,14 @@ def _make_graph_counters(dev: torch.device) -> None:
     captures do). A raw CUDAGraph.capture_begin with no synchronisation since the first eager split launch,
     replayed at once on another stream, is the one order that could find them unwritten.
     """
-    index = dev.index if dev.index is not None else torch.cuda.current_device()
+    index = _cuda_index(dev)
     if index not in _graph_arenas:
         _graph_arenas[index] = [torch.zeros(GRAPH_COUNTERS, dtype=torch.int32, device=dev), 0]
 
 
 def _graph_counters(dev: torch.device, count: int) -> torch.Tensor | None:
     """`count` zero counters of the device's graph arena, for one captured launch; None where it has too few."""
-    entry = _graph_arenas.get(dev.index if dev.index is not None else torch.cuda.current_device())
+    entry = _graph_arenas.get(_cuda_index(dev))
     if entry is None or entry[1] + count > entry[0].numel():
         return None
     start = entry[1]

@@ -19,7 +19,7 @@ from autotile.device import current_device
 from autotile.dtypes import canonical_dtype_name, torch_dtype
 from autotile.errors import BadInputError, ShapeMismatchError
 from autotile.families.base import VENDOR_KEY
-from autotile.families.gemm import ACTIVATIONS, FAMILY, GemmProblem, vendor_matmul
+from autotile.families.gemm import FAMILY, GemmProblem, check_activation, vendor_matmul
 from autotile.families.gemm_launch import bind_gemm
 from autotile.runtime import fallback, trace
 from autotile.runtime.dispatch import on_clear
@@ -31,10 +31,9 @@ _ACTIVATIONS = {"none": None, "relu": torch.relu, "silu": torch.nn.functional.si
 def _activation_fn(activation) -> Callable | None:
     """The torch function of `activation` (None for none), refusing a name the family does not take, as its
     problems do (calls that never build a problem: empty ones, and the vendor op's own epilogue)."""
-    try:
-        return _ACTIVATIONS[activation or "none"]
-    except (KeyError, TypeError):
-        raise BadInputError(f"activation must be one of {ACTIVATIONS}, got {activation!r}") from None
+    name = activation or "none"
+    check_activation(name)
+    return _ACTIVATIONS[name]
 
 
 def _inputs(a, b, bias, scale_a, scale_b, residual=None) -> dict:
