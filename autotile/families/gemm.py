@@ -57,6 +57,11 @@ _FP8_ACC_ROUNDOFF = 2.0**-14
 _E4M3_MAX = 448.0
 
 
+# Why fp8_fast_accum and block scales exclude each other (GemmProblem and GemmFamily.check_operands say it).
+BLOCK_SCALES_PROMOTE = ("block scales are applied to each 128-wide K group's sum, which promotes it to fp32 there: "
+                        "fp8_fast_accum does not apply to them; leave it False")
+
+
 @dataclass(frozen=True)
 class GemmProblem:
     m: int
@@ -90,8 +95,7 @@ class GemmProblem:
             raise BadInputError(f"scale_mode and fp8_fast_accum apply to fp8 operands only, not {self.dtype}: "
                                 "leave them at their defaults")
         if self.scale_mode == "block" and self.fp8_fast_accum:
-            raise BadInputError("block scales are applied to each 128-wide K group's sum, which promotes it to fp32 "
-                                "there: fp8_fast_accum does not apply to them; leave it False")
+            raise BadInputError(BLOCK_SCALES_PROMOTE)
 
 
 def contiguous_problem(m: int, n: int, k: int, dtype: str = "bf16", out_dtype: str = "bf16", layout_a: str = "row",
@@ -152,8 +156,10 @@ def vendor_matmul(kind: str, a: torch.Tensor, b: torch.Tensor, bias: torch.Tenso
     ('scaled_mm', per-tensor or row-wise scales); the activation and the residual add as separate ops, as a model
     without autotile applies them."""
     if kind == "scaled_mm":
-        if scale_a.numel() > 1:  # row-wise: _scaled_mm takes (M, 1) and (1, N)
-            scale_a, scale_b = scale_a.reshape(-1, 1), scale_b.reshape(1, -1)
+        if scale_a.numel() == 1 and scale_b.numel() == 1:  # per tensor, of whatever shape ((1, 1, 1) too)
+            scale_a, scale_b = scale_a.reshape(()), scale_b.reshape(())
+        else:  # row-wise (scale_mode_of): _scaled_mm takes contiguous (M, 1) and (1, N), also at M = 1
+            scale_a, scale_b = scale_a.reshape(-1, 1).contiguous(), scale_b.reshape(1, -1).contiguous()
         y = torch._scaled_mm(a, b, scale_a, scale_b, bias=bias, out_dtype=out_dtype, use_fast_accum=fast_accum)
     elif bias is None:
         y = torch.matmul(a, b)
@@ -191,18 +197,18 @@ class GemmFamily(Family):
         >>> FAMILY.problem_from_tensors(a, w.t(), scale_a=torch.ones(4, 2), scale_b=torch.ones(2, 3)).scale_mode
         'block'
         """
-        dtype, out = self.check_operands(a, b, bias, out_dtype, residual=residual, scale_a=scale_a, scale_b=scale_b)
+        dtype, out = self.check_operands(a, b, bias, out_dtype, residual=residual, scale_a=scale_a, scale_b=scale_b,
+                                         fp8_fast_accum=fp8_fast_accum)
         m, k = a.shape
         n = b.shape[1]
         scale_mode = scale_mode_of(m, n, k, scale_a, scale_b, a.device) if dtype == "fp8" else "tensor"
         tf32 = dtype == "fp32" and torch.backends.cuda.matmul.allow_tf32
         return GemmProblem(m, n, k, dtype, out, layout_of(a), layout_of(b), bias is not None,
                            activation or "none", tf32, _tma_aligned(a) and _tma_aligned(b),
-                           residual=residual is not None, scale_mode=scale_mode,
-                           fp8_fast_accum=bool(fp8_fast_accum) and dtype == "fp8")
+                           residual=residual is not None, scale_mode=scale_mode, fp8_fast_accum=bool(fp8_fast_accum))
 
     def check_operands(self, a, b, bias=None, out_dtype=None, *, residual=None, scale_a=None,
-                       scale_b=None) -> tuple[str, str]:
+                       scale_b=None, fp8_fast_accum=False) -> tuple[str, str]:
         """The checks of a call's tensors that hold whatever its sizes (an empty call is checked too): the
         operands' and the output's dtype names."""
         if a.dim() != 2 or b.dim() != 2:
@@ -242,8 +248,13 @@ class GemmFamily(Family):
                 # (ops_gemm.residual_apart); a fused one would be rounded into the output's dtype silently.
                 raise UnsupportedDtypeError(f"residual is {residual.dtype} but the output is {out}: pass the residual "
                                             "in the output's dtype (residual.to(...))")
-        if dtype != "fp8" and (scale_a is not None or scale_b is not None):
-            raise BadInputError(f"scale_a/scale_b apply to float8_e4m3fn operands only; these are {a.dtype}")
+        if fp8_fast_accum not in (False, True):  # "no" would read as True
+            raise BadInputError(f"fp8_fast_accum must be True or False, got {fp8_fast_accum!r}")
+        if dtype != "fp8" and (scale_a is not None or scale_b is not None or fp8_fast_accum):
+            raise BadInputError(f"scale_a, scale_b and fp8_fast_accum apply to float8_e4m3fn operands only; these are "
+                                f"{a.dtype}: leave them out")
+        if dtype == "fp8" and scale_mode_of(m, n, k, scale_a, scale_b, a.device) == "block" and fp8_fast_accum:
+            raise BadInputError(BLOCK_SCALES_PROMOTE)
         return dtype, out
 
     def distance(self, problem: GemmProblem, other: GemmProblem) -> float | None:

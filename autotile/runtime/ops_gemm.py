@@ -78,12 +78,13 @@ def _is_empty(a, b) -> bool:
         0 in (*a.shape, *b.shape))
 
 
-def _empty_served(a, b, bias, activation, out_dtype, scale_a, scale_b, residual) -> "_Served":
+def _empty_served(a, b, bias, activation, out_dtype, scale_a, scale_b, residual, fp8_fast_accum=False) -> "_Served":
     """A call with no rows, columns or inner dimension: torch.matmul's result (empty, or with K = 0 the epilogue of
     zeros: the bias through the activation, plus the residual), after the checks every call gets. Nothing to tune
     or launch."""
     _check_tensor_types(a, b, bias, residual, scale_a, scale_b)
-    _, out = FAMILY.check_operands(a, b, bias, out_dtype, residual=residual, scale_a=scale_a, scale_b=scale_b)
+    _, out = FAMILY.check_operands(a, b, bias, out_dtype, residual=residual, scale_a=scale_a, scale_b=scale_b,
+                                   fp8_fast_accum=fp8_fast_accum)
     dtype, act = torch_dtype(out), _activation_fn(activation)
 
     def run(a, b, bias, scale_a, scale_b, residual):
@@ -234,8 +235,7 @@ def _layout_key(a, b, bias, activation, out_dtype, scale_a, scale_b, residual, f
     # The rest of what the problem (and so the served config) depends on: with _shape_key, ~1.5 us to build.
     tf32 = a.dtype is torch.float32 and torch.backends.cuda.matmul.allow_tf32
     return (a.stride(), b.stride(), a.device, b.device, not (a.data_ptr() | b.data_ptr()) & 15, _extra(bias),
-            activation, out_dtype, None if scale_a is None else scale_a.shape,
-            None if scale_b is None else scale_b.shape, tf32, _extra(residual), fast_accum)
+            activation, out_dtype, _extra(scale_a), _extra(scale_b), tf32, _extra(residual), fast_accum)
 
 
 def _extra(t) -> tuple | None:
@@ -257,7 +257,7 @@ def _served_for(a, b, bias, activation, out_dtype, scale_a, scale_b, residual=No
     served = _served.get(key)
     if served is None:
         if _is_empty(a, b):
-            return _empty_served(a, b, bias, activation, out_dtype, scale_a, scale_b, residual)
+            return _empty_served(a, b, bias, activation, out_dtype, scale_a, scale_b, residual, fast_accum)
         _, problem, device = problem_for(a, b, bias=bias, activation=activation, out_dtype=out_dtype,
                                          scale_a=scale_a, scale_b=scale_b, residual=residual,
                                          fp8_fast_accum=fast_accum)
@@ -295,20 +295,33 @@ def _matmul_setup(ctx, inputs, output) -> None:
     a, b, bias, scale_a, scale_b, residual, activation, out_dtype, fp8_fast_accum = inputs
     ctx.fp8 = a.dtype == torch.float8_e4m3fn or scale_a is not None
     ctx.activation = activation
+    ctx.fp8_fast_accum = fp8_fast_accum
     ctx.dtypes = (a.dtype, b.dtype, None if bias is None else bias.dtype, None if residual is None else residual.dtype)
-    ctx.save_for_backward(a, b, bias)
+    ctx.save_for_backward(a, b, bias, scale_a, scale_b)
 
 
 def _matmul_backward(ctx, grad):
     """Gradients of C = act(a @ b + bias) + residual, in torch (as F.linear's backward: matmuls in the operands'
     dtype); an activation's derivative at a @ b + bias, recomputed in the operands' dtype (what autograd keeps of
     act(F.linear(...)) written in torch) and taken in fp32: nothing extra is kept from the forward."""
-    if ctx.fp8:
-        raise BadInputError("autotile.matmul has no backward for fp8 operands: call it on tensors that do not require "
-                            "grad, or under torch.no_grad()")
-    a, b, bias = ctx.saved_tensors
+    a, b, bias, scale_a, scale_b = ctx.saved_tensors
     a_dtype, b_dtype, bias_dtype, residual_dtype = ctx.dtypes
+    need = ctx.needs_input_grad
     g = grad
+    if ctx.fp8:
+        if any(need[i] for i in (0, 1, 3, 4)):
+            raise BadInputError("autotile.matmul has no backward for fp8 operands or their scales: call it on tensors "
+                                "that do not require grad, or under torch.no_grad()")
+        # A bias or residual of an fp8 call trains (an adapter's): its gradient is grad through the activation,
+        # at the pre-activation the op computes again without it (fp32 out).
+        if bias is not None and need[2] and ctx.activation != "none":
+            pre = _run(a, b, bias.float(), None, torch.float32, scale_a, scale_b, None, ctx.fp8_fast_accum)
+            pre = pre.detach().requires_grad_(True)
+            with torch.enable_grad():
+                (g,) = torch.autograd.grad(_ACTIVATIONS[ctx.activation](pre), pre, grad.float())
+        grad_bias = g.float().sum(0).to(bias_dtype) if bias is not None and need[2] else None
+        grad_residual = grad.to(residual_dtype) if residual_dtype is not None and need[5] else None
+        return None, None, grad_bias, None, None, grad_residual, None, None, None
     if ctx.activation != "none":
         # Under create_graph the derivative keeps its graph back to a, b and the bias, so a second backward (a
         # gradient penalty) differentiates through the activation too.
@@ -319,7 +332,6 @@ def _matmul_backward(ctx, grad):
             if not (second and pre.requires_grad):
                 pre = pre.detach().requires_grad_(True)
             (g,) = torch.autograd.grad(_ACTIVATIONS[ctx.activation](pre), pre, grad.float(), create_graph=second)
-    need = ctx.needs_input_grad
     grad_a = torch.matmul(g.to(b_dtype), b.t()).to(a_dtype) if need[0] else None
     grad_b = torch.matmul(a.t(), g.to(a_dtype)).to(b_dtype) if need[1] else None
     grad_bias = g.float().sum(0).to(bias_dtype) if bias is not None and need[2] else None
@@ -388,8 +400,8 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None
     if direct_call_ok(a, b, bias, scale_a, scale_b, residual):
         # Eager calls of plain tensors skip the dispatcher (decode GEMMs are short kernels). The shapes' key is the
         # first half of the full signature's.
-        served = _served_for(a, b, bias, activation, _as_dtype(out_dtype), scale_a, scale_b, residual,
-                             bool(fp8_fast_accum), shapes)
+        served = _served_for(a, b, bias, activation, _as_dtype(out_dtype), scale_a, scale_b, residual, fp8_fast_accum,
+                             shapes)
         served.calls[0] += 1
         out = served.run(a, b, bias, scale_a, scale_b, residual)
         if plain and not served.short_key_tried:  # once: whether the signature can take one is known by now
@@ -401,7 +413,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None
     if not torch.compiler.is_compiling():
         # Bad input is reported here, before the op; traced calls meet the same checks when the op runs.
         if _is_empty(a, b):
-            _empty_served(a, b, bias, activation, _as_dtype(out_dtype), scale_a, scale_b, residual)
+            _empty_served(a, b, bias, activation, _as_dtype(out_dtype), scale_a, scale_b, residual, fp8_fast_accum)
         else:  # the problem alone: meta tensors have no device to run on, and the op's fake registration serves them
             _check_tensor_types(a, b, bias, residual, scale_a, scale_b)
             FAMILY.problem_from_tensors(a, b, bias, activation, out_dtype, residual=residual, scale_a=scale_a,
@@ -415,7 +427,8 @@ def _matmul_in_torch(a, b, bias, activation, out_dtype, scale_a, scale_b, residu
     ops, as the vendor config runs them; accumulated in fp32 where the output's dtype is not the operands'."""
     _check_tensor_types(a, b, bias, residual, scale_a, scale_b)
     if _is_empty(a, b):
-        served = _empty_served(a, b, bias, activation, _as_dtype(out_dtype), scale_a, scale_b, residual)
+        served = _empty_served(a, b, bias, activation, _as_dtype(out_dtype), scale_a, scale_b, residual,
+                               fp8_fast_accum)
         return served.run(a, b, bias, scale_a, scale_b, residual)
     problem = FAMILY.problem_from_tensors(a, b, bias, activation, out_dtype, residual=residual, scale_a=scale_a,
                                           scale_b=scale_b, fp8_fast_accum=fp8_fast_accum)
@@ -495,7 +508,7 @@ def matmul_empty_call(a, b, *, bias=None, activation=None, out_dtype=None, scale
     launches nothing: _empty_served), else None."""
     if not _is_empty(a, b):
         return None
-    _empty_served(a, b, bias, activation, _as_dtype(out_dtype), scale_a, scale_b, residual)
+    _empty_served(a, b, bias, activation, _as_dtype(out_dtype), scale_a, scale_b, residual, fp8_fast_accum)
     return FAMILY, current_device(a.device)
 
 
@@ -561,10 +574,13 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     # Under torch.autocast, x, weight and bias are cast as F.linear's are (the vendor's calls above cast themselves).
     if (_any_autocast() or _is_compiling()) and (cast := autocast_operands(x, weight, bias)) is not None:
         return linear(*cast, activation=activation, residual=residual)
-    if isinstance(x, _Tensor) and isinstance(weight, _Tensor) and weight.dim() == 2 and 0 in weight.shape:
-        # No output features or no input features (then every output is its bias): torch's result, nothing to
-        # tune or launch.
+    if isinstance(x, _Tensor) and isinstance(weight, _Tensor) and weight.dim() == 2 and (
+            0 in weight.shape or (x.dtype is _FP8 and x.numel() == 0)):
+        # No output features or no input features (then every output is its bias), or no fp8 tokens: torch's
+        # result, nothing to tune or launch (fp8 as matmul's empty calls: bf16 out, the epilogue in fp32).
         _check_linear(x, weight, bias, residual)
+        if x.dtype is _FP8 or weight.dtype is _FP8:
+            return _linear_as_matmul(x, weight, bias, activation, residual)
         return _vendor_epilogue(_f_linear(x, weight, bias), activation, residual)
     if (bias is not None and isinstance(bias, _Tensor) and isinstance(weight, _Tensor)
             and (flat := _as_linear_bias(bias, weight)) is not bias):
@@ -586,8 +602,12 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
             _keep_fast_linear(served, x, weight, bias, activation)
         return out
     _check_linear(x, weight, bias, residual)
+    return _linear_as_matmul(x, weight, bias, activation, residual)
+
+
+def _linear_as_matmul(x, weight, bias, activation, residual) -> torch.Tensor:
     lead, n = x.shape[:-1], weight.shape[0]
-    out = matmul(x.reshape(-1, x.shape[-1]), weight.t(), bias=bias, activation=activation,
+    out = matmul(x.reshape(lead.numel(), x.shape[-1]), weight.t(), bias=bias, activation=activation,
                  residual=None if residual is None else residual.reshape(-1, n))
     return out.reshape(*lead, n)
 
@@ -611,6 +631,7 @@ _current_cuda_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.
 _torch_mm = torch.mm
 _torch_addmm = torch.addmm
 _Tensor = torch.Tensor
+_FP8 = torch.float8_e4m3fn
 _grad_enabled = torch._C.is_grad_enabled
 _function_mode_on = torch._C._is_torch_function_mode_enabled
 _any_autocast = any_autocast
