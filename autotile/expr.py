@@ -380,6 +380,7 @@ SCALAR_KINDS: dict[type, str] = {bool: "bool", int: "int", float: "float"}
 _SCALAR_DTYPES = {"bool": torch.bool, "int": torch.int64, "float": torch.float64}
 
 INPUT_KINDS = ("tensor", "zero_dim", "scalar")  # a dimensioned tensor, a 0-d tensor, a Python number
+_SYMBOLIC_KINDS = {torch.SymBool: "bool", torch.SymInt: "int", torch.SymFloat: "float"}
 
 
 @dataclass(frozen=True)
@@ -416,6 +417,8 @@ class InputSpec:
             return cls(name, DTYPE_NAMES[value.dtype], "zero_dim" if value.dim() == 0 else "tensor")
         if type(value) in SCALAR_KINDS:
             return cls(name, SCALAR_KINDS[type(value)], "scalar")
+        if type(value) in _SYMBOLIC_KINDS:  # a number torch.compile traces as a symbol: typed as the number
+            return cls(name, _SYMBOLIC_KINDS[type(value)], "scalar")
         raise BadInputError(f"input {name!r} is a {type(value).__name__}; pass a torch.Tensor (torch.from_numpy for an "
                             f"array) or a Python int, float or bool")
 

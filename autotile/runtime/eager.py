@@ -25,6 +25,16 @@ _Parameter = torch.nn.Parameter
 _functorch_level = torch._C._functorch.peek_interpreter_stack
 
 
+SYMBOLIC = (torch.SymInt, torch.SymFloat, torch.SymBool)
+
+
+def checked_by_op(value) -> bool:
+    """Whether a number's value is checked by the op's body rather than the call: while torch.compile traces the
+    call, a number may be a symbol (automatic dynamic, dynamic=True, a size) or a float dynamo passes as a tensor,
+    whose value is known only when the compiled graph runs (math.isfinite on it does not trace)."""
+    return _is_compiling() or isinstance(value, SYMBOLIC)
+
+
 def _plain(values: tuple, refuse_grad: bool) -> bool:
     """Plain tensors and nn.Parameters (a model's weights), not meta, and (refuse_grad) none that requires grad;
     values that are not tensors pass. A tensor subclass does not: its own dispatch applies."""

@@ -315,9 +315,9 @@ class FusedExpression:
         if (_default_dtype() is not torch.float32 and not torch.compiler.is_compiling()
                 and self._typed_by_default(values)):
             return self._in_torch(values, copies=True)
-        if not torch.compiler.is_compiling():
-            if torch.is_grad_enabled() and any(isinstance(v, torch.Tensor) and v.requires_grad for v in values.values()):
-                raise BadInputError("fuse has no backward; detach the inputs or call it under torch.no_grad()")
+        # Traced too: the op has no autograd formula, and torch.compile would fail on it with torch's own words.
+        if torch.is_grad_enabled() and any(isinstance(v, torch.Tensor) and v.requires_grad for v in values.values()):
+            raise BadInputError("fuse has no backward; detach the inputs or call it under torch.no_grad()")
         if direct_call_ok(*values.values()):
             results = _execute(self.expression, values)
         else:  # traced, fake or subclass tensors: the op's registrations handle them

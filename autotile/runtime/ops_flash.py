@@ -37,7 +37,7 @@ from autotile.layouts import matching_strides, with_strides
 from autotile.runtime import fallback, trace
 from autotile.runtime.dispatch import on_clear
 from autotile.runtime.eager import (any_autocast, autocast_operands, autograd_call_ok, direct_call_ok,
-                                    under_transform)
+                                    SYMBOLIC, checked_by_op, under_transform)
 from autotile.space import Config
 
 LN2 = math.log(2.0)
@@ -124,15 +124,23 @@ def check_args(q, k, v, scale, softcap) -> None:
     if q.dim() == 0 or q.shape[-1] == 0:
         raise ShapeMismatchError(f"q must end in a head dim of at least 1 (the kernels take 1..{MAX_HEAD_DIM}), got "
                                  f"shape {tuple(q.shape)}")
-    if scale is not None and not (_is_number(scale) and math.isfinite(float(scale))):
-        raise BadInputError(f"scale must be a finite number (None: 1/sqrt(head_dim)), got {scale!r}")
-    if softcap is not None and not (_is_number(softcap) and math.isfinite(float(softcap)) and float(softcap) >= 0):
-        raise BadInputError(f"softcap must be a finite number >= 0 (0 or None: off), got {softcap!r}")
+    check_numbers(scale, softcap)
     if q.dtype == torch.float8_e4m3fn and q.device.type == "cpu":
         # NOTE: Triton 3.6's interpreter rounds fp32 -> e4m3 wrongly (errors of 0.25 on [0, 1]); a wrong
         # result is worse than none.
         raise UnsupportedDtypeError("fp8 attention runs on CUDA GPUs only (the CPU interpreter rounds to e4m3 "
                                     "wrongly); on the CPU, cast q, k, v to bfloat16 or float32")
+
+
+def check_numbers(scale, softcap) -> None:
+    """scale a finite number, softcap a finite number >= 0; while torch.compile traces the call, the values are
+    checked by the op's body (eager.checked_by_op)."""
+    for name, value, advice in (("scale", scale, "a finite number (None: 1/sqrt(head_dim))"),
+                                ("softcap", softcap, "a finite number >= 0 (0 or None: off)")):
+        if value is None or (checked_by_op(value) and (_is_number(value) or isinstance(value, SYMBOLIC))):
+            continue
+        if not (_is_number(value) and math.isfinite(float(value)) and (name == "scale" or float(value) >= 0)):
+            raise BadInputError(f"{name} must be {advice}, got {value!r}")
 
 
 def number_arguments(scale, softcap) -> tuple:
@@ -556,6 +564,7 @@ def flash_attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causa
                         window_left: int = -1, window_right: int = -1, softcap: float = 0.0,
                         alibi_slopes: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """o (B, Hq, Sq, D) and lse (B, Hq, Sq) fp32, log2 domain (+inf for rows that see no key)."""
+    check_numbers(scale, softcap)  # traced as symbols, they were not checked before
     served = _served_forward(q, k, v, causal, scale, (window_left, window_right), softcap, alibi_slopes)
     served.calls[0] += 1
     return served.run(q, k, v, alibi_slopes, None, None, True)
@@ -848,6 +857,8 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
     if isinstance(q, torch.Tensor) and q.dim() != 4 and (folded := _leading_dims_folded(
             q, k, v, causal, scale, window, softcap, alibi_slopes, return_lse)) is not None:
         return folded
+    if isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and _is_empty(q, k):  # traced as eager
+        return _empty_attention(q, k, v, causal, scale, window, softcap, alibi_slopes, return_lse)
     check_flags(causal, alibi_slopes)
     check_slopes_grad(alibi_slopes)
     q, k, v, scale, window, softcap = _normalise(q, k, v, scale, window, softcap, causal)

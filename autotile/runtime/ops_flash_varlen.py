@@ -19,9 +19,9 @@ from autotile.errors import BadInputError, ShapeMismatchError
 from autotile.families.flash import FAMILY, FlashFamily, FlashProblem, effective_window, max_seqlen
 from autotile.runtime.eager import autograd_call_ok, direct_call_ok, under_transform
 from autotile.runtime.ops_flash import (LN2, _keep, _layout, _normalise, _unit_stride, attention_in_torch,
-                                        autocast_inputs, check_flags, check_fp8_grad, check_slopes_grad, eager_or_op,
-                                        foreign_arguments, no_double_backward, number_arguments, serve_backward,
-                                        serve_forward)
+                                        autocast_inputs, check_flags, check_fp8_grad, check_numbers, check_slopes_grad,
+                                        eager_or_op, foreign_arguments, no_double_backward, number_arguments,
+                                        serve_backward, serve_forward)
 from autotile.runtime.paged_plan import checks_on
 
 
@@ -49,6 +49,7 @@ def flash_attention_varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
                                scale: float, window_left: int = -1, window_right: int = -1, softcap: float = 0.0,
                                alibi_slopes: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """o (total_q, Hq, D) and lse (Hq, total_q) fp32, log2 domain (+inf for rows that see no key)."""
+    check_numbers(scale, softcap)  # traced as symbols, they were not checked before
     if checks_on(q.device):
         # The call's own check is skipped where torch.compile traces it (a traced max_seqlen may be symbolic), and
         # the lengths are only real here: a max_seqlen short of a sequence would leave its last rows unwritten.

@@ -240,6 +240,7 @@ def _paged_attention_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
                         v_scale: torch.Tensor | None, max_context: int | None,
                         return_lse: bool, softcap: float = 0.0,
                         window: int = -1) -> tuple[torch.Tensor, torch.Tensor]:
+    _check_traced_numbers(q, scale, softcap, window)
     return _execute(q, k_cache, v_cache, block_table, context_lens, scale, k_scale, v_scale, max_context, return_lse,
                     softcap, window)
 
@@ -249,6 +250,12 @@ def _(q, k_cache, v_cache, block_table, context_lens, scale, k_scale, v_scale, m
       window=-1):
     lse_shape = q.shape[:3] if return_lse else (0,)
     return torch.empty_like(q), q.new_empty(lse_shape, dtype=torch.float32)
+
+
+def _check_traced_numbers(q, scale, softcap, window) -> None:
+    """The op's numbers, which torch.compile may have traced as symbols past the call's own checks."""
+    paged_plan.finite_scale(scale, q.shape[-1])
+    paged_plan.model_features(softcap, window)
 
 
 def _refuse_autograd(op: str, **tensors) -> None:
@@ -354,6 +361,7 @@ def _paged_prefill_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
                       k_scale: torch.Tensor | None, v_scale: torch.Tensor | None, max_context: int | None,
                       return_lse: bool, softcap: float = 0.0,
                       window: int = -1) -> tuple[torch.Tensor, torch.Tensor]:
+    _check_traced_numbers(q, scale, softcap, window)
     return _execute_prefill(q, k_cache, v_cache, block_table, cu_seqlens_q, context_lens, k_new, v_new, slot_mapping,
                             scale, k_scale, v_scale, max_context, return_lse, softcap, window)
 

@@ -64,6 +64,7 @@ from autotile.families.paged import (
     cdiv, check_head_dim, context_bucket,
 )
 from autotile.runtime import fallback, trace
+from autotile.runtime.eager import checked_by_op
 from autotile.runtime.paged_fresh import fresh_prefill, is_fresh_uniform
 from autotile.space import Config
 from autotile.switches import switch
@@ -145,6 +146,8 @@ def finite_scale(scale, head_dim: int) -> float:
     if isinstance(scale, torch.Tensor):
         raise BadInputError("scale must be a Python number (reading a tensor would synchronise the device); "
                             "pass float(scale) once, outside the step")
+    if checked_by_op(scale):  # torch.compile's: the op's body checks the number it gets
+        return scale
     value = float(scale)
     if not math.isfinite(value):
         raise BadInputError(f"scale must be a finite number, got {value}; the default is 1/sqrt(head_dim)")
@@ -158,7 +161,9 @@ def model_features(softcap, window) -> tuple[float, int]:
     if softcap is None and window is None:
         return 0.0, -1  # a plain call: decode steps are short, its host time counts
     cap = 0.0 if softcap is None else softcap
-    if isinstance(cap, bool) or not isinstance(cap, numbers.Real) or not math.isfinite(cap) or cap < 0:
+    # Numbers torch.compile traces as symbols are checked by the op's body, which gets them as numbers.
+    if not checked_by_op(cap) and (isinstance(cap, bool) or not isinstance(cap, numbers.Real) or not math.isfinite(cap)
+                                 or cap < 0):
         raise BadInputError(f"softcap must be a finite number >= 0 (Gemma-2 uses 50.0; 0 or None: none), got {softcap!r}")
     left = -1 if window is None else window
     if isinstance(left, (tuple, list)):
@@ -166,7 +171,7 @@ def model_features(softcap, window) -> tuple[float, int]:
             raise BadInputError(f"window=(left, right) takes right 0 or -1 here (attention over a cache is causal), "
                                 f"got {window!r}; or pass the left size alone")
         left = left[0]
-    if isinstance(left, bool) or not isinstance(left, numbers.Integral) or left < -1:
+    if not checked_by_op(left) and (isinstance(left, bool) or not isinstance(left, numbers.Integral) or left < -1):
         raise BadInputError(f"window must be an int >= 0, the keys a query sees left of itself (a model's "
                             f"sliding_window of W tokens is W - 1), or None / -1 for none; got {window!r}")
     return float(cap), int(left)
