@@ -91,7 +91,7 @@ def test_two_workers_share_one_study(backend, request):
     assert all(by_number[n].state.is_finished() and by_number[n].user_attrs.get("status") for n in rows)
     owners = {by_number[n].user_attrs[OWNER_ATTR].split(":")[1] for n in rows}
     assert len(owners) == 2 and min(this_run) >= 1  # both processes ran trials
-    assert sum(Store(open_engine(url)).status_counts(*_ids(url)).values()) == TRIALS
+    assert sum(Store(open_engine(url)).status_counts(name).values()) == TRIALS
 
 
 def test_two_tuners_share_a_study_in_a_journal_file(tmp_path):
@@ -167,11 +167,6 @@ def _run_two_workers(urls: list[tuple[str, str]]) -> list[int]:
     this_run = [json.loads(out.split("RESULT ", 1)[1])["this_run"] for out, _ in outputs]
     assert sum(this_run) == TRIALS  # together they stop at the target
     return this_run
-
-
-def _ids(url: str) -> tuple[int, int]:
-    store = Store(open_engine(url))
-    return store.ensure_problem(GemmFamily(), PROBLEM), store.ensure_device(CPU)
 
 
 def test_a_journal_lock_dies_with_its_holder(tmp_path):

@@ -242,3 +242,67 @@ def test_autotile_log_prints_one_line_per_new_shape(monkeypatch, capfd):
     lines = [line for line in capfd.readouterr().err.splitlines() if line.startswith("autotile: elementwise")]
     assert len(lines) == 2 and '"numel":1000' in lines[0] and '"numel":1007' in lines[1]
     assert all("->" in line and "[" in line for line in lines)
+
+
+def test_a_study_started_again_beside_its_recorded_trials_keeps_every_trial(tmp_path):
+    """A database copied without its journals (or a damaged journal moved aside): the study starts again while its
+    rows remain. Its new trials were numbered from 0 again, each colliding with a recorded row and dropped
+    silently, and their configs ran again."""
+    import shutil
+
+    url = f"sqlite:///{tmp_path / 'a.sqlite'}"
+    tune_problem(ELEMENTWISE, PROBLEM, CPU, trials=4, db_url=url, retime_rounds=0, warm_start=False)
+    copied = tmp_path / "copy"
+    copied.mkdir()
+    for part in ("a.sqlite", "a.sqlite-wal", "a.sqlite-shm"):  # the database, without a.sqlite.studies/
+        if (tmp_path / part).exists():
+            shutil.copy(tmp_path / part, copied / part)
+    copy_url = f"sqlite:///{copied / 'a.sqlite'}"
+    result = tune_problem(ELEMENTWISE, PROBLEM, CPU, trials=7, db_url=copy_url, retime_rounds=0, warm_start=False)
+    rows = _rows(copy_url)
+    assert len(rows) == 7 and len(set(rows.values())) == 7, rows  # every trial kept, no config run twice
+    assert result.trials_this_run == 3 and sum(result.statuses.values()) == 7
+
+
+def test_a_driver_update_mid_study_keeps_the_studys_trials_for_the_winner(tmp_path):
+    """A new device row of the same key (another driver): the study, named by the key, is the same one, and the
+    winner is picked from all of its trials (it was 'every trial failed' for a complete study)."""
+    import dataclasses
+
+    url = f"sqlite:///{tmp_path / 't.sqlite'}"
+    tune_problem(ELEMENTWISE, PROBLEM, CPU, trials=4, db_url=url, retime_rounds=0)
+    updated = dataclasses.replace(CPU, driver=CPU.driver + " (updated)")
+    again = tune_problem(ELEMENTWISE, PROBLEM, updated, trials=4, db_url=url, retime_rounds=0)
+    assert again.already_complete and again.winner is not None and again.statuses == {"ok": 4}
+    more = tune_problem(ELEMENTWISE, PROBLEM, updated, trials=6, db_url=url, retime_rounds=0)
+    assert more.trials_this_run == 2 and sum(more.statuses.values()) == 6
+    (winner,) = Store(open_engine(url, create=False)).winners("elementwise")
+    assert "6 trials" in winner.provenance
+
+
+def test_a_journal_whose_last_line_is_damaged_is_set_aside_and_the_run_keeps_every_trial(tmp_path, caplog):
+    """Optuna replays a journal whose last line is cut short, then fails once create_study appends after it: the
+    rerun raised JSONDecodeError as a traceback."""
+    from autotile.tune.storage import journal_path, study_journal
+
+    url = f"sqlite:///{tmp_path / 'j.sqlite'}"
+    tune_problem(ELEMENTWISE, PROBLEM, CPU, trials=3, db_url=url, retime_rounds=0, warm_start=False)
+    journal = journal_path(study_journal(url, study_name(ELEMENTWISE, PROBLEM, CPU)))
+    with open(journal, "ab") as handle:
+        handle.write(b"garbage{\n")
+    with caplog.at_level("WARNING", logger="autotile.tune"):
+        result = tune_problem(ELEMENTWISE, PROBLEM, CPU, trials=5, db_url=url, retime_rounds=0, warm_start=False)
+    assert "could not be replayed" in caplog.text and result.winner is not None
+    rows = _rows(url)
+    assert len(rows) == 5 and len(set(rows.values())) == 5
+
+
+def test_best_so_far_of_a_resumed_run_counts_the_recorded_trials(tmp_path):
+    url = f"sqlite:///{tmp_path / 'b.sqlite'}"
+    tune_problem(ELEMENTWISE, PROBLEM, CPU, trials=3, db_url=url, retime_rounds=0, warm_start=False)
+    recorded_best = min(t["median_ms"] for t in Store(open_engine(url, create=False)).trials("elementwise")
+                        if t["status"] == "ok" and not t["study"].endswith(":vendor"))
+    seen = []
+    tune_problem(ELEMENTWISE, PROBLEM, CPU, trials=5, db_url=url, retime_rounds=0, warm_start=False,
+                 progress=lambda p: seen.append(p.best_ms))
+    assert seen and all(best <= recorded_best for best in seen)

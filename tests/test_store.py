@@ -64,7 +64,7 @@ def test_round_trip_of_trials_and_winners(tmp_path):
     store.record_trial(problem_id=problem_id, device_id=device_id, toolchain_id=toolchain_id, study="s", number=1,
                        config="{}", config_hash="x", status="crash", error="duplicate of trial 1 is ignored")
     assert store.best_configs(problem_id, device_id, 3) == [(config.to_json(), 2.0)]
-    assert store.status_counts(problem_id, device_id) == {"ok": 2}
+    assert store.status_counts("s") == {"ok": 2} and store.status_counts("another") == {}
     store.save_winner(problem_id=problem_id, device=CPU, device_id=device_id, toolchain_id=toolchain_id,
                       config=config.to_json(), config_hash=config.hash, median_ms=2.0, q20_ms=1.9, q80_ms=2.1,
                       interpreted=1, trials_run=2, provenance="test")

@@ -209,6 +209,45 @@ def test_killed_multi_search_tuner_stops_its_searches_and_resumes(tmp_path):
     assert result.trials_this_run == target - before and len(rows) == target and len(set(rows.values())) == target
 
 
+def test_a_search_process_killed_mid_run_costs_its_trial_not_the_run(tmp_path):
+    """kill -9 of one search of --gpus: the others finish the study and its winner is stored (the run failed, with
+    no winner, though every trial was in)."""
+    url = f"sqlite:///{tmp_path / 'd.sqlite'}"
+    name = study_name(GemmFamily(), PROBLEM, CPU)
+    journal = study_journal(url, name)
+    script = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(Path(__file__).parent / "helpers")!r})
+        from wait_for_peer import hold_local_search
+        from autotile.device import interpret_device
+        from autotile.families.gemm import FAMILY, contiguous_problem
+        from autotile.tune.driver import tune_problem
+        if __name__ == "__main__":
+            hold_local_search({journal!r})
+            r = tune_problem(FAMILY, contiguous_problem(24, 32, 64, "fp16", "fp16"), interpret_device(), trials=14,
+                             db_url={url!r}, retime_rounds=0, gpus=[0, 1], lookahead=1)
+            print("winner", r.winner is not None)
+    """)
+    engine = open_engine(url)
+    tuner = subprocess.Popen([sys.executable, "-c", script], env={**os.environ, "TRITON_INTERPRET": "1"},
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline, peers = time.monotonic() + 120, set()
+        while not peers and time.monotonic() < deadline and tuner.poll() is None:
+            rows = recorded_trials(engine, name)
+            peers = (_owner_pids(journal, name, rows) - {tuner.pid}) if len(rows) >= 3 else set()
+            time.sleep(0.05)
+        assert peers, "no search process ran a trial"
+        os.kill(peers.pop(), signal.SIGKILL)
+        out, err = tuner.communicate(timeout=240)
+    finally:
+        if tuner.poll() is None:
+            tuner.kill()
+    assert tuner.returncode == 0 and "winner True" in out, err[-2000:]
+    assert len(recorded_trials(engine, name)) >= 14
+    assert Store(engine).winners("gemm")
+
+
 def test_tuning_refuses_an_in_memory_database():
     for gpus in (None, [0, 1]):
         with pytest.raises(TuneError, match="not an in-memory database"):

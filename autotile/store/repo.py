@@ -186,30 +186,39 @@ class Store:
             except IntegrityError:
                 # The same (study, trial number) was recorded before a crash; keep the first record.
                 session.rollback()
+                kept = session.execute(select(Trial.config_hash).where(
+                    Trial.study == values.get("study"), Trial.number == values.get("number"))).scalar_one_or_none()
+                if kept is not None and kept != values.get("config_hash"):
+                    log.warning("autotile: trial %s of study %s was recorded before with another config; this "
+                                "one's outcome (%s) is not kept", values.get("number"), values.get("study"),
+                                values.get("status"))
 
     def recorded_trial_numbers(self, study: str) -> set[int]:
         with Session(self.engine) as session:
             return set(session.execute(select(Trial.number).where(Trial.study == study)).scalars())
 
-    def best_configs(self, problem_id: int, device_id: int, top_k: int,
+    def best_configs(self, problem_id: int, device_id: int | None, top_k: int,
                      study: str | None = None) -> list[tuple[str, float]]:
         """The top_k distinct ok configs by their best median on this exact device: (config JSON, ms).
 
-        `study` keeps only that study's trials (the current template version's).
+        `study` keeps only that study's trials (the current template version's). A study is one device key's, of
+        any driver: `device_id` None takes all of them (the device rows of a key differ by driver).
         """
-        query = (select(Trial.config, func.min(Trial.median_ms).label("best"))
-                 .where(Trial.problem_id == problem_id, Trial.device_id == device_id, Trial.status == "ok"))
+        query = select(Trial.config, func.min(Trial.median_ms).label("best")).where(Trial.problem_id == problem_id,
+                                                                                   Trial.status == "ok")
+        if device_id is not None:
+            query = query.where(Trial.device_id == device_id)
         if study is not None:
             query = query.where(Trial.study == study)
         with Session(self.engine) as session:
             rows = session.execute(query.group_by(Trial.config).order_by("best").limit(top_k)).all()
         return [(r[0], float(r[1])) for r in rows]
 
-    def status_counts(self, problem_id: int, device_id: int) -> dict[str, int]:
+    def status_counts(self, study: str) -> dict[str, int]:
+        """Trials of `study` by status (a search study's own: the vendor op's rows are another study's)."""
         with Session(self.engine) as session:
             rows = session.execute(
-                select(Trial.status, func.count()).where(Trial.problem_id == problem_id, Trial.device_id == device_id)
-                .group_by(Trial.status)
+                select(Trial.status, func.count()).where(Trial.study == study).group_by(Trial.status)
             ).all()
         return {status: int(n) for status, n in rows}
 

@@ -27,10 +27,11 @@ from autotile.store.repo import ANY_WINNER, Store
 from autotile.store.staleness import mark_stale
 from autotile.tune.cluster import evaluated_trials, fail_stale_trials
 from autotile.tune.processes import CtrlC, run_search_processes
-from autotile.tune.storage import given_storage, is_journal, optuna_storage, own_storage, study_journal
+from autotile.tune.storage import (JOURNAL_DAMAGE, given_storage, is_journal, optuna_storage, own_storage,
+                                    set_damaged_journal_aside, study_journal)
 from autotile.tune.retime import race
 from autotile.tune.search import (  # noqa: F401 - re-exported
-    Progress, TuneError, _Search, _SearchPlan, _SharedState, next_vendor_number, vendor_study,
+    Progress, TuneError, _Search, _SearchPlan, _SharedState, best_recorded, next_vendor_number, vendor_study,
 )
 from autotile.tune.session import TuneSession, current_session
 from autotile.tune.workers import default_trial_timeout
@@ -196,13 +197,21 @@ def tune_problem(
         mark_stale(store, device)
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-        study = optuna.create_study(study_name=name, storage=storage, direction="minimize", load_if_exists=True)
+        try:
+            study = optuna.create_study(study_name=name, storage=storage, direction="minimize", load_if_exists=True)
+        except JOURNAL_DAMAGE as exc:
+            # NOTE: Optuna replays a journal whose last line is cut short, and fails once a record follows it.
+            if storage_url is not None or not is_journal(study_url):
+                raise
+            storage = set_damaged_journal_aside(study_url, exc)
+            study = optuna.create_study(study_name=name, storage=storage, direction="minimize", load_if_exists=True)
         study.set_user_attr("family", family.name)
         study.set_user_attr("problem_key", family.problem_key(problem))
         space = space if space is not None else family.space(problem, device)
         warm = None
         enqueued: list[Config] = []
         if not study.trials:
+            _number_after_recorded(study, store.recorded_trial_numbers(name))
             enqueued.append(default)
             if warm_start:
                 warm = _warm_start(warm_source or engine, family, problem, device, space)
@@ -233,7 +242,7 @@ def tune_problem(
         # re-times.
         already_complete = len(evaluated_trials(engine, study, name, plan.rows_complete)) >= trials
         # Ctrl-C, like --timeout, ends the search, not the run: the best of the trials so far is re-timed and stored.
-        shared = _SharedState()
+        shared = _SharedState(best=best_recorded(plan))
         with CtrlC() as ctrl_c:
             ctrl_c.stops(shared.stop)
             if not already_complete and len(targets) == 1:
@@ -258,7 +267,7 @@ def tune_problem(
     finally:
         if closing is not None:
             closing.join()
-    result.statuses = store.status_counts(problem_id, device_id)
+    result.statuses = store.status_counts(name)
     result.trials_this_run = shared.this_run
     result.seconds = time.monotonic() - started
     result.stopped_early = "interrupted (Ctrl-C)" if interrupted else shared.stopped
@@ -268,6 +277,18 @@ def tune_problem(
     if shared.pruned:
         log.info("%s: the roofline model dropped %d proposals before compiling", name, shared.pruned)
     return result
+
+
+def _number_after_recorded(study: optuna.Study, recorded: set[int]) -> None:
+    """A study that starts again while the database holds rows of its name (its journal was moved aside as damaged,
+    or the database was copied without its journal): Optuna numbers its trials from 0 again, and a trial's number
+    keys its row, so the new trials take numbers after the recorded ones. Failed placeholders fill the gap (the
+    sampler skips them; the search knows the recorded configs from their rows, and does not run them again)."""
+    if recorded:
+        log.info("%s: the study starts again beside %d recorded trials; its trials are numbered after them",
+                 study.study_name, len(recorded))
+        study.add_trials([optuna.trial.create_trial(state=optuna.trial.TrialState.FAIL)
+                          for _ in range(max(recorded) + 1)])
 
 
 def _refuse_empty(family: Family, problem) -> None:
@@ -489,7 +510,8 @@ def _pick_winner(family: Family, problem, device: DeviceInfo, store: Store, prob
     result = TuneResult(family.name, family.problem_key(problem), device.key, name, None, None,
                         interpreted=device.interpret)
     ids = (problem_id, device_id, toolchain_id)
-    finalists = [Config(json.loads(text)) for text, _ in store.best_configs(problem_id, device_id, top_k, study=name)]
+    # The study's trials on every device row of its key (a driver update makes a new row mid-study).
+    finalists = [Config(json.loads(text)) for text, _ in store.best_configs(problem_id, None, top_k, study=name)]
     if not finalists:
         return result
     # What this comparison is against: save_winner writes only if it is still what is stored.
@@ -537,7 +559,7 @@ def _pick_winner(family: Family, problem, device: DeviceInfo, store: Store, prob
             fastest_vendor = None
             baseline_ms = timings["baseline"].median_ms if "baseline" in timings else None
     else:
-        trial_ms = dict(store.best_configs(problem_id, device_id, top_k, study=name))
+        trial_ms = dict(store.best_configs(problem_id, None, top_k, study=name))
         best = finalists[0]
         ms = trial_ms[best.to_json()]
         from autotile.bench import Timing
@@ -553,7 +575,7 @@ def _pick_winner(family: Family, problem, device: DeviceInfo, store: Store, prob
             range_note = "the vendor op serves its whole bucket"
         else:
             verified_range, range_note = verify_range(family, problem, best, fastest_vendor, device, seed=seed)
-    total = sum(store.status_counts(problem_id, device_id).values())
+    total = sum(store.status_counts(name).values())
     kernel_values = {}
     if is_vendor(best) and best_kernel is not None:
         kernel_values = {"kernel_config": best_kernel.to_json(), "kernel_ms": timings[best_kernel.hash].median_ms}

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 
 from autotile.device import DeviceInfo
 from autotile.space import Config
-from autotile.tune.search import Progress, TuneError, _Search, _SearchPlan, _SharedState
+from autotile.tune.search import Progress, TuneError, _Search, _SearchPlan, _SharedState, best_recorded
 from autotile.tune.workers import born_ignoring_ctrl_c, family_ref, ignore_ctrl_c, resolve_family
 
 log = logging.getLogger("autotile.tune")
@@ -140,7 +140,7 @@ def run_search_processes(plan: _SearchPlan, targets: Sequence[tuple[int | None, 
         with born_ignoring_ctrl_c():
             process.start()
         processes[slot] = process
-    shared = _SharedState(stop=stop)
+    shared = _SharedState(stop=stop, best=best_recorded(plan))
     local = threading.Thread(target=_Search(plan, 0, *targets[0], shared, session=session).run,
                              name="autotile-search-0")
     local.start()
@@ -167,6 +167,7 @@ def _collect(processes: dict, reports, shared: _SharedState, plan: _SearchPlan) 
     """Forward progress and gather results until every search process has reported or died."""
     done: set[int] = set()
     exited_at: dict[int, float] = {}
+    lost: list[str] = []
     while len(done) < len(processes):
         try:
             slot, kind, data = reports.get(timeout=_POLL_S)
@@ -178,10 +179,8 @@ def _collect(processes: dict, reports, shared: _SharedState, plan: _SearchPlan) 
                 exited_at.setdefault(slot, now)
                 if now - exited_at[slot] > _DRAIN_AFTER_EXIT_S:  # died without reporting
                     done.add(slot)
-                    with shared.lock:
-                        shared.error = shared.error or TuneError(
-                            f"search process {process.name} exited with code {process.exitcode} before it reported; "
-                            "every finished trial is stored - run the same command again to resume")
+                    lost.append(f"search process {process.name} exited with code {process.exitcode} before it "
+                                "reported")
             continue
         if kind == "progress":
             if plan.progress:
@@ -189,6 +188,10 @@ def _collect(processes: dict, reports, shared: _SharedState, plan: _SearchPlan) 
         elif kind == "done":
             done.add(slot)
             _merge(shared, data)
+    for line in lost:
+        # This process's own search goes on to the target (its census fails the lost search's claimed trial as
+        # stale): a lost search costs its trial in flight, not the run.
+        log.warning("autotile: %s; the other searches go on to the target", line)
 
 
 def _merge(shared: _SharedState, result: dict) -> None:
@@ -212,6 +215,7 @@ def _search_process_main(spec: _SearchSpec, reports, stop) -> None:
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         plan = _rebuild_plan(spec, lambda progress: reports.put((spec.slot, "progress", _progress_to(progress))))
+        shared.best = best_recorded(plan)
         _Search(plan, spec.slot, spec.gpu, spec.device, shared).run()
     except BaseException as exc:  # noqa: BLE001 - reported to the parent
         shared.error = shared.error or exc

@@ -27,7 +27,7 @@ def race(fns: Mapping[str, Callable[[], object]], device: DeviceInfo, rounds: in
 
     The race ends after `rounds` rounds, or once a single callable is left. Every callable is in the result:
     the median of its round medians, with the 20th and 80th percentiles of those as quantiles (one that left
-    early has fewer rounds).
+    early has fewer rounds); a callable timed in one round only keeps that timing, quantiles and all.
 
     >>> import itertools
     >>> from autotile.device import interpret_device
@@ -38,15 +38,20 @@ def race(fns: Mapping[str, Callable[[], object]], device: DeviceInfo, rounds: in
     (1.0, 2.0)
     """
     samples: dict[str, list[float]] = {name: [] for name in fns}
+    first: dict[str, Timing] = {}
     running = list(fns)
     for _ in range(rounds):
         for name in running:
-            samples[name].append(time_one(fns[name], device).median_ms)
+            timing = time_one(fns[name], device)
+            first.setdefault(name, timing)
+            samples[name].append(timing.median_ms)
         leader = min(statistics.median(samples[name]) for name in running)
         running = [name for name in running if statistics.median(samples[name]) <= leader * (1.0 + drop_margin)]
         if len(running) < 2:
             break
-    return {name: _summary(values, device) for name, values in samples.items() if values}
+    # One round (the race ended after it): that timing's own quantiles, not a spread of one sample (which read 0%).
+    return {name: first[name] if len(values) == 1 else _summary(values, device)
+            for name, values in samples.items() if values}
 
 
 def _summary(values: list[float], device: DeviceInfo) -> Timing:

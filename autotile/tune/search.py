@@ -297,6 +297,12 @@ class _SharedState:
     never_measured: int = 0  # simulation: proposals the table holds no timing of
 
 
+def best_recorded(plan: "_SearchPlan") -> float | None:
+    """The best time among the study's recorded trials: where "best so far" starts for a resumed run."""
+    rows = plan.store.best_configs(plan.ids[0], None, 1, study=plan.name)
+    return rows[0][1] if rows else None
+
+
 class _Search:
     """One device's search loop on the shared study."""
 
@@ -516,8 +522,7 @@ class _Search:
         plan = self.plan
         if plan.vendor_ms is not None or plan.table is not None:
             return plan.vendor_ms
-        problem_id, device_id, _ = plan.ids
-        rows = plan.store.best_configs(problem_id, device_id, 1, study=vendor_study(plan.name))
+        rows = plan.store.best_configs(plan.ids[0], None, 1, study=vendor_study(plan.name))  # any driver's
         return rows[0][1] if rows else None
 
     # --- pruning and early stop -------------------------------------------------------------------
@@ -542,8 +547,7 @@ class _Search:
             self._pruner_built = True
             self._pruner = Pruner.for_problem(plan.family, plan.problem, self.device, self.source.feasible())
             if self._pruner is not None:
-                problem_id, device_id, _ = plan.ids
-                for text, ms in plan.store.best_configs(problem_id, device_id, len(self.source.feasible()),
+                for text, ms in plan.store.best_configs(plan.ids[0], None, len(self.source.feasible()),
                                                         study=plan.name):
                     self._pruner.observe(Config.from_json(text), ms)
         return self._pruner

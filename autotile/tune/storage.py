@@ -195,16 +195,25 @@ def own_storage(url: str) -> optuna.storages.BaseStorage:
     `<journal>.damaged` (said once) and the study starts a new one; the database keeps every trial it recorded."""
     try:
         return optuna_storage(url)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except JOURNAL_DAMAGE as exc:
         if not is_journal(url):
             raise
-        path = journal_path(url)
-        aside = unused_name(path.with_name(path.name + ".damaged"))
-        path.replace(aside)
-        log.warning("autotile: the study journal %s could not be replayed (%s: %s); it was moved to %s and the "
-                    "search starts a new study (the database keeps the trials it recorded)", path,
-                    type(exc).__name__, str(exc)[:120], aside)
-        return optuna_storage(url)
+        return set_damaged_journal_aside(url, exc)
+
+
+# What replaying a damaged journal raises: a line that is not JSON, bytes that are not UTF-8.
+JOURNAL_DAMAGE = (json.JSONDecodeError, UnicodeDecodeError)
+
+
+def set_damaged_journal_aside(url: str, exc: Exception) -> optuna.storages.BaseStorage:
+    """Move the journal `url` names to `<journal>.damaged` (said once); a new, empty journal's storage."""
+    path = journal_path(url)
+    aside = unused_name(path.with_name(path.name + ".damaged"))
+    path.replace(aside)
+    log.warning("autotile: the study journal %s could not be replayed (%s: %s); it was moved to %s and the "
+                "search starts a new study (the database keeps the trials it recorded)", path,
+                type(exc).__name__, str(exc)[:120], aside)
+    return optuna_storage(url)
 
 
 def given_storage(url: str) -> optuna.storages.BaseStorage:
