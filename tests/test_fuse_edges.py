@@ -123,6 +123,28 @@ def test_a_literal_compared_with_a_16_bit_tensor_is_rounded_to_its_dtype_as_torc
     assert torch.equal(autotile.fuse(text)(x=x), want)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("text", ["x == 2049", "x != 257", "where(x >= 2049, 1.0, 0.0)", "x == 65520", "x < 1e5",
+                                  "x > -1e39"])
+def test_int_literals_and_literals_past_the_dtypes_range_compare_as_torch_does(text, dtype):
+    """An int literal was compared unrounded (x == 2049 with fp16's 2048: False where torch says True), and a literal
+    that rounds to an infinity was emitted as a bare name `inf` (a NameError in the kernel)."""
+    x = torch.tensor([2048., 256., 65504., float("inf"), -float("inf"), 1.0], dtype=dtype)
+    assert torch.equal(autotile.fuse(text)(x=x), expr.evaluate(expr.parse(text), {"x": x})["out"])
+
+
+def test_an_input_only_an_unused_temporary_reads_may_hold_one_element():
+    (out,) = autotile.fuse("_t = x * 2; out = y + 1")(x=torch.ones(1), y=torch.arange(4.0))
+    assert torch.equal(out, torch.arange(4.0) + 1)
+
+
+def test_a_negative_zero_base_keeps_its_sign_in_odd_powers():
+    a = torch.tensor([-0.0, -0.0, -0.0, 0.0, -2.0, 3.0])
+    b = torch.tensor([-1.0, 3.0, 0.5, -1.0, 3.0, 2.0])
+    got, want = autotile.fuse("x ** y")(x=a, y=b), a ** b
+    assert torch.equal(torch.signbit(got), torch.signbit(want)) and torch.allclose(got, want, rtol=1e-5)
+
+
 def test_interpreted_fused_ops_warn_no_more_than_torch(recwarn):
     """numpy warned 'divide by zero' for the masked lanes past the end of rsqrt(x) and x**-2 under the interpreter."""
     x = torch.rand(100) + 0.1

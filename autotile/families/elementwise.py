@@ -216,8 +216,10 @@ class _Lowering:
         """A constant a comparison compares in a 16-bit float dtype, rounded to it first as torch rounds it
         (x == 0.1 with x fp16 compares against fp16's 0.1), then emitted in the compute type."""
         value = self.const_of[name]
-        if dtype in _ROUNDED and isinstance(value, float):
-            value = torch.tensor(value, dtype=dtype).item()
+        if dtype in _ROUNDED and isinstance(value, (int, float)) and not isinstance(value, bool):
+            # An int too (x == 2049 compares against fp16's 2048); one past float's range is an infinity there.
+            wide = float(value) if abs(value) < 2**1023 else math.copysign(math.inf, value)
+            value = torch.tensor(wide, dtype=dtype).item()
         return self.const(value, type_)
 
     def compared(self, name: str, text: str, dtype: torch.dtype, type_: str) -> str:
@@ -456,7 +458,9 @@ class ElementwiseFamily(Family):
     def _problem(self, plan: Plan, geometry: Geometry) -> ElementwiseProblem:
         inputs = ",".join(plan.specs[n].text for n in plan.expression.inputs)
         outputs = ",".join(f"{n}:{DTYPE_NAMES[d]}" for n, d in zip(plan.expression.output_names, plan.output_dtypes))
-        one = ",".join(sorted(n for n in geometry.one_element if plan.specs[n].kind == "tensor"))
+        # Only inputs the kernel reads: one used by an unused temporary alone is not in the canonical expression.
+        read = frozenset().union(*plan.expression.output_inputs())
+        one = ",".join(sorted(n for n in geometry.one_element if n in read and plan.specs[n].kind == "tensor"))
         if geometry.layout == "contiguous":
             return ElementwiseProblem(plan.expression.canonical, inputs, outputs, geometry.numel, "contiguous", 1, one)
         return ElementwiseProblem(
