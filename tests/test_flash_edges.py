@@ -219,3 +219,25 @@ def test_varlen_max_seqlen_is_bounded_by_the_packed_rows():
     cu = torch.tensor([0, 3, 7], dtype=torch.int32)
     loose = autotile.flash_attention_varlen(q, q, q, cu, cu, 10**6, 10**6, causal=True)
     assert torch.equal(loose, autotile.flash_attention_varlen(q, q, q, cu, cu, 4, 4, causal=True))
+
+
+@pytest.mark.parametrize("dtype, magnitude", [(torch.float16, 2.0), (torch.float32, 5.0)])
+@pytest.mark.parametrize("softcap", [None, 200.0], ids=["plain", "softcap"])
+def test_dq_of_a_row_whose_logits_are_all_far_below_zero_is_finite(dtype, magnitude, softcap):
+    """Keys past Sk in the last key block load K = 0, a logit of 0: against a row's LSE far below zero, P (or dS in
+    16 bits) overflowed to inf, and inf times K's zero row made the row's dQ NaN (not causal, no window)."""
+    gen = torch.Generator().manual_seed(0)
+    q = (-magnitude * torch.ones(1, 1, 1, 16) + 0.1 * torch.randn(1, 1, 1, 16, generator=gen)).to(dtype)
+    k = (magnitude * torch.ones(1, 1, 3, 16) + 0.1 * torch.randn(1, 1, 3, 16, generator=gen)).to(dtype)
+    v = torch.randn(1, 1, 3, 16, generator=gen).to(dtype)
+    do = torch.randn(1, 1, 1, 16, generator=gen).to(dtype)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    grads = torch.autograd.grad(autotile.flash_attention(q, k, v, softcap=softcap), (q, k, v), do)
+    wide = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    logits = wide[0] @ wide[1].transpose(-1, -2) / 4.0
+    if softcap:
+        logits = softcap * torch.tanh(logits / softcap)
+    want = torch.autograd.grad(torch.softmax(logits, -1) @ wide[2], wide, do.double())
+    for got, ref in zip(grads, want):
+        assert torch.isfinite(got).all()
+        torch.testing.assert_close(got.double(), ref, atol=2e-3 if dtype == torch.float16 else 1e-5, rtol=1e-2)
