@@ -358,7 +358,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None
     activation is None, 'relu', 'gelu' or 'silu'; residual an (M, N) tensor added last; out_dtype
     defaults to the operands' dtype (bf16 for fp8). fp8 scales (float32) are per tensor (one value
     each), per row of A and column of B ((M, 1) and (1, N)), or per 1 x 128 group of A and 128 x 128
-    block of B ((M, ceil(K/128)) and (ceil(K/128), ceil(N/128))); `fp8_fast_accum` never promotes the
+    block of B ((M, ceil(K/128)) and (ceil(K/128), ceil(N/128))); `fp8_fast_accum` (fp8 only) never promotes the
     tensor cores' partial sums (as torch._scaled_mm's use_fast_accum). On a GPU a shape nobody tuned
     runs the vendor op (cuBLAS / torch._scaled_mm) where there is one; CPU tensors run the generated
     kernel under Triton's interpreter.
