@@ -197,20 +197,19 @@ class GemmFamily(Family):
         >>> FAMILY.problem_from_tensors(a, w.t(), scale_a=torch.ones(4, 2), scale_b=torch.ones(2, 3)).scale_mode
         'block'
         """
-        dtype, out = self.check_operands(a, b, bias, out_dtype, residual=residual, scale_a=scale_a, scale_b=scale_b,
-                                         fp8_fast_accum=fp8_fast_accum)
+        dtype, out, scale_mode = self.check_operands(a, b, bias, out_dtype, residual=residual, scale_a=scale_a,
+                                                     scale_b=scale_b, fp8_fast_accum=fp8_fast_accum)
         m, k = a.shape
         n = b.shape[1]
-        scale_mode = scale_mode_of(m, n, k, scale_a, scale_b, a.device) if dtype == "fp8" else "tensor"
         tf32 = dtype == "fp32" and torch.backends.cuda.matmul.allow_tf32
         return GemmProblem(m, n, k, dtype, out, layout_of(a), layout_of(b), bias is not None,
                            activation or "none", tf32, _tma_aligned(a) and _tma_aligned(b),
                            residual=residual is not None, scale_mode=scale_mode, fp8_fast_accum=bool(fp8_fast_accum))
 
     def check_operands(self, a, b, bias=None, out_dtype=None, *, residual=None, scale_a=None,
-                       scale_b=None, fp8_fast_accum=False) -> tuple[str, str]:
+                       scale_b=None, fp8_fast_accum=False) -> tuple[str, str, str]:
         """The checks of a call's tensors that hold whatever its sizes (an empty call is checked too): the
-        operands' and the output's dtype names."""
+        operands' and the output's dtype names, and the scale mode (gemm.scale_mode_of; 'tensor' but for fp8)."""
         if a.dim() != 2 or b.dim() != 2:
             raise ShapeMismatchError(
                 f"matmul takes 2-D a (M, K) and b (K, N), got a{tuple(a.shape)} and b{tuple(b.shape)}: for "
@@ -253,9 +252,10 @@ class GemmFamily(Family):
         if dtype != "fp8" and (scale_a is not None or scale_b is not None or fp8_fast_accum):
             raise BadInputError(f"scale_a, scale_b and fp8_fast_accum apply to float8_e4m3fn operands only; these are "
                                 f"{a.dtype}: leave them out")
-        if dtype == "fp8" and scale_mode_of(m, n, k, scale_a, scale_b, a.device) == "block" and fp8_fast_accum:
+        scale_mode = scale_mode_of(m, n, k, scale_a, scale_b, a.device) if dtype == "fp8" else "tensor"
+        if scale_mode == "block" and fp8_fast_accum:
             raise BadInputError(BLOCK_SCALES_PROMOTE)
-        return dtype, out
+        return dtype, out, scale_mode
 
     def distance(self, problem: GemmProblem, other: GemmProblem) -> float | None:
         # Alignment does not change what a config computes, only whether the TMA variant may run;

@@ -14,6 +14,8 @@ autograd wrapper and dispatch cost more than its kernels on short training calls
 """
 from __future__ import annotations
 
+import numbers
+
 import torch
 
 
@@ -25,14 +27,16 @@ _Parameter = torch.nn.Parameter
 _functorch_level = torch._C._functorch.peek_interpreter_stack
 
 
-SYMBOLIC = (torch.SymInt, torch.SymFloat, torch.SymBool)
+_SYMBOLIC = (torch.SymInt, torch.SymFloat, torch.SymBool)
 
 
 def checked_by_op(value) -> bool:
     """Whether a number's value is checked by the op's body rather than the call: while torch.compile traces the
     call, a number may be a symbol (automatic dynamic, dynamic=True, a size) or a float dynamo passes as a tensor,
-    whose value is known only when the compiled graph runs (math.isfinite on it does not trace)."""
-    return _is_compiling() or isinstance(value, SYMBOLIC)
+    whose value is known only when the compiled graph runs (math.isfinite on it does not trace). Anything but a
+    number (a bool, a string) is the call's to refuse."""
+    return isinstance(value, _SYMBOLIC) or (_is_compiling() and isinstance(value, numbers.Real)
+                                           and not isinstance(value, bool))
 
 
 def _plain(values: tuple, refuse_grad: bool) -> bool:

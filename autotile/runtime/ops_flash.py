@@ -37,7 +37,7 @@ from autotile.layouts import matching_strides, with_strides
 from autotile.runtime import fallback, trace
 from autotile.runtime.dispatch import on_clear
 from autotile.runtime.eager import (any_autocast, autocast_operands, autograd_call_ok, direct_call_ok,
-                                    SYMBOLIC, checked_by_op, under_transform)
+                                    checked_by_op, under_transform)
 from autotile.space import Config
 
 LN2 = math.log(2.0)
@@ -137,7 +137,7 @@ def check_numbers(scale, softcap) -> None:
     checked by the op's body (eager.checked_by_op)."""
     for name, value, advice in (("scale", scale, "a finite number (None: 1/sqrt(head_dim))"),
                                 ("softcap", softcap, "a finite number >= 0 (0 or None: off)")):
-        if value is None or (checked_by_op(value) and (_is_number(value) or isinstance(value, SYMBOLIC))):
+        if value is None or checked_by_op(value):
             continue
         if not (_is_number(value) and math.isfinite(float(value)) and (name == "scale" or float(value) >= 0)):
             raise BadInputError(f"{name} must be {advice}, got {value!r}")

@@ -83,8 +83,8 @@ def _empty_served(a, b, bias, activation, out_dtype, scale_a, scale_b, residual,
     zeros: the bias through the activation, plus the residual), after the checks every call gets. Nothing to tune
     or launch."""
     _check_tensor_types(a, b, bias, residual, scale_a, scale_b)
-    _, out = FAMILY.check_operands(a, b, bias, out_dtype, residual=residual, scale_a=scale_a, scale_b=scale_b,
-                                   fp8_fast_accum=fp8_fast_accum)
+    _, out, _ = FAMILY.check_operands(a, b, bias, out_dtype, residual=residual, scale_a=scale_a, scale_b=scale_b,
+                                      fp8_fast_accum=fp8_fast_accum)
     dtype, act = torch_dtype(out), _activation_fn(activation)
 
     def run(a, b, bias, scale_a, scale_b, residual):

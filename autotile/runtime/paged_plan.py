@@ -64,7 +64,7 @@ from autotile.families.paged import (
     cdiv, check_head_dim, context_bucket,
 )
 from autotile.runtime import fallback, trace
-from autotile.runtime.eager import SYMBOLIC, checked_by_op
+from autotile.runtime.eager import checked_by_op
 from autotile.runtime.paged_fresh import fresh_prefill, is_fresh_uniform
 from autotile.space import Config
 from autotile.switches import switch
@@ -146,7 +146,7 @@ def finite_scale(scale, head_dim: int) -> float:
     if isinstance(scale, torch.Tensor):
         raise BadInputError("scale must be a Python number (reading a tensor would synchronise the device); "
                             "pass float(scale) once, outside the step")
-    if checked_by_op(scale) and isinstance(scale, (numbers.Real, *SYMBOLIC)):  # the op's body checks its value
+    if checked_by_op(scale):  # the op's body checks its value
         return scale
     value = float(scale)
     if not math.isfinite(value):

@@ -27,8 +27,8 @@ from autotile.store.repo import ANY_WINNER, Store
 from autotile.store.staleness import mark_stale
 from autotile.tune.cluster import evaluated_trials, fail_stale_trials
 from autotile.tune.processes import CtrlC, run_search_processes
-from autotile.tune.storage import (JOURNAL_DAMAGE, given_storage, is_journal, optuna_storage, own_storage,
-                                    set_damaged_journal_aside, study_journal)
+from autotile.tune.storage import (create_own_study, given_storage, is_journal, optuna_storage, own_storage,
+                                    study_journal)
 from autotile.tune.retime import race
 from autotile.tune.search import (  # noqa: F401 - re-exported
     Progress, TuneError, _Search, _SearchPlan, _SharedState, best_recorded, next_vendor_number, vendor_study,
@@ -197,14 +197,10 @@ def tune_problem(
         mark_stale(store, device)
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-        try:
+        if storage_url is not None:
             study = optuna.create_study(study_name=name, storage=storage, direction="minimize", load_if_exists=True)
-        except JOURNAL_DAMAGE as exc:
-            # NOTE: Optuna replays a journal whose last line is cut short, and fails once a record follows it.
-            if storage_url is not None or not is_journal(study_url):
-                raise
-            storage = set_damaged_journal_aside(study_url, exc)
-            study = optuna.create_study(study_name=name, storage=storage, direction="minimize", load_if_exists=True)
+        else:
+            study, storage = create_own_study(storage, study_url, name)
         study.set_user_attr("family", family.name)
         study.set_user_attr("problem_key", family.problem_key(problem))
         space = space if space is not None else family.space(problem, device)

@@ -189,6 +189,10 @@ def optuna_storage(url: str) -> optuna.storages.BaseStorage:
     return storage
 
 
+# What replaying a damaged journal raises: a line that is not JSON, bytes that are not UTF-8.
+JOURNAL_DAMAGE = (json.JSONDecodeError, UnicodeDecodeError)
+
+
 def own_storage(url: str) -> optuna.storages.BaseStorage:
     """optuna_storage of a study's storage that autotile chose (its journal beside the database, or the database):
     a journal that cannot be replayed (damaged: a line that is not JSON, bytes that are not UTF-8) is moved aside to
@@ -201,8 +205,18 @@ def own_storage(url: str) -> optuna.storages.BaseStorage:
         return set_damaged_journal_aside(url, exc)
 
 
-# What replaying a damaged journal raises: a line that is not JSON, bytes that are not UTF-8.
-JOURNAL_DAMAGE = (json.JSONDecodeError, UnicodeDecodeError)
+
+def create_own_study(storage, url: str, name: str) -> tuple[optuna.Study, optuna.storages.BaseStorage]:
+    """optuna.create_study (load_if_exists) of `name` in the storage own_storage(url) opened, and the storage it
+    lives in. NOTE: Optuna replays a journal whose last line is cut short, and fails once a record follows it: such
+    a journal is set aside as own_storage sets aside one it cannot replay, and the study starts in a new one."""
+    try:
+        return optuna.create_study(study_name=name, storage=storage, direction="minimize", load_if_exists=True), storage
+    except JOURNAL_DAMAGE as exc:
+        if not is_journal(url):
+            raise
+        storage = set_damaged_journal_aside(url, exc)
+        return optuna.create_study(study_name=name, storage=storage, direction="minimize", load_if_exists=True), storage
 
 
 def set_damaged_journal_aside(url: str, exc: Exception) -> optuna.storages.BaseStorage:
