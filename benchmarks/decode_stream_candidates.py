@@ -44,6 +44,16 @@ TILES = (dict(BLOCK_N=32, BLOCK_K=256, SWAP_AB=False, num_stages=5),
          dict(BLOCK_N=32, BLOCK_K=128, SWAP_AB=False, num_stages=6),
          dict(BLOCK_N=64, BLOCK_K=128, SWAP_AB=False, num_stages=5))
 SPLITS = (1, 2, 3, 4, 6)
+# Above 128 tokens: 64-deep tiles, so that 256 tokens (the swapped tile's widest) fit shared memory, and 256-row
+# tiles unswapped (B is read once a 256-row panel of A: half the L2 traffic of 128-row tiles).
+WIDE_TILES = (dict(BLOCK_N=64, BLOCK_K=64, SWAP_AB=True, num_stages=4),
+              dict(BLOCK_N=64, BLOCK_K=64, SWAP_AB=True, num_stages=6),
+              dict(BLOCK_N=128, BLOCK_K=64, SWAP_AB=True, num_stages=4, num_warps=8),
+              dict(BLOCK_M=256, BLOCK_N=128, BLOCK_K=64, SWAP_AB=False, num_stages=3, num_warps=8),
+              dict(BLOCK_M=256, BLOCK_N=128, BLOCK_K=64, SWAP_AB=False, num_stages=4, num_warps=8),
+              dict(BLOCK_M=256, BLOCK_N=128, BLOCK_K=64, SWAP_AB=False, num_stages=4, num_warps=8, VARIANT="tma"),
+              dict(BLOCK_M=256, BLOCK_N=64, BLOCK_K=64, SWAP_AB=False, num_stages=4, num_warps=8))
+WIDE_FROM_M = 129
 STREAM_K_TILES = (dict(BLOCK_N=64, BLOCK_K=128, SWAP_AB=True, num_stages=5),
                   dict(BLOCK_N=32, BLOCK_K=256, SWAP_AB=False, num_stages=5))
 
@@ -55,9 +65,10 @@ def candidates(problem, device) -> dict:
     for config in FAMILY.seed_configs(problem, device):
         found.setdefault(config, "seed")
     base = dict(next(iter(found)), VARIANT="blocked", PERSISTENT=False, WARP_SPECIALIZE=False, FLATTEN=False,
-                BLOCK_M=max(16, next_pow2(problem.m)), num_warps=4)
+                BLOCK_M=min(256, max(16, next_pow2(problem.m))), num_warps=4, GROUP_M=1, EPILOGUE_SUBTILE=False)
+    tiles_tried = TILES + (WIDE_TILES if problem.m >= WIDE_FROM_M else ())
     wanted = [dict(base, **tiles, SCHEDULE="split_k" if split > 1 else "data_parallel", SPLIT_K=split)
-              for tiles in TILES for split in SPLITS]
+              for tiles in tiles_tried for split in SPLITS]
     wanted += [dict(base, **tiles, SCHEDULE="stream_k", SPLIT_K=1) for tiles in STREAM_K_TILES]
     for config in wanted:
         admitted = space.admit(config)
