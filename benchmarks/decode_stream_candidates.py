@@ -29,6 +29,7 @@ from decode_stream_bench import REL_TOLERANCE, graph_ms_per_call, weights_for  #
 
 from autotile.families.base import next_pow2  # noqa: E402
 from autotile.families.gemm import FAMILY, contiguous_problem  # noqa: E402
+from autotile.families.gemm_policy import gluon_config  # noqa: E402
 
 # Llama-3-8B, Qwen2.5-7B, Phi-3-mini, Gemma-2-9B, Mistral-Nemo-12B and Qwen3-8B projections (N x K).
 SHAPES = ((4608, 3584), (6144, 4096), (9216, 3072), (5120, 3072), (3584, 3584), (4096, 3584), (3584, 4096),
@@ -54,6 +55,9 @@ WIDE_TILES = (dict(BLOCK_N=64, BLOCK_K=64, SWAP_AB=True, num_stages=4),
               dict(BLOCK_M=256, BLOCK_N=128, BLOCK_K=64, SWAP_AB=False, num_stages=4, num_warps=8, VARIANT="tma"),
               dict(BLOCK_M=256, BLOCK_N=64, BLOCK_K=64, SWAP_AB=False, num_stages=4, num_warps=8))
 WIDE_FROM_M = 129
+# The Gluon variant's tiles split over K (every tile, where they are fewer than the SMs).
+GLUON_SPLIT_TILES = (dict(BLOCK_N=128, BLOCK_K=64, num_stages=5), dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, num_stages=6),
+                     dict(BLOCK_M=64, BLOCK_N=192, BLOCK_K=64, num_stages=6))
 STREAM_K_TILES = (dict(BLOCK_N=64, BLOCK_K=128, SWAP_AB=True, num_stages=5),
                   dict(BLOCK_N=32, BLOCK_K=256, SWAP_AB=False, num_stages=5))
 
@@ -70,6 +74,9 @@ def candidates(problem, device) -> dict:
     wanted = [dict(base, **tiles, SCHEDULE="split_k" if split > 1 else "data_parallel", SPLIT_K=split)
               for tiles in tiles_tried for split in SPLITS]
     wanted += [dict(base, **tiles, SCHEDULE="stream_k", SPLIT_K=1) for tiles in STREAM_K_TILES]
+    if problem.m >= WIDE_FROM_M:
+        wanted += [gluon_config(problem, **tiles, SCHEDULE="split_k", SPLIT_K=split)
+                   for tiles in GLUON_SPLIT_TILES for split in SPLITS[1:] + (8,)]
     for config in wanted:
         admitted = space.admit(config)
         if admitted is not None:

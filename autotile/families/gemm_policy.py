@@ -345,7 +345,8 @@ def _fewer_waves(problem, config: dict, device: DeviceInfo) -> dict:
 
 
 def tiled_mid_config(problem, device: DeviceInfo, gluon: bool = True) -> dict:
-    """64 < M <= 512. On Hopper, the Gluon variant's tiles where they fill the SMs (_mid_gluon_config).
+    """64 < M <= 512. On Hopper, the Gluon variant's tiles where they fill the SMs (_mid_gluon_config); after the
+    one-wave TMA tiles, Gluon tiles that fill fewer of them (MID_GLUON_FEW_FILL).
     Otherwise 16-bit operands, measured at M = 256 on Llama-3-8B and Qwen2.5-7B projections
     (results/gemm_policy_sweep_2026-12-01.md; stream-K tiles, the rule before, reached 0.39-0.59x of cuBLAS):
     128 x 256 tiles on TMA in a persistent loop where they alone fill the GPU (gate_up: 0.77-0.91x); then the
@@ -367,6 +368,9 @@ def tiled_mid_config(problem, device: DeviceInfo, gluon: bool = True) -> dict:
             count, slots = tile_count(p, config["BLOCK_M"], config["BLOCK_N"]), programs(p, config, device)
             if FILL_SMS * sm_count(device) <= count <= slots:
                 return config
+        few_tiles = _mid_gluon_config(p, device, fill=MID_GLUON_FEW_FILL) if gluon else None
+        if few_tiles is not None:
+            return few_tiles
         if p.k >= MID_LONG_K:
             long_k = _base(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3)
             return _schedule(p, _fit_blocks(p, long_k), device, split=True)
@@ -446,6 +450,11 @@ _GLUON_16BIT_SEEDS = (_GLUON_192, *_GLUON_PARTS,
 # 256 tokens: 58-67%) the Gluon tiles ran 0.73-0.87x against the tiled rules' 0.82-0.91x, which keep those. 128 x 128
 # tiles take C in halves on 6 stages: 2-7% ahead of whole C on 5 stages on 12 of the 16 (within 1% elsewhere).
 MID_GLUON_FILL = 0.7
+# Where neither those nor the one-wave TMA tiles fill the SMs, Gluon tiles filling this share still led the tiled
+# rules' split 64 x 128 tiles (as a prefill chunk runs them: CUDA-graph streams, one weight a call, H100,
+# results/mid_candidates_2026-12-06_h100.json): at 192 tokens, 64 x 192 tiles on 43-50% of the SMs ran 0.80x of
+# cuBLAS at 4096 x 4096 against 0.68x, 1.02x at 3584 x 3584 against 0.87x, 0.88x at 4096 x 14336 against 0.82x.
+MID_GLUON_FEW_FILL = 0.4
 _MID_GLUON_TILES = (dict(BLOCK_N=128, BLOCK_K=64, num_stages=6, EPILOGUE_SUBTILE=True),
                     dict(BLOCK_M=64, BLOCK_N=192, BLOCK_K=64, num_stages=6),
                     dict(BLOCK_N=144, BLOCK_K=64, num_stages=5), dict(BLOCK_N=160, BLOCK_K=64, num_stages=5),
@@ -460,9 +469,9 @@ def _gluon_16bit(problem, device: DeviceInfo) -> bool:
     return problem.dtype in ("bf16", "fp16") and gluon_ws_ok(problem, device)
 
 
-def _mid_gluon_config(problem, device: DeviceInfo) -> dict | None:
-    """16-bit mid-sized M on Hopper: of _MID_GLUON_TILES whose tiles fill MID_GLUON_FILL of the SMs, the one of the
-    shortest modelled makespan (whole waves times tile area over MID_GLUON_EFFICIENCY); None where none fills them."""
+def _mid_gluon_config(problem, device: DeviceInfo, fill: float = MID_GLUON_FILL) -> dict | None:
+    """16-bit mid-sized M on Hopper: of _MID_GLUON_TILES whose tiles fill `fill` of the SMs, the one of the shortest
+    modelled makespan (whole waves times tile area over MID_GLUON_EFFICIENCY); None where none fills them."""
     p = problem
     if not _gluon_16bit(p, device):
         return None
@@ -470,7 +479,7 @@ def _mid_gluon_config(problem, device: DeviceInfo) -> dict | None:
     for tiles in _MID_GLUON_TILES:
         config = gluon_config(p, **tiles)
         block_m, block_n = config["BLOCK_M"], config["BLOCK_N"]
-        if tile_count(p, block_m, block_n) < MID_GLUON_FILL * sm_count(device):
+        if tile_count(p, block_m, block_n) < fill * sm_count(device):
             continue
         time = _makespan(p, config, device, MID_GLUON_EFFICIENCY[block_m, block_n])
         if time < best_time:
