@@ -56,8 +56,8 @@ WIDE_TILES = (dict(BLOCK_N=64, BLOCK_K=64, SWAP_AB=True, num_stages=4),
               dict(BLOCK_M=256, BLOCK_N=64, BLOCK_K=64, SWAP_AB=False, num_stages=4, num_warps=8))
 WIDE_FROM_M = 129
 # The Gluon variant's tiles split over K (every tile, where they are fewer than the SMs).
-GLUON_SPLIT_TILES = (dict(BLOCK_N=128, BLOCK_K=64, num_stages=5), dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, num_stages=6),
-                     dict(BLOCK_M=64, BLOCK_N=192, BLOCK_K=64, num_stages=6))
+GLUON_SPLIT_TILES = (dict(BLOCK_N=128, BLOCK_K=64, num_stages=5),
+                     dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, num_stages=6))
 STREAM_K_TILES = (dict(BLOCK_N=64, BLOCK_K=128, SWAP_AB=True, num_stages=5),
                   dict(BLOCK_N=32, BLOCK_K=256, SWAP_AB=False, num_stages=5))
 
