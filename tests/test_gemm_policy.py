@@ -9,8 +9,8 @@ import pytest
 from autotile.device import HOPPER_SMEM_PER_BLOCK, DeviceInfo, interpret_device
 from autotile.families.gemm import FAMILY, contiguous_problem
 from autotile.families.gemm_policy import (
-    FILL_SMS, MID_GLUON_FEW_FILL, MID_GLUON_FILL, STREAM_MAX_M, WIDE_STREAM_MAX_M, prefill_config, programs, regime,
-    tiled_mid_config, wave_efficiency,
+    FILL_SMS, MID_GLUON_FEW_FILL, MID_GLUON_FILL, NARROW_MIN_K, STREAM_MAX_M, WIDE_STREAM_MAX_M, prefill_config,
+    programs, regime, tiled_mid_config, wave_efficiency,
 )
 from autotile.families.gemm_space import FP8_PRECISE_INTERVAL, SPLIT_K_CHOICES, SPLIT_K_WORKSPACE_LIMIT, tile_count
 from autotile.models import MODELS, TOKEN_BUCKETS, projections
@@ -297,12 +297,11 @@ def test_one_stage_fewer_where_it_saves_a_wave():
 
 @pytest.mark.parametrize("m,n,k,tile", [
     (192, 4096, 4096, (64, 192)), (192, 3584, 3584, (64, 192)), (192, 4096, 14336, (64, 192)),
-    (192, 4608, 3584, None), (192, 1024, 4096, None), (256, 4096, 4096, None)])
+    (192, 4608, 3584, None), (256, 4096, 4096, None)])
 def test_mid_gluon_tiles_on_fewer_sms_after_the_one_wave_tma_tiles(m, n, k, tile):
     # results/mid_candidates_2026-12-06_h100.json (CUDA-graph streams): at 192 tokens 64 x 192 Gluon tiles on 43-50%
     # of the SMs led the split 64 x 128 tiles; where the one-wave TMA tiles fill FILL_SMS of the SMs those still lead
-    # (192 x 4608 x 3584: 1.02x of cuBLAS against 0.91x; 256 x 4096 x 4096: 1.03x against 0.91x), and a narrow
-    # weight (N = 1024) fills too few SMs with either.
+    # (192 x 4608 x 3584: 1.02x of cuBLAS against 0.91x; 256 x 4096 x 4096: 1.03x against 0.91x).
     problem = contiguous_problem(m, n, k, "bf16", "bf16", layout_b="col")
     config = FAMILY.default_config(problem, H200)
     if tile is None:
@@ -311,4 +310,22 @@ def test_mid_gluon_tiles_on_fewer_sms_after_the_one_wave_tma_tiles(m, n, k, tile
         assert (config["VARIANT"], config["SCHEDULE"], config["BLOCK_M"], config["BLOCK_N"]) == \
             ("gluon_ws", "data_parallel", *tile), config
         assert MID_GLUON_FEW_FILL * H200.sm_count <= tile_count(problem, *tile) < MID_GLUON_FILL * H200.sm_count
+    assert FAMILY.default_config(problem, A100)["VARIANT"] != "gluon_ws"
+
+
+@pytest.mark.parametrize("m,n,k,split", [
+    (192, 1024, 4096, 3), (256, 1024, 4096, 3), (384, 1024, 4096, 2), (512, 1024, 4096, 2), (192, 2048, 4096, 2),
+    (256, 2048, 4096, 2), (192, 512, 3584, 3), (512, 512, 3584, 3), (384, 1024, 5120, 2)])
+def test_narrow_mid_weights_take_gluon_tiles_split_over_k_in_one_wave(m, n, k, split):
+    # results/mid_narrow_2026-12-06_h100.json (CUDA-graph streams): the best split of 64 x 128 Gluon tiles on each
+    # shape, 0.64-0.95x of cuBLAS against 0.45-0.84x for the tiled rules' split 64 x 128 tiles.
+    problem = contiguous_problem(m, n, k, "bf16", "bf16", layout_b="col")
+    config = FAMILY.default_config(problem, H200)
+    assert (config["VARIANT"], config["SCHEDULE"], config["BLOCK_M"], config["BLOCK_N"], config["SPLIT_K"]) == \
+        ("gluon_ws", "split_k", 64, 128, split), config
+    assert tile_count(problem, 64, 128) * split <= H200.sm_count
+    assert FAMILY.space(problem, H200).is_feasible(config)
+    # Short K keeps the tiled rules (unmeasured there), as does a GPU without the Gluon variant.
+    short = contiguous_problem(m, n, NARROW_MIN_K - 512, "bf16", "bf16", layout_b="col")
+    assert FAMILY.default_config(short, H200)["VARIANT"] != "gluon_ws"
     assert FAMILY.default_config(problem, A100)["VARIANT"] != "gluon_ws"

@@ -346,7 +346,8 @@ def _fewer_waves(problem, config: dict, device: DeviceInfo) -> dict:
 
 def tiled_mid_config(problem, device: DeviceInfo, gluon: bool = True) -> dict:
     """64 < M <= 512. On Hopper, the Gluon variant's tiles where they fill the SMs (_mid_gluon_config); after the
-    one-wave TMA tiles, Gluon tiles that fill fewer of them (MID_GLUON_FEW_FILL).
+    one-wave TMA tiles, Gluon tiles that fill fewer of them (MID_GLUON_FEW_FILL); for narrower weights, below
+    MID_LONG_K, Gluon tiles split over K (_narrow_gluon_split).
     Otherwise 16-bit operands, measured at M = 256 on Llama-3-8B and Qwen2.5-7B projections
     (results/gemm_policy_sweep_2026-12-01.md; stream-K tiles, the rule before, reached 0.39-0.59x of cuBLAS):
     128 x 256 tiles on TMA in a persistent loop where they alone fill the GPU (gate_up: 0.77-0.91x); then the
@@ -374,6 +375,9 @@ def tiled_mid_config(problem, device: DeviceInfo, gluon: bool = True) -> dict:
         if p.k >= MID_LONG_K:
             long_k = _base(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3)
             return _schedule(p, _fit_blocks(p, long_k), device, split=True)
+        narrow = _narrow_gluon_split(p, device) if gluon else None
+        if narrow is not None:
+            return narrow
         small = _base(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=4, num_stages=4)
         return _fewer_waves(p, _schedule(p, _fit_blocks(p, small), device, split="fill"), device)
     block_m = 32 if p.m <= 32 else 64 if p.m <= 64 else 128
@@ -485,6 +489,30 @@ def _mid_gluon_config(problem, device: DeviceInfo, fill: float = MID_GLUON_FILL)
         if time < best_time:
             best, best_time = config, time
     return best
+
+
+# Narrow weights at mid-sized M (N = 512-2048: k and v projections, small models' widths), where no whole tiles fill
+# the SMs: the Gluon variant's 64 x 128 tiles split over K in as many parts as fit one wave, at most this many. As a
+# prefill chunk runs them (CUDA-graph streams, H100, results/mid_narrow_2026-12-06_h100.json), 16 shapes at 192-512
+# tokens: the best of splits 2-8 on each (0.64-0.95x of cuBLAS) against the tiled rules' split 64 x 128 tiles at
+# 0.45-0.84x; more parts lost on each (their partial tiles' round trip through the workspace).
+NARROW_SPLIT_MAX = 3
+NARROW_MIN_K = 3072  # measured from 3584 (Qwen2.5-7B) on; 3072 (Llama-3.2-3B) checked after
+_NARROW_GLUON = dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, num_stages=6)
+
+
+def _narrow_gluon_split(problem, device: DeviceInfo) -> dict | None:
+    """The Gluon variant's 64 x 128 tiles split over K in as many parts (2 to NARROW_SPLIT_MAX) as fit one wave of
+    one program an SM; None off Hopper's 16-bit operands, below NARROW_MIN_K, or where the tiles alone fill more than
+    half the SMs."""
+    p = problem
+    if not _gluon_16bit(p, device) or p.k < NARROW_MIN_K:
+        return None
+    tiles = tile_count(p, _NARROW_GLUON["BLOCK_M"], _NARROW_GLUON["BLOCK_N"])
+    split = min(NARROW_SPLIT_MAX, sm_count(device) // tiles)
+    if split < 2 or math.ceil(p.k / _NARROW_GLUON["BLOCK_K"]) < 2 * split:
+        return None
+    return gluon_config(p, **_NARROW_GLUON, SCHEDULE="split_k", SPLIT_K=split)
 
 
 def _makespan(problem, config: dict, device: DeviceInfo, efficiency: float) -> float:
