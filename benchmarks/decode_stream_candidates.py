@@ -55,7 +55,7 @@ WIDE_TILES = (dict(BLOCK_N=64, BLOCK_K=64, SWAP_AB=True, num_stages=4),
               dict(BLOCK_M=256, BLOCK_N=128, BLOCK_K=64, SWAP_AB=False, num_stages=4, num_warps=8, VARIANT="tma"),
               dict(BLOCK_M=256, BLOCK_N=64, BLOCK_K=64, SWAP_AB=False, num_stages=4, num_warps=8))
 WIDE_FROM_M = 129
-# The Gluon variant's tiles split over K (every tile, where they are fewer than the SMs).
+# The Gluon variant's tiles whole and split over K (every tile, where they are fewer than the SMs).
 GLUON_SPLIT_TILES = (dict(BLOCK_N=128, BLOCK_K=64, num_stages=5),
                      dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, num_stages=6))
 STREAM_K_TILES = (dict(BLOCK_N=64, BLOCK_K=128, SWAP_AB=True, num_stages=5),
@@ -75,8 +75,8 @@ def candidates(problem, device) -> dict:
               for tiles in tiles_tried for split in SPLITS]
     wanted += [dict(base, **tiles, SCHEDULE="stream_k", SPLIT_K=1) for tiles in STREAM_K_TILES]
     if problem.m >= WIDE_FROM_M:
-        wanted += [gluon_config(problem, **tiles, SCHEDULE="split_k", SPLIT_K=split)
-                   for tiles in GLUON_SPLIT_TILES for split in SPLITS[1:] + (8,)]
+        wanted += [gluon_config(problem, **tiles, SCHEDULE="split_k" if split > 1 else "data_parallel", SPLIT_K=split)
+                   for tiles in GLUON_SPLIT_TILES for split in SPLITS + (8,)]
     for config in wanted:
         admitted = space.admit(config)
         if admitted is not None:
