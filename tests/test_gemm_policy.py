@@ -315,17 +315,34 @@ def test_mid_gluon_tiles_on_fewer_sms_after_the_one_wave_tma_tiles(m, n, k, tile
 
 @pytest.mark.parametrize("m,n,k,split", [
     (192, 1024, 4096, 3), (256, 1024, 4096, 3), (384, 1024, 4096, 2), (512, 1024, 4096, 2), (192, 2048, 4096, 2),
-    (256, 2048, 4096, 2), (192, 512, 3584, 3), (512, 512, 3584, 3), (384, 1024, 5120, 2)])
+    (256, 2048, 4096, 2), (192, 512, 3584, 3), (448, 512, 3584, 3), (384, 1024, 5120, 2), (160, 1024, 3072, 3),
+    (224, 1024, 3072, 1), (448, 1024, 3072, 1), (224, 2048, 3584, 1)])
 def test_narrow_mid_weights_take_gluon_tiles_split_over_k_in_one_wave(m, n, k, split):
-    # results/mid_narrow_2026-12-06_h100.json (CUDA-graph streams): the best split of 64 x 128 Gluon tiles on each
-    # shape, 0.64-0.95x of cuBLAS against 0.45-0.84x for the tiled rules' split 64 x 128 tiles.
+    # results/mid_narrow_2026-12-06_h100.json and _b_h100.json (CUDA-graph streams): the best split of 64 x 128 Gluon
+    # tiles on each shape, 0.64-0.95x of cuBLAS against 0.45-0.84x for the tiled rules' split 64 x 128 tiles; whole
+    # tiles from NARROW_WHOLE_MIN_TILES up to NARROW_WHOLE_MAX_K.
     problem = contiguous_problem(m, n, k, "bf16", "bf16", layout_b="col")
     config = FAMILY.default_config(problem, H200)
+    schedule = "split_k" if split > 1 else "data_parallel"
     assert (config["VARIANT"], config["SCHEDULE"], config["BLOCK_M"], config["BLOCK_N"], config["SPLIT_K"]) == \
-        ("gluon_ws", "split_k", 64, 128, split), config
-    assert tile_count(problem, 64, 128) * split <= H200.sm_count
+        ("gluon_ws", schedule, 64, 128, split), config
+    assert tile_count(problem, 64, 128) * max(split, 2) <= H200.sm_count
     assert FAMILY.space(problem, H200).is_feasible(config)
     # Short K keeps the tiled rules (unmeasured there), as does a GPU without the Gluon variant.
     short = contiguous_problem(m, n, NARROW_MIN_K - 512, "bf16", "bf16", layout_b="col")
     assert FAMILY.default_config(short, H200)["VARIANT"] != "gluon_ws"
+    assert FAMILY.default_config(problem, A100)["VARIANT"] != "gluon_ws"
+
+
+@pytest.mark.parametrize("m,n,k,narrow", [
+    (768, 1024, 4096, True), (1024, 1024, 4096, True), (768, 512, 3584, True), (1536, 512, 3584, True),
+    (1024, 1024, 5120, True), (1536, 1024, 4096, False), (768, 2048, 3584, False), (2048, 4096, 4096, False)])
+def test_narrow_prefill_takes_one_wave_of_64_row_gluon_tiles(m, n, k, narrow):
+    # results/prefill_narrow_2026-12-06_h100.json: where 64 x 128 tiles take one wave they ran 0.65-1.09x of cuBLAS
+    # against 0.42-0.78x for the 128-row tiles; where they take two (1536 x 1024) the 128-row tiles led.
+    problem = contiguous_problem(m, n, k, "bf16", "bf16", layout_b="col")
+    config = FAMILY.default_config(problem, H200)
+    assert config["VARIANT"] == "gluon_ws", config
+    assert ((config["BLOCK_M"], config["BLOCK_N"], config["SCHEDULE"]) == (64, 128, "data_parallel")) == narrow, config
+    assert (tile_count(problem, 64, 128) <= H200.sm_count) == narrow
     assert FAMILY.default_config(problem, A100)["VARIANT"] != "gluon_ws"

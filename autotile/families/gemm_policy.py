@@ -429,6 +429,10 @@ GLUON_HALF_N_GAIN = 0.05
 # from the same table (2048 x 4608 x 3584, 144 wide: 4 waves against 5 of 128 x 128, yet 2% behind; 2048 x 5120 x
 # 5120, 160 wide: 4 waves against 5, 4% behind). 4 stages were 3-9% behind 5; at 256 and 512 tokens both widths
 # lost (512 x 4608 x 3584, one wave of 144: 0.50x against 0.58x for two of 128), and 96 (64 + 32) lost everywhere.
+# PREFILL_NARROW: narrow weights (N = 512-1024) at 768-1536 tokens, where 64 x 128 tiles take one wave (H100, CUDA-graph
+# streams, results/prefill_narrow_2026-12-06_h100.json): 0.65-1.09x of cuBLAS against 0.42-0.78x for the 128-row tiles
+# (1024 x 1024 x 4096 1.07x against 0.74x, 1536 x 512 x 3584 0.94x against 0.63x); where they take two waves
+# (1536 x 1024) the 128-row tiles led.
 _GLUON_PARTS = (dict(BLOCK_N=144, BLOCK_K=64, num_stages=5), dict(BLOCK_N=160, BLOCK_K=64, num_stages=5))
 PART_EFFICIENCY = {144: 0.88, 160: 0.90}
 PREFILL_PARTS_GAIN = 0.05
@@ -496,15 +500,20 @@ def _mid_gluon_config(problem, device: DeviceInfo, fill: float = MID_GLUON_FILL)
 # prefill chunk runs them (CUDA-graph streams, H100, results/mid_narrow_2026-12-06_h100.json), 16 shapes at 192-512
 # tokens: the best of splits 2-8 on each (0.64-0.95x of cuBLAS) against the tiled rules' split 64 x 128 tiles at
 # 0.45-0.84x; more parts lost on each (their partial tiles' round trip through the workspace).
+# Up to NARROW_WHOLE_MAX_K, from NARROW_WHOLE_MIN_TILES tiles, the tiles ran whole faster than split (224-448 tokens at
+# 1024 x 3072 and 160-320 at 2048 x 3584: 0.71-0.89x against 0.67-0.85x; results/mid_narrow_2026-12-06b_h100.json);
+# at K 4096-5120, or with fewer tiles (N = 512), the split led.
 NARROW_SPLIT_MAX = 3
-NARROW_MIN_K = 3072  # measured from 3584 (Qwen2.5-7B) on; 3072 (Llama-3.2-3B) checked after
+NARROW_MIN_K = 3072  # measured from 3072 (Llama-3.2-3B) on
+NARROW_WHOLE_MAX_K = 3584
+NARROW_WHOLE_MIN_TILES = 32
 _NARROW_GLUON = dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, num_stages=6)
 
 
 def _narrow_gluon_split(problem, device: DeviceInfo) -> dict | None:
     """The Gluon variant's 64 x 128 tiles split over K in as many parts (2 to NARROW_SPLIT_MAX) as fit one wave of
-    one program an SM; None off Hopper's 16-bit operands, below NARROW_MIN_K, or where the tiles alone fill more than
-    half the SMs."""
+    one program an SM (whole, up to NARROW_WHOLE_MAX_K, from NARROW_WHOLE_MIN_TILES); None off Hopper's 16-bit
+    operands, below NARROW_MIN_K, or where the tiles alone fill more than half the SMs."""
     p = problem
     if not _gluon_16bit(p, device) or p.k < NARROW_MIN_K:
         return None
@@ -512,6 +521,8 @@ def _narrow_gluon_split(problem, device: DeviceInfo) -> dict | None:
     split = min(NARROW_SPLIT_MAX, sm_count(device) // tiles)
     if split < 2 or math.ceil(p.k / _NARROW_GLUON["BLOCK_K"]) < 2 * split:
         return None
+    if p.k <= NARROW_WHOLE_MAX_K and tiles >= NARROW_WHOLE_MIN_TILES:
+        return gluon_config(p, **_NARROW_GLUON)
     return gluon_config(p, **_NARROW_GLUON, SCHEDULE="split_k", SPLIT_K=split)
 
 
@@ -544,9 +555,13 @@ def prefill_config(problem, device: DeviceInfo, gluon: bool = True) -> dict:
         # against the tma variant's 0.946x / 1.020x (results/gluon_gemm_2026-12-04_fp8.md).
         return gluon_config(p, BLOCK_N=256, num_stages=3) if p.fp8_fast_accum else gluon_config(p)
     if gluon and _gluon_16bit(p, device):
-        # 16-bit on Hopper: whole 128 x 256 tiles, or 128 x 128 where those fill the waves better by GLUON_HALF_N_GAIN;
+        # 16-bit on Hopper: 64 x 128 tiles where they take one wave (narrow weights); else whole 128 x 256 tiles, or
+        # 128 x 128 where those fill the waves better by GLUON_HALF_N_GAIN;
         # 192-column tiles where they fill them better than both by PREFILL_WIDE_N_GAIN; 144 or 160 where their
         # modelled waves are shorter than the chosen one's by PREFILL_PARTS_GAIN.
+        narrow = gluon_config(p, **_NARROW_GLUON)
+        if tile_count(p, narrow["BLOCK_M"], narrow["BLOCK_N"]) <= programs(p, narrow, device):
+            return narrow  # one wave of 64-row tiles: 128-row ones would leave half the SMs idle (PREFILL_NARROW)
         wide, half = gluon_config(p, **_GLUON_WIDE), gluon_config(p, **_GLUON_HALF)
         busy = lambda c: wave_efficiency(tile_count(p, c["BLOCK_M"], c["BLOCK_N"]), programs(p, c, device))  # noqa: E731
         best = half if busy(half) >= busy(wide) + GLUON_HALF_N_GAIN else wide
