@@ -674,4 +674,7 @@ def seed_variations(problem, device: DeviceInfo) -> list[dict]:
             wanted += [dict(tiled, PROMOTE_TILES=promote) for promote in (1, 2, 4)] if has_promote_axis(p) else [tiled]
     if kind in ("mid", "prefill") and _gluon_16bit(p, device):
         wanted += [gluon_config(p, **tiles) for tiles in (_GLUON_WIDE, _GLUON_HALF) + _GLUON_16BIT_SEEDS]
+        # The narrow weights' 64 x 128 tiles, whole and split (_narrow_gluon_split, PREFILL_NARROW).
+        wanted += [gluon_config(p, **_NARROW_GLUON, SCHEDULE="split_k" if split > 1 else "data_parallel", SPLIT_K=split)
+                   for split in range(1, NARROW_SPLIT_MAX + 1)]
     return wanted
