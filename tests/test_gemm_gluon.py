@@ -190,6 +190,9 @@ CASES = [
     # The tail split over K, with a bias and a residual.
     (dict(m=3000, n=5000, k=1536, dtype="bf16", out_dtype="bf16", layout_b="col", bias=True, residual=True),
      dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_stages=3, SCHEDULE="split_k", SPLIT_K=3)),
+    # Every tile split (narrow weights, gemm_policy._narrow_gluon_split), on one consumer warpgroup.
+    (dict(m=200, n=1000, k=3584, dtype="bf16", out_dtype="bf16", layout_b="col", bias=True),
+     dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, num_stages=6, SCHEDULE="split_k", SPLIT_K=3)),
 ]
 
 
