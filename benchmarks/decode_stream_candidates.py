@@ -143,6 +143,7 @@ def main() -> int:
     parser.add_argument("--budget-s", type=float, default=480, help="no shape starts after this many seconds")
     parser.add_argument("--workers", type=int, default=14, help="processes compiling kernels ahead")
     parser.add_argument("--plan", action="store_true", help="list shapes and candidates (H200 policy) and exit")
+    parser.add_argument("--default-only", action="store_true", help="time the policy's default beside F.linear only")
     args = parser.parse_args()
     problems = [contiguous_problem(m, n, k, "bf16", "bf16", layout_b="col")
                 for n, k in args.shapes for m in args.tokens]
@@ -162,7 +163,8 @@ def main() -> int:
         print("no CUDA GPU: this benchmark runs on a GPU only (--plan lists its work without one)")
         return 2
     started = time.monotonic()
-    plans = [(problem, candidates(problem, device)) for problem in problems]
+    plans = [(problem, {FAMILY.default_config(problem, device): "default"} if args.default_only
+              else candidates(problem, device)) for problem in problems]
     gkb.compile_ahead([(p, c) for p, configs in plans for c in configs], args.workers)
     gen = torch.Generator(device="cuda").manual_seed(0)
     rows, failures = [], []
