@@ -347,7 +347,7 @@ def _fewer_waves(problem, config: dict, device: DeviceInfo) -> dict:
 def tiled_mid_config(problem, device: DeviceInfo, gluon: bool = True) -> dict:
     """64 < M <= 512. On Hopper, the Gluon variant's tiles where they fill the SMs (_mid_gluon_config); after the
     one-wave TMA tiles, Gluon tiles that fill fewer of them (MID_GLUON_FEW_FILL); for narrower weights, below
-    MID_LONG_K, Gluon tiles split over K (_narrow_gluon_split).
+    MID_LONG_K, Gluon 64 x 128 tiles split over K or whole (_narrow_gluon_split).
     Otherwise 16-bit operands, measured at M = 256 on Llama-3-8B and Qwen2.5-7B projections
     (results/gemm_policy_sweep_2026-12-01.md; stream-K tiles, the rule before, reached 0.39-0.59x of cuBLAS):
     128 x 256 tiles on TMA in a persistent loop where they alone fill the GPU (gate_up: 0.77-0.91x); then the
