@@ -510,6 +510,11 @@ NARROW_WHOLE_MIN_TILES = 32
 _NARROW_GLUON = dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, num_stages=6)
 
 
+def _narrow_gluon(problem, split: int = 1) -> dict:
+    """The Gluon variant's _NARROW_GLUON tiles, whole (split 1) or split over K in `split` parts."""
+    return gluon_config(problem, **_NARROW_GLUON, SCHEDULE="split_k" if split > 1 else "data_parallel", SPLIT_K=split)
+
+
 def _narrow_gluon_split(problem, device: DeviceInfo) -> dict | None:
     """The Gluon variant's 64 x 128 tiles split over K in as many parts (2 to NARROW_SPLIT_MAX) as fit one wave of
     one program an SM (whole, up to NARROW_WHOLE_MAX_K, from NARROW_WHOLE_MIN_TILES); None off Hopper's 16-bit
@@ -521,9 +526,8 @@ def _narrow_gluon_split(problem, device: DeviceInfo) -> dict | None:
     split = min(NARROW_SPLIT_MAX, sm_count(device) // tiles)
     if split < 2 or math.ceil(p.k / _NARROW_GLUON["BLOCK_K"]) < 2 * split:
         return None
-    if p.k <= NARROW_WHOLE_MAX_K and tiles >= NARROW_WHOLE_MIN_TILES:
-        return gluon_config(p, **_NARROW_GLUON)
-    return gluon_config(p, **_NARROW_GLUON, SCHEDULE="split_k", SPLIT_K=split)
+    whole = p.k <= NARROW_WHOLE_MAX_K and tiles >= NARROW_WHOLE_MIN_TILES
+    return _narrow_gluon(p, 1 if whole else split)
 
 
 def _makespan(problem, config: dict, device: DeviceInfo, efficiency: float) -> float:
@@ -559,7 +563,7 @@ def prefill_config(problem, device: DeviceInfo, gluon: bool = True) -> dict:
         # 128 x 128 where those fill the waves better by GLUON_HALF_N_GAIN;
         # 192-column tiles where they fill them better than both by PREFILL_WIDE_N_GAIN; 144 or 160 where their
         # modelled waves are shorter than the chosen one's by PREFILL_PARTS_GAIN.
-        narrow = gluon_config(p, **_NARROW_GLUON)
+        narrow = _narrow_gluon(p)
         if tile_count(p, narrow["BLOCK_M"], narrow["BLOCK_N"]) <= programs(p, narrow, device):
             return narrow  # one wave of 64-row tiles: 128-row ones would leave half the SMs idle (PREFILL_NARROW)
         wide, half = gluon_config(p, **_GLUON_WIDE), gluon_config(p, **_GLUON_HALF)
@@ -675,6 +679,5 @@ def seed_variations(problem, device: DeviceInfo) -> list[dict]:
     if kind in ("mid", "prefill") and _gluon_16bit(p, device):
         wanted += [gluon_config(p, **tiles) for tiles in (_GLUON_WIDE, _GLUON_HALF) + _GLUON_16BIT_SEEDS]
         # The narrow weights' 64 x 128 tiles, whole and split (_narrow_gluon_split, PREFILL_NARROW).
-        wanted += [gluon_config(p, **_NARROW_GLUON, SCHEDULE="split_k" if split > 1 else "data_parallel", SPLIT_K=split)
-                   for split in range(1, NARROW_SPLIT_MAX + 1)]
+        wanted += [_narrow_gluon(p, split) for split in range(1, NARROW_SPLIT_MAX + 1)]
     return wanted

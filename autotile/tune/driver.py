@@ -27,7 +27,7 @@ from autotile.store.repo import ANY_WINNER, Store
 from autotile.store.staleness import mark_stale
 from autotile.tune.cluster import evaluated_trials, fail_stale_trials
 from autotile.tune.processes import CtrlC, run_search_processes
-from autotile.tune.storage import (create_own_study, given_storage, is_journal, optuna_storage, own_storage,
+from autotile.tune.storage import (create_own_study, given_storage, is_journal, open_study, own_storage,
                                     study_journal)
 from autotile.tune.retime import race
 from autotile.tune.search import (  # noqa: F401 - re-exported
@@ -198,7 +198,7 @@ def tune_problem(
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         if storage_url is not None:
-            study = optuna.create_study(study_name=name, storage=storage, direction="minimize", load_if_exists=True)
+            study = open_study(storage, name)
         else:
             study, storage = create_own_study(storage, study_url, name)
         study.set_user_attr("family", family.name)

@@ -205,18 +205,22 @@ def own_storage(url: str) -> optuna.storages.BaseStorage:
         return set_damaged_journal_aside(url, exc)
 
 
+def open_study(storage, name: str) -> optuna.Study:
+    """The study `name` in `storage`, created where it is not there yet (every study autotile runs minimises)."""
+    return optuna.create_study(study_name=name, storage=storage, direction="minimize", load_if_exists=True)
+
 
 def create_own_study(storage, url: str, name: str) -> tuple[optuna.Study, optuna.storages.BaseStorage]:
-    """optuna.create_study (load_if_exists) of `name` in the storage own_storage(url) opened, and the storage it
-    lives in. NOTE: Optuna replays a journal whose last line is cut short, and fails once a record follows it: such
-    a journal is set aside as own_storage sets aside one it cannot replay, and the study starts in a new one."""
+    """open_study of `name` in the storage own_storage(url) opened, and the storage it lives in. NOTE: Optuna
+    replays a journal whose last line is cut short, and fails once a record follows it: such a journal is set aside
+    as own_storage sets aside one it cannot replay, and the study starts in a new one."""
     try:
-        return optuna.create_study(study_name=name, storage=storage, direction="minimize", load_if_exists=True), storage
+        return open_study(storage, name), storage
     except JOURNAL_DAMAGE as exc:
         if not is_journal(url):
             raise
         storage = set_damaged_journal_aside(url, exc)
-        return optuna.create_study(study_name=name, storage=storage, direction="minimize", load_if_exists=True), storage
+        return open_study(storage, name), storage
 
 
 def set_damaged_journal_aside(url: str, exc: Exception) -> optuna.storages.BaseStorage:
