@@ -30,6 +30,7 @@ from decode_stream_bench import REL_TOLERANCE, graph_ms_per_call, weights_for  #
 from autotile.families.base import next_pow2  # noqa: E402
 from autotile.families.gemm import FAMILY, contiguous_problem  # noqa: E402
 from autotile.families.gemm_policy import gluon_config  # noqa: E402
+from autotile.space import Config  # noqa: E402
 
 # Llama-3-8B, Qwen2.5-7B, Phi-3-mini, Gemma-2-9B, Mistral-Nemo-12B and Qwen3-8B projections (N x K).
 SHAPES = ((4608, 3584), (6144, 4096), (9216, 3072), (5120, 3072), (3584, 3584), (4096, 3584), (3584, 4096),
@@ -58,12 +59,26 @@ WIDE_FROM_M = 129
 # The Gluon variant's tiles whole and split over K (every tile, where they are fewer than the SMs).
 GLUON_SPLIT_TILES = (dict(BLOCK_N=128, BLOCK_K=64, num_stages=5),
                      dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, num_stages=6))
+# Swapped tiles holding fewer tokens than M, where M > 64 (--token-tiles): cuBLAS's pick for narrow weights at
+# 160-512 tokens is 64 weight rows x 16-32 tokens over the whole K, 96 CTAs (ncu on an H100, 2026-12-06). The space
+# admits such tiles only up to 64 tokens, so these are timed unadmitted.
+TOKEN_TILES = tuple(dict(tiles, SWAP_AB=True) for tiles in (
+    dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_stages=5),
+    dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=256, num_stages=4),
+    dict(BLOCK_M=16, BLOCK_N=128, BLOCK_K=128, num_stages=4),
+    dict(BLOCK_M=32, BLOCK_N=64, BLOCK_K=128, num_stages=5),
+    dict(BLOCK_M=32, BLOCK_N=128, BLOCK_K=128, num_stages=4),
+    dict(BLOCK_M=32, BLOCK_N=64, BLOCK_K=128, num_stages=5, VARIANT="tma"),
+    dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, num_stages=4),
+    dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, num_stages=4, num_warps=8)))
+TOKEN_TILE_SPLITS = (1, 2)
 STREAM_K_TILES = (dict(BLOCK_N=64, BLOCK_K=128, SWAP_AB=True, num_stages=5),
                   dict(BLOCK_N=32, BLOCK_K=256, SWAP_AB=False, num_stages=5))
 
 
-def candidates(problem, device) -> dict:
-    """config -> origin ("default", "seed", "tile"): the points of the space around the few-token kernels."""
+def candidates(problem, device, token_tiles: bool = False) -> dict:
+    """config -> origin ("default", "seed", "tile", "token tile"): the points of the space around the few-token
+    kernels, and with `token_tiles` the swapped TOKEN_TILES the space does not admit above 64 tokens."""
     space = FAMILY.space(problem, device)
     found = {FAMILY.default_config(problem, device): "default"}
     for config in FAMILY.seed_configs(problem, device):
@@ -81,6 +96,11 @@ def candidates(problem, device) -> dict:
         admitted = space.admit(config)
         if admitted is not None:
             found.setdefault(admitted, "tile")
+    if token_tiles and problem.m > 64:
+        for tiles in TOKEN_TILES:
+            for split in TOKEN_TILE_SPLITS:
+                found.setdefault(Config(dict(base, **tiles, SCHEDULE="split_k" if split > 1 else "data_parallel",
+                                             SPLIT_K=split)), "token tile")
     return found
 
 
@@ -143,13 +163,15 @@ def main() -> int:
     parser.add_argument("--budget-s", type=float, default=480, help="no shape starts after this many seconds")
     parser.add_argument("--workers", type=int, default=14, help="processes compiling kernels ahead")
     parser.add_argument("--plan", action="store_true", help="list shapes and candidates (H200 policy) and exit")
+    parser.add_argument("--token-tiles", action="store_true",
+                        help="also time swapped tiles of fewer tokens than M (TOKEN_TILES), which the space lacks")
     parser.add_argument("--default-only", action="store_true", help="time the policy's default beside F.linear only")
     args = parser.parse_args()
     problems = [contiguous_problem(m, n, k, "bf16", "bf16", layout_b="col")
                 for n, k in args.shapes for m in args.tokens]
     if args.plan:
         for problem in problems:
-            configs = candidates(problem, gkb.H200_PLAN)
+            configs = candidates(problem, gkb.H200_PLAN, args.token_tiles)
             print(f"{problem.m}x{problem.n}x{problem.k}: {len(configs)} candidates, default "
                   f"{gkb.short(next(iter(configs)))}")
         return 0
@@ -164,7 +186,7 @@ def main() -> int:
         return 2
     started = time.monotonic()
     plans = [(problem, {FAMILY.default_config(problem, device): "default"} if args.default_only
-              else candidates(problem, device)) for problem in problems]
+              else candidates(problem, device, args.token_tiles)) for problem in problems]
     gkb.compile_ahead([(p, c) for p, configs in plans for c in configs], args.workers)
     gen = torch.Generator(device="cuda").manual_seed(0)
     rows, failures = [], []
