@@ -56,9 +56,12 @@ WIDE_TILES = (dict(BLOCK_N=64, BLOCK_K=64, SWAP_AB=True, num_stages=4),
               dict(BLOCK_M=256, BLOCK_N=128, BLOCK_K=64, SWAP_AB=False, num_stages=4, num_warps=8, VARIANT="tma"),
               dict(BLOCK_M=256, BLOCK_N=64, BLOCK_K=64, SWAP_AB=False, num_stages=4, num_warps=8))
 WIDE_FROM_M = 129
-# The Gluon variant's tiles whole and split over K (every tile, where they are fewer than the SMs).
+# The Gluon variant's tiles whole and split over K (every tile, where they are fewer than the SMs); 64 columns wide
+# as cuBLAS's 128 x 64 tiles of narrow weights at 1024 tokens are (ncu on an H100, 2026-12-06).
 GLUON_SPLIT_TILES = (dict(BLOCK_N=128, BLOCK_K=64, num_stages=5),
-                     dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, num_stages=6))
+                     dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, num_stages=6),
+                     dict(BLOCK_M=128, BLOCK_N=64, BLOCK_K=64, num_stages=6),
+                     dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, num_stages=6))
 # Swapped tiles holding fewer tokens than M, where M > 64 (--token-tiles): cuBLAS's pick for narrow weights at
 # 160-512 tokens is 64 weight rows x 16-32 tokens over the whole K, 96 CTAs (ncu on an H100, 2026-12-06). The space
 # admits such tiles only up to 64 tokens, so these are timed unadmitted.
