@@ -96,3 +96,21 @@ def test_decode_stream_candidates_are_points_of_the_space(candidates_script):
         assert all(space.is_feasible(c) for c in configs)
         assert {c["SCHEDULE"] for c in configs} >= {"data_parallel", "split_k", "stream_k"}
         assert any(origin == "tile" and c["BLOCK_M"] >= m for c, origin in found.items())
+
+
+def test_token_tiles_only_when_asked(candidates_script):
+    """--token-tiles adds swapped tiles of fewer tokens than M above 64 tokens, which the space does not admit; the
+    rest of the list stays the space's."""
+    from autotile.families.gemm import FAMILY, contiguous_problem
+
+    h200 = candidates_script.gkb.H200_PLAN
+    problem = contiguous_problem(192, 512, 3584, "bf16", "bf16", layout_b="col")
+    plain = candidates_script.candidates(problem, h200)
+    found = candidates_script.candidates(problem, h200, token_tiles=True)
+    extra = [c for c, origin in found.items() if origin == "token tile"]
+    assert "token tile" not in plain.values() and len(extra) == len(found) - len(plain)
+    assert extra and all(c["SWAP_AB"] and c["BLOCK_M"] < problem.m for c in extra)
+    space = FAMILY.space(problem, h200)
+    assert all(space.is_feasible(c) for c in plain) and not any(space.is_feasible(c) for c in extra)
+    few = contiguous_problem(64, 512, 3584, "bf16", "bf16", layout_b="col")
+    assert "token tile" not in candidates_script.candidates(few, h200, token_tiles=True).values()
