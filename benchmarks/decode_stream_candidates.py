@@ -63,8 +63,9 @@ GLUON_SPLIT_TILES = (dict(BLOCK_N=128, BLOCK_K=64, num_stages=5),
                      dict(BLOCK_M=128, BLOCK_N=64, BLOCK_K=64, num_stages=6),
                      dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, num_stages=6))
 # Swapped tiles holding fewer tokens than M, where M > 64 (--token-tiles): cuBLAS's pick for narrow weights at
-# 160-512 tokens is 64 weight rows x 16-32 tokens over the whole K, 96 CTAs (ncu on an H100, 2026-12-06). The space
-# admits such tiles only up to 64 tokens, so these are timed unadmitted.
+# 160-512 tokens is 64 weight rows x 16-32 tokens over the whole K, 96 CTAs (ncu on an H100, 2026-12-06). Above 64
+# tokens the space admits such tiles for narrow weights only (gemm_space.token_tiles_fit); elsewhere these are timed
+# unadmitted.
 TOKEN_TILES = tuple(dict(tiles, SWAP_AB=True) for tiles in (
     dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_stages=5),
     dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=256, num_stages=4),
@@ -167,7 +168,7 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=14, help="processes compiling kernels ahead")
     parser.add_argument("--plan", action="store_true", help="list shapes and candidates (H200 policy) and exit")
     parser.add_argument("--token-tiles", action="store_true",
-                        help="also time swapped tiles of fewer tokens than M (TOKEN_TILES), which the space lacks")
+                        help="also time swapped tiles of fewer tokens than M (TOKEN_TILES), past the space's narrow weights")
     parser.add_argument("--default-only", action="store_true", help="time the policy's default beside F.linear only")
     args = parser.parse_args()
     problems = [contiguous_problem(m, n, k, "bf16", "bf16", layout_b="col")

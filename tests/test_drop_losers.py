@@ -99,12 +99,12 @@ def test_decode_stream_candidates_are_points_of_the_space(candidates_script):
 
 
 def test_token_tiles_only_when_asked(candidates_script):
-    """--token-tiles adds swapped tiles of fewer tokens than M above 64 tokens, which the space does not admit; the
-    rest of the list stays the space's."""
+    """--token-tiles adds swapped tiles of fewer tokens than M above 64 tokens, which the space admits for narrow
+    weights only (gemm_space.token_tiles_fit); the rest of the list stays the space's."""
     from autotile.families.gemm import FAMILY, contiguous_problem
 
     h200 = candidates_script.gkb.H200_PLAN
-    problem = contiguous_problem(192, 512, 3584, "bf16", "bf16", layout_b="col")
+    problem = contiguous_problem(192, 4096, 4096, "bf16", "bf16", layout_b="col")
     plain = candidates_script.candidates(problem, h200)
     found = candidates_script.candidates(problem, h200, token_tiles=True)
     extra = [c for c, origin in found.items() if origin == "token tile"]

@@ -9,11 +9,12 @@ import pytest
 from autotile.device import HOPPER_SMEM_PER_BLOCK, DeviceInfo, interpret_device
 from autotile.families.gemm import FAMILY, contiguous_problem
 from autotile.families.gemm_policy import (
-    FILL_SMS, MID_GLUON_FEW_FILL, MID_GLUON_FILL, NARROW_MIN_K, STREAM_MAX_M, WIDE_STREAM_MAX_M, prefill_config,
-    programs, regime, tiled_mid_config, wave_efficiency,
+    FILL_SMS, MID_GLUON_FEW_FILL, MID_GLUON_FILL, NARROW_MIN_K, STREAM_MAX_M, TOKEN_TILE_ROW_READS, WIDE_STREAM_MAX_M,
+    prefill_config, programs, regime, tiled_mid_config, token_tile_config, wave_efficiency,
 )
 from autotile.families.gemm_space import FP8_PRECISE_INTERVAL, SPLIT_K_CHOICES, SPLIT_K_WORKSPACE_LIMIT, tile_count
 from autotile.models import MODELS, TOKEN_BUCKETS, projections
+from autotile.space import Config
 
 H200 = DeviceInfo("h200", "NVIDIA H200", (9, 0), 132, 150_000_000_000, HOPPER_SMEM_PER_BLOCK, "test")
 A100 = DeviceInfo("a100", "NVIDIA A100", (8, 0), 108, 80_000_000_000, 166912, "test")
@@ -320,8 +321,9 @@ def test_mid_gluon_tiles_on_fewer_sms_after_the_one_wave_tma_tiles(m, n, k, tile
 def test_narrow_mid_weights_take_gluon_tiles_split_over_k_in_one_wave(m, n, k, split):
     # results/mid_narrow_2026-12-06_h100.json and _b_h100.json (CUDA-graph streams): the best split of 64 x 128 Gluon
     # tiles on each shape, 0.64-0.95x of cuBLAS against 0.45-0.84x for the tiled rules' split 64 x 128 tiles; whole
-    # tiles from NARROW_WHOLE_MIN_TILES up to NARROW_WHOLE_MAX_K.
-    problem = contiguous_problem(m, n, k, "bf16", "bf16", layout_b="col")
+    # tiles from NARROW_WHOLE_MIN_TILES up to NARROW_WHOLE_MAX_K. In nn.Linear layout token tiles come first
+    # (test_narrow_weights_take_swapped_token_tiles); B row-major keeps these.
+    problem = contiguous_problem(m, n, k, "bf16", "bf16", layout_b="row")
     config = FAMILY.default_config(problem, H200)
     schedule = "split_k" if split > 1 else "data_parallel"
     assert (config["VARIANT"], config["SCHEDULE"], config["BLOCK_M"], config["BLOCK_N"], config["SPLIT_K"]) == \
@@ -329,9 +331,43 @@ def test_narrow_mid_weights_take_gluon_tiles_split_over_k_in_one_wave(m, n, k, s
     assert tile_count(problem, 64, 128) * max(split, 2) <= H200.sm_count
     assert FAMILY.space(problem, H200).is_feasible(config)
     # Short K keeps the tiled rules (unmeasured there), as does a GPU without the Gluon variant.
-    short = contiguous_problem(m, n, NARROW_MIN_K - 512, "bf16", "bf16", layout_b="col")
+    short = contiguous_problem(m, n, NARROW_MIN_K - 512, "bf16", "bf16", layout_b="row")
     assert FAMILY.default_config(short, H200)["VARIANT"] != "gluon_ws"
     assert FAMILY.default_config(problem, A100)["VARIANT"] != "gluon_ws"
+
+
+@pytest.mark.parametrize("m,n,k,block_m", [
+    (160, 512, 3584, 16), (192, 512, 3584, 16), (256, 512, 3584, 16), (384, 512, 3584, 32), (512, 512, 3584, 32),
+    (640, 512, 3584, 64), (160, 1024, 4096, 32), (384, 1024, 3072, 64), (512, 1024, 4096, 64), (160, 2048, 3584, 64),
+    (256, 2048, 3584, 64), (256, 1280, 5120, 64),
+    (512, 2048, 3584, None), (384, 2048, 3584, None), (192, 4096, 4096, None), (1024, 512, 3584, None),
+    (128, 1024, 4096, None), (192, 1024, NARROW_MIN_K - 512, None)])
+def test_narrow_weights_take_swapped_token_tiles(m, n, k, block_m):
+    # results/token_tiles_narrow_{,b_}2026-12-06_h100.json (CUDA-graph streams, H100): 64 weight rows by 16-64 tokens,
+    # as cuBLAS tiles k and v projections; 0.73-1.07x of cuBLAS against 0.61-0.79x for the Gluon tiles before.
+    # The fewest tokens a tile that take one wave with each weight row read at most TOKEN_TILE_ROW_READS / N times.
+    problem = contiguous_problem(m, n, k, "bf16", "bf16", layout_b="col")
+    config = FAMILY.default_config(problem, H200)
+    assert (token_tile_config(problem, H200) is not None) == (block_m is not None)
+    if block_m is None:
+        assert not (config["SWAP_AB"] and config["BLOCK_M"] < m), config
+        return
+    assert (config["VARIANT"], config["SCHEDULE"], config["SWAP_AB"], config["BLOCK_M"], config["BLOCK_N"]) == \
+        ("blocked", "data_parallel", True, block_m, 64), config
+    reads = -(-m // block_m)
+    assert reads * n <= TOKEN_TILE_ROW_READS and tile_count(problem, block_m, 64) <= programs(problem, config, H200)
+    assert FAMILY.space(problem, H200).is_feasible(config)
+    # Off Hopper, and for B row-major, the rules before decide (unmeasured for token tiles).
+    assert not FAMILY.default_config(problem, A100)["SWAP_AB"]
+    assert token_tile_config(dataclasses.replace(problem, layout_b="row"), H200) is None
+
+
+def test_token_tiles_enter_the_space_for_narrow_weights_only():
+    tile = dict(FAMILY.default_config(contiguous_problem(192, 512, 3584, "bf16", "bf16", layout_b="col"), H200))
+    assert tile["SWAP_AB"] and tile["BLOCK_M"] == 16
+    for n, m, feasible in ((512, 192, True), (2048, 640, True), (4096, 192, False), (512, 1024, False)):
+        problem = contiguous_problem(m, n, 3584, "bf16", "bf16", layout_b="col")
+        assert FAMILY.space(problem, H200).is_feasible(Config(tile)) == feasible, (m, n)
 
 
 @pytest.mark.parametrize("m,n,k,narrow", [

@@ -188,6 +188,10 @@ DECODE = [
     # K = 200 split 3 ways at BLOCK_K 32 (7 K tiles: splits of 2, 2 and 3, the last one partial).
     (contiguous_problem(97, 80, 200, "fp16", "fp16", layout_b="col", bias=True),
      config(SCHEDULE="split_k", SPLIT_K=3, SWAP_AB=True, BLOCK_M=128, BLOCK_N=64, BLOCK_K=32, GROUP_M=1)),
+    # Token tiles of a narrow weight (gemm_policy.token_tile_config): 150 tokens in ten swapped 16-token tiles, the
+    # last one partial, K not a multiple of the tile.
+    (contiguous_problem(150, 72, 200, "bf16", "bf16", layout_b="col"),
+     config(SWAP_AB=True, BLOCK_M=16, BLOCK_N=64, BLOCK_K=64, GROUP_M=1)),
 ]
 
 

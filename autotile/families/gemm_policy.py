@@ -34,8 +34,8 @@ from autotile.device import DeviceInfo
 from autotile.dtypes import element_size
 from autotile.families.base import next_pow2
 from autotile.families.gemm_space import (
-    FP8_PRECISE_INTERVAL, GLUON_WS, SPLIT_K_CHOICES, SPLIT_K_MAX_TILES_PER_SM, gluon_ws_ok, has_promote_axis,
-    programs_per_sm, sm_count, smem_bytes, tile_count, tma_ok,
+    FP8_PRECISE_INTERVAL, GLUON_WS, SPLIT_K_CHOICES, SPLIT_K_MAX_TILES_PER_SM, TOKEN_TILE_BLOCK_MS, gluon_ws_ok,
+    has_promote_axis, programs_per_sm, sm_count, smem_bytes, tile_count, tma_ok, token_tiles_fit,
 )
 
 DECODE_MAX_M = 16
@@ -355,6 +355,9 @@ def tiled_mid_config(problem, device: DeviceInfo, gluon: bool = True) -> dict:
     tiles, split over K only as far as the SMs need (qkv and o: 0.70-0.77x), on 3 stages where that takes fewer
     waves than 4 (_fewer_waves)."""
     p = problem
+    token_tiles = token_tile_config(p, device)
+    if token_tiles is not None:
+        return token_tiles
     wide_gluon = _mid_gluon_config(p, device) if gluon else None
     if wide_gluon is not None:
         return wide_gluon
@@ -530,6 +533,34 @@ def _narrow_gluon_split(problem, device: DeviceInfo) -> dict | None:
     return _narrow_gluon(p, 1 if whole else split)
 
 
+# Narrow weights (gemm_space.token_tiles_fit) at 129-640 tokens, K >= NARROW_MIN_K, 16-bit on Hopper, nn.Linear
+# layout: swapped tiles of 64 weight rows and 16, 32 or 64 tokens over the whole K, as cuBLAS tiles them (its 64 x 16
+# and 64 x 32 tiles, 96 CTAs; results/ncu_narrow_2026-12-06_h100.txt). The fewest tokens a tile whose programs take
+# one wave while each weight row is read from L2 at most TOKEN_TILE_ROW_READS / N times. As a prefill chunk runs
+# them (CUDA-graph streams, H100, results/token_tiles_narrow_{,b_}2026-12-06_h100.json, 17 k/v projections at 160-640
+# tokens, N 512-2048, K 3072-5120): 0.73-1.07x of cuBLAS, geomean 0.87x, against the rules before at 0.61-0.79x
+# (the Gluon 64 x 128 tiles, whole or split); the rule's tile was the best token tile on 14 of 17. The miss that
+# counts: 256 x 1024 takes 32-token tiles (128 programs), which ran 4-6% behind 64-token ones.
+TOKEN_TILE_ROW_READS = 8192
+_TOKEN_TILES = {16: dict(BLOCK_K=128, num_stages=5), 32: dict(BLOCK_K=128, num_stages=5),
+                64: dict(BLOCK_K=128, num_stages=4)}
+
+
+def token_tile_config(problem, device: DeviceInfo) -> dict | None:
+    """Swapped tiles of TOKEN_TILE_BLOCK_MS tokens for narrow weights (see TOKEN_TILE_ROW_READS); None where the
+    rule does not apply or no tile size takes one wave within the row reads."""
+    p = problem
+    if (p.dtype not in ("bf16", "fp16") or not swap_ab_fits(p, device) or not token_tiles_fit(p)
+            or p.m <= WIDE_STREAM_MAX_M or p.k < NARROW_MIN_K or p.layout_b != "col"):
+        return None
+    for block_m in TOKEN_TILE_BLOCK_MS:
+        config = _fit_stages(p, _base(BLOCK_M=block_m, BLOCK_N=64, SWAP_AB=True, **_TOKEN_TILES[block_m]), device)
+        reads = math.ceil(p.m / block_m)
+        if reads * p.n <= TOKEN_TILE_ROW_READS and tile_count(p, block_m, 64) <= programs(p, config, device):
+            return config
+    return None
+
+
 def _makespan(problem, config: dict, device: DeviceInfo, efficiency: float) -> float:
     """Whole waves of `config`'s tiles times their area, over the throughput the tile keeps (`efficiency`, against
     a 128 x 128 tile): a modelled makespan for comparing tile shapes of one problem."""
@@ -558,6 +589,9 @@ def prefill_config(problem, device: DeviceInfo, gluon: bool = True) -> dict:
         # Fast accumulation: 128 x 256 tiles, 0.996x / 1.046x of _scaled_mm(use_fast_accum=True) at 4096^3 / 8192^3
         # against the tma variant's 0.946x / 1.020x (results/gluon_gemm_2026-12-04_fp8.md).
         return gluon_config(p, BLOCK_N=256, num_stages=3) if p.fp8_fast_accum else gluon_config(p)
+    token_tiles = token_tile_config(p, device)
+    if token_tiles is not None:
+        return token_tiles  # narrow weights up to TOKEN_TILE_MAX_M tokens
     if gluon and _gluon_16bit(p, device):
         # 16-bit on Hopper: 64 x 128 tiles where they take one wave (narrow weights); else whole 128 x 256 tiles, or
         # 128 x 128 where those fill the waves better by GLUON_HALF_N_GAIN;

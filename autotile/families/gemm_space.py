@@ -49,6 +49,18 @@ SWAP_MAX_M = 256
 # Above this many tokens a swapped tile holds them all (the point of swapping there is to stream the weight once);
 # smaller swapped tiles at M = 65-256 nearly doubled the space (21k -> 38k configs at M = 128) for nothing measured.
 SWAP_ANY_TILE_M = 64
+# Except for narrow weights (k and v projections): there swapped tiles of 16-64 tokens over 64 weight rows run up to
+# TOKEN_TILE_MAX_M tokens, as cuBLAS's do (64 x 16 and 64 x 32 tiles over the whole K, ncu on an H100,
+# results/ncu_narrow_2026-12-06_h100.txt). As a prefill chunk runs them they led every other tile on 14 of 17 k/v
+# projections at 160-640 tokens (results/token_tiles_narrow_{,b_}2026-12-06_h100.json).
+TOKEN_TILE_MAX_N = 2048
+TOKEN_TILE_MAX_M = 640
+TOKEN_TILE_BLOCK_MS = (16, 32, 64)
+
+
+def token_tiles_fit(problem) -> bool:
+    """Whether swapped tiles may hold fewer tokens than M above SWAP_ANY_TILE_M (narrow weights, few tokens)."""
+    return SWAP_ANY_TILE_M < problem.m <= TOKEN_TILE_MAX_M and problem.n <= TOKEN_TILE_MAX_N
 # The smallest BLOCK_K fp8 tensor-core tiles take (32 bytes of K at least twice); other operands take the axis's least.
 FP8_MIN_BLOCK_K = 64
 # Workspace elements a split-K run may use (fp32): 2**28 is 1 GiB.
@@ -244,6 +256,7 @@ def gemm_space(problem, device: DeviceInfo) -> StagedSpace:
     k_tiles = lambda c: math.ceil(p.k / c["BLOCK_K"])  # noqa: E731
     tiles = lambda c: tile_count(p, c["BLOCK_M"], c["BLOCK_N"])  # noqa: E731
     tensor_cores = p.dtype != "fp32" or p.tf32
+    token_tiles = token_tiles_fit(p)
     sms = sm_count(device)
 
     axes = [
@@ -304,13 +317,17 @@ def gemm_space(problem, device: DeviceInfo) -> StagedSpace:
         rule("epilogue_subtile_width", ("EPILOGUE_SUBTILE", "BLOCK_M", "BLOCK_N"),
              lambda c: not c["EPILOGUE_SUBTILE"] or (c["BLOCK_N"] >= 64 and c["BLOCK_M"] * c["BLOCK_N"] >= 128 * 128),
              "EPILOGUE_SUBTILE halves BLOCK_N: for C tiles of at least 128 x 128 (BLOCK_N >= 64)"),
-        rule("swap_ab_for_few_rows", ("SWAP_AB",), lambda c: not c["SWAP_AB"] or (p.m <= SWAP_MAX_M and tensor_cores),
-             f"SWAP_AB puts N on the tensor cores' M side: for M <= {SWAP_MAX_M} with tensor-core operands"),
+        rule("swap_ab_for_few_rows", ("SWAP_AB",),
+             lambda c: not c["SWAP_AB"] or ((p.m <= SWAP_MAX_M or token_tiles) and tensor_cores),
+             f"SWAP_AB puts N on the tensor cores' M side: for M <= {SWAP_MAX_M} (M <= {TOKEN_TILE_MAX_M} for "
+             f"N <= {TOKEN_TILE_MAX_N}) with tensor-core operands"),
         rule("swap_ab_tiles", ("SWAP_AB", "BLOCK_M", "BLOCK_N"),
-             lambda c: not c["SWAP_AB"] or (c["BLOCK_M"] <= SWAP_MAX_M and c["BLOCK_N"] >= 64
-                                            and (p.m <= SWAP_ANY_TILE_M or c["BLOCK_M"] >= p.m)),
+             lambda c: not c["SWAP_AB"] or (c["BLOCK_M"] <= SWAP_MAX_M and c["BLOCK_N"] >= 64 and (
+                 p.m <= SWAP_ANY_TILE_M or c["BLOCK_M"] >= p.m
+                 or (token_tiles and c["BLOCK_M"] in TOKEN_TILE_BLOCK_MS))),
              f"SWAP_AB wants BLOCK_M <= {SWAP_MAX_M} (tokens: the MMA's N side), BLOCK_N >= 64 (its 64-row side) "
-             f"and, above {SWAP_ANY_TILE_M} tokens, every token in one tile"),
+             f"and, above {SWAP_ANY_TILE_M} tokens, every token in one tile (16-64 tokens a tile for N <= "
+             f"{TOKEN_TILE_MAX_N} up to M = {TOKEN_TILE_MAX_M})"),
         rule("tile_within_problem", ("BLOCK_M", "BLOCK_N", "BLOCK_K"),
              lambda c: c["BLOCK_M"] <= max(16, next_pow2(p.m)) and c["BLOCK_N"] <= max(32, next_pow2(p.n))
              and c["BLOCK_K"] <= max(min_block_k(p), next_pow2(p.k)),
