@@ -537,10 +537,12 @@ def _narrow_gluon_split(problem, device: DeviceInfo) -> dict | None:
 # layout: swapped tiles of 64 weight rows and 16, 32 or 64 tokens over the whole K, as cuBLAS tiles them (its 64 x 16
 # and 64 x 32 tiles, 96 CTAs; results/ncu_narrow_2026-12-06_h100.txt). The fewest tokens a tile whose programs take
 # one wave while each weight row is read from L2 at most TOKEN_TILE_ROW_READS / N times. As a prefill chunk runs
-# them (CUDA-graph streams, H100, results/token_tiles_narrow_{,b_}2026-12-06_h100.json, 17 k/v projections at 160-640
-# tokens, N 512-2048, K 3072-5120): 0.73-1.07x of cuBLAS, geomean 0.87x, against the rules before at 0.61-0.79x
-# (the Gluon 64 x 128 tiles, whole or split); the rule's tile was the best token tile on 14 of 17. The miss that
-# counts: 256 x 1024 takes 32-token tiles (128 programs), which ran 4-6% behind 64-token ones.
+# them (CUDA-graph streams, H100, results/token_tiles_{narrow,narrow_b,prefill}_2026-12-06_h100.json: the 20 k/v
+# projections at 160-640 tokens, N 512-2048, K 3072-5120, where the rule applies): 0.73-1.07x of cuBLAS, geomean
+# 0.85x, against 0.61-0.79x (geomean 0.71x) for the rules before (Gluon 64 x 128 tiles, whole or split); the best
+# candidate's geomean 0.86x. The rule's tile was the best token tile on 13 of 20; the misses that count: 256 x 1024
+# takes 32-token tiles (128 programs), 4-6% behind 64-token ones, and 160 x 1280 x 5120 7% behind 64-token tiles
+# split in two.
 TOKEN_TILE_ROW_READS = 8192
 _TOKEN_TILES = {16: dict(BLOCK_K=128, num_stages=5), 32: dict(BLOCK_K=128, num_stages=5),
                 64: dict(BLOCK_K=128, num_stages=4)}

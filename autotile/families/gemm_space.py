@@ -51,8 +51,8 @@ SWAP_MAX_M = 256
 SWAP_ANY_TILE_M = 64
 # Except for narrow weights (k and v projections): there swapped tiles of 16-64 tokens over 64 weight rows run up to
 # TOKEN_TILE_MAX_M tokens, as cuBLAS's do (64 x 16 and 64 x 32 tiles over the whole K, ncu on an H100,
-# results/ncu_narrow_2026-12-06_h100.txt). As a prefill chunk runs them they led every other tile on 14 of 17 k/v
-# projections at 160-640 tokens (results/token_tiles_narrow_{,b_}2026-12-06_h100.json).
+# results/ncu_narrow_2026-12-06_h100.txt). As a prefill chunk runs them they led every other tile on 19 of 25 k/v
+# projections at 160-1200 tokens (results/token_tiles_{narrow,narrow_b,prefill}_2026-12-06_h100.json).
 TOKEN_TILE_MAX_N = 2048
 TOKEN_TILE_MAX_M = 640
 TOKEN_TILE_BLOCK_MS = (16, 32, 64)
