@@ -168,7 +168,7 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=14, help="processes compiling kernels ahead")
     parser.add_argument("--plan", action="store_true", help="list shapes and candidates (H200 policy) and exit")
     parser.add_argument("--token-tiles", action="store_true",
-                        help="also time swapped tiles of fewer tokens than M (TOKEN_TILES), past the space's narrow weights")
+                        help="also time swapped tiles of fewer tokens than M (TOKEN_TILES), beyond the space's")
     parser.add_argument("--default-only", action="store_true", help="time the policy's default beside F.linear only")
     args = parser.parse_args()
     problems = [contiguous_problem(m, n, k, "bf16", "bf16", layout_b="col")
