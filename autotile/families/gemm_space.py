@@ -61,6 +61,8 @@ TOKEN_TILE_BLOCK_MS = (16, 32, 64)
 def token_tiles_fit(problem) -> bool:
     """Whether swapped tiles may hold fewer tokens than M above SWAP_ANY_TILE_M (narrow weights, few tokens)."""
     return SWAP_ANY_TILE_M < problem.m <= TOKEN_TILE_MAX_M and problem.n <= TOKEN_TILE_MAX_N
+
+
 # The smallest BLOCK_K fp8 tensor-core tiles take (32 bytes of K at least twice); other operands take the axis's least.
 FP8_MIN_BLOCK_K = 64
 # Workspace elements a split-K run may use (fp32): 2**28 is 1 GiB.
