@@ -362,6 +362,18 @@ def test_narrow_weights_take_swapped_token_tiles(m, n, k, block_m):
     assert token_tile_config(dataclasses.replace(problem, layout_b="row"), H200) is None
 
 
+def test_token_tile_seeds_try_the_other_sizes_and_the_rules_before():
+    problem = contiguous_problem(256, 1024, 4096, "bf16", "bf16", layout_b="col")
+    seeds = FAMILY.seed_configs(problem, H200)
+    token = {(c["BLOCK_M"], c["SCHEDULE"]) for c in seeds if c["SWAP_AB"] and c["BLOCK_N"] == 64}
+    assert {(16, "data_parallel"), (64, "data_parallel"), (32, "split_k"), (64, "split_k")} <= token
+    # The Triton tiles of the rules without token tiles, and the Gluon variant's seeds, are still among them.
+    before = FAMILY.validate_config(problem, H200, Config(tiled_mid_config(problem, H200, gluon=False,
+                                                                           token_tiles=False)))
+    assert before in seeds and not before["SWAP_AB"]
+    assert any(c["VARIANT"] == "gluon_ws" for c in seeds)
+
+
 def test_token_tiles_enter_the_space_for_narrow_weights_only():
     tile = dict(FAMILY.default_config(contiguous_problem(192, 512, 3584, "bf16", "bf16", layout_b="col"), H200))
     assert tile["SWAP_AB"] and tile["BLOCK_M"] == 16

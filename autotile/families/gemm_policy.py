@@ -344,7 +344,7 @@ def _fewer_waves(problem, config: dict, device: DeviceInfo) -> dict:
     return fewer if waves(fewer) < waves(config) else config
 
 
-def tiled_mid_config(problem, device: DeviceInfo, gluon: bool = True) -> dict:
+def tiled_mid_config(problem, device: DeviceInfo, gluon: bool = True, token_tiles: bool = True) -> dict:
     """64 < M <= 512. On Hopper, the Gluon variant's tiles where they fill the SMs (_mid_gluon_config); after the
     one-wave TMA tiles, Gluon tiles that fill fewer of them (MID_GLUON_FEW_FILL); for narrower weights, below
     MID_LONG_K, Gluon 64 x 128 tiles split over K or whole (_narrow_gluon_split).
@@ -355,9 +355,9 @@ def tiled_mid_config(problem, device: DeviceInfo, gluon: bool = True) -> dict:
     tiles, split over K only as far as the SMs need (qkv and o: 0.70-0.77x), on 3 stages where that takes fewer
     waves than 4 (_fewer_waves)."""
     p = problem
-    token_tiles = token_tile_config(p, device)
-    if token_tiles is not None:
-        return token_tiles
+    token_tile = token_tile_config(p, device) if token_tiles else None
+    if token_tile is not None:
+        return token_tile
     wide_gluon = _mid_gluon_config(p, device) if gluon else None
     if wide_gluon is not None:
         return wide_gluon
@@ -556,11 +556,16 @@ def token_tile_config(problem, device: DeviceInfo) -> dict | None:
             or p.m <= WIDE_STREAM_MAX_M or p.k < NARROW_MIN_K or p.layout_b != "col"):
         return None
     for block_m in TOKEN_TILE_BLOCK_MS:
-        config = _fit_stages(p, _base(BLOCK_M=block_m, BLOCK_N=64, SWAP_AB=True, **_TOKEN_TILES[block_m]), device)
+        config = _token_tile(p, block_m, device)
         reads = math.ceil(p.m / block_m)
         if reads * p.n <= TOKEN_TILE_ROW_READS and tile_count(p, block_m, 64) <= programs(p, config, device):
             return config
     return None
+
+
+def _token_tile(problem, block_m: int, device: DeviceInfo) -> dict:
+    """Unsplit swapped tiles of `block_m` tokens and 64 weight rows (token_tile_config)."""
+    return _fit_stages(problem, _base(BLOCK_M=block_m, BLOCK_N=64, SWAP_AB=True, **_TOKEN_TILES[block_m]), device)
 
 
 def _makespan(problem, config: dict, device: DeviceInfo, efficiency: float) -> float:
@@ -583,7 +588,7 @@ def _modelled_waves(problem, config: dict, device: DeviceInfo) -> float:
     return _makespan(problem, config, device, PART_EFFICIENCY.get(config["BLOCK_N"], 1.0))
 
 
-def prefill_config(problem, device: DeviceInfo, gluon: bool = True) -> dict:
+def prefill_config(problem, device: DeviceInfo, gluon: bool = True, token_tiles: bool = True) -> dict:
     p = problem
     if gluon and p.dtype == "fp8" and gluon_ws_ok(p, device):
         # fp8 on Hopper. Precise: the Gluon kernel's two consumer warpgroups overlap one's promotion with the other's
@@ -591,9 +596,9 @@ def prefill_config(problem, device: DeviceInfo, gluon: bool = True) -> dict:
         # Fast accumulation: 128 x 256 tiles, 0.996x / 1.046x of _scaled_mm(use_fast_accum=True) at 4096^3 / 8192^3
         # against the tma variant's 0.946x / 1.020x (results/gluon_gemm_2026-12-04_fp8.md).
         return gluon_config(p, BLOCK_N=256, num_stages=3) if p.fp8_fast_accum else gluon_config(p)
-    token_tiles = token_tile_config(p, device)
-    if token_tiles is not None:
-        return token_tiles  # narrow weights up to TOKEN_TILE_MAX_M tokens
+    token_tile = token_tile_config(p, device) if token_tiles else None
+    if token_tile is not None:
+        return token_tile  # narrow weights up to TOKEN_TILE_MAX_M tokens
     if gluon and _gluon_16bit(p, device):
         # 16-bit on Hopper: 64 x 128 tiles where they take one wave (narrow weights); else whole 128 x 256 tiles, or
         # 128 x 128 where those fill the waves better by GLUON_HALF_N_GAIN;
@@ -681,9 +686,11 @@ def seed_variations(problem, device: DeviceInfo) -> list[dict]:
     kind = regime(p)
     shapes = {"decode": _DECODE_TILES, "mid": _MID_TILES}.get(kind, _FP8_TILES if p.dtype == "fp8" else _PREFILL_TILES)
     wanted = [first]
-    # The tiles varied below are the Triton variants' (the Gluon variant's own seeds come last).
-    tiled = first if first["VARIANT"] != GLUON_WS else (
-        prefill_config(p, device, gluon=False) if kind == "prefill" else tiled_mid_config(p, device, gluon=False))
+    # The tiles varied below are the Triton variants' tiles of the rules (token tiles and the Gluon variant's have
+    # their own seeds, further down).
+    token_tiles = first["SWAP_AB"] and first["BLOCK_M"] < p.m and kind != "decode"
+    tiled = first if first["VARIANT"] != GLUON_WS and not token_tiles else (
+        (prefill_config if kind == "prefill" else tiled_mid_config)(p, device, gluon=False, token_tiles=False))
     if tiled is not first:
         wanted.append(tiled)
     if kind == "mid" and p.m <= STREAM_MAX_M:
@@ -701,6 +708,11 @@ def seed_variations(problem, device: DeviceInfo) -> list[dict]:
     wanted += _other_schedules(p, first, device)
     if kind == "decode":
         wanted.append(dict(first, SWAP_AB=not first["SWAP_AB"]))
+    if token_tiles:
+        # The other sizes, whole and split in two (each led some of the rule's measured shapes).
+        for block_m in TOKEN_TILE_BLOCK_MS:
+            tiles = _token_tile(p, block_m, device)
+            wanted += [tiles, dict(tiles, SCHEDULE="split_k", SPLIT_K=2)]
     if tma_ok(p) and first["VARIANT"] == "blocked":
         wanted.append(dict(first, VARIANT="tma"))
     elif first["VARIANT"] == "tma":
