@@ -30,6 +30,7 @@ from decode_stream_bench import REL_TOLERANCE, graph_ms_per_call, weights_for  #
 from autotile.families.base import next_pow2  # noqa: E402
 from autotile.families.gemm import FAMILY, contiguous_problem  # noqa: E402
 from autotile.families.gemm_policy import gluon_config  # noqa: E402
+from autotile.families.gemm_space import SWAP_ANY_TILE_M  # noqa: E402
 from autotile.space import Config  # noqa: E402
 
 # Llama-3-8B, Qwen2.5-7B, Phi-3-mini, Gemma-2-9B, Mistral-Nemo-12B and Qwen3-8B projections (N x K).
@@ -82,7 +83,7 @@ STREAM_K_TILES = (dict(BLOCK_N=64, BLOCK_K=128, SWAP_AB=True, num_stages=5),
 
 def candidates(problem, device, token_tiles: bool = False) -> dict:
     """config -> origin ("default", "seed", "tile", "token tile"): the points of the space around the few-token
-    kernels, and with `token_tiles` the swapped TOKEN_TILES the space does not admit above 64 tokens."""
+    kernels, and with `token_tiles` the swapped TOKEN_TILES above SWAP_ANY_TILE_M tokens (admitted or not)."""
     space = FAMILY.space(problem, device)
     found = {FAMILY.default_config(problem, device): "default"}
     for config in FAMILY.seed_configs(problem, device):
@@ -100,7 +101,7 @@ def candidates(problem, device, token_tiles: bool = False) -> dict:
         admitted = space.admit(config)
         if admitted is not None:
             found.setdefault(admitted, "tile")
-    if token_tiles and problem.m > 64:
+    if token_tiles and problem.m > SWAP_ANY_TILE_M:
         for tiles in TOKEN_TILES:
             for split in TOKEN_TILE_SPLITS:
                 found.setdefault(Config(dict(base, **tiles, SCHEDULE="split_k" if split > 1 else "data_parallel",

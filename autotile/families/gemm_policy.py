@@ -557,9 +557,10 @@ def token_tile_config(problem, device: DeviceInfo) -> dict | None:
             or p.m <= WIDE_STREAM_MAX_M or p.k < NARROW_MIN_K or p.layout_b != "col"):
         return None
     for block_m in TOKEN_TILE_BLOCK_MS:
+        if math.ceil(p.m / block_m) * p.n > TOKEN_TILE_ROW_READS:
+            continue
         config = _token_tile(p, block_m, device)
-        reads = math.ceil(p.m / block_m)
-        if reads * p.n <= TOKEN_TILE_ROW_READS and tile_count(p, block_m, 64) <= programs(p, config, device):
+        if tile_count(p, block_m, 64) <= programs(p, config, device):
             return config
     return None
 
@@ -689,7 +690,7 @@ def seed_variations(problem, device: DeviceInfo) -> list[dict]:
     wanted = [first]
     # The tiles varied below are the Triton variants' tiles of the rules (token tiles and the Gluon variant's have
     # their own seeds, further down).
-    token_tiles = first["SWAP_AB"] and first["BLOCK_M"] < p.m and kind != "decode"
+    token_tiles = token_tile_config(p, device) is not None  # then `first` is its config
     tiled = first if first["VARIANT"] != GLUON_WS and not token_tiles else (
         (prefill_config if kind == "prefill" else tiled_mid_config)(p, device, gluon=False, token_tiles=False))
     if tiled is not first:
