@@ -9,7 +9,8 @@ decode_stream_bench.py times the op as served; this script times each candidate 
 same way, so that the policy's few-token rules (gemm_policy.py: decode_config, streaming_config) can be set from
 the timing a decode step sees. For each (N, K) weight shape and token count: enough distinct weights for 512 MB
 are called once each in one captured CUDA graph, per candidate: the policy's default, its seeds, and tiles with
-every token in one tile, 32-128 columns wide, 128-256 deep, split over K 1-6 times, and stream-K. Each candidate
+every token in one tile, 32-128 columns wide, 128-256 deep, split over K 1-6 times, and stream-K; above 128 tokens
+also the mid rules' TMA and Gluon tiles. Each candidate
 is checked against F.linear first. Graphs are replayed in interleaved rounds (medians). Prints one line a shape
 (the default and the best four) and writes every timing as JSON to --out.
 """
@@ -29,7 +30,7 @@ from decode_stream_bench import REL_TOLERANCE, graph_ms_per_call, weights_for  #
 
 from autotile.families.base import next_pow2  # noqa: E402
 from autotile.families.gemm import FAMILY, contiguous_problem  # noqa: E402
-from autotile.families.gemm_policy import gluon_config  # noqa: E402
+from autotile.families.gemm_policy import ONE_WAVE_MID_TILES, gluon_config  # noqa: E402
 from autotile.families.gemm_space import SWAP_ANY_TILE_M  # noqa: E402
 from autotile.space import Config  # noqa: E402
 
@@ -95,6 +96,9 @@ def candidates(problem, device, token_tiles: bool = False) -> dict:
               for tiles in tiles_tried for split in SPLITS]
     wanted += [dict(base, **tiles, SCHEDULE="stream_k", SPLIT_K=1) for tiles in STREAM_K_TILES]
     if problem.m >= WIDE_FROM_M:
+        # The mid rules' TMA tiles, whatever share of the SMs they fill (the policy takes them from FILL_SMS).
+        wanted += [dict(base, VARIANT="tma", GROUP_M=8, SCHEDULE="data_parallel", SPLIT_K=1, SWAP_AB=False, **tiles)
+                   for tiles in ONE_WAVE_MID_TILES]
         wanted += [gluon_config(problem, **tiles, SCHEDULE="split_k" if split > 1 else "data_parallel", SPLIT_K=split)
                    for tiles in GLUON_SPLIT_TILES for split in SPLITS + (8,)]
     for config in wanted:
