@@ -314,6 +314,25 @@ def test_mid_gluon_tiles_on_fewer_sms_after_the_one_wave_tma_tiles(m, n, k, tile
     assert FAMILY.default_config(problem, A100)["VARIANT"] != "gluon_ws"
 
 
+@pytest.mark.parametrize("m,n,k,tile", [
+    (320, 2048, 3584, (64, 128)), (384, 2048, 3584, (64, 128)), (512, 1280, 5120, (64, 128)),
+    (320, 2048, 4608, (64, 128)), (448, 2048, 3584, None), (192, 4096, 4096, (64, 192)), (320, 2048, 8192, (64, 192))])
+def test_narrow_weights_take_one_wave_of_64_by_128_tiles_where_the_few_fill_rule_applies(m, n, k, tile):
+    # NARROW_ONE_WAVE (CUDA-graph streams, H100): 64 x 128 Gluon tiles in one wave led the few-fill rule's 64 x 192 on
+    # narrow weights (512 x 1280 x 5120: 0.953x of cuBLAS against 0.831x). Where the one-wave TMA tiles fill FILL_SMS
+    # of the SMs those lead (448 x 2048 x 3584: 1.08x); wide weights and long K keep 64 x 192.
+    problem = contiguous_problem(m, n, k, "bf16", "bf16", layout_b="col")
+    config = FAMILY.default_config(problem, H200)
+    if tile is None:
+        assert config["VARIANT"] == "tma", config
+        return
+    assert (config["VARIANT"], config["SCHEDULE"], config["BLOCK_M"], config["BLOCK_N"]) == \
+        ("gluon_ws", "data_parallel", *tile), config
+    assert token_tile_config(problem, H200) is None
+    assert tile_count(problem, *tile) <= programs(problem, config, H200)
+    assert FAMILY.space(problem, H200).is_feasible(config)
+
+
 @pytest.mark.parametrize("m,n,k,split", [
     (192, 1024, 4096, 3), (256, 1024, 4096, 3), (384, 1024, 4096, 2), (512, 1024, 4096, 2), (192, 2048, 4096, 2),
     (256, 2048, 4096, 2), (192, 512, 3584, 3), (448, 512, 3584, 3), (384, 1024, 5120, 2), (160, 1024, 3072, 3),

@@ -35,8 +35,8 @@ from autotile.device import DeviceInfo
 from autotile.dtypes import element_size
 from autotile.families.base import next_pow2
 from autotile.families.gemm_space import (
-    FP8_PRECISE_INTERVAL, GLUON_WS, SPLIT_K_CHOICES, SPLIT_K_MAX_TILES_PER_SM, TOKEN_TILE_BLOCK_MS, gluon_ws_ok,
-    has_promote_axis, programs_per_sm, sm_count, smem_bytes, tile_count, tma_ok, token_tiles_fit,
+    FP8_PRECISE_INTERVAL, GLUON_WS, SPLIT_K_CHOICES, SPLIT_K_MAX_TILES_PER_SM, TOKEN_TILE_BLOCK_MS, TOKEN_TILE_MAX_N,
+    gluon_ws_ok, has_promote_axis, programs_per_sm, sm_count, smem_bytes, tile_count, tma_ok, token_tiles_fit,
 )
 
 DECODE_MAX_M = 16
@@ -347,8 +347,9 @@ def _fewer_waves(problem, config: dict, device: DeviceInfo) -> dict:
 
 def tiled_mid_config(problem, device: DeviceInfo, gluon: bool = True, token_tiles: bool = True) -> dict:
     """64 < M <= 512. On Hopper, the Gluon variant's tiles where they fill the SMs (_mid_gluon_config); after the
-    one-wave TMA tiles, Gluon tiles that fill fewer of them (MID_GLUON_FEW_FILL); for narrower weights, below
-    MID_LONG_K, Gluon 64 x 128 tiles split over K or whole (_narrow_gluon_split).
+    one-wave TMA tiles, Gluon tiles that fill fewer of them (MID_GLUON_FEW_FILL), for narrow weights whole 64 x 128
+    ones in one wave (_narrow_one_wave); for narrower weights, below MID_LONG_K, Gluon 64 x 128 tiles split over K or
+    whole (_narrow_gluon_split).
     Otherwise 16-bit operands, measured at M = 256 on Llama-3-8B and Qwen2.5-7B projections
     (results/gemm_policy_sweep_2026-12-01.md; stream-K tiles, the rule before, reached 0.39-0.59x of cuBLAS):
     128 x 256 tiles on TMA in a persistent loop where they alone fill the GPU (gate_up: 0.77-0.91x); then the
@@ -375,7 +376,7 @@ def tiled_mid_config(problem, device: DeviceInfo, gluon: bool = True, token_tile
                 return config
         few_tiles = _mid_gluon_config(p, device, fill=MID_GLUON_FEW_FILL) if gluon else None
         if few_tiles is not None:
-            return few_tiles
+            return _narrow_one_wave(p, device) or few_tiles
         if p.k >= MID_LONG_K:
             long_k = _base(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3)
             return _schedule(p, _fit_blocks(p, long_k), device, split=True)
@@ -511,12 +512,31 @@ NARROW_SPLIT_MAX = 3
 NARROW_MIN_K = 3072  # measured from 3072 (Llama-3.2-3B) on
 NARROW_WHOLE_MAX_K = 3584
 NARROW_WHOLE_MIN_TILES = 32
+# NARROW_ONE_WAVE: where no token tile applies (each weight row would be read from L2 more than TOKEN_TILE_ROW_READS /
+# N times) and the one-wave TMA tiles fill fewer than FILL_SMS of the SMs, whole 64 x 128 tiles in one wave led the
+# few-fill rule's (MID_GLUON_FEW_FILL) 64 x 192 Gluon tiles on each narrow weight measured (H100, CUDA-graph streams;
+# 80-96 tiles):
+# 320 x 2048 x 3584 0.893x of cuBLAS against 0.830x (results/mid_narrow_2026-12-06b_h100.json), 384 x 2048 x 3584
+# 0.746x against 0.711x, 512 x 1280 x 5120 0.953x against 0.831x (results/narrow_mid_oos_2026-12-06_h100.json,
+# token_tiles_narrow_b_2026-12-06_h100.json). Unmeasured from MID_LONG_K: the few-fill rule keeps long K.
 _NARROW_GLUON = dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, num_stages=6)
 
 
 def _narrow_gluon(problem, split: int = 1) -> dict:
     """The Gluon variant's _NARROW_GLUON tiles, whole (split 1) or split over K in `split` parts."""
     return gluon_config(problem, **_NARROW_GLUON, SCHEDULE="split_k" if split > 1 else "data_parallel", SPLIT_K=split)
+
+
+def _narrow_one_wave(problem, device: DeviceInfo) -> dict | None:
+    """Whole _NARROW_GLUON tiles, in place of the few-fill rule's, where they take one wave on MID_GLUON_FEW_FILL of
+    the SMs or more, for narrow weights (N <= TOKEN_TILE_MAX_N, NARROW_MIN_K <= K < MID_LONG_K; NARROW_ONE_WAVE);
+    None elsewhere."""
+    p = problem
+    if not _gluon_16bit(p, device) or not NARROW_MIN_K <= p.k < MID_LONG_K or p.n > TOKEN_TILE_MAX_N:
+        return None
+    config = _narrow_gluon(p)
+    tiles = tile_count(p, config["BLOCK_M"], config["BLOCK_N"])
+    return config if MID_GLUON_FEW_FILL * sm_count(device) <= tiles <= programs(p, config, device) else None
 
 
 def _narrow_gluon_split(problem, device: DeviceInfo) -> dict | None:
