@@ -9,8 +9,8 @@ decode_stream_bench.py times the op as served; this script times each candidate 
 same way, so that the policy's few-token rules (gemm_policy.py: decode_config, streaming_config) can be set from
 the timing a decode step sees. For each (N, K) weight shape and token count: enough distinct weights for 512 MB
 are called once each in one captured CUDA graph, per candidate: the policy's default, its seeds, and tiles with
-every token in one tile, 32-128 columns wide, 128-256 deep, split over K 1-6 times, and stream-K; above 128 tokens
-also the mid rules' TMA and Gluon tiles. Each candidate
+every token in one tile, 32-128 columns wide, 128-256 deep, split over K 1-6 times, and stream-K; above 64 tokens
+also the mid rules' TMA tiles and the Gluon variant's, whole and split. Each candidate
 is checked against F.linear first. Graphs are replayed in interleaved rounds (medians). Prints one line a shape
 (the default and the best four) and writes every timing as JSON to --out.
 """
@@ -58,8 +58,9 @@ WIDE_TILES = (dict(BLOCK_N=64, BLOCK_K=64, SWAP_AB=True, num_stages=4),
               dict(BLOCK_M=256, BLOCK_N=128, BLOCK_K=64, SWAP_AB=False, num_stages=4, num_warps=8, VARIANT="tma"),
               dict(BLOCK_M=256, BLOCK_N=64, BLOCK_K=64, SWAP_AB=False, num_stages=4, num_warps=8))
 WIDE_FROM_M = 129
-# The Gluon variant's tiles whole and split over K (every tile, where they are fewer than the SMs); 64 columns wide
-# as cuBLAS's 128 x 64 tiles of narrow weights at 1024 tokens are (ncu on an H100, 2026-12-06).
+# Above SWAP_ANY_TILE_M tokens, the Gluon variant's tiles whole and split over K (every tile, where they are fewer than
+# the SMs); 64 columns wide as cuBLAS's 128 x 64 tiles of narrow weights at 1024 tokens are (ncu on an H100,
+# 2026-12-06).
 GLUON_SPLIT_TILES = (dict(BLOCK_N=128, BLOCK_K=64, num_stages=5),
                      dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, num_stages=6),
                      dict(BLOCK_M=128, BLOCK_N=64, BLOCK_K=64, num_stages=6),
@@ -95,7 +96,7 @@ def candidates(problem, device, token_tiles: bool = False) -> dict:
     wanted = [dict(base, **tiles, SCHEDULE="split_k" if split > 1 else "data_parallel", SPLIT_K=split)
               for tiles in tiles_tried for split in SPLITS]
     wanted += [dict(base, **tiles, SCHEDULE="stream_k", SPLIT_K=1) for tiles in STREAM_K_TILES]
-    if problem.m >= WIDE_FROM_M:
+    if problem.m > SWAP_ANY_TILE_M:
         # The mid rules' TMA tiles, whatever share of the SMs they fill (the policy takes them from FILL_SMS).
         wanted += [dict(base, VARIANT="tma", GROUP_M=8, SCHEDULE="data_parallel", SPLIT_K=1, SWAP_AB=False, **tiles)
                    for tiles in ONE_WAVE_MID_TILES]
