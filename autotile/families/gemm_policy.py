@@ -746,6 +746,12 @@ def seed_variations(problem, device: DeviceInfo) -> list[dict]:
         if first["VARIANT"] == GLUON_WS:  # and the tma variant's own default, with its promotion intervals
             tiled = prefill_config(p, device, gluon=False)
             wanted += [dict(tiled, PROMOTE_TILES=promote) for promote in (1, 2, 4)] if has_promote_axis(p) else [tiled]
+    if kind == "mid" and p.m > WIDE_STREAM_MAX_M and p.dtype in ("bf16", "fp16") and tma_ok(p) and \
+            arch_of(device).supports(Feature.TMA):
+        # The one-wave TMA tiles whatever share of the SMs they fill (448-512 x 2048 x 3584 at 85-97%: 1.08-1.13x of
+        # cuBLAS on an H100, ahead of every Gluon tile; results/mid_narrow_2026-12-06b_h100.json).
+        wanted += [_fit_stages(p, _fit_blocks(p, _base(VARIANT="tma", GROUP_M=8, **tiles)), device)
+                   for tiles in ONE_WAVE_MID_TILES]
     if kind in ("mid", "prefill") and _gluon_16bit(p, device):
         wanted += [gluon_config(p, **tiles) for tiles in (_GLUON_WIDE, _GLUON_HALF) + _GLUON_16BIT_SEEDS]
         # The narrow weights' 64 x 128 tiles, whole and split (_narrow_gluon_split, PREFILL_NARROW).
