@@ -332,7 +332,7 @@ def test_narrow_weights_take_one_wave_of_64_by_128_tiles_where_the_few_fill_rule
     assert tile_count(problem, *tile) <= programs(problem, config, H200)
     assert FAMILY.space(problem, H200).is_feasible(config)
     # A search starts from the few-fill rule's tiles and the one-wave TMA tiles too.
-    seeds = {(c["VARIANT"], c["BLOCK_M"], c["BLOCK_N"]) for c in FAMILY.seed_configs(problem, H200)}
+    seeds = {(c["VARIANT"], c["BLOCK_M"], c["BLOCK_N"]) for c in (config, *FAMILY.seed_configs(problem, H200))}
     assert {("gluon_ws", 64, 192), ("gluon_ws", 64, 128), ("tma", 64, 128), ("tma", 128, 128)} <= seeds
 
 
