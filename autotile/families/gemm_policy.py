@@ -303,6 +303,9 @@ def mid_config(problem, device: DeviceInfo) -> dict:
     if problem.m <= STREAM_MAX_M:
         return streaming_config(problem, device)
     if problem.m <= WIDE_STREAM_MAX_M:
+        token_tile = token_tile_config(problem, device)
+        if token_tile is not None:
+            return token_tile  # narrow weights (TOKEN_TILE_FEW_ROW_READS)
         wide = wide_streaming_config(problem, device)
         if streams_in_one_wave(problem, wide, device):
             return wide
@@ -374,9 +377,12 @@ def tiled_mid_config(problem, device: DeviceInfo, gluon: bool = True, token_tile
             count, slots = tile_count(p, config["BLOCK_M"], config["BLOCK_N"]), programs(p, config, device)
             if FILL_SMS * sm_count(device) <= count <= slots:
                 return config
+        narrow_wave = _narrow_one_wave(p, device) if tma else None
+        if narrow_wave is not None:
+            return narrow_wave
         few_tiles = _mid_gluon_config(p, device, fill=MID_GLUON_FEW_FILL) if gluon else None
         if few_tiles is not None:
-            return _narrow_one_wave(p, device) or few_tiles
+            return few_tiles
         if p.k >= MID_LONG_K:
             long_k = _base(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3)
             return _schedule(p, _fit_blocks(p, long_k), device, split=True)
@@ -513,12 +519,12 @@ NARROW_MIN_K = 3072  # measured from 3072 (Llama-3.2-3B) on
 NARROW_WHOLE_MAX_K = 3584
 NARROW_WHOLE_MIN_TILES = 32
 # NARROW_ONE_WAVE: where no token tile applies (each weight row would be read from L2 more than TOKEN_TILE_ROW_READS /
-# N times) and the one-wave TMA tiles fill fewer than FILL_SMS of the SMs, whole 64 x 128 tiles in one wave led the
-# few-fill rule's (MID_GLUON_FEW_FILL) 64 x 192 Gluon tiles on each narrow weight measured (H100, CUDA-graph streams;
-# 80-96 tiles):
-# 320 x 2048 x 3584 0.893x of cuBLAS against 0.830x (results/mid_narrow_2026-12-06b_h100.json), 384 x 2048 x 3584
-# 0.746x against 0.711x, 512 x 1280 x 5120 0.953x against 0.831x (results/narrow_mid_oos_2026-12-06_h100.json,
-# token_tiles_narrow_b_2026-12-06_h100.json). Unmeasured from MID_LONG_K: the few-fill rule keeps long K.
+# N times) and the one-wave TMA tiles fill MID_GLUON_FEW_FILL to FILL_SMS of the SMs, those tiles still led every
+# Gluon tile on narrow weights (H100, CUDA-graph streams, results/narrow_one_wave_2026-12-06c_h100.json, 60-96 tiles):
+# 320 / 384 x 2048 x 4096 1.085 / 0.819x of cuBLAS against 0.975 / 0.730x for 64 x 128 Gluon tiles and 0.867 / 0.673x
+# for the few-fill rule's 64 x 192; 448 / 512 x 1280 x 5120 0.976 / 0.965x against 0.700 / 0.831x for the rules before;
+# 320 / 384 x 2048 x 3584 within 1% of the Gluon 64 x 128 tiles. Unmeasured from MID_LONG_K (split tiles keep long K)
+# and for B row-major.
 _NARROW_GLUON = dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, num_stages=6)
 
 
@@ -528,13 +534,14 @@ def _narrow_gluon(problem, split: int = 1) -> dict:
 
 
 def _narrow_one_wave(problem, device: DeviceInfo) -> dict | None:
-    """Whole _NARROW_GLUON tiles, in place of the few-fill rule's, where they take one wave on MID_GLUON_FEW_FILL of
-    the SMs or more, for narrow weights (N <= TOKEN_TILE_MAX_N, NARROW_MIN_K <= K < MID_LONG_K; NARROW_ONE_WAVE);
-    None elsewhere."""
+    """The first of ONE_WAVE_MID_TILES (64 x 128 x 128 on TMA) where its tiles take one wave on MID_GLUON_FEW_FILL of
+    the SMs or more, for narrow weights in nn.Linear layout (N <= TOKEN_TILE_MAX_N, NARROW_MIN_K <= K < MID_LONG_K;
+    NARROW_ONE_WAVE); None elsewhere."""
     p = problem
-    if not _gluon_16bit(p, device) or not NARROW_MIN_K <= p.k < MID_LONG_K or p.n > TOKEN_TILE_MAX_N:
+    if (p.dtype not in ("bf16", "fp16") or not NARROW_MIN_K <= p.k < MID_LONG_K or p.n > TOKEN_TILE_MAX_N
+            or p.layout_b != "col"):
         return None
-    config = _narrow_gluon(p)
+    config = _fit_stages(p, _fit_blocks(p, _base(VARIANT="tma", GROUP_M=8, **ONE_WAVE_MID_TILES[0])), device)
     tiles = tile_count(p, config["BLOCK_M"], config["BLOCK_N"])
     return config if MID_GLUON_FEW_FILL * sm_count(device) <= tiles <= programs(p, config, device) else None
 
@@ -565,22 +572,32 @@ def _narrow_gluon_split(problem, device: DeviceInfo) -> dict | None:
 # takes 32-token tiles (128 programs), 4-6% behind 64-token ones, and 160 x 1280 x 5120 7% behind 64-token tiles
 # split in two.
 TOKEN_TILE_ROW_READS = 8192
+# At 65-128 tokens (results/token_tiles_oos_2026-12-06c_h100.json: 96 and 128 tokens on 512 x 4096, 1024 x 5120,
+# 2048 x 4608 and 1024 x 8192) the weight's stream dominates: the best token tile read each weight row at most 4096 / N
+# times, and split 32- and 64-token tiles in two where they filled at most half the SMs (0.76-1.05x of cuBLAS against
+# 0.55-0.90x for the streaming and tiled rules); 16-token tiles ran whole.
+TOKEN_TILE_FEW_ROW_READS = 4096
 _TOKEN_TILES = {16: dict(BLOCK_K=128, num_stages=5), 32: dict(BLOCK_K=128, num_stages=5),
                 64: dict(BLOCK_K=128, num_stages=4)}
 
 
 def token_tile_config(problem, device: DeviceInfo) -> dict | None:
-    """Swapped tiles of TOKEN_TILE_BLOCK_MS tokens for narrow weights (see TOKEN_TILE_ROW_READS); None where the
-    rule does not apply or no tile size takes one wave within the row reads."""
+    """Swapped tiles of TOKEN_TILE_BLOCK_MS tokens for narrow weights (see TOKEN_TILE_ROW_READS; up to
+    WIDE_STREAM_MAX_M tokens TOKEN_TILE_FEW_ROW_READS, and tiles of 32 tokens or more split in two where that still
+    takes one wave); None where the rule does not apply or no tile size takes one wave within the row reads."""
     p = problem
     if (p.dtype not in ("bf16", "fp16") or not swap_ab_fits(p, device) or not token_tiles_fit(p)
-            or p.m <= WIDE_STREAM_MAX_M or p.k < NARROW_MIN_K or p.layout_b != "col"):
+            or p.k < NARROW_MIN_K or p.layout_b != "col"):
         return None
+    few = p.m <= WIDE_STREAM_MAX_M
     for block_m in TOKEN_TILE_BLOCK_MS:
-        if math.ceil(p.m / block_m) * p.n > TOKEN_TILE_ROW_READS:
+        if math.ceil(p.m / block_m) * p.n > (TOKEN_TILE_FEW_ROW_READS if few else TOKEN_TILE_ROW_READS):
             continue
         config = _token_tile(p, block_m, device)
-        if tile_count(p, block_m, 64) <= programs(p, config, device):
+        tiles, slots = tile_count(p, block_m, 64), programs(p, config, device)
+        if tiles <= slots:
+            if few and block_m > min(TOKEN_TILE_BLOCK_MS) and 2 * tiles <= slots:
+                return dict(config, SCHEDULE="split_k", SPLIT_K=2)
             return config
     return None
 
