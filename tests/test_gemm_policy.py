@@ -387,6 +387,29 @@ def test_narrow_weights_take_swapped_token_tiles(m, n, k, block_m):
     assert token_tile_config(dataclasses.replace(problem, layout_b="row"), H200) is None
 
 
+@pytest.mark.parametrize("m,n,k,block_m,split", [
+    (96, 512, 4096, 16, 1), (128, 512, 4096, 16, 1), (96, 1024, 5120, 32, 2), (128, 1024, 5120, 32, 2),
+    (96, 1024, 8192, 32, 2), (128, 2048, 4608, 64, 2), (96, 2048, 4608, 64, 2), (64, 1024, 4096, None, None),
+    (128, 4096, 4096, None, None)])
+def test_few_tokens_on_narrow_weights_take_token_tiles_split_where_they_fill_half_the_sms(m, n, k, block_m, split):
+    # TOKEN_TILE_FEW_ROW_READS (results/token_tiles_oos_2026-12-06c_h100.json): at 96-128 tokens the best token tile read
+    # each weight row at most 4096 / N times, split in two where it filled at most half the SMs (not 16-token tiles):
+    # 0.76-1.05x of cuBLAS against 0.55-0.90x for the streaming rules.
+    problem = contiguous_problem(m, n, k, "bf16", "bf16", layout_b="col")
+    config = FAMILY.default_config(problem, H200)
+    if block_m is None:
+        assert not (config["SWAP_AB"] and config["BLOCK_M"] < m), config
+        return
+    assert (config["SWAP_AB"], config["BLOCK_M"], config["BLOCK_N"], config["SPLIT_K"]) == (True, block_m, 64, split), \
+        config
+    tiles = tile_count(problem, block_m, 64)
+    assert -(-m // block_m) * n <= TOKEN_TILE_ROW_READS // 2 and tiles * split <= programs(problem, config, H200)
+    assert FAMILY.space(problem, H200).is_feasible(config)
+    # The streaming rule it replaced is a seed.
+    seeds = FAMILY.seed_configs(problem, H200)
+    assert any(c["SWAP_AB"] and c["BLOCK_M"] >= m for c in seeds)
+
+
 def test_token_tile_seeds_try_the_other_sizes_and_the_rules_before():
     problem = contiguous_problem(256, 1024, 4096, "bf16", "bf16", layout_b="col")
     seeds = FAMILY.seed_configs(problem, H200)

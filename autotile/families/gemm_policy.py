@@ -738,9 +738,11 @@ def seed_variations(problem, device: DeviceInfo) -> list[dict]:
         wanted += [_schedule(p, _fit_blocks(p, dict(first, BLOCK_N=128, SCHEDULE="data_parallel", SPLIT_K=1)), device,
                              split=True), tiled]
     elif kind == "mid" and p.m <= WIDE_STREAM_MAX_M:
-        # Streaming and tiles each won some shapes here: whichever is the default, the other is tried too.
-        tiled = tiled_mid_config(p, device, gluon=False)
-        wanted += [wide_streaming_config(p, device), tiled]
+        # Streaming and tiles each won some shapes here: whichever is the default, the other is tried too (and
+        # beside a token tile, the streaming rule it replaced).
+        tiled = tiled_mid_config(p, device, gluon=False, token_tiles=False)
+        few = few_tokens_config(p, device) if token_tiles else None
+        wanted += [wide_streaming_config(p, device), tiled] + ([few] if few is not None else [])
     for shape in shapes:
         config = _fit_blocks(p, dict(tiled, **shape))
         wanted.append(_schedule(p, dict(config, SCHEDULE="data_parallel", SPLIT_K=1), device, split=kind == "decode"))
