@@ -479,9 +479,15 @@ _MID_GLUON_TILES = (dict(BLOCK_N=128, BLOCK_K=64, num_stages=6, EPILOGUE_SUBTILE
                     dict(BLOCK_N=144, BLOCK_K=64, num_stages=5), dict(BLOCK_N=160, BLOCK_K=64, num_stages=5),
                     dict(BLOCK_N=192, BLOCK_K=64, num_stages=4),
                     dict(BLOCK_N=256, BLOCK_K=64, num_stages=4, EPILOGUE_SUBTILE=True))
-# From the same table, time per tile area per wave against 128 x 128 (one round; a median of its rows).
+# From the same table, time per tile area per wave against 128 x 128 (one round; a median of its rows); 128 x 256
+# (C in halves) from the rows where it and 128 x 128 take different numbers of waves (H100, CUDA-graph streams,
+# results/mid_wide_tiles_2026-12-06c_h100.json and mid_candidates_2026-12-06_h100.json): at 0.95 the rule took
+# 128 x 128 tiles on 11 wide weights at 200-512 tokens where 128 x 256 ran 0.846x -> 0.977x of cuBLAS (geomean;
+# 320 x 22016 x 4096 0.668x -> 0.992x, 200 x 14336 x 4096 0.714x -> 0.927x, 512 x 14336 x 4096 0.952x -> 0.947x);
+# any value from 1.03 to 1.12 picks the same tiles on the 323 measured rows. The H200 agreed at 256 x 28672 x 4096
+# (0.96x against 0.92x; results/gemm_policy_sweep_2026-12-04_mid.md).
 MID_GLUON_EFFICIENCY = {(128, 128): 1.0, (64, 192): 0.87, (128, 144): 0.95, (128, 160): 0.93, (128, 192): 0.96,
-                        (128, 256): 0.95}
+                        (128, 256): 1.05}
 
 
 def _gluon_16bit(problem, device: DeviceInfo) -> bool:
