@@ -350,9 +350,9 @@ def _fewer_waves(problem, config: dict, device: DeviceInfo) -> dict:
 
 def tiled_mid_config(problem, device: DeviceInfo, gluon: bool = True, token_tiles: bool = True) -> dict:
     """64 < M <= 512. On Hopper, the Gluon variant's tiles where they fill the SMs (_mid_gluon_config); after the
-    one-wave TMA tiles, Gluon tiles that fill fewer of them (MID_GLUON_FEW_FILL), for narrow weights whole 64 x 128
-    ones in one wave (_narrow_one_wave); for narrower weights, below MID_LONG_K, Gluon 64 x 128 tiles split over K or
-    whole (_narrow_gluon_split).
+    one-wave TMA tiles (for narrow weights from fewer SMs: _narrow_one_wave), Gluon tiles that fill fewer of them
+    (MID_GLUON_FEW_FILL); for narrower weights, below MID_LONG_K, Gluon 64 x 128 tiles split over K or whole
+    (_narrow_gluon_split).
     Otherwise 16-bit operands, measured at M = 256 on Llama-3-8B and Qwen2.5-7B projections
     (results/gemm_policy_sweep_2026-12-01.md; stream-K tiles, the rule before, reached 0.39-0.59x of cuBLAS):
     128 x 256 tiles on TMA in a persistent loop where they alone fill the GPU (gate_up: 0.77-0.91x); then the
@@ -526,9 +526,9 @@ NARROW_WHOLE_MAX_K = 3584
 NARROW_WHOLE_MIN_TILES = 32
 # NARROW_ONE_WAVE: where no token tile applies (each weight row would be read from L2 more than TOKEN_TILE_ROW_READS /
 # N times) and the one-wave TMA tiles fill MID_GLUON_FEW_FILL to FILL_SMS of the SMs, those tiles still led every
-# Gluon tile on narrow weights (H100, CUDA-graph streams, results/narrow_one_wave_2026-12-06c_h100.json, 60-96 tiles):
+# Gluon tile on narrow weights (H100, CUDA-graph streams, results/narrow_one_wave_2026-12-06c_h100.json, 70-96 tiles):
 # 320 / 384 x 2048 x 4096 1.085 / 0.819x of cuBLAS against 0.975 / 0.730x for 64 x 128 Gluon tiles and 0.867 / 0.673x
-# for the few-fill rule's 64 x 192; 448 / 512 x 1280 x 5120 0.976 / 0.965x against 0.700 / 0.831x for the rules before;
+# for the few-fill rule's 64 x 192; 448 / 512 x 1280 x 5120 0.976 / 0.965x against 0.700 / 0.765x for the rules before;
 # 320 / 384 x 2048 x 3584 within 1% of the Gluon 64 x 128 tiles. Unmeasured from MID_LONG_K (split tiles keep long K)
 # and for B row-major.
 _NARROW_GLUON = dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, num_stages=6)
