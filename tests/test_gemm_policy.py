@@ -261,7 +261,8 @@ def test_mid_tiles_on_tma_where_they_fit_one_wave(m, n, k, tile):
 def test_mid_gluon_tiles_of_the_shortest_modelled_makespan_where_they_fill_the_sms(m, n, k, tile):
     # results/gemm_policy_sweep_2026-12-04_mid.md: the best Gluon tile of each shape (or one within 4%); where no
     # tile fills MID_GLUON_FILL of the SMs the tiled rules keep the shape (the Gluon tiles ran 0.73-0.87x of cuBLAS).
-    # 128 x 256 tiles where they take fewer waves of the same modelled work (results/mid_wide_tiles_2026-12-06c_h100.json).
+    # 128 x 256 tiles where they take fewer waves of the same modelled work
+    # (results/mid_wide_tiles_2026-12-06c_h100.json).
     problem = contiguous_problem(m, n, k, "bf16", "bf16", layout_b="col")
     config = FAMILY.default_config(problem, H200)
     assert (config["VARIANT"] == "gluon_ws") == (tile is not None), config
@@ -394,9 +395,9 @@ def test_narrow_weights_take_swapped_token_tiles(m, n, k, block_m):
     (96, 1024, 8192, 32, 2), (128, 2048, 4608, 64, 2), (96, 2048, 4608, 64, 2), (64, 1024, 4096, None, None),
     (128, 4096, 4096, None, None)])
 def test_few_tokens_on_narrow_weights_take_token_tiles_split_where_they_fill_half_the_sms(m, n, k, block_m, split):
-    # TOKEN_TILE_FEW_ROW_READS (results/token_tiles_oos_2026-12-06c_h100.json): at 96-128 tokens the best token tile read
-    # each weight row at most 4096 / N times, split in two where it filled at most half the SMs (not 16-token tiles):
-    # 0.76-1.05x of cuBLAS against 0.55-0.90x for the streaming rules.
+    # TOKEN_TILE_FEW_ROW_READS (results/token_tiles_oos_2026-12-06c_h100.json): at 96-128 tokens the best token tile
+    # read each weight row at most 4096 / N times, split in two where it filled at most half the SMs (not 16-token
+    # tiles): 0.76-1.05x of cuBLAS against 0.55-0.90x for the streaming rules.
     problem = contiguous_problem(m, n, k, "bf16", "bf16", layout_b="col")
     config = FAMILY.default_config(problem, H200)
     if block_m is None:
