@@ -294,6 +294,11 @@ def streams_in_one_wave(problem, config: dict, device: DeviceInfo) -> bool:
         programs(problem, config, device)
 
 
+def _tma_mid_tile(problem, tiles: dict, device: DeviceInfo) -> dict:
+    """One of ONE_WAVE_MID_TILES on TMA loads, its blocks and stages fitted to the problem and the GPU."""
+    return _fit_stages(problem, _fit_blocks(problem, _base(VARIANT="tma", GROUP_M=8, **tiles)), device)
+
+
 def mid_config(problem, device: DeviceInfo) -> dict:
     """M <= STREAM_MAX_M streams the weight; up to WIDE_STREAM_MAX_M it does so where its programs fit one wave
     (results/gemm_policy_sweep_2026-12-01b_wide.md, M = 96 and 128 on Llama-3-8B and Qwen2.5-7B: the o and down
@@ -324,7 +329,7 @@ def few_tokens_config(problem, device: DeviceInfo) -> dict | None:
         return None
     if tma_ok(p) and arch_of(device).supports(Feature.TMA):
         for tiles in ONE_WAVE_MID_TILES:
-            config = _fit_stages(p, _fit_blocks(p, _base(VARIANT="tma", GROUP_M=8, **tiles)), device)
+            config = _tma_mid_tile(p, tiles, device)
             count, slots = tile_count(p, config["BLOCK_M"], config["BLOCK_N"]), programs(p, config, device)
             if FEW_TOKENS_FILL_SMS * sm_count(device) <= count <= slots:
                 return config
@@ -373,7 +378,7 @@ def tiled_mid_config(problem, device: DeviceInfo, gluon: bool = True, token_tile
                         GROUP_M=8, num_warps=8, num_stages=3)
             return _schedule(p, _fit_blocks(p, big), device, stream_k=False)
         for tiles in ONE_WAVE_MID_TILES if tma else ():
-            config = _fit_stages(p, _fit_blocks(p, _base(VARIANT="tma", GROUP_M=8, **tiles)), device)
+            config = _tma_mid_tile(p, tiles, device)
             count, slots = tile_count(p, config["BLOCK_M"], config["BLOCK_N"]), programs(p, config, device)
             if FILL_SMS * sm_count(device) <= count <= slots:
                 return config
@@ -547,7 +552,7 @@ def _narrow_one_wave(problem, device: DeviceInfo) -> dict | None:
     if (p.dtype not in ("bf16", "fp16") or not NARROW_MIN_K <= p.k < MID_LONG_K or p.n > TOKEN_TILE_MAX_N
             or p.layout_b != "col"):
         return None
-    config = _fit_stages(p, _fit_blocks(p, _base(VARIANT="tma", GROUP_M=8, **ONE_WAVE_MID_TILES[0])), device)
+    config = _tma_mid_tile(p, ONE_WAVE_MID_TILES[0], device)
     tiles = tile_count(p, config["BLOCK_M"], config["BLOCK_N"])
     return config if MID_GLUON_FEW_FILL * sm_count(device) <= tiles <= programs(p, config, device) else None
 
@@ -775,8 +780,7 @@ def seed_variations(problem, device: DeviceInfo) -> list[dict]:
             arch_of(device).supports(Feature.TMA):
         # The one-wave TMA tiles whatever share of the SMs they fill (448-512 x 2048 x 3584 at 85-97%: 1.08-1.13x of
         # cuBLAS on an H100, ahead of every Gluon tile; results/mid_narrow_2026-12-06b_h100.json).
-        wanted += [_fit_stages(p, _fit_blocks(p, _base(VARIANT="tma", GROUP_M=8, **tiles)), device)
-                   for tiles in ONE_WAVE_MID_TILES]
+        wanted += [_tma_mid_tile(p, tiles, device) for tiles in ONE_WAVE_MID_TILES]
     if kind in ("mid", "prefill") and _gluon_16bit(p, device):
         wanted += [gluon_config(p, **tiles) for tiles in (_GLUON_WIDE, _GLUON_HALF) + _GLUON_16BIT_SEEDS]
         # The narrow weights' 64 x 128 tiles, whole and split (_narrow_gluon_split, PREFILL_NARROW).
