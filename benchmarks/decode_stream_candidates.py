@@ -30,7 +30,7 @@ from decode_stream_bench import REL_TOLERANCE, graph_ms_per_call, weights_for  #
 
 from autotile.families.base import next_pow2  # noqa: E402
 from autotile.families.gemm import FAMILY, contiguous_problem  # noqa: E402
-from autotile.families.gemm_policy import ONE_WAVE_MID_TILES, gluon_config  # noqa: E402
+from autotile.families.gemm_policy import ONE_WAVE_MID_TILES, gluon_config, tma_mid_tile  # noqa: E402
 from autotile.families.gemm_space import SWAP_ANY_TILE_M  # noqa: E402
 from autotile.space import Config  # noqa: E402
 
@@ -98,8 +98,7 @@ def candidates(problem, device, token_tiles: bool = False) -> dict:
     wanted += [dict(base, **tiles, SCHEDULE="stream_k", SPLIT_K=1) for tiles in STREAM_K_TILES]
     if problem.m > SWAP_ANY_TILE_M:
         # The mid rules' TMA tiles, whatever share of the SMs they fill (the policy takes them from FILL_SMS).
-        wanted += [dict(base, VARIANT="tma", GROUP_M=8, SCHEDULE="data_parallel", SPLIT_K=1, SWAP_AB=False, **tiles)
-                   for tiles in ONE_WAVE_MID_TILES]
+        wanted += [tma_mid_tile(problem, tiles, device) for tiles in ONE_WAVE_MID_TILES]
         wanted += [gluon_config(problem, **tiles, SCHEDULE="split_k" if split > 1 else "data_parallel", SPLIT_K=split)
                    for tiles in GLUON_SPLIT_TILES for split in SPLITS + (8,)]
     for config in wanted:

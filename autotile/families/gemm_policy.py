@@ -294,7 +294,12 @@ def streams_in_one_wave(problem, config: dict, device: DeviceInfo) -> bool:
         programs(problem, config, device)
 
 
-def _tma_mid_tile(problem, tiles: dict, device: DeviceInfo) -> dict:
+def _tma_loads(problem, device: DeviceInfo) -> bool:
+    """Whether the problem's operands can be loaded by TMA on this GPU."""
+    return tma_ok(problem) and arch_of(device).supports(Feature.TMA)
+
+
+def tma_mid_tile(problem, tiles: dict, device: DeviceInfo) -> dict:
     """One of ONE_WAVE_MID_TILES on TMA loads, its blocks and stages fitted to the problem and the GPU."""
     return _fit_stages(problem, _fit_blocks(problem, _base(VARIANT="tma", GROUP_M=8, **tiles)), device)
 
@@ -317,7 +322,7 @@ def mid_config(problem, device: DeviceInfo) -> dict:
         few = few_tokens_config(problem, device)
         if few is not None:
             return few
-    return tiled_mid_config(problem, device)
+    return tiled_mid_config(problem, device, token_tiles=problem.m > WIDE_STREAM_MAX_M)  # asked above otherwise
 
 
 def few_tokens_config(problem, device: DeviceInfo) -> dict | None:
@@ -327,9 +332,9 @@ def few_tokens_config(problem, device: DeviceInfo) -> dict | None:
     p = problem
     if p.dtype not in ("bf16", "fp16") or not swap_ab_fits(p, device):
         return None
-    if tma_ok(p) and arch_of(device).supports(Feature.TMA):
+    if _tma_loads(p, device):
         for tiles in ONE_WAVE_MID_TILES:
-            config = _tma_mid_tile(p, tiles, device)
+            config = tma_mid_tile(p, tiles, device)
             count, slots = tile_count(p, config["BLOCK_M"], config["BLOCK_N"]), programs(p, config, device)
             if FEW_TOKENS_FILL_SMS * sm_count(device) <= count <= slots:
                 return config
@@ -372,13 +377,13 @@ def tiled_mid_config(problem, device: DeviceInfo, gluon: bool = True, token_tile
     if wide_gluon is not None:
         return wide_gluon
     if p.dtype in ("bf16", "fp16"):
-        tma = tma_ok(p) and arch_of(device).supports(Feature.TMA)
+        tma = _tma_loads(p, device)
         if tile_count(p, 128, 256) >= sm_count(device):
             big = _base(VARIANT="tma" if tma else "blocked", PERSISTENT=tma, BLOCK_M=128, BLOCK_N=256, BLOCK_K=64,
                         GROUP_M=8, num_warps=8, num_stages=3)
             return _schedule(p, _fit_blocks(p, big), device, stream_k=False)
         for tiles in ONE_WAVE_MID_TILES if tma else ():
-            config = _tma_mid_tile(p, tiles, device)
+            config = tma_mid_tile(p, tiles, device)
             count, slots = tile_count(p, config["BLOCK_M"], config["BLOCK_N"]), programs(p, config, device)
             if FILL_SMS * sm_count(device) <= count <= slots:
                 return config
@@ -552,7 +557,7 @@ def _narrow_one_wave(problem, device: DeviceInfo) -> dict | None:
     if (p.dtype not in ("bf16", "fp16") or not NARROW_MIN_K <= p.k < MID_LONG_K or p.n > TOKEN_TILE_MAX_N
             or p.layout_b != "col"):
         return None
-    config = _tma_mid_tile(p, ONE_WAVE_MID_TILES[0], device)
+    config = tma_mid_tile(p, ONE_WAVE_MID_TILES[0], device)
     tiles = tile_count(p, config["BLOCK_M"], config["BLOCK_N"])
     return config if MID_GLUON_FEW_FILL * sm_count(device) <= tiles <= programs(p, config, device) else None
 
@@ -669,7 +674,7 @@ def prefill_config(problem, device: DeviceInfo, gluon: bool = True, token_tiles:
             if _modelled_waves(p, part, device) <= (1 - PREFILL_PARTS_GAIN) * _modelled_waves(p, best, device):
                 return part
         return best
-    tma = tma_ok(p) and arch_of(device).supports(Feature.TMA)
+    tma = _tma_loads(p, device)
     if p.dtype == "fp8":
         if p.fp8_fast_accum:
             tiles = dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=128, num_stages=3)
@@ -776,11 +781,10 @@ def seed_variations(problem, device: DeviceInfo) -> list[dict]:
         if first["VARIANT"] == GLUON_WS:  # and the tma variant's own default, with its promotion intervals
             tiled = prefill_config(p, device, gluon=False)
             wanted += [dict(tiled, PROMOTE_TILES=promote) for promote in (1, 2, 4)] if has_promote_axis(p) else [tiled]
-    if kind == "mid" and p.m > WIDE_STREAM_MAX_M and p.dtype in ("bf16", "fp16") and tma_ok(p) and \
-            arch_of(device).supports(Feature.TMA):
+    if kind == "mid" and p.m > WIDE_STREAM_MAX_M and p.dtype in ("bf16", "fp16") and _tma_loads(p, device):
         # The one-wave TMA tiles whatever share of the SMs they fill (448-512 x 2048 x 3584 at 85-97%: 1.08-1.13x of
         # cuBLAS on an H100, ahead of every Gluon tile; results/mid_narrow_2026-12-06b_h100.json).
-        wanted += [_tma_mid_tile(p, tiles, device) for tiles in ONE_WAVE_MID_TILES]
+        wanted += [tma_mid_tile(p, tiles, device) for tiles in ONE_WAVE_MID_TILES]
     if kind in ("mid", "prefill") and _gluon_16bit(p, device):
         wanted += [gluon_config(p, **tiles) for tiles in (_GLUON_WIDE, _GLUON_HALF) + _GLUON_16BIT_SEEDS]
         # The narrow weights' 64 x 128 tiles, whole and split (_narrow_gluon_split, PREFILL_NARROW).
