@@ -297,7 +297,8 @@ def meta_like(value):
 
 def meta_inputs(family: Family, problem, seed: int = 0) -> dict:
     """The problem's inputs (made on the CPU: real page tables, lengths, alignment) as meta tensors."""
-    return {name: meta_like(t) for name, t in family.make_inputs(problem, interpret_device(), seed=seed).items()}
+    inputs = family.make_layout_inputs(problem, interpret_device(), seed=seed)
+    return {name: meta_like(t) for name, t in inputs.items()}
 
 
 def compile_config(family: Family, problem, config, device: DeviceInfo, inputs: dict | None = None,

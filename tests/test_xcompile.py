@@ -158,6 +158,25 @@ def test_meta_tensors_keep_shape_strides_offset_and_alignment():
     assert meta_like(scalar) is scalar  # host-side scalars stay readable
 
 
+@pytest.mark.parametrize("varlen,aligned", [(False, True), (False, False), (True, True)])
+def test_the_flash_backward_compiles_from_its_inputs_layout_without_running_attention(varlen, aligned, monkeypatch):
+    from autotile.device import interpret_device
+    from autotile.families.flash import FlashProblem
+
+    family = get_family("flash")
+    problem = FlashProblem("bwd", 2, 4, 2, 67, 131, 64, causal=True, aligned=aligned, varlen=varlen)
+    real = family.make_inputs(problem, interpret_device())
+    # The layout alone never computes the forward (seconds to a minute of CPU at long sequences).
+    monkeypatch.setattr(type(family), "_attend", lambda *a, **k: pytest.fail("attention computed for a layout"))
+    layout = family.make_layout_inputs(problem, interpret_device())
+    meta = meta_inputs(family, problem)
+    assert set(layout) == set(real) == set(meta)
+    for name, tensor in real.items():
+        for other in (layout[name], meta[name]):
+            assert (other.shape, other.stride(), other.dtype) == (tensor.shape, tensor.stride(), tensor.dtype), name
+            assert other.storage_offset() == tensor.storage_offset(), name
+
+
 def test_meta_tensors_need_a_device_to_stand_for():
     with pytest.raises(DeviceMismatchError, match="meta"):
         from autotile.device import current_device

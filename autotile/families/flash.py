@@ -406,6 +406,15 @@ class FlashFamily(Family):
 
     # --- data -----------------------------------------------------------------------
     def make_inputs(self, problem: FlashProblem, device: DeviceInfo, seed: int = 0) -> Tensors:
+        return self._inputs(problem, device, seed, forward_values=True)
+
+    def make_layout_inputs(self, problem: FlashProblem, device: DeviceInfo, seed: int = 0) -> Tensors:
+        # The backward's O and LSE without the attention that computes them: at 8192 tokens and 32 heads that takes
+        # about a minute of CPU, where the compile it is made for takes seconds.
+        return self._inputs(problem, device, seed, forward_values=False)
+
+    def _inputs(self, problem: FlashProblem, device: DeviceInfo, seed: int, forward_values: bool) -> Tensors:
+        """make_inputs; without `forward_values`, the backward's O and LSE are of the right layout only."""
         p = problem
         gen = torch.Generator(device="cpu").manual_seed(seed)
         dev = device.torch_device
@@ -437,8 +446,13 @@ class FlashFamily(Family):
             inputs["cu_seqlens_q"], inputs["cu_seqlens_k"] = cumulative(lens_q).to(dev), cumulative(lens_k).to(dev)
         if p.direction == "bwd":
             # O and LSE come from plain torch, so timing and checking the backward needs no forward kernel.
-            with torch.no_grad():
-                o, lse = self._attend(p, inputs, inputs["q"], inputs["k"], inputs["v"], dtype=torch.float32, lse=True)
+            if forward_values:
+                with torch.no_grad():
+                    o, lse = self._attend(p, inputs, inputs["q"], inputs["k"], inputs["v"], dtype=torch.float32,
+                                          lse=True)
+            else:
+                stats = (p.heads_q, shapes["q"][0]) if p.varlen else shapes["q"][:3]
+                o, lse = raw["q"], torch.zeros(stats)
             inputs["o"] = tensor(shapes["q"], o, dtype)
             inputs["lse"] = lse.float().contiguous()
             inputs["do"] = tensor(shapes["q"], torch.randn(shapes["q"], generator=gen), dtype)
