@@ -10,8 +10,8 @@ from autotile.device import HOPPER_SMEM_PER_BLOCK, DeviceInfo, interpret_device
 from autotile.families.gemm import FAMILY, contiguous_problem
 from autotile.families.gemm_policy import (
     FILL_SMS, MID_GLUON_FEW_FILL, MID_GLUON_FILL, NARROW_MIN_K, STREAM_MAX_M, TOKEN_TILE_FEW_ROW_READS,
-    TOKEN_TILE_ROW_READS, WIDE_STREAM_MAX_M, prefill_config, programs, regime, tiled_mid_config, token_tile_config,
-    wave_efficiency,
+    TOKEN_TILE_LONG_K, TOKEN_TILE_ROW_READS, WIDE_STREAM_MAX_M, prefill_config, programs, regime, tiled_mid_config,
+    token_tile_config, wave_efficiency,
 )
 from autotile.families.gemm_space import FP8_PRECISE_INTERVAL, SPLIT_K_CHOICES, SPLIT_K_WORKSPACE_LIMIT, tile_count
 from autotile.models import MODELS, TOKEN_BUCKETS, projections
@@ -389,6 +389,22 @@ def test_narrow_weights_take_swapped_token_tiles(m, n, k, block_m):
     # Off Hopper, and for B row-major, the rules before decide (unmeasured for token tiles).
     assert not FAMILY.default_config(problem, A100)["SWAP_AB"]
     assert token_tile_config(dataclasses.replace(problem, layout_b="row"), H200) is None
+
+
+@pytest.mark.parametrize("m,n,k,split", [
+    (176, 1024, 5120, 2), (224, 1024, 8192, 2), (160, 1280, 5120, 2), (256, 1024, 5120, 2),
+    # Two waves of split tiles, or K under TOKEN_TILE_LONG_K: whole tiles.
+    (256, 1280, 5120, 1), (448, 1024, 8192, 1), (176, 1024, TOKEN_TILE_LONG_K - 1024, 1)])
+def test_long_k_narrow_weights_split_64_token_tiles_in_two_where_they_take_one_wave(m, n, k, split):
+    # TOKEN_TILE_LONG_K (results/token_tiles_longk_2026-12-06d_h100.json): above 128 tokens, from K = 5120, 64-token
+    # tiles split in two led the whole 32-token tiles (seven rows 0.838x -> 0.944x of cuBLAS).
+    problem = contiguous_problem(m, n, k, "bf16", "bf16", layout_b="col")
+    config = FAMILY.default_config(problem, H200)
+    assert config["SWAP_AB"] and config["BLOCK_N"] == 64, config
+    assert config["SPLIT_K"] == split and (config["BLOCK_M"] == 64 if split > 1 else True), config
+    if split > 1:
+        assert config["SCHEDULE"] == "split_k" and 2 * tile_count(problem, 64, 64) <= programs(problem, config, H200)
+    assert FAMILY.space(problem, H200).is_feasible(config)
 
 
 @pytest.mark.parametrize("m,n,k,block_m,split", [

@@ -593,6 +593,13 @@ TOKEN_TILE_ROW_READS = 8192
 # times, and split 32- and 64-token tiles in two where they filled at most half the SMs (0.76-1.05x of cuBLAS against
 # 0.55-0.90x for the streaming and tiled rules); 16-token tiles ran whole.
 TOKEN_TILE_FEW_ROW_READS = 4096
+# From K = TOKEN_TILE_LONG_K, above 128 tokens, 64-token tiles split in two over K lead where they take one wave (each
+# program reads half as many bytes as a whole 32-token tile's; H100, CUDA-graph streams,
+# results/token_tiles_longk_2026-12-06d_h100.json and token_tiles_oos_2026-12-06c_h100.json): 176 / 208 / 224 x 1024
+# x 5120 0.833 / 0.927 / 0.932x of cuBLAS -> 0.930 / 1.024 / 1.056x, 176 / 208 / 224 x 1024 x 8192 0.880 / 0.691 /
+# 0.843x -> 1.064 / 0.769 / 0.966x, 160 x 1280 x 5120 0.787x -> 0.842x (seven rows 0.838x -> 0.944x). At K 3072-4096
+# the whole 32-token tiles led (160 / 192 x 1024 x 4096: 0.929 / 0.806x against 0.794 / 0.754x).
+TOKEN_TILE_LONG_K = 5120
 _TOKEN_TILES = {16: dict(BLOCK_K=128, num_stages=5), 32: dict(BLOCK_K=128, num_stages=5),
                 64: dict(BLOCK_K=128, num_stages=4)}
 
@@ -600,12 +607,19 @@ _TOKEN_TILES = {16: dict(BLOCK_K=128, num_stages=5), 32: dict(BLOCK_K=128, num_s
 def token_tile_config(problem, device: DeviceInfo) -> dict | None:
     """Swapped tiles of TOKEN_TILE_BLOCK_MS tokens for narrow weights (see TOKEN_TILE_ROW_READS; up to
     WIDE_STREAM_MAX_M tokens TOKEN_TILE_FEW_ROW_READS, and tiles of 32 tokens or more split in two where that still
-    takes one wave); None where the rule does not apply or no tile size takes one wave within the row reads."""
+    takes one wave; above, from TOKEN_TILE_LONG_K, 64-token tiles split in two where they take one wave); None where
+    the rule does not apply or no tile size takes one wave within the row reads."""
     p = problem
     if (p.dtype not in ("bf16", "fp16") or not swap_ab_fits(p, device) or not token_tiles_fit(p)
             or p.k < NARROW_MIN_K or p.layout_b != "col"):
         return None
     few = p.m <= WIDE_STREAM_MAX_M
+    if not few and p.k >= TOKEN_TILE_LONG_K:
+        block_m = max(TOKEN_TILE_BLOCK_MS)
+        config = _token_tile(p, block_m, device)
+        if (math.ceil(p.m / block_m) * p.n <= TOKEN_TILE_ROW_READS
+                and 2 * tile_count(p, block_m, 64) <= programs(p, config, device)):
+            return dict(config, SCHEDULE="split_k", SPLIT_K=2)
     for block_m in TOKEN_TILE_BLOCK_MS:
         if math.ceil(p.m / block_m) * p.n > (TOKEN_TILE_FEW_ROW_READS if few else TOKEN_TILE_ROW_READS):
             continue
