@@ -215,6 +215,19 @@ def test_wide_streaming_where_its_programs_fit_one_wave(m):
     assert not FAMILY.default_config(beyond, H200)["SWAP_AB"]
 
 
+@pytest.mark.parametrize("m,n,k,split", [(100, 3072, 8192, 2), (100, 3072, 3072, 2), (112, 3072, 4096, 2)])
+def test_wide_streaming_splits_in_one_wave_where_its_filling_split_takes_more(m, n, k, split):
+    # results/mid_n3072_2026-12-06d_h100.json: at 100 tokens on N = 3072, 48 tiles ran whole where three parts would
+    # take 1.1 waves; two parts (73% of the SMs) ran 0.846x of cuBLAS at K = 8192 against 0.584x.
+    problem = contiguous_problem(m, n, k, "bf16", "bf16", layout_b="col")
+    config = FAMILY.default_config(problem, H200)
+    assert (config["SWAP_AB"], config["BLOCK_M"], config["SCHEDULE"], config["SPLIT_K"]) == \
+        (True, WIDE_STREAM_MAX_M, "split_k", split), config
+    tiles = tile_count(problem, config["BLOCK_M"], config["BLOCK_N"])
+    assert tiles * split <= programs(problem, config, H200) < tiles * (split + 1)
+    assert FAMILY.space(problem, H200).is_feasible(config)
+
+
 @pytest.mark.parametrize("m", [65, 96, 128])
 def test_few_tokens_beyond_one_streaming_wave(m):
     # results/gemm_policy_sweep_2026-12-02_mid.md, M = 96 and 128 where wide streaming takes more than one wave:
@@ -320,12 +333,13 @@ def test_mid_gluon_tiles_on_fewer_sms_after_the_one_wave_tma_tiles(m, n, k, tile
 
 @pytest.mark.parametrize("m,n,k,narrow", [
     (320, 2048, 3584, True), (384, 2048, 3584, True), (320, 2048, 4096, True), (384, 2048, 4096, True),
-    (448, 1280, 5120, True), (512, 1280, 5120, True), (448, 2048, 3584, True), (320, 2048, 8192, False),
-    (192, 4096, 4096, False), (256, 1280, 5120, False)])
+    (448, 1280, 5120, True), (512, 1280, 5120, True), (448, 2048, 3584, True), (176, 3072, 3072, True),
+    (176, 3072, 8192, True), (320, 2048, 14336, False), (192, 4096, 4096, False), (256, 1280, 5120, False)])
 def test_narrow_weights_take_one_wave_tma_tiles_on_fewer_sms(m, n, k, narrow):
-    # NARROW_ONE_WAVE (results/narrow_one_wave_2026-12-06c_h100.json, CUDA-graph streams, H100): where no token tile
-    # applies, one wave of 64 x 128 x 128 TMA tiles on 40-80% of the SMs led every Gluon tile (448 x 1280 x 5120: 0.976x
-    # of cuBLAS against 0.700x); long K, wide weights and token tiles (256 x 1280) keep their rules.
+    # NARROW_ONE_WAVE (results/narrow_one_wave_2026-12-06c_h100.json, mid_n3072_2026-12-06d_h100.json, CUDA-graph
+    # streams, H100): where no token tile applies, one wave of 64 x 128 x 128 TMA tiles on 40-80% of the SMs led every
+    # Gluon tile (448 x 1280 x 5120: 0.976x of cuBLAS against 0.700x; 176 x 3072 x 8192: 0.837x against 0.625x); K
+    # above MID_LONG_K, wider weights and token tiles (256 x 1280) keep their rules.
     problem = contiguous_problem(m, n, k, "bf16", "bf16", layout_b="col")
     config = FAMILY.default_config(problem, H200)
     tma_tile = (config["VARIANT"], config["SCHEDULE"], config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]) == \

@@ -35,7 +35,7 @@ from autotile.device import DeviceInfo
 from autotile.dtypes import element_size
 from autotile.families.base import next_pow2
 from autotile.families.gemm_space import (
-    FP8_PRECISE_INTERVAL, GLUON_WS, SPLIT_K_CHOICES, SPLIT_K_MAX_TILES_PER_SM, TOKEN_TILE_BLOCK_MS, TOKEN_TILE_MAX_N,
+    FP8_PRECISE_INTERVAL, GLUON_WS, SPLIT_K_CHOICES, SPLIT_K_MAX_TILES_PER_SM, TOKEN_TILE_BLOCK_MS,
     gluon_ws_ok, has_promote_axis, programs_per_sm, sm_count, smem_bytes, tile_count, tma_ok, token_tiles_fit,
 )
 
@@ -319,10 +319,27 @@ def mid_config(problem, device: DeviceInfo) -> dict:
         wide = wide_streaming_config(problem, device)
         if streams_in_one_wave(problem, wide, device):
             return wide
+        one_wave = _one_wave_split(problem, wide, device)
+        if one_wave is not None:
+            return one_wave
         few = few_tokens_config(problem, device)
         if few is not None:
             return few
     return tiled_mid_config(problem, device, token_tiles=problem.m > WIDE_STREAM_MAX_M)  # asked above otherwise
+
+
+def _one_wave_split(problem, config: dict, device: DeviceInfo) -> dict | None:
+    """A swapped streaming `config` whose filling split takes more than one wave, split instead in the most parts
+    (two or more, each of two K tiles at least) that take one. At 100 tokens on N = 3072 (48 tiles: two parts fill 73%
+    of the SMs, three take 1.1 waves, so the tiles ran whole before; H100, CUDA-graph streams,
+    results/mid_n3072_2026-12-06d_h100.json): 3072 x 8192 0.584x of cuBLAS -> 0.846x, 3072 x 3072 0.643x -> 0.805x."""
+    if not config["SWAP_AB"]:
+        return None
+    tiles = tile_count(problem, config["BLOCK_M"], config["BLOCK_N"])
+    k_tiles = math.ceil(problem.k / config["BLOCK_K"])
+    slots = programs(problem, config, device)
+    fits = [s for s in SPLIT_K_CHOICES if 2 <= s and tiles * s <= slots and k_tiles >= 2 * s]
+    return dict(config, SCHEDULE="split_k", SPLIT_K=max(fits), PERSISTENT=False) if fits else None
 
 
 def few_tokens_config(problem, device: DeviceInfo) -> dict | None:
@@ -539,8 +556,10 @@ NARROW_WHOLE_MIN_TILES = 32
 # Gluon tile on narrow weights (H100, CUDA-graph streams, results/narrow_one_wave_2026-12-06c_h100.json, 70-96 tiles):
 # 320 / 384 x 2048 x 4096 1.085 / 0.819x of cuBLAS against 0.975 / 0.730x for 64 x 128 Gluon tiles and 0.867 / 0.673x
 # for the few-fill rule's 64 x 192; 448 / 512 x 1280 x 5120 0.976 / 0.965x against 0.700 / 0.765x for the rules before;
-# 320 / 384 x 2048 x 3584 within 1% of the Gluon 64 x 128 tiles. Unmeasured from MID_LONG_K (split tiles keep long K)
-# and for B row-major.
+# 320 / 384 x 2048 x 3584 within 1% of the Gluon 64 x 128 tiles. On N = 3072 (Phi-3-mini's o and down projections)
+# at 176 tokens the same (results/mid_n3072_2026-12-06d_h100.json): 3072 x 3072 0.648x -> 0.881x, 3072 x 8192 0.625x
+# -> 0.837x, each the best candidate. Unmeasured above MID_LONG_K (split tiles keep longer K) and for B row-major.
+NARROW_ONE_WAVE_MAX_N = 3072
 _NARROW_GLUON = dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, num_stages=6)
 
 
@@ -551,10 +570,10 @@ def _narrow_gluon(problem, split: int = 1) -> dict:
 
 def _narrow_one_wave(problem, device: DeviceInfo) -> dict | None:
     """The first of ONE_WAVE_MID_TILES (64 x 128 x 128 on TMA) where its tiles take one wave on MID_GLUON_FEW_FILL of
-    the SMs or more, for narrow weights in nn.Linear layout (N <= TOKEN_TILE_MAX_N, NARROW_MIN_K <= K < MID_LONG_K;
-    NARROW_ONE_WAVE); None elsewhere."""
+    the SMs or more, for narrow weights in nn.Linear layout (N <= NARROW_ONE_WAVE_MAX_N, NARROW_MIN_K <= K <=
+    MID_LONG_K); None elsewhere."""
     p = problem
-    if (p.dtype not in ("bf16", "fp16") or not NARROW_MIN_K <= p.k < MID_LONG_K or p.n > TOKEN_TILE_MAX_N
+    if (p.dtype not in ("bf16", "fp16") or not NARROW_MIN_K <= p.k <= MID_LONG_K or p.n > NARROW_ONE_WAVE_MAX_N
             or p.layout_b != "col"):
         return None
     config = tma_mid_tile(p, ONE_WAVE_MID_TILES[0], device)
