@@ -330,7 +330,8 @@ class Family(abc.ABC):
 
     def make_layout_inputs(self, problem, device: DeviceInfo, seed: int = 0) -> Tensors:
         """Inputs with make_inputs' shapes, strides, dtypes and alignment, whose values do not matter: what compiling
-        a launch needs (autotile.xcompile.meta_inputs). make_inputs unless a family's inputs cost more to compute."""
+        a launch needs (autotile.xcompile.meta_inputs, the compile-ahead pool's layout). make_inputs unless a family's
+        inputs cost more to compute."""
         return self.make_inputs(problem, device, seed=seed)
 
     @abc.abstractmethod

@@ -215,7 +215,7 @@ def _layout_of_inputs(family: Family, problem, device: DeviceInfo, seed: int) ->
     in milliseconds; a pool process would draw them on the CPU, a second or more for a large GEMM). None where they
     cannot be made here: each pool process then makes them on the CPU."""
     try:
-        return input_layout(family.make_inputs(problem, device, seed=seed))
+        return input_layout(family.make_layout_inputs(problem, device, seed=seed))
     except Exception as exc:  # noqa: BLE001 - the pool processes make them instead
         log.debug("the inputs' layout for compile-ahead was not made here: %s", exc)
         return None
