@@ -4,7 +4,10 @@ Run from the repository root on a CUDA machine (each call launches 4 times; the 
 named after the call):
     ncu --clock-control none --nvtx -k "regex:gemm|nvjet|sm90|xmma|cutlass|splitK|reduce" \
         --metrics gpu__time_duration.sum,launch__grid_size,dram__bytes_read.sum python3 benchmarks/ncu_gemm_calls.py
+`--cases FILE` replaces CASES with a JSON list of [M, N, K, [call, ...]], each call null, "default" or a config
+dict (a row's "configs" entry of a decode_stream_candidates.py JSON).
 """
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -28,9 +31,12 @@ CASES = [
     (1024, 1024, 4096, [None, "default"]),
     (256, 4096, 4096, [None, "default"]),
 ]
+parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+parser.add_argument("--cases", help="a JSON file of [M, N, K, [call, ...]] (default: CASES)")
+cases = json.loads(Path(parser.parse_args().cases).read_text()) if parser.parse_args().cases else CASES
 device = resolve_gpu("auto")
 labels = []
-for m, n, k, configs in CASES:
+for m, n, k, configs in cases:
     problem = contiguous_problem(m, n, k, "bf16", "bf16", layout_b="col")
     w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
