@@ -30,8 +30,9 @@ from decode_stream_bench import REL_TOLERANCE, graph_ms_per_call, weights_for  #
 
 from autotile.families.base import next_pow2  # noqa: E402
 from autotile.families.gemm import FAMILY, contiguous_problem  # noqa: E402
-from autotile.families.gemm_policy import ONE_WAVE_MID_TILES, gluon_config, tma_mid_tile  # noqa: E402
-from autotile.families.gemm_space import SWAP_ANY_TILE_M  # noqa: E402
+from autotile.families.gemm_policy import (  # noqa: E402
+    ONE_WAVE_MID_TILES, gluon_config, gluon_swapped_config, tma_mid_tile)
+from autotile.families.gemm_space import GLUON_SWAP_TOKEN_TILES, GLUON_WIDE_NS, SWAP_ANY_TILE_M  # noqa: E402
 from autotile.space import Config  # noqa: E402
 
 # Llama-3-8B, Qwen2.5-7B, Phi-3-mini, Gemma-2-9B, Mistral-Nemo-12B and Qwen3-8B projections (N x K).
@@ -81,11 +82,35 @@ TOKEN_TILES = tuple(dict(tiles, SWAP_AB=True) for tiles in (
 TOKEN_TILE_SPLITS = (1, 2)
 STREAM_K_TILES = (dict(BLOCK_N=64, BLOCK_K=128, SWAP_AB=True, num_stages=5),
                   dict(BLOCK_N=32, BLOCK_K=256, SWAP_AB=False, num_stages=5))
+# Swapped Gluon tiles (--gluon-swap): the token tiles of GLUON_SWAP_TOKEN_TILES that leave at most this share of
+# their last tile's columns empty (and the least wasteful one), over 64 and 128 weight rows, whole and, where the
+# tiles are fewer than the SMs, split 2 or 3 ways (power-of-two token tiles only: two-part ones run whole tiles).
+GLUON_SWAP_WASTE = 0.15
+GLUON_SWAP_SPLITS = (2, 3)
 
 
-def candidates(problem, device, token_tiles: bool = False) -> dict:
-    """config -> origin ("default", "seed", "tile", "token tile"): the points of the space around the few-token
-    kernels, and with `token_tiles` the swapped TOKEN_TILES above SWAP_ANY_TILE_M tokens (admitted or not)."""
+def gluon_swapped_candidates(problem, device) -> list[dict]:
+    """The swapped Gluon tiles --gluon-swap times on `problem` (unadmitted; candidates() admits them)."""
+    m, n = problem.m, problem.n
+    waste = {t: math.ceil(m / t) * t / m - 1 for t in GLUON_SWAP_TOKEN_TILES if t <= max(16, next_pow2(m))}
+    least = min(waste.values())
+    wanted = []
+    for t, empty in waste.items():
+        if empty > GLUON_SWAP_WASTE and empty > least:
+            continue
+        for rows in (64, 128):
+            tiles = math.ceil(m / t) * math.ceil(n / rows)
+            splits = (1,) + (GLUON_SWAP_SPLITS if t not in GLUON_WIDE_NS and tiles < device.sm_count else ())
+            wanted += [gluon_swapped_config(problem, device, BLOCK_M=t, BLOCK_N=rows, SPLIT_K=split,
+                                            SCHEDULE="split_k" if split > 1 else "data_parallel")
+                       for split in splits]
+    return wanted
+
+
+def candidates(problem, device, token_tiles: bool = False, gluon_swap: bool = False) -> dict:
+    """config -> origin ("default", "seed", "tile", "token tile", "gluon swap"): the points of the space around the
+    few-token kernels, with `token_tiles` the swapped TOKEN_TILES above SWAP_ANY_TILE_M tokens (admitted or not), and
+    with `gluon_swap` the swapped Gluon tiles the space admits."""
     space = FAMILY.space(problem, device)
     found = {FAMILY.default_config(problem, device): "default"}
     for config in FAMILY.seed_configs(problem, device):
@@ -105,6 +130,11 @@ def candidates(problem, device, token_tiles: bool = False) -> dict:
         admitted = space.admit(config)
         if admitted is not None:
             found.setdefault(admitted, "tile")
+    if gluon_swap:
+        for config in gluon_swapped_candidates(problem, device):
+            admitted = space.admit(config)
+            if admitted is not None:
+                found.setdefault(admitted, "gluon swap")
     if token_tiles and problem.m > SWAP_ANY_TILE_M:
         for tiles in TOKEN_TILES:
             for split in TOKEN_TILE_SPLITS:
@@ -174,13 +204,15 @@ def main() -> int:
     parser.add_argument("--plan", action="store_true", help="list shapes and candidates (H200 policy) and exit")
     parser.add_argument("--token-tiles", action="store_true",
                         help="also time swapped tiles of fewer tokens than M (TOKEN_TILES), beyond the space's")
+    parser.add_argument("--gluon-swap", action="store_true",
+                        help="also time swapped Gluon tiles (tokens on wgmma's N side: gluon_swapped_candidates)")
     parser.add_argument("--default-only", action="store_true", help="time the policy's default beside F.linear only")
     args = parser.parse_args()
     problems = [contiguous_problem(m, n, k, "bf16", "bf16", layout_b="col")
                 for n, k in args.shapes for m in args.tokens]
     if args.plan:
         for problem in problems:
-            configs = candidates(problem, gkb.H200_PLAN, args.token_tiles)
+            configs = candidates(problem, gkb.H200_PLAN, args.token_tiles, args.gluon_swap)
             print(f"{problem.m}x{problem.n}x{problem.k}: {len(configs)} candidates, default "
                   f"{gkb.short(next(iter(configs)))}")
         return 0
@@ -195,7 +227,7 @@ def main() -> int:
         return 2
     started = time.monotonic()
     plans = [(problem, {FAMILY.default_config(problem, device): "default"} if args.default_only
-              else candidates(problem, device, args.token_tiles)) for problem in problems]
+              else candidates(problem, device, args.token_tiles, args.gluon_swap)) for problem in problems]
     gkb.compile_ahead([(p, c) for p, configs in plans for c in configs], args.workers)
     gen = torch.Generator(device="cuda").manual_seed(0)
     rows, failures = [], []

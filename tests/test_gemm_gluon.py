@@ -13,7 +13,8 @@ import pytest
 
 from autotile.device import interpret_device, planned_device
 from autotile.families.gemm import FAMILY, contiguous_problem
-from autotile.families.gemm_space import GLUON_WIDE_NS
+from autotile.families.gemm_space import (GLUON_SWAP_TOKEN_TILES, GLUON_WIDE_NS, accumulator_registers,
+                                          programs_per_sm)
 from autotile.render import render_source
 
 H200 = planned_device("h200")
@@ -58,13 +59,13 @@ def test_fp8_prefill_defaults_to_gluon_ws_with_the_tma_variant_among_the_seeds()
     assert any(c["VARIANT"] == "tma" for c in FAMILY.seed_configs(fast, H200))
 
 
-def _launch_geometry(schedule: str = "stream_k"):
+def _launch_geometry(schedule: str = "stream_k", SWAP_AB: bool = False):
     """The rendering's host-side launch_geometry, plain Python, taken from its source.
 
     NOTE: importing the rendered module would import Gluon, whose decorators fail in a process where Triton runs
     its interpreter (TRITON_INTERPRET=1, as in this test process).
     """
-    switches = dict(VARIANT="gluon_ws", SCHEDULE=schedule, SWAP_AB=False, EPILOGUE_SUBTILE=False, HAS_BIAS=False,
+    switches = dict(VARIANT="gluon_ws", SCHEDULE=schedule, SWAP_AB=SWAP_AB, EPILOGUE_SUBTILE=False, HAS_BIAS=False,
                     HAS_RESIDUAL=False, ACTIVATION="none", SCALES="none", FP8_PROMOTE=False, A_COL=False, B_COL=True,
                     EVEN_N=False, EVEN_K=False, STREAM_B=False, INPUT_PRECISION="", INDEX_64=False, UPCAST_DOTS=False,
                     WIDE_N=False)
@@ -126,6 +127,38 @@ def test_two_part_tile_widths_are_the_gluon_variants_for_16_bit_whole_tiles(widt
     assert not [c for c in FAMILY.space(problem, interpret_device()).feasible() if c["BLOCK_N"] == width]
     assert FAMILY.render_switches(problem, wide[0])["WIDE_N"]
     assert not FAMILY.render_switches(problem, space.admit(dict(wide[0], BLOCK_N=128)))["WIDE_N"]
+
+
+def test_swapped_gluon_tiles_put_tokens_on_the_wgmma_n_side_up_to_1024_tokens():
+    """SWAP_AB gluon_ws: BLOCK_M tokens (any of GLUON_SWAP_TOKEN_TILES) over 64 or 128 weight rows (BLOCK_N), B as W
+    (N, K); the two-part token tiles in whole tiles only; the tile's consumer warpgroups are its weight rows'."""
+    problem = contiguous_problem(300, 5120, 4096, "bf16", "bf16", layout_b="col")
+    swapped = [c for c in gluon_configs(problem, H200) if c["SWAP_AB"]]
+    assert {c["BLOCK_M"] for c in swapped} == set(GLUON_SWAP_TOKEN_TILES)
+    assert {c["BLOCK_N"] for c in swapped} == {64, 128}
+    assert {c["SCHEDULE"] for c in swapped} == {"data_parallel", "split_k", "stream_k"}  # C^T whole: no pingpong
+    assert not any(c["EPILOGUE_SUBTILE"] for c in swapped)
+    assert all(c["SCHEDULE"] == "data_parallel" for c in swapped if c["BLOCK_M"] in GLUON_WIDE_NS)
+    wide = next(c for c in swapped if c["BLOCK_M"] == 96 and c["BLOCK_N"] == 64)
+    switches = FAMILY.render_switches(problem, wide)
+    assert switches["WIDE_N"] and switches["B_COL"] and switches["SWAP_AB"]
+    assert accumulator_registers(problem, wide) == 64 * 96 // 128
+    assert programs_per_sm(problem, dict(wide, num_stages=2), H200) >= 1
+    assert not [c for c in gluon_configs(contiguous_problem(1025, 5120, 4096, "bf16", "bf16", layout_b="col"), H200)
+                if c["SWAP_AB"]]
+    assert not [c for c in gluon_configs(contiguous_problem(300, 5120, 4096, "bf16", "bf16", layout_b="row"), H200)
+                if c["SWAP_AB"]]
+
+
+def test_swapped_launch_geometry_tiles_c_transposed():
+    """The swapped kernel's tiles are C^T's: BLOCK_N weight rows by BLOCK_M tokens, a counter per 64 weight rows."""
+    geometry = _launch_geometry("split_k", SWAP_AB=True)
+    plain = _launch_geometry("split_k")
+    for m, n, k, bm, bn in ((300, 1000, 3584, 32, 64), (77, 4104, 2056, 16, 128), (1000, 1032, 1000, 64, 128)):
+        swapped = geometry(m, n, k, bm, bn, 64, 3, False, 132)
+        assert swapped == plain(n, m, k, bn, bm, 64, 3, False, 132)
+        (_, _, counters, (dp_tiles, _, units)) = swapped
+        assert units == 0 or counters == (-(-m // bm) * -(-n // bn) - dp_tiles) * (bn // 64)
 
 
 def test_split_tail_covers_every_k_iteration_once_at_shared_offsets():
@@ -193,6 +226,15 @@ CASES = [
     # Every tile split (narrow weights, gemm_policy._narrow_gluon_split), on one consumer warpgroup.
     (dict(m=200, n=1000, k=3584, dtype="bf16", out_dtype="bf16", layout_b="col", bias=True),
      dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, num_stages=6, SCHEDULE="split_k", SPLIT_K=3)),
+    # Swapped (C^T = W X^T): 96 tokens a tile in two parts over 128 weight rows; 32 tokens over 64 rows split over K
+    # with a bias a weight row; fp8 row scales over stream-K's split tiles, every epilogue.
+    (dict(m=288, n=5120, k=4096, dtype="bf16", out_dtype="bf16", layout_b="col"),
+     dict(BLOCK_M=96, BLOCK_N=128, BLOCK_K=64, num_stages=5, SCHEDULE="data_parallel", SWAP_AB=True, GROUP_M=1)),
+    (dict(m=200, n=1000, k=3584, dtype="bf16", out_dtype="bf16", layout_b="col", bias=True),
+     dict(BLOCK_M=32, BLOCK_N=64, BLOCK_K=64, num_stages=6, SCHEDULE="split_k", SPLIT_K=3, SWAP_AB=True, GROUP_M=1)),
+    (dict(m=300, n=1024, k=1008, dtype="fp8", out_dtype="bf16", layout_b="col", scale_mode="row", bias=True,
+          activation="gelu", residual=True),
+     dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=128, num_stages=4, PROMOTE_TILES=1, SWAP_AB=True, GROUP_M=1)),
 ]
 
 

@@ -165,7 +165,7 @@ def test_gluon_ws_matches_float64_and_repeats_bit_for_bit(problem):
     inputs = FAMILY.make_inputs(problem, device, seed=5)
     expected = FAMILY.reference(problem, inputs)
     feasible = [c for c in FAMILY.space(problem, device).feasible()
-                if c["VARIANT"] == "gluon_ws" and c["BLOCK_K"] <= 128 and c["BLOCK_N"] >= 128]
+                if c["VARIANT"] == "gluon_ws" and not c["SWAP_AB"] and c["BLOCK_K"] <= 128 and c["BLOCK_N"] >= 128]
     narrowest_k = min((c["BLOCK_K"] for c in feasible), default=0)
     widest_n = max((c["BLOCK_N"] for c in feasible), default=0)
     configs = {}
@@ -214,6 +214,39 @@ def test_gluon_ws_pingpong_matches_float64_and_repeats_bit_for_bit(problem, tile
     for t in tiles:
         config = space.admit(gluon_config(problem, SCHEDULE="pingpong", **t))
         assert config is not None, (t, space.violations(gluon_config(problem, SCHEDULE="pingpong", **t)))
+        assert_right_and_repeatable(problem, config, inputs, expected, runs=3)
+
+
+# (problem, swapped tiles): tokens (BLOCK_M) on wgmma's N side over 64 or 128 weight rows (BLOCK_N); M never a
+# multiple of the token tile, N not of the weight rows, each epilogue (a bias is a weight row's), fp8 row scales.
+SWAPPED_CASES = [
+    (contiguous_problem(300, 1000, 784, "fp16", "fp16", layout_b="col", bias=True, activation="gelu", residual=True),
+     [dict(BLOCK_M=96, BLOCK_N=128), dict(BLOCK_M=64, BLOCK_N=64, SCHEDULE="stream_k"),
+      dict(BLOCK_M=32, BLOCK_N=128, SCHEDULE="split_k", SPLIT_K=3), dict(BLOCK_M=160, BLOCK_N=64)]),
+    (contiguous_problem(77, 4104, 2056, "bf16", "bf16", layout_b="col", activation="silu"),
+     [dict(BLOCK_M=16, BLOCK_N=64, SCHEDULE="split_k", SPLIT_K=2), dict(BLOCK_M=96, BLOCK_N=128),
+      dict(BLOCK_M=128, BLOCK_N=128, SCHEDULE="stream_k")]),
+    (contiguous_problem(1000, 1032, 1000, "bf16", "bf16", layout_b="col", bias=True),
+     [dict(BLOCK_M=256, BLOCK_N=64), dict(BLOCK_M=192, BLOCK_N=128)]),
+    (contiguous_problem(200, 1008, 768, "fp8", "bf16", layout_b="col", scale_mode="row", bias=True),
+     [dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=128, num_stages=4),
+      dict(BLOCK_M=32, BLOCK_N=64, BLOCK_K=128, SCHEDULE="split_k", SPLIT_K=3)]),
+]
+
+
+@pytest.mark.parametrize("problem,tiles", SWAPPED_CASES, ids=[f"{p.m}x{p.n}x{p.k}-{p.dtype}" for p, _ in SWAPPED_CASES])
+def test_gluon_ws_swapped_tiles_match_float64_and_repeat_bit_for_bit(problem, tiles):
+    """Swapped Gluon tiles (C^T = W X^T, C^T stored transposed through the staging buffer) under each schedule."""
+    from autotile.families.gemm_policy import gluon_swapped_config
+
+    device = cuda_device(0)
+    inputs = FAMILY.make_inputs(problem, device, seed=11)
+    expected = FAMILY.reference(problem, inputs)
+    space = FAMILY.space(problem, device)
+    for t in tiles:
+        wanted = gluon_swapped_config(problem, device, **t)
+        config = space.admit(wanted)
+        assert config is not None, (t, space.violations(wanted))
         assert_right_and_repeatable(problem, config, inputs, expected, runs=3)
 
 

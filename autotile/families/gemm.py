@@ -29,7 +29,8 @@ from autotile.families.base import (
 )
 from autotile.families.gemm_launch import bind_gemm, launch_plan, run_plan
 from autotile.families.gemm_policy import preferred_config, seed_variations
-from autotile.families.gemm_space import FP8_PRECISE_INTERVAL, GLUON_WIDE_NS, GLUON_WS, SCALE_BLOCK, gemm_space
+from autotile.families.gemm_space import (FP8_PRECISE_INTERVAL, GLUON_WIDE_NS, GLUON_WS, SCALE_BLOCK, gemm_space,
+                                          gluon_swapped, gluon_tile_cols)
 from autotile.layouts import base_aligned
 from autotile.space import Config, Space
 
@@ -491,12 +492,13 @@ class GemmFamily(Family):
             HAS_BIAS=p.bias, HAS_RESIDUAL=p.residual, ACTIVATION=p.activation,
             SCALES=p.scale_mode if p.dtype == "fp8" else "none",
             FP8_PROMOTE=p.dtype == "fp8" and not p.fp8_fast_accum and p.scale_mode != "block",
-            A_COL=p.layout_a == "col", B_COL=p.layout_b == "col",
+            # A swapped gluon_ws kernel's B is X (M, K): K-major as a W (N, K) is.
+            A_COL=p.layout_a == "col", B_COL=p.layout_b == "col" or gluon_swapped(config),
             EVEN_N=blocked and p.n % config["BLOCK_N"] == 0, EVEN_K=blocked and p.k % config["BLOCK_K"] == 0,
             STREAM_B=blocked and math.ceil(p.m / config["BLOCK_M"]) == 1,
             INPUT_PRECISION=("tf32" if p.tf32 else "ieee") if p.dtype == "fp32" else "",
             INDEX_64=index_64, UPCAST_DOTS=False,
-            WIDE_N=config["VARIANT"] == GLUON_WS and config["BLOCK_N"] in GLUON_WIDE_NS,
+            WIDE_N=config["VARIANT"] == GLUON_WS and gluon_tile_cols(config) in GLUON_WIDE_NS,
         )
 
     def launch(self, problem: GemmProblem, config: Config, inputs: Tensors, outputs: Tensors) -> None:

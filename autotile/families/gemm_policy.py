@@ -438,6 +438,15 @@ def gluon_config(problem, **tiles) -> dict:
     return config
 
 
+def gluon_swapped_config(problem, device: DeviceInfo, **tiles) -> dict:
+    """A swapped config of the Gluon variant (C^T = W X^T): BLOCK_M tokens a tile on wgmma's N side, over BLOCK_N
+    (64 or 128) weight rows, on as many stages (up to 6) as fit. Consecutive tiles share a weight tile (GROUP_M 1),
+    so that the programs running at once read each weight tile together, once from memory."""
+    config = gluon_config(problem, SWAP_AB=True, BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, num_stages=6, GROUP_M=1)
+    config.update(tiles)
+    return _fit_stages(problem, config, device)
+
+
 # The Gluon variant's 16-bit tiles on Hopper (results/gluon_gemm_2026-12-04_bf16.md, H200, x cuBLAS, whole tiles):
 # 128 x 256 x 64 on 3 stages for prefill (2048-8192 tokens, Llama-3-8B, Qwen2.5-7B, Mistral-7B: 0.94-1.05x where
 # the tma variant's same tiles ran 0.93-1.07x, 2048 x 4608 x 3584 aside), 128 x 128 x 64 on 5 stages where those

@@ -35,6 +35,13 @@ PINGPONG = "pingpong"
 # widths too (112 at 512 x 3584 x 3584, results/ncu_gemm_2026-12-04/).
 GLUON_WIDE_NS = (96, 144, 160, 192)
 GLUON_WG_ROWS = 64
+# Swapped gluon_ws tiles (C^T = W X^T) put the tokens on wgmma's N side, in tiles of any of these (BLOCK_M; the wide
+# ones held in two parts as above), over 64 or 128 weight rows (BLOCK_N): a prefill chunk's M is then cut in tiles
+# that leave little of the last one empty (288 = 3 x 96, 480 = 3 x 160), where unswapped tiles come in 64 or 128
+# rows. cuBLAS's mid-M kernels take such token sides too (96 x 128 at 288 x 5120 x 4096 and 144 x 128, the
+# nvjet_sm90_tst kernels of results/kernel_profile_2026-12-02.txt).
+GLUON_SWAP_TOKEN_TILES = (16, 32, 64, 96, 128, 144, 160, 192, 256)
+GLUON_SWAP_MAX_M = 1024
 SPLIT_K_CHOICES = (1, 2, 3, 4, 6, 8, 12, 16)
 PROMOTE_CHOICES = (1, 2, 4)
 # Precise fp8 sums at most this many products in the tensor cores' reduced-precision accumulator
@@ -173,20 +180,35 @@ def smem_bytes(problem, c: Mapping) -> int:
     return operands + (2 * staging if c.get("SCHEDULE") == PINGPONG else staging)  # pingpong: one per warpgroup
 
 
+def gluon_swapped(c: Mapping) -> bool:
+    """Whether `c` is a swapped gluon_ws tile: the kernel's rows are the weight's (BLOCK_N), its columns tokens."""
+    return c["VARIANT"] == GLUON_WS and bool(c.get("SWAP_AB"))
+
+
+def gluon_tile_rows(c: Mapping) -> int:
+    """The rows of a gluon_ws kernel's tile (64 a consumer warpgroup): BLOCK_M, or BLOCK_N where swapped."""
+    return c["BLOCK_N"] if gluon_swapped(c) else c["BLOCK_M"]
+
+
+def gluon_tile_cols(c: Mapping) -> int:
+    """The columns of a gluon_ws kernel's tile (wgmma's N side): BLOCK_N, or the tokens (BLOCK_M) where swapped."""
+    return c["BLOCK_M"] if gluon_swapped(c) else c["BLOCK_N"]
+
+
 def accumulator_registers(problem, c: Mapping) -> int:
     """fp32 accumulator registers per thread (gluon_ws: per consumer thread, whose warpgroup owns 64 rows, or
     under pingpong a whole tile)."""
     copies = 2 if two_level_accumulation(problem) else 1
     if c["VARIANT"] == GLUON_WS:
         rows = c["BLOCK_M"] if c.get("SCHEDULE") == PINGPONG else GLUON_WG_ROWS
-        return copies * rows * c["BLOCK_N"] // 128
+        return copies * rows * gluon_tile_cols(c) // 128
     return copies * c["BLOCK_M"] * c["BLOCK_N"] // (32 * c["num_warps"])
 
 
 def programs_per_sm(problem, c: Mapping, device: DeviceInfo) -> int:
     """How many programs of config `c` one SM holds at once (by shared memory, registers and threads)."""
     # gluon_ws: a warpgroup per 64 rows (pingpong: two), and the producer warp's warpgroup
-    consumers = 2 if c.get("SCHEDULE") == PINGPONG else c["BLOCK_M"] // GLUON_WG_ROWS
+    consumers = 2 if c.get("SCHEDULE") == PINGPONG else gluon_tile_rows(c) // GLUON_WG_ROWS
     threads = 128 * (consumers + 1) if c["VARIANT"] == GLUON_WS else 32 * c["num_warps"]
     arch = arch_of(device)
     by_smem = (device.smem_per_block + SMEM_RESERVED_PER_BLOCK) // (smem_bytes(problem, c) + SMEM_RESERVED_PER_BLOCK)
@@ -271,7 +293,7 @@ def gemm_space(problem, device: DeviceInfo) -> StagedSpace:
         Axis("SWAP_AB", (False, True), AxisKind.RENDER),
         # The TMA store of C in two (BLOCK_M, BLOCK_N / 2) halves: half the staging buffer, so room for a stage more.
         Axis("EPILOGUE_SUBTILE", (False, True), AxisKind.RENDER),
-        Axis("BLOCK_M", (16, 32, 64, 128, 256)),
+        Axis("BLOCK_M", (16, 32, 64, 96, 128, 144, 160, 192, 256)),
         Axis("BLOCK_N", (32, 64, 96, 128, 144, 160, 192, 256)),
         Axis("BLOCK_K", (32, 64, 128, 256)),
     ]
@@ -294,18 +316,26 @@ def gemm_space(problem, device: DeviceInfo) -> StagedSpace:
              "scales) operands that TMA can load, with A row-major and an fp8 B as W (N, K)"),
         rule("gluon_ws_structure", ("VARIANT", "SCHEDULE", "SWAP_AB", "BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps"),
              lambda c: c["VARIANT"] != GLUON_WS or (
-                 c["SCHEDULE"] in GLUON_SCHEDULES and not c["SWAP_AB"] and c["BLOCK_M"] in (64, 128)
-                 and c["BLOCK_N"] >= 64 and c["BLOCK_K"] >= 64 and c["num_warps"] == 4),
+                 c["SCHEDULE"] in GLUON_SCHEDULES and gluon_tile_rows(c) in (64, 128) and c["BLOCK_K"] >= 64
+                 and c["num_warps"] == 4 and (c["BLOCK_M"] in GLUON_SWAP_TOKEN_TILES if c["SWAP_AB"] else
+                                             c["BLOCK_N"] >= 64)),
              "gluon_ws is persistent (whole waves of tiles, then stream-K, split-K or whole tiles), one consumer warpgroup "
-             "(4 warps) per 64 rows of a 64- or 128-row tile, BLOCK_N and BLOCK_K of at least 64, A and B unswapped"),
+             "(4 warps) per 64 rows of a 64- or 128-row tile (swapped: of weight rows, BLOCK_N), BLOCK_K of at least 64, "
+             f"BLOCK_N of at least 64 unswapped and swapped a token tile (BLOCK_M) of {GLUON_SWAP_TOKEN_TILES}"),
+        rule("gluon_ws_swapped", ("VARIANT", "SCHEDULE", "SWAP_AB", "EPILOGUE_SUBTILE"),
+             lambda c: not gluon_swapped(c) or (
+                 c["SCHEDULE"] != PINGPONG and not c["EPILOGUE_SUBTILE"] and p.layout_b == "col"
+                 and p.m <= GLUON_SWAP_MAX_M),
+             f"swapped gluon_ws tiles store C^T whole (no pingpong, no EPILOGUE_SUBTILE), for M <= {GLUON_SWAP_MAX_M} "
+             "and B given as W (N, K), whose rows are the kernel's K-major A"),
         rule("pingpong_gluon_only", ("VARIANT", "SCHEDULE"), lambda c: c["SCHEDULE"] != PINGPONG or c["VARIANT"] == GLUON_WS,
              "the pingpong schedule is the gluon_ws variant's (two warpgroups, each with tiles of its own)"),
-        rule("wide_n_gluon_only", ("VARIANT", "SCHEDULE", "EPILOGUE_SUBTILE", "BLOCK_N"),
-             lambda c: c["BLOCK_N"] not in GLUON_WIDE_NS or (
+        rule("wide_n_gluon_only", ("VARIANT", "SCHEDULE", "SWAP_AB", "EPILOGUE_SUBTILE", "BLOCK_M", "BLOCK_N"),
+             lambda c: (c["BLOCK_N"] not in GLUON_WIDE_NS and c["BLOCK_M"] not in GLUON_WIDE_NS) or (
                  c["VARIANT"] == GLUON_WS and c["SCHEDULE"] == "data_parallel" and not c["EPILOGUE_SUBTILE"]
-                 and p.dtype in ("bf16", "fp16")),
-             f"BLOCK_N of {', '.join(map(str, GLUON_WIDE_NS))} (no power of two) is the gluon_ws variant's, for 16-bit "
-             "operands in whole tiles"),
+                 and p.dtype in ("bf16", "fp16") and gluon_tile_rows(c) not in GLUON_WIDE_NS),
+             f"tiles of {', '.join(map(str, GLUON_WIDE_NS))} (no power of two) columns, or swapped tokens, are the "
+             "gluon_ws variant's, for 16-bit operands in whole tiles"),
         rule("schedule_split_k", ("SCHEDULE", "SPLIT_K"), lambda c: (c["SCHEDULE"] == "split_k") == (c["SPLIT_K"] > 1),
              "SPLIT_K > 1 is the split_k schedule, which needs SPLIT_K > 1"),
         rule("persistent_tma_only", ("VARIANT", "SCHEDULE", "PERSISTENT", "WARP_SPECIALIZE", "FLATTEN"),
@@ -319,17 +349,18 @@ def gemm_space(problem, device: DeviceInfo) -> StagedSpace:
         rule("epilogue_subtile_width", ("EPILOGUE_SUBTILE", "BLOCK_M", "BLOCK_N"),
              lambda c: not c["EPILOGUE_SUBTILE"] or (c["BLOCK_N"] >= 64 and c["BLOCK_M"] * c["BLOCK_N"] >= 128 * 128),
              "EPILOGUE_SUBTILE halves BLOCK_N: for C tiles of at least 128 x 128 (BLOCK_N >= 64)"),
-        rule("swap_ab_for_few_rows", ("SWAP_AB",),
-             lambda c: not c["SWAP_AB"] or ((p.m <= SWAP_MAX_M or token_tiles) and tensor_cores),
+        rule("swap_ab_for_few_rows", ("VARIANT", "SWAP_AB"),
+             lambda c: not c["SWAP_AB"] or ((p.m <= SWAP_MAX_M or token_tiles or c["VARIANT"] == GLUON_WS)
+                                            and tensor_cores),
              f"SWAP_AB puts N on the tensor cores' M side: for M <= {SWAP_MAX_M} (M <= {TOKEN_TILE_MAX_M} for "
-             f"N <= {TOKEN_TILE_MAX_N}) with tensor-core operands"),
-        rule("swap_ab_tiles", ("SWAP_AB", "BLOCK_M", "BLOCK_N"),
+             f"N <= {TOKEN_TILE_MAX_N}, gluon_ws's up to {GLUON_SWAP_MAX_M}) with tensor-core operands"),
+        rule("swap_ab_tiles", ("VARIANT", "SWAP_AB", "BLOCK_M", "BLOCK_N"),
              lambda c: not c["SWAP_AB"] or (c["BLOCK_M"] <= SWAP_MAX_M and c["BLOCK_N"] >= 64 and (
-                 p.m <= SWAP_ANY_TILE_M or c["BLOCK_M"] >= p.m
+                 p.m <= SWAP_ANY_TILE_M or c["BLOCK_M"] >= p.m or c["VARIANT"] == GLUON_WS
                  or (token_tiles and c["BLOCK_M"] in TOKEN_TILE_BLOCK_MS))),
              f"SWAP_AB wants BLOCK_M <= {SWAP_MAX_M} (tokens: the MMA's N side), BLOCK_N >= 64 (its 64-row side) "
              f"and, above {SWAP_ANY_TILE_M} tokens, every token in one tile (16-64 tokens a tile for N <= "
-             f"{TOKEN_TILE_MAX_N} up to M = {TOKEN_TILE_MAX_M})"),
+             f"{TOKEN_TILE_MAX_N} up to M = {TOKEN_TILE_MAX_M}; gluon_ws tiles any M)"),
         rule("tile_within_problem", ("BLOCK_M", "BLOCK_N", "BLOCK_K"),
              lambda c: c["BLOCK_M"] <= max(16, next_pow2(p.m)) and c["BLOCK_N"] <= max(32, next_pow2(p.n))
              and c["BLOCK_K"] <= max(min_block_k(p), next_pow2(p.k)),
@@ -350,7 +381,7 @@ def gemm_space(problem, device: DeviceInfo) -> StagedSpace:
              f"split-K is for problems with fewer than {SPLIT_K_MAX_TILES_PER_SM} tiles per SM"),
         rule("group_m_useful", ("BLOCK_M", "GROUP_M"), lambda c: c["GROUP_M"] == 1 or math.ceil(p.m / c["BLOCK_M"]) > 1,
              "grouped ordering needs more than one row of tiles"),
-        rule("accumulator_registers", ("VARIANT", "SCHEDULE", "BLOCK_M", "BLOCK_N", "num_warps"),
+        rule("accumulator_registers", ("VARIANT", "SCHEDULE", "SWAP_AB", "BLOCK_M", "BLOCK_N", "num_warps"),
              lambda c: accumulator_registers(p, c) <= 128,
              "the fp32 accumulators need more than 128 registers a thread"),
         # NOTE: Triton 3.6 fails to lower warp-specialised 64 x 256 tiles on one warpgroup for sm90
