@@ -207,6 +207,9 @@ def main() -> int:
     parser.add_argument("--gluon-swap", action="store_true",
                         help="also time swapped Gluon tiles (tokens on wgmma's N side: gluon_swapped_candidates)")
     parser.add_argument("--default-only", action="store_true", help="time the policy's default beside F.linear only")
+    parser.add_argument("--only", type=lambda t: set(t.split(",")),
+                        help="time the candidates of these origins only (comma-separated: default, seed, tile, "
+                             "token tile, gluon swap)")
     args = parser.parse_args()
     problems = [contiguous_problem(m, n, k, "bf16", "bf16", layout_b="col")
                 for n, k in args.shapes for m in args.tokens]
@@ -228,6 +231,8 @@ def main() -> int:
     started = time.monotonic()
     plans = [(problem, {FAMILY.default_config(problem, device): "default"} if args.default_only
               else candidates(problem, device, args.token_tiles, args.gluon_swap)) for problem in problems]
+    if args.only:
+        plans = [(problem, {c: o for c, o in configs.items() if o in args.only}) for problem, configs in plans]
     gkb.compile_ahead([(p, c) for p, configs in plans for c in configs], args.workers)
     gen = torch.Generator(device="cuda").manual_seed(0)
     rows, failures = [], []
