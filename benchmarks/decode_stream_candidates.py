@@ -32,7 +32,7 @@ from autotile.families.base import next_pow2  # noqa: E402
 from autotile.families.gemm import FAMILY, contiguous_problem  # noqa: E402
 from autotile.families.gemm_policy import (  # noqa: E402
     ONE_WAVE_MID_TILES, gluon_config, gluon_swapped_config, tma_mid_tile)
-from autotile.families.gemm_space import GLUON_SWAP_TOKEN_TILES, GLUON_WIDE_NS, SWAP_ANY_TILE_M  # noqa: E402
+from autotile.families.gemm_space import GLUON_SWAP_TOKEN_TILES, GLUON_TWO_PART, SWAP_ANY_TILE_M  # noqa: E402
 from autotile.space import Config  # noqa: E402
 
 # Llama-3-8B, Qwen2.5-7B, Phi-3-mini, Gemma-2-9B, Mistral-Nemo-12B and Qwen3-8B projections (N x K).
@@ -100,7 +100,7 @@ def gluon_swapped_candidates(problem, device) -> list[dict]:
             continue
         for rows in (64, 128):
             tiles = math.ceil(m / t) * math.ceil(n / rows)
-            splits = (1,) + (GLUON_SWAP_SPLITS if t not in GLUON_WIDE_NS and tiles < device.sm_count else ())
+            splits = (1,) + (GLUON_SWAP_SPLITS if t not in GLUON_TWO_PART and tiles < device.sm_count else ())
             wanted += [gluon_swapped_config(problem, device, BLOCK_M=t, BLOCK_N=rows, SPLIT_K=split,
                                             SCHEDULE="split_k" if split > 1 else "data_parallel")
                        for split in splits]

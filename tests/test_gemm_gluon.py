@@ -13,7 +13,7 @@ import pytest
 
 from autotile.device import interpret_device, planned_device
 from autotile.families.gemm import FAMILY, contiguous_problem
-from autotile.families.gemm_space import (GLUON_SWAP_TOKEN_TILES, GLUON_WIDE_NS, accumulator_registers,
+from autotile.families.gemm_space import (GLUON_SWAP_TOKEN_TILES, GLUON_TWO_PART, GLUON_WIDE_NS, accumulator_registers,
                                           programs_per_sm)
 from autotile.render import render_source
 
@@ -138,7 +138,7 @@ def test_swapped_gluon_tiles_put_tokens_on_the_wgmma_n_side_up_to_1024_tokens():
     assert {c["BLOCK_N"] for c in swapped} == {64, 128}
     assert {c["SCHEDULE"] for c in swapped} == {"data_parallel", "split_k", "stream_k"}  # C^T whole: no pingpong
     assert not any(c["EPILOGUE_SUBTILE"] for c in swapped)
-    assert all(c["SCHEDULE"] == "data_parallel" for c in swapped if c["BLOCK_M"] in GLUON_WIDE_NS)
+    assert all(c["SCHEDULE"] == "data_parallel" for c in swapped if c["BLOCK_M"] in GLUON_TWO_PART)
     wide = next(c for c in swapped if c["BLOCK_M"] == 96 and c["BLOCK_N"] == 64)
     switches = FAMILY.render_switches(problem, wide)
     assert switches["WIDE_N"] and switches["B_COL"] and switches["SWAP_AB"]

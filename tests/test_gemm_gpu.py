@@ -221,7 +221,7 @@ def test_gluon_ws_pingpong_matches_float64_and_repeats_bit_for_bit(problem, tile
 # multiple of the token tile, N not of the weight rows, each epilogue (a bias is a weight row's), fp8 row scales.
 SWAPPED_CASES = [
     (contiguous_problem(300, 1000, 784, "fp16", "fp16", layout_b="col", bias=True, activation="gelu", residual=True),
-     [dict(BLOCK_M=96, BLOCK_N=128), dict(BLOCK_M=64, BLOCK_N=64, SCHEDULE="stream_k"),
+     [dict(BLOCK_M=96, BLOCK_N=128), dict(BLOCK_M=80, BLOCK_N=128), dict(BLOCK_M=64, BLOCK_N=64, SCHEDULE="stream_k"),
       dict(BLOCK_M=32, BLOCK_N=128, SCHEDULE="split_k", SPLIT_K=3), dict(BLOCK_M=160, BLOCK_N=64)]),
     (contiguous_problem(77, 4104, 2056, "bf16", "bf16", layout_b="col", activation="silu"),
      [dict(BLOCK_M=16, BLOCK_N=64, SCHEDULE="split_k", SPLIT_K=2), dict(BLOCK_M=96, BLOCK_N=128),

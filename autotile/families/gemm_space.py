@@ -34,13 +34,15 @@ PINGPONG = "pingpong"
 # fill it: N = 3072 is 32 tiles of 96 a row, 4608 32 of 144, 5120 32 of 160, 6144 32 of 192. cuBLAS picks such
 # widths too (112 at 512 x 3584 x 3584, results/ncu_gemm_2026-12-04/).
 GLUON_WIDE_NS = (96, 144, 160, 192)
+# Every two-part width the kernel holds: the above, and 80 (64 + 16) as a swapped tile's tokens.
+GLUON_TWO_PART = (80,) + GLUON_WIDE_NS
 GLUON_WG_ROWS = 64
 # Swapped gluon_ws tiles (C^T = W X^T) put the tokens on wgmma's N side, in tiles of any of these (BLOCK_M; the wide
 # ones held in two parts as above), over 64 or 128 weight rows (BLOCK_N): a prefill chunk's M is then cut in tiles
 # that leave little of the last one empty (288 = 3 x 96, 480 = 3 x 160), where unswapped tiles come in 64 or 128
 # rows. cuBLAS's mid-M kernels take such token sides too (96 x 128 at 288 x 5120 x 4096 and 144 x 128, the
 # nvjet_sm90_tst kernels of results/kernel_profile_2026-12-02.txt).
-GLUON_SWAP_TOKEN_TILES = (16, 32, 64, 96, 128, 144, 160, 192, 256)
+GLUON_SWAP_TOKEN_TILES = (16, 32, 64, 80, 96, 128, 144, 160, 192, 256)
 GLUON_SWAP_MAX_M = 1024
 SPLIT_K_CHOICES = (1, 2, 3, 4, 6, 8, 12, 16)
 PROMOTE_CHOICES = (1, 2, 4)
@@ -293,7 +295,7 @@ def gemm_space(problem, device: DeviceInfo) -> StagedSpace:
         Axis("SWAP_AB", (False, True), AxisKind.RENDER),
         # The TMA store of C in two (BLOCK_M, BLOCK_N / 2) halves: half the staging buffer, so room for a stage more.
         Axis("EPILOGUE_SUBTILE", (False, True), AxisKind.RENDER),
-        Axis("BLOCK_M", (16, 32, 64, 96, 128, 144, 160, 192, 256)),
+        Axis("BLOCK_M", (16, 32, 64, 80, 96, 128, 144, 160, 192, 256)),
         Axis("BLOCK_N", (32, 64, 96, 128, 144, 160, 192, 256)),
         Axis("BLOCK_K", (32, 64, 128, 256)),
     ]
@@ -331,10 +333,10 @@ def gemm_space(problem, device: DeviceInfo) -> StagedSpace:
         rule("pingpong_gluon_only", ("VARIANT", "SCHEDULE"), lambda c: c["SCHEDULE"] != PINGPONG or c["VARIANT"] == GLUON_WS,
              "the pingpong schedule is the gluon_ws variant's (two warpgroups, each with tiles of its own)"),
         rule("wide_n_gluon_only", ("VARIANT", "SCHEDULE", "SWAP_AB", "EPILOGUE_SUBTILE", "BLOCK_M", "BLOCK_N"),
-             lambda c: (c["BLOCK_N"] not in GLUON_WIDE_NS and c["BLOCK_M"] not in GLUON_WIDE_NS) or (
+             lambda c: (c["BLOCK_N"] not in GLUON_TWO_PART and c["BLOCK_M"] not in GLUON_TWO_PART) or (
                  c["VARIANT"] == GLUON_WS and c["SCHEDULE"] == "data_parallel" and not c["EPILOGUE_SUBTILE"]
-                 and p.dtype in ("bf16", "fp16") and gluon_tile_rows(c) not in GLUON_WIDE_NS),
-             f"tiles of {', '.join(map(str, GLUON_WIDE_NS))} (no power of two) columns, or swapped tokens, are the "
+                 and p.dtype in ("bf16", "fp16") and gluon_tile_rows(c) not in GLUON_TWO_PART),
+             f"tiles of {', '.join(map(str, GLUON_TWO_PART))} (no power of two) columns, or swapped tokens, are the "
              "gluon_ws variant's, for 16-bit operands in whole tiles"),
         rule("schedule_split_k", ("SCHEDULE", "SPLIT_K"), lambda c: (c["SCHEDULE"] == "split_k") == (c["SPLIT_K"] > 1),
              "SPLIT_K > 1 is the split_k schedule, which needs SPLIT_K > 1"),
