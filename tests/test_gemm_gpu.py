@@ -54,6 +54,18 @@ def assert_right_and_repeatable(problem, config, inputs, expected, runs: int) ->
     assert all(torch.equal(results[0], r) for r in results[1:]), f"{config.to_json()}: results differ between runs"
 
 
+def assert_admitted_and_right(problem, wanted: list[dict], seed: int) -> None:
+    """Each config of `wanted` admitted by the space as it is, then right and repeatable over three runs."""
+    device = cuda_device(0)
+    inputs = FAMILY.make_inputs(problem, device, seed=seed)
+    expected = FAMILY.reference(problem, inputs)
+    space = FAMILY.space(problem, device)
+    for config in wanted:
+        admitted = space.admit(config)
+        assert admitted is not None, (config, space.violations(config))
+        assert_right_and_repeatable(problem, admitted, inputs, expected, runs=3)
+
+
 @pytest.mark.parametrize("problem", PROBLEMS, ids=lambda p: f"{p.m}x{p.n}x{p.k}-{p.dtype}-{p.scale_mode}")
 def test_split_tiles_match_float64_and_repeat_bit_for_bit(problem):
     device = cuda_device(0)
@@ -207,14 +219,7 @@ def test_gluon_ws_pingpong_matches_float64_and_repeats_bit_for_bit(problem, tile
     """The pingpong schedule: two consumer warpgroups taking whole tiles in turn, each with its own C staging."""
     from autotile.families.gemm_policy import gluon_config
 
-    device = cuda_device(0)
-    inputs = FAMILY.make_inputs(problem, device, seed=9)
-    expected = FAMILY.reference(problem, inputs)
-    space = FAMILY.space(problem, device)
-    for t in tiles:
-        config = space.admit(gluon_config(problem, SCHEDULE="pingpong", **t))
-        assert config is not None, (t, space.violations(gluon_config(problem, SCHEDULE="pingpong", **t)))
-        assert_right_and_repeatable(problem, config, inputs, expected, runs=3)
+    assert_admitted_and_right(problem, [gluon_config(problem, SCHEDULE="pingpong", **t) for t in tiles], seed=9)
 
 
 # (problem, swapped tiles): tokens (BLOCK_M) on wgmma's N side over 64 or 128 weight rows (BLOCK_N); M never a
@@ -240,14 +245,7 @@ def test_gluon_ws_swapped_tiles_match_float64_and_repeat_bit_for_bit(problem, ti
     from autotile.families.gemm_policy import gluon_swapped_config
 
     device = cuda_device(0)
-    inputs = FAMILY.make_inputs(problem, device, seed=11)
-    expected = FAMILY.reference(problem, inputs)
-    space = FAMILY.space(problem, device)
-    for t in tiles:
-        wanted = gluon_swapped_config(problem, device, **t)
-        config = space.admit(wanted)
-        assert config is not None, (t, space.violations(wanted))
-        assert_right_and_repeatable(problem, config, inputs, expected, runs=3)
+    assert_admitted_and_right(problem, [gluon_swapped_config(problem, device, **t) for t in tiles], seed=11)
 
 
 TMA_PROBLEMS = [
