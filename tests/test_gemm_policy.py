@@ -3,13 +3,14 @@ should, and the seeds of a search are distinct points of the space around it."""
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 
 from autotile.device import HOPPER_SMEM_PER_BLOCK, DeviceInfo, interpret_device
 from autotile.families.gemm import FAMILY, contiguous_problem
 from autotile.families.gemm_policy import (
-    FILL_SMS, MID_GLUON_FEW_FILL, MID_GLUON_FILL, NARROW_MIN_K, STREAM_MAX_M, TOKEN_TILE_FEW_ROW_READS,
+    FILL_SMS, MID_GLUON_FEW_FILL, MID_GLUON_FILL, MID_SWAPPED_MAX_EMPTY, NARROW_MIN_K, STREAM_MAX_M, TOKEN_TILE_FEW_ROW_READS,
     TOKEN_TILE_LONG_K, TOKEN_TILE_ROW_READS, WIDE_STREAM_MAX_M, prefill_config, programs, regime, tiled_mid_config,
     token_tile_config, wave_efficiency,
 )
@@ -476,3 +477,28 @@ def test_narrow_prefill_takes_one_wave_of_64_row_gluon_tiles(m, n, k, narrow):
     assert ((config["BLOCK_M"], config["BLOCK_N"], config["SCHEDULE"]) == (64, 128, "data_parallel")) == narrow, config
     assert (tile_count(problem, 64, 128) <= H200.sm_count) == narrow
     assert FAMILY.default_config(problem, A100)["VARIANT"] != "gluon_ws"
+
+
+@pytest.mark.parametrize("m,n,k,tile", [
+    (288, 5120, 4096, (96, 128)), (264, 5120, 4096, (96, 128)), (288, 28672, 4096, (144, 128)),
+    (300, 28672, 4096, (160, 128)), (400, 37888, 3584, (144, 128)), (300, 16384, 3072, (160, 128)),
+    (300, 4096, 14336, (80, 128))])
+def test_mid_swapped_gluon_tiles_where_their_token_side_cuts_m_better(m, n, k, tile):
+    # H100, CUDA-graph streams, results/gluon_swap*_2026-12-07_h100.json: each the best tile timed, from 0.46-0.91x of
+    # cuBLAS (the unswapped Gluon default, its last row tile part-empty) to 0.83-1.05x.
+    problem = contiguous_problem(m, n, k, "bf16", "bf16", layout_b="col")
+    config = FAMILY.default_config(problem, H200)
+    assert config["VARIANT"] == "gluon_ws" and config["SWAP_AB"], config
+    assert (config["SCHEDULE"], config["BLOCK_M"], config["BLOCK_N"]) == ("data_parallel", *tile), config
+    assert math.ceil(m / tile[0]) * tile[0] <= (1 + MID_SWAPPED_MAX_EMPTY) * m
+    assert FAMILY.space(problem, H200).admit(config) == config
+    # B row-major: no swapped tiles (the kernel's A is W's rows, K-major).
+    assert not FAMILY.default_config(contiguous_problem(m, n, k, "bf16", "bf16"), H200)["SWAP_AB"]
+
+
+@pytest.mark.parametrize("m,n,k", [(320, 22016, 4096), (512, 28672, 4096), (176, 6144, 4096)])
+def test_mid_swapped_gluon_tiles_leave_shapes_the_unswapped_tiles_fit(m, n, k):
+    # 128 x 256 at 320 x 22016 x 4096 ran 0.99x of cuBLAS (results/mid_wide_tiles_2026-12-06c_h100.json); 512 tokens
+    # are four whole 128-row tiles; 64 x 192 at 176 x 6144 x 4096 ran 1.09x (results/gluon_swap_grid_2026-12-07_h100.json).
+    config = FAMILY.default_config(contiguous_problem(m, n, k, "bf16", "bf16", layout_b="col"), H200)
+    assert config["VARIANT"] == "gluon_ws" and not config["SWAP_AB"], config

@@ -35,7 +35,7 @@ from autotile.device import DeviceInfo
 from autotile.dtypes import element_size
 from autotile.families.base import next_pow2
 from autotile.families.gemm_space import (
-    FP8_PRECISE_INTERVAL, GLUON_WS, SPLIT_K_CHOICES, SPLIT_K_MAX_TILES_PER_SM, TOKEN_TILE_BLOCK_MS,
+    FP8_PRECISE_INTERVAL, GLUON_SWAP_MAX_M, GLUON_WS, SPLIT_K_CHOICES, SPLIT_K_MAX_TILES_PER_SM, TOKEN_TILE_BLOCK_MS,
     gluon_ws_ok, has_promote_axis, programs_per_sm, sm_count, smem_bytes, tile_count, tma_ok, token_tiles_fit,
 )
 
@@ -526,6 +526,21 @@ MID_GLUON_EFFICIENCY = {(128, 128): 1.0, (64, 192): 0.87, (128, 144): 0.95, (128
                         (128, 256): 1.05}
 
 
+# Swapped Gluon tiles (C^T = W X^T, gluon_swapped_config) among the mid tiles: (tokens, weight rows) -> the throughput
+# the tile keeps against a 128 x 128 tile, as MID_GLUON_EFFICIENCY. Their token sides cut a chunk's M where 64- and
+# 128-row tiles leave the last one part-empty (288 = 3 x 96, 300 in 2 x 160, 400 in 3 x 144). From every swapped
+# tile timed beside the default at 96-480 tokens on 21 projections (H100, CUDA-graph streams,
+# results/gluon_swap*_2026-12-07_h100.json): the makespan model's time of the row's Gluon default over its measured
+# time, against the same for the swapped tile, the lower quartile of the rows (the medians, 0.86-1.12, count the
+# default's slow part-filled row tiles in the swapped tile's favour).
+MID_SWAPPED_EFFICIENCY = {(80, 128): 0.80, (96, 128): 0.85, (144, 128): 0.96, (160, 128): 1.0, (192, 128): 0.92}
+# The share of a swapped tiling's last token tile that may be empty (the tiles timed had at most 15% of M as padding).
+MID_SWAPPED_MAX_EMPTY = 0.15
+# and the modelled makespan they must save to replace an unswapped tile (the model's error: 128 x 256 at 320 x 22016 x
+# 4096 ran 0.99x of cuBLAS, results/mid_wide_tiles_2026-12-06c_h100.json, where 160-token tiles model 1.6% shorter).
+MID_SWAPPED_GAIN = 0.02
+
+
 def _gluon_16bit(problem, device: DeviceInfo) -> bool:
     return problem.dtype in ("bf16", "fp16") and gluon_ws_ok(problem, device)
 
@@ -536,16 +551,35 @@ def _mid_gluon_config(problem, device: DeviceInfo, fill: float = MID_GLUON_FILL)
     p = problem
     if not _gluon_16bit(p, device):
         return None
+    best, best_time = _shortest_makespan(p, device, fill, [gluon_config(p, **tiles) for tiles in _MID_GLUON_TILES],
+                                         MID_GLUON_EFFICIENCY)
+    if best is None or not swapped_gluon_fits(p):
+        return best
+    # Swapped tiles where the unswapped ones apply, of token sides that leave little of the last tile empty.
+    swapped = [gluon_swapped_config(p, device, BLOCK_M=tokens, BLOCK_N=rows) for tokens, rows in MID_SWAPPED_EFFICIENCY
+               if math.ceil(p.m / tokens) * tokens <= (1 + MID_SWAPPED_MAX_EMPTY) * p.m]
+    fewer, fewer_time = _shortest_makespan(p, device, fill, swapped, MID_SWAPPED_EFFICIENCY)
+    return fewer if fewer_time < (1 - MID_SWAPPED_GAIN) * best_time else best
+
+
+def _shortest_makespan(problem, device: DeviceInfo, fill: float, configs: list[dict], efficiency: dict):
+    """(config, modelled makespan) of the config of `configs` whose tiles fill `fill` of the SMs in the shortest
+    _makespan (efficiency[BLOCK_M, BLOCK_N] its throughput); (None, inf) where none fills them."""
     best, best_time = None, math.inf
-    for tiles in _MID_GLUON_TILES:
-        config = gluon_config(p, **tiles)
+    for config in configs:
         block_m, block_n = config["BLOCK_M"], config["BLOCK_N"]
-        if tile_count(p, block_m, block_n) < fill * sm_count(device):
+        if tile_count(problem, block_m, block_n) < fill * sm_count(device):
             continue
-        time = _makespan(p, config, device, MID_GLUON_EFFICIENCY[block_m, block_n])
+        time = _makespan(problem, config, device, efficiency[block_m, block_n])
         if time < best_time:
             best, best_time = config, time
-    return best
+    return best, best_time
+
+
+def swapped_gluon_fits(problem) -> bool:
+    """Whether the space admits swapped Gluon tiles (gemm_space's gluon_ws_swapped rule): B as W (N, K), M up to
+    GLUON_SWAP_MAX_M."""
+    return problem.layout_b == "col" and problem.m <= GLUON_SWAP_MAX_M
 
 
 # Narrow weights at mid-sized M (N = 512-2048: k and v projections, small models' widths), where no whole tiles fill
