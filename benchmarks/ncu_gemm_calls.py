@@ -33,7 +33,8 @@ CASES = [
 ]
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--cases", help="a JSON file of [M, N, K, [call, ...]] (default: CASES)")
-cases = json.loads(Path(parser.parse_args().cases).read_text()) if parser.parse_args().cases else CASES
+args = parser.parse_args()
+cases = json.loads(Path(args.cases).read_text()) if args.cases else CASES
 device = resolve_gpu("auto")
 labels = []
 for m, n, k, configs in cases:

@@ -529,15 +529,17 @@ MID_GLUON_EFFICIENCY = {(128, 128): 1.0, (64, 192): 0.87, (128, 144): 0.95, (128
 # Swapped Gluon tiles (C^T = W X^T, gluon_swapped_config) among the mid tiles: (tokens, weight rows) -> the throughput
 # the tile keeps against a 128 x 128 tile, as MID_GLUON_EFFICIENCY. Their token sides cut a chunk's M where 64- and
 # 128-row tiles leave the last one part-empty (288 = 3 x 96, 300 in 2 x 160, 400 in 3 x 144). From every swapped
-# tile timed beside the default at 96-480 tokens on 21 projections (H100, CUDA-graph streams,
+# tile timed beside the default at 96-480 tokens on 16 projections (H100, CUDA-graph streams,
 # results/gluon_swap*_2026-12-07_h100.json): the makespan model's time of the row's Gluon default over its measured
 # time, against the same for the swapped tile, the lower quartile of the rows (the medians, 0.86-1.12, count the
-# default's slow part-filled row tiles in the swapped tile's favour).
+# default's slow part-filled row tiles in the swapped tile's favour). 128 and 256 tokens are the unswapped tiles' own
+# sides; over 64 weight rows the same fit gave medians of 0.58-0.88 (80-192 tokens).
 MID_SWAPPED_EFFICIENCY = {(80, 128): 0.80, (96, 128): 0.85, (144, 128): 0.96, (160, 128): 1.0, (192, 128): 0.92}
 # The share of a swapped tiling's last token tile that may be empty (the tiles timed had at most 15% of M as padding).
 MID_SWAPPED_MAX_EMPTY = 0.15
-# and the modelled makespan they must save to replace an unswapped tile (the model's error: 128 x 256 at 320 x 22016 x
-# 4096 ran 0.99x of cuBLAS, results/mid_wide_tiles_2026-12-06c_h100.json, where 160-token tiles model 1.6% shorter).
+# The modelled makespan a swapped tile must save to replace an unswapped one (the model's error: 128 x 256 at 320 x
+# 22016 x 4096 ran 0.99x of cuBLAS, results/mid_wide_tiles_2026-12-06c_h100.json, where 160-token tiles model 1.6%
+# shorter).
 MID_SWAPPED_GAIN = 0.02
 
 
