@@ -9,8 +9,8 @@ The regime follows from M, N, K, the dtypes, the layouts and the GPU's SM count:
 - mid (16 < M <= 512): up to M = 64 (STREAM_MAX_M), decode's weight-streaming kernel with every token in
   one tile; up to M = 128 (WIDE_STREAM_MAX_M) the same with a 128-token tile where its programs fit one wave,
   else one wave of TMA tiles or the weight streamed unsplit (few_tokens_config); above, tiles chosen by how
-  well they fill the SMs (tiled_mid_config), on Hopper the Gluon variant's 128 x 128 tiles where they fill
-  their waves, and for narrow weights (k and v projections, 65-640 tokens, ahead of the streaming kernels too)
+  well they fill the SMs (tiled_mid_config), on Hopper the Gluon variant's tiles where they fill their waves
+  (swapped, 80-192 tokens over 128 weight rows, where that token side cuts M better), and for narrow weights (k and v projections, 65-640 tokens, ahead of the streaming kernels too)
   swapped tiles of 16-64 tokens over 64 weight rows, as cuBLAS tiles them (token_tile_config).
 - prefill (M > 512): on Hopper, the Gluon variant (warp-specialised, whole tiles): 128 x 256 x 64 for 16-bit
   operands, 128 x 128 x 128 for precise fp8, 128 x 256 x 128 with fast accumulation. Elsewhere 128 x 256 tiles
