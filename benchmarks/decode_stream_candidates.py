@@ -83,8 +83,9 @@ TOKEN_TILE_SPLITS = (1, 2)
 STREAM_K_TILES = (dict(BLOCK_N=64, BLOCK_K=128, SWAP_AB=True, num_stages=5),
                   dict(BLOCK_N=32, BLOCK_K=256, SWAP_AB=False, num_stages=5))
 # Swapped Gluon tiles (--gluon-swap): the token tiles of GLUON_SWAP_TOKEN_TILES that leave at most this share of
-# their last tile's columns empty (and the least wasteful one), over 64 and 128 weight rows, whole and, where the
-# tiles are fewer than the SMs, split 2 or 3 ways (power-of-two token tiles only: two-part ones run whole tiles).
+# their last tile's columns empty (and the least wasteful one, and the smallest that holds every token: the weight
+# read once), over 64 and 128 weight rows, whole and, where the tiles are fewer than the SMs, split 2 or 3 ways
+# (power-of-two token tiles only: two-part ones run whole tiles).
 GLUON_SWAP_WASTE = 0.15
 GLUON_SWAP_SPLITS = (2, 3)
 
@@ -94,9 +95,10 @@ def gluon_swapped_candidates(problem, device) -> list[dict]:
     m, n = problem.m, problem.n
     waste = {t: math.ceil(m / t) * t / m - 1 for t in GLUON_SWAP_TOKEN_TILES if t <= max(16, next_pow2(m))}
     least = min(waste.values())
+    whole = min((t for t in waste if t >= m), default=None)
     wanted = []
     for t, empty in waste.items():
-        if empty > GLUON_SWAP_WASTE and empty > least:
+        if empty > GLUON_SWAP_WASTE and empty > least and t != whole:
             continue
         for rows in (64, 128):
             tiles = math.ceil(m / t) * math.ceil(n / rows)
