@@ -31,7 +31,7 @@ from decode_stream_bench import REL_TOLERANCE, graph_ms_per_call, weights_for  #
 from autotile.families.base import next_pow2  # noqa: E402
 from autotile.families.gemm import FAMILY, contiguous_problem  # noqa: E402
 from autotile.families.gemm_policy import (  # noqa: E402
-    ONE_WAVE_MID_TILES, gluon_config, gluon_swapped_config, tma_mid_tile)
+    MID_SWAPPED_MAX_EMPTY, ONE_WAVE_MID_TILES, gluon_config, gluon_swapped_config, tma_mid_tile)
 from autotile.families.gemm_space import GLUON_SWAP_TOKEN_TILES, GLUON_TWO_PART, SWAP_ANY_TILE_M  # noqa: E402
 from autotile.space import Config  # noqa: E402
 
@@ -82,11 +82,10 @@ TOKEN_TILES = tuple(dict(tiles, SWAP_AB=True) for tiles in (
 TOKEN_TILE_SPLITS = (1, 2)
 STREAM_K_TILES = (dict(BLOCK_N=64, BLOCK_K=128, SWAP_AB=True, num_stages=5),
                   dict(BLOCK_N=32, BLOCK_K=256, SWAP_AB=False, num_stages=5))
-# Swapped Gluon tiles (--gluon-swap): the token tiles of GLUON_SWAP_TOKEN_TILES that leave at most this share of
-# their last tile's columns empty (and the least wasteful one, and the smallest that holds every token: the weight
-# read once), over 64 and 128 weight rows, whole and, where the tiles are fewer than the SMs, split 2 or 3 ways
-# (power-of-two token tiles only: two-part ones run whole tiles).
-GLUON_SWAP_WASTE = 0.15
+# Swapped Gluon tiles (--gluon-swap): the token tiles of GLUON_SWAP_TOKEN_TILES that leave at most the policy's
+# MID_SWAPPED_MAX_EMPTY of their last tile's columns empty (and the least wasteful one, and the smallest that holds
+# every token: the weight read once), over 64 and 128 weight rows, whole and, where the tiles are fewer than the SMs,
+# split 2 or 3 ways (power-of-two token tiles only: two-part ones run whole tiles).
 GLUON_SWAP_SPLITS = (2, 3)
 
 
@@ -98,7 +97,7 @@ def gluon_swapped_candidates(problem, device) -> list[dict]:
     whole = min((t for t in waste if t >= m), default=None)
     wanted = []
     for t, empty in waste.items():
-        if empty > GLUON_SWAP_WASTE and empty > least and t != whole:
+        if empty > MID_SWAPPED_MAX_EMPTY and empty > least and t != whole:
             continue
         for rows in (64, 128):
             tiles = math.ceil(m / t) * math.ceil(n / rows)

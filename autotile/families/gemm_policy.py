@@ -35,8 +35,9 @@ from autotile.device import DeviceInfo
 from autotile.dtypes import element_size
 from autotile.families.base import next_pow2
 from autotile.families.gemm_space import (
-    FP8_PRECISE_INTERVAL, GLUON_SWAP_MAX_M, GLUON_WS, SPLIT_K_CHOICES, SPLIT_K_MAX_TILES_PER_SM, TOKEN_TILE_BLOCK_MS,
-    gluon_ws_ok, has_promote_axis, programs_per_sm, sm_count, smem_bytes, tile_count, tma_ok, token_tiles_fit,
+    FP8_PRECISE_INTERVAL, GLUON_WS, SPLIT_K_CHOICES, SPLIT_K_MAX_TILES_PER_SM, TOKEN_TILE_BLOCK_MS,
+    gluon_swap_fits, gluon_ws_ok, has_promote_axis, programs_per_sm, sm_count, smem_bytes, tile_count, tma_ok,
+    token_tiles_fit,
 )
 
 DECODE_MAX_M = 16
@@ -442,9 +443,8 @@ def gluon_swapped_config(problem, device: DeviceInfo, **tiles) -> dict:
     """A swapped config of the Gluon variant (C^T = W X^T): BLOCK_M tokens a tile on wgmma's N side, over BLOCK_N
     (64 or 128) weight rows, on as many stages (up to 6) as fit. Consecutive tiles share a weight tile (GROUP_M 1),
     so that the programs running at once read each weight tile together, once from memory."""
-    config = gluon_config(problem, SWAP_AB=True, BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, num_stages=6, GROUP_M=1)
-    config.update(tiles)
-    return _fit_stages(problem, config, device)
+    wanted = dict(dict(SWAP_AB=True, BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, num_stages=6, GROUP_M=1), **tiles)
+    return _fit_stages(problem, gluon_config(problem, **wanted), device)
 
 
 # The Gluon variant's 16-bit tiles on Hopper (results/gluon_gemm_2026-12-04_bf16.md, H200, x cuBLAS, whole tiles):
@@ -555,7 +555,7 @@ def _mid_gluon_config(problem, device: DeviceInfo, fill: float = MID_GLUON_FILL)
         return None
     best, best_time = _shortest_makespan(p, device, fill, [gluon_config(p, **tiles) for tiles in _MID_GLUON_TILES],
                                          MID_GLUON_EFFICIENCY)
-    if best is None or not swapped_gluon_fits(p):
+    if best is None or not gluon_swap_fits(p):
         return best
     # Swapped tiles where the unswapped ones apply, of token sides that leave little of the last tile empty.
     swapped = [gluon_swapped_config(p, device, BLOCK_M=tokens, BLOCK_N=rows) for tokens, rows in MID_SWAPPED_EFFICIENCY
@@ -576,12 +576,6 @@ def _shortest_makespan(problem, device: DeviceInfo, fill: float, configs: list[d
         if time < best_time:
             best, best_time = config, time
     return best, best_time
-
-
-def swapped_gluon_fits(problem) -> bool:
-    """Whether the space admits swapped Gluon tiles (gemm_space's gluon_ws_swapped rule): B as W (N, K), M up to
-    GLUON_SWAP_MAX_M."""
-    return problem.layout_b == "col" and problem.m <= GLUON_SWAP_MAX_M
 
 
 # Narrow weights at mid-sized M (N = 512-2048: k and v projections, small models' widths), where no whole tiles fill

@@ -182,6 +182,12 @@ def smem_bytes(problem, c: Mapping) -> int:
     return operands + (2 * staging if c.get("SCHEDULE") == PINGPONG else staging)  # pingpong: one per warpgroup
 
 
+def gluon_swap_fits(problem) -> bool:
+    """Whether swapped gluon_ws tiles apply to `problem`: B given as W (N, K), whose rows are the kernel's K-major A,
+    and M up to GLUON_SWAP_MAX_M."""
+    return problem.layout_b == "col" and problem.m <= GLUON_SWAP_MAX_M
+
+
 def gluon_swapped(c: Mapping) -> bool:
     """Whether `c` is a swapped gluon_ws tile: the kernel's rows are the weight's (BLOCK_N), its columns tokens."""
     return c["VARIANT"] == GLUON_WS and bool(c.get("SWAP_AB"))
@@ -326,16 +332,16 @@ def gemm_space(problem, device: DeviceInfo) -> StagedSpace:
              f"BLOCK_N of at least 64 unswapped and swapped a token tile (BLOCK_M) of {GLUON_SWAP_TOKEN_TILES}"),
         rule("gluon_ws_swapped", ("VARIANT", "SCHEDULE", "SWAP_AB", "EPILOGUE_SUBTILE"),
              lambda c: not gluon_swapped(c) or (
-                 c["SCHEDULE"] != PINGPONG and not c["EPILOGUE_SUBTILE"] and p.layout_b == "col"
-                 and p.m <= GLUON_SWAP_MAX_M),
+                 c["SCHEDULE"] != PINGPONG and not c["EPILOGUE_SUBTILE"] and gluon_swap_fits(p)),
              f"swapped gluon_ws tiles store C^T whole (no pingpong, no EPILOGUE_SUBTILE), for M <= {GLUON_SWAP_MAX_M} "
              "and B given as W (N, K), whose rows are the kernel's K-major A"),
         rule("pingpong_gluon_only", ("VARIANT", "SCHEDULE"), lambda c: c["SCHEDULE"] != PINGPONG or c["VARIANT"] == GLUON_WS,
              "the pingpong schedule is the gluon_ws variant's (two warpgroups, each with tiles of its own)"),
-        rule("wide_n_gluon_only", ("VARIANT", "SCHEDULE", "SWAP_AB", "EPILOGUE_SUBTILE", "BLOCK_M", "BLOCK_N"),
+        # (a two-part width is never a tile's rows: gluon_ws_structure)
+        rule("wide_n_gluon_only", ("VARIANT", "SCHEDULE", "EPILOGUE_SUBTILE", "BLOCK_M", "BLOCK_N"),
              lambda c: (c["BLOCK_N"] not in GLUON_TWO_PART and c["BLOCK_M"] not in GLUON_TWO_PART) or (
                  c["VARIANT"] == GLUON_WS and c["SCHEDULE"] == "data_parallel" and not c["EPILOGUE_SUBTILE"]
-                 and p.dtype in ("bf16", "fp16") and gluon_tile_rows(c) not in GLUON_TWO_PART),
+                 and p.dtype in ("bf16", "fp16")),
              f"tiles of {', '.join(map(str, GLUON_TWO_PART))} (no power of two) columns, or swapped tokens, are the "
              "gluon_ws variant's, for 16-bit operands in whole tiles"),
         rule("schedule_split_k", ("SCHEDULE", "SPLIT_K"), lambda c: (c["SCHEDULE"] == "split_k") == (c["SPLIT_K"] > 1),
