@@ -32,7 +32,7 @@ from autotile.families.base import next_pow2  # noqa: E402
 from autotile.families.gemm import FAMILY, contiguous_problem  # noqa: E402
 from autotile.families.gemm_policy import (  # noqa: E402
     MID_SWAPPED_MAX_EMPTY, ONE_WAVE_MID_TILES, gluon_config, gluon_swapped_config, tma_mid_tile)
-from autotile.families.gemm_space import GLUON_SWAP_TOKEN_TILES, GLUON_TWO_PART, SWAP_ANY_TILE_M  # noqa: E402
+from autotile.families.gemm_space import GLUON_SWAP_TOKEN_TILES, SWAP_ANY_TILE_M  # noqa: E402
 from autotile.space import Config  # noqa: E402
 
 # Llama-3-8B, Qwen2.5-7B, Phi-3-mini, Gemma-2-9B, Mistral-Nemo-12B and Qwen3-8B projections (N x K).
@@ -85,7 +85,7 @@ STREAM_K_TILES = (dict(BLOCK_N=64, BLOCK_K=128, SWAP_AB=True, num_stages=5),
 # Swapped Gluon tiles (--gluon-swap): the token tiles of GLUON_SWAP_TOKEN_TILES that leave at most the policy's
 # MID_SWAPPED_MAX_EMPTY of their last tile's columns empty (and the least wasteful one, and the smallest that holds
 # every token: the weight read once), over 64 and 128 weight rows, whole and, where the tiles are fewer than the SMs,
-# split 2 or 3 ways (power-of-two token tiles only: two-part ones run whole tiles).
+# split 2 or 3 ways.
 GLUON_SWAP_SPLITS = (2, 3)
 
 
@@ -101,7 +101,7 @@ def gluon_swapped_candidates(problem, device) -> list[dict]:
             continue
         for rows in (64, 128):
             tiles = math.ceil(m / t) * math.ceil(n / rows)
-            splits = (1,) + (GLUON_SWAP_SPLITS if t not in GLUON_TWO_PART and tiles < device.sm_count else ())
+            splits = (1,) + (GLUON_SWAP_SPLITS if tiles < device.sm_count else ())
             wanted += [gluon_swapped_config(problem, device, BLOCK_M=t, BLOCK_N=rows, SPLIT_K=split,
                                             SCHEDULE="split_k" if split > 1 else "data_parallel")
                        for split in splits]

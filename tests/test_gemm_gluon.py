@@ -116,12 +116,12 @@ def test_stream_k_shares_cover_every_k_iteration_once_and_name_their_contributor
 
 
 @pytest.mark.parametrize("width", GLUON_WIDE_NS)
-def test_two_part_tile_widths_are_the_gluon_variants_for_16_bit_whole_tiles(width):
+def test_two_part_tile_widths_are_the_gluon_variants_for_16_bit_whole_or_split_tiles(width):
     problem = contiguous_problem(512, 4608, 3584, "bf16", "bf16", layout_b="col")
     space = FAMILY.space(problem, H200)
     wide = [c for c in space.feasible() if c["BLOCK_N"] == width]
-    assert wide and all(c["VARIANT"] == "gluon_ws" and c["SCHEDULE"] == "data_parallel"
-                        and not c["EPILOGUE_SUBTILE"] for c in wide)
+    assert wide and all(c["VARIANT"] == "gluon_ws" and not c["EPILOGUE_SUBTILE"] for c in wide)
+    assert {c["SCHEDULE"] for c in wide} == {"data_parallel", "split_k"}
     assert {c["BLOCK_M"] for c in wide} == {64, 128}
     assert not [c for c in FAMILY.space(FP8_PRECISE, H200).feasible() if c["BLOCK_N"] == width]
     assert not [c for c in FAMILY.space(problem, interpret_device()).feasible() if c["BLOCK_N"] == width]
@@ -131,14 +131,14 @@ def test_two_part_tile_widths_are_the_gluon_variants_for_16_bit_whole_tiles(widt
 
 def test_swapped_gluon_tiles_put_tokens_on_the_wgmma_n_side_up_to_1024_tokens():
     """SWAP_AB gluon_ws: BLOCK_M tokens (any of GLUON_SWAP_TOKEN_TILES) over 64 or 128 weight rows (BLOCK_N), B as W
-    (N, K); the two-part token tiles in whole tiles only; the tile's consumer warpgroups are its weight rows'."""
+    (N, K); the two-part token tiles whole or split over K; the tile's consumer warpgroups are its weight rows'."""
     problem = contiguous_problem(300, 5120, 4096, "bf16", "bf16", layout_b="col")
     swapped = [c for c in gluon_configs(problem, H200) if c["SWAP_AB"]]
     assert {c["BLOCK_M"] for c in swapped} == set(GLUON_SWAP_TOKEN_TILES)
     assert {c["BLOCK_N"] for c in swapped} == {64, 128}
     assert {c["SCHEDULE"] for c in swapped} == {"data_parallel", "split_k", "stream_k"}  # C^T whole: no pingpong
     assert not any(c["EPILOGUE_SUBTILE"] for c in swapped)
-    assert all(c["SCHEDULE"] == "data_parallel" for c in swapped if c["BLOCK_M"] in GLUON_TWO_PART)
+    assert {c["SCHEDULE"] for c in swapped if c["BLOCK_M"] in GLUON_TWO_PART} == {"data_parallel", "split_k"}
     wide = next(c for c in swapped if c["BLOCK_M"] == 96 and c["BLOCK_N"] == 64)
     switches = FAMILY.render_switches(problem, wide)
     assert switches["WIDE_N"] and switches["B_COL"] and switches["SWAP_AB"]
@@ -212,6 +212,9 @@ CASES = [
      dict(BLOCK_M=128, BLOCK_N=160, BLOCK_K=64, num_stages=4, SCHEDULE="data_parallel")),
     (dict(m=300, n=3072, k=3072, dtype="bf16", out_dtype="bf16", layout_b="col", residual=True),
      dict(BLOCK_M=64, BLOCK_N=96, BLOCK_K=64, num_stages=6, SCHEDULE="data_parallel")),
+    # Two-part tiles split over K: 128 + 64 columns with a bias and a residual.
+    (dict(m=300, n=2560, k=10240, dtype="bf16", out_dtype="bf16", layout_b="col", bias=True, residual=True),
+     dict(BLOCK_M=128, BLOCK_N=192, BLOCK_K=64, num_stages=4, SCHEDULE="split_k", SPLIT_K=3)),
     # Ping-pong: two consumer warpgroups, each a whole 128 x 128 tile (B row-major, every epilogue), or fp8 with
     # fast accumulation; 64 x 256 tiles with C in halves.
     (dict(m=300, n=1000, k=784, dtype="fp16", out_dtype="fp16", layout_b="row", bias=True, activation="gelu",
@@ -232,6 +235,9 @@ CASES = [
      dict(BLOCK_M=96, BLOCK_N=128, BLOCK_K=64, num_stages=5, SCHEDULE="data_parallel", SWAP_AB=True, GROUP_M=1)),
     (dict(m=200, n=1000, k=3584, dtype="bf16", out_dtype="bf16", layout_b="col", bias=True),
      dict(BLOCK_M=32, BLOCK_N=64, BLOCK_K=64, num_stages=6, SCHEDULE="split_k", SPLIT_K=3, SWAP_AB=True, GROUP_M=1)),
+    # 144 tokens in two parts over 128 weight rows, split over K (narrow weights, few tiles), with a bias.
+    (dict(m=144, n=2560, k=10240, dtype="bf16", out_dtype="bf16", layout_b="col", bias=True),
+     dict(BLOCK_M=144, BLOCK_N=128, BLOCK_K=64, num_stages=5, SCHEDULE="split_k", SPLIT_K=4, SWAP_AB=True, GROUP_M=1)),
     (dict(m=300, n=1024, k=1008, dtype="fp8", out_dtype="bf16", layout_b="col", scale_mode="row", bias=True,
           activation="gelu", residual=True),
      dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=128, num_stages=4, PROMOTE_TILES=1, SWAP_AB=True, GROUP_M=1)),

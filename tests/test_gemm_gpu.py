@@ -145,7 +145,7 @@ def test_captured_split_launches_take_graph_counters_zeroed_once():
 ], ids=["bf16-b-row", "fp16-b-col"])
 def test_gluon_ws_two_part_tiles_match_float64(problem):
     """WIDE_N: 96-, 144-, 160- and 192-column tiles held as a power-of-two part and a 16-, 32- or 64-column rest, N
-    not a multiple of any, each epilogue, one and two consumer warpgroups."""
+    not a multiple of any, each epilogue, one and two consumer warpgroups, whole and split over K."""
     device = cuda_device(0)
     inputs = FAMILY.make_inputs(problem, device, seed=5)
     expected = FAMILY.reference(problem, inputs)
@@ -154,8 +154,10 @@ def test_gluon_ws_two_part_tiles_match_float64(problem):
                    and c["BLOCK_K"] == 64 and c["num_stages"] == 4 and c["GROUP_M"] in (1, 8)]
         assert {c["BLOCK_M"] for c in configs} == {64, 128}
         for block_m in (64, 128):
-            config = next(c for c in configs if c["BLOCK_M"] == block_m)
-            assert_right_and_repeatable(problem, config, inputs, expected, runs=2)
+            for schedule, split in (("data_parallel", 1), ("split_k", 3)):
+                config = next(c for c in configs if c["BLOCK_M"] == block_m and c["SCHEDULE"] == schedule
+                              and c["SPLIT_K"] == split)
+                assert_right_and_repeatable(problem, config, inputs, expected, runs=2)
 
 
 GLUON_PROBLEMS = [
@@ -227,10 +229,16 @@ def test_gluon_ws_pingpong_matches_float64_and_repeats_bit_for_bit(problem, tile
 SWAPPED_CASES = [
     (contiguous_problem(300, 1000, 784, "fp16", "fp16", layout_b="col", bias=True, activation="gelu", residual=True),
      [dict(BLOCK_M=96, BLOCK_N=128), dict(BLOCK_M=80, BLOCK_N=128), dict(BLOCK_M=64, BLOCK_N=64, SCHEDULE="stream_k"),
-      dict(BLOCK_M=32, BLOCK_N=128, SCHEDULE="split_k", SPLIT_K=3), dict(BLOCK_M=160, BLOCK_N=64)]),
+      dict(BLOCK_M=32, BLOCK_N=128, SCHEDULE="split_k", SPLIT_K=3), dict(BLOCK_M=160, BLOCK_N=64),
+      dict(BLOCK_M=96, BLOCK_N=128, SCHEDULE="split_k", SPLIT_K=3)]),
     (contiguous_problem(77, 4104, 2056, "bf16", "bf16", layout_b="col", activation="silu"),
      [dict(BLOCK_M=16, BLOCK_N=64, SCHEDULE="split_k", SPLIT_K=2), dict(BLOCK_M=96, BLOCK_N=128),
-      dict(BLOCK_M=128, BLOCK_N=128, SCHEDULE="stream_k")]),
+      dict(BLOCK_M=128, BLOCK_N=128, SCHEDULE="stream_k"), dict(BLOCK_M=80, BLOCK_N=64, SCHEDULE="split_k", SPLIT_K=2)]),
+    # Two-part token tiles split over K where the tiles are few (narrow weights, long K), K not a multiple of the
+    # splits' K tiles.
+    (contiguous_problem(150, 2568, 10200, "bf16", "bf16", layout_b="col", bias=True, residual=True),
+     [dict(BLOCK_M=144, BLOCK_N=128, SCHEDULE="split_k", SPLIT_K=4),
+      dict(BLOCK_M=160, BLOCK_N=64, SCHEDULE="split_k", SPLIT_K=3)]),
     (contiguous_problem(1000, 1032, 1000, "bf16", "bf16", layout_b="col", bias=True),
      [dict(BLOCK_M=256, BLOCK_N=64), dict(BLOCK_M=192, BLOCK_N=128)]),
     (contiguous_problem(200, 1008, 768, "fp8", "bf16", layout_b="col", scale_mode="row", bias=True),

@@ -340,10 +340,10 @@ def gemm_space(problem, device: DeviceInfo) -> StagedSpace:
         # (a two-part width is never a tile's rows: gluon_ws_structure)
         rule("wide_n_gluon_only", ("VARIANT", "SCHEDULE", "EPILOGUE_SUBTILE", "BLOCK_M", "BLOCK_N"),
              lambda c: (c["BLOCK_N"] not in GLUON_TWO_PART and c["BLOCK_M"] not in GLUON_TWO_PART) or (
-                 c["VARIANT"] == GLUON_WS and c["SCHEDULE"] == "data_parallel" and not c["EPILOGUE_SUBTILE"]
-                 and p.dtype in ("bf16", "fp16")),
+                 c["VARIANT"] == GLUON_WS and c["SCHEDULE"] in ("data_parallel", "split_k")
+                 and not c["EPILOGUE_SUBTILE"] and p.dtype in ("bf16", "fp16")),
              f"tiles of {', '.join(map(str, GLUON_TWO_PART))} (no power of two) columns, or swapped tokens, are the "
-             "gluon_ws variant's, for 16-bit operands in whole tiles"),
+             "gluon_ws variant's, for 16-bit operands in whole tiles or split over K"),
         rule("schedule_split_k", ("SCHEDULE", "SPLIT_K"), lambda c: (c["SCHEDULE"] == "split_k") == (c["SPLIT_K"] > 1),
              "SPLIT_K > 1 is the split_k schedule, which needs SPLIT_K > 1"),
         rule("persistent_tma_only", ("VARIANT", "SCHEDULE", "PERSISTENT", "WARP_SPECIALIZE", "FLATTEN"),
