@@ -10,6 +10,7 @@ import torch
 
 from autotile.bench import poison
 from autotile.device import cuda_device
+from autotile.families import gemm_space
 from autotile.families.gemm import FAMILY, contiguous_problem
 from autotile.families.gemm_space import GLUON_WIDE_NS
 
@@ -143,9 +144,11 @@ def test_captured_split_launches_take_graph_counters_zeroed_once():
     contiguous_problem(300, 1000, 784, "bf16", "bf16", layout_b="row", bias=True, activation="gelu", residual=True),
     contiguous_problem(513, 4616, 2056, "fp16", "fp16", layout_b="col", activation="silu"),
 ], ids=["bf16-b-row", "fp16-b-col"])
-def test_gluon_ws_two_part_tiles_match_float64(problem):
+def test_gluon_ws_two_part_tiles_match_float64(problem, monkeypatch):
     """WIDE_N: 96-, 144-, 160- and 192-column tiles held as a power-of-two part and a 16-, 32- or 64-column rest, N
-    not a multiple of any, each epilogue, one and two consumer warpgroups, whole and split over K."""
+    not a multiple of any, each epilogue, one and two consumer warpgroups, whole and split over K. NOTE:
+    gemm_space.GLUON_TWO_PART_SPLIT stays off until this test and the swapped one pass on a Hopper GPU."""
+    monkeypatch.setattr(gemm_space, "GLUON_TWO_PART_SPLIT", True)
     device = cuda_device(0)
     inputs = FAMILY.make_inputs(problem, device, seed=5)
     expected = FAMILY.reference(problem, inputs)
@@ -248,10 +251,12 @@ SWAPPED_CASES = [
 
 
 @pytest.mark.parametrize("problem,tiles", SWAPPED_CASES, ids=[f"{p.m}x{p.n}x{p.k}-{p.dtype}" for p, _ in SWAPPED_CASES])
-def test_gluon_ws_swapped_tiles_match_float64_and_repeat_bit_for_bit(problem, tiles):
-    """Swapped Gluon tiles (C^T = W X^T, C^T stored transposed through the staging buffer) under each schedule."""
+def test_gluon_ws_swapped_tiles_match_float64_and_repeat_bit_for_bit(problem, tiles, monkeypatch):
+    """Swapped Gluon tiles (C^T = W X^T, C^T stored transposed through the staging buffer) under each schedule, two-part
+    token tiles split over K included (gemm_space.GLUON_TWO_PART_SPLIT, on here)."""
     from autotile.families.gemm_policy import gluon_swapped_config
 
+    monkeypatch.setattr(gemm_space, "GLUON_TWO_PART_SPLIT", True)
     device = cuda_device(0)
     assert_admitted_and_right(problem, [gluon_swapped_config(problem, device, **t) for t in tiles], seed=11)
 
