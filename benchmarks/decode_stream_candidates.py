@@ -86,8 +86,9 @@ STREAM_K_TILES = (dict(BLOCK_N=64, BLOCK_K=128, SWAP_AB=True, num_stages=5),
 # Swapped Gluon tiles (--gluon-swap): the token tiles of GLUON_SWAP_TOKEN_TILES that leave at most the policy's
 # MID_SWAPPED_MAX_EMPTY of their last tile's columns empty (and the least wasteful one, and the smallest that holds
 # every token: the weight read once), over 64 and 128 weight rows, whole and, where the tiles are fewer than the SMs,
-# split 2 or 3 ways.
+# split 2 or 3 ways, and in as many parts (up to GLUON_SWAP_MAX_SPLIT) as one wave of the SMs holds.
 GLUON_SWAP_SPLITS = (2, 3)
+GLUON_SWAP_MAX_SPLIT = 8
 
 
 def gluon_swapped_candidates(problem, device) -> list[dict]:
@@ -102,7 +103,8 @@ def gluon_swapped_candidates(problem, device) -> list[dict]:
             continue
         for rows in (64, 128):
             tiles = math.ceil(m / t) * math.ceil(n / rows)
-            splits = (1,) + (GLUON_SWAP_SPLITS if tiles < device.sm_count else ())
+            filling = min(GLUON_SWAP_MAX_SPLIT, device.sm_count // tiles)
+            splits = (1,) + (tuple(sorted(set(GLUON_SWAP_SPLITS) | {filling} - {1})) if tiles < device.sm_count else ())
             wanted += [gluon_swapped_config(problem, device, BLOCK_M=t, BLOCK_N=rows, SPLIT_K=split,
                                             SCHEDULE="split_k" if split > 1 else "data_parallel")
                        for split in splits]

@@ -114,3 +114,26 @@ def test_token_tiles_only_when_asked(candidates_script):
     assert all(space.is_feasible(c) for c in plain) and not any(space.is_feasible(c) for c in extra)
     few = contiguous_problem(64, 512, 3584, "bf16", "bf16", layout_b="col")
     assert "token tile" not in candidates_script.candidates(few, h200, token_tiles=True).values()
+
+
+def test_gluon_swap_candidates_split_two_part_tiles_only_behind_their_switch(candidates_script, monkeypatch):
+    """--gluon-swap: swapped Gluon tiles, each admitted by the space; where the tiles are fewer than the SMs they split
+    2 and 3 ways and in as many parts as fill one wave; two-part token tiles split only with
+    gemm_space.GLUON_TWO_PART_SPLIT on (--two-part-split)."""
+    from autotile.families import gemm_space
+    from autotile.families.gemm import FAMILY, contiguous_problem
+    from autotile.families.gemm_space import GLUON_TWO_PART
+
+    h200 = candidates_script.gkb.H200_PLAN
+    problem = contiguous_problem(144, 2560, 10240, "bf16", "bf16", layout_b="col")  # 20 tiles of 144 x 128
+
+    def swapped():
+        found = candidates_script.candidates(problem, h200, gluon_swap=True)
+        return [c for c, origin in found.items() if origin == "gluon swap"]
+
+    off = swapped()
+    assert off and all(c["SWAP_AB"] and FAMILY.space(problem, h200).is_feasible(c) for c in off)
+    assert not [c for c in off if c["BLOCK_M"] in GLUON_TWO_PART and c["SPLIT_K"] > 1]
+    monkeypatch.setattr(gemm_space, "GLUON_TWO_PART_SPLIT", True)
+    splits = {c["SPLIT_K"] for c in swapped() if c["BLOCK_M"] == 144 and c["BLOCK_N"] == 128}
+    assert splits == {1, 2, 3, h200.sm_count // 20}

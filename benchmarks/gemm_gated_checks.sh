@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The GEMM family's switch that waits for a GPU (gemm_space.GLUON_TWO_PART_SPLIT: two-part Gluon tiles split over K):
+# its tests against float64 (which turn it on), then the tiles it would add, timed beside the policy's default and
+# F.linear on narrow, long-K weights at 144-240 tokens, in one device call (~8 min). Usage, from the repository root
+# on the GPU machine: benchmarks/gemm_gated_checks.sh OUT_DIR. The switch goes on only where the tests pass; a policy
+# rule takes the tiles only where the timings lead.
+set -u
+out=$1
+mkdir -p "$out"
+. "$(dirname "$0")/gpu_env.sh"
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/device.txt"
+timeout 110 python3 -m pytest -m gpu -q tests/test_gemm_gpu.py -k "swapped or two_part" 2>&1 | tail -8 \
+  | tee "$out/gemm_two_part_split_tests.txt"
+# Every candidate on Phi-2's projections (N = 2560), then the default and the swapped Gluon tiles on long-K down
+# projections (Llama-3-8B, Qwen2.5-7B, Phi-3-mini, Gemma-2-2B, Qwen2.5-3B).
+timeout 170 python3 benchmarks/decode_stream_candidates.py --gluon-swap --token-tiles --two-part-split \
+  --tokens 144,176,240 --shapes 2560x10240,2560x2560 --budget-s 130 --out "$out/two_part_split_narrow.json" 2>&1 \
+  | tail -12
+timeout 170 python3 benchmarks/decode_stream_candidates.py --gluon-swap --two-part-split --only "default,gluon swap" \
+  --tokens 144,176,208 --shapes 3584x18944,4096x14336,3072x8192,2304x9216,2048x11008 --budget-s 130 \
+  --out "$out/two_part_split_longk.json" 2>&1 | tail -20
