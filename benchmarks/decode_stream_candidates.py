@@ -28,8 +28,8 @@ sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve
 import gemm_kernels_bench as gkb  # noqa: E402  (compile pool, config labels)
 from decode_stream_bench import REL_TOLERANCE, graph_ms_per_call, weights_for  # noqa: E402
 
-from autotile.families.base import next_pow2  # noqa: E402
 from autotile.families import gemm_space  # noqa: E402
+from autotile.families.base import next_pow2  # noqa: E402
 from autotile.families.gemm import FAMILY, contiguous_problem  # noqa: E402
 from autotile.families.gemm_policy import (  # noqa: E402
     MID_SWAPPED_MAX_EMPTY, ONE_WAVE_MID_TILES, gluon_config, gluon_swapped_config, tma_mid_tile)
