@@ -131,6 +131,7 @@ def test_gluon_swap_candidates_split_two_part_tiles_only_behind_their_switch(can
         found = candidates_script.candidates(problem, h200, gluon_swap=True)
         return [c for c, origin in found.items() if origin == "gluon swap"]
 
+    monkeypatch.setattr(gemm_space, "GLUON_TWO_PART_SPLIT", False)
     off = swapped()
     assert off and all(c["SWAP_AB"] and FAMILY.space(problem, h200).is_feasible(c) for c in off)
     assert not [c for c in off if c["BLOCK_M"] in GLUON_TWO_PART and c["SPLIT_K"] > 1]

@@ -120,6 +120,7 @@ def test_stream_k_shares_cover_every_k_iteration_once_and_name_their_contributor
 def test_two_part_tile_widths_are_the_gluon_variants_for_16_bit_whole_tiles(width, monkeypatch):
     problem = contiguous_problem(512, 4608, 3584, "bf16", "bf16", layout_b="col")
     space = FAMILY.space(problem, H200)
+    monkeypatch.setattr(gemm_space, "GLUON_TWO_PART_SPLIT", False)
     wide = [c for c in space.feasible() if c["BLOCK_N"] == width]
     assert wide and all(c["VARIANT"] == "gluon_ws" and c["SCHEDULE"] == "data_parallel"
                         and not c["EPILOGUE_SUBTILE"] for c in wide)
@@ -128,22 +129,22 @@ def test_two_part_tile_widths_are_the_gluon_variants_for_16_bit_whole_tiles(widt
     assert not [c for c in FAMILY.space(problem, interpret_device()).feasible() if c["BLOCK_N"] == width]
     assert FAMILY.render_switches(problem, wide[0])["WIDE_N"]
     assert not FAMILY.render_switches(problem, space.admit(dict(wide[0], BLOCK_N=128)))["WIDE_N"]
-    # Split over K too, once GLUON_TWO_PART_SPLIT is on (its GPU checks passed).
+    # Split over K too with GLUON_TWO_PART_SPLIT on (the default since its GPU checks passed).
     monkeypatch.setattr(gemm_space, "GLUON_TWO_PART_SPLIT", True)
     assert {c["SCHEDULE"] for c in space.feasible() if c["BLOCK_N"] == width} == {"data_parallel", "split_k"}
 
 
 def test_swapped_gluon_tiles_put_tokens_on_the_wgmma_n_side_up_to_1024_tokens():
     """SWAP_AB gluon_ws: BLOCK_M tokens (any of GLUON_SWAP_TOKEN_TILES) over 64 or 128 weight rows (BLOCK_N), B as W
-    (N, K); the two-part token tiles in whole tiles (GLUON_TWO_PART_SPLIT off); the tile's consumer warpgroups are its
-    weight rows'."""
+    (N, K); the two-part token tiles whole or split over K (GLUON_TWO_PART_SPLIT), never stream-K; the tile's consumer
+    warpgroups are its weight rows'."""
     problem = contiguous_problem(300, 5120, 4096, "bf16", "bf16", layout_b="col")
     swapped = [c for c in gluon_configs(problem, H200) if c["SWAP_AB"]]
     assert {c["BLOCK_M"] for c in swapped} == set(GLUON_SWAP_TOKEN_TILES)
     assert {c["BLOCK_N"] for c in swapped} == {64, 128}
     assert {c["SCHEDULE"] for c in swapped} == {"data_parallel", "split_k", "stream_k"}  # C^T whole: no pingpong
     assert not any(c["EPILOGUE_SUBTILE"] for c in swapped)
-    assert all(c["SCHEDULE"] == "data_parallel" for c in swapped if c["BLOCK_M"] in GLUON_TWO_PART)
+    assert {c["SCHEDULE"] for c in swapped if c["BLOCK_M"] in GLUON_TWO_PART} == {"data_parallel", "split_k"}
     wide = next(c for c in swapped if c["BLOCK_M"] == 96 and c["BLOCK_N"] == 64)
     switches = FAMILY.render_switches(problem, wide)
     assert switches["WIDE_N"] and switches["B_COL"] and switches["SWAP_AB"]
@@ -265,7 +266,6 @@ def _compile_case(case) -> dict:
 def _compile_cases() -> list:
     from compile_child import map_in_processes
 
-    gemm_space.GLUON_TWO_PART_SPLIT = True  # set before the pool forks: split two-part tiles wait for their GPU checks
     return map_in_processes(_compile_case, CASES)
 
 

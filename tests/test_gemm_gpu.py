@@ -146,8 +146,9 @@ def test_captured_split_launches_take_graph_counters_zeroed_once():
 ], ids=["bf16-b-row", "fp16-b-col"])
 def test_gluon_ws_two_part_tiles_match_float64(problem, monkeypatch):
     """WIDE_N: 96-, 144-, 160- and 192-column tiles held as a power-of-two part and a 16-, 32- or 64-column rest, N
-    not a multiple of any, each epilogue, one and two consumer warpgroups, whole and split over K. NOTE:
-    gemm_space.GLUON_TWO_PART_SPLIT stays off until this test and the swapped one pass on a Hopper GPU."""
+    not a multiple of any, each epilogue, one and two consumer warpgroups, whole and split over K (gemm_space's
+    GLUON_TWO_PART_SPLIT, on since this test and the swapped one passed on an H100:
+    results/gemm_two_part_split_tests_2026-12-07_h100.txt)."""
     monkeypatch.setattr(gemm_space, "GLUON_TWO_PART_SPLIT", True)
     device = cuda_device(0)
     inputs = FAMILY.make_inputs(problem, device, seed=5)

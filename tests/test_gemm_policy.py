@@ -10,9 +10,9 @@ import pytest
 from autotile.device import HOPPER_SMEM_PER_BLOCK, DeviceInfo, interpret_device
 from autotile.families.gemm import FAMILY, contiguous_problem
 from autotile.families.gemm_policy import (
-    FILL_SMS, MID_GLUON_FEW_FILL, MID_GLUON_FILL, MID_SWAPPED_MAX_EMPTY, NARROW_MIN_K, STREAM_MAX_M, TOKEN_TILE_FEW_ROW_READS,
-    TOKEN_TILE_LONG_K, TOKEN_TILE_ROW_READS, WIDE_STREAM_MAX_M, prefill_config, programs, regime, tiled_mid_config,
-    token_tile_config, wave_efficiency,
+    FILL_SMS, MID_GLUON_FEW_FILL, MID_GLUON_FILL, MID_LONG_K, MID_SWAPPED_MAX_EMPTY, NARROW_MIN_K, STREAM_MAX_M,
+    TOKEN_TILE_FEW_ROW_READS, TOKEN_TILE_LONG_K, TOKEN_TILE_ROW_READS, WIDE_STREAM_MAX_M, prefill_config, programs,
+    regime, tiled_mid_config, token_tile_config, wave_efficiency,
 )
 from autotile.families.gemm_space import FP8_PRECISE_INTERVAL, SPLIT_K_CHOICES, SPLIT_K_WORKSPACE_LIMIT, tile_count
 from autotile.models import MODELS, TOKEN_BUCKETS, projections
@@ -326,8 +326,10 @@ def test_mid_gluon_tiles_on_fewer_sms_after_the_one_wave_tma_tiles(m, n, k, tile
     if tile is None:
         assert config["VARIANT"] != "gluon_ws", config
     else:
+        # From MID_LONG_K they split over K in two (test_long_k_weights_split_few_tiles_in_two).
+        schedule = "split_k" if k >= MID_LONG_K else "data_parallel"
         assert (config["VARIANT"], config["SCHEDULE"], config["BLOCK_M"], config["BLOCK_N"]) == \
-            ("gluon_ws", "data_parallel", *tile), config
+            ("gluon_ws", schedule, *tile), config
         assert MID_GLUON_FEW_FILL * H200.sm_count <= tile_count(problem, *tile) < MID_GLUON_FILL * H200.sm_count
     assert FAMILY.default_config(problem, A100)["VARIANT"] != "gluon_ws"
 
@@ -335,12 +337,14 @@ def test_mid_gluon_tiles_on_fewer_sms_after_the_one_wave_tma_tiles(m, n, k, tile
 @pytest.mark.parametrize("m,n,k,narrow", [
     (320, 2048, 3584, True), (384, 2048, 3584, True), (320, 2048, 4096, True), (384, 2048, 4096, True),
     (448, 1280, 5120, True), (512, 1280, 5120, True), (448, 2048, 3584, True), (176, 3072, 3072, True),
-    (176, 3072, 8192, True), (320, 2048, 14336, False), (192, 4096, 4096, False), (256, 1280, 5120, False)])
+    (176, 3072, 8192, True), (320, 2048, 14336, True), (208, 2560, 10240, True), (192, 4096, 4096, False),
+    (256, 1280, 5120, False), (176, 2560, 10240, False)])
 def test_narrow_weights_take_one_wave_tma_tiles_on_fewer_sms(m, n, k, narrow):
     # NARROW_ONE_WAVE (results/narrow_one_wave_2026-12-06c_h100.json, mid_n3072_2026-12-06d_h100.json, CUDA-graph
     # streams, H100): where no token tile applies, one wave of 64 x 128 x 128 TMA tiles on 40-80% of the SMs led every
-    # Gluon tile (448 x 1280 x 5120: 0.976x of cuBLAS against 0.700x; 176 x 3072 x 8192: 0.837x against 0.625x); K
-    # above MID_LONG_K, wider weights and token tiles (256 x 1280) keep their rules.
+    # Gluon tile (448 x 1280 x 5120: 0.976x of cuBLAS against 0.700x; 176 x 3072 x 8192: 0.837x against 0.625x); above
+    # MID_LONG_K too, from 208 tokens (results/longk_candidates_2026-12-07_h100.json); wider weights, token tiles
+    # (256 x 1280) and Gluon tiles split over a long K in one wave (176 x 2560 x 10240) keep their rules.
     problem = contiguous_problem(m, n, k, "bf16", "bf16", layout_b="col")
     config = FAMILY.default_config(problem, H200)
     tma_tile = (config["VARIANT"], config["SCHEDULE"], config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]) == \
@@ -356,6 +360,44 @@ def test_narrow_weights_take_one_wave_tma_tiles_on_fewer_sms(m, n, k, narrow):
         assert FAMILY.default_config(dataclasses.replace(problem, layout_b="row"), H200)["BLOCK_K"] != 128
     seeds = {(c["VARIANT"], c["BLOCK_M"], c["BLOCK_N"]) for c in (config, *FAMILY.seed_configs(problem, H200))}
     assert {("gluon_ws", 64, 192), ("gluon_ws", 64, 128), ("tma", 64, 128), ("tma", 128, 128)} <= seeds
+
+
+@pytest.mark.parametrize("m,n,k,split", [
+    (144, 2560, 10240, 2), (192, 2304, 9216, 2), (144, 1536, 8960, 3), (176, 2048, 11008, 2), (208, 2048, 11008, 2),
+    (208, 2560, 10240, None), (176, 1024, 8192, None), (176, 2560, 4096, None)])
+def test_narrow_long_k_weights_split_gluon_tiles_ahead_of_token_tiles(m, n, k, split):
+    # NARROW_LONG_K_MIN_N (results/longk_candidates_2026-12-07_h100.json, CUDA-graph streams, H100): from MID_LONG_K,
+    # N of 1536-3072, the 64 x 128 Gluon tiles split over K where two parts or more take one wave (144 x 2560 x 10240:
+    # 0.84x of cuBLAS, against 0.54x for the 128 x 128 split tiles before); past that, the one-wave TMA tiles (208 x
+    # 2560); below 1536 columns the token tiles' long-K rule, and below MID_LONG_K the rules before.
+    problem = contiguous_problem(m, n, k, "bf16", "bf16", layout_b="col")
+    config = FAMILY.default_config(problem, H200)
+    tiles = (config["VARIANT"], config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"])
+    split_tiles = tiles == ("gluon_ws", 64, 128, 64)
+    assert split_tiles == (split is not None), config
+    if split is not None:
+        assert (config["SCHEDULE"], config["SPLIT_K"]) == ("split_k", split), config
+        assert tile_count(problem, 64, 128) * split <= H200.sm_count
+        assert FAMILY.space(problem, H200).is_feasible(config)
+    assert FAMILY.default_config(problem, A100)["VARIANT"] != "gluon_ws"
+
+
+@pytest.mark.parametrize("m,n,k,tile", [
+    (144, 3584, 18944, (80, 128, True)), (160, 4096, 11008, (80, 128, True)), (176, 3584, 18944, (64, 192, False)),
+    (192, 3584, 14336, (64, 192, False))])
+def test_long_k_weights_split_few_tiles_in_two(m, n, k, tile):
+    # _long_k_halves (same table): from MID_LONG_K, the few-fill Gluon tiles split over K in two where that takes one
+    # wave (144 x 3584 x 18944, swapped 80 x 128: 0.77x of cuBLAS whole -> 0.96x; 176 x 3584 x 18944, 64 x 192: 0.80x
+    # -> 0.96x). Two-part tiles both (gemm_space.GLUON_TWO_PART_SPLIT). Below MID_LONG_K they run whole.
+    problem = contiguous_problem(m, n, k, "bf16", "bf16", layout_b="col")
+    config = FAMILY.default_config(problem, H200)
+    assert (config["VARIANT"], config["BLOCK_M"], config["BLOCK_N"], config["SWAP_AB"]) == ("gluon_ws", *tile), config
+    assert (config["SCHEDULE"], config["SPLIT_K"]) == ("split_k", 2), config
+    assert 2 * tile_count(problem, *tile[:2]) <= H200.sm_count
+    assert FAMILY.space(problem, H200).is_feasible(config)
+    shorter = FAMILY.default_config(dataclasses.replace(problem, k=MID_LONG_K // 2), H200)
+    assert (shorter["VARIANT"], shorter["BLOCK_M"], shorter["BLOCK_N"], shorter["SWAP_AB"], shorter["SCHEDULE"]) == \
+        ("gluon_ws", *tile, "data_parallel"), shorter
 
 
 @pytest.mark.parametrize("m,n,k,split", [

@@ -377,10 +377,11 @@ def _fewer_waves(problem, config: dict, device: DeviceInfo) -> dict:
 
 
 def tiled_mid_config(problem, device: DeviceInfo, gluon: bool = True, token_tiles: bool = True) -> dict:
-    """64 < M <= 512. On Hopper, the Gluon variant's tiles where they fill the SMs (_mid_gluon_config); after the
+    """64 < M <= 512. On Hopper, narrow weights from MID_LONG_K first take Gluon 64 x 128 tiles split over K
+    (_narrow_long_k); then the Gluon variant's tiles where they fill the SMs (_mid_gluon_config); after the
     one-wave TMA tiles (for narrow weights from fewer SMs: _narrow_one_wave), Gluon tiles that fill fewer of them
-    (MID_GLUON_FEW_FILL); for narrower weights, below MID_LONG_K, Gluon 64 x 128 tiles split over K or whole
-    (_narrow_gluon_split).
+    (MID_GLUON_FEW_FILL; from MID_LONG_K split in two where that takes one wave: _long_k_halves); for narrower
+    weights, below MID_LONG_K, Gluon 64 x 128 tiles split over K or whole (_narrow_gluon_split).
     Otherwise 16-bit operands, measured at M = 256 on Llama-3-8B and Qwen2.5-7B projections
     (results/gemm_policy_sweep_2026-12-01.md; stream-K tiles, the rule before, reached 0.39-0.59x of cuBLAS):
     128 x 256 tiles on TMA in a persistent loop where they alone fill the GPU (gate_up: 0.77-0.91x); then the
@@ -388,6 +389,9 @@ def tiled_mid_config(problem, device: DeviceInfo, gluon: bool = True, token_tile
     tiles, split over K only as far as the SMs need (qkv and o: 0.70-0.77x), on 3 stages where that takes fewer
     waves than 4 (_fewer_waves)."""
     p = problem
+    narrow_long = _narrow_gluon_split(p, device) if gluon and _narrow_long_k(p) else None
+    if narrow_long is not None:
+        return narrow_long
     token_tile = token_tile_config(p, device) if token_tiles else None
     if token_tile is not None:
         return token_tile
@@ -410,7 +414,7 @@ def tiled_mid_config(problem, device: DeviceInfo, gluon: bool = True, token_tile
             return narrow_wave
         few_tiles = _mid_gluon_config(p, device, fill=MID_GLUON_FEW_FILL) if gluon else None
         if few_tiles is not None:
-            return few_tiles
+            return _long_k_halves(p, few_tiles, device)
         if p.k >= MID_LONG_K:
             long_k = _base(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3)
             return _schedule(p, _fit_blocks(p, long_k), device, split=True)
@@ -597,7 +601,8 @@ NARROW_WHOLE_MIN_TILES = 32
 # for the few-fill rule's 64 x 192; 448 / 512 x 1280 x 5120 0.976 / 0.965x against 0.700 / 0.765x for the rules before;
 # 320 / 384 x 2048 x 3584 within 1% of the Gluon 64 x 128 tiles. On N = 3072 (Phi-3-mini's o and down projections)
 # at 176 tokens the same (results/mid_n3072_2026-12-06d_h100.json): 3072 x 3072 0.648x -> 0.881x, 3072 x 8192 0.625x
-# -> 0.837x, each the best candidate. Unmeasured above MID_LONG_K (split tiles keep longer K) and for B row-major.
+# -> 0.837x, each the best candidate. Above MID_LONG_K, from 208 tokens, the same (NARROW_LONG_K_MIN_N); unmeasured for
+# B row-major.
 NARROW_ONE_WAVE_MAX_N = 3072
 _NARROW_GLUON = dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, num_stages=6)
 
@@ -609,10 +614,10 @@ def _narrow_gluon(problem, split: int = 1) -> dict:
 
 def _narrow_one_wave(problem, device: DeviceInfo) -> dict | None:
     """The first of ONE_WAVE_MID_TILES (64 x 128 x 128 on TMA) where its tiles take one wave on MID_GLUON_FEW_FILL of
-    the SMs or more, for narrow weights in nn.Linear layout (N <= NARROW_ONE_WAVE_MAX_N, NARROW_MIN_K <= K <=
-    MID_LONG_K); None elsewhere."""
+    the SMs or more, for narrow weights in nn.Linear layout (N <= NARROW_ONE_WAVE_MAX_N, K >= NARROW_MIN_K); None
+    elsewhere."""
     p = problem
-    if (p.dtype not in ("bf16", "fp16") or not NARROW_MIN_K <= p.k <= MID_LONG_K or p.n > NARROW_ONE_WAVE_MAX_N
+    if (p.dtype not in ("bf16", "fp16") or p.k < NARROW_MIN_K or p.n > NARROW_ONE_WAVE_MAX_N
             or p.layout_b != "col"):
         return None
     config = tma_mid_tile(p, ONE_WAVE_MID_TILES[0], device)
@@ -633,6 +638,35 @@ def _narrow_gluon_split(problem, device: DeviceInfo) -> dict | None:
         return None
     whole = p.k <= NARROW_WHOLE_MAX_K and tiles >= NARROW_WHOLE_MIN_TILES
     return _narrow_gluon(p, 1 if whole else split)
+
+
+# From MID_LONG_K, narrow weights (N from NARROW_LONG_K_MIN_N to NARROW_ONE_WAVE_MAX_N: down projections of 1-4B
+# models) take the Gluon 64 x 128 tiles split over K (_narrow_gluon_split) ahead of token tiles and the one-wave TMA
+# tiles, where two parts or more still take one wave; from more tiles, the one-wave TMA tiles. Every candidate at
+# 144-240 tokens (H100, CUDA-graph streams, results/longk_candidates_2026-12-07_h100.json and _heldout_ at 128-224
+# tokens): at 144-192 tokens on 2304 x 9216, 2560 x 9728 and 2560 x 10240 the split tiles ran 0.78-0.90x of cuBLAS,
+# the best candidate or within 1% of it, where the 128 x 128 split tiles of the rule before ran 0.48-0.57x and the
+# one-wave TMA tiles 0.71-0.85x; from 208 tokens (4 rows of 64 x 128 tiles, past one wave split) the TMA tiles led
+# (0.75-1.28x, each the best). On 1536 x 8960 and 2048 x 11008 the split tiles ran 0.71-1.12x against the token tiles'
+# 0.64-0.95x; on 2048 x 8192 the two were within 2%. Below NARROW_LONG_K_MIN_N the token tiles' own long-K rule
+# (TOKEN_TILE_LONG_K) was measured ahead.
+NARROW_LONG_K_MIN_N = 1536
+
+
+def _narrow_long_k(problem) -> bool:
+    return problem.k >= MID_LONG_K and NARROW_LONG_K_MIN_N <= problem.n <= NARROW_ONE_WAVE_MAX_N
+
+
+# From MID_LONG_K, the few-fill Gluon tiles (MID_GLUON_FEW_FILL, swapped or not; two-part tiles included) split over
+# K in two where that still takes one wave: 53-66 tiles on 132 SMs, a long K loop against one partial tile's round trip
+# through the workspace. Same tables: 144-192 tokens on 3584 x 14336, 3584 x 18944, 4096 x 11008 and 4096 x 14336
+# (eight rows), 0.77-1.06x of cuBLAS whole -> 0.94-1.14x split (swapped 80 x 128 and unswapped 64 x 192 tiles).
+def _long_k_halves(problem, config: dict, device: DeviceInfo) -> dict:
+    """`config` split over K in two from MID_LONG_K where twice its tiles take one wave; `config` elsewhere."""
+    tiles = tile_count(problem, config["BLOCK_M"], config["BLOCK_N"])
+    if problem.k < MID_LONG_K or config["SCHEDULE"] != "data_parallel" or 2 * tiles > sm_count(device):
+        return config
+    return dict(config, SCHEDULE="split_k", SPLIT_K=2)
 
 
 # Narrow weights (gemm_space.token_tiles_fit) at 129-640 tokens, K >= NARROW_MIN_K, 16-bit on Hopper, nn.Linear

@@ -38,8 +38,9 @@ GLUON_WIDE_NS = (96, 144, 160, 192)
 GLUON_TWO_PART = (80,) + GLUON_WIDE_NS
 # Two-part tiles split over K (templates/gemm_gluon_ws.py.j2, _consumer_wide's split_k tail): for narrow weights and
 # long K, where 144- or 160-token tiles are few (144 x 2560 x 10240: 20 tiles of 144 x 128). Compiled for sm90 without
-# spills; off until test_gemm_gpu.py's two-part and swapped checks (which turn it on) pass on a Hopper GPU.
-GLUON_TWO_PART_SPLIT = False
+# spills; on since test_gemm_gpu.py's two-part and swapped checks passed on an H100
+# (results/gemm_two_part_split_tests_2026-12-07_h100.txt). Off, two-part tiles run whole only.
+GLUON_TWO_PART_SPLIT = True
 GLUON_WG_ROWS = 64
 # Swapped gluon_ws tiles (C^T = W X^T) put the tokens on wgmma's N side, in tiles of any of these (BLOCK_M; the wide
 # ones held in two parts as above), over 64 or 128 weight rows (BLOCK_N): a prefill chunk's M is then cut in tiles
