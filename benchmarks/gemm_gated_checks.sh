@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# The GEMM family's switch that waits for a GPU (gemm_space.GLUON_TWO_PART_SPLIT: two-part Gluon tiles split over K):
-# its tests against float64 (which turn it on), then the tiles it would add, timed beside the policy's default and
-# F.linear on narrow, long-K weights at 144-240 tokens, in one device call (~8 min). Usage, from the repository root
-# on the GPU machine: benchmarks/gemm_gated_checks.sh OUT_DIR. The switch goes on only where the tests pass; a policy
-# rule takes the tiles only where the timings lead.
+# The checks behind a GEMM family switch (gemm_space.GLUON_TWO_PART_SPLIT: two-part Gluon tiles split over K; on since
+# they passed on an H100, results/gemm_two_part_split_tests_2026-12-07_h100.txt): its tests against float64, then the
+# tiles it adds, timed beside the policy's default and F.linear on narrow, long-K weights at 144-240 tokens, in one
+# device call (~8 min). Usage, from the repository root on the GPU machine: benchmarks/gemm_gated_checks.sh OUT_DIR.
+# Run it again on a new GPU kind or Triton version before trusting the switch there.
 set -u
 out=$1
 mkdir -p "$out"
