@@ -28,7 +28,6 @@ sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve
 import gemm_kernels_bench as gkb  # noqa: E402  (compile pool, config labels)
 from decode_stream_bench import REL_TOLERANCE, graph_ms_per_call, weights_for  # noqa: E402
 
-from autotile.families import gemm_space  # noqa: E402
 from autotile.families.base import next_pow2  # noqa: E402
 from autotile.families.gemm import FAMILY, contiguous_problem  # noqa: E402
 from autotile.families.gemm_policy import (  # noqa: E402
@@ -210,15 +209,11 @@ def main() -> int:
                         help="also time swapped tiles of fewer tokens than M (TOKEN_TILES), beyond the space's")
     parser.add_argument("--gluon-swap", action="store_true",
                         help="also time swapped Gluon tiles (tokens on wgmma's N side: gluon_swapped_candidates)")
-    parser.add_argument("--two-part-split", action="store_true",
-                        help="turn gemm_space.GLUON_TWO_PART_SPLIT on: two-part tiles split over K are candidates")
     parser.add_argument("--default-only", action="store_true", help="time the policy's default beside F.linear only")
     parser.add_argument("--only", type=lambda t: set(t.split(",")),
                         help="time the candidates of these origins only (comma-separated: default, seed, tile, "
                              "token tile, gluon swap)")
     args = parser.parse_args()
-    if args.two_part_split:
-        gemm_space.GLUON_TWO_PART_SPLIT = True  # the space admits candidates in this process
     problems = [contiguous_problem(m, n, k, "bf16", "bf16", layout_b="col")
                 for n, k in args.shapes for m in args.tokens]
     if args.plan:

@@ -13,9 +13,9 @@ timeout 110 python3 -m pytest -m gpu -q tests/test_gemm_gpu.py -k "swapped or tw
   | tee "$out/gemm_two_part_split_tests.txt"
 # Every candidate on Phi-2's projections (N = 2560), then the default and the swapped Gluon tiles on long-K down
 # projections (Llama-3-8B, Qwen2.5-7B, Phi-3-mini, Gemma-2-2B, Qwen2.5-3B).
-timeout 170 python3 benchmarks/decode_stream_candidates.py --gluon-swap --token-tiles --two-part-split \
+timeout 170 python3 benchmarks/decode_stream_candidates.py --gluon-swap --token-tiles \
   --tokens 144,176,240 --shapes 2560x10240,2560x2560 --budget-s 130 --out "$out/two_part_split_narrow.json" 2>&1 \
   | tail -12
-timeout 170 python3 benchmarks/decode_stream_candidates.py --gluon-swap --two-part-split --only "default,gluon swap" \
+timeout 170 python3 benchmarks/decode_stream_candidates.py --gluon-swap --only "default,gluon swap" \
   --tokens 144,176,208 --shapes 3584x18944,4096x14336,3072x8192,2304x9216,2048x11008 --budget-s 130 \
   --out "$out/two_part_split_longk.json" 2>&1 | tail -20

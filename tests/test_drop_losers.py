@@ -119,7 +119,7 @@ def test_token_tiles_only_when_asked(candidates_script):
 def test_gluon_swap_candidates_split_two_part_tiles_only_behind_their_switch(candidates_script, monkeypatch):
     """--gluon-swap: swapped Gluon tiles, each admitted by the space; where the tiles are fewer than the SMs they split
     2 and 3 ways and in as many parts as fill one wave; two-part token tiles split only with
-    gemm_space.GLUON_TWO_PART_SPLIT on (--two-part-split)."""
+    gemm_space.GLUON_TWO_PART_SPLIT on (the default)."""
     from autotile.families import gemm_space
     from autotile.families.gemm import FAMILY, contiguous_problem
     from autotile.families.gemm_space import GLUON_TWO_PART
