@@ -262,6 +262,50 @@ def test_gluon_ws_swapped_tiles_match_float64_and_repeat_bit_for_bit(problem, ti
     assert_admitted_and_right(problem, [gluon_swapped_config(problem, device, **t) for t in tiles], seed=11)
 
 
+# (problem, unswapped Gluon tiles) whose last row tile starts at M - BLOCK_M (gemm_space.GLUON_CLAMP_ROWS): 392 rows
+# leave 8 of the last 128-row tile, 300 rows 44 of the last 64; every schedule, each epilogue, fp8 row scales.
+CLAMPED_CASES = [
+    (contiguous_problem(392, 1000, 784, "bf16", "bf16", layout_b="row", bias=True, activation="gelu", residual=True),
+     [dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_stages=5),
+      dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_stages=4, SCHEDULE="pingpong"),
+      dict(BLOCK_M=128, BLOCK_N=144, BLOCK_K=64, num_stages=4)]),
+    (contiguous_problem(300, 4104, 2056, "fp16", "fp16", layout_b="col", activation="silu"),
+     [dict(BLOCK_M=64, BLOCK_N=192, BLOCK_K=64, num_stages=6),
+      dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_stages=6, EPILOGUE_SUBTILE=True),
+      dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_stages=3, SCHEDULE="split_k", SPLIT_K=3),
+      dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_stages=3, SCHEDULE="stream_k")]),
+    (contiguous_problem(200, 1008, 768, "fp8", "bf16", layout_b="col", scale_mode="row", bias=True),
+     [dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=128, num_stages=4, PROMOTE_TILES=1)]),
+]
+
+
+@pytest.mark.parametrize("problem,tiles", CLAMPED_CASES, ids=[f"{p.m}x{p.n}x{p.k}-{p.dtype}" for p, _ in CLAMPED_CASES])
+def test_gluon_ws_clamped_last_row_tile_matches_float64_and_the_unclamped_bit_for_bit(problem, tiles, monkeypatch):
+    """The last row tile moved back to end at row M recomputes rows of the tile before it: C is right, repeatable, and
+    bit for bit what the tiles give unclamped (the rows written twice get the same values)."""
+    from autotile.families.gemm_launch import launch_plan
+    from autotile.families.gemm_policy import gluon_config
+
+    device = cuda_device(0)
+    inputs = FAMILY.make_inputs(problem, device, seed=13)
+    expected = FAMILY.reference(problem, inputs)
+    space = FAMILY.space(problem, device)
+    for wanted in tiles:
+        config = space.admit(gluon_config(problem, **wanted))
+        assert config is not None, (wanted, space.violations(gluon_config(problem, **wanted)))
+        results = {}
+        for clamp in (True, False):
+            monkeypatch.setattr(gemm_space, "GLUON_CLAMP_ROWS", clamp)
+            launch_plan.cache_clear()
+            assert FAMILY.render_switches(problem, config)["CLAMP_ROWS"] == clamp
+            assert_right_and_repeatable(problem, config, inputs, expected, runs=2)
+            outputs = FAMILY.allocate_outputs(problem, inputs)
+            FAMILY.launch(problem, config, inputs, outputs)
+            results[clamp] = bits(outputs["c"]).clone()
+        launch_plan.cache_clear()
+        assert torch.equal(results[True], results[False]), f"{config.to_json()}: clamped differs from unclamped"
+
+
 TMA_PROBLEMS = [
     contiguous_problem(1000, 3000, 776, "bf16", "bf16", layout_b="col", bias=True, residual=True),
     contiguous_problem(512, 4104, 2048, "fp16", "fp16", layout_a="col", layout_b="row", activation="silu"),

@@ -41,6 +41,11 @@ GLUON_TWO_PART = (80,) + GLUON_WIDE_NS
 # spills; on since test_gemm_gpu.py's two-part and swapped checks passed on an H100
 # (results/gemm_two_part_split_tests_2026-12-07_h100.txt). Off, two-part tiles run whole only.
 GLUON_TWO_PART_SPLIT = True
+# Unswapped Gluon tiles start their last row tile at M - BLOCK_M (templates/gemm_gluon_ws.py.j2, _row0): it
+# overlaps the tile before it instead of reading A boxes that lie mostly past M. Such tiles ran up to 1.65x slower at
+# the same tile count (128 x 128 on 4096 x 14336: 128.6 us at 392 tokens, 8 rows of the last row tile, beside 77.6
+# at 328; results/partial_rows_longk_2026-12-07b_h100.json).
+GLUON_CLAMP_ROWS = True
 GLUON_WG_ROWS = 64
 # Swapped gluon_ws tiles (C^T = W X^T) put the tokens on wgmma's N side, in tiles of any of these (BLOCK_M; the wide
 # ones held in two parts as above), over 64 or 128 weight rows (BLOCK_N): a prefill chunk's M is then cut in tiles
