@@ -14,6 +14,7 @@ import pytest
 from autotile.device import interpret_device, planned_device
 from autotile.families import gemm_space
 from autotile.families.gemm import FAMILY, contiguous_problem
+from autotile.families.gemm_policy import gluon_config, gluon_swapped_config
 from autotile.families.gemm_space import (GLUON_SWAP_TOKEN_TILES, GLUON_TWO_PART, GLUON_WIDE_NS, accumulator_registers,
                                           programs_per_sm)
 from autotile.render import render_source
@@ -194,6 +195,24 @@ def test_split_tail_covers_every_k_iteration_once_at_shared_offsets():
         if units:
             assert splits == min(split, k_tiles) > 1 and units == (tiles - dp_tiles) * splits
             assert ws >= units * bm * bn and counters == (tiles - dp_tiles) * (bm // 64)
+
+
+def test_whole_unswapped_gluon_tiles_clamp_their_last_row_tile(monkeypatch):
+    """CLAMP_ROWS (the last row tile ends at row M) for the Gluon variant's whole tiles only: a split tile's rows sum
+    in another order than the whole tile before it, which the clamped tile overlaps; swapped tiles' rows are weight
+    rows. Off with gemm_space.GLUON_CLAMP_ROWS."""
+    problem = contiguous_problem(392, 4096, 14336, "bf16", "bf16", layout_b="col")
+    space = FAMILY.space(problem, H200)
+    clamped = lambda **tiles: FAMILY.render_switches(problem, space.admit(gluon_config(problem, **tiles)))["CLAMP_ROWS"]
+    assert clamped(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_stages=5)
+    assert clamped(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_stages=4, SCHEDULE="pingpong")
+    assert clamped(BLOCK_M=64, BLOCK_N=192, BLOCK_K=64, num_stages=6)
+    assert not clamped(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_stages=5, SCHEDULE="split_k", SPLIT_K=2)
+    assert not clamped(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_stages=5, SCHEDULE="stream_k")
+    swapped = space.admit(gluon_swapped_config(problem, H200, BLOCK_M=144, BLOCK_N=128))
+    assert not FAMILY.render_switches(problem, swapped)["CLAMP_ROWS"]
+    monkeypatch.setattr(gemm_space, "GLUON_CLAMP_ROWS", False)
+    assert not clamped(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_stages=5)
 
 
 CASES = [

@@ -500,7 +500,10 @@ class GemmFamily(Family):
             INPUT_PRECISION=("tf32" if p.tf32 else "ieee") if p.dtype == "fp32" else "",
             INDEX_64=index_64, UPCAST_DOTS=False,
             WIDE_N=config["VARIANT"] == GLUON_WS and gluon_tile_cols(config) in GLUON_TWO_PART,
-            CLAMP_ROWS=space_rules.GLUON_CLAMP_ROWS and config["VARIANT"] == GLUON_WS and not gluon_swapped(config),
+            # Whole tiles only: a split tile's rows sum in another order than the whole tile before it, whose rows a
+            # clamped last row tile writes again.
+            CLAMP_ROWS=(space_rules.GLUON_CLAMP_ROWS and config["VARIANT"] == GLUON_WS and not gluon_swapped(config)
+                        and config["SCHEDULE"] in ("data_parallel", "pingpong")),
         )
 
     def launch(self, problem: GemmProblem, config: Config, inputs: Tensors, outputs: Tensors) -> None:
