@@ -54,6 +54,27 @@ def test_template_matches_reference(problem):
         assert outcome.status is Status.OK, f"{config.to_json()}: {outcome.status.value}: {outcome.error}"
 
 
+@pytest.mark.parametrize("persistent", [False, True])
+def test_tma_tiles_clamp_their_last_row_tile(persistent, monkeypatch):
+    """The tma variant's whole tiles start the last row tile at M - BLOCK_M (gemm_space.CLAMP_ROW_TILES): 67 rows in
+    32-row tiles put it at row 35, over rows of the tile before it, and in 16-row tiles at row 51; C is right either
+    way, each epilogue, and the same with the switch off."""
+    from autotile.families import gemm_space
+
+    problem = contiguous_problem(67, 48, 136, "fp16", "fp16", layout_b="col", bias=True, activation="gelu",
+                                 residual=True)
+    space = FAMILY.space(problem, CPU)
+    for clamp in (True, False):
+        monkeypatch.setattr(gemm_space, "CLAMP_ROW_TILES", clamp)
+        for block_m in (16, 32):
+            config = next(c for c in space.feasible() if c["VARIANT"] == "tma" and c["PERSISTENT"] == persistent
+                          and c["SCHEDULE"] == "data_parallel" and c["BLOCK_M"] == block_m and c["BLOCK_N"] == 32
+                          and c["BLOCK_K"] == 64)
+            assert FAMILY.render_switches(problem, config)["CLAMP_ROWS"] == clamp
+            outcome, _ = run_checked(FAMILY, problem, config, CPU, seed=4)
+            assert outcome.status is Status.OK, f"{config.to_json()}: {outcome.status.value}: {outcome.error}"
+
+
 def test_check_catches_a_wrong_kernel_and_names_the_worst_element():
     problem = contiguous_problem(20, 24, 40, "fp16", "fp16")
     inputs = FAMILY.make_inputs(problem, CPU, seed=0)

@@ -200,7 +200,7 @@ def test_split_tail_covers_every_k_iteration_once_at_shared_offsets():
 def test_whole_unswapped_gluon_tiles_clamp_their_last_row_tile(monkeypatch):
     """CLAMP_ROWS (the last row tile ends at row M) for the Gluon variant's whole tiles only: a split tile's rows sum
     in another order than the whole tile before it, which the clamped tile overlaps; swapped tiles' rows are weight
-    rows. Off with gemm_space.GLUON_CLAMP_ROWS."""
+    rows. Off with gemm_space.CLAMP_ROW_TILES."""
     problem = contiguous_problem(392, 4096, 14336, "bf16", "bf16", layout_b="col")
     space = FAMILY.space(problem, H200)
     clamped = lambda **tiles: FAMILY.render_switches(problem, space.admit(gluon_config(problem, **tiles)))["CLAMP_ROWS"]
@@ -211,7 +211,7 @@ def test_whole_unswapped_gluon_tiles_clamp_their_last_row_tile(monkeypatch):
     assert not clamped(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_stages=5, SCHEDULE="stream_k")
     swapped = space.admit(gluon_swapped_config(problem, H200, BLOCK_M=144, BLOCK_N=128))
     assert not FAMILY.render_switches(problem, swapped)["CLAMP_ROWS"]
-    monkeypatch.setattr(gemm_space, "GLUON_CLAMP_ROWS", False)
+    monkeypatch.setattr(gemm_space, "CLAMP_ROW_TILES", False)
     assert not clamped(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_stages=5)
 
 

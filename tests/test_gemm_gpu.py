@@ -262,25 +262,30 @@ def test_gluon_ws_swapped_tiles_match_float64_and_repeat_bit_for_bit(problem, ti
     assert_admitted_and_right(problem, [gluon_swapped_config(problem, device, **t) for t in tiles], seed=11)
 
 
-# (problem, unswapped Gluon tiles) whose last row tile starts at M - BLOCK_M (gemm_space.GLUON_CLAMP_ROWS): 392 rows
-# leave 8 of the last 128-row tile, 300 rows 44 of the last 64; whole tiles (data_parallel, pingpong), each epilogue,
-# fp8 row scales.
+# (problem, unswapped tiles of the Gluon or, with VARIANT "tma", the tma variant) whose last row tile starts at
+# M - BLOCK_M (gemm_space.CLAMP_ROW_TILES): 392 rows leave 8 of the last 128-row tile, 300 rows 44 of the last 64;
+# whole tiles (data_parallel, pingpong), each epilogue, fp8 row scales.
 CLAMPED_CASES = [
     (contiguous_problem(392, 1000, 784, "bf16", "bf16", layout_b="row", bias=True, activation="gelu", residual=True),
      [dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_stages=5),
       dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_stages=4, SCHEDULE="pingpong"),
-      dict(BLOCK_M=128, BLOCK_N=144, BLOCK_K=64, num_stages=4)]),
+      dict(BLOCK_M=128, BLOCK_N=144, BLOCK_K=64, num_stages=4),
+      dict(VARIANT="tma", BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_stages=4, num_warps=8, PERSISTENT=True)]),
     (contiguous_problem(300, 4104, 2056, "fp16", "fp16", layout_b="col", activation="silu"),
      [dict(BLOCK_M=64, BLOCK_N=192, BLOCK_K=64, num_stages=6),
       dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_stages=6, EPILOGUE_SUBTILE=True),
-      dict(BLOCK_M=64, BLOCK_N=256, BLOCK_K=64, num_stages=4, SCHEDULE="pingpong", EPILOGUE_SUBTILE=True)]),
+      dict(BLOCK_M=64, BLOCK_N=256, BLOCK_K=64, num_stages=4, SCHEDULE="pingpong", EPILOGUE_SUBTILE=True),
+      dict(VARIANT="tma", BLOCK_M=64, BLOCK_N=128, BLOCK_K=128, num_stages=4),
+      dict(VARIANT="tma", BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_stages=3, num_warps=8, EPILOGUE_SUBTILE=True)]),
     (contiguous_problem(200, 1008, 768, "fp8", "bf16", layout_b="col", scale_mode="row", bias=True),
      [dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=128, num_stages=4, PROMOTE_TILES=1)]),
+    (contiguous_problem(200, 1024, 1024, "fp8", "bf16", layout_b="col", scale_mode="block", residual=True),
+     [dict(VARIANT="tma", BLOCK_M=128, BLOCK_N=128, BLOCK_K=128, num_stages=4, num_warps=8)]),
 ]
 
 
 @pytest.mark.parametrize("problem,tiles", CLAMPED_CASES, ids=[f"{p.m}x{p.n}x{p.k}-{p.dtype}" for p, _ in CLAMPED_CASES])
-def test_gluon_ws_clamped_last_row_tile_matches_float64_and_the_unclamped_bit_for_bit(problem, tiles, monkeypatch):
+def test_clamped_last_row_tile_matches_float64_and_the_unclamped_bit_for_bit(problem, tiles, monkeypatch):
     """The last row tile moved back to end at row M recomputes rows of the tile before it: C is right, repeatable, and
     bit for bit what the tiles give unclamped (the rows written twice get the same values)."""
     from autotile.families.gemm_launch import launch_plan
@@ -295,7 +300,7 @@ def test_gluon_ws_clamped_last_row_tile_matches_float64_and_the_unclamped_bit_fo
         assert config is not None, (wanted, space.violations(gluon_config(problem, **wanted)))
         results = {}
         for clamp in (True, False):
-            monkeypatch.setattr(gemm_space, "GLUON_CLAMP_ROWS", clamp)
+            monkeypatch.setattr(gemm_space, "CLAMP_ROW_TILES", clamp)
             launch_plan.cache_clear()
             assert FAMILY.render_switches(problem, config)["CLAMP_ROWS"] == clamp
             assert_right_and_repeatable(problem, config, inputs, expected, runs=2)

@@ -27,11 +27,10 @@ from autotile.errors import BadInputError, ShapeMismatchError, UnsupportedDtypeE
 from autotile.families.base import (
     VENDOR_KEY, Baseline, Cost, Family, ProblemOption, Tensors, Tolerance, is_vendor,
 )
-from autotile.families import gemm_space as space_rules
 from autotile.families.gemm_launch import bind_gemm, launch_plan, run_plan
 from autotile.families.gemm_policy import preferred_config, seed_variations
-from autotile.families.gemm_space import (FP8_PRECISE_INTERVAL, GLUON_TWO_PART, GLUON_WS, SCALE_BLOCK, gemm_space,
-                                          gluon_swapped, gluon_tile_cols)
+from autotile.families.gemm_space import (FP8_PRECISE_INTERVAL, GLUON_TWO_PART, GLUON_WS, SCALE_BLOCK,
+                                          clamps_row_tiles, gemm_space, gluon_swapped, gluon_tile_cols)
 from autotile.layouts import base_aligned
 from autotile.space import Config, Space
 
@@ -500,10 +499,7 @@ class GemmFamily(Family):
             INPUT_PRECISION=("tf32" if p.tf32 else "ieee") if p.dtype == "fp32" else "",
             INDEX_64=index_64, UPCAST_DOTS=False,
             WIDE_N=config["VARIANT"] == GLUON_WS and gluon_tile_cols(config) in GLUON_TWO_PART,
-            # Whole tiles only: a split tile's rows sum in another order than the whole tile before it, whose rows a
-            # clamped last row tile writes again.
-            CLAMP_ROWS=(space_rules.GLUON_CLAMP_ROWS and config["VARIANT"] == GLUON_WS and not gluon_swapped(config)
-                        and config["SCHEDULE"] in ("data_parallel", "pingpong")),
+            CLAMP_ROWS=clamps_row_tiles(config),
         )
 
     def launch(self, problem: GemmProblem, config: Config, inputs: Tensors, outputs: Tensors) -> None:

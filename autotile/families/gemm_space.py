@@ -41,11 +41,14 @@ GLUON_TWO_PART = (80,) + GLUON_WIDE_NS
 # spills; on since test_gemm_gpu.py's two-part and swapped checks passed on an H100
 # (results/gemm_two_part_split_tests_2026-12-07_h100.txt). Off, two-part tiles run whole only.
 GLUON_TWO_PART_SPLIT = True
-# Unswapped Gluon tiles start their last row tile at M - BLOCK_M (templates/gemm_gluon_ws.py.j2, _row0): it
-# overlaps the tile before it instead of reading A boxes that lie mostly past M. Such tiles ran up to 1.65x slower at
-# the same tile count (128 x 128 on 4096 x 14336: 128.6 us at 392 tokens, 8 rows of the last row tile, beside 77.6
-# at 328; results/partial_rows_longk_2026-12-07b_h100.json).
-GLUON_CLAMP_ROWS = True
+# Whole, unswapped tiles of the variants that load A by TMA start their last row tile at M - BLOCK_M (gemm_common.j2,
+# _row0): it overlaps the tile before it instead of loading A boxes that lie mostly past M. Unclamped, such tiles ran
+# up to 1.65x slower at the same tile count (H100, CUDA-graph streams): Gluon 128 x 128 on 4096 x 14336 0.598x of
+# cuBLAS at 392 tokens (8 rows of the last row tile) and 0.918x clamped, 0.750x -> 1.044x at 424 tokens; 64 x 192 on
+# 28672 x 4096 at 288 tokens 0.813x -> 1.022x (results/clamp_ab_2026-12-07_h100.json). Split tiles are not clamped:
+# their rows sum in another order than the whole tile before them, whose rows the clamped tile writes again.
+CLAMP_ROW_TILES = True
+CLAMPED_VARIANTS = (GLUON_WS, "tma")
 GLUON_WG_ROWS = 64
 # Swapped gluon_ws tiles (C^T = W X^T) put the tokens on wgmma's N side, in tiles of any of these (BLOCK_M; the wide
 # ones held in two parts as above), over 64 or 128 weight rows (BLOCK_N): a prefill chunk's M is then cut in tiles
@@ -196,6 +199,13 @@ def gluon_swap_fits(problem) -> bool:
     """Whether swapped gluon_ws tiles apply to `problem`: B given as W (N, K), whose rows are the kernel's K-major A,
     and M up to GLUON_SWAP_MAX_M."""
     return problem.layout_b == "col" and problem.m <= GLUON_SWAP_MAX_M
+
+
+def clamps_row_tiles(c: Mapping) -> bool:
+    """Whether `c`'s last row tile starts at M - BLOCK_M (CLAMP_ROW_TILES): whole, unswapped tiles of
+    CLAMPED_VARIANTS."""
+    return (CLAMP_ROW_TILES and c["VARIANT"] in CLAMPED_VARIANTS and not c.get("SWAP_AB")
+            and c["SCHEDULE"] in ("data_parallel", PINGPONG))
 
 
 def gluon_swapped(c: Mapping) -> bool:
