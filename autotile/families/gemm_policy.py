@@ -537,7 +537,9 @@ MID_GLUON_EFFICIENCY = {(128, 128): 1.0, (64, 192): 0.87, (128, 144): 0.95, (128
 # results/gluon_swap*_2026-12-07_h100.json): the makespan model's time of the row's Gluon default over its measured
 # time, against the same for the swapped tile, the lower quartile of the rows (the medians, 0.86-1.12, count the
 # default's slow part-filled row tiles in the swapped tile's favour). 128 and 256 tokens are the unswapped tiles' own
-# sides; over 64 weight rows the same fit gave medians of 0.58-0.88 (80-192 tokens).
+# sides; over 64 weight rows the same fit gave medians of 0.58-0.88 (80-192 tokens). Fitted before unswapped tiles
+# clamped their last row tile (gemm_space.CLAMP_ROW_TILES); clamped, every candidate at 264-424 tokens on five wide
+# weights still found the swapped defaults the best or within 3% (results/partial_rows_clamped_2026-12-07_h100.json).
 MID_SWAPPED_EFFICIENCY = {(80, 128): 0.80, (96, 128): 0.85, (144, 128): 0.96, (160, 128): 1.0, (192, 128): 0.92}
 # The share of a swapped tiling's last token tile that may be empty (the tiles timed had at most 15% of M as padding).
 MID_SWAPPED_MAX_EMPTY = 0.15
