@@ -56,9 +56,10 @@ def test_template_matches_reference(problem):
 
 @pytest.mark.parametrize("persistent", [False, True])
 def test_tma_tiles_clamp_their_last_row_tile(persistent, monkeypatch):
-    """The tma variant's whole tiles start the last row tile at M - BLOCK_M (gemm_space.CLAMP_ROW_TILES): 67 rows in
-    32-row tiles put it at row 35, over rows of the tile before it, and in 16-row tiles at row 51; C is right either
-    way, each epilogue, and the same with the switch off."""
+    """The tma variant's whole tiles start the last row tile at M - BLOCK_M and the last column tile at N - BLOCK_N
+    (gemm_space.CLAMP_ROW_TILES, CLAMP_COL_TILES): 67 rows in 32-row tiles put it at row 35, over rows of the tile
+    before it, and in 16-row tiles at row 51; 48 columns in 32-column tiles at column 16. C is right either way, each
+    epilogue, and the same with the switches off."""
     from autotile.families import gemm_space
 
     problem = contiguous_problem(67, 48, 136, "fp16", "fp16", layout_b="col", bias=True, activation="gelu",
@@ -66,11 +67,13 @@ def test_tma_tiles_clamp_their_last_row_tile(persistent, monkeypatch):
     space = FAMILY.space(problem, CPU)
     for clamp in (True, False):
         monkeypatch.setattr(gemm_space, "CLAMP_ROW_TILES", clamp)
+        monkeypatch.setattr(gemm_space, "CLAMP_COL_TILES", clamp)
         for block_m in (16, 32):
             config = next(c for c in space.feasible() if c["VARIANT"] == "tma" and c["PERSISTENT"] == persistent
                           and c["SCHEDULE"] == "data_parallel" and c["BLOCK_M"] == block_m and c["BLOCK_N"] == 32
                           and c["BLOCK_K"] == 64)
-            assert FAMILY.render_switches(problem, config)["CLAMP_ROWS"] == clamp
+            switches = FAMILY.render_switches(problem, config)
+            assert switches["CLAMP_ROWS"] == switches["CLAMP_COLS"] == clamp
             outcome, _ = run_checked(FAMILY, problem, config, CPU, seed=4)
             assert outcome.status is Status.OK, f"{config.to_json()}: {outcome.status.value}: {outcome.error}"
 

@@ -70,7 +70,7 @@ def _launch_geometry(schedule: str = "stream_k", SWAP_AB: bool = False):
     switches = dict(VARIANT="gluon_ws", SCHEDULE=schedule, SWAP_AB=SWAP_AB, EPILOGUE_SUBTILE=False, HAS_BIAS=False,
                     HAS_RESIDUAL=False, ACTIVATION="none", SCALES="none", FP8_PROMOTE=False, A_COL=False, B_COL=True,
                     EVEN_N=False, EVEN_K=False, STREAM_B=False, INPUT_PRECISION="", INDEX_64=False, UPCAST_DOTS=False,
-                    WIDE_N=False, CLAMP_ROWS=True)
+                    WIDE_N=False, CLAMP_ROWS=True, CLAMP_COLS=True)
     source = render_source(FAMILY.template, **switches)
     host = source[source.index("def launch_geometry"):source.index("def kernel_args")]
     namespace: dict = {}
@@ -197,22 +197,29 @@ def test_split_tail_covers_every_k_iteration_once_at_shared_offsets():
             assert ws >= units * bm * bn and counters == (tiles - dp_tiles) * (bm // 64)
 
 
-def test_whole_unswapped_gluon_tiles_clamp_their_last_row_tile(monkeypatch):
-    """CLAMP_ROWS (the last row tile ends at row M) for the Gluon variant's whole tiles only: a split tile's rows sum
-    in another order than the whole tile before it, which the clamped tile overlaps; swapped tiles' rows are weight
-    rows. Off with gemm_space.CLAMP_ROW_TILES."""
+def test_whole_gluon_tiles_clamp_their_last_row_and_column_tiles(monkeypatch):
+    """CLAMP_ROWS and CLAMP_COLS (the last row tile ends at row M, the last column tile at column N) for the Gluon
+    variant's whole tiles only: a split tile's sums run in another order than the whole tile before it, which the
+    clamped tile overlaps. Swapped tiles clamp their columns (the tokens) only. Off with gemm_space's switches."""
     problem = contiguous_problem(392, 4096, 14336, "bf16", "bf16", layout_b="col")
     space = FAMILY.space(problem, H200)
-    clamped = lambda **tiles: FAMILY.render_switches(problem, space.admit(gluon_config(problem, **tiles)))["CLAMP_ROWS"]
-    assert clamped(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_stages=5)
-    assert clamped(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_stages=4, SCHEDULE="pingpong")
-    assert clamped(BLOCK_M=64, BLOCK_N=192, BLOCK_K=64, num_stages=6)
-    assert not clamped(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_stages=5, SCHEDULE="split_k", SPLIT_K=2)
-    assert not clamped(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_stages=5, SCHEDULE="stream_k")
-    swapped = space.admit(gluon_swapped_config(problem, H200, BLOCK_M=144, BLOCK_N=128))
-    assert not FAMILY.render_switches(problem, swapped)["CLAMP_ROWS"]
+
+    def clamped(**tiles):
+        switches = FAMILY.render_switches(problem, space.admit(gluon_config(problem, **tiles)))
+        return switches["CLAMP_ROWS"], switches["CLAMP_COLS"]
+
+    assert clamped(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_stages=5) == (True, True)
+    assert clamped(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_stages=4, SCHEDULE="pingpong") == (True, True)
+    assert clamped(BLOCK_M=64, BLOCK_N=192, BLOCK_K=64, num_stages=6) == (True, True)
+    assert clamped(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_stages=5, SCHEDULE="split_k", SPLIT_K=2) == (False, False)
+    assert clamped(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_stages=5, SCHEDULE="stream_k") == (False, False)
+    swapped = FAMILY.render_switches(problem, space.admit(gluon_swapped_config(problem, H200, BLOCK_M=144,
+                                                                                BLOCK_N=128)))
+    assert (swapped["CLAMP_ROWS"], swapped["CLAMP_COLS"]) == (False, True)
     monkeypatch.setattr(gemm_space, "CLAMP_ROW_TILES", False)
-    assert not clamped(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_stages=5)
+    assert clamped(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_stages=5) == (False, True)
+    monkeypatch.setattr(gemm_space, "CLAMP_COL_TILES", False)
+    assert clamped(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_stages=5) == (False, False)
 
 
 CASES = [

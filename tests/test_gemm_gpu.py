@@ -262,15 +262,19 @@ def test_gluon_ws_swapped_tiles_match_float64_and_repeat_bit_for_bit(problem, ti
     assert_admitted_and_right(problem, [gluon_swapped_config(problem, device, **t) for t in tiles], seed=11)
 
 
-# (problem, unswapped tiles of the Gluon or, with VARIANT "tma", the tma variant) whose last row tile starts at
-# M - BLOCK_M (gemm_space.CLAMP_ROW_TILES): 392 rows leave 8 of the last 128-row tile, 300 rows 44 of the last 64;
-# whole tiles (data_parallel, pingpong), each epilogue, fp8 row scales.
+# (problem, tiles of the Gluon or, with VARIANT "tma", the tma variant) whose last row tile starts at M - BLOCK_M and
+# last column tile at N - BLOCK_N (gemm_space.CLAMP_ROW_TILES, CLAMP_COL_TILES): 392 rows leave 8 of the last
+# 128-row tile, 300 rows 44 of the last 64; 1000 columns 104 of the last 128 and 136 of the last 144, 4104 columns 8
+# of the last 128; swapped tiles (SWAP_AB) clamp the tokens, 300 in 96- or 144-token tiles. Whole tiles
+# (data_parallel, pingpong), each epilogue, fp8 row and block scales.
 CLAMPED_CASES = [
     (contiguous_problem(392, 1000, 784, "bf16", "bf16", layout_b="row", bias=True, activation="gelu", residual=True),
      [dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_stages=5),
       dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_stages=4, SCHEDULE="pingpong"),
       dict(BLOCK_M=128, BLOCK_N=144, BLOCK_K=64, num_stages=4),
       dict(VARIANT="tma", BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_stages=4, num_warps=8, PERSISTENT=True)]),
+    (contiguous_problem(300, 1000, 784, "fp16", "fp16", layout_b="col", bias=True, activation="gelu", residual=True),
+     [dict(SWAP_AB=True, BLOCK_M=96, BLOCK_N=128), dict(SWAP_AB=True, BLOCK_M=144, BLOCK_N=64)]),
     (contiguous_problem(300, 4104, 2056, "fp16", "fp16", layout_b="col", activation="silu"),
      [dict(BLOCK_M=64, BLOCK_N=192, BLOCK_K=64, num_stages=6),
       dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_stages=6, EPILOGUE_SUBTILE=True),
@@ -289,20 +293,24 @@ def test_clamped_last_row_tile_matches_float64_and_the_unclamped_bit_for_bit(pro
     """The last row tile moved back to end at row M recomputes rows of the tile before it: C is right, repeatable, and
     bit for bit what the tiles give unclamped (the rows written twice get the same values)."""
     from autotile.families.gemm_launch import launch_plan
-    from autotile.families.gemm_policy import gluon_config
+    from autotile.families.gemm_policy import gluon_config, gluon_swapped_config
 
     device = cuda_device(0)
     inputs = FAMILY.make_inputs(problem, device, seed=13)
     expected = FAMILY.reference(problem, inputs)
     space = FAMILY.space(problem, device)
     for wanted in tiles:
-        config = space.admit(gluon_config(problem, **wanted))
-        assert config is not None, (wanted, space.violations(gluon_config(problem, **wanted)))
+        swap = wanted.get("SWAP_AB", False)
+        asked = gluon_swapped_config(problem, device, **wanted) if swap else gluon_config(problem, **wanted)
+        config = space.admit(asked)
+        assert config is not None, (wanted, space.violations(asked))
         results = {}
         for clamp in (True, False):
             monkeypatch.setattr(gemm_space, "CLAMP_ROW_TILES", clamp)
+            monkeypatch.setattr(gemm_space, "CLAMP_COL_TILES", clamp)
             launch_plan.cache_clear()
-            assert FAMILY.render_switches(problem, config)["CLAMP_ROWS"] == clamp
+            switches = FAMILY.render_switches(problem, config)
+            assert switches["CLAMP_COLS"] == clamp and switches["CLAMP_ROWS"] == (clamp and not config["SWAP_AB"])
             assert_right_and_repeatable(problem, config, inputs, expected, runs=2)
             outputs = FAMILY.allocate_outputs(problem, inputs)
             FAMILY.launch(problem, config, inputs, outputs)

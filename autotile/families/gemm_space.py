@@ -48,6 +48,10 @@ GLUON_TWO_PART_SPLIT = True
 # 28672 x 4096 at 288 tokens 0.813x -> 1.022x (results/clamp_ab_2026-12-07_h100.json). Split tiles are not clamped:
 # their rows sum in another order than the whole tile before them, whose rows the clamped tile writes again.
 CLAMP_ROW_TILES = True
+# The same along N for whole tiles, swapped ones included (their columns are the tokens): the last column tile ends at
+# N. 64 x 192 tiles leave two thirds of the last one empty on N = 4096 and 28672, 144-column tiles most of theirs on
+# N = 5120, swapped 144-token tiles all of the last one's second part at 392 tokens.
+CLAMP_COL_TILES = True
 CLAMPED_VARIANTS = (GLUON_WS, "tma")
 GLUON_WG_ROWS = 64
 # Swapped gluon_ws tiles (C^T = W X^T) put the tokens on wgmma's N side, in tiles of any of these (BLOCK_M; the wide
@@ -206,6 +210,11 @@ def clamps_row_tiles(c: Mapping) -> bool:
     CLAMPED_VARIANTS."""
     return (CLAMP_ROW_TILES and c["VARIANT"] in CLAMPED_VARIANTS and not c.get("SWAP_AB")
             and c["SCHEDULE"] in ("data_parallel", PINGPONG))
+
+
+def clamps_col_tiles(c: Mapping) -> bool:
+    """Whether `c`'s last column tile starts at N - BLOCK_N (CLAMP_COL_TILES): whole tiles of CLAMPED_VARIANTS."""
+    return CLAMP_COL_TILES and c["VARIANT"] in CLAMPED_VARIANTS and c["SCHEDULE"] in ("data_parallel", PINGPONG)
 
 
 def gluon_swapped(c: Mapping) -> bool:
