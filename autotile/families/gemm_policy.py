@@ -36,8 +36,8 @@ from autotile.dtypes import element_size
 from autotile.families.base import next_pow2
 from autotile.families.gemm_space import (
     FP8_PRECISE_INTERVAL, GLUON_WS, SPLIT_K_CHOICES, SPLIT_K_MAX_TILES_PER_SM, TOKEN_TILE_BLOCK_MS,
-    gluon_swap_fits, gluon_ws_ok, has_promote_axis, programs_per_sm, sm_count, smem_bytes, tile_count, tma_ok,
-    token_tiles_fit,
+    gluon_swap_fits, gluon_swapped, gluon_ws_ok, has_promote_axis, programs_per_sm, sm_count, smem_bytes, tile_count,
+    tma_ok, token_tiles_fit,
 )
 
 DECODE_MAX_M = 16
@@ -380,7 +380,8 @@ def tiled_mid_config(problem, device: DeviceInfo, gluon: bool = True, token_tile
     """64 < M <= 512. On Hopper, narrow weights from MID_LONG_K first take Gluon 64 x 128 tiles split over K
     (_narrow_long_k); then the Gluon variant's tiles where they fill the SMs (_mid_gluon_config); after the
     one-wave TMA tiles (for narrow weights from fewer SMs: _narrow_one_wave), Gluon tiles that fill fewer of them
-    (MID_GLUON_FEW_FILL; from MID_LONG_K split in two where that takes one wave: _long_k_halves); for narrower
+    (MID_GLUON_FEW_FILL; below MID_LONG_K the one-wave TMA tiles in place of unswapped ones: _wide_one_wave; from
+    MID_LONG_K split in two where that takes one wave: _long_k_halves); for narrower
     weights, below MID_LONG_K, Gluon 64 x 128 tiles split over K or whole (_narrow_gluon_split).
     Otherwise 16-bit operands, measured at M = 256 on Llama-3-8B and Qwen2.5-7B projections
     (results/gemm_policy_sweep_2026-12-01.md; stream-K tiles, the rule before, reached 0.39-0.59x of cuBLAS):
@@ -414,7 +415,8 @@ def tiled_mid_config(problem, device: DeviceInfo, gluon: bool = True, token_tile
             return narrow_wave
         few_tiles = _mid_gluon_config(p, device, fill=MID_GLUON_FEW_FILL) if gluon else None
         if few_tiles is not None:
-            return _long_k_halves(p, few_tiles, device)
+            wide_wave = _wide_one_wave(p, few_tiles, device) if tma else None
+            return wide_wave or _long_k_halves(p, few_tiles, device)
         if p.k >= MID_LONG_K:
             long_k = _base(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3)
             return _schedule(p, _fit_blocks(p, long_k), device, split=True)
@@ -604,7 +606,11 @@ NARROW_WHOLE_MIN_TILES = 32
 # 320 / 384 x 2048 x 3584 within 1% of the Gluon 64 x 128 tiles. On N = 3072 (Phi-3-mini's o and down projections)
 # at 176 tokens the same (results/mid_n3072_2026-12-06d_h100.json): 3072 x 3072 0.648x -> 0.881x, 3072 x 8192 0.625x
 # -> 0.837x, each the best candidate. Above MID_LONG_K, from 208 tokens, the same (NARROW_LONG_K_MIN_N); unmeasured for
-# B row-major.
+# B row-major. Wider weights take them too in place of the unswapped few-fill Gluon tiles below MID_LONG_K
+# (_wide_one_wave; from MID_LONG_K those tiles split in two led: _long_k_halves): at 176 x 3584 x 3584 and 176 x 4096 x
+# 4096 0.873x / 0.885x of cuBLAS against 0.753x / 0.771x for the few-fill rule's 64 x 192, both edges clamped
+# (results/clamp_ab_cols_2026-12-07_h100.json); at 128, 224 and 256 tokens on the same weights they led 64 x 192 by
+# 12-22% (results/mid_candidates_2026-12-06*_h100.json).
 NARROW_ONE_WAVE_MAX_N = 3072
 _NARROW_GLUON = dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, num_stages=6)
 
@@ -615,12 +621,23 @@ def _narrow_gluon(problem, split: int = 1) -> dict:
 
 
 def _narrow_one_wave(problem, device: DeviceInfo) -> dict | None:
+    """_one_wave_tma's tiles for narrow weights (N <= NARROW_ONE_WAVE_MAX_N); None elsewhere."""
+    return _one_wave_tma(problem, device) if problem.n <= NARROW_ONE_WAVE_MAX_N else None
+
+
+def _wide_one_wave(problem, few_tiles: dict, device: DeviceInfo) -> dict | None:
+    """_one_wave_tma's tiles in place of the unswapped few-fill Gluon tiles `few_tiles` below MID_LONG_K; None
+    elsewhere (swapped few-fill tiles unmeasured beside them; from MID_LONG_K, _long_k_halves)."""
+    if problem.k >= MID_LONG_K or gluon_swapped(few_tiles):
+        return None
+    return _one_wave_tma(problem, device)
+
+
+def _one_wave_tma(problem, device: DeviceInfo) -> dict | None:
     """The first of ONE_WAVE_MID_TILES (64 x 128 x 128 on TMA) where its tiles take one wave on MID_GLUON_FEW_FILL of
-    the SMs or more, for narrow weights in nn.Linear layout (N <= NARROW_ONE_WAVE_MAX_N, K >= NARROW_MIN_K); None
-    elsewhere."""
+    the SMs or more, for 16-bit weights in nn.Linear layout from NARROW_MIN_K on; None elsewhere."""
     p = problem
-    if (p.dtype not in ("bf16", "fp16") or p.k < NARROW_MIN_K or p.n > NARROW_ONE_WAVE_MAX_N
-            or p.layout_b != "col"):
+    if p.dtype not in ("bf16", "fp16") or p.k < NARROW_MIN_K or p.layout_b != "col":
         return None
     config = tma_mid_tile(p, ONE_WAVE_MID_TILES[0], device)
     tiles = tile_count(p, config["BLOCK_M"], config["BLOCK_N"])
