@@ -46,7 +46,8 @@ GLUON_TWO_PART_SPLIT = True
 # up to 1.65x slower at the same tile count (H100, CUDA-graph streams): Gluon 128 x 128 on 4096 x 14336 0.598x of
 # cuBLAS at 392 tokens (8 rows of the last row tile) and 0.918x clamped, 0.750x -> 1.044x at 424 tokens; 64 x 192 on
 # 28672 x 4096 at 288 tokens 0.813x -> 1.022x (results/clamp_ab_2026-12-07_h100.json). Split tiles are not clamped:
-# their rows sum in another order than the whole tile before them, whose rows the clamped tile writes again.
+# their rows sum in another order than the whole tile before them, whose rows the clamped tile writes again. C must
+# not alias the residual (the runtime's ops always write a fresh C): a row written twice would add it twice.
 CLAMP_ROW_TILES = True
 # The same along N for whole tiles, swapped ones included (their columns are the tokens): the last column tile ends at
 # N. Swapped 144-token tiles at 296 x 5120 x 4096 (the last token tile 8 tokens full) ran 0.654x -> 0.765x of cuBLAS,
