@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
-# The checks behind a GEMM family switch (gemm_space.GLUON_TWO_PART_SPLIT: two-part Gluon tiles split over K; on since
-# they passed on an H100, results/gemm_two_part_split_tests_2026-12-07_h100.txt): its tests against float64, then the
-# tiles it adds, timed beside the policy's default and F.linear on narrow, long-K weights at 144-240 tokens, in one
-# device call (~8 min). Usage, from the repository root on the GPU machine: benchmarks/gemm_gated_checks.sh OUT_DIR.
-# Run it again on a new GPU kind or Triton version before trusting the switch there.
+# The checks behind the GEMM family's switches (gemm_space.GLUON_TWO_PART_SPLIT: two-part Gluon tiles split over K;
+# CLAMP_ROW_TILES / CLAMP_COL_TILES: whole tiles' last row and column tiles clamped to the operands' edges; all on
+# since they passed on an H100, results/gemm_two_part_split_tests_2026-12-07_h100.txt and
+# clamp_tests*_2026-12-07_h100.txt): their tests against float64 and bit for bit, then the two-part tiles timed beside
+# the policy's default and F.linear on narrow, long-K weights at 144-240 tokens, in one device call (~9 min). Usage,
+# from the repository root on the GPU machine: benchmarks/gemm_gated_checks.sh OUT_DIR. Run it again on a new GPU kind
+# or Triton version before trusting the switches there.
 set -u
 out=$1
 mkdir -p "$out"
 . "$(dirname "$0")/gpu_env.sh"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/device.txt"
-timeout 110 python3 -m pytest -m gpu -q tests/test_gemm_gpu.py -k "swapped or two_part" 2>&1 | tail -8 \
-  | tee "$out/gemm_two_part_split_tests.txt"
+timeout 200 python3 -m pytest -m gpu -q tests/test_gemm_gpu.py -k "swapped or two_part or clamped" 2>&1 | tail -8 \
+  | tee "$out/gemm_switch_tests.txt"
 # Every candidate on Phi-2's projections (N = 2560), then the default and the swapped Gluon tiles on long-K down
 # projections (Llama-3-8B, Qwen2.5-7B, Phi-3-mini, Gemma-2-2B, Qwen2.5-3B).
 timeout 170 python3 benchmarks/decode_stream_candidates.py --gluon-swap --token-tiles \
