@@ -3,6 +3,7 @@
 Run from the repository root on a CUDA machine:
     python benchmarks/decode_stream_candidates.py --out OUT/decode_candidates.json             # ~1 min on an H100
     python benchmarks/decode_stream_candidates.py --tokens 32,64 --shapes 4096x4096,1024x4096 --out ...
+    python benchmarks/decode_stream_candidates.py --grid --out OUT/grid.json                    # the unseen grid
     python benchmarks/decode_stream_candidates.py --plan                                        # the work, no GPU
 
 decode_stream_bench.py times the op as served; this script times each candidate config of the gemm family the
@@ -40,6 +41,13 @@ SHAPES = ((4608, 3584), (6144, 4096), (9216, 3072), (5120, 3072), (3584, 3584), 
           (8192, 3072), (12288, 4096), (4096, 5120), (5120, 4096), (6144, 5120), (4096, 4096), (1024, 4096),
           (14336, 4096), (2048, 3584))
 TOKENS = (1, 16)
+# The unseen grid (--grid): 24 projections of Llama-3-8B, Qwen2.5-7B, Mistral-Nemo-12B, Phi-3-mini and Gemma-2-9B at
+# prefill-chunk token counts, default alone; results/policy_grid_*_h100.json.
+GRID_SHAPES = ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (1024, 4096), (4608, 3584), (3584, 3584),
+               (37888, 3584), (3584, 18944), (512, 3584), (6144, 5120), (5120, 4096), (28672, 5120), (5120, 14336),
+               (1024, 5120), (9216, 3072), (3072, 3072), (16384, 3072), (3072, 8192), (8192, 3584), (3584, 4096),
+               (28672, 3584), (3584, 14336), (2048, 3584))
+GRID_TOKENS = (40, 100, 176, 300, 480)
 # Tiles tried beside the default and the seeds (BLOCK_M holds every token), each split 1-6 times.
 TILES = (dict(BLOCK_N=32, BLOCK_K=256, SWAP_AB=False, num_stages=5),
          dict(BLOCK_N=64, BLOCK_K=128, SWAP_AB=True, num_stages=5),
@@ -210,15 +218,20 @@ def main() -> int:
     parser.add_argument("--gluon-swap", action="store_true",
                         help="also time swapped Gluon tiles (tokens on wgmma's N side: gluon_swapped_candidates)")
     parser.add_argument("--default-only", action="store_true", help="time the policy's default beside F.linear only")
+    parser.add_argument("--grid", action="store_true",
+                        help="the unseen grid: GRID_SHAPES at GRID_TOKENS, the default alone (~1 min on an H100)")
     parser.add_argument("--only", type=lambda t: set(t.split(",")),
                         help="time the candidates of these origins only (comma-separated: default, seed, tile, "
                              "token tile, gluon swap)")
     args = parser.parse_args()
+    if args.grid:
+        args.shapes, args.tokens, args.default_only = GRID_SHAPES, GRID_TOKENS, True
     problems = [contiguous_problem(m, n, k, "bf16", "bf16", layout_b="col")
                 for n, k in args.shapes for m in args.tokens]
     if args.plan:
         for problem in problems:
-            configs = candidates(problem, gkb.H200_PLAN, args.token_tiles, args.gluon_swap)
+            configs = ({FAMILY.default_config(problem, gkb.H200_PLAN): "default"} if args.default_only
+                       else candidates(problem, gkb.H200_PLAN, args.token_tiles, args.gluon_swap))
             print(f"{problem.m}x{problem.n}x{problem.k}: {len(configs)} candidates, default "
                   f"{gkb.short(next(iter(configs)))}")
         return 0
