@@ -154,36 +154,60 @@ def candidates(problem, device, token_tiles: bool = False, gluon_swap: bool = Fa
     return found
 
 
-def time_shape(problem, configs: dict, rounds: int, gen, failures: list[str]) -> dict:
+def streamed_operands(problem, gen) -> tuple:
+    """(weights, F.linear(x, weights[0]) in fp32, the family's inputs per weight, cuBLAS's graph over them): enough
+    distinct bf16 weights that one graph streams 512 MB (weights_for), as a decode step or prefill chunk does."""
     import torch
     import torch.nn.functional as F
 
-    from autotile.bench import cuda_graph_of, interleaved_medians
+    from autotile.bench import cuda_graph_of
+
+    m, n, k = problem.m, problem.n, problem.k
+    weights = [torch.randn(n, k, device="cuda", generator=gen, dtype=torch.bfloat16) / math.sqrt(k)
+               for _ in range(weights_for(n, k))]
+    x = torch.randn(m, k, device="cuda", generator=gen, dtype=torch.bfloat16)
+    inputs = [{"a": x, "b": w.t()} for w in weights]
+    return weights, F.linear(x, weights[0]).float(), inputs, cuda_graph_of(lambda: [F.linear(x, w) for w in weights])
+
+
+def checked_graph(problem, config, inputs: list, want, c, name: str, failures: list[str]):
+    """A CUDA graph of `config` launched on each of `inputs` into `c`, after one launch checked against `want`; None
+    (the reason in `failures`) where it fails or is wrong."""
+    import torch
+
+    from autotile.bench import cuda_graph_of
+
+    label = f"{problem.m}x{problem.n}x{problem.k} {name}"
+    try:
+        FAMILY.launch(problem, config, inputs[0], {"c": c})
+        torch.cuda.synchronize()
+        error = (c.float() - want).abs().max().item() / want.abs().max().item()
+        if error > REL_TOLERANCE:
+            failures.append(f"{label}: relative error {error:.3g}")
+            return None
+        return cuda_graph_of(lambda: [FAMILY.launch(problem, config, i, {"c": c}) for i in inputs])
+    except Exception as exc:  # noqa: BLE001 - a candidate that fails is reported, the others timed
+        failures.append(f"{label}: {type(exc).__name__}: {str(exc)[:150]}")
+        return None
+
+
+def time_shape(problem, configs: dict, rounds: int, gen, failures: list[str]) -> dict:
+    import torch
+
+    from autotile.bench import interleaved_medians
 
     n, k, m = problem.n, problem.k, problem.m
-    count = weights_for(n, k)
-    weights = [torch.randn(n, k, device="cuda", generator=gen, dtype=torch.bfloat16) / math.sqrt(k)
-               for _ in range(count)]
-    x = torch.randn(m, k, device="cuda", generator=gen, dtype=torch.bfloat16)
-    want = F.linear(x, weights[0]).float()
+    weights, want, inputs, vendor_graph = streamed_operands(problem, gen)
+    count = len(weights)
     c = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-    inputs = [{"a": x, "b": w.t()} for w in weights]
-    graphs = {"cuBLAS": cuda_graph_of(lambda: [F.linear(x, w) for w in weights])}
+    graphs = {"cuBLAS": vendor_graph}
     names = {}
     for config, origin in configs.items():
         name = gkb.short(config) + (" [default]" if origin == "default" else "")
-        try:
-            FAMILY.launch(problem, config, inputs[0], {"c": c})
-            torch.cuda.synchronize()
-            error = (c.float() - want).abs().max().item() / want.abs().max().item()
-            if error > REL_TOLERANCE:
-                failures.append(f"{m}x{n}x{k} {name}: relative error {error:.3g}")
-                continue
-            graphs[name] = cuda_graph_of(
-                lambda config=config: [FAMILY.launch(problem, config, i, {"c": c}) for i in inputs])
+        graph = checked_graph(problem, config, inputs, want, c, name, failures)
+        if graph is not None:
+            graphs[name] = graph
             names[name] = config.to_json()
-        except Exception as exc:  # noqa: BLE001 - a candidate that fails is reported, the others timed
-            failures.append(f"{m}x{n}x{k} {name}: {type(exc).__name__}: {str(exc)[:150]}")
     torch.cuda.synchronize()
     ms = interleaved_medians(graphs, rounds, lambda g: graph_ms_per_call(g, count))
     vendor = ms.pop("cuBLAS")
@@ -191,6 +215,23 @@ def time_shape(problem, configs: dict, rounds: int, gen, failures: list[str]) ->
     torch.cuda.empty_cache()
     return {"m": m, "n": n, "k": k, "cuBLAS_us": vendor * 1e3, "us": {name: v * 1e3 for name, v in ms.items()},
             "configs": names}
+
+
+def time_rows(items: list, time_one, line, budget_s: float, out: Path, started: float, **meta) -> int:
+    """time_one(item, failures) for each of `items` until `budget_s` have passed since `started`, printing line(row)
+    and writing `meta`, every row so far and the failures to `out` as JSON after each; 1 where anything failed."""
+    rows, failures = [], []
+    for item in items:
+        if time.monotonic() - started > budget_s:
+            failures.append(f"budget of {budget_s:.0f} s spent: {len(items) - len(rows)} rows not timed")
+            break
+        rows.append(time_one(item, failures))
+        print(line(rows[-1]), flush=True)
+        out.write_text(json.dumps({**meta, "rows": rows, "failures": failures}, indent=1))
+    for failure in failures:
+        print("FAILED", failure)
+    print(f"done in {time.monotonic() - started:.0f} s")
+    return 1 if failures else 0
 
 
 def summary(row: dict) -> str:
@@ -251,20 +292,8 @@ def main() -> int:
         plans = [(problem, {c: o for c, o in configs.items() if o in args.only}) for problem, configs in plans]
     gkb.compile_ahead([(p, c) for p, configs in plans for c in configs], args.workers)
     gen = torch.Generator(device="cuda").manual_seed(0)
-    rows, failures = [], []
-    for problem, configs in plans:
-        if time.monotonic() - started > args.budget_s:
-            failures.append(f"budget of {args.budget_s:.0f} s spent: {len(plans) - len(rows)} shapes not timed")
-            break
-        rows.append(time_shape(problem, configs, args.rounds, gen, failures))
-        print(summary(rows[-1]), flush=True)
-        args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "rows": rows,
-                                        "failures": failures}, indent=1))
-    for failure in failures:
-        print("FAILED", failure)
-    print(f"done in {time.monotonic() - started:.0f} s")
-    return 1 if failures else 0
-
+    return time_rows(plans, lambda plan, failures: time_shape(*plan, args.rounds, gen, failures), summary,
+                     args.budget_s, args.out, started, device=torch.cuda.get_device_name())
 
 if __name__ == "__main__":
     sys.exit(main())

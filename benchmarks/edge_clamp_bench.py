@@ -15,8 +15,6 @@ interleaved rounds (medians). Prints one line a row and writes every timing as J
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import sys
 import time
 from pathlib import Path
@@ -24,7 +22,8 @@ from pathlib import Path
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent.parent)]
 
 import gemm_kernels_bench as gkb  # noqa: E402  (config labels)
-from decode_stream_bench import REL_TOLERANCE, graph_ms_per_call, weights_for  # noqa: E402
+from decode_stream_bench import graph_ms_per_call  # noqa: E402
+from decode_stream_candidates import checked_graph, streamed_operands, time_rows  # noqa: E402  (shared)
 
 from autotile.families import gemm_space  # noqa: E402
 from autotile.families.gemm import FAMILY, contiguous_problem  # noqa: E402
@@ -70,18 +69,13 @@ def configs_for(problem, device) -> list[tuple[str, Config]]:
 
 def time_row(problem, device, edges: str, rounds: int, gen, failures: list[str]) -> dict:
     import torch
-    import torch.nn.functional as F
 
-    from autotile.bench import cuda_graph_of, interleaved_medians
+    from autotile.bench import interleaved_medians
 
     m, n, k = problem.m, problem.n, problem.k
-    count = weights_for(n, k)
-    weights = [torch.randn(n, k, device="cuda", generator=gen, dtype=torch.bfloat16) / math.sqrt(k)
-               for _ in range(count)]
-    x = torch.randn(m, k, device="cuda", generator=gen, dtype=torch.bfloat16)
-    want = F.linear(x, weights[0]).float()
-    inputs = [{"a": x, "b": w.t()} for w in weights]
-    graphs = {"cuBLAS": cuda_graph_of(lambda: [F.linear(x, w) for w in weights])}
+    weights, want, inputs, vendor_graph = streamed_operands(problem, gen)
+    count = len(weights)
+    graphs = {"cuBLAS": vendor_graph}
     outputs = []  # each graph writes its own C, alive until the row is timed
     for label, config in configs_for(problem, device):
         results = {}
@@ -92,18 +86,10 @@ def time_row(problem, device, edges: str, rounds: int, gen, failures: list[str])
             c = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
             outputs.append(c)
             name = f"{label} {'clamp' if clamp else 'plain'}"
-            try:
-                FAMILY.launch(problem, config, inputs[0], {"c": c})
-                torch.cuda.synchronize()
-                error = (c.float() - want).abs().max().item() / want.abs().max().item()
-                if error > REL_TOLERANCE:
-                    failures.append(f"{m}x{n}x{k} {name}: relative error {error:.3g}")
-                    continue
-                results[clamp] = c.clone()
-                graphs[name] = cuda_graph_of(
-                    lambda config=config, c=c: [FAMILY.launch(problem, config, i, {"c": c}) for i in inputs])
-            except Exception as exc:  # noqa: BLE001 - a variant that fails is reported, the others timed
-                failures.append(f"{m}x{n}x{k} {name}: {type(exc).__name__}: {str(exc)[:150]}")
+            graph = checked_graph(problem, config, inputs, want, c, name, failures)
+            if graph is not None:
+                graphs[name] = graph
+                results[clamp] = c.clone()  # C of the warm-up launches: the same weights clamped or not
         if len(results) == 2 and not torch.equal(results[False], results[True]):
             failures.append(f"{m}x{n}x{k} {label}: clamped C differs from unclamped")
     set_clamps("both", True)  # the shipped state
@@ -113,6 +99,12 @@ def time_row(problem, device, edges: str, rounds: int, gen, failures: list[str])
     del graphs, weights, outputs
     torch.cuda.empty_cache()
     return {"m": m, "n": n, "k": k, "cuBLAS_us": vendor * 1e3, "us": {name: v * 1e3 for name, v in ms.items()}}
+
+
+def summary(row: dict) -> str:
+    vendor = row["cuBLAS_us"]
+    return (f"{row['m']}x{row['n']}x{row['k']} cuBLAS {vendor:.1f} us: "
+            + "; ".join(f"{name} {vendor / us:.3f}" for name, us in row["us"].items()))
 
 
 def main() -> int:
@@ -136,23 +128,13 @@ def main() -> int:
         return 2
     started = time.monotonic()
     gen = torch.Generator(device="cuda").manual_seed(0)
-    rows, failures = [], []
-    for m, n, k in args.rows:
-        if time.monotonic() - started > args.budget_s:
-            failures.append(f"budget of {args.budget_s:.0f} s spent at {m}x{n}x{k}")
-            break
-        row = time_row(contiguous_problem(m, n, k, "bf16", "bf16", layout_b="col"), device, args.edges, args.rounds,
-                       gen, failures)
-        rows.append(row)
-        vendor = row["cuBLAS_us"]
-        print(f"{m}x{n}x{k} cuBLAS {vendor:.1f} us: "
-              + "; ".join(f"{name} {vendor / us:.3f}" for name, us in row["us"].items()), flush=True)
-        args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "edges": args.edges, "rows": rows,
-                                        "failures": failures}, indent=1))
-    for failure in failures:
-        print("FAILED", failure)
-    print(f"done in {time.monotonic() - started:.0f} s")
-    return 1 if failures else 0
+    problems = [contiguous_problem(m, n, k, "bf16", "bf16", layout_b="col") for m, n, k in args.rows]
+
+    def time_one(problem, failures):
+        return time_row(problem, device, args.edges, args.rounds, gen, failures)
+
+    return time_rows(problems, time_one, summary, args.budget_s, args.out, started,
+                     device=torch.cuda.get_device_name(), edges=args.edges)
 
 
 if __name__ == "__main__":

@@ -49,3 +49,30 @@ def test_set_clamps_turns_the_chosen_edges_on_and_drops_the_plans(bench, monkeyp
     assert (gemm_space.CLAMP_ROW_TILES, gemm_space.CLAMP_COL_TILES) == (False, False)
     bench.set_clamps("both", True)
     assert (gemm_space.CLAMP_ROW_TILES, gemm_space.CLAMP_COL_TILES) == (True, True)
+
+
+def test_rows_are_written_after_each_and_the_budget_stops_the_rest(bench, tmp_path, capsys):
+    """decode_stream_candidates.time_rows, which both scripts time their rows through."""
+    import json
+    import time
+
+    out = tmp_path / "rows.json"
+    seen = []
+
+    def time_one(item, failures):
+        seen.append(item)
+        if item == 2:
+            failures.append("2: wrong")
+        return {"item": item}
+
+    started = time.monotonic()
+    assert bench.time_rows([1, 2, 3], time_one, lambda row: f"row {row['item']}", 60, out, started, edges="rows") == 1
+    written = json.loads(out.read_text())
+    assert written == {"edges": "rows", "rows": [{"item": 1}, {"item": 2}, {"item": 3}], "failures": ["2: wrong"]}
+    assert "row 3" in capsys.readouterr().out
+    # The budget spent before the first row: nothing timed, nothing written over the file, the stop reported.
+    assert bench.time_rows([1, 2], time_one, str, 60, out, started - 120) == 1
+    assert seen == [1, 2, 3] and json.loads(out.read_text()) == written
+    assert "FAILED budget of 60 s spent: 2 rows not timed" in capsys.readouterr().out
+    assert bench.time_rows([1], time_one, str, 60, out, time.monotonic()) == 0
+    assert json.loads(out.read_text()) == {"rows": [{"item": 1}], "failures": []}

@@ -210,13 +210,16 @@ def gluon_swap_fits(problem) -> bool:
 def clamps_row_tiles(c: Mapping) -> bool:
     """Whether `c`'s last row tile starts at M - BLOCK_M (CLAMP_ROW_TILES): whole, unswapped tiles of
     CLAMPED_VARIANTS."""
-    return (CLAMP_ROW_TILES and c["VARIANT"] in CLAMPED_VARIANTS and not c.get("SWAP_AB")
-            and c["SCHEDULE"] in ("data_parallel", PINGPONG))
+    return CLAMP_ROW_TILES and _whole_clamped_tiles(c) and not c.get("SWAP_AB")
 
 
 def clamps_col_tiles(c: Mapping) -> bool:
     """Whether `c`'s last column tile starts at N - BLOCK_N (CLAMP_COL_TILES): whole tiles of CLAMPED_VARIANTS."""
-    return CLAMP_COL_TILES and c["VARIANT"] in CLAMPED_VARIANTS and c["SCHEDULE"] in ("data_parallel", PINGPONG)
+    return CLAMP_COL_TILES and _whole_clamped_tiles(c)
+
+
+def _whole_clamped_tiles(c: Mapping) -> bool:
+    return c["VARIANT"] in CLAMPED_VARIANTS and c["SCHEDULE"] in ("data_parallel", PINGPONG)
 
 
 def gluon_swapped(c: Mapping) -> bool:
