@@ -36,7 +36,7 @@ from autotile.dtypes import element_size
 from autotile.families.base import next_pow2
 from autotile.families.gemm_space import (
     FP8_PRECISE_INTERVAL, GLUON_WS, SPLIT_K_CHOICES, SPLIT_K_MAX_TILES_PER_SM, TOKEN_TILE_BLOCK_MS,
-    gluon_swap_fits, gluon_swapped, gluon_ws_ok, has_promote_axis, programs_per_sm, sm_count, smem_bytes, tile_count,
+    gluon_swap_fits, gluon_ws_ok, has_promote_axis, programs_per_sm, sm_count, smem_bytes, tile_count,
     tma_ok, token_tiles_fit,
 )
 
@@ -380,7 +380,7 @@ def tiled_mid_config(problem, device: DeviceInfo, gluon: bool = True, token_tile
     """64 < M <= 512. On Hopper, narrow weights from MID_LONG_K first take Gluon 64 x 128 tiles split over K
     (_narrow_long_k); then the Gluon variant's tiles where they fill the SMs (_mid_gluon_config); after the
     one-wave TMA tiles (for narrow weights from fewer SMs: _narrow_one_wave), Gluon tiles that fill fewer of them
-    (MID_GLUON_FEW_FILL; below MID_LONG_K the one-wave TMA tiles in place of unswapped ones: _wide_one_wave; from
+    (MID_GLUON_FEW_FILL; below MID_LONG_K the one-wave TMA tiles in their place: _wide_one_wave; from
     MID_LONG_K split in two where that takes one wave: _long_k_halves); for narrower
     weights, below MID_LONG_K, Gluon 64 x 128 tiles split over K or whole (_narrow_gluon_split).
     Otherwise 16-bit operands, measured at M = 256 on Llama-3-8B and Qwen2.5-7B projections
@@ -415,7 +415,7 @@ def tiled_mid_config(problem, device: DeviceInfo, gluon: bool = True, token_tile
             return narrow_wave
         few_tiles = _mid_gluon_config(p, device, fill=MID_GLUON_FEW_FILL) if gluon else None
         if few_tiles is not None:
-            wide_wave = _wide_one_wave(p, few_tiles, device) if tma else None
+            wide_wave = _wide_one_wave(p, device) if tma else None
             return wide_wave or _long_k_halves(p, few_tiles, device)
         if p.k >= MID_LONG_K:
             long_k = _base(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3)
@@ -610,7 +610,11 @@ NARROW_WHOLE_MIN_TILES = 32
 # (_wide_one_wave; from MID_LONG_K those tiles split in two led: _long_k_halves): at 176 x 3584 x 3584 and 176 x 4096 x
 # 4096 0.873x / 0.885x of cuBLAS against 0.753x / 0.771x for the few-fill rule's 64 x 192, both edges clamped
 # (results/clamp_ab_cols_2026-12-07_h100.json); at 128, 224 and 256 tokens on the same weights they led 64 x 192 by
-# 12-22% (results/mid_candidates_2026-12-06*_h100.json).
+# 12-22% (results/mid_candidates_2026-12-06*_h100.json). Out of sample, the default alone at 136-200 tokens on five
+# such weights ran 0.84-1.04x (results/wide_one_wave_oos_2026-12-07c_h100.json). Swapped few-fill tiles too: every
+# candidate at 160 tokens on 3584 x 3584 and 4096 x 4096 put these tiles first, 0.871x / 0.867x of cuBLAS against
+# 0.745x / 0.760x for the swapped 80 x 128 tiles the rule took at 140-160 tokens (0.73-0.81x at 152 tokens on all five;
+# results/wide_one_wave_all_2026-12-07_h100.json).
 NARROW_ONE_WAVE_MAX_N = 3072
 _NARROW_GLUON = dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, num_stages=6)
 
@@ -625,12 +629,10 @@ def _narrow_one_wave(problem, device: DeviceInfo) -> dict | None:
     return _one_wave_tma(problem, device) if problem.n <= NARROW_ONE_WAVE_MAX_N else None
 
 
-def _wide_one_wave(problem, few_tiles: dict, device: DeviceInfo) -> dict | None:
-    """_one_wave_tma's tiles in place of the unswapped few-fill Gluon tiles `few_tiles` below MID_LONG_K; None
-    elsewhere (swapped few-fill tiles unmeasured beside them; from MID_LONG_K, _long_k_halves)."""
-    if problem.k >= MID_LONG_K or gluon_swapped(few_tiles):
-        return None
-    return _one_wave_tma(problem, device)
+def _wide_one_wave(problem, device: DeviceInfo) -> dict | None:
+    """_one_wave_tma's tiles in place of the few-fill Gluon tiles, swapped or not, below MID_LONG_K; None elsewhere
+    (from MID_LONG_K, _long_k_halves)."""
+    return None if problem.k >= MID_LONG_K else _one_wave_tma(problem, device)
 
 
 def _one_wave_tma(problem, device: DeviceInfo) -> dict | None:
