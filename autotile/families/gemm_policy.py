@@ -486,12 +486,17 @@ GLUON_HALF_N_GAIN = 0.05
 # streams, results/prefill_narrow_2026-12-06_h100.json): 0.65-1.09x of cuBLAS against 0.42-0.78x for the 128-row tiles
 # (1024 x 1024 x 4096 1.07x against 0.74x, 1536 x 512 x 3584 0.94x against 0.63x); where they take two waves
 # (1536 x 1024) the 128-row tiles led.
+# PREFILL_NARROW_WIDE: where 64 x 128 tiles take more than one wave and 64 x 192 ones fill MID_GLUON_FILL of the SMs
+# in one, the 64 x 192 tiles (every candidate at 1024 x 1280 x 5120, H100, CUDA-graph streams,
+# results/prefill_m1024_all_2026-12-07c_h100.json: 0.942x of cuBLAS, the best candidate, against 0.767x for the 128 x
+# 128 tiles the rules took, 80 tiles on 61% of the SMs).
+_GLUON_64X192 = dict(BLOCK_M=64, BLOCK_N=192, BLOCK_K=64, num_stages=6)
 _GLUON_PARTS = (dict(BLOCK_N=144, BLOCK_K=64, num_stages=5), dict(BLOCK_N=160, BLOCK_K=64, num_stages=5))
 PART_EFFICIENCY = {144: 0.88, 160: 0.90}
 PREFILL_PARTS_GAIN = 0.05
 _GLUON_16BIT_SEEDS = (_GLUON_192, *_GLUON_PARTS,
                       # 64 x 192: one wave of 128 tiles at 256 x 6144 x 4096, 0.795x against 0.754x for the default.
-                      dict(BLOCK_M=64, BLOCK_N=192, BLOCK_K=64, num_stages=6),
+                      _GLUON_64X192,
                       dict(BLOCK_N=256, BLOCK_K=64, num_stages=4, EPILOGUE_SUBTILE=True),
                       dict(BLOCK_N=128, BLOCK_K=64, num_stages=6, EPILOGUE_SUBTILE=True),
                       dict(BLOCK_N=128, BLOCK_K=64, num_stages=5, SCHEDULE="split_k", SPLIT_K=2),
@@ -765,6 +770,14 @@ _GLUON_FP8_TILES = (dict(num_stages=4), dict(num_stages=5), dict(BLOCK_N=256, nu
                     dict(num_stages=4, SCHEDULE="stream_k"))
 
 
+def _prefill_narrow_wide(problem, device: DeviceInfo) -> dict | None:
+    """The Gluon variant's 64 x 192 tiles where they fill MID_GLUON_FILL of the SMs in one wave (PREFILL_NARROW_WIDE);
+    None elsewhere."""
+    config = gluon_config(problem, **_GLUON_64X192)
+    count = tile_count(problem, config["BLOCK_M"], config["BLOCK_N"])
+    return config if MID_GLUON_FILL * sm_count(device) <= count <= programs(problem, config, device) else None
+
+
 def _modelled_waves(problem, config: dict, device: DeviceInfo) -> float:
     """_makespan with the throughput a column keeps (PART_EFFICIENCY; 1 for other widths), for comparing widths."""
     return _makespan(problem, config, device, PART_EFFICIENCY.get(config["BLOCK_N"], 1.0))
@@ -789,6 +802,9 @@ def prefill_config(problem, device: DeviceInfo, gluon: bool = True, token_tiles:
         narrow = _narrow_gluon(p)
         if tile_count(p, narrow["BLOCK_M"], narrow["BLOCK_N"]) <= programs(p, narrow, device):
             return narrow  # one wave of 64-row tiles: 128-row ones would leave half the SMs idle (PREFILL_NARROW)
+        wider = _prefill_narrow_wide(p, device)
+        if wider is not None:
+            return wider
         wide, half = gluon_config(p, **_GLUON_WIDE), gluon_config(p, **_GLUON_HALF)
         busy = lambda c: wave_efficiency(tile_count(p, c["BLOCK_M"], c["BLOCK_N"]), programs(p, c, device))  # noqa: E731
         best = half if busy(half) >= busy(wide) + GLUON_HALF_N_GAIN else wide
