@@ -486,10 +486,14 @@ GLUON_HALF_N_GAIN = 0.05
 # streams, results/prefill_narrow_2026-12-06_h100.json): 0.65-1.09x of cuBLAS against 0.42-0.78x for the 128-row tiles
 # (1024 x 1024 x 4096 1.07x against 0.74x, 1536 x 512 x 3584 0.94x against 0.63x); where they take two waves
 # (1536 x 1024) the 128-row tiles led.
-# PREFILL_NARROW_WIDE: where 64 x 128 tiles take more than one wave and 64 x 192 ones fill MID_GLUON_FILL of the SMs
-# in one, the 64 x 192 tiles (every candidate at 1024 x 1280 x 5120, H100, CUDA-graph streams,
-# results/prefill_m1024_all_2026-12-07c_h100.json: 0.942x of cuBLAS, the best candidate, against 0.767x for the 128 x
-# 128 tiles the rules took, 80 tiles on 61% of the SMs).
+# PREFILL_NARROW_WIDE: on weights up to this many rows, where 64 x 128 tiles take more than one wave and 64 x 192 ones
+# fill MID_GLUON_FILL of the SMs in one, the 64 x 192 tiles. Every candidate at 1024 x 1280 x 5120 put them first
+# (0.942x of cuBLAS against 0.767x for the 128 x 128 tiles the rules took: 80 tiles, 61% of the SMs;
+# results/prefill_m1024_all_2026-12-07c_h100.json). Against the rules before on 105 rows the rule changed (520-2816
+# tokens, N 512-2560, 35 weights of the model table; H100, CUDA-graph streams,
+# results/prefill_narrow_wide_ab_2026-12-07c_h100.json): up to N = 2304, 93 rows 0.852x -> 1.012x, the worst pair
+# 0.958x (520 x 2304 x 9216); at N = 2560 all twelve lost, 0.787x -> 0.688x (cause not found).
+PREFILL_NARROW_WIDE_MAX_N = 2304
 _GLUON_64X192 = dict(BLOCK_M=64, BLOCK_N=192, BLOCK_K=64, num_stages=6)
 _GLUON_PARTS = (dict(BLOCK_N=144, BLOCK_K=64, num_stages=5), dict(BLOCK_N=160, BLOCK_K=64, num_stages=5))
 PART_EFFICIENCY = {144: 0.88, 160: 0.90}
@@ -521,8 +525,7 @@ MID_GLUON_FILL = 0.7
 # results/mid_candidates_2026-12-06_h100.json): at 192 tokens, 64 x 192 tiles on 43-50% of the SMs ran 0.80x of
 # cuBLAS at 4096 x 4096 against 0.68x, 1.02x at 3584 x 3584 against 0.87x, 0.88x at 4096 x 14336 against 0.82x.
 MID_GLUON_FEW_FILL = 0.4
-_MID_GLUON_TILES = (dict(BLOCK_N=128, BLOCK_K=64, num_stages=6, EPILOGUE_SUBTILE=True),
-                    dict(BLOCK_M=64, BLOCK_N=192, BLOCK_K=64, num_stages=6),
+_MID_GLUON_TILES = (dict(BLOCK_N=128, BLOCK_K=64, num_stages=6, EPILOGUE_SUBTILE=True), _GLUON_64X192,
                     dict(BLOCK_N=144, BLOCK_K=64, num_stages=5), dict(BLOCK_N=160, BLOCK_K=64, num_stages=5),
                     dict(BLOCK_N=192, BLOCK_K=64, num_stages=4),
                     dict(BLOCK_N=256, BLOCK_K=64, num_stages=4, EPILOGUE_SUBTILE=True))
@@ -771,8 +774,10 @@ _GLUON_FP8_TILES = (dict(num_stages=4), dict(num_stages=5), dict(BLOCK_N=256, nu
 
 
 def _prefill_narrow_wide(problem, device: DeviceInfo) -> dict | None:
-    """The Gluon variant's 64 x 192 tiles where they fill MID_GLUON_FILL of the SMs in one wave (PREFILL_NARROW_WIDE);
-    None elsewhere."""
+    """The Gluon variant's 64 x 192 tiles where they fill MID_GLUON_FILL of the SMs in one wave, on weights of up to
+    PREFILL_NARROW_WIDE_MAX_N rows; None elsewhere."""
+    if problem.n > PREFILL_NARROW_WIDE_MAX_N:
+        return None
     config = gluon_config(problem, **_GLUON_64X192)
     count = tile_count(problem, config["BLOCK_M"], config["BLOCK_N"])
     return config if MID_GLUON_FILL * sm_count(device) <= count <= programs(problem, config, device) else None
