@@ -527,6 +527,26 @@ def test_narrow_prefill_takes_one_wave_of_64_row_gluon_tiles(m, n, k, narrow):
     assert FAMILY.default_config(problem, A100)["VARIANT"] != "gluon_ws"
 
 
+@pytest.mark.parametrize("m,n,k,wide", [
+    (1024, 1280, 5120, True), (1032, 1024, 4096, True), (648, 2048, 3584, True), (768, 2048, 3584, True),
+    (2496, 512, 2048, True), (1416, 896, 4864, True), (704, 2304, 9216, True), (552, 2560, 4096, False),
+    (1024, 1024, 4096, False), (1024, 4096, 4096, False), (4096, 1024, 4096, False)])
+def test_narrow_prefill_takes_one_wave_of_64_x_192_gluon_tiles(m, n, k, wide):
+    # PREFILL_NARROW_WIDE (H100, CUDA-graph streams, results/prefill_narrow_wide_ab_2026-12-07c_h100.json and _oos_):
+    # where 64 x 128 tiles take more than one wave and 64 x 192 ones fill most SMs in one, these led the 128-row tiles
+    # on 154 of 155 rows up to N = 2304, 0.840x -> 1.004x of cuBLAS (1024 x 1280 x 5120: 0.767x -> 0.942x); at N = 2560
+    # they lost.
+    problem = contiguous_problem(m, n, k, "bf16", "bf16", layout_b="col")
+    config = FAMILY.default_config(problem, H200)
+    assert config["VARIANT"] == "gluon_ws", config
+    assert ((config["BLOCK_M"], config["BLOCK_N"], config["SCHEDULE"]) == (64, 192, "data_parallel")) == wide, config
+    if wide:
+        assert tile_count(problem, 64, 128) > H200.sm_count
+        assert MID_GLUON_FILL * H200.sm_count <= tile_count(problem, 64, 192) <= H200.sm_count
+        assert FAMILY.space(problem, H200).is_feasible(config)
+    assert FAMILY.default_config(problem, A100)["VARIANT"] != "gluon_ws"
+
+
 @pytest.mark.parametrize("m,n,k,tile", [
     (288, 5120, 4096, (96, 128)), (264, 5120, 4096, (96, 128)), (288, 28672, 4096, (144, 128)),
     (300, 28672, 4096, (160, 128)), (400, 37888, 3584, (144, 128)), (300, 16384, 3072, (160, 128)),

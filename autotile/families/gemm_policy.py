@@ -492,7 +492,9 @@ GLUON_HALF_N_GAIN = 0.05
 # results/prefill_m1024_all_2026-12-07c_h100.json). Against the rules before on 105 rows the rule changed (520-2816
 # tokens, N 512-2560, 35 weights of the model table; H100, CUDA-graph streams,
 # results/prefill_narrow_wide_ab_2026-12-07c_h100.json): up to N = 2304, 93 rows 0.852x -> 1.012x, the worst pair
-# 0.958x (520 x 2304 x 9216); at N = 2560 all twelve lost, 0.787x -> 0.688x (cause not found).
+# 0.958x (520 x 2304 x 9216); at N = 2560 all twelve lost, 0.787x -> 0.688x (cause not found). Out of sample, at other
+# token counts on the same weights up to N = 2304 (_oos_ file): 62 rows 0.821x -> 0.993x, each ahead. Measured in
+# nn.Linear layout; B row-major takes the rule unmeasured.
 PREFILL_NARROW_WIDE_MAX_N = 2304
 _GLUON_64X192 = dict(BLOCK_M=64, BLOCK_N=192, BLOCK_K=64, num_stages=6)
 _GLUON_PARTS = (dict(BLOCK_N=144, BLOCK_K=64, num_stages=5), dict(BLOCK_N=160, BLOCK_K=64, num_stages=5))
