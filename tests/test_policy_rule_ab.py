@@ -1,0 +1,69 @@
+"""benchmarks/policy_rule_ab.py: which rows it compares a rule on, how it turns the rule off, and its verdict."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from autotile.device import planned_device
+from autotile.families import gemm_policy
+from tests.scripts import loaded_script
+
+SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "policy_rule_ab.py"
+H200 = planned_device("h200")
+
+
+@pytest.fixture(scope="module")
+def bench():
+    yield from loaded_script(SCRIPT, "policy_rule_ab_script")
+
+
+def test_changed_rows_are_where_the_rule_applies_and_the_rule_comes_back(bench):
+    kept = gemm_policy._prefill_narrow_wide
+    rows = bench.changed_rows("_prefill_narrow_wide", H200, ["qwen2.5-3b"], tokens=(256, 640, 1024, 2816, 4096))
+    assert gemm_policy._prefill_narrow_wide is kept
+    found = {(p.m, p.n, p.k) for p, _, _ in rows}
+    # 640 tokens on N = 2048 (11 x 11 tiles of 64 x 192 in one wave), not N = 2560 (PREFILL_NARROW_WIDE_MAX_N), not
+    # 1024 x 2048 (past one wave), not mid-sized M (its own rules).
+    assert {(640, 2048, 2048), (640, 2048, 11008)} <= found
+    assert all(n <= gemm_policy.PREFILL_NARROW_WIDE_MAX_N and m > gemm_policy.MID_MAX_M for m, n, _ in found)
+    for problem, with_rule, without in rows:
+        assert (with_rule["BLOCK_M"], with_rule["BLOCK_N"]) == (64, 192)
+        assert all(with_rule[key] == value for key, value in gemm_policy._prefill_narrow_wide(problem, H200).items())
+        assert (without["BLOCK_M"], without["BLOCK_N"]) != (64, 192)
+
+
+def test_rule_off_names_the_known_rules_and_restores_after_an_error(bench):
+    with pytest.raises(ValueError, match="_wide_one_wave"):
+        with bench.rule_off("prefill_config"):
+            pass
+    kept = gemm_policy.token_tile_config
+    with pytest.raises(RuntimeError):
+        with bench.rule_off("token_tile_config"):
+            assert gemm_policy.token_tile_config(None, H200) is None
+            raise RuntimeError
+    assert gemm_policy.token_tile_config is kept
+    assert all(callable(getattr(gemm_policy, rule)) for rule in bench.RULES)
+
+
+def test_drawn_rows_cap_each_weight_and_follow_the_seed(bench):
+    rows = bench.changed_rows("_wide_one_wave", H200, ["llama3-8b", "qwen2.5-7b"], tokens=range(129, 200, 2))
+    assert rows
+    weights = {(p.n, p.k) for p, _, _ in rows}
+    first = bench.drawn(rows, 2, seed=0)
+    assert first == bench.drawn(rows, 2, seed=0)
+    assert len(first) == sum(min(2, sum((p.n, p.k) == w for p, _, _ in rows)) for w in weights)
+    for weight in weights:
+        tokens = [p.m for p, _, _ in first if (p.n, p.k) == weight]
+        assert tokens == sorted(tokens)
+    assert any(bench.drawn(rows, 2, seed=seed) != first for seed in range(1, 5))
+
+
+def test_verdict_pairs_the_default_with_the_rule_off(bench):
+    timed = [{"cuBLAS_us": 10.0, "us": {"a [default]": 10.0, "b": 12.5}},
+             {"cuBLAS_us": 10.0, "us": {"a [default]": 12.5, "b": 10.0}},
+             {"cuBLAS_us": 10.0, "us": {"a [default]": 8.0}}]  # the other failed its check: not a pair
+    text = bench.verdict(timed)
+    assert text.startswith("2 rows: 0.894x of cuBLAS without the rule -> 0.894x with it")
+    assert "ahead on 1" in text and "worst pair 0.800x" in text
+    assert bench.verdict([]) == "no row timed both configs"
