@@ -277,8 +277,6 @@ def main() -> int:
                   f"{gkb.short(next(iter(configs)))}")
         return 0
 
-    import torch
-
     from autotile.device import resolve_gpu
 
     device = resolve_gpu("auto")
@@ -290,10 +288,19 @@ def main() -> int:
               else candidates(problem, device, args.token_tiles, args.gluon_swap)) for problem in problems]
     if args.only:
         plans = [(problem, {c: o for c, o in configs.items() if o in args.only}) for problem, configs in plans]
-    gkb.compile_ahead([(p, c) for p, configs in plans for c in configs], args.workers)
+    return time_plans(plans, args.rounds, args.budget_s, args.out, args.workers, started)
+
+
+def time_plans(plans: list, rounds: int, budget_s: float, out: Path, workers: int, started: float, **meta) -> int:
+    """Each (problem, {config: origin}) of `plans` compiled ahead, then timed (time_shape) and written as time_rows
+    does, with `meta`."""
+    import torch
+
+    gkb.compile_ahead([(p, c) for p, configs in plans for c in configs], workers)
     gen = torch.Generator(device="cuda").manual_seed(0)
-    return time_rows(plans, lambda plan, failures: time_shape(*plan, args.rounds, gen, failures), summary,
-                     args.budget_s, args.out, started, device=torch.cuda.get_device_name())
+    return time_rows(plans, lambda plan, failures: time_shape(*plan, rounds, gen, failures), summary, budget_s, out,
+                     started, device=torch.cuda.get_device_name(), **meta)
+
 
 if __name__ == "__main__":
     sys.exit(main())

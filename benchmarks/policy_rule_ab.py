@@ -17,6 +17,7 @@ as JSON to --out.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import random
 import sys
@@ -27,7 +28,7 @@ from pathlib import Path
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent.parent)]
 
 import gemm_kernels_bench as gkb  # noqa: E402  (compile pool, config labels, the planning device)
-from decode_stream_candidates import summary, time_rows, time_shape  # noqa: E402
+from decode_stream_candidates import time_plans  # noqa: E402
 
 from autotile.families import gemm_policy  # noqa: E402
 from autotile.families.gemm import FAMILY, contiguous_problem  # noqa: E402
@@ -122,8 +123,6 @@ def main() -> int:
         print(f"{len(rows)} rows changed; {args.per_weight} drawn per weight shape")
         return 0
 
-    import torch
-
     from autotile.device import resolve_gpu
 
     device = resolve_gpu("auto")
@@ -133,17 +132,12 @@ def main() -> int:
     started = time.monotonic()
     plans = [(problem, {with_rule: WITH, without: WITHOUT}) for problem, with_rule, without
              in drawn(changed_rows(args.rule, device, args.models), args.per_weight, args.seed)]
-    gkb.compile_ahead([(p, c) for p, configs in plans for c in configs], args.workers)
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    timed = []
-
-    def time_one(plan, failures):
-        timed.append(time_shape(*plan, args.rounds, gen, failures))
-        return timed[-1]
-
-    status = time_rows(plans, time_one, summary, args.budget_s, args.out, started, device=torch.cuda.get_device_name(),
-                       rule=args.rule, seed=args.seed)
-    print(verdict(timed))
+    if not plans:
+        print(f"{args.rule} changes no default on this GPU")
+        return 0
+    status = time_plans(plans, args.rounds, args.budget_s, args.out, args.workers, started, rule=args.rule,
+                        seed=args.seed)
+    print(verdict(json.loads(args.out.read_text())["rows"]))
     return status
 
 

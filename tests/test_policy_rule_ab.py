@@ -1,6 +1,7 @@
 """benchmarks/policy_rule_ab.py: which rows it compares a rule on, how it turns the rule off, and its verdict."""
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -67,3 +68,26 @@ def test_verdict_pairs_the_default_with_the_rule_off(bench):
     assert text.startswith("2 rows: 0.894x of cuBLAS without the rule -> 0.894x with it")
     assert "ahead on 1" in text and "worst pair 0.800x" in text
     assert bench.verdict([]) == "no row timed both configs"
+
+
+def test_time_plans_compiles_ahead_then_times_each_plan_and_writes_the_meta(bench, monkeypatch, tmp_path):
+    """decode_stream_candidates.time_plans, which both scripts time their plans through (GPU parts stubbed)."""
+    import json
+    import time
+
+    import torch
+
+    streams = sys.modules["decode_stream_candidates"]
+    compiled, timed = [], []
+    monkeypatch.setattr(streams.gkb, "compile_ahead", lambda pairs, workers: compiled.extend(pairs))
+    monkeypatch.setattr(streams, "time_shape", lambda problem, configs, rounds, gen, failures: timed.append(
+        (problem, rounds)) or {"m": problem, "n": 1, "k": 1, "cuBLAS_us": 1.0, "us": {"x [default]": 1.0}})
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "stub GPU")
+    monkeypatch.setattr(torch, "Generator", lambda device: type("Gen", (), {"manual_seed": lambda self, s: self})())
+    out = tmp_path / "ab.json"
+    plans = [(1, {"a": "default", "b": "rule off"}), (2, {"c": "default"})]
+    assert bench.time_plans(plans, 3, 60, out, 2, time.monotonic(), rule="r", seed=4) == 0
+    assert compiled == [(1, "a"), (1, "b"), (2, "c")]
+    assert timed == [(1, 3), (2, 3)]
+    written = json.loads(out.read_text())
+    assert (written["device"], written["rule"], written["seed"], len(written["rows"])) == ("stub GPU", "r", 4, 2)
