@@ -277,11 +277,8 @@ def main() -> int:
                   f"{gkb.short(next(iter(configs)))}")
         return 0
 
-    from autotile.device import resolve_gpu
-
-    device = resolve_gpu("auto")
-    if device.interpret:
-        print("no CUDA GPU: this benchmark runs on a GPU only (--plan lists its work without one)")
+    device = cuda_device()
+    if device is None:
         return 2
     started = time.monotonic()
     plans = [(problem, {FAMILY.default_config(problem, device): "default"} if args.default_only
@@ -289,6 +286,17 @@ def main() -> int:
     if args.only:
         plans = [(problem, {c: o for c, o in configs.items() if o in args.only}) for problem, configs in plans]
     return time_plans(plans, args.rounds, args.budget_s, args.out, args.workers, started)
+
+
+def cuda_device():
+    """The CUDA GPU's description; None, saying so, where there is none."""
+    from autotile.device import resolve_gpu
+
+    device = resolve_gpu("auto")
+    if device.interpret:
+        print("no CUDA GPU: this benchmark runs on a GPU only (--plan lists its work without one)")
+        return None
+    return device
 
 
 def time_plans(plans: list, rounds: int, budget_s: float, out: Path, workers: int, started: float, **meta) -> int:

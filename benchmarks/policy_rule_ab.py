@@ -28,7 +28,7 @@ from pathlib import Path
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent.parent)]
 
 import gemm_kernels_bench as gkb  # noqa: E402  (compile pool, config labels, the planning device)
-from decode_stream_candidates import time_plans  # noqa: E402
+from decode_stream_candidates import cuda_device, time_plans  # noqa: E402
 
 from autotile.families import gemm_policy  # noqa: E402
 from autotile.families.gemm import FAMILY, contiguous_problem  # noqa: E402
@@ -123,11 +123,8 @@ def main() -> int:
         print(f"{len(rows)} rows changed; {args.per_weight} drawn per weight shape")
         return 0
 
-    from autotile.device import resolve_gpu
-
-    device = resolve_gpu("auto")
-    if device.interpret:
-        print("no CUDA GPU: this benchmark runs on a GPU only (--plan lists its work without one)")
+    device = cuda_device()
+    if device is None:
         return 2
     started = time.monotonic()
     plans = [(problem, {with_rule: WITH, without: WITHOUT}) for problem, with_rule, without
