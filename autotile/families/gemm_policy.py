@@ -623,9 +623,9 @@ NARROW_WHOLE_MIN_TILES = 32
 # 12-22% (results/mid_candidates_2026-12-06*_h100.json). Out of sample, the default alone at 136-200 tokens on five
 # such weights ran 0.84-1.04x (results/wide_one_wave_oos_2026-12-07c_h100.json). Swapped few-fill tiles too: every
 # candidate at 160 tokens on 3584 x 3584 and 4096 x 4096 put these tiles first, 0.871x / 0.867x of cuBLAS against
-# 0.745x / 0.760x for the swapped 80 x 128 tiles the rule took at 140-160 tokens (results/wide_one_wave_all_2026-12-07_
-# h100.json); against that rule on the 40 rows the change makes (140-160 tokens, ten weights), 0.772x -> 0.900x, each
-# ahead (results/wide_one_wave_swapped_ab_2026-12-07c_h100.json).
+# 0.745x / 0.760x for the swapped 80 x 128 tiles the rule took at 140-160 tokens
+# (results/wide_one_wave_all_2026-12-07_h100.json); against that rule on the 40 rows the change makes (140-160 tokens,
+# ten weights), 0.772x -> 0.900x, each ahead (results/wide_one_wave_swapped_ab_2026-12-07c_h100.json).
 NARROW_ONE_WAVE_MAX_N = 3072
 _NARROW_GLUON = dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, num_stages=6)
 
