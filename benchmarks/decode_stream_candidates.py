@@ -4,6 +4,7 @@ Run from the repository root on a CUDA machine:
     python benchmarks/decode_stream_candidates.py --out OUT/decode_candidates.json             # ~1 min on an H100
     python benchmarks/decode_stream_candidates.py --tokens 32,64 --shapes 4096x4096,1024x4096 --out ...
     python benchmarks/decode_stream_candidates.py --grid --out OUT/grid.json                    # the unseen grid
+    python benchmarks/decode_stream_candidates.py --grid-tokens prefill --out OUT/prefill.json  # its prefill chunks
     python benchmarks/decode_stream_candidates.py --plan                                        # the work, no GPU
 
 decode_stream_bench.py times the op as served; this script times each candidate config of the gemm family the
@@ -48,6 +49,9 @@ GRID_SHAPES = ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (1024, 
                (1024, 5120), (9216, 3072), (3072, 3072), (16384, 3072), (3072, 8192), (8192, 3584), (3584, 4096),
                (28672, 3584), (3584, 14336), (2048, 3584))
 GRID_TOKENS = (40, 100, 176, 300, 480)
+# The same projections at other counts (--grid-tokens): mid-sized M off the grid's, and prefill chunks
+# (results/policy_grid_tokens_2026-12-07c_h100.json, policy_grid_prefill_2026-12-07c_h100.json).
+GRID_OTHER_TOKENS = {"mid": (72, 136, 232, 360, 448, 512), "prefill": (640, 1024, 1536, 2048, 4096)}
 # Tiles tried beside the default and the seeds (BLOCK_M holds every token), each split 1-6 times.
 TILES = (dict(BLOCK_N=32, BLOCK_K=256, SWAP_AB=False, num_stages=5),
          dict(BLOCK_N=64, BLOCK_K=128, SWAP_AB=True, num_stages=5),
@@ -234,6 +238,21 @@ def time_rows(items: list, time_one, line, budget_s: float, out: Path, started: 
     return 1 if failures else 0
 
 
+def defaults_verdict(rows: list[dict]) -> str:
+    """The geometric mean of cuBLAS / the default by token count and over `rows` (each timing the default alone),
+    and the lowest row."""
+    ratios = [(row["m"], row["cuBLAS_us"] / min(row["us"].values()), f"{row['m']}x{row['n']}x{row['k']}")
+              for row in rows if row["us"]]
+    if not ratios:
+        return "no row timed"
+    geomean = lambda xs: math.exp(sum(map(math.log, xs)) / len(xs))  # noqa: E731
+    by_tokens = ", ".join(f"{m}: {geomean([r for t, r, _ in ratios if t == m]):.3f}x"
+                          for m in sorted({t for t, _, _ in ratios}))
+    lowest = min(ratios, key=lambda item: item[1])
+    return (f"default / cuBLAS over {len(ratios)} rows: {geomean([r for _, r, _ in ratios]):.3f}x ({by_tokens}); "
+            f"lowest {lowest[2]} {lowest[1]:.3f}x")
+
+
 def summary(row: dict) -> str:
     vendor = row["cuBLAS_us"]
     ranked = sorted(row["us"].items(), key=lambda kv: kv[1])
@@ -261,12 +280,15 @@ def main() -> int:
     parser.add_argument("--default-only", action="store_true", help="time the policy's default beside F.linear only")
     parser.add_argument("--grid", action="store_true",
                         help="the unseen grid: GRID_SHAPES at GRID_TOKENS, the default alone (~1 min on an H100)")
+    parser.add_argument("--grid-tokens", choices=sorted(GRID_OTHER_TOKENS),
+                        help="the grid's projections at GRID_OTHER_TOKENS of this kind instead (implies --grid)")
     parser.add_argument("--only", type=lambda t: set(t.split(",")),
                         help="time the candidates of these origins only (comma-separated: default, seed, tile, "
                              "token tile, gluon swap)")
     args = parser.parse_args()
-    if args.grid:
-        args.shapes, args.tokens, args.default_only = GRID_SHAPES, GRID_TOKENS, True
+    if args.grid or args.grid_tokens:
+        tokens = GRID_OTHER_TOKENS[args.grid_tokens] if args.grid_tokens else GRID_TOKENS
+        args.shapes, args.tokens, args.default_only = GRID_SHAPES, tokens, True
     problems = [contiguous_problem(m, n, k, "bf16", "bf16", layout_b="col")
                 for n, k in args.shapes for m in args.tokens]
     if args.plan:
@@ -285,7 +307,10 @@ def main() -> int:
               else candidates(problem, device, args.token_tiles, args.gluon_swap)) for problem in problems]
     if args.only:
         plans = [(problem, {c: o for c, o in configs.items() if o in args.only}) for problem, configs in plans]
-    return time_plans(plans, args.rounds, args.budget_s, args.out, args.workers, started)
+    status = time_plans(plans, args.rounds, args.budget_s, args.out, args.workers, started)
+    if args.default_only and args.out.exists():
+        print(defaults_verdict(json.loads(args.out.read_text())["rows"]))
+    return status
 
 
 def cuda_device():

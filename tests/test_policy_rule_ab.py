@@ -91,3 +91,14 @@ def test_time_plans_compiles_ahead_then_times_each_plan_and_writes_the_meta(benc
     assert timed == [(1, 3), (2, 3)]
     written = json.loads(out.read_text())
     assert (written["device"], written["rule"], written["seed"], len(written["rows"])) == ("stub GPU", "r", 4, 2)
+
+
+def test_defaults_verdict_gives_each_token_count_and_the_lowest_row(bench):
+    streams = sys.modules["decode_stream_candidates"]
+    rows = [{"m": 40, "n": 8, "k": 8, "cuBLAS_us": 10.0, "us": {"a [default]": 8.0}},
+            {"m": 40, "n": 16, "k": 8, "cuBLAS_us": 10.0, "us": {"a [default]": 12.5}},
+            {"m": 100, "n": 8, "k": 8, "cuBLAS_us": 9.0, "us": {"b [default]": 10.0}},
+            {"m": 100, "n": 16, "k": 8, "cuBLAS_us": 9.0, "us": {}}]  # failed its check: not counted
+    assert streams.defaults_verdict(rows) == (
+        "default / cuBLAS over 3 rows: 0.965x (40: 1.000x, 100: 0.900x); lowest 40x16x8 0.800x")
+    assert streams.defaults_verdict([]) == "no row timed"
