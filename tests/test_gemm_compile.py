@@ -168,6 +168,7 @@ POLICY_SHAPES = [
     contiguous_problem(384, 1024, 4096, "bf16", "bf16", layout_b="col"),  # swapped 64-token tiles
     contiguous_problem(96, 1024, 5120, "bf16", "bf16", layout_b="col"),  # 32-token tiles split in two
     contiguous_problem(448, 1280, 5120, "bf16", "bf16", layout_b="col"),  # one wave of TMA tiles, narrow weight
+    contiguous_problem(1032, 1024, 4096, "bf16", "bf16", layout_b="col"),  # one wave of 64 x 192 Gluon tiles
     contiguous_problem(2048, 4608, 3584, "bf16", "bf16", layout_b="col", bias=True),
     contiguous_problem(3000, 5000, 1536, "bf16", "bf16", layout_b="col"),
     contiguous_problem(4096, 4096, 4096, "fp8", "bf16", layout_b="col"),
