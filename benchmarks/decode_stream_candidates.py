@@ -308,7 +308,7 @@ def main() -> int:
     if args.only:
         plans = [(problem, {c: o for c, o in configs.items() if o in args.only}) for problem, configs in plans]
     status = time_plans(plans, args.rounds, args.budget_s, args.out, args.workers, started)
-    if args.default_only and args.out.exists():
+    if args.default_only and plans and args.out.exists():
         print(defaults_verdict(json.loads(args.out.read_text())["rows"]))
     return status
 

@@ -152,6 +152,12 @@ def programs(problem, config: dict, device: DeviceInfo) -> int:
     return sm_count(device) * programs_per_sm(problem, config, device)
 
 
+def fills_one_wave(problem, config: dict, device: DeviceInfo, fill: float) -> bool:
+    """Whether `config`'s tiles take one wave of its programs and fill at least `fill` of the SMs."""
+    tiles = tile_count(problem, config["BLOCK_M"], config["BLOCK_N"])
+    return fill * sm_count(device) <= tiles <= programs(problem, config, device)
+
+
 def wave_efficiency(tiles: int, slots: int) -> float:
     """Busy share of the program slots over all waves of whole tiles."""
     return tiles / (math.ceil(tiles / slots) * slots)
@@ -353,8 +359,7 @@ def few_tokens_config(problem, device: DeviceInfo) -> dict | None:
     if _tma_loads(p, device):
         for tiles in ONE_WAVE_MID_TILES:
             config = tma_mid_tile(p, tiles, device)
-            count, slots = tile_count(p, config["BLOCK_M"], config["BLOCK_N"]), programs(p, config, device)
-            if FEW_TOKENS_FILL_SMS * sm_count(device) <= count <= slots:
+            if fills_one_wave(p, config, device, FEW_TOKENS_FILL_SMS):
                 return config
     # Four warps even for 128 x 128 tiles (_fit_blocks would take 8): they led 8 warps on 4 stages by 6%.
     streams = [_fit_stages(p, dict(_fit_blocks(p, _base(BLOCK_M=WIDE_STREAM_MAX_M, SWAP_AB=True, **tiles)),
@@ -407,8 +412,7 @@ def tiled_mid_config(problem, device: DeviceInfo, gluon: bool = True, token_tile
             return _schedule(p, _fit_blocks(p, big), device, stream_k=False)
         for tiles in ONE_WAVE_MID_TILES if tma else ():
             config = tma_mid_tile(p, tiles, device)
-            count, slots = tile_count(p, config["BLOCK_M"], config["BLOCK_N"]), programs(p, config, device)
-            if FILL_SMS * sm_count(device) <= count <= slots:
+            if fills_one_wave(p, config, device, FILL_SMS):
                 return config
         narrow_wave = _narrow_one_wave(p, device) if tma else None
         if narrow_wave is not None:
@@ -653,8 +657,7 @@ def _one_wave_tma(problem, device: DeviceInfo) -> dict | None:
     if p.dtype not in ("bf16", "fp16") or p.k < NARROW_MIN_K or p.layout_b != "col":
         return None
     config = tma_mid_tile(p, ONE_WAVE_MID_TILES[0], device)
-    tiles = tile_count(p, config["BLOCK_M"], config["BLOCK_N"])
-    return config if MID_GLUON_FEW_FILL * sm_count(device) <= tiles <= programs(p, config, device) else None
+    return config if fills_one_wave(p, config, device, MID_GLUON_FEW_FILL) else None
 
 
 def _narrow_gluon_split(problem, device: DeviceInfo) -> dict | None:
@@ -782,8 +785,7 @@ def _prefill_narrow_wide(problem, device: DeviceInfo) -> dict | None:
     if problem.n > PREFILL_NARROW_WIDE_MAX_N:
         return None
     config = gluon_config(problem, **_GLUON_64X192)
-    count = tile_count(problem, config["BLOCK_M"], config["BLOCK_N"])
-    return config if MID_GLUON_FILL * sm_count(device) <= count <= programs(problem, config, device) else None
+    return config if fills_one_wave(problem, config, device, MID_GLUON_FILL) else None
 
 
 def _modelled_waves(problem, config: dict, device: DeviceInfo) -> float:
