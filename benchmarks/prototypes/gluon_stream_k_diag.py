@@ -1,0 +1,142 @@
+"""Where the gluon_ws GEMM's stream-K and split-K time goes: variants of its template timed beside data-parallel (GPU).
+
+On an H100 (results/prefill_m1536_all_2026-12-07d_h100.json, n2560_prefill_all_2026-12-07d_h100.json) stream-K and
+split-K 128 x 128 tiles ran 1.2-2.7x the time that spreading the data-parallel tiles' work evenly over the SMs would
+take, and the excess grew with K (576 x 2560: +15 us at K = 2048, +24 at 4096, +40 at 9728), where the fix-up
+(partials written, counted and summed) is the same at every K. Each variant below changes one thing in a copy of
+templates/gemm_gluon_ws.py.j2, rendered and launched through the family's own plans:
+  - orig: the template as it is;
+  - nostore: contributors count themselves without writing their partial (the last one sums stale slots);
+  - nofix: no partial, no count, no sum: split tiles are never finished (time of the MMA work alone);
+  - noreduce: the last contributor finishes the tile from its own partial sum alone (no partial loads);
+  - skfirst: each program runs its stream-K (or split) share before its whole tiles, as CUTLASS orders them;
+  - relacq: contributors count with a release atomic; only the last acquires (a second, acquire atomic).
+nostore, nofix and noreduce give wrong results on purpose (timing only); orig, skfirst and relacq are checked
+against F.linear. Medians of 5 interleaved rounds of do_bench, L2 not flushed.
+
+    PYTHONPATH=. python benchmarks/prototypes/gluon_stream_k_diag.py OUT_DIR
+"""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path[:0] = [str(Path(__file__).resolve().parents[2])]
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+import triton  # noqa: E402
+
+import autotile.render as render  # noqa: E402
+from autotile.families import gemm_launch  # noqa: E402
+from autotile.families.gemm import FAMILY, contiguous_problem  # noqa: E402
+from autotile.resources import templates_dir  # noqa: E402
+from autotile.space import Config  # noqa: E402
+
+TEMPLATE = "gemm_gluon_ws.py.j2"
+SHAPES = [(576, 2560, 4096), (1536, 3584, 3584)]
+CHECKED = ("orig", "skfirst", "relacq")
+
+STORE = ("    gl.store(_partials(ws_ptr, slot, offsets, TILE), acc)\n    gl.thread_barrier()\n"
+         "    return gl.atomic_add(counter, 1, sem=\"acq_rel\", scope=\"gpu\")")
+REDUCE_LOAD = ("total += gl.load(_partials(ws_ptr, 2 * qq + began_before, offsets, BLOCK_M * BLOCK_N),\n"
+               "                                     cache_modifier=\".cg\")")
+WHOLE_TILES = "    for tile in range(gl.program_id(0), dp_tiles, gl.num_programs(0)):\n"
+
+
+def _swap(text: str, function: str, first: str, second: str, end: str) -> str:
+    """In `function`'s body, the text from `first` up to `second` moved after the text from `second` up to `end`."""
+    at = text.index(function)
+    a = text.index(first, at)
+    b = text.index(second, a)
+    e = text.index(end, b)
+    return text[:a] + text[b:e] + text[a:b] + text[e:]
+
+
+def variants(source: str) -> dict[str, str]:
+    assert STORE in source and REDUCE_LOAD in source, "the template's fix-up moved: update this prototype"
+    sk_first = _swap(source, "def _producer(", WHOLE_TILES, '{% if SCHEDULE == "split_k" %}', "\n\n@gluon.jit")
+    sk_first = _swap(sk_first, "def _consumer(WG", WHOLE_TILES, "    rows = gl.arange(0, WG_ROWS",
+                     "    tma.store_wait(0)\n")
+    relacq = source.replace('sem="acq_rel"', 'sem="release"')
+    relacq = re.sub(r"(\n( *)if _store_and_count\(.*\n)(( *)\S)",
+                    lambda m: m.group(1) + m.group(4) + 'gl.atomic_add(counter, 0, sem="acquire", scope="gpu")\n'
+                    + m.group(3), relacq)
+    return {
+        "orig": source,
+        "nostore": source.replace(STORE, STORE.split("\n", 1)[1]),
+        "nofix": source.replace(STORE, "    return -1"),
+        "noreduce": source.replace(REDUCE_LOAD, "total += acc"),
+        "skfirst": sk_first,
+        "relacq": relacq,
+    }
+
+
+def use_template(folder: Path) -> None:
+    """Render from `folder` from now on (a copy of templates/ with one template changed)."""
+    render.templates_dir = lambda: folder
+    render.environment.cache_clear()
+    render._loaded.clear()
+    gemm_launch.launch_plan.cache_clear()
+
+
+def cfg(**values) -> Config:
+    base = dict(VARIANT="gluon_ws", SCHEDULE="data_parallel", SPLIT_K=1, PERSISTENT=False, WARP_SPECIALIZE=False,
+                FLATTEN=False, SWAP_AB=False, BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=4,
+                num_stages=5)
+    base.update(values)
+    return Config(base)
+
+
+CONFIGS = {"dp": cfg(), "sk": cfg(SCHEDULE="stream_k"), "split2": cfg(SCHEDULE="split_k", SPLIT_K=2),
+           "sk256": cfg(SCHEDULE="stream_k", BLOCK_N=256, num_stages=3)}
+
+
+def main(out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="stream_k_diag_"))
+    folders = {}
+    for name, text in variants((templates_dir() / TEMPLATE).read_text()).items():
+        folders[name] = work / name
+        shutil.copytree(templates_dir(), folders[name])
+        (folders[name] / TEMPLATE).write_text(text)
+    rows = []
+    for m, n, k in SHAPES:
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5
+        problem = contiguous_problem(m, n, k, "bf16", "bf16", layout_b="col")
+        ref = F.linear(x.double(), w.double())
+        fns = {"cuBLAS": lambda x=x, w=w: F.linear(x, w)}
+        errors = {}
+        for variant, folder in folders.items():
+            use_template(folder)
+            for name, config in CONFIGS.items():
+                if variant != "orig" and name == "dp":  # the variants change the split tiles' path only
+                    continue
+                c = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+                plan = gemm_launch.launch_plan(FAMILY, problem, config, x.device)
+
+                def call(plan=plan, c=c, x=x, b=w.t()):
+                    gemm_launch.run_plan(plan, x, b, c, {})
+                call()
+                torch.cuda.synchronize()
+                if variant in CHECKED:
+                    errors[f"{variant}/{name}"] = (c.double() - ref).abs().max().item()
+                fns[f"{variant}/{name}"] = call
+        times = {name: [] for name in fns}
+        for _ in range(5):
+            for name, fn in fns.items():
+                times[name].append(triton.testing.do_bench(fn, warmup=5, rep=30) * 1000)
+        us = {name: sorted(t)[len(t) // 2] for name, t in times.items()}
+        print(f"{m}x{n}x{k}: " + ", ".join(f"{name} {t:.1f}" for name, t in us.items()), flush=True)
+        print("  max |error| against float64: " + ", ".join(f"{n_} {e:.3g}" for n_, e in errors.items()), flush=True)
+        rows.append(dict(m=m, n=n, k=k, us=us, max_error=errors))
+    (out / "stream_k_diag.json").write_text(json.dumps(dict(device=torch.cuda.get_device_name(), rows=rows), indent=1))
+    shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))

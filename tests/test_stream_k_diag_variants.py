@@ -1,0 +1,62 @@
+"""The template variants of benchmarks/prototypes/gluon_stream_k_diag.py still find their anchors in today's Gluon
+GEMM template, each changes it, and each renders to Python that parses: a template change that moves an anchor fails
+here, not on the GPU."""
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import jinja2
+import pytest
+
+from autotile.families.gemm import FAMILY, contiguous_problem
+from autotile.resources import templates_dir
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks" / "prototypes"))
+
+PROBLEM = contiguous_problem(576, 2560, 4096, "bf16", "bf16", layout_b="col")
+
+
+def render(text: str, config) -> str:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(templates_dir())), undefined=jinja2.StrictUndefined,
+                             trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
+    return env.from_string(text).render(**FAMILY.render_switches(PROBLEM, config))
+
+
+@pytest.fixture(scope="module")
+def variants():
+    import gluon_stream_k_diag as diag
+
+    source = (templates_dir() / diag.TEMPLATE).read_text()
+    return source, diag.variants(source), diag.CONFIGS
+
+
+def test_each_variant_changes_the_template(variants):
+    source, changed, _ = variants
+    assert changed.pop("orig") == source
+    for name, text in changed.items():
+        assert text != source, name
+
+
+@pytest.mark.parametrize("schedule", ["sk", "split2"])
+def test_each_variant_renders_to_python(variants, schedule):
+    _, changed, configs = variants
+    for name, text in changed.items():
+        ast.parse(render(text, configs[schedule]))
+
+
+def test_skfirst_runs_the_split_share_before_the_whole_tiles(variants):
+    _, changed, configs = variants
+    source = render(changed["skfirst"], configs["sk"])
+    for partition, end in (("def _producer(", "def _operands("), ("def _consumer(", "def _consumer_wide(")):
+        body = source[source.index(partition):]
+        body = body[:body.index(end)] if end in body else body
+        assert body.index("_sk_bounds(") < body.index("for tile in range(gl.program_id(0), dp_tiles"), partition
+
+
+def test_relacq_acquires_once_per_last_contributor(variants):
+    _, changed, _ = variants
+    text = changed["relacq"]
+    assert 'sem="acq_rel"' not in text
+    assert text.count('sem="acquire"') == text.count("if _store_and_count(")
