@@ -11,6 +11,7 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/dev
 metrics=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,lts__t_bytes.sum,lts__t_sector_hit_rate.pct
 metrics=$metrics,lts__t_sectors_op_write.sum,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_elapsed
 timeout 100 ncu --clock-control none --nvtx -k "regex:gemm|nvjet|sm90|xmma|cutlass|splitK|reduce" --metrics $metrics \
-  python3 benchmarks/ncu_gemm_calls.py --cases benchmarks/prototypes/stream_k_ncu_cases.json > "$out/ncu_stream_k.txt" 2>&1
+  python3 benchmarks/ncu_gemm_calls.py --cases benchmarks/prototypes/stream_k_ncu_cases.json \
+  > "$out/ncu_stream_k.txt" 2>&1
 grep -E "^  [A-Za-z]|gpu__time|dram__|lts__|gmma" "$out/ncu_stream_k.txt" | head -80
 PYTHONPATH=. timeout 200 python3 benchmarks/prototypes/gluon_stream_k_diag.py "$out" 2>&1 | grep -v Warning | tail -12
