@@ -29,7 +29,7 @@ def variants():
     import gluon_stream_k_diag as diag
 
     source = (templates_dir() / diag.TEMPLATE).read_text()
-    return source, diag.variants(source), diag.CONFIGS
+    return source, diag.variants(source), diag.configs(PROBLEM)
 
 
 def test_each_variant_changes_the_template(variants):

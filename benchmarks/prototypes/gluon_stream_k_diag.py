@@ -12,7 +12,8 @@ templates/gemm_gluon_ws.py.j2, rendered and launched through the family's own pl
   - skfirst: each program runs its stream-K (or split) share before its whole tiles, as CUTLASS orders them;
   - relacq: contributors count with a release atomic; only the last acquires (a second, acquire atomic).
 nostore, nofix and noreduce give wrong results on purpose (timing only); orig, skfirst and relacq are checked
-against F.linear. Medians of 5 interleaved rounds of do_bench, L2 not flushed.
+against F.linear in float64. Medians of 5 interleaved rounds of do_bench medians (gemm_kernels_bench.interleaved), L2
+not flushed.
 
     PYTHONPATH=. python benchmarks/prototypes/gluon_stream_k_diag.py OUT_DIR
 """
@@ -25,14 +26,15 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path[:0] = [str(Path(__file__).resolve().parents[2])]
+sys.path[:0] = [str(Path(__file__).resolve().parents[2]), str(Path(__file__).resolve().parents[1])]
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-import triton  # noqa: E402
+from gemm_kernels_bench import interleaved  # noqa: E402
 
 import autotile.render as render  # noqa: E402
 from autotile.families import gemm_launch  # noqa: E402
 from autotile.families.gemm import FAMILY, contiguous_problem  # noqa: E402
+from autotile.families.gemm_policy import gluon_config  # noqa: E402
 from autotile.resources import templates_dir  # noqa: E402
 from autotile.space import Config  # noqa: E402
 
@@ -83,16 +85,14 @@ def use_template(folder: Path) -> None:
     gemm_launch.launch_plan.cache_clear()
 
 
-def cfg(**values) -> Config:
-    base = dict(VARIANT="gluon_ws", SCHEDULE="data_parallel", SPLIT_K=1, PERSISTENT=False, WARP_SPECIALIZE=False,
-                FLATTEN=False, SWAP_AB=False, BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=4,
-                num_stages=5)
-    base.update(values)
-    return Config(base)
+# The candidates' 128 x 128 x 64 tiles on 5 stages (the prefill default's), and 128 x 256 on 3.
+SCHEDULES = {"dp": dict(), "sk": dict(SCHEDULE="stream_k"), "split2": dict(SCHEDULE="split_k", SPLIT_K=2),
+             "sk256": dict(SCHEDULE="stream_k", BLOCK_N=256, num_stages=3)}
 
 
-CONFIGS = {"dp": cfg(), "sk": cfg(SCHEDULE="stream_k"), "split2": cfg(SCHEDULE="split_k", SPLIT_K=2),
-           "sk256": cfg(SCHEDULE="stream_k", BLOCK_N=256, num_stages=3)}
+def configs(problem) -> dict[str, Config]:
+    return {name: Config(gluon_config(problem, **dict(dict(BLOCK_K=64, num_stages=5), **values)))
+            for name, values in SCHEDULES.items()}
 
 
 def main(out: Path) -> None:
@@ -113,7 +113,7 @@ def main(out: Path) -> None:
         errors = {}
         for variant, folder in folders.items():
             use_template(folder)
-            for name, config in CONFIGS.items():
+            for name, config in configs(problem).items():
                 if variant != "orig" and name == "dp":  # the variants change the split tiles' path only
                     continue
                 c = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
@@ -126,11 +126,7 @@ def main(out: Path) -> None:
                 if variant in CHECKED:
                     errors[f"{variant}/{name}"] = (c.double() - ref).abs().max().item()
                 fns[f"{variant}/{name}"] = call
-        times = {name: [] for name in fns}
-        for _ in range(5):
-            for name, fn in fns.items():
-                times[name].append(triton.testing.do_bench(fn, warmup=5, rep=30) * 1000)
-        us = {name: sorted(t)[len(t) // 2] for name, t in times.items()}
+        us = {name: ms * 1000 for name, ms in interleaved(fns, 5, 5, 30).items()}
         print(f"{m}x{n}x{k}: " + ", ".join(f"{name} {t:.1f}" for name, t in us.items()), flush=True)
         print("  max |error| against float64: " + ", ".join(f"{n_} {e:.3g}" for n_, e in errors.items()), flush=True)
         rows.append(dict(m=m, n=n, k=k, us=us, max_error=errors))
