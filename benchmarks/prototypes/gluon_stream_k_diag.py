@@ -10,12 +10,16 @@ templates/gemm_gluon_ws.py.j2, rendered and launched through the family's own pl
   - nofix: no partial, no count, no sum: split tiles are never finished (time of the MMA work alone);
   - noreduce: the last contributor finishes the tile from its own partial sum alone (no partial loads);
   - skfirst: each program runs its stream-K (or split) share before its whole tiles, as CUTLASS orders them;
-  - relacq: contributors count with a release atomic; only the last acquires (a second, acquire atomic).
-nostore, nofix and noreduce give wrong results on purpose (timing only); orig, skfirst and relacq are checked
-against F.linear in float64. Medians of 5 interleaved rounds of do_bench medians (gemm_kernels_bench.interleaved), L2
+  - relacq: contributors count with a release atomic; only the last acquires (a second, acquire atomic);
+  - relaxed: the count without ordering (no fences around the atomic);
+  - nobarrier: no barrier between the warpgroup's partial stores and its count;
+  - nolast: partials written and counted, but no contributor finishes the tile (no partial loads, no epilogue);
+  - allfinish: no partial written, no count: every contributor loads the slots and finishes the tile.
+The other variants give wrong results, or may, on purpose (timing only); orig, skfirst and relacq are checked against
+F.linear in float64. Medians of 5 interleaved rounds of do_bench medians (gemm_kernels_bench.interleaved), L2
 not flushed.
 
-    PYTHONPATH=. python benchmarks/prototypes/gluon_stream_k_diag.py OUT_DIR
+    PYTHONPATH=. python benchmarks/prototypes/gluon_stream_k_diag.py OUT_DIR [VARIANT,...]   # default: all
 """
 from __future__ import annotations
 
@@ -39,13 +43,14 @@ from autotile.resources import templates_dir  # noqa: E402
 from autotile.space import Config  # noqa: E402
 
 TEMPLATE = "gemm_gluon_ws.py.j2"
-SHAPES = [(576, 2560, 4096), (1536, 3584, 3584)]
+SHAPES = [(576, 2560, 4096), (1536, 3584, 3584), (1024, 512, 3584)]
 CHECKED = ("orig", "skfirst", "relacq")
 
 STORE = ("    gl.store(_partials(ws_ptr, slot, offsets, TILE), acc)\n    gl.thread_barrier()\n"
          "    return gl.atomic_add(counter, 1, sem=\"acq_rel\", scope=\"gpu\")")
 REDUCE_LOAD = ("total += gl.load(_partials(ws_ptr, 2 * qq + began_before, offsets, BLOCK_M * BLOCK_N),\n"
                "                                     cache_modifier=\".cg\")")
+LAST = re.compile(r"(if _store_and_count\(.*?\)) == [^\n]*:$", re.MULTILINE)
 WHOLE_TILES = "    for tile in range(gl.program_id(0), dp_tiles, gl.num_programs(0)):\n"
 
 
@@ -72,6 +77,10 @@ def variants(source: str) -> dict[str, str]:
         "nostore": source.replace(STORE, STORE.split("\n", 1)[1]),
         "nofix": source.replace(STORE, "    return -1"),
         "noreduce": source.replace(REDUCE_LOAD, "total += acc"),
+        "relaxed": source.replace(STORE, STORE.replace('sem="acq_rel"', 'sem="relaxed"')),
+        "nobarrier": source.replace(STORE, STORE.replace("    gl.thread_barrier()\n", "")),
+        "nolast": LAST.sub(r"\1 == -5:", source),
+        "allfinish": source.replace(STORE, "    return 1"),
         "skfirst": sk_first,
         "relacq": relacq,
     }
@@ -87,6 +96,7 @@ def use_template(folder: Path) -> None:
 
 # The candidates' 128 x 128 x 64 tiles on 5 stages (the prefill default's), and 128 x 256 on 3.
 SCHEDULES = {"dp": dict(), "sk": dict(SCHEDULE="stream_k"), "split2": dict(SCHEDULE="split_k", SPLIT_K=2),
+             "split4": dict(SCHEDULE="split_k", SPLIT_K=4),
              "sk256": dict(SCHEDULE="stream_k", BLOCK_N=256, num_stages=3)}
 
 
@@ -95,11 +105,13 @@ def configs(problem) -> dict[str, Config]:
             for name, values in SCHEDULES.items()}
 
 
-def main(out: Path) -> None:
+def main(out: Path, only: list[str] | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="stream_k_diag_"))
     folders = {}
     for name, text in variants((templates_dir() / TEMPLATE).read_text()).items():
+        if only and name not in only and name != "orig":
+            continue
         folders[name] = work / name
         shutil.copytree(templates_dir(), folders[name])
         (folders[name] / TEMPLATE).write_text(text)
@@ -135,4 +147,4 @@ def main(out: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    main(Path(sys.argv[1]), sys.argv[2].split(",") if len(sys.argv) > 2 else None)
