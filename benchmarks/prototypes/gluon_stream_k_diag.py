@@ -48,6 +48,10 @@ CHECKED = ("orig", "skfirst", "relacq")
 
 STORE = ("    gl.store(_partials(ws_ptr, slot, offsets, TILE), acc)\n    gl.thread_barrier()\n"
          "    return gl.atomic_add(counter, 1, sem=\"acq_rel\", scope=\"gpu\")")
+# A store that writes nothing (slot and offsets are never negative) but keeps the MMAs' result live: where a variant
+# leaves the sum unused, the compiler drops the wgmma work itself (a variant that returned at once compiled its split
+# tiles' main loop to one 64 x 8 dummy wgmma an iteration, sm90).
+KEEP = "    gl.store(_partials(ws_ptr, slot, offsets, TILE), acc, mask=offsets + slot < 0)\n"
 REDUCE_LOAD = ("total += gl.load(_partials(ws_ptr, 2 * qq + began_before, offsets, BLOCK_M * BLOCK_N),\n"
                "                                     cache_modifier=\".cg\")")
 LAST = re.compile(r"(if _store_and_count\(.*?\)) == [^\n]*:$", re.MULTILINE)
@@ -74,13 +78,13 @@ def variants(source: str) -> dict[str, str]:
                     + m.group(3), relacq)
     return {
         "orig": source,
-        "nostore": source.replace(STORE, STORE.split("\n", 1)[1]),
-        "nofix": source.replace(STORE, "    return -1"),
+        "nostore": source.replace(STORE, KEEP + STORE.split("\n", 1)[1]),
+        "nofix": source.replace(STORE, KEEP + "    return -1"),
         "noreduce": source.replace(REDUCE_LOAD, "total += acc"),
         "relaxed": source.replace(STORE, STORE.replace('sem="acq_rel"', 'sem="relaxed"')),
         "nobarrier": source.replace(STORE, STORE.replace("    gl.thread_barrier()\n", "")),
         "nolast": LAST.sub(r"\1 == -5:", source),
-        "allfinish": source.replace(STORE, "    return 1"),
+        "allfinish": source.replace(STORE, KEEP + "    return 1"),
         "skfirst": sk_first,
         "relacq": relacq,
     }
