@@ -14,9 +14,10 @@ templates/gemm_gluon_ws.py.j2, rendered and launched through the family's own pl
   - relaxed: the count without ordering (no fences around the atomic);
   - nobarrier: no barrier between the warpgroup's partial stores and its count;
   - nolast: partials written and counted, but no contributor finishes the tile (no partial loads, no epilogue);
-  - allfinish: no partial written, no count: every contributor loads the slots and finishes the tile.
-The other variants give wrong results, or may, on purpose (timing only); orig, skfirst and relacq are checked against
-F.linear in float64. Medians of 5 interleaved rounds of do_bench medians (gemm_kernels_bench.interleaved), L2
+  - allfinish: no partial written, no count: every contributor loads the slots and finishes the tile;
+  - coalesced: partials laid out in the accumulator's register order, so that their stores and loads coalesce.
+The other variants give wrong results, or may, on purpose (timing only); orig, skfirst, relacq and coalesced are checked
+against F.linear in float64. Medians of 5 interleaved rounds of do_bench medians (gemm_kernels_bench.interleaved), L2
 not flushed.
 
     PYTHONPATH=. python benchmarks/prototypes/gluon_stream_k_diag.py OUT_DIR [VARIANT,...]   # default: all
@@ -44,7 +45,7 @@ from autotile.space import Config  # noqa: E402
 
 TEMPLATE = "gemm_gluon_ws.py.j2"
 SHAPES = [(576, 2560, 4096), (1536, 3584, 3584), (1024, 512, 3584)]
-CHECKED = ("orig", "skfirst", "relacq")
+CHECKED = ("orig", "skfirst", "relacq", "coalesced")
 
 STORE = ("    gl.store(_partials(ws_ptr, slot, offsets, TILE), acc)\n    gl.thread_barrier()\n"
          "    return gl.atomic_add(counter, 1, sem=\"acq_rel\", scope=\"gpu\")")
@@ -55,6 +56,12 @@ KEEP = "    gl.store(_partials(ws_ptr, slot, offsets, TILE), acc, mask=offsets +
 REDUCE_LOAD = ("total += gl.load(_partials(ws_ptr, 2 * qq + began_before, offsets, BLOCK_M * BLOCK_N),\n"
                "                                     cache_modifier=\".cg\")")
 LAST = re.compile(r"(if _store_and_count\(.*?\)) == [^\n]*:$", re.MULTILINE)
+OFFSETS = "    offsets = (WG * WG_ROWS + rows)[:, None] * BLOCK_N + cols[None, :]"
+# A partial's elements in the order the wgmma accumulator holds them (warp, register pair, lane, pair element), so that
+# a warp's store or load of one register pair covers 256 contiguous bytes (two lines) instead of 32 bytes in each of
+# 8 rows. Any bijection serves: a partial is written and read in the same layout.
+COALESCED = ("    rows_part = (rows // 16) * (BLOCK_N * 16) + ((rows % 16) // 8) * 64 + (rows % 8) * 8\n"
+             "    offsets = WG * WG_ROWS * BLOCK_N + rows_part[:, None] + ((cols // 8) * 128 + cols % 8)[None, :]")
 WHOLE_TILES = "    for tile in range(gl.program_id(0), dp_tiles, gl.num_programs(0)):\n"
 
 
@@ -68,7 +75,7 @@ def _swap(text: str, function: str, first: str, second: str, end: str) -> str:
 
 
 def variants(source: str) -> dict[str, str]:
-    assert STORE in source and REDUCE_LOAD in source, "the template's fix-up moved: update this prototype"
+    assert STORE in source and REDUCE_LOAD in source and OFFSETS in source, "the template's fix-up moved: update this prototype"
     sk_first = _swap(source, "def _producer(", WHOLE_TILES, '{% if SCHEDULE == "split_k" %}', "\n\n@gluon.jit")
     sk_first = _swap(sk_first, "def _consumer(WG", WHOLE_TILES, "    rows = gl.arange(0, WG_ROWS",
                      "    tma.store_wait(0)\n")
@@ -85,6 +92,7 @@ def variants(source: str) -> dict[str, str]:
         "nobarrier": source.replace(STORE, STORE.replace("    gl.thread_barrier()\n", "")),
         "nolast": LAST.sub(r"\1 == -5:", source),
         "allfinish": source.replace(STORE, KEEP + "    return 1"),
+        "coalesced": source.replace(OFFSETS, COALESCED),
         "skfirst": sk_first,
         "relacq": relacq,
     }
