@@ -75,7 +75,8 @@ def _swap(text: str, function: str, first: str, second: str, end: str) -> str:
 
 
 def variants(source: str) -> dict[str, str]:
-    assert STORE in source and REDUCE_LOAD in source and OFFSETS in source, "the template's fix-up moved: update this prototype"
+    assert STORE in source and REDUCE_LOAD in source and OFFSETS in source, \
+        "the template's fix-up moved: update this prototype"
     sk_first = _swap(source, "def _producer(", WHOLE_TILES, '{% if SCHEDULE == "split_k" %}', "\n\n@gluon.jit")
     sk_first = _swap(sk_first, "def _consumer(WG", WHOLE_TILES, "    rows = gl.arange(0, WG_ROWS",
                      "    tma.store_wait(0)\n")
