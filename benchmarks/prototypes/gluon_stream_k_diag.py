@@ -15,9 +15,12 @@ templates/gemm_gluon_ws.py.j2, rendered and launched through the family's own pl
   - nobarrier: no barrier between the warpgroup's partial stores and its count;
   - nolast: partials written and counted, but no contributor finishes the tile (no partial loads, no epilogue);
   - allfinish: no partial written, no count: every contributor loads the slots and finishes the tile;
-  - coalesced: partials laid out in the accumulator's register order, so that their stores and loads coalesce.
-The other variants give wrong results, or may, on purpose (timing only); orig, skfirst, relacq and coalesced are checked
-against F.linear in float64. Medians of 5 interleaved rounds of do_bench medians (gemm_kernels_bench.interleaved), L2
+  - coalesced: partials laid out in the accumulator's register order, so that their stores and loads coalesce;
+  - ownsum: split_k's last contributor keeps its own sum in registers (it neither stores nor reloads it); the others
+    count their arrival, store, then count the store, for which the last waits;
+  - coalesced_ownsum: both.
+The other variants give wrong results, or may, on purpose (timing only); those in CHECKED are checked against F.linear
+in float64. Medians of 5 interleaved rounds of do_bench medians (gemm_kernels_bench.interleaved), L2
 not flushed.
 
     PYTHONPATH=. python benchmarks/prototypes/gluon_stream_k_diag.py OUT_DIR [VARIANT,...]   # default: all
@@ -45,7 +48,7 @@ from autotile.space import Config  # noqa: E402
 
 TEMPLATE = "gemm_gluon_ws.py.j2"
 SHAPES = [(576, 2560, 4096), (1536, 3584, 3584), (1024, 512, 3584)]
-CHECKED = ("orig", "skfirst", "relacq", "coalesced")
+CHECKED = ("orig", "skfirst", "relacq", "coalesced", "ownsum", "coalesced_ownsum")
 
 STORE = ("    gl.store(_partials(ws_ptr, slot, offsets, TILE), acc)\n    gl.thread_barrier()\n"
          "    return gl.atomic_add(counter, 1, sem=\"acq_rel\", scope=\"gpu\")")
@@ -62,6 +65,36 @@ OFFSETS = "    offsets = (WG * WG_ROWS + rows)[:, None] * BLOCK_N + cols[None, :
 # 8 rows. Any bijection serves: a partial is written and read in the same layout.
 COALESCED = ("    rows_part = (rows // 16) * (BLOCK_N * 16) + ((rows % 16) // 8) * 64 + (rows % 8) * 8\n"
              "    offsets = WG * WG_ROWS * BLOCK_N + rows_part[:, None] + ((cols // 8) * 128 + cols % 8)[None, :]")
+# split_k's tail with the last contributor's own sum kept in registers: a unit counts its arrival first (low 16 bits);
+# one that is not last stores its partial, then counts the store (high bits, release); the last waits for the
+# others' stores (acquire), loads only theirs, and adds its own in its split's place (the same order as orig's).
+SPLIT_FIXUP = (
+    "        if _store_and_count(ws_ptr, u, offsets, acc, counter, BLOCK_M * BLOCK_N) == sk_iters - 1:\n"
+    "            total = gl.zeros([WG_ROWS, BLOCK_N], gl.float32, layout)\n")
+SPLIT_LOADS = (
+    "                for j in gl.static_range(SPLIT_K):\n"
+    "                    # .cg: straight from L2, where the other SMs' partials are.\n"
+    "                    total += gl.load(_partials(ws_ptr, j * rest + r, offsets, BLOCK_M * BLOCK_N), "
+    "mask=j < sk_iters,\n"
+    "                                     other=0.0, cache_modifier=\".cg\")\n")
+OWN_FIXUP = (
+    "        arrived = gl.atomic_add(counter, 1, sem=\"relaxed\", scope=\"gpu\") % 65536\n"
+    "        if arrived != sk_iters - 1:\n"
+    "            gl.store(_partials(ws_ptr, u, offsets, BLOCK_M * BLOCK_N), acc)\n"
+    "            gl.thread_barrier()\n"
+    "            gl.atomic_add(counter, 65536, sem=\"release\", scope=\"gpu\")\n"
+    "        else:\n"
+    "            stored = gl.atomic_add(counter, 0, sem=\"acquire\", scope=\"gpu\") // 65536\n"
+    "            while stored < sk_iters - 1:\n"
+    "                stored = gl.atomic_add(counter, 0, sem=\"acquire\", scope=\"gpu\") // 65536\n"
+    "            total = gl.zeros([WG_ROWS, BLOCK_N], gl.float32, layout)\n")
+OWN_LOADS = (
+    "                for j in gl.static_range(SPLIT_K):\n"
+    "                    if j == u // rest:\n"
+    "                        total += acc\n"
+    "                    else:\n"
+    "                        total += gl.load(_partials(ws_ptr, j * rest + r, offsets, BLOCK_M * BLOCK_N),\n"
+    "                                         mask=j < sk_iters, other=0.0, cache_modifier=\".cg\")\n")
 WHOLE_TILES = "    for tile in range(gl.program_id(0), dp_tiles, gl.num_programs(0)):\n"
 
 
@@ -75,7 +108,7 @@ def _swap(text: str, function: str, first: str, second: str, end: str) -> str:
 
 
 def variants(source: str) -> dict[str, str]:
-    assert STORE in source and REDUCE_LOAD in source and OFFSETS in source, \
+    assert all(anchor in source for anchor in (STORE, REDUCE_LOAD, OFFSETS, SPLIT_FIXUP, SPLIT_LOADS)), \
         "the template's fix-up moved: update this prototype"
     sk_first = _swap(source, "def _producer(", WHOLE_TILES, '{% if SCHEDULE == "split_k" %}', "\n\n@gluon.jit")
     sk_first = _swap(sk_first, "def _consumer(WG", WHOLE_TILES, "    rows = gl.arange(0, WG_ROWS",
@@ -94,6 +127,9 @@ def variants(source: str) -> dict[str, str]:
         "nolast": LAST.sub(r"\1 == -5:", source),
         "allfinish": source.replace(STORE, KEEP + "    return 1"),
         "coalesced": source.replace(OFFSETS, COALESCED),
+        "ownsum": source.replace(SPLIT_FIXUP, OWN_FIXUP).replace(SPLIT_LOADS, OWN_LOADS),
+        "coalesced_ownsum": source.replace(OFFSETS, COALESCED).replace(SPLIT_FIXUP, OWN_FIXUP).replace(SPLIT_LOADS,
+                                                                                                     OWN_LOADS),
         "skfirst": sk_first,
         "relacq": relacq,
     }
