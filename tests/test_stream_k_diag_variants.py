@@ -60,3 +60,28 @@ def test_relacq_acquires_once_per_last_contributor(variants):
     text = changed["relacq"]
     assert 'sem="acq_rel"' not in text
     assert text.count('sem="acquire"') == text.count("if _store_and_count(")
+
+
+@pytest.mark.parametrize("block_n", [64, 128, 256])
+def test_coalesced_partials_cover_each_warpgroups_slot_once(block_n):
+    # The coalesced variant's offsets, evaluated on numpy's integers: a warpgroup's rows of a partial tile must map
+    # one to one onto its own WG_ROWS x BLOCK_N elements of the slot, or the last contributor would sum other data.
+    import numpy as np
+    import gluon_stream_k_diag as diag
+
+    for wg in (0, 1):
+        scope = dict(rows=np.arange(64), cols=np.arange(block_n), WG=wg, WG_ROWS=64, BLOCK_N=block_n)
+        exec(diag.COALESCED.replace("\n    ", "\n").strip(), {}, scope)
+        offsets = scope["offsets"]
+        assert offsets.shape == (64, block_n)
+        assert sorted(offsets.ravel().tolist()) == list(range(wg * 64 * block_n, (wg + 1) * 64 * block_n))
+        # A warp's register pair (8 rows x 4 lanes x 2 columns of the wgmma accumulator) is 64 contiguous floats.
+        pair = offsets[0:8, 0:8]
+        assert sorted(pair.ravel().tolist()) == list(range(pair.min(), pair.min() + 64))
+
+
+def test_ownsum_keeps_the_split_order_and_waits_only_for_stores(variants):
+    _, changed, _ = variants
+    text = changed["ownsum"]
+    assert "if j == u // rest:" in text and "total += acc" in text
+    assert 'sem="release"' in text and 'sem="acquire"' in text
