@@ -85,3 +85,14 @@ def test_ownsum_keeps_the_split_order_and_waits_only_for_stores(variants):
     text = changed["ownsum"]
     assert "if j == u // rest:" in text and "total += acc" in text
     assert 'sem="release"' in text and 'sem="acquire"' in text
+
+
+def test_nolast_is_timed_alone(variants):
+    import gluon_stream_k_diag as diag
+
+    changed = diag.variants(variants[0])
+    assert "nolast" not in diag.selected(changed, None) and "orig" in diag.selected(changed, None)
+    assert diag.selected(changed, ["nolast"]) == ["nolast"]
+    assert diag.selected(changed, ["coalesced"]) == ["orig", "coalesced"]
+    with pytest.raises(SystemExit):
+        diag.selected(changed, ["nolast", "coalesced"])
