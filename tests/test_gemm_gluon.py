@@ -273,13 +273,25 @@ CASES = [
     (dict(m=300, n=1024, k=1008, dtype="fp8", out_dtype="bf16", layout_b="col", scale_mode="row", bias=True,
           activation="gelu", residual=True),
      dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=128, num_stages=4, PROMOTE_TILES=1, SWAP_AB=True, GROUP_M=1)),
+    # Partials in register order (gemm_space.COALESCED_PARTIALS, off by default): split 128 x 128 tiles, stream-K, and
+    # two-part tiles split over K.
+    (dict(m=1024, n=512, k=3584, dtype="bf16", out_dtype="bf16", layout_b="col"),
+     dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_stages=5, SCHEDULE="split_k", SPLIT_K=4, COALESCED_PARTIALS=True)),
+    (dict(m=576, n=2560, k=4096, dtype="bf16", out_dtype="bf16", layout_b="col", bias=True),
+     dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_stages=5, COALESCED_PARTIALS=True)),
+    (dict(m=300, n=2560, k=10240, dtype="bf16", out_dtype="bf16", layout_b="col"),
+     dict(BLOCK_M=128, BLOCK_N=192, BLOCK_K=64, num_stages=4, SCHEDULE="split_k", SPLIT_K=3, COALESCED_PARTIALS=True)),
 ]
 
 
 def _compile_case(case) -> dict:
     from autotile.xcompile import compile_config
 
+    from autotile.families import gemm_space
+
     problem, tiles = case
+    tiles = dict(tiles)
+    gemm_space.COALESCED_PARTIALS = tiles.pop("COALESCED_PARTIALS", False)
     p = contiguous_problem(**problem)
     config = dict(dict(VARIANT="gluon_ws", SCHEDULE="stream_k", SPLIT_K=1, PERSISTENT=False, WARP_SPECIALIZE=False,
                        FLATTEN=False, SWAP_AB=False, EPILOGUE_SUBTILE=False, GROUP_M=8, num_warps=4), **tiles)

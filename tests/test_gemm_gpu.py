@@ -164,6 +164,39 @@ def test_gluon_ws_two_part_tiles_match_float64(problem, monkeypatch):
                 assert_right_and_repeatable(problem, config, inputs, expected, runs=2)
 
 
+@pytest.mark.parametrize("problem", [
+    contiguous_problem(1024, 512, 3584, "bf16", "bf16", layout_b="col", bias=True),
+    contiguous_problem(300, 2600, 4104, "fp16", "fp16", layout_b="row", activation="silu", residual=True),
+], ids=["bf16-b-col", "fp16-b-row"])
+def test_partials_in_register_order_give_the_row_major_layouts_bits(problem, monkeypatch):
+    """gemm_space.COALESCED_PARTIALS changes where a split tile's partials lie in the workspace, not what is summed
+    or in which order: split-K (2 and 4 ways, 128 x 128 and two-part 128 + 64 tiles) and stream-K give the same bits
+    with it on as off, and match float64."""
+    from autotile.families import gemm_launch
+
+    monkeypatch.setattr(gemm_space, "GLUON_TWO_PART_SPLIT", True)
+    device = cuda_device(0)
+    inputs = FAMILY.make_inputs(problem, device, seed=7)
+    expected = FAMILY.reference(problem, inputs)
+    feasible = [c for c in FAMILY.space(problem, device).feasible() if c["VARIANT"] == "gluon_ws"
+                and not c["SWAP_AB"] and c["BLOCK_M"] == 128 and c["BLOCK_K"] == 64 and c["GROUP_M"] == 8]
+    wanted = [(128, "split_k", 2), (128, "split_k", 4), (128, "stream_k", 1), (192, "split_k", 3)]
+    configs = [max((c for c in feasible if (c["BLOCK_N"], c["SCHEDULE"], c["SPLIT_K"]) == w),
+                   key=lambda c: c["num_stages"]) for w in wanted]
+    results = {}
+    for on in (False, True):
+        monkeypatch.setattr(gemm_space, "COALESCED_PARTIALS", on)
+        gemm_launch.launch_plan.cache_clear()  # the plans render the template once
+        for config in configs:
+            assert_right_and_repeatable(problem, config, inputs, expected, runs=2)
+            outputs = FAMILY.allocate_outputs(problem, inputs)
+            FAMILY.launch(problem, config, inputs, outputs)
+            results.setdefault(config.to_json(), []).append(bits(outputs["c"]))
+    gemm_launch.launch_plan.cache_clear()
+    for name, (off, on) in results.items():
+        assert torch.equal(off, on), f"{name}: the register-order partials changed the result"
+
+
 GLUON_PROBLEMS = [
     contiguous_problem(77, 1000, 784, "bf16", "bf16", layout_b="row", bias=True, activation="gelu", residual=True),
     contiguous_problem(513, 4104, 2056, "fp16", "fp16", layout_b="col", activation="silu"),

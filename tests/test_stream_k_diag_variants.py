@@ -62,22 +62,26 @@ def test_relacq_acquires_once_per_last_contributor(variants):
     assert text.count('sem="acquire"') == text.count("if _store_and_count(")
 
 
-@pytest.mark.parametrize("block_n", [64, 128, 256])
-def test_coalesced_partials_cover_each_warpgroups_slot_once(block_n):
-    # The coalesced variant's offsets, evaluated on numpy's integers: a warpgroup's rows of a partial tile must map
-    # one to one onto its own WG_ROWS x BLOCK_N elements of the slot, or the last contributor would sum other data.
-    import numpy as np
-    import gluon_stream_k_diag as diag
+@pytest.mark.parametrize("width", [16, 32, 64, 128, 256])
+def test_register_order_covers_each_warpgroups_slot_once(width):
+    # The template's _register_order (gemm_space.COALESCED_PARTIALS), evaluated on numpy's integers: a warpgroup's
+    # part of a partial tile must map one to one onto its own WG_ROWS x width elements, or the last contributor would
+    # sum other data. Widths: the whole tiles' and the two-part tiles' parts (64 + 16, 128 + 32, ...).
+    import types
 
-    for wg in (0, 1):
-        scope = dict(rows=np.arange(64), cols=np.arange(block_n), WG=wg, WG_ROWS=64, BLOCK_N=block_n)
-        exec(diag.COALESCED.replace("\n    ", "\n").strip(), {}, scope)
-        offsets = scope["offsets"]
-        assert offsets.shape == (64, block_n)
-        assert sorted(offsets.ravel().tolist()) == list(range(wg * 64 * block_n, (wg + 1) * 64 * block_n))
-        # A warp's register pair (8 rows x 4 lanes x 2 columns of the wgmma accumulator) is 64 contiguous floats.
-        pair = offsets[0:8, 0:8]
-        assert sorted(pair.ravel().tolist()) == list(range(pair.min(), pair.min() + 64))
+    import numpy as np
+
+    source = (templates_dir() / "gemm_gluon_ws.py.j2").read_text()
+    body = source[source.index("def _register_order("):]
+    body = body[:body.index("\n\n")]
+    scope = dict(gl=types.SimpleNamespace(constexpr=int))
+    exec(body, scope)
+    offsets = scope["_register_order"](np.arange(64), np.arange(width), width)
+    assert offsets.shape == (64, width)
+    assert sorted(offsets.ravel().tolist()) == list(range(64 * width))
+    # A warp's register pair (8 rows x 4 lanes x 2 columns of the wgmma accumulator) is 64 contiguous floats.
+    pair = offsets[0:8, 0:8]
+    assert sorted(pair.ravel().tolist()) == list(range(pair.min(), pair.min() + 64))
 
 
 def test_ownsum_keeps_the_split_order_and_waits_only_for_stores(variants):

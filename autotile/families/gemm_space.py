@@ -55,6 +55,13 @@ CLAMP_ROW_TILES = True
 # the geometric mean, the worst 0.97x (tma 128 x 128 at 176 x 3584 x 3584), results/clamp_ab_cols_2026-12-07_h100.json.
 CLAMP_COL_TILES = True
 CLAMPED_VARIANTS = (GLUON_WS, "tma")
+# Split gluon_ws tiles' fp32 partials laid out in the wgmma accumulator's register order (gemm_gluon_ws.py.j2,
+# _register_order), so that a warp's 64-bit store or load of a register pair covers 256 contiguous bytes instead of 32
+# in each of 8 rows. The partial loads were the fix-up's cost on an H100: 1024 x 512 x 3584 split 4 ways ran 25.9 us,
+# 14.1 without its fix-up, 24.1 data-parallel (results/stream_k_diag_2026-12-07e2_h100.json). Off until
+# benchmarks/prototypes/gluon_stream_k_diag.py has timed it (its `coalesced` variant) and test_gemm_gpu.py's split
+# checks pass with it on.
+COALESCED_PARTIALS = False
 GLUON_WG_ROWS = 64
 # Swapped gluon_ws tiles (C^T = W X^T) put the tokens on wgmma's N side, in tiles of any of these (BLOCK_M; the wide
 # ones held in two parts as above), over 64 or 128 weight rows (BLOCK_N): a prefill chunk's M is then cut in tiles
@@ -205,6 +212,11 @@ def gluon_swap_fits(problem) -> bool:
     """Whether swapped gluon_ws tiles apply to `problem`: B given as W (N, K), whose rows are the kernel's K-major A,
     and M up to GLUON_SWAP_MAX_M."""
     return problem.layout_b == "col" and problem.m <= GLUON_SWAP_MAX_M
+
+
+def coalesced_partials(c: Config) -> bool:
+    """Whether `c`'s split tiles lay their partials out in register order (COALESCED_PARTIALS: gluon_ws only)."""
+    return COALESCED_PARTIALS and c["VARIANT"] == GLUON_WS
 
 
 def clamps_row_tiles(c: Mapping) -> bool:

@@ -17,7 +17,8 @@ templates/gemm_gluon_ws.py.j2, rendered and launched through the family's own pl
     NOTE: nothing resets its tile counters, which every launch on the stream shares, so it runs alone: a variant
     timed beside it (orig included) would find its counters past its count and never finish a tile;
   - allfinish: no partial written, no count: every contributor loads the slots and finishes the tile;
-  - coalesced: partials laid out in the accumulator's register order, so that their stores and loads coalesce;
+  - coalesced: partials laid out in the accumulator's register order, so that their stores and loads coalesce (the
+    template's COALESCED_PARTIALS switch, on);
   - ownsum: split_k's last contributor keeps its own sum in registers (it neither stores nor reloads it); the others
     count their arrival, store, then count the store, for which the last waits;
   - coalesced_ownsum: both.
@@ -61,12 +62,8 @@ KEEP = "    gl.store(_partials(ws_ptr, slot, offsets, TILE), acc, mask=offsets +
 REDUCE_LOAD = ("total += gl.load(_partials(ws_ptr, 2 * qq + began_before, offsets, BLOCK_M * BLOCK_N),\n"
                "                                     cache_modifier=\".cg\")")
 LAST = re.compile(r"(if _store_and_count\(.*?\)) == [^\n]*:$", re.MULTILINE)
-OFFSETS = "    offsets = (WG * WG_ROWS + rows)[:, None] * BLOCK_N + cols[None, :]"
-# A partial's elements in the order the wgmma accumulator holds them (warp, register pair, lane, pair element), so that
-# a warp's store or load of one register pair covers 256 contiguous bytes (two lines) instead of 32 bytes in each of
-# 8 rows. Any bijection serves: a partial is written and read in the same layout.
-COALESCED = ("    rows_part = (rows // 16) * (BLOCK_N * 16) + ((rows % 16) // 8) * 64 + (rows % 8) * 8\n"
-             "    offsets = WG * WG_ROWS * BLOCK_N + rows_part[:, None] + ((cols // 8) * 128 + cols % 8)[None, :]")
+# The template's switch for partials in the accumulator's register order (gemm_space.COALESCED_PARTIALS), forced on.
+COALESCED_SWITCH = "{% if COALESCED_PARTIALS %}"
 # split_k's tail with the last contributor's own sum kept in registers: a unit counts its arrival first (low 16 bits);
 # one that is not last stores its partial, then counts the store (high bits, release); the last waits for the
 # others' stores (acquire), loads only theirs, and adds its own in its split's place (the same order as orig's).
@@ -110,7 +107,7 @@ def _swap(text: str, function: str, first: str, second: str, end: str) -> str:
 
 
 def variants(source: str) -> dict[str, str]:
-    assert all(anchor in source for anchor in (STORE, REDUCE_LOAD, OFFSETS, SPLIT_FIXUP, SPLIT_LOADS)), \
+    assert all(anchor in source for anchor in (STORE, REDUCE_LOAD, COALESCED_SWITCH, SPLIT_FIXUP, SPLIT_LOADS)), \
         "the template's fix-up moved: update this prototype"
     sk_first = _swap(source, "def _producer(", WHOLE_TILES, '{% if SCHEDULE == "split_k" %}', "\n\n@gluon.jit")
     sk_first = _swap(sk_first, "def _consumer(WG", WHOLE_TILES, "    rows = gl.arange(0, WG_ROWS",
@@ -128,10 +125,10 @@ def variants(source: str) -> dict[str, str]:
         "nobarrier": source.replace(STORE, STORE.replace("    gl.thread_barrier()\n", "")),
         "nolast": LAST.sub(r"\1 == -5:", source),
         "allfinish": source.replace(STORE, KEEP + "    return 1"),
-        "coalesced": source.replace(OFFSETS, COALESCED),
+        "coalesced": source.replace(COALESCED_SWITCH, "{% if true %}"),
         "ownsum": source.replace(SPLIT_FIXUP, OWN_FIXUP).replace(SPLIT_LOADS, OWN_LOADS),
-        "coalesced_ownsum": source.replace(OFFSETS, COALESCED).replace(SPLIT_FIXUP, OWN_FIXUP).replace(SPLIT_LOADS,
-                                                                                                     OWN_LOADS),
+        "coalesced_ownsum": source.replace(COALESCED_SWITCH, "{% if true %}").replace(SPLIT_FIXUP, OWN_FIXUP)
+                                  .replace(SPLIT_LOADS, OWN_LOADS),
         "skfirst": sk_first,
         "relacq": relacq,
     }
