@@ -70,7 +70,7 @@ def _launch_geometry(schedule: str = "stream_k", SWAP_AB: bool = False):
     switches = dict(VARIANT="gluon_ws", SCHEDULE=schedule, SWAP_AB=SWAP_AB, EPILOGUE_SUBTILE=False, HAS_BIAS=False,
                     HAS_RESIDUAL=False, ACTIVATION="none", SCALES="none", FP8_PROMOTE=False, A_COL=False, B_COL=True,
                     EVEN_N=False, EVEN_K=False, STREAM_B=False, INPUT_PRECISION="", INDEX_64=False, UPCAST_DOTS=False,
-                    WIDE_N=False, CLAMP_ROWS=True, CLAMP_COLS=True)
+                    WIDE_N=False, CLAMP_ROWS=True, CLAMP_COLS=True, COALESCED_PARTIALS=False)
     source = render_source(FAMILY.template, **switches)
     host = source[source.index("def launch_geometry"):source.index("def kernel_args")]
     namespace: dict = {}
