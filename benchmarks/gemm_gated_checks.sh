@@ -5,14 +5,15 @@
 # clamp_tests*_2026-12-07_h100.txt): their tests against float64 and bit for bit, then the two-part tiles timed beside
 # the policy's default and F.linear on narrow, long-K weights at 144-240 tokens, in one device call (~9 min). Usage,
 # from the repository root on the GPU machine: benchmarks/gemm_gated_checks.sh OUT_DIR. Run it again on a new GPU kind
-# or Triton version before trusting the switches there.
+# or Triton version before trusting the switches there. COALESCED_PARTIALS (off) has its test here too
+# (test_partials_in_register_order_give_the_row_major_layouts_bits); its timing is gluon_stream_k_diag.py's.
 set -u
 out=$1
 mkdir -p "$out"
 . "$(dirname "$0")/gpu_env.sh"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/device.txt"
-timeout 200 python3 -m pytest -m gpu -q tests/test_gemm_gpu.py -k "swapped or two_part or clamped" 2>&1 | tail -8 \
-  | tee "$out/gemm_switch_tests.txt"
+timeout 200 python3 -m pytest -m gpu -q tests/test_gemm_gpu.py -k "swapped or two_part or clamped or register_order" \
+  2>&1 | tail -8 | tee "$out/gemm_switch_tests.txt"
 # Every candidate on Phi-2's projections (N = 2560), then the default and the swapped Gluon tiles on long-K down
 # projections (Llama-3-8B, Qwen2.5-7B, Phi-3-mini, Gemma-2-2B, Qwen2.5-3B).
 timeout 170 python3 benchmarks/decode_stream_candidates.py --gluon-swap --token-tiles \
