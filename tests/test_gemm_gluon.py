@@ -285,9 +285,8 @@ CASES = [
 
 
 def _compile_case(case) -> dict:
-    from autotile.xcompile import compile_config
-
     from autotile.families import gemm_space
+    from autotile.xcompile import compile_config
 
     problem, tiles = case
     tiles = dict(tiles)

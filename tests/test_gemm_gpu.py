@@ -40,9 +40,10 @@ def bits(t: torch.Tensor) -> torch.Tensor:
     return t.view({2: torch.int16, 4: torch.int32}[t.element_size()])
 
 
-def assert_right_and_repeatable(problem, config, inputs, expected, runs: int) -> None:
+def assert_right_and_repeatable(problem, config, inputs, expected, runs: int) -> torch.Tensor:
     """`config` launched `runs` times on poisoned outputs: the first result within tolerance of float64, and every
-    other bit for bit the same (the order in which split tiles' programs finish varies between runs)."""
+    other bit for bit the same (the order in which split tiles' programs finish varies between runs). Returns the
+    result's bits."""
     results = []
     for _ in range(runs):
         outputs = FAMILY.allocate_outputs(problem, inputs)
@@ -53,6 +54,7 @@ def assert_right_and_repeatable(problem, config, inputs, expected, runs: int) ->
     result = FAMILY.check(problem, inputs, {"c": results[0].view(outputs["c"].dtype)}, expected)
     assert result.ok, f"{config.to_json()}: {result.message}"
     assert all(torch.equal(results[0], r) for r in results[1:]), f"{config.to_json()}: results differ between runs"
+    return results[0]
 
 
 def assert_admitted_and_right(problem, wanted: list[dict], seed: int) -> None:
@@ -188,10 +190,8 @@ def test_partials_in_register_order_give_the_row_major_layouts_bits(problem, mon
         monkeypatch.setattr(gemm_space, "COALESCED_PARTIALS", on)
         gemm_launch.launch_plan.cache_clear()  # the plans render the template once
         for config in configs:
-            assert_right_and_repeatable(problem, config, inputs, expected, runs=2)
-            outputs = FAMILY.allocate_outputs(problem, inputs)
-            FAMILY.launch(problem, config, inputs, outputs)
-            results.setdefault(config.to_json(), []).append(bits(outputs["c"]))
+            results.setdefault(config.to_json(), []).append(
+                assert_right_and_repeatable(problem, config, inputs, expected, runs=2))
     gemm_launch.launch_plan.cache_clear()
     for name, (off, on) in results.items():
         assert torch.equal(off, on), f"{name}: the register-order partials changed the result"

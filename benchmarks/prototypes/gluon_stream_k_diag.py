@@ -3,7 +3,8 @@
 On an H100 (results/prefill_m1536_all_2026-12-07d_h100.json, n2560_prefill_all_2026-12-07d_h100.json) stream-K and
 split-K 128 x 128 tiles ran 1.2-2.7x the time that spreading the data-parallel tiles' work evenly over the SMs would
 take, and the excess grew with K (576 x 2560: +15 us at K = 2048, +24 at 4096, +40 at 9728), where the fix-up
-(partials written, counted and summed) is the same at every K. Each variant below changes one thing in a copy of
+(partials written, counted and summed) is the same at every K; the variants below then showed the fix-up's partial
+loads to be the cost (RESULTS.md, fifty-first run). Each variant below changes one thing in a copy of
 templates/gemm_gluon_ws.py.j2, rendered and launched through the family's own plans:
   - orig: the template as it is;
   - nostore: contributors count themselves without writing their partial (the last one sums stale slots);
@@ -112,6 +113,7 @@ def variants(source: str) -> dict[str, str]:
     sk_first = _swap(source, "def _producer(", WHOLE_TILES, '{% if SCHEDULE == "split_k" %}', "\n\n@gluon.jit")
     sk_first = _swap(sk_first, "def _consumer(WG", WHOLE_TILES, "    rows = gl.arange(0, WG_ROWS",
                      "    tma.store_wait(0)\n")
+    coalesced = source.replace(COALESCED_SWITCH, "{% if true %}")
     relacq = source.replace('sem="acq_rel"', 'sem="release"')
     relacq = re.sub(r"(\n( *)if _store_and_count\(.*\n)(( *)\S)",
                     lambda m: m.group(1) + m.group(4) + 'gl.atomic_add(counter, 0, sem="acquire", scope="gpu")\n'
@@ -125,10 +127,9 @@ def variants(source: str) -> dict[str, str]:
         "nobarrier": source.replace(STORE, STORE.replace("    gl.thread_barrier()\n", "")),
         "nolast": LAST.sub(r"\1 == -5:", source),
         "allfinish": source.replace(STORE, KEEP + "    return 1"),
-        "coalesced": source.replace(COALESCED_SWITCH, "{% if true %}"),
+        "coalesced": coalesced,
         "ownsum": source.replace(SPLIT_FIXUP, OWN_FIXUP).replace(SPLIT_LOADS, OWN_LOADS),
-        "coalesced_ownsum": source.replace(COALESCED_SWITCH, "{% if true %}").replace(SPLIT_FIXUP, OWN_FIXUP)
-                                  .replace(SPLIT_LOADS, OWN_LOADS),
+        "coalesced_ownsum": coalesced.replace(SPLIT_FIXUP, OWN_FIXUP).replace(SPLIT_LOADS, OWN_LOADS),
         "skfirst": sk_first,
         "relacq": relacq,
     }
