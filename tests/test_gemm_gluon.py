@@ -273,14 +273,18 @@ CASES = [
     (dict(m=300, n=1024, k=1008, dtype="fp8", out_dtype="bf16", layout_b="col", scale_mode="row", bias=True,
           activation="gelu", residual=True),
      dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=128, num_stages=4, PROMOTE_TILES=1, SWAP_AB=True, GROUP_M=1)),
-    # Partials in register order (gemm_space.COALESCED_PARTIALS, off by default): split 128 x 128 tiles, stream-K, and
+    # Split 4 ways in 128 x 128 tiles, as switched by default: partials in register order, the last contributor
+    # keeping its own sum in registers beside the total.
+    (dict(m=1000, n=520, k=3576, dtype="bf16", out_dtype="bf16", layout_b="col", bias=True, activation="silu"),
+     dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_stages=5, SCHEDULE="split_k", SPLIT_K=4)),
+    # Row-major partials (gemm_space.COALESCED_PARTIALS off; on by default): split 128 x 128 tiles, stream-K, and
     # two-part tiles split over K.
     (dict(m=1024, n=512, k=3584, dtype="bf16", out_dtype="bf16", layout_b="col"),
-     dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_stages=5, SCHEDULE="split_k", SPLIT_K=4, COALESCED_PARTIALS=True)),
+     dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_stages=5, SCHEDULE="split_k", SPLIT_K=4, COALESCED_PARTIALS=False)),
     (dict(m=576, n=2560, k=4096, dtype="bf16", out_dtype="bf16", layout_b="col", bias=True),
-     dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_stages=5, COALESCED_PARTIALS=True)),
+     dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_stages=5, COALESCED_PARTIALS=False)),
     (dict(m=300, n=2560, k=10240, dtype="bf16", out_dtype="bf16", layout_b="col"),
-     dict(BLOCK_M=128, BLOCK_N=192, BLOCK_K=64, num_stages=4, SCHEDULE="split_k", SPLIT_K=3, COALESCED_PARTIALS=True)),
+     dict(BLOCK_M=128, BLOCK_N=192, BLOCK_K=64, num_stages=4, SCHEDULE="split_k", SPLIT_K=3, COALESCED_PARTIALS=False)),
 ]
 
 
@@ -290,12 +294,17 @@ def _compile_case(case) -> dict:
 
     problem, tiles = case
     tiles = dict(tiles)
-    gemm_space.COALESCED_PARTIALS = tiles.pop("COALESCED_PARTIALS", False)
-    p = contiguous_problem(**problem)
-    config = dict(dict(VARIANT="gluon_ws", SCHEDULE="stream_k", SPLIT_K=1, PERSISTENT=False, WARP_SPECIALIZE=False,
-                       FLATTEN=False, SWAP_AB=False, EPILOGUE_SUBTILE=False, GROUP_M=8, num_warps=4), **tiles)
-    feasible = FAMILY.space(p, H200).admit(config) is not None
-    kernels = compile_config(FAMILY, p, config, H200)
+    default = gemm_space.COALESCED_PARTIALS
+    gemm_space.COALESCED_PARTIALS = tiles.pop("COALESCED_PARTIALS", default)
+    try:
+        p = contiguous_problem(**problem)
+        config = dict(dict(VARIANT="gluon_ws", SCHEDULE="stream_k", SPLIT_K=1, PERSISTENT=False,
+                           WARP_SPECIALIZE=False, FLATTEN=False, SWAP_AB=False, EPILOGUE_SUBTILE=False, GROUP_M=8,
+                           num_warps=4), **tiles)
+        feasible = FAMILY.space(p, H200).admit(config) is not None
+        kernels = compile_config(FAMILY, p, config, H200)
+    finally:
+        gemm_space.COALESCED_PARTIALS = default  # the worker process compiles other cases after this one
     return dict(feasible=feasible, kernels=[(k.name, k.shared, k.registers, k.stack, list(k.ptx_features),
                                              k.global_scratch) for k in kernels])
 
@@ -317,6 +326,8 @@ def test_gluon_ws_kernels_compile_for_sm90():
         assert name == "gemm_kernel" and shared <= H200.smem_per_block
         assert scratch == 0, "the TMA descriptors are kernel parameters, built on the host (no scratch a launch)"
         assert "wgmma" in " ".join(features)
+        if tiles.get("SCHEDULE") == "split_k" and tiles["BLOCK_N"] <= 128 and not tiles.get("SWAP_AB"):
+            assert stack == 0, "the last split holds its own sum beside the total without spilling"
         if problem["dtype"] == "fp8" and not problem.get("fp8_fast_accum"):
             assert stack == 0, "precise fp8 128 x 128 tiles fit the consumers' registers"
 

@@ -56,13 +56,6 @@ def test_skfirst_runs_the_split_share_before_the_whole_tiles(variants):
         assert body.index("_sk_bounds(") < body.index("for tile in range(gl.program_id(0), dp_tiles"), partition
 
 
-def test_relacq_acquires_once_per_last_contributor(variants):
-    _, changed, _ = variants
-    text = changed["relacq"]
-    assert 'sem="acq_rel"' not in text
-    assert text.count('sem="acquire"') == text.count("if _store_and_count(")
-
-
 @pytest.mark.parametrize("width", [16, 32, 64, 128, 256])
 def test_register_order_covers_each_warpgroups_slot_once(width):
     # The template's _register_order (gemm_space.COALESCED_PARTIALS), evaluated on numpy's integers: a warpgroup's
@@ -85,19 +78,20 @@ def test_register_order_covers_each_warpgroups_slot_once(width):
     assert sorted(pair.ravel().tolist()) == list(range(pair.min(), pair.min() + 64))
 
 
-def test_ownsum_keeps_the_split_order_and_waits_only_for_stores(variants):
+def test_storeown_and_nofix_leave_the_own_sum_protocol(variants):
     _, changed, _ = variants
-    text = changed["ownsum"]
-    assert "if j == u // rest:" in text and "total += acc" in text
-    assert 'sem="release"' in text and 'sem="acquire"' in text
+    for name in ("storeown", "nofix"):
+        text = changed[name]
+        assert "if BLOCK_N <= 128:\n            last = _arrive_keeping_own(" not in text, name
+    assert "if j == u // rest:" not in changed["storeown"]
+    assert "mask=offsets + u < 0" in changed["nofix"], "nofix keeps the split tiles' MMA work live"
 
 
-def test_nolast_is_timed_alone(variants):
+def test_selected_names_known_variants(variants):
     import gluon_stream_k_diag as diag
 
     _, changed, _ = variants
-    assert "nolast" not in diag.selected(changed, None) and "orig" in diag.selected(changed, None)
-    assert diag.selected(changed, ["nolast"]) == ["nolast"]
-    assert diag.selected(changed, ["coalesced"]) == ["orig", "coalesced"]
-    with pytest.raises(SystemExit):
-        diag.selected(changed, ["nolast", "coalesced"])
+    assert diag.selected(changed, None) == list(changed)
+    assert diag.selected(changed, ["rowmajor"]) == ["orig", "rowmajor"]
+    with pytest.raises(SystemExit, match="pick from"):
+        diag.selected(changed, ["coalesced"])

@@ -57,11 +57,12 @@ CLAMP_COL_TILES = True
 CLAMPED_VARIANTS = (GLUON_WS, "tma")
 # Split gluon_ws tiles' fp32 partials laid out in the wgmma accumulator's register order (gemm_gluon_ws.py.j2,
 # _register_order), so that a warp's 64-bit store or load of a register pair covers 256 contiguous bytes instead of 32
-# in each of 8 rows. The partial loads were the fix-up's cost on an H100: 1024 x 512 x 3584 split 4 ways ran 25.9 us,
-# 14.1 without its fix-up, 24.1 data-parallel (results/stream_k_diag_2026-12-07e2_h100.json). Off until
-# benchmarks/prototypes/gluon_stream_k_diag.py has timed it (its `coalesced` variant) and test_gemm_gpu.py's split
-# checks pass with it on.
-COALESCED_PARTIALS = False
+# in each of 8 rows. The partial loads were the fix-up's cost on an H100 (results/stream_k_diag_2026-12-07e2_h100.json:
+# 1024 x 512 x 3584 split 4 ways ran 25.9 us, 14.1 without its fix-up); in register order every split and stream-K
+# config ran faster, with the same bits (results/stream_k_diag_2026-12-07f_h100.json: that split 26.0 -> 20.9 us,
+# 1536 x 3584 x 3584 split 4 91.2 -> 79.0, stream-K 76.6 -> 71.5, 576 x 2560 x 4096 stream-K 128 x 256 63.9 -> 48.8;
+# register_order_tests_2026-12-07f_h100.txt).
+COALESCED_PARTIALS = True
 GLUON_WG_ROWS = 64
 # Swapped gluon_ws tiles (C^T = W X^T) put the tokens on wgmma's N side, in tiles of any of these (BLOCK_M; the wide
 # ones held in two parts as above), over 64 or 128 weight rows (BLOCK_N): a prefill chunk's M is then cut in tiles

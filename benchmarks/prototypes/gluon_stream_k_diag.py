@@ -2,32 +2,23 @@
 
 On an H100 (results/prefill_m1536_all_2026-12-07d_h100.json, n2560_prefill_all_2026-12-07d_h100.json) stream-K and
 split-K 128 x 128 tiles ran 1.2-2.7x the time that spreading the data-parallel tiles' work evenly over the SMs would
-take, and the excess grew with K (576 x 2560: +15 us at K = 2048, +24 at 4096, +40 at 9728), where the fix-up
-(partials written, counted and summed) is the same at every K; the variants below then showed the fix-up's partial
-loads to be the cost (RESULTS.md, fifty-first run). Each variant below changes one thing in a copy of
-templates/gemm_gluon_ws.py.j2, rendered and launched through the family's own plans:
+take, and the excess grew with K. Variants of the template then showed (RESULTS.md, fifty-first and fifty-second runs)
+that the split tiles' MMA work is not slow, that the fences cost nothing measurable, and that the fix-up's partial
+loads were the cost: the template now lays partials out in register order and split_k's last contributor keeps its
+own sum. Each variant below changes one thing in a copy of templates/gemm_gluon_ws.py.j2, rendered and launched
+through the family's own plans:
   - orig: the template as it is;
-  - nostore: contributors count themselves without writing their partial (the last one sums stale slots);
-  - nofix: no partial, no count, no sum: split tiles are never finished (time of the MMA work alone);
-  - noreduce: the last contributor finishes the tile from its own partial sum alone (no partial loads);
+  - nofix: no partial, no count, no sum: split tiles are never finished (time of the MMA work alone, the bound a
+    cheaper fix-up could reach);
+  - noreduce: stream-K's last contributor finishes the tile from its own partial sum alone (no partial loads);
   - skfirst: each program runs its stream-K (or split) share before its whole tiles, as CUTLASS orders them;
-  - relacq: contributors count with a release atomic; only the last acquires (a second, acquire atomic);
-  - relaxed: the count without ordering (no fences around the atomic);
-  - nobarrier: no barrier between the warpgroup's partial stores and its count;
-  - nolast: partials written and counted, but no contributor finishes the tile (no partial loads, no epilogue).
-    NOTE: nothing resets its tile counters, which every launch on the stream shares, so it runs alone: a variant
-    timed beside it (orig included) would find its counters past its count and never finish a tile;
-  - allfinish: no partial written, no count: every contributor loads the slots and finishes the tile;
-  - coalesced: partials laid out in the accumulator's register order, so that their stores and loads coalesce (the
-    template's COALESCED_PARTIALS switch, on);
-  - ownsum: split_k's last contributor keeps its own sum in registers (it neither stores nor reloads it); the others
-    count their arrival, store, then count the store, for which the last waits;
-  - coalesced_ownsum: both.
-The other variants give wrong results, or may, on purpose (timing only); those in CHECKED are checked against F.linear
-in float64. Medians of 5 interleaved rounds of do_bench medians (gemm_kernels_bench.interleaved), L2
-not flushed.
+  - rowmajor: partials in row-major order (the template's COALESCED_PARTIALS switch, off);
+  - storeown: split_k's last contributor stores its own partial and loads it back, as the others' (the template
+    before it kept its own sum).
+nofix and noreduce give wrong results on purpose (timing only); those in CHECKED are checked against F.linear in
+float64. Medians of 5 interleaved rounds of do_bench medians (gemm_kernels_bench.interleaved), L2 not flushed.
 
-    PYTHONPATH=. python benchmarks/prototypes/gluon_stream_k_diag.py OUT_DIR [VARIANT,...]   # default: all but nolast
+    PYTHONPATH=. python benchmarks/prototypes/gluon_stream_k_diag.py OUT_DIR [VARIANT,...]   # default: all
 """
 from __future__ import annotations
 
@@ -52,7 +43,7 @@ from autotile.space import Config  # noqa: E402
 
 TEMPLATE = "gemm_gluon_ws.py.j2"
 SHAPES = [(576, 2560, 4096), (1536, 3584, 3584), (1024, 512, 3584)]
-CHECKED = ("orig", "skfirst", "relacq", "coalesced", "ownsum", "coalesced_ownsum")
+CHECKED = ("orig", "skfirst", "rowmajor", "storeown")
 
 STORE = ("    gl.store(_partials(ws_ptr, slot, offsets, TILE), acc)\n    gl.thread_barrier()\n"
          "    return gl.atomic_add(counter, 1, sem=\"acq_rel\", scope=\"gpu\")")
@@ -62,39 +53,13 @@ STORE = ("    gl.store(_partials(ws_ptr, slot, offsets, TILE), acc)\n    gl.thre
 KEEP = "    gl.store(_partials(ws_ptr, slot, offsets, TILE), acc, mask=offsets + slot < 0)\n"
 REDUCE_LOAD = ("total += gl.load(_partials(ws_ptr, 2 * qq + began_before, offsets, BLOCK_M * BLOCK_N),\n"
                "                                     cache_modifier=\".cg\")")
-LAST = re.compile(r"(if _store_and_count\(.*?\)) == [^\n]*:$", re.MULTILINE)
-# The template's switch for partials in the accumulator's register order (gemm_space.COALESCED_PARTIALS), forced on.
+# The template's switch for partials in the accumulator's register order (gemm_space.COALESCED_PARTIALS).
 COALESCED_SWITCH = "{% if COALESCED_PARTIALS %}"
-# split_k's tail with the last contributor's own sum kept in registers: a unit counts its arrival first (low 16 bits);
-# one that is not last stores its partial, then counts the store (high bits, release); the last waits for the
-# others' stores (acquire), loads only theirs, and adds its own in its split's place (the same order as orig's).
-SPLIT_FIXUP = (
-    "        if _store_and_count(ws_ptr, u, offsets, acc, counter, BLOCK_M * BLOCK_N) == sk_iters - 1:\n"
-    "            total = gl.zeros([WG_ROWS, BLOCK_N], gl.float32, layout)\n")
-SPLIT_LOADS = (
-    "                for j in gl.static_range(SPLIT_K):\n"
-    "                    # .cg: straight from L2, where the other SMs' partials are.\n"
-    "                    total += gl.load(_partials(ws_ptr, j * rest + r, offsets, BLOCK_M * BLOCK_N), "
-    "mask=j < sk_iters,\n"
-    "                                     other=0.0, cache_modifier=\".cg\")\n")
-OWN_FIXUP = (
-    "        arrived = gl.atomic_add(counter, 1, sem=\"relaxed\", scope=\"gpu\") % 65536\n"
-    "        if arrived != sk_iters - 1:\n"
-    "            gl.store(_partials(ws_ptr, u, offsets, BLOCK_M * BLOCK_N), acc)\n"
-    "            gl.thread_barrier()\n"
-    "            gl.atomic_add(counter, 65536, sem=\"release\", scope=\"gpu\")\n"
-    "        else:\n"
-    "            stored = gl.atomic_add(counter, 0, sem=\"acquire\", scope=\"gpu\") // 65536\n"
-    "            while stored < sk_iters - 1:\n"
-    "                stored = gl.atomic_add(counter, 0, sem=\"acquire\", scope=\"gpu\") // 65536\n"
-    "            total = gl.zeros([WG_ROWS, BLOCK_N], gl.float32, layout)\n")
-OWN_LOADS = (
-    "                for j in gl.static_range(SPLIT_K):\n"
-    "                    if j == u // rest:\n"
-    "                        total += acc\n"
-    "                    else:\n"
-    "                        total += gl.load(_partials(ws_ptr, j * rest + r, offsets, BLOCK_M * BLOCK_N),\n"
-    "                                         mask=j < sk_iters, other=0.0, cache_modifier=\".cg\")\n")
+# split_k's choice of protocol (up to 128 columns the last contributor keeps its own sum) and the sum's own term.
+KEEPING_OWN = "        if BLOCK_N <= 128:\n            last = _arrive_keeping_own("
+OWN_TERM = "                    if j == u // rest:\n"
+KEEP_OWN = ("            gl.store(_partials(ws_ptr, u, offsets, BLOCK_M * BLOCK_N), acc, mask=offsets + u < 0)\n"
+            "            last = sk_iters < 0\n")  # never, but not known while compiling
 WHOLE_TILES = "    for tile in range(gl.program_id(0), dp_tiles, gl.num_programs(0)):\n"
 
 
@@ -108,30 +73,21 @@ def _swap(text: str, function: str, first: str, second: str, end: str) -> str:
 
 
 def variants(source: str) -> dict[str, str]:
-    assert all(anchor in source for anchor in (STORE, REDUCE_LOAD, COALESCED_SWITCH, SPLIT_FIXUP, SPLIT_LOADS)), \
+    assert all(anchor in source for anchor in (STORE, REDUCE_LOAD, COALESCED_SWITCH, KEEPING_OWN, OWN_TERM)), \
         "the template's fix-up moved: update this prototype"
     sk_first = _swap(source, "def _producer(", WHOLE_TILES, '{% if SCHEDULE == "split_k" %}', "\n\n@gluon.jit")
     sk_first = _swap(sk_first, "def _consumer(WG", WHOLE_TILES, "    rows = gl.arange(0, WG_ROWS",
                      "    tma.store_wait(0)\n")
-    coalesced = source.replace(COALESCED_SWITCH, "{% if true %}")
-    relacq = source.replace('sem="acq_rel"', 'sem="release"')
-    relacq = re.sub(r"(\n( *)if _store_and_count\(.*\n)(( *)\S)",
-                    lambda m: m.group(1) + m.group(4) + 'gl.atomic_add(counter, 0, sem="acquire", scope="gpu")\n'
-                    + m.group(3), relacq)
+    own_call = source[source.index(KEEPING_OWN) + len(KEEPING_OWN) - len("            last = _arrive_keeping_own("):]
+    own_call = own_call[:own_call.index("\n") + 1]
     return {
         "orig": source,
-        "nostore": source.replace(STORE, KEEP + STORE.split("\n", 1)[1]),
-        "nofix": source.replace(STORE, KEEP + "    return -1"),
+        "nofix": source.replace(STORE, KEEP + "    return -1").replace(own_call, KEEP_OWN),
         "noreduce": source.replace(REDUCE_LOAD, "total += acc"),
-        "relaxed": source.replace(STORE, STORE.replace('sem="acq_rel"', 'sem="relaxed"')),
-        "nobarrier": source.replace(STORE, STORE.replace("    gl.thread_barrier()\n", "")),
-        "nolast": LAST.sub(r"\1 == -5:", source),
-        "allfinish": source.replace(STORE, KEEP + "    return 1"),
-        "coalesced": coalesced,
-        "ownsum": source.replace(SPLIT_FIXUP, OWN_FIXUP).replace(SPLIT_LOADS, OWN_LOADS),
-        "coalesced_ownsum": coalesced.replace(SPLIT_FIXUP, OWN_FIXUP).replace(SPLIT_LOADS, OWN_LOADS),
         "skfirst": sk_first,
-        "relacq": relacq,
+        "rowmajor": source.replace(COALESCED_SWITCH, "{% if false %}"),
+        "storeown": source.replace(KEEPING_OWN, KEEPING_OWN.replace("<= 128", "< 0")).replace(
+            OWN_TERM, OWN_TERM.replace("j == u // rest", "j < 0")),
     }
 
 
@@ -155,13 +111,11 @@ def configs(problem) -> dict[str, Config]:
 
 
 def selected(names, only: list[str] | None) -> list[str]:
-    """The variants a run times: those asked for and orig (all by default), but nolast only alone, since it leaves
-    the stream's tile counters counted for every launch after it."""
-    if only == ["nolast"]:
-        return only
-    if only and "nolast" in only:
-        raise SystemExit("nolast leaves the stream's tile counters counted: time it alone")
-    return [name for name in names if name != "nolast" and (not only or name in only or name == "orig")]
+    """The variants a run times: those asked for and orig (all by default)."""
+    unknown = set(only or ()) - set(names)
+    if unknown:
+        raise SystemExit(f"no variant {sorted(unknown)}: pick from {sorted(names)}")
+    return [name for name in names if not only or name in only or name == "orig"]
 
 
 def main(out: Path, only: list[str] | None = None) -> None:
