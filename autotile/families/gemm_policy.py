@@ -400,7 +400,8 @@ def tiled_mid_config(problem, device: DeviceInfo, gluon: bool = True, token_tile
         return narrow_long
     token_tile = token_tile_config(p, device) if token_tiles else None
     if token_tile is not None:
-        return token_tile
+        long_k_split = _long_k_gluon_split(p, token_tile, device) if gluon else None
+        return long_k_split or token_tile
     wide_gluon = _mid_gluon_config(p, device) if gluon else None
     if wide_gluon is not None:
         return wide_gluon
@@ -729,6 +730,20 @@ TOKEN_TILE_FEW_ROW_READS = 4096
 TOKEN_TILE_LONG_K = 5120
 _TOKEN_TILES = {16: dict(BLOCK_K=128, num_stages=5), 32: dict(BLOCK_K=128, num_stages=5),
                 64: dict(BLOCK_K=128, num_stages=4)}
+
+
+# From TOKEN_TILE_LONG_K, where the 64-token tiles take more than one wave split in two, the Gluon 64 x 128 tiles split
+# over K (_narrow_gluon_split) in place of the whole token tiles. Every candidate on Mistral-Nemo's k/v projection
+# (1024 x 5120) at 480 and 512 tokens (H100, CUDA-graph streams, split partials in register order,
+# results/lowest_candidates_2026-12-07f_h100.json): 0.890x / 0.919x of cuBLAS against 0.772x / 0.789x for the whole
+# 64-token tiles; at K = 4096 the two were within 2% (the rule leaves them).
+def _long_k_gluon_split(problem, token_tile: dict, device: DeviceInfo) -> dict | None:
+    """_narrow_gluon_split's split tiles in place of whole `token_tile`s above WIDE_STREAM_MAX_M tokens from
+    TOKEN_TILE_LONG_K; None elsewhere."""
+    if problem.m <= WIDE_STREAM_MAX_M or problem.k < TOKEN_TILE_LONG_K or token_tile["SCHEDULE"] != "data_parallel":
+        return None
+    split = _narrow_gluon_split(problem, device)
+    return split if split is not None and split["SCHEDULE"] == "split_k" else None
 
 
 def token_tile_config(problem, device: DeviceInfo) -> dict | None:
