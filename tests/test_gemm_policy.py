@@ -431,7 +431,7 @@ def test_narrow_mid_weights_take_gluon_tiles_split_over_k_in_one_wave(m, n, k, s
 @pytest.mark.parametrize("m,n,k,block_m", [
     (160, 512, 3584, 16), (192, 512, 3584, 16), (256, 512, 3584, 16), (384, 512, 3584, 32), (512, 512, 3584, 32),
     (640, 512, 3584, 64), (160, 1024, 4096, 32), (384, 1024, 3072, 64), (512, 1024, 4096, 64), (160, 2048, 3584, 64),
-    (256, 2048, 3584, 64), (256, 1280, 5120, 64),
+    (256, 2048, 3584, 64), (256, 1280, 4096, 64),
     (512, 2048, 3584, None), (384, 2048, 3584, None), (192, 4096, 4096, None), (1024, 512, 3584, None),
     (64, 1024, 4096, None), (192, 1024, NARROW_MIN_K - 512, None)])
 def test_narrow_weights_take_swapped_token_tiles(m, n, k, block_m):
@@ -456,8 +456,8 @@ def test_narrow_weights_take_swapped_token_tiles(m, n, k, block_m):
 
 @pytest.mark.parametrize("m,n,k,split", [
     (176, 1024, 5120, 2), (224, 1024, 8192, 2), (160, 1280, 5120, 2), (256, 1024, 5120, 2),
-    # Two waves of split tiles, or K under TOKEN_TILE_LONG_K: whole tiles.
-    (256, 1280, 5120, 1), (448, 1024, 8192, 1), (176, 1024, TOKEN_TILE_LONG_K - 1024, 1)])
+    # K under TOKEN_TILE_LONG_K: whole tiles (past one wave of split tiles, test_long_k_..._take_gluon_tiles_split).
+    (176, 1024, TOKEN_TILE_LONG_K - 1024, 1)])
 def test_long_k_narrow_weights_split_64_token_tiles_in_two_where_they_take_one_wave(m, n, k, split):
     # TOKEN_TILE_LONG_K (results/token_tiles_longk_2026-12-06d_h100.json): above 128 tokens, from K = 5120, 64-token
     # tiles split in two led the whole 32-token tiles (seven rows 0.838x -> 0.944x of cuBLAS).
@@ -468,6 +468,25 @@ def test_long_k_narrow_weights_split_64_token_tiles_in_two_where_they_take_one_w
     if split > 1:
         assert config["SCHEDULE"] == "split_k" and 2 * tile_count(problem, 64, 64) <= programs(problem, config, H200)
     assert FAMILY.space(problem, H200).is_feasible(config)
+
+
+@pytest.mark.parametrize("m,n,k,split", [
+    (256, 1280, 5120, 3), (448, 1024, 8192, 2), (480, 1024, 5120, 2), (512, 1024, 5120, 2), (225, 2048, 6144, 2)])
+def test_long_k_narrow_weights_past_one_wave_of_split_token_tiles_take_gluon_tiles_split_over_k(m, n, k, split):
+    # _long_k_gluon_split (results/long_k_gluon_split_ab_2026-12-07f_h100.json and _oos_: 28 rows at 129-505 tokens,
+    # N 1024-2048, K 5120-16384, 0.823x / 0.789x of cuBLAS with whole 64-token tiles -> 1.019x / 0.986x, each ahead).
+    problem = contiguous_problem(m, n, k, "bf16", "bf16", layout_b="col")
+    config = FAMILY.default_config(problem, H200)
+    assert (config["VARIANT"], config["SCHEDULE"], config["BLOCK_M"], config["BLOCK_N"], config["SPLIT_K"],
+            config["SWAP_AB"]) == ("gluon_ws", "split_k", 64, 128, split, False), config
+    token = token_tile_config(problem, H200)
+    assert token is not None and token["SCHEDULE"] == "data_parallel", "only where whole token tiles were the rule"
+    assert tile_count(problem, 64, 128) * split <= H200.sm_count
+    assert FAMILY.space(problem, H200).is_feasible(config)
+    # Under TOKEN_TILE_LONG_K the whole token tiles stay; so do the rules before for B row-major and off Hopper.
+    shorter = contiguous_problem(m, n, TOKEN_TILE_LONG_K - 1024, "bf16", "bf16", layout_b="col")
+    assert FAMILY.default_config(shorter, H200)["SWAP_AB"]
+    assert FAMILY.default_config(problem, A100)["VARIANT"] != "gluon_ws"
 
 
 @pytest.mark.parametrize("m,n,k,block_m,split", [

@@ -383,7 +383,9 @@ def _fewer_waves(problem, config: dict, device: DeviceInfo) -> dict:
 
 def tiled_mid_config(problem, device: DeviceInfo, gluon: bool = True, token_tiles: bool = True) -> dict:
     """64 < M <= 512. On Hopper, narrow weights from MID_LONG_K first take Gluon 64 x 128 tiles split over K
-    (_narrow_long_k); then the Gluon variant's tiles where they fill the SMs (_mid_gluon_config); after the
+    (_narrow_long_k); then swapped token tiles for narrow weights (token_tile_config; from TOKEN_TILE_LONG_K, past one
+    wave of them split, _long_k_gluon_split's Gluon tiles split over K); then the Gluon variant's tiles where they
+    fill the SMs (_mid_gluon_config); after the
     one-wave TMA tiles (for narrow weights from fewer SMs: _narrow_one_wave), Gluon tiles that fill fewer of them
     (MID_GLUON_FEW_FILL; below MID_LONG_K the one-wave TMA tiles in their place: _wide_one_wave; from
     MID_LONG_K split in two where that takes one wave: _long_k_halves); for narrower
@@ -736,7 +738,11 @@ _TOKEN_TILES = {16: dict(BLOCK_K=128, num_stages=5), 32: dict(BLOCK_K=128, num_s
 # over K (_narrow_gluon_split) in place of the whole token tiles. Every candidate on Mistral-Nemo's k/v projection
 # (1024 x 5120) at 480 and 512 tokens (H100, CUDA-graph streams, split partials in register order,
 # results/lowest_candidates_2026-12-07f_h100.json): 0.890x / 0.919x of cuBLAS against 0.772x / 0.789x for the whole
-# 64-token tiles; at K = 4096 the two were within 2% (the rule leaves them).
+# 64-token tiles; at K = 4096 the two were within 2% (the rule leaves them). Against the policy without it on rows
+# drawn from the 184 it changes (129-505 tokens, N 1024-2048, K 5120-16384; seed 0 and, out of sample, seed 1:
+# results/long_k_gluon_split_ab_2026-12-07f_h100.json and long_k_gluon_split_ab_oos_2026-12-07f_h100.json): 14 rows
+# 0.823x -> 1.019x and 14 rows 0.789x -> 0.986x, each ahead, the narrowest margin 1.069x. nn.Linear layout only (token
+# tiles take no other).
 def _long_k_gluon_split(problem, token_tile: dict, device: DeviceInfo) -> dict | None:
     """_narrow_gluon_split's split tiles in place of whole `token_tile`s above WIDE_STREAM_MAX_M tokens from
     TOKEN_TILE_LONG_K; None elsewhere."""
