@@ -809,6 +809,19 @@ def _prefill_narrow_wide(problem, device: DeviceInfo) -> dict | None:
     return config if fills_one_wave(problem, config, device, MID_GLUON_FILL) else None
 
 
+# PREFILL_NARROW's one wave of 64 x 128 tiles on TMA loads 128 deep (the first of ONE_WAVE_MID_TILES) in place of the
+# Gluon variant's 64 deep. Every candidate at 1024 tokens (H100, CUDA-graph streams,
+# results/lowest_candidates_2026-12-07f_h100.json): 1024 x 1024 x 4096 1.064x of cuBLAS against 0.965x, 1024 x 1024 x
+# 5120 1.113x against 1.039x, 1024 x 512 x 3584 0.787x against 0.777x (swapped 64 x 64 x 128 tiles led there, 0.851x).
+def _prefill_narrow_tma(problem, device: DeviceInfo) -> dict | None:
+    """The one-wave TMA tiles where they take one wave, for 16-bit weights in nn.Linear layout; None elsewhere."""
+    p = problem
+    if p.dtype not in ("bf16", "fp16") or p.layout_b != "col" or not _tma_loads(p, device):
+        return None
+    config = tma_mid_tile(p, ONE_WAVE_MID_TILES[0], device)
+    return config if tile_count(p, config["BLOCK_M"], config["BLOCK_N"]) <= programs(p, config, device) else None
+
+
 def _modelled_waves(problem, config: dict, device: DeviceInfo) -> float:
     """_makespan with the throughput a column keeps (PART_EFFICIENCY; 1 for other widths), for comparing widths."""
     return _makespan(problem, config, device, PART_EFFICIENCY.get(config["BLOCK_N"], 1.0))
@@ -833,7 +846,8 @@ def prefill_config(problem, device: DeviceInfo, gluon: bool = True, token_tiles:
         # modelled waves are shorter than the chosen one's by PREFILL_PARTS_GAIN.
         narrow = _narrow_gluon(p)
         if tile_count(p, narrow["BLOCK_M"], narrow["BLOCK_N"]) <= programs(p, narrow, device):
-            return narrow  # one wave of 64-row tiles: 128-row ones would leave half the SMs idle (PREFILL_NARROW)
+            # One wave of 64-row tiles: 128-row ones would leave half the SMs idle (PREFILL_NARROW).
+            return _prefill_narrow_tma(p, device) or narrow
         wider = _prefill_narrow_wide(p, device)
         if wider is not None:
             return wider
