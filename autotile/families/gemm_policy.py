@@ -814,9 +814,9 @@ def _prefill_narrow_wide(problem, device: DeviceInfo) -> dict | None:
 # results/lowest_candidates_2026-12-07f_h100.json): 1024 x 1024 x 4096 1.064x of cuBLAS against 0.965x, 1024 x 1024 x
 # 5120 1.113x against 1.039x, 1024 x 512 x 3584 0.787x against 0.777x (swapped 64 x 64 x 128 tiles led there, 0.851x).
 # Against the policy without it on 40 rows drawn from the 1979 it changes (513-3584 tokens, N 128-1536, K 896-16384;
-# results/prefill_narrow_tma_ab_2026-12-07f_h100.json and, out of sample, prefill_narrow_tma_ab_oos_2026-12-07f_h100
-# .json): 0.957x -> 0.986x and 0.957x -> 0.973x of cuBLAS; ahead on every row up to K = 4864 (1-5%), within 2% either
-# way from K = 5120 (the worst pair 0.980x, 953 x 1024 x 16384).
+# seed 0 and, out of sample, seed 1: results/prefill_narrow_tma_ab_2026-12-07f_h100.json and
+# prefill_narrow_tma_ab_oos_2026-12-07f_h100.json): 0.957x -> 0.986x and 0.957x -> 0.973x of cuBLAS; ahead on every
+# row up to K = 4864 (1-5%), within 2% either way from K = 5120 (the worst pair 0.980x, 953 x 1024 x 16384).
 def _prefill_narrow_tma(problem, device: DeviceInfo) -> dict | None:
     """The one-wave TMA tiles where they take one wave, for 16-bit weights in nn.Linear layout; None elsewhere."""
     p = problem
