@@ -402,7 +402,8 @@ def tiled_mid_config(problem, device: DeviceInfo, gluon: bool = True, token_tile
         return narrow_long
     token_tile = token_tile_config(p, device) if token_tiles else None
     if token_tile is not None:
-        long_k_split = _long_k_gluon_split(p, token_tile, device) if gluon else None
+        long_k_split = (_long_k_gluon_split(p, token_tile, device)
+                        or _gluon_split_from_4096(p, token_tile, device)) if gluon else None
         return long_k_split or token_tile
     wide_gluon = _mid_gluon_config(p, device) if gluon else None
     if wide_gluon is not None:
@@ -747,6 +748,15 @@ def _long_k_gluon_split(problem, token_tile: dict, device: DeviceInfo) -> dict |
     """_narrow_gluon_split's split tiles in place of whole `token_tile`s above WIDE_STREAM_MAX_M tokens from
     TOKEN_TILE_LONG_K; None elsewhere."""
     if problem.m <= WIDE_STREAM_MAX_M or problem.k < TOKEN_TILE_LONG_K or token_tile["SCHEDULE"] != "data_parallel":
+        return None
+    split = _narrow_gluon_split(problem, device)
+    return split if split is not None and split["SCHEDULE"] == "split_k" else None
+
+
+def _gluon_split_from_4096(problem, token_tile: dict, device: DeviceInfo) -> dict | None:
+    """Trial: _long_k_gluon_split at K = 4096-5119."""
+    if problem.m <= WIDE_STREAM_MAX_M or not 4096 <= problem.k < TOKEN_TILE_LONG_K or \
+            token_tile["SCHEDULE"] != "data_parallel":
         return None
     split = _narrow_gluon_split(problem, device)
     return split if split is not None and split["SCHEDULE"] == "split_k" else None
