@@ -37,7 +37,7 @@ from autotile.models import MODELS, projections  # noqa: E402
 # The policy's rules that return None where they do not apply, handing the problem to the rules after them.
 RULES = ("_wide_one_wave", "_prefill_narrow_wide", "_narrow_one_wave", "_one_wave_split", "few_tokens_config",
          "token_tile_config", "_narrow_gluon_split", "_long_k_gluon_split",
-         "_prefill_narrow_tma", "_gluon_split_from_4096")
+         "_prefill_narrow_tma")
 # Token counts compared: every 8 up to 2048 (decode steps and prefill chunks), every 64 to 8192.
 TOKENS = tuple(range(1, 2048, 8)) + tuple(range(2048, 8193, 64))
 WITH, WITHOUT = "default", "rule off"  # origins (decode_stream_candidates.time_shape labels the default)

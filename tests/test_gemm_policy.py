@@ -10,7 +10,8 @@ import pytest
 from autotile.device import HOPPER_SMEM_PER_BLOCK, DeviceInfo, interpret_device
 from autotile.families.gemm import FAMILY, contiguous_problem
 from autotile.families.gemm_policy import (
-    FILL_SMS, MID_GLUON_FEW_FILL, MID_GLUON_FILL, MID_LONG_K, MID_SWAPPED_MAX_EMPTY, NARROW_MIN_K, STREAM_MAX_M,
+    FILL_SMS, LONG_K_GLUON_SPLIT_MIN_K, MID_GLUON_FEW_FILL, MID_GLUON_FILL, MID_LONG_K, MID_SWAPPED_MAX_EMPTY,
+    NARROW_MIN_K, STREAM_MAX_M,
     TOKEN_TILE_FEW_ROW_READS, TOKEN_TILE_LONG_K, TOKEN_TILE_ROW_READS, WIDE_STREAM_MAX_M, prefill_config, programs,
     regime, tiled_mid_config, token_tile_config, wave_efficiency,
 )
@@ -438,12 +439,17 @@ def test_narrow_weights_take_swapped_token_tiles(m, n, k, block_m):
     # results/token_tiles_narrow_{,b_}2026-12-06_h100.json (CUDA-graph streams, H100): 64 weight rows by 16-64 tokens,
     # as cuBLAS tiles k and v projections; 0.73-1.07x of cuBLAS against 0.61-0.79x for the Gluon tiles before.
     # The fewest tokens a tile that take one wave with each weight row read at most TOKEN_TILE_ROW_READS / N times.
+    # From LONG_K_GLUON_SPLIT_MIN_K the policy serves Gluon split tiles in their place
+    # (test_long_k_narrow_weights_past_one_wave_of_split_token_tiles_take_gluon_tiles_split_over_k).
     problem = contiguous_problem(m, n, k, "bf16", "bf16", layout_b="col")
     config = FAMILY.default_config(problem, H200)
     assert (token_tile_config(problem, H200) is not None) == (block_m is not None)
     if block_m is None:
         assert not (config["SWAP_AB"] and config["BLOCK_M"] < m), config
         return
+    if k >= LONG_K_GLUON_SPLIT_MIN_K:
+        assert config["VARIANT"] == "gluon_ws", config
+        config = FAMILY.validate_config(problem, H200, Config(token_tile_config(problem, H200)))
     assert (config["VARIANT"], config["SCHEDULE"], config["SWAP_AB"], config["BLOCK_M"], config["BLOCK_N"]) == \
         ("blocked", "data_parallel", True, block_m, 64), config
     reads = -(-m // block_m)
@@ -456,8 +462,9 @@ def test_narrow_weights_take_swapped_token_tiles(m, n, k, block_m):
 
 @pytest.mark.parametrize("m,n,k,split", [
     (176, 1024, 5120, 2), (224, 1024, 8192, 2), (160, 1280, 5120, 2), (256, 1024, 5120, 2),
-    # K under TOKEN_TILE_LONG_K: whole tiles (past one wave of split tiles, test_long_k_..._take_gluon_tiles_split).
-    (176, 1024, TOKEN_TILE_LONG_K - 1024, 1)])
+    # K under LONG_K_GLUON_SPLIT_MIN_K: whole tiles (past one wave of split tiles, and from that K,
+    # test_long_k_..._take_gluon_tiles_split_over_k).
+    (176, 1024, LONG_K_GLUON_SPLIT_MIN_K - 512, 1)])
 def test_long_k_narrow_weights_split_64_token_tiles_in_two_where_they_take_one_wave(m, n, k, split):
     # TOKEN_TILE_LONG_K (results/token_tiles_longk_2026-12-06d_h100.json): above 128 tokens, from K = 5120, 64-token
     # tiles split in two led the whole 32-token tiles (seven rows 0.838x -> 0.944x of cuBLAS).
@@ -471,10 +478,12 @@ def test_long_k_narrow_weights_split_64_token_tiles_in_two_where_they_take_one_w
 
 
 @pytest.mark.parametrize("m,n,k,split", [
-    (256, 1280, 5120, 3), (448, 1024, 8192, 2), (480, 1024, 5120, 2), (512, 1024, 5120, 2), (225, 2048, 6144, 2)])
+    (256, 1280, 5120, 3), (448, 1024, 8192, 2), (480, 1024, 5120, 2), (512, 1024, 5120, 2), (225, 2048, 6144, 2),
+    (257, 1024, 4096, 3), (377, 1024, 4096, 2), (241, 2048, 4608, 2), (161, 896, 4864, 3)])
 def test_long_k_narrow_weights_past_one_wave_of_split_token_tiles_take_gluon_tiles_split_over_k(m, n, k, split):
     # _long_k_gluon_split (results/long_k_gluon_split_ab_2026-12-07f_h100.json and _oos_: 28 rows at 129-505 tokens,
-    # N 1024-2048, K 5120-16384, 0.823x / 0.789x of cuBLAS with whole 64-token tiles -> 1.019x / 0.986x, each ahead).
+    # N 1024-2048, K 5120-16384, 0.823x / 0.789x of cuBLAS with whole 64-token tiles -> 1.019x / 0.986x, each ahead;
+    # gluon_split_k4096_ab_*2026-12-07f_h100.json: 18 rows at K 4096-4864, 0.922x / 0.912x -> 1.005x / 0.979x).
     problem = contiguous_problem(m, n, k, "bf16", "bf16", layout_b="col")
     config = FAMILY.default_config(problem, H200)
     assert (config["VARIANT"], config["SCHEDULE"], config["BLOCK_M"], config["BLOCK_N"], config["SPLIT_K"],
@@ -483,8 +492,8 @@ def test_long_k_narrow_weights_past_one_wave_of_split_token_tiles_take_gluon_til
     assert token is not None and token["SCHEDULE"] == "data_parallel", "only where whole token tiles were the rule"
     assert tile_count(problem, 64, 128) * split <= H200.sm_count
     assert FAMILY.space(problem, H200).is_feasible(config)
-    # Under TOKEN_TILE_LONG_K the whole token tiles stay; so do the rules before for B row-major and off Hopper.
-    shorter = contiguous_problem(m, n, TOKEN_TILE_LONG_K - 1024, "bf16", "bf16", layout_b="col")
+    # Under LONG_K_GLUON_SPLIT_MIN_K the whole token tiles stay; so do the rules before for B row-major and off Hopper.
+    shorter = contiguous_problem(m, n, LONG_K_GLUON_SPLIT_MIN_K - 512, "bf16", "bf16", layout_b="col")
     assert FAMILY.default_config(shorter, H200)["SWAP_AB"]
     assert FAMILY.default_config(problem, A100)["VARIANT"] != "gluon_ws"
 

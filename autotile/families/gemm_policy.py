@@ -383,8 +383,8 @@ def _fewer_waves(problem, config: dict, device: DeviceInfo) -> dict:
 
 def tiled_mid_config(problem, device: DeviceInfo, gluon: bool = True, token_tiles: bool = True) -> dict:
     """64 < M <= 512. On Hopper, narrow weights from MID_LONG_K first take Gluon 64 x 128 tiles split over K
-    (_narrow_long_k); then swapped token tiles for narrow weights (token_tile_config; from TOKEN_TILE_LONG_K, past one
-    wave of them split, _long_k_gluon_split's Gluon tiles split over K); then the Gluon variant's tiles where they
+    (_narrow_long_k); then swapped token tiles for narrow weights (token_tile_config; from LONG_K_GLUON_SPLIT_MIN_K, where they run whole,
+    _long_k_gluon_split's Gluon tiles split over K); then the Gluon variant's tiles where they
     fill the SMs (_mid_gluon_config); after the
     one-wave TMA tiles (for narrow weights from fewer SMs: _narrow_one_wave), Gluon tiles that fill fewer of them
     (MID_GLUON_FEW_FILL; below MID_LONG_K the one-wave TMA tiles in their place: _wide_one_wave; from
@@ -402,8 +402,7 @@ def tiled_mid_config(problem, device: DeviceInfo, gluon: bool = True, token_tile
         return narrow_long
     token_tile = token_tile_config(p, device) if token_tiles else None
     if token_tile is not None:
-        long_k_split = (_long_k_gluon_split(p, token_tile, device)
-                        or _gluon_split_from_4096(p, token_tile, device)) if gluon else None
+        long_k_split = _long_k_gluon_split(p, token_tile, device) if gluon else None
         return long_k_split or token_tile
     wide_gluon = _mid_gluon_config(p, device) if gluon else None
     if wide_gluon is not None:
@@ -735,28 +734,27 @@ _TOKEN_TILES = {16: dict(BLOCK_K=128, num_stages=5), 32: dict(BLOCK_K=128, num_s
                 64: dict(BLOCK_K=128, num_stages=4)}
 
 
-# From TOKEN_TILE_LONG_K, where the 64-token tiles take more than one wave split in two, the Gluon 64 x 128 tiles split
-# over K (_narrow_gluon_split) in place of the whole token tiles. Every candidate on Mistral-Nemo's k/v projection
-# (1024 x 5120) at 480 and 512 tokens (H100, CUDA-graph streams, split partials in register order,
-# results/lowest_candidates_2026-12-07f_h100.json): 0.890x / 0.919x of cuBLAS against 0.772x / 0.789x for the whole
-# 64-token tiles; at K = 4096 the two were within 2% (the rule leaves them). Against the policy without it on rows
-# drawn from the 184 it changes (129-505 tokens, N 1024-2048, K 5120-16384; seed 0 and, out of sample, seed 1:
-# results/long_k_gluon_split_ab_2026-12-07f_h100.json and long_k_gluon_split_ab_oos_2026-12-07f_h100.json): 14 rows
-# 0.823x -> 1.019x and 14 rows 0.789x -> 0.986x, each ahead, the narrowest margin 1.069x. nn.Linear layout only (token
-# tiles take no other).
+# From LONG_K_GLUON_SPLIT_MIN_K, where the token tiles run whole (the 64-token ones split in two would take more than one
+# wave, or K is under TOKEN_TILE_LONG_K), the Gluon 64 x 128 tiles split over K (_narrow_gluon_split) in their place.
+# Every candidate on Mistral-Nemo's k/v projection (1024 x 5120) at 480 and 512 tokens (H100, CUDA-graph streams,
+# split partials in register order, results/lowest_candidates_2026-12-07f_h100.json): 0.890x / 0.919x of cuBLAS
+# against 0.772x / 0.789x for the whole 64-token tiles. Against the policy without it, on rows drawn from those it
+# changes (seed 0 and, out of sample, seed 1; nn.Linear layout only, as token tiles):
+# - from K = 5120 (129-505 tokens, N 1024-2048, K 5120-16384; results/long_k_gluon_split_ab_2026-12-07f_h100.json and
+#   long_k_gluon_split_ab_oos_2026-12-07f_h100.json): 14 rows 0.823x -> 1.019x and 14 rows 0.789x -> 0.986x, each
+#   ahead, the narrowest margin 1.069x;
+# - at K 4096-4864 (gluon_split_k4096_ab_2026-12-07f_h100.json and gluon_split_k4096_ab_oos_2026-12-07f_h100.json;
+#   145-417 tokens, N 896-2048): 9 rows 0.922x -> 1.005x and 9 rows 0.912x -> 0.979x, ahead on 17; the one behind
+#   (0.981x, 145 x 896 x 4864) and 136 x 1024 x 4096 in the candidates' table (0.857x against 0.931x,
+#   low_mid_candidates_2026-12-07f_h100.json) replace whole 32-token tiles at few tokens, where the rule is weakest.
+LONG_K_GLUON_SPLIT_MIN_K = 4096
+
+
 def _long_k_gluon_split(problem, token_tile: dict, device: DeviceInfo) -> dict | None:
     """_narrow_gluon_split's split tiles in place of whole `token_tile`s above WIDE_STREAM_MAX_M tokens from
-    TOKEN_TILE_LONG_K; None elsewhere."""
-    if problem.m <= WIDE_STREAM_MAX_M or problem.k < TOKEN_TILE_LONG_K or token_tile["SCHEDULE"] != "data_parallel":
-        return None
-    split = _narrow_gluon_split(problem, device)
-    return split if split is not None and split["SCHEDULE"] == "split_k" else None
-
-
-def _gluon_split_from_4096(problem, token_tile: dict, device: DeviceInfo) -> dict | None:
-    """Trial: _long_k_gluon_split at K = 4096-5119."""
-    if problem.m <= WIDE_STREAM_MAX_M or not 4096 <= problem.k < TOKEN_TILE_LONG_K or \
-            token_tile["SCHEDULE"] != "data_parallel":
+    LONG_K_GLUON_SPLIT_MIN_K; None elsewhere."""
+    if (problem.m <= WIDE_STREAM_MAX_M or problem.k < LONG_K_GLUON_SPLIT_MIN_K
+            or token_tile["SCHEDULE"] != "data_parallel"):
         return None
     split = _narrow_gluon_split(problem, device)
     return split if split is not None and split["SCHEDULE"] == "split_k" else None
