@@ -383,8 +383,8 @@ def _fewer_waves(problem, config: dict, device: DeviceInfo) -> dict:
 
 def tiled_mid_config(problem, device: DeviceInfo, gluon: bool = True, token_tiles: bool = True) -> dict:
     """64 < M <= 512. On Hopper, narrow weights from MID_LONG_K first take Gluon 64 x 128 tiles split over K
-    (_narrow_long_k); then swapped token tiles for narrow weights (token_tile_config; from LONG_K_GLUON_SPLIT_MIN_K, where they run whole,
-    _long_k_gluon_split's Gluon tiles split over K); then the Gluon variant's tiles where they
+    (_narrow_long_k); then swapped token tiles for narrow weights (token_tile_config; from
+    LONG_K_GLUON_SPLIT_MIN_K, where they run whole, _long_k_gluon_split's Gluon tiles split over K); then the Gluon variant's tiles where they
     fill the SMs (_mid_gluon_config); after the
     one-wave TMA tiles (for narrow weights from fewer SMs: _narrow_one_wave), Gluon tiles that fill fewer of them
     (MID_GLUON_FEW_FILL; below MID_LONG_K the one-wave TMA tiles in their place: _wide_one_wave; from
@@ -734,8 +734,9 @@ _TOKEN_TILES = {16: dict(BLOCK_K=128, num_stages=5), 32: dict(BLOCK_K=128, num_s
                 64: dict(BLOCK_K=128, num_stages=4)}
 
 
-# From LONG_K_GLUON_SPLIT_MIN_K, where the token tiles run whole (the 64-token ones split in two would take more than one
-# wave, or K is under TOKEN_TILE_LONG_K), the Gluon 64 x 128 tiles split over K (_narrow_gluon_split) in their place.
+# From LONG_K_GLUON_SPLIT_MIN_K, where the token tiles run whole (the 64-token ones split in two would take more than
+# one wave, or K is under TOKEN_TILE_LONG_K), the Gluon 64 x 128 tiles split over K (_narrow_gluon_split) in their
+# place.
 # Every candidate on Mistral-Nemo's k/v projection (1024 x 5120) at 480 and 512 tokens (H100, CUDA-graph streams,
 # split partials in register order, results/lowest_candidates_2026-12-07f_h100.json): 0.890x / 0.919x of cuBLAS
 # against 0.772x / 0.789x for the whole 64-token tiles. Against the policy without it, on rows drawn from those it

@@ -23,7 +23,6 @@ float64. Medians of 5 interleaved rounds of do_bench medians (gemm_kernels_bench
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import sys
 import tempfile
