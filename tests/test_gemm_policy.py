@@ -11,9 +11,8 @@ from autotile.device import HOPPER_SMEM_PER_BLOCK, DeviceInfo, interpret_device
 from autotile.families.gemm import FAMILY, contiguous_problem
 from autotile.families.gemm_policy import (
     FILL_SMS, LONG_K_GLUON_SPLIT_MIN_K, MID_GLUON_FEW_FILL, MID_GLUON_FILL, MID_LONG_K, MID_SWAPPED_MAX_EMPTY,
-    NARROW_MIN_K, STREAM_MAX_M,
-    TOKEN_TILE_FEW_ROW_READS, TOKEN_TILE_ROW_READS, WIDE_STREAM_MAX_M, prefill_config, programs,
-    regime, tiled_mid_config, token_tile_config, wave_efficiency,
+    NARROW_MIN_K, STREAM_MAX_M, TOKEN_TILE_FEW_ROW_READS, TOKEN_TILE_ROW_READS, WIDE_STREAM_MAX_M, prefill_config,
+    programs, regime, tiled_mid_config, token_tile_config, wave_efficiency,
 )
 from autotile.families.gemm_space import FP8_PRECISE_INTERVAL, SPLIT_K_CHOICES, SPLIT_K_WORKSPACE_LIMIT, tile_count
 from autotile.models import MODELS, TOKEN_BUCKETS, projections

@@ -384,9 +384,8 @@ def _fewer_waves(problem, config: dict, device: DeviceInfo) -> dict:
 def tiled_mid_config(problem, device: DeviceInfo, gluon: bool = True, token_tiles: bool = True) -> dict:
     """64 < M <= 512. On Hopper, narrow weights from MID_LONG_K first take Gluon 64 x 128 tiles split over K
     (_narrow_long_k); then swapped token tiles for narrow weights (token_tile_config; from
-    LONG_K_GLUON_SPLIT_MIN_K, where they run whole, _long_k_gluon_split's Gluon tiles split over K); then the Gluon variant's tiles where they
-    fill the SMs (_mid_gluon_config); after the
-    one-wave TMA tiles (for narrow weights from fewer SMs: _narrow_one_wave), Gluon tiles that fill fewer of them
+    LONG_K_GLUON_SPLIT_MIN_K, where they run whole, _long_k_gluon_split's Gluon tiles split over K); then the Gluon
+    variant's tiles where they fill the SMs (_mid_gluon_config); after the one-wave TMA tiles (for narrow weights from fewer SMs: _narrow_one_wave), Gluon tiles that fill fewer of them
     (MID_GLUON_FEW_FILL; below MID_LONG_K the one-wave TMA tiles in their place: _wide_one_wave; from
     MID_LONG_K split in two where that takes one wave: _long_k_halves); for narrower
     weights, below MID_LONG_K, Gluon 64 x 128 tiles split over K or whole (_narrow_gluon_split).
