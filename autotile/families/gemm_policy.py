@@ -383,12 +383,12 @@ def _fewer_waves(problem, config: dict, device: DeviceInfo) -> dict:
 
 def tiled_mid_config(problem, device: DeviceInfo, gluon: bool = True, token_tiles: bool = True) -> dict:
     """64 < M <= 512. On Hopper, narrow weights from MID_LONG_K first take Gluon 64 x 128 tiles split over K
-    (_narrow_long_k); then swapped token tiles for narrow weights (token_tile_config; from
-    LONG_K_GLUON_SPLIT_MIN_K, where they run whole, _long_k_gluon_split's Gluon tiles split over K); then the Gluon
-    variant's tiles where they fill the SMs (_mid_gluon_config); after the one-wave TMA tiles (for narrow weights
-    from fewer SMs: _narrow_one_wave), Gluon tiles that fill fewer of them (MID_GLUON_FEW_FILL; below MID_LONG_K the one-wave TMA tiles in their place: _wide_one_wave; from
-    MID_LONG_K split in two where that takes one wave: _long_k_halves); for narrower
-    weights, below MID_LONG_K, Gluon 64 x 128 tiles split over K or whole (_narrow_gluon_split).
+    (_narrow_long_k); then swapped token tiles for narrow weights (token_tile_config; from LONG_K_GLUON_SPLIT_MIN_K,
+    where they run whole, _long_k_gluon_split's Gluon tiles split over K); then the Gluon variant's tiles where they
+    fill the SMs (_mid_gluon_config); after the one-wave TMA tiles (for narrow weights from fewer SMs:
+    _narrow_one_wave), Gluon tiles that fill fewer of them (MID_GLUON_FEW_FILL; below MID_LONG_K the one-wave TMA
+    tiles in their place: _wide_one_wave; from MID_LONG_K split in two where that takes one wave: _long_k_halves);
+    for narrower weights, below MID_LONG_K, Gluon 64 x 128 tiles split over K or whole (_narrow_gluon_split).
     Otherwise 16-bit operands, measured at M = 256 on Llama-3-8B and Qwen2.5-7B projections
     (results/gemm_policy_sweep_2026-12-01.md; stream-K tiles, the rule before, reached 0.39-0.59x of cuBLAS):
     128 x 256 tiles on TMA in a persistent loop where they alone fill the GPU (gate_up: 0.77-0.91x); then the
