@@ -5,7 +5,7 @@
 # clamp_tests*_2026-12-07_h100.txt): their tests against float64 and bit for bit, then the two-part tiles timed beside
 # the policy's default and F.linear on narrow, long-K weights at 144-240 tokens, in one device call (~9 min). Usage,
 # from the repository root on the GPU machine: benchmarks/gemm_gated_checks.sh OUT_DIR. Run it again on a new GPU kind
-# or Triton version before trusting the switches there. COALESCED_PARTIALS (off) has its test here too
+# or Triton version before trusting the switches there. COALESCED_PARTIALS (on) has its test here too
 # (test_partials_in_register_order_give_the_row_major_layouts_bits); its timing is gluon_stream_k_diag.py's.
 set -u
 out=$1
