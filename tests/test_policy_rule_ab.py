@@ -102,3 +102,11 @@ def test_defaults_verdict_gives_each_token_count_and_the_lowest_row(bench):
     assert streams.defaults_verdict(rows) == (
         "default / cuBLAS over 3 rows: 0.965x (40: 1.000x, 100: 0.900x); lowest 40x16x8 0.800x")
     assert streams.defaults_verdict([]) == "no row timed"
+
+
+def test_policy_checks_ab_the_rules_this_script_knows(bench):
+    import re
+
+    text = (SCRIPT.parent / "policy_checks.sh").read_text()
+    default = re.search(r"rules=\$\{\*:-([^}]*)\}", text).group(1).split()
+    assert default and set(default) <= set(bench.RULES)
