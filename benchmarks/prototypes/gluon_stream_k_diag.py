@@ -77,8 +77,8 @@ def variants(source: str) -> dict[str, str]:
     sk_first = _swap(source, "def _producer(", WHOLE_TILES, '{% if SCHEDULE == "split_k" %}', "\n\n@gluon.jit")
     sk_first = _swap(sk_first, "def _consumer(WG", WHOLE_TILES, "    rows = gl.arange(0, WG_ROWS",
                      "    tma.store_wait(0)\n")
-    own_call = source[source.index(KEEPING_OWN) + len(KEEPING_OWN) - len("            last = _arrive_keeping_own("):]
-    own_call = own_call[:own_call.index("\n") + 1]
+    start = source.index("            last = _arrive_keeping_own(")
+    own_call = source[start:source.index("\n", start) + 1]
     return {
         "orig": source,
         "nofix": source.replace(STORE, KEEP + "    return -1").replace(own_call, KEEP_OWN),
