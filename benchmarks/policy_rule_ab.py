@@ -4,6 +4,11 @@ Run from the repository root:
     python benchmarks/policy_rule_ab.py --rule _prefill_narrow_wide --plan                # the rows it changes, no GPU
     python benchmarks/policy_rule_ab.py --rule _prefill_narrow_wide --out OUT/ab.json     # ~30 s on an H100
     python benchmarks/policy_rule_ab.py --rule _wide_one_wave --seed 1 --out OUT/oos.json  # other token counts
+    python benchmarks/policy_rule_ab.py --set NARROW_WHOLE_MAX_K=0 --out OUT/refit.json   # a constant refitted
+
+With --set, the policy with gemm_policy's named constants set to the values given (numbers) takes the rule's place
+(labelled the default), against the policy as it is (labelled the rule off): a constant refitted without editing
+the policy first.
 
 Each rule named in RULES returns a config or None, and None hands the problem to the rules after it. For every
 projection of the model table (nn.Linear layout, bf16) at TOKENS, the policy's default is compared with the default
@@ -56,20 +61,63 @@ def rule_off(rule: str):
         setattr(gemm_policy, rule, kept)
 
 
-def changed_rows(rule: str, device, models=None, tokens=TOKENS) -> list:
+@contextmanager
+def constants_set(values: dict[str, float]):
+    """gemm_policy's module constants named in `values` set to them while inside."""
+    kept = {}
+    for name, value in values.items():
+        current = getattr(gemm_policy, name, None)
+        if not name.isupper() or isinstance(current, bool) or not isinstance(current, (int, float)):
+            raise ValueError(f"{name!r} is not a numeric constant of gemm_policy: name one such as NARROW_SPLIT_MAX")
+        kept[name] = current
+    try:
+        for name, value in values.items():
+            setattr(gemm_policy, name, type(kept[name])(value))
+        yield
+    finally:
+        for name, value in kept.items():
+            setattr(gemm_policy, name, value)
+
+
+@contextmanager
+def _as_is():
+    yield
+
+
+def changed_rows(rule: str | dict, device, models=None, tokens=TOKENS) -> list:
     """(problem, default, default without `rule`) for each projection of `models` (all of the table's by default) at
-    `tokens` where the two differ."""
+    `tokens` where the two differ. A dict in place of a rule's name sets those constants (constants_set) for the
+    first config of each row and leaves the second to the policy as it is."""
     shapes = sorted({(p.n, p.k) for name in (models or MODELS) for p in projections(MODELS[name])})
+    if isinstance(rule, dict):
+        first, second = (lambda: constants_set(rule)), _as_is
+    else:
+        first, second = _as_is, (lambda: rule_off(rule))
     rows = []
     for n, k in shapes:
         for m in tokens:
             problem = contiguous_problem(m, n, k, "bf16", "bf16", layout_b="col")
-            with_rule = FAMILY.default_config(problem, device)
-            with rule_off(rule):
+            with first():
+                with_rule = FAMILY.default_config(problem, device)
+            with second():
                 without = FAMILY.default_config(problem, device)
             if with_rule != without:
                 rows.append((problem, with_rule, without))
     return rows
+
+
+def parse_constants(text: str) -> dict[str, float]:
+    """NAME=VALUE[,NAME=VALUE...] -> {NAME: VALUE}."""
+    values = {}
+    for item in text.split(","):
+        name, sep, value = item.partition("=")
+        try:
+            values[name.strip()] = float(value)
+        except ValueError:
+            sep = ""
+        if not sep:
+            raise argparse.ArgumentTypeError(f"{item!r}: write NAME=NUMBER, e.g. NARROW_SPLIT_MAX=4")
+    return values
 
 
 def drawn(rows: list, per_weight: int, seed: int) -> list:
@@ -85,9 +133,9 @@ def drawn(rows: list, per_weight: int, seed: int) -> list:
     return picked
 
 
-def verdict(timed: list[dict]) -> str:
-    """The geometric means of cuBLAS / ours without and with the rule over the rows where both ran (time_shape marks
-    the default's name " [default]"), and the rule's wins."""
+def verdict(timed: list[dict], change: str = "the rule") -> str:
+    """The geometric means of cuBLAS / ours without and with the rule (or `change`) over the rows where both ran
+    (time_shape marks the default's name " [default]"), and its wins."""
     pairs = []
     for row in timed:
         with_rule = [us for name, us in row["us"].items() if name.endswith("[default]")]
@@ -97,14 +145,17 @@ def verdict(timed: list[dict]) -> str:
     if not pairs:
         return "no row timed both configs"
     geomean = lambda xs: math.exp(sum(map(math.log, xs)) / len(xs))  # noqa: E731
-    return (f"{len(pairs)} rows: {geomean([p[0] for p in pairs]):.3f}x of cuBLAS without the rule -> "
-            f"{geomean([p[1] for p in pairs]):.3f}x with it; the rule ahead on {sum(b > a for a, b in pairs)}, "
+    return (f"{len(pairs)} rows: {geomean([p[0] for p in pairs]):.3f}x of cuBLAS without {change} -> "
+            f"{geomean([p[1] for p in pairs]):.3f}x with it; {change} ahead on {sum(b > a for a, b in pairs)}, "
             f"worst pair {min(b / a for a, b in pairs):.3f}x")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rule", required=True, choices=RULES)
+    change = parser.add_mutually_exclusive_group(required=True)
+    change.add_argument("--rule", choices=RULES)
+    change.add_argument("--set", type=parse_constants, metavar="NAME=VALUE[,...]",
+                        help="gemm_policy constants to try against the policy as it is")
     parser.add_argument("--out", type=Path, default=Path("policy_rule_ab.json"))
     parser.add_argument("--models", type=lambda t: t.split(","), help="comma-separated model names (default: all)")
     parser.add_argument("--per-weight", type=int, default=3, help="rows drawn for each weight shape")
@@ -117,10 +168,19 @@ def main() -> int:
     unknown = sorted(set(args.models or ()) - set(MODELS))
     if unknown:
         parser.error(f"unknown model(s) {', '.join(unknown)}: choose from {', '.join(MODELS)}")
+    if args.set is not None:
+        try:
+            with constants_set(args.set):
+                pass
+        except ValueError as error:
+            parser.error(str(error))
+    change = args.set if args.set is not None else args.rule
+    label = args.rule or "set " + ",".join(f"{name}={value:g}" for name, value in args.set.items())
     if args.plan:
-        rows = changed_rows(args.rule, gkb.H200_PLAN, args.models)
+        rows = changed_rows(change, gkb.H200_PLAN, args.models)
         for problem, with_rule, without in drawn(rows, args.per_weight, args.seed):
-            print(f"{problem.m}x{problem.n}x{problem.k}: {gkb.short(with_rule)} (without: {gkb.short(without)})")
+            print(f"{problem.m}x{problem.n}x{problem.k}: {gkb.short(with_rule)} "
+                  f"({'without' if args.rule else 'as is'}: {gkb.short(without)})")
         print(f"{len(rows)} rows changed; {args.per_weight} drawn per weight shape")
         return 0
 
@@ -129,13 +189,13 @@ def main() -> int:
         return 2
     started = time.monotonic()
     plans = [(problem, {with_rule: WITH, without: WITHOUT}) for problem, with_rule, without
-             in drawn(changed_rows(args.rule, device, args.models), args.per_weight, args.seed)]
+             in drawn(changed_rows(change, device, args.models), args.per_weight, args.seed)]
     if not plans:
-        print(f"{args.rule} changes no default on this GPU")
+        print(f"{label} changes no default on this GPU")
         return 0
-    status = time_plans(plans, args.rounds, args.budget_s, args.out, args.workers, started, rule=args.rule,
+    status = time_plans(plans, args.rounds, args.budget_s, args.out, args.workers, started, rule=label,
                         seed=args.seed)
-    print(verdict(json.loads(args.out.read_text())["rows"]))
+    print(verdict(json.loads(args.out.read_text())["rows"], "the rule" if args.rule else "the change"))
     return status
 
 

@@ -110,3 +110,21 @@ def test_policy_checks_ab_the_rules_this_script_knows(bench):
     text = (SCRIPT.parent / "policy_checks.sh").read_text()
     default = re.search(r"rules=\$\{\*:-([^}]*)\}", text).group(1).split()
     assert default and set(default) <= set(bench.RULES)
+
+
+def test_constants_set_refit_the_policy_and_come_back(bench):
+    kept = gemm_policy.NARROW_SPLIT_MAX
+    rows = bench.changed_rows({"NARROW_SPLIT_MAX": 4}, H200, ["llama3-8b"], tokens=(137, 161, 193, 300))
+    assert gemm_policy.NARROW_SPLIT_MAX == kept == 3
+    assert rows and all(with_set["SPLIT_K"] == 4 and as_is["SPLIT_K"] == 3 for _, with_set, as_is in rows)
+    with pytest.raises(ValueError, match="numeric constant"):
+        with bench.constants_set({"NARROW_SPLIT_MAX": 4, "regime": 1}):
+            pass
+    assert gemm_policy.NARROW_SPLIT_MAX == kept
+    assert bench.parse_constants("NARROW_SPLIT_MAX=4,MID_LONG_K=4096") == {"NARROW_SPLIT_MAX": 4.0, "MID_LONG_K": 4096.0}
+    import argparse
+
+    with pytest.raises(argparse.ArgumentTypeError, match="NAME=NUMBER"):
+        bench.parse_constants("NARROW_SPLIT_MAX")
+    timed = [{"cuBLAS_us": 10.0, "us": {"a [default]": 10.0, "b": 12.5}}]
+    assert "without the change -> 1.000x with it; the change ahead on 1" in bench.verdict(timed, "the change")
