@@ -4,7 +4,7 @@ Run from the repository root:
     python benchmarks/policy_rule_ab.py --rule _prefill_narrow_wide --plan                # the rows it changes, no GPU
     python benchmarks/policy_rule_ab.py --rule _prefill_narrow_wide --out OUT/ab.json     # ~30 s on an H100
     python benchmarks/policy_rule_ab.py --rule _wide_one_wave --seed 1 --out OUT/oos.json  # other token counts
-    python benchmarks/policy_rule_ab.py --set NARROW_WHOLE_MAX_K=0 --out OUT/refit.json   # a constant refitted
+    python benchmarks/policy_rule_ab.py --set NARROW_SPLIT_MAX=4 --out OUT/refit.json     # a constant refitted
 
 With --set, the policy with gemm_policy's named constants set to the values given (numbers) takes the rule's place
 (labelled the default), against the policy as it is (labelled the rule off): a constant refitted without editing
@@ -27,7 +27,7 @@ import math
 import random
 import sys
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent.parent)]
@@ -41,8 +41,7 @@ from autotile.models import MODELS, projections  # noqa: E402
 
 # The policy's rules that return None where they do not apply, handing the problem to the rules after them.
 RULES = ("_wide_one_wave", "_prefill_narrow_wide", "_narrow_one_wave", "_one_wave_split", "few_tokens_config",
-         "token_tile_config", "_narrow_gluon_split", "_long_k_gluon_split",
-         "_prefill_narrow_tma")
+         "token_tile_config", "_narrow_gluon_split", "_long_k_gluon_split", "_prefill_narrow_tma")
 # Token counts compared: every 8 up to 2048 (decode steps and prefill chunks), every 64 to 8192.
 TOKENS = tuple(range(1, 2048, 8)) + tuple(range(2048, 8193, 64))
 WITH, WITHOUT = "default", "rule off"  # origins (decode_stream_candidates.time_shape labels the default)
@@ -61,15 +60,18 @@ def rule_off(rule: str):
         setattr(gemm_policy, rule, kept)
 
 
+def policy_constant(name: str) -> int | float:
+    """gemm_policy's numeric module constant `name`; ValueError for any other name."""
+    value = getattr(gemm_policy, name, None)
+    if not name.isupper() or isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name!r} is not a numeric constant of gemm_policy: name one such as NARROW_SPLIT_MAX")
+    return value
+
+
 @contextmanager
 def constants_set(values: dict[str, float]):
     """gemm_policy's module constants named in `values` set to them while inside."""
-    kept = {}
-    for name, value in values.items():
-        current = getattr(gemm_policy, name, None)
-        if not name.isupper() or isinstance(current, bool) or not isinstance(current, (int, float)):
-            raise ValueError(f"{name!r} is not a numeric constant of gemm_policy: name one such as NARROW_SPLIT_MAX")
-        kept[name] = current
+    kept = {name: policy_constant(name) for name in values}
     try:
         for name, value in values.items():
             setattr(gemm_policy, name, type(kept[name])(value))
@@ -79,20 +81,15 @@ def constants_set(values: dict[str, float]):
             setattr(gemm_policy, name, value)
 
 
-@contextmanager
-def _as_is():
-    yield
-
-
 def changed_rows(rule: str | dict, device, models=None, tokens=TOKENS) -> list:
     """(problem, default, default without `rule`) for each projection of `models` (all of the table's by default) at
     `tokens` where the two differ. A dict in place of a rule's name sets those constants (constants_set) for the
     first config of each row and leaves the second to the policy as it is."""
     shapes = sorted({(p.n, p.k) for name in (models or MODELS) for p in projections(MODELS[name])})
     if isinstance(rule, dict):
-        first, second = (lambda: constants_set(rule)), _as_is
+        first, second = (lambda: constants_set(rule)), nullcontext
     else:
-        first, second = _as_is, (lambda: rule_off(rule))
+        first, second = nullcontext, (lambda: rule_off(rule))
     rows = []
     for n, k in shapes:
         for m in tokens:
@@ -107,7 +104,7 @@ def changed_rows(rule: str | dict, device, models=None, tokens=TOKENS) -> list:
 
 
 def parse_constants(text: str) -> dict[str, float]:
-    """NAME=VALUE[,NAME=VALUE...] -> {NAME: VALUE}."""
+    """NAME=VALUE[,NAME=VALUE...] -> {NAME: VALUE}, each NAME a constant of gemm_policy (policy_constant)."""
     values = {}
     for item in text.split(","):
         name, sep, value = item.partition("=")
@@ -117,6 +114,10 @@ def parse_constants(text: str) -> dict[str, float]:
             sep = ""
         if not sep:
             raise argparse.ArgumentTypeError(f"{item!r}: write NAME=NUMBER, e.g. NARROW_SPLIT_MAX=4")
+        try:
+            policy_constant(name.strip())
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
     return values
 
 
@@ -168,12 +169,6 @@ def main() -> int:
     unknown = sorted(set(args.models or ()) - set(MODELS))
     if unknown:
         parser.error(f"unknown model(s) {', '.join(unknown)}: choose from {', '.join(MODELS)}")
-    if args.set is not None:
-        try:
-            with constants_set(args.set):
-                pass
-        except ValueError as error:
-            parser.error(str(error))
     change = args.set if args.set is not None else args.rule
     label = args.rule or "set " + ",".join(f"{name}={value:g}" for name, value in args.set.items())
     if args.plan:
