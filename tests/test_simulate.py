@@ -103,9 +103,10 @@ def test_table_from_an_autotile_database(tmp_path):
 
 @pytest.fixture(scope="module")
 def tuned(table):
-    """(result, the configs evaluated in order, seed) of a 35-trial simulated study: the first seed from 1 whose TPE
-    proposals leave the table at least once (which seeds do depends on the space's axes), shared by the tests below."""
-    for seed in range(1, 40):
+    """(result, the configs evaluated in order, seed) of a 35-trial simulated study: a seed whose TPE proposals leave
+    the table at least once (which seeds do depends on the space's axes), shared by the tests below. Seeds 1-35 did
+    not when it was written; trying 36 first saves their ~35 s, and the others are still tried if the space changes."""
+    for seed in (36, *range(1, 36), *range(37, 40)):
         evaluated = []
         # 35 trials: the first 19 are the default and the seeds, answered from the table before TPE proposes.
         result = tune_problem(FAMILY, PROBLEM, H200, trials=35, seed=seed, simulate=table, warm_start=False,
