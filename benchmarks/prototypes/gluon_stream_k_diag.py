@@ -14,11 +14,18 @@ through the family's own plans:
   - skfirst: each program runs its stream-K (or split) share before its whole tiles, as CUTLASS orders them;
   - rowmajor: partials in row-major order (the template's COALESCED_PARTIALS switch, off);
   - storeown: split_k's last contributor stores its own partial and loads it back, as the others' (the template
-    before it kept its own sum).
-nofix and noreduce give wrong results on purpose (timing only); those in CHECKED are checked against F.linear in
+    before it kept its own sum);
+  - splitnoload: split_k's last contributor waits for the others' stores as orig does, then finishes from its own
+    sum (no partial loads): orig minus this is what the loads cost, this minus nofix what the counting, the wait
+    for the slowest contributor and the split tiles' epilogue cost;
+  - splitnowait: split_k's last contributor loads the partials as soon as it knows it is last, without waiting for
+    the others' stores (orig minus this: the wait alone).
+nofix, noreduce, splitnoload and splitnowait give wrong results on purpose (timing only); those in CHECKED are
+checked against F.linear in
 float64. Medians of 5 interleaved rounds of do_bench medians (gemm_kernels_bench.interleaved), L2 not flushed.
 
-    PYTHONPATH=. python benchmarks/prototypes/gluon_stream_k_diag.py OUT_DIR [VARIANT,...]   # default: all
+    PYTHONPATH=. python benchmarks/prototypes/gluon_stream_k_diag.py OUT_DIR [VARIANT,... [SCHEDULE,...]]
+    (default: every variant and schedule; each kernel compiles for several seconds, so name few where time counts)
 """
 from __future__ import annotations
 
@@ -60,6 +67,10 @@ OWN_TERM = "                    if j == u // rest:\n"
 KEEP_OWN = ("            gl.store(_partials(ws_ptr, u, offsets, BLOCK_M * BLOCK_N), acc, mask=offsets + u < 0)\n"
             "            last = sk_iters < 0\n")  # never, but not known while compiling
 WHOLE_TILES = "    for tile in range(gl.program_id(0), dp_tiles, gl.num_programs(0)):\n"
+# split_k's loads of the other contributors' partials (up to 128 columns), and the last one's wait for their stores.
+SPLIT_LOAD = ("total += gl.load(_partials(ws_ptr, j * rest + r, offsets, BLOCK_M * BLOCK_N),\n"
+              "                                         mask=j < sk_iters, other=0.0, cache_modifier=\".cg\")")
+SPLIT_WAIT = "        while stored < contributors - 1:\n"
 
 
 def _swap(text: str, function: str, first: str, second: str, end: str) -> str:
@@ -72,7 +83,8 @@ def _swap(text: str, function: str, first: str, second: str, end: str) -> str:
 
 
 def variants(source: str) -> dict[str, str]:
-    assert all(anchor in source for anchor in (STORE, REDUCE_LOAD, COALESCED_SWITCH, KEEPING_OWN, OWN_TERM)), \
+    anchors = (STORE, REDUCE_LOAD, COALESCED_SWITCH, KEEPING_OWN, OWN_TERM, SPLIT_LOAD, SPLIT_WAIT)
+    assert all(anchor in source for anchor in anchors), \
         "the template's fix-up moved: update this prototype"
     sk_first = _swap(source, "def _producer(", WHOLE_TILES, '{% if SCHEDULE == "split_k" %}', "\n\n@gluon.jit")
     sk_first = _swap(sk_first, "def _consumer(WG", WHOLE_TILES, "    rows = gl.arange(0, WG_ROWS",
@@ -87,6 +99,8 @@ def variants(source: str) -> dict[str, str]:
         "rowmajor": source.replace(COALESCED_SWITCH, "{% if false %}"),
         "storeown": source.replace(KEEPING_OWN, KEEPING_OWN.replace("<= 128", "< 0")).replace(
             OWN_TERM, OWN_TERM.replace("j == u // rest", "j < 0")),
+        "splitnoload": source.replace(SPLIT_LOAD, "total += acc"),
+        "splitnowait": source.replace(SPLIT_WAIT, SPLIT_WAIT.replace("contributors - 1", "0")),
     }
 
 
@@ -104,9 +118,12 @@ SCHEDULES = {"dp": dict(), "sk": dict(SCHEDULE="stream_k"), "split2": dict(SCHED
              "sk256": dict(SCHEDULE="stream_k", BLOCK_N=256, num_stages=3)}
 
 
-def configs(problem) -> dict[str, Config]:
+def configs(problem, schedules: list[str] | None = None) -> dict[str, Config]:
+    unknown = set(schedules or ()) - set(SCHEDULES)
+    if unknown:
+        raise SystemExit(f"no schedule {sorted(unknown)}: pick from {sorted(SCHEDULES)}")
     return {name: Config(gluon_config(problem, **dict(dict(BLOCK_K=64, num_stages=5), **values)))
-            for name, values in SCHEDULES.items()}
+            for name, values in SCHEDULES.items() if not schedules or name in schedules}
 
 
 def selected(names, only: list[str] | None) -> list[str]:
@@ -117,7 +134,7 @@ def selected(names, only: list[str] | None) -> list[str]:
     return [name for name in names if not only or name in only or name == "orig"]
 
 
-def main(out: Path, only: list[str] | None = None) -> None:
+def main(out: Path, only: list[str] | None = None, schedules: list[str] | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="stream_k_diag_"))
     folders = {}
@@ -137,7 +154,7 @@ def main(out: Path, only: list[str] | None = None) -> None:
         errors = {}
         for variant, folder in folders.items():
             use_template(folder)
-            for name, config in configs(problem).items():
+            for name, config in configs(problem, schedules).items():
                 if variant != "orig" and name == "dp":  # the variants change the split tiles' path only
                     continue
                 c = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
@@ -159,4 +176,4 @@ def main(out: Path, only: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), sys.argv[2].split(",") if len(sys.argv) > 2 else None)
+    main(Path(sys.argv[1]), *(arg.split(",") for arg in sys.argv[2:4]))
