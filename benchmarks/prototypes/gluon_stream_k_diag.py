@@ -48,7 +48,9 @@ from autotile.resources import templates_dir  # noqa: E402
 from autotile.space import Config  # noqa: E402
 
 TEMPLATE = "gemm_gluon_ws.py.j2"
-SHAPES = [(576, 2560, 4096), (1536, 3584, 3584), (1024, 512, 3584)]
+# (128, 4096, 4096): a batched decode step's square projection, 32 whole tiles (a quarter of the SMs) or 128 split
+# ones, where the fix-up decides whether splitting pays.
+SHAPES = [(576, 2560, 4096), (1536, 3584, 3584), (1024, 512, 3584), (128, 4096, 4096)]
 CHECKED = ("orig", "skfirst", "rowmajor", "storeown")
 
 STORE = ("    gl.store(_partials(ws_ptr, slot, offsets, TILE), acc)\n    gl.thread_barrier()\n"
