@@ -21,8 +21,8 @@ through the family's own plans:
   - splitnowait: split_k's last contributor loads the partials as soon as it knows it is last, without waiting for
     the others' stores (orig minus this: the wait alone).
 nofix, noreduce, splitnoload and splitnowait give wrong results on purpose (timing only); those in CHECKED are
-checked against F.linear in
-float64. Medians of 5 interleaved rounds of do_bench medians (gemm_kernels_bench.interleaved), L2 not flushed.
+checked against F.linear in float64. Medians of 5 interleaved rounds of do_bench medians
+(gemm_kernels_bench.interleaved), L2 not flushed.
 
     PYTHONPATH=. python benchmarks/prototypes/gluon_stream_k_diag.py OUT_DIR [VARIANT,... [SCHEDULE,...]]
     (default: every variant and schedule; each kernel compiles for several seconds, so name few where time counts)
