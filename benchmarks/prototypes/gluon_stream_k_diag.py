@@ -121,9 +121,6 @@ SCHEDULES = {"dp": dict(), "sk": dict(SCHEDULE="stream_k"), "split2": dict(SCHED
 
 
 def configs(problem, schedules: list[str] | None = None) -> dict[str, Config]:
-    unknown = set(schedules or ()) - set(SCHEDULES)
-    if unknown:
-        raise SystemExit(f"no schedule {sorted(unknown)}: pick from {sorted(SCHEDULES)}")
     return {name: Config(gluon_config(problem, **dict(dict(BLOCK_K=64, num_stages=5), **values)))
             for name, values in SCHEDULES.items() if not schedules or name in schedules}
 
@@ -137,6 +134,9 @@ def selected(names, only: list[str] | None) -> list[str]:
 
 
 def main(out: Path, only: list[str] | None = None, schedules: list[str] | None = None) -> None:
+    unknown = set(schedules or ()) - set(SCHEDULES)
+    if unknown:  # checked once, before anything compiles
+        raise SystemExit(f"no schedule {sorted(unknown)}: pick from {sorted(SCHEDULES)}")
     out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="stream_k_diag_"))
     folders = {}
