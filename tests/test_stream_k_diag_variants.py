@@ -101,7 +101,7 @@ def test_selected_names_known_variants(variants):
 # Variants compiled for sm90 in a child process (compile_child): rendering and parsing do not catch a variant that
 # Triton rejects (a split tile whose `last` was a plain False failed in LLVM's lowering), and a GPU call is too dear
 # to find it. Split 4 ways, 128 x 128, on the shape the diag times.
-COMPILED = ("nofix", "storeown", "rowmajor", "splitnoload", "splitnowait")
+COMPILED = ("nofix", "storeown", "rowmajor", "splitnoload", "splitnowait", "splitowned")
 
 
 def _compiled_variants() -> list:

@@ -19,7 +19,11 @@ through the family's own plans:
     sum (no partial loads): orig minus this is what the loads cost, this minus nofix what the counting, the wait
     for the slowest contributor and the split tiles' epilogue cost;
   - splitnowait: split_k's last contributor loads the partials as soon as it knows it is last, without waiting for
-    the others' stores (orig minus this: the wait alone).
+    the others' stores (orig minus this: the wait alone);
+  - splitowned: each warpgroup's rows of a split tile have a fixed owner, split (WG % splits), which waits for the
+    others' stores of those rows and finishes them: with two warpgroups, two SMs share a tile's loads and epilogue
+    where the last to arrive did all of them. Only where each program runs one split at most (a program waiting as
+    owner would otherwise block the splits it runs later, which its peers may wait for); elsewhere as orig.
 nofix, noreduce, splitnoload and splitnowait give wrong results on purpose (timing only); those in CHECKED are
 checked against F.linear in float64. Medians of 5 interleaved rounds of do_bench medians
 (gemm_kernels_bench.interleaved), L2 not flushed.
@@ -51,7 +55,7 @@ TEMPLATE = "gemm_gluon_ws.py.j2"
 # (128, 4096, 4096): a batched decode step's square projection, 32 whole tiles (a quarter of the SMs) or 128 split
 # ones, where the fix-up decides whether splitting pays.
 SHAPES = [(576, 2560, 4096), (1536, 3584, 3584), (1024, 512, 3584), (128, 4096, 4096)]
-CHECKED = ("orig", "skfirst", "rowmajor", "storeown")
+CHECKED = ("orig", "skfirst", "rowmajor", "storeown", "splitowned")
 
 STORE = ("    gl.store(_partials(ws_ptr, slot, offsets, TILE), acc)\n    gl.thread_barrier()\n"
          "    return gl.atomic_add(counter, 1, sem=\"acq_rel\", scope=\"gpu\")")
@@ -73,6 +77,23 @@ WHOLE_TILES = "    for tile in range(gl.program_id(0), dp_tiles, gl.num_programs
 SPLIT_LOAD = ("total += gl.load(_partials(ws_ptr, j * rest + r, offsets, BLOCK_M * BLOCK_N),\n"
               "                                         mask=j < sk_iters, other=0.0, cache_modifier=\".cg\")")
 SPLIT_WAIT = "        while stored < contributors - 1:\n"
+CONSUMER = "@gluon.jit\ndef _consumer(WG"
+ARRIVE_OWNING = """@gluon.jit
+def _arrive_owning(ws_ptr, slot, offsets, acc, counter, owner, contributors, TILE: gl.constexpr):
+    # The owner of these rows waits for the other contributors' stores (the counter counts them, release); the others
+    # store their partials and count. Whether this contributor is the owner.
+    if owner:
+        stored = gl.atomic_add(counter, 0, sem="acquire", scope="gpu")
+        while stored < contributors - 1:
+            stored = gl.atomic_add(counter, 0, sem="acquire", scope="gpu")
+    else:
+        gl.store(_partials(ws_ptr, slot, offsets, TILE), acc)
+        gl.thread_barrier()
+        gl.atomic_add(counter, 1, sem="release", scope="gpu")
+    return owner
+
+
+"""
 
 
 def _swap(text: str, function: str, first: str, second: str, end: str) -> str:
@@ -85,7 +106,7 @@ def _swap(text: str, function: str, first: str, second: str, end: str) -> str:
 
 
 def variants(source: str) -> dict[str, str]:
-    anchors = (STORE, REDUCE_LOAD, COALESCED_SWITCH, KEEPING_OWN, OWN_TERM, SPLIT_LOAD, SPLIT_WAIT)
+    anchors = (STORE, REDUCE_LOAD, COALESCED_SWITCH, KEEPING_OWN, OWN_TERM, SPLIT_LOAD, SPLIT_WAIT, CONSUMER)
     assert all(anchor in source for anchor in anchors), \
         "the template's fix-up moved: update this prototype"
     sk_first = _swap(source, "def _producer(", WHOLE_TILES, '{% if SCHEDULE == "split_k" %}', "\n\n@gluon.jit")
@@ -93,6 +114,10 @@ def variants(source: str) -> dict[str, str]:
                      "    tma.store_wait(0)\n")
     start = source.index("            last = _arrive_keeping_own(")
     own_call = source[start:source.index("\n", start) + 1]
+    owned_call = ("            if sk_programs <= gl.num_programs(0):\n"
+                  "                last = _arrive_owning(ws_ptr, u, offsets, acc, counter, u // rest == WG % sk_iters,"
+                  " sk_iters, BLOCK_M * BLOCK_N)\n"
+                  "            else:\n    " + own_call)
     return {
         "orig": source,
         "nofix": source.replace(STORE, KEEP + "    return -1").replace(own_call, KEEP_OWN),
@@ -103,6 +128,7 @@ def variants(source: str) -> dict[str, str]:
             OWN_TERM, OWN_TERM.replace("j == u // rest", "j < 0")),
         "splitnoload": source.replace(SPLIT_LOAD, "total += acc"),
         "splitnowait": source.replace(SPLIT_WAIT, SPLIT_WAIT.replace("contributors - 1", "0")),
+        "splitowned": source.replace(CONSUMER, ARRIVE_OWNING + CONSUMER, 1).replace(own_call, owned_call),
     }
 
 
