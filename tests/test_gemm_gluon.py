@@ -70,7 +70,8 @@ def _launch_geometry(schedule: str = "stream_k", SWAP_AB: bool = False):
     switches = dict(VARIANT="gluon_ws", SCHEDULE=schedule, SWAP_AB=SWAP_AB, EPILOGUE_SUBTILE=False, HAS_BIAS=False,
                     HAS_RESIDUAL=False, ACTIVATION="none", SCALES="none", FP8_PROMOTE=False, A_COL=False, B_COL=True,
                     EVEN_N=False, EVEN_K=False, STREAM_B=False, INPUT_PRECISION="", INDEX_64=False, UPCAST_DOTS=False,
-                    WIDE_N=False, CLAMP_ROWS=True, CLAMP_COLS=True, COALESCED_PARTIALS=False)
+                    WIDE_N=False, CLAMP_ROWS=True, CLAMP_COLS=True, COALESCED_PARTIALS=False,
+                    OWNED_SPLITS=False)
     source = render_source(FAMILY.template, **switches)
     host = source[source.index("def launch_geometry"):source.index("def kernel_args")]
     namespace: dict = {}
@@ -285,6 +286,13 @@ CASES = [
      dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_stages=5, COALESCED_PARTIALS=False)),
     (dict(m=300, n=2560, k=10240, dtype="bf16", out_dtype="bf16", layout_b="col"),
      dict(BLOCK_M=128, BLOCK_N=192, BLOCK_K=64, num_stages=4, SCHEDULE="split_k", SPLIT_K=3, COALESCED_PARTIALS=False)),
+    # Split tiles finished by fixed owners (gemm_space.OWNED_SPLITS, off by default): two warpgroups and one, with an
+    # epilogue.
+    (dict(m=1024, n=512, k=3584, dtype="bf16", out_dtype="bf16", layout_b="col", bias=True, activation="silu"),
+     dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_stages=5, SCHEDULE="split_k", SPLIT_K=4, OWNED_SPLITS=True)),
+    (dict(m=100, n=3072, k=3072, dtype="bf16", out_dtype="bf16", layout_b="col"),
+     dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, num_stages=5, SCHEDULE="split_k", SPLIT_K=2, SWAP_AB=True, GROUP_M=1,
+          OWNED_SPLITS=True)),
 ]
 
 
@@ -294,8 +302,9 @@ def _compile_case(case) -> dict:
 
     problem, tiles = case
     tiles = dict(tiles)
-    default = gemm_space.COALESCED_PARTIALS
-    gemm_space.COALESCED_PARTIALS = tiles.pop("COALESCED_PARTIALS", default)
+    default = gemm_space.COALESCED_PARTIALS, gemm_space.OWNED_SPLITS
+    gemm_space.COALESCED_PARTIALS = tiles.pop("COALESCED_PARTIALS", default[0])
+    gemm_space.OWNED_SPLITS = tiles.pop("OWNED_SPLITS", default[1])
     try:
         p = contiguous_problem(**problem)
         config = dict(dict(VARIANT="gluon_ws", SCHEDULE="stream_k", SPLIT_K=1, PERSISTENT=False,
@@ -304,7 +313,8 @@ def _compile_case(case) -> dict:
         feasible = FAMILY.space(p, H200).admit(config) is not None
         kernels = compile_config(FAMILY, p, config, H200)
     finally:
-        gemm_space.COALESCED_PARTIALS = default  # the worker process compiles other cases after this one
+        # the worker process compiles other cases after this one
+        gemm_space.COALESCED_PARTIALS, gemm_space.OWNED_SPLITS = default
     return dict(feasible=feasible, kernels=[(k.name, k.shared, k.registers, k.stack, list(k.ptx_features),
                                              k.global_scratch) for k in kernels])
 

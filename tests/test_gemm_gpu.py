@@ -197,6 +197,42 @@ def test_partials_in_register_order_give_the_row_major_layouts_bits(problem, mon
         assert torch.equal(off, on), f"{name}: the register-order partials changed the result"
 
 
+
+@pytest.mark.parametrize("problem", [
+    contiguous_problem(1024, 512, 3584, "bf16", "bf16", layout_b="col", bias=True, activation="silu"),
+    contiguous_problem(100, 3072, 3080, "bf16", "bf16", layout_b="col"),
+    contiguous_problem(300, 2600, 4104, "fp16", "fp16", layout_b="row", residual=True),
+], ids=["bf16-128x128", "bf16-swapped", "fp16-b-row"])
+def test_owned_splits_give_the_last_arrivals_bits(problem, monkeypatch):
+    """gemm_space.OWNED_SPLITS changes which contributor finishes a split tile's rows, not what is summed or in which
+    order: split-K 2, 3 and 4 ways, in tiles of two warpgroups and of one, swapped and not, where each program runs
+    one split and (fp16-b-row, 4 ways) where programs run several and the template keeps the last arrival's
+    protocol, give the same bits with it on as off, match float64 and repeat (the counters start from zero again)."""
+    from autotile.families import gemm_launch
+
+    device = cuda_device(0)
+    inputs = FAMILY.make_inputs(problem, device, seed=11)
+    expected = FAMILY.reference(problem, inputs)
+    feasible = [c for c in FAMILY.space(problem, device).feasible() if c["VARIANT"] == "gluon_ws"
+                and c["SCHEDULE"] == "split_k" and c["BLOCK_N"] <= 128 and c["BLOCK_K"] == 64]
+    wanted = [(128, 128, False, 4), (128, 128, False, 2), (64, 128, False, 3), (64, 128, True, 2)]
+    configs = {}
+    for c in feasible:
+        key = (c["BLOCK_M"], c["BLOCK_N"], c["SWAP_AB"], c["SPLIT_K"])
+        if key in wanted:
+            configs[key] = max(configs.get(key, c), c, key=lambda x: (x["GROUP_M"], x["num_stages"]))
+    assert len(configs) >= 3, sorted(configs)
+    results = {}
+    for on in (False, True):
+        monkeypatch.setattr(gemm_space, "OWNED_SPLITS", on)
+        gemm_launch.launch_plan.cache_clear()  # the plans render the template once
+        for config in configs.values():
+            results.setdefault(config.to_json(), []).append(
+                assert_right_and_repeatable(problem, config, inputs, expected, runs=2))
+    gemm_launch.launch_plan.cache_clear()
+    for name, (off, on) in results.items():
+        assert torch.equal(off, on), f"{name}: owned splits changed the result"
+
 GLUON_PROBLEMS = [
     contiguous_problem(77, 1000, 784, "bf16", "bf16", layout_b="row", bias=True, activation="gelu", residual=True),
     contiguous_problem(513, 4104, 2056, "fp16", "fp16", layout_b="col", activation="silu"),

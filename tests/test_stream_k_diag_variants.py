@@ -48,6 +48,12 @@ def test_each_variant_renders_to_python(variants, schedule):
         ast.parse(render(text, configs[schedule]))
 
 
+def test_splitowned_renders_the_owners_protocol(variants):
+    _, changed, configs = variants
+    assert "_arrive_owning(" in render(changed["splitowned"], configs["split2"])
+    assert "_arrive_owning(" not in render(changed["orig"], configs["split2"])
+
+
 def test_skfirst_runs_the_split_share_before_the_whole_tiles(variants):
     _, changed, configs = variants
     source = render(changed["skfirst"], configs["sk"])
@@ -80,10 +86,11 @@ def test_register_order_covers_each_warpgroups_slot_once(width):
 
 
 def test_storeown_and_nofix_leave_the_own_sum_protocol(variants):
+    import gluon_stream_k_diag as diag
+
     _, changed, _ = variants
-    for name in ("storeown", "nofix"):
-        text = changed[name]
-        assert "if BLOCK_N <= 128:\n            last = _arrive_keeping_own(" not in text, name
+    assert diag.KEEPING_OWN not in changed["storeown"]
+    assert "{% else %}\n            last = _arrive_keeping_own(" not in changed["nofix"]
     assert "if j == u // rest:" not in changed["storeown"]
     assert "mask=offsets + u < 0" in changed["nofix"], "nofix keeps the split tiles' MMA work live"
 

@@ -31,7 +31,7 @@ from autotile.families.gemm_launch import bind_gemm, launch_plan, run_plan
 from autotile.families.gemm_policy import preferred_config, seed_variations
 from autotile.families.gemm_space import (FP8_PRECISE_INTERVAL, GLUON_TWO_PART, GLUON_WS, SCALE_BLOCK,
                                           clamps_col_tiles, clamps_row_tiles, coalesced_partials, gemm_space,
-                                          gluon_swapped, gluon_tile_cols)
+                                          gluon_swapped, gluon_tile_cols, owned_splits)
 from autotile.layouts import base_aligned
 from autotile.space import Config, Space
 
@@ -501,7 +501,7 @@ class GemmFamily(Family):
             INDEX_64=index_64, UPCAST_DOTS=False,
             WIDE_N=config["VARIANT"] == GLUON_WS and gluon_tile_cols(config) in GLUON_TWO_PART,
             CLAMP_ROWS=clamps_row_tiles(config), CLAMP_COLS=clamps_col_tiles(config),
-            COALESCED_PARTIALS=coalesced_partials(config),
+            COALESCED_PARTIALS=coalesced_partials(config), OWNED_SPLITS=owned_splits(config),
         )
 
     def launch(self, problem: GemmProblem, config: Config, inputs: Tensors, outputs: Tensors) -> None:

@@ -63,6 +63,10 @@ CLAMPED_VARIANTS = (GLUON_WS, "tma")
 # 1536 x 3584 x 3584 split 4 91.2 -> 79.0, stream-K 76.6 -> 71.5, 576 x 2560 x 4096 stream-K 128 x 256 63.9 -> 48.8;
 # register_order_tests_2026-12-07f_h100.txt).
 COALESCED_PARTIALS = True
+# Split gluon_ws tiles up to 128 columns finished by fixed owners, one per warpgroup's rows (gemm_gluon_ws.py.j2,
+# _arrive_owning), where each program runs one split at most: two SMs then share a tile's partial loads and epilogue,
+# where the last split to arrive did both alone. Off until timed on a GPU (gluon_stream_k_diag.py, splitowned).
+OWNED_SPLITS = False
 GLUON_WG_ROWS = 64
 # Swapped gluon_ws tiles (C^T = W X^T) put the tokens on wgmma's N side, in tiles of any of these (BLOCK_M; the wide
 # ones held in two parts as above), over 64 or 128 weight rows (BLOCK_N): a prefill chunk's M is then cut in tiles
@@ -218,6 +222,11 @@ def gluon_swap_fits(problem) -> bool:
 def coalesced_partials(c: Config) -> bool:
     """Whether `c`'s split tiles lay their partials out in register order (COALESCED_PARTIALS: gluon_ws only)."""
     return COALESCED_PARTIALS and c["VARIANT"] == GLUON_WS
+
+
+def owned_splits(c: Config) -> bool:
+    """Whether `c`'s split tiles are finished by fixed owners (OWNED_SPLITS: gluon_ws split_k only)."""
+    return OWNED_SPLITS and c["VARIANT"] == GLUON_WS and c["SCHEDULE"] == "split_k"
 
 
 def clamps_row_tiles(c: Mapping) -> bool:

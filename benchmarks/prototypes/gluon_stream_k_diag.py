@@ -21,9 +21,9 @@ through the family's own plans:
   - splitnowait: split_k's last contributor loads the partials as soon as it knows it is last, without waiting for
     the others' stores (orig minus this: the wait alone);
   - splitowned: each warpgroup's rows of a split tile have a fixed owner, split (WG % splits), which waits for the
-    others' stores of those rows and finishes them: with two warpgroups, two SMs share a tile's loads and epilogue
-    where the last to arrive did all of them. Only where each program runs one split at most (a program waiting as
-    owner would otherwise block the splits it runs later, which its peers may wait for); elsewhere as orig.
+    others' stores of those rows and finishes them (the template's OWNED_SPLITS switch, on): with two warpgroups,
+    two SMs share a tile's loads and epilogue where the last to arrive did both. Only where each program runs one
+    split at most; elsewhere as orig.
 nofix, noreduce, splitnoload and splitnowait give wrong results on purpose (timing only); those in CHECKED are
 checked against F.linear in float64. Medians of 5 interleaved rounds of do_bench medians
 (gemm_kernels_bench.interleaved), L2 not flushed.
@@ -68,7 +68,7 @@ REDUCE_LOAD = ("total += gl.load(_partials(ws_ptr, 2 * qq + began_before, offset
 # The template's switch for partials in the accumulator's register order (gemm_space.COALESCED_PARTIALS).
 COALESCED_SWITCH = "{% if COALESCED_PARTIALS %}"
 # split_k's choice of protocol (up to 128 columns the last contributor keeps its own sum) and the sum's own term.
-KEEPING_OWN = "        if BLOCK_N <= 128:\n            last = _arrive_keeping_own("
+KEEPING_OWN = "        if BLOCK_N <= 128:\n{% if OWNED_SPLITS %}\n"
 OWN_TERM = "                    if j == u // rest:\n"
 KEEP_OWN = ("            gl.store(_partials(ws_ptr, u, offsets, BLOCK_M * BLOCK_N), acc, mask=offsets + u < 0)\n"
             "            last = sk_iters < 0\n")  # never, but not known while compiling
@@ -77,23 +77,8 @@ WHOLE_TILES = "    for tile in range(gl.program_id(0), dp_tiles, gl.num_programs
 SPLIT_LOAD = ("total += gl.load(_partials(ws_ptr, j * rest + r, offsets, BLOCK_M * BLOCK_N),\n"
               "                                         mask=j < sk_iters, other=0.0, cache_modifier=\".cg\")")
 SPLIT_WAIT = "        while stored < contributors - 1:\n"
-CONSUMER = "@gluon.jit\ndef _consumer(WG"
-ARRIVE_OWNING = """@gluon.jit
-def _arrive_owning(ws_ptr, slot, offsets, acc, counter, owner, contributors, TILE: gl.constexpr):
-    # The owner of these rows waits for the other contributors' stores (the counter counts them, release); the others
-    # store their partials and count. Whether this contributor is the owner.
-    if owner:
-        stored = gl.atomic_add(counter, 0, sem="acquire", scope="gpu")
-        while stored < contributors - 1:
-            stored = gl.atomic_add(counter, 0, sem="acquire", scope="gpu")
-    else:
-        gl.store(_partials(ws_ptr, slot, offsets, TILE), acc)
-        gl.thread_barrier()
-        gl.atomic_add(counter, 1, sem="release", scope="gpu")
-    return owner
-
-
-"""
+# The template's switch for split tiles finished by fixed owners (gemm_space.OWNED_SPLITS, off by default).
+OWNED_SWITCH = "{% if OWNED_SPLITS %}"
 
 
 def _swap(text: str, function: str, first: str, second: str, end: str) -> str:
@@ -106,21 +91,17 @@ def _swap(text: str, function: str, first: str, second: str, end: str) -> str:
 
 
 def variants(source: str) -> dict[str, str]:
-    anchors = (STORE, REDUCE_LOAD, COALESCED_SWITCH, KEEPING_OWN, OWN_TERM, SPLIT_LOAD, SPLIT_WAIT, CONSUMER)
+    anchors = (STORE, REDUCE_LOAD, COALESCED_SWITCH, KEEPING_OWN, OWN_TERM, SPLIT_LOAD, SPLIT_WAIT, OWNED_SWITCH)
     assert all(anchor in source for anchor in anchors), \
         "the template's fix-up moved: update this prototype"
     sk_first = _swap(source, "def _producer(", WHOLE_TILES, '{% if SCHEDULE == "split_k" %}', "\n\n@gluon.jit")
     sk_first = _swap(sk_first, "def _consumer(WG", WHOLE_TILES, "    rows = gl.arange(0, WG_ROWS",
                      "    tma.store_wait(0)\n")
-    start = source.index("            last = _arrive_keeping_own(")
-    own_call = source[start:source.index("\n", start) + 1]
-    owned_call = ("            if sk_programs <= gl.num_programs(0):\n"
-                  "                last = _arrive_owning(ws_ptr, u, offsets, acc, counter, u // rest == WG % sk_iters,"
-                  " sk_iters, BLOCK_M * BLOCK_N)\n"
-                  "            else:\n    " + own_call)
+    start = source.index("\n            last = _arrive_keeping_own(")  # the plain protocol's call (OWNED_SPLITS off)
+    own_call = source[start:source.index("\n", start + 1) + 1]
     return {
         "orig": source,
-        "nofix": source.replace(STORE, KEEP + "    return -1").replace(own_call, KEEP_OWN),
+        "nofix": source.replace(STORE, KEEP + "    return -1").replace(own_call, "\n" + KEEP_OWN),
         "noreduce": source.replace(REDUCE_LOAD, "total += acc"),
         "skfirst": sk_first,
         "rowmajor": source.replace(COALESCED_SWITCH, "{% if false %}"),
@@ -128,7 +109,7 @@ def variants(source: str) -> dict[str, str]:
             OWN_TERM, OWN_TERM.replace("j == u // rest", "j < 0")),
         "splitnoload": source.replace(SPLIT_LOAD, "total += acc"),
         "splitnowait": source.replace(SPLIT_WAIT, SPLIT_WAIT.replace("contributors - 1", "0")),
-        "splitowned": source.replace(CONSUMER, ARRIVE_OWNING + CONSUMER, 1).replace(own_call, owned_call),
+        "splitowned": source.replace(OWNED_SWITCH, "{% if true %}"),
     }
 
 
