@@ -105,6 +105,23 @@ def test_selected_names_known_variants(variants):
         diag.selected(changed, ["coalesced"])
 
 
+
+def test_each_shapes_configs_are_in_the_space():
+    # The diag times configs built by hand: each must be one the family's space admits on the GPU it runs on, or the
+    # GPU call finds out. Swapped ones only on shapes of few tokens; data-parallel always, as the yardstick.
+    import gluon_stream_k_diag as diag
+
+    from autotile.device import planned_device
+
+    for m, n, k in diag.SHAPES:
+        problem = contiguous_problem(m, n, k, "bf16", "bf16", layout_b="col")
+        configs = diag.configs(problem)
+        assert "dp" in diag.configs(problem, ["split2"])
+        assert ("swsplit2" in configs) == (m <= diag.SWAPPED_MAX_M)
+        space = FAMILY.space(problem, planned_device("h100"))
+        for name, config in configs.items():
+            assert space.admit(config) is not None, (m, n, k, name, space.violations(config))
+
 # Variants compiled for sm90 in a child process (compile_child): rendering and parsing do not catch a variant that
 # Triton rejects (a split tile whose `last` was a plain False failed in LLVM's lowering), and a GPU call is too dear
 # to find it. Split 4 ways, 128 x 128, on the shape the diag times.

@@ -54,7 +54,8 @@ from autotile.space import Config  # noqa: E402
 TEMPLATE = "gemm_gluon_ws.py.j2"
 # (128, 4096, 4096): a batched decode step's square projection, 32 whole tiles (a quarter of the SMs) or 128 split
 # ones, where the fix-up decides whether splitting pays.
-SHAPES = [(576, 2560, 4096), (1536, 3584, 3584), (1024, 512, 3584), (128, 4096, 4096)]
+# (100, 3072, 3072): few tokens on a square weight, where swapped 128 x 64 tiles fill 48 SMs whole and 96 split.
+SHAPES = [(576, 2560, 4096), (1536, 3584, 3584), (1024, 512, 3584), (128, 4096, 4096), (100, 3072, 3072)]
 CHECKED = ("orig", "skfirst", "rowmajor", "storeown", "splitowned")
 
 STORE = ("    gl.store(_partials(ws_ptr, slot, offsets, TILE), acc)\n    gl.thread_barrier()\n"
@@ -121,15 +122,26 @@ def use_template(folder: Path) -> None:
     gemm_launch.launch_plan.cache_clear()
 
 
-# The candidates' 128 x 128 x 64 tiles on 5 stages (the prefill default's), and 128 x 256 on 3.
+# The candidates' 128 x 128 x 64 tiles on 5 stages (the prefill default's), and 128 x 256 on 3; swapped (sw*), 64
+# tokens over 128 weight rows on 6 stages (gemm_policy.gluon_swapped_config's), timed on shapes of up to
+# SWAPPED_MAX_M tokens.
+SWAPPED = dict(SWAP_AB=True, BLOCK_M=64, BLOCK_N=128, GROUP_M=1, num_stages=6)
 SCHEDULES = {"dp": dict(), "sk": dict(SCHEDULE="stream_k"), "split2": dict(SCHEDULE="split_k", SPLIT_K=2),
              "split4": dict(SCHEDULE="split_k", SPLIT_K=4),
-             "sk256": dict(SCHEDULE="stream_k", BLOCK_N=256, num_stages=3)}
+             "sk256": dict(SCHEDULE="stream_k", BLOCK_N=256, num_stages=3),
+             "swdp": SWAPPED, "swsplit2": dict(SWAPPED, SCHEDULE="split_k", SPLIT_K=2)}
+SWAPPED_MAX_M = 256
 
 
 def configs(problem, schedules: list[str] | None = None) -> dict[str, Config]:
     return {name: Config(gluon_config(problem, **dict(dict(BLOCK_K=64, num_stages=5), **values)))
-            for name, values in SCHEDULES.items() if not schedules or name in schedules}
+            for name, values in SCHEDULES.items() if (not schedules or name in schedules or name == "dp")
+            and (problem.m <= SWAPPED_MAX_M or not values.get("SWAP_AB"))}
+
+
+def whole_tiles(name: str) -> bool:
+    """Whether schedule `name` runs whole tiles only: the variants change the split tiles' path, so it is timed once."""
+    return SCHEDULES[name].get("SCHEDULE", "data_parallel") == "data_parallel"
 
 
 def selected(names, only: list[str] | None) -> list[str]:
@@ -164,7 +176,7 @@ def main(out: Path, only: list[str] | None = None, schedules: list[str] | None =
         for variant, folder in folders.items():
             use_template(folder)
             for name, config in configs(problem, schedules).items():
-                if variant != "orig" and name == "dp":  # the variants change the split tiles' path only
+                if variant != "orig" and whole_tiles(name):
                     continue
                 c = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
                 plan = gemm_launch.launch_plan(FAMILY, problem, config, x.device)
