@@ -122,6 +122,19 @@ def test_each_shapes_configs_are_in_the_space():
         for name, config in configs.items():
             assert space.admit(config) is not None, (m, n, k, name, space.violations(config))
 
+
+def test_stream_k_checks_names_known_variants_and_schedules(variants):
+    # benchmarks/stream_k_checks.sh runs the diag in a device call: a name it does not know fails there, not here.
+    import re
+
+    import gluon_stream_k_diag as diag
+
+    _, changed, _ = variants
+    script = (Path(__file__).resolve().parent.parent / "benchmarks" / "stream_k_checks.sh").read_text()
+    names, schedules = re.search(r"gluon_stream_k_diag\.py \"\$out\" (\S+) \\\n\s*(\S+)", script).groups()
+    assert set(names.split(",")) <= set(changed)
+    assert set(schedules.split(",")) <= set(diag.SCHEDULES)
+
 # Variants compiled for sm90 in a child process (compile_child): rendering and parsing do not catch a variant that
 # Triton rejects (a split tile whose `last` was a plain False failed in LLVM's lowering), and a GPU call is too dear
 # to find it. Split 4 ways, 128 x 128, on the shape the diag times.
