@@ -192,7 +192,9 @@ def main(out: Path, only: list[str] | None = None, schedules: list[str] | None =
         print(f"{m}x{n}x{k}: " + ", ".join(f"{name} {t:.1f}" for name, t in us.items()), flush=True)
         print("  max |error| against float64: " + ", ".join(f"{n_} {e:.3g}" for n_, e in errors.items()), flush=True)
         rows.append(dict(m=m, n=n, k=k, us=us, max_error=errors))
-    (out / "stream_k_diag.json").write_text(json.dumps(dict(device=torch.cuda.get_device_name(), rows=rows), indent=1))
+        # After each shape: a device call that runs out of time keeps the shapes timed before it.
+        (out / "stream_k_diag.json").write_text(json.dumps(dict(device=torch.cuda.get_device_name(), rows=rows),
+                                                           indent=1))
     shutil.rmtree(work, ignore_errors=True)
 
 
