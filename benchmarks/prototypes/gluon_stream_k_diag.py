@@ -55,7 +55,8 @@ TEMPLATE = "gemm_gluon_ws.py.j2"
 # (128, 4096, 4096): a batched decode step's square projection, 32 whole tiles (a quarter of the SMs) or 128 split
 # ones, where the fix-up decides whether splitting pays.
 # (100, 3072, 3072): few tokens on a square weight, where swapped 128 x 64 tiles fill 48 SMs whole and 96 split.
-SHAPES = [(576, 2560, 4096), (1536, 3584, 3584), (1024, 512, 3584), (128, 4096, 4096), (100, 3072, 3072)]
+# Few tokens first: the band the fix-up decides.
+SHAPES = [(100, 3072, 3072), (128, 4096, 4096), (1024, 512, 3584), (576, 2560, 4096), (1536, 3584, 3584)]
 CHECKED = ("orig", "skfirst", "rowmajor", "storeown", "splitowned")
 
 STORE = ("    gl.store(_partials(ws_ptr, slot, offsets, TILE), acc)\n    gl.thread_barrier()\n"
