@@ -205,9 +205,10 @@ def test_partials_in_register_order_give_the_row_major_layouts_bits(problem, mon
 ], ids=["bf16-128x128", "bf16-swapped", "fp16-b-row"])
 def test_owned_splits_give_the_last_arrivals_bits(problem, monkeypatch):
     """gemm_space.OWNED_SPLITS changes which contributor finishes a split tile's rows, not what is summed or in which
-    order: split-K 2, 3 and 4 ways, in tiles of two warpgroups and of one, swapped and not, where each program runs
-    one split and (fp16-b-row, 4 ways) where programs run several and the template keeps the last arrival's
-    protocol, give the same bits with it on as off, match float64 and repeat (the counters start from zero again)."""
+    order: split-K 2, 3 and 4 ways, in tiles of two warpgroups (owned) and of one (the last arrival's protocol either
+    way), swapped and not, where each program runs one split and (fp16-b-row, 4 ways) where programs run several and
+    the template keeps the last arrival's protocol, give the same bits with it on as off, match float64 and repeat
+    (the counters start from zero again)."""
     from autotile.families import gemm_launch
 
     device = cuda_device(0)

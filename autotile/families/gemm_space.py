@@ -63,10 +63,14 @@ CLAMPED_VARIANTS = (GLUON_WS, "tma")
 # 1536 x 3584 x 3584 split 4 91.2 -> 79.0, stream-K 76.6 -> 71.5, 576 x 2560 x 4096 stream-K 128 x 256 63.9 -> 48.8;
 # register_order_tests_2026-12-07f_h100.txt).
 COALESCED_PARTIALS = True
-# Split gluon_ws tiles up to 128 columns finished by fixed owners, one per warpgroup's rows (gemm_gluon_ws.py.j2,
-# _arrive_owning), where each program runs one split at most: two SMs then share a tile's partial loads and epilogue,
-# where the last split to arrive did both alone. Off until timed on a GPU (gluon_stream_k_diag.py, splitowned).
-OWNED_SPLITS = False
+# Split gluon_ws tiles of two consumer warpgroups (128 kernel rows) and up to 128 columns finished by fixed owners,
+# one per warpgroup's rows (gemm_gluon_ws.py.j2, _arrive_owning), where each program runs one split at most: two SMs
+# then share a tile's partial loads and epilogue, where the last split to arrive did both alone. Interleaved, us, on
+# an H100 (results/stream_k_diag_2026-12-07g_h100.json): 100 x 3072 x 3072 swapped 64-token tiles split 2 ways
+# 19.2 -> 18.0, 128 x 128 split 2 21.1 -> 20.4; 1024 x 512 x 3584 split 2 19.8 -> 18.8, split 4 19.4 -> 18.9;
+# 128 x 4096 x 4096 within 0.7 either way; the same bits (owned_split_tests_2026-12-07g_h100.txt). With one
+# warpgroup there is nothing to share out, so 64-row tiles keep the last arrival's protocol.
+OWNED_SPLITS = True
 GLUON_WG_ROWS = 64
 # Swapped gluon_ws tiles (C^T = W X^T) put the tokens on wgmma's N side, in tiles of any of these (BLOCK_M; the wide
 # ones held in two parts as above), over 64 or 128 weight rows (BLOCK_N): a prefill chunk's M is then cut in tiles
@@ -225,8 +229,9 @@ def coalesced_partials(c: Config) -> bool:
 
 
 def owned_splits(c: Config) -> bool:
-    """Whether `c`'s split tiles are finished by fixed owners (OWNED_SPLITS: gluon_ws split_k only)."""
-    return OWNED_SPLITS and c["VARIANT"] == GLUON_WS and c["SCHEDULE"] == "split_k"
+    """Whether `c`'s split tiles are finished by fixed owners (OWNED_SPLITS: gluon_ws split_k, two warpgroups)."""
+    return (OWNED_SPLITS and c["VARIANT"] == GLUON_WS and c["SCHEDULE"] == "split_k"
+            and gluon_tile_rows(c) >= 2 * GLUON_WG_ROWS)
 
 
 def clamps_row_tiles(c: Mapping) -> bool:

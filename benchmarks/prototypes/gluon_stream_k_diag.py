@@ -20,10 +20,8 @@ through the family's own plans:
     for the slowest contributor and the split tiles' epilogue cost;
   - splitnowait: split_k's last contributor loads the partials as soon as it knows it is last, without waiting for
     the others' stores (orig minus this: the wait alone);
-  - splitowned: each warpgroup's rows of a split tile have a fixed owner, split (WG % splits), which waits for the
-    others' stores of those rows and finishes them (the template's OWNED_SPLITS switch, on): with two warpgroups,
-    two SMs share a tile's loads and epilogue where the last to arrive did both. Only where each program runs one
-    split at most; elsewhere as orig.
+  - splitlast: split tiles of two warpgroups finished by the last split to arrive, as before fixed owners
+    (the template's OWNED_SPLITS switch, off; gemm_space.OWNED_SPLITS).
 nofix, noreduce, splitnoload and splitnowait give wrong results on purpose (timing only); those in CHECKED are
 checked against F.linear in float64. Medians of 5 interleaved rounds of do_bench medians
 (gemm_kernels_bench.interleaved), L2 not flushed.
@@ -57,7 +55,7 @@ TEMPLATE = "gemm_gluon_ws.py.j2"
 # (100, 3072, 3072): few tokens on a square weight, where swapped 128 x 64 tiles fill 48 SMs whole and 96 split.
 # Few tokens first: the band the fix-up decides.
 SHAPES = [(100, 3072, 3072), (128, 4096, 4096), (1024, 512, 3584), (576, 2560, 4096), (1536, 3584, 3584)]
-CHECKED = ("orig", "skfirst", "rowmajor", "storeown", "splitowned")
+CHECKED = ("orig", "skfirst", "rowmajor", "storeown", "splitlast")
 
 STORE = ("    gl.store(_partials(ws_ptr, slot, offsets, TILE), acc)\n    gl.thread_barrier()\n"
          "    return gl.atomic_add(counter, 1, sem=\"acq_rel\", scope=\"gpu\")")
@@ -79,7 +77,7 @@ WHOLE_TILES = "    for tile in range(gl.program_id(0), dp_tiles, gl.num_programs
 SPLIT_LOAD = ("total += gl.load(_partials(ws_ptr, j * rest + r, offsets, BLOCK_M * BLOCK_N),\n"
               "                                         mask=j < sk_iters, other=0.0, cache_modifier=\".cg\")")
 SPLIT_WAIT = "        while stored < contributors - 1:\n"
-# The template's switch for split tiles finished by fixed owners (gemm_space.OWNED_SPLITS, off by default).
+# The template's switch for split tiles finished by fixed owners (gemm_space.OWNED_SPLITS).
 OWNED_SWITCH = "{% if OWNED_SPLITS %}"
 
 
@@ -103,7 +101,8 @@ def variants(source: str) -> dict[str, str]:
     own_call = source[start:source.index("\n", start + 1) + 1]
     return {
         "orig": source,
-        "nofix": source.replace(STORE, KEEP + "    return -1").replace(own_call, "\n" + KEEP_OWN),
+        "nofix": source.replace(STORE, KEEP + "    return -1").replace(own_call, "\n" + KEEP_OWN).replace(
+            OWNED_SWITCH, "{% if false %}"),
         "noreduce": source.replace(REDUCE_LOAD, "total += acc"),
         "skfirst": sk_first,
         "rowmajor": source.replace(COALESCED_SWITCH, "{% if false %}"),
@@ -111,7 +110,7 @@ def variants(source: str) -> dict[str, str]:
             OWN_TERM, OWN_TERM.replace("j == u // rest", "j < 0")),
         "splitnoload": source.replace(SPLIT_LOAD, "total += acc"),
         "splitnowait": source.replace(SPLIT_WAIT, SPLIT_WAIT.replace("contributors - 1", "0")),
-        "splitowned": source.replace(OWNED_SWITCH, "{% if true %}"),
+        "splitlast": source.replace(OWNED_SWITCH, "{% if false %}"),
     }
 
 
