@@ -631,7 +631,7 @@ def render(device, rows: list[dict], varlen: dict | None, host: list[dict], fail
         return "n/a" if x is None else fmt.format(x)
 
     lines = [
-        "# FlashAttention on the H200: autotile's kernels and op beside SDPA",
+        f"# FlashAttention on the {device.name}: autotile's kernels and op beside SDPA",
         "",
         f"Device: {device.name} ({device.sm_count} SMs), {datetime.date.today().isoformat()}; torch {torch.__version__}, "
         f"triton {triton.__version__}{', --quick' if quick else ''}. bf16, random normal data. TFLOP/s: forward "
