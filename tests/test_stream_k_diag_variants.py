@@ -48,10 +48,10 @@ def test_each_variant_renders_to_python(variants, schedule):
         ast.parse(render(text, configs[schedule]))
 
 
-def test_splitlast_and_nofix_leave_the_owners_protocol(variants):
+def test_splitowned_alone_takes_the_owners_protocol(variants):
     _, changed, configs = variants
-    assert "_arrive_owning(" in render(changed["orig"], configs["split2"])
-    for name in ("splitlast", "nofix"):
+    assert "_arrive_owning(" in render(changed["splitowned"], configs["split2"])
+    for name in ("orig", "nofix"):
         assert "_arrive_owning(" not in render(changed[name], configs["split2"]), name
 
 
@@ -139,7 +139,7 @@ def test_stream_k_checks_names_known_variants_and_schedules(variants):
 # Variants compiled for sm90 in a child process (compile_child): rendering and parsing do not catch a variant that
 # Triton rejects (a split tile whose `last` was a plain False failed in LLVM's lowering), and a GPU call is too dear
 # to find it. Split 4 ways, 128 x 128, on the shape the diag times.
-COMPILED = ("nofix", "storeown", "rowmajor", "splitnoload", "splitnowait", "splitlast")
+COMPILED = ("nofix", "storeown", "rowmajor", "splitnoload", "splitnowait", "splitowned")
 
 
 def _compiled_variants() -> list:

@@ -70,7 +70,12 @@ COALESCED_PARTIALS = True
 # 19.2 -> 18.0, 128 x 128 split 2 21.1 -> 20.4; 1024 x 512 x 3584 split 2 19.8 -> 18.8, split 4 19.4 -> 18.9;
 # 128 x 4096 x 4096 within 0.7 either way; the same bits (owned_split_tests_2026-12-07g_h100.txt). With one
 # warpgroup there is nothing to share out, so 64-row tiles keep the last arrival's protocol.
-OWNED_SPLITS = True
+# NOTE: off. An owner waits for splits that may not have started: that needs every program of the grid resident at
+# once, which the grid's size ensures only while the kernel has the GPU to itself. Two such kernels on two streams
+# (or one under MPS with a share of the SMs) can each hold SMs spinning for programs that never get one: a hang. The
+# last arrival's protocol waits only for splits that have arrived, so it cannot. 3-6% on split tiles the policy does
+# not serve (its split rows are 64-row and two-part tiles) is not worth that.
+OWNED_SPLITS = False
 GLUON_WG_ROWS = 64
 # Swapped gluon_ws tiles (C^T = W X^T) put the tokens on wgmma's N side, in tiles of any of these (BLOCK_M; the wide
 # ones held in two parts as above), over 64 or 128 weight rows (BLOCK_N): a prefill chunk's M is then cut in tiles

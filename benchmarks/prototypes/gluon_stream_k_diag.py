@@ -20,8 +20,10 @@ through the family's own plans:
     for the slowest contributor and the split tiles' epilogue cost;
   - splitnowait: split_k's last contributor loads the partials as soon as it knows it is last, without waiting for
     the others' stores (orig minus this: the wait alone);
-  - splitlast: split tiles of two warpgroups finished by the last split to arrive, as before fixed owners
-    (the template's OWNED_SPLITS switch, off; gemm_space.OWNED_SPLITS).
+  - splitowned: each warpgroup's rows of a split tile have a fixed owner, split (WG % splits), which waits for the
+    others' stores of those rows and finishes them (the template's OWNED_SPLITS switch, on; gemm_space.OWNED_SPLITS,
+    off, says why): with two warpgroups, two SMs share a tile's loads and epilogue where the last to arrive did
+    both. Only where each program runs one split at most; elsewhere as orig.
 nofix, noreduce, splitnoload and splitnowait give wrong results on purpose (timing only); those in CHECKED are
 checked against F.linear in float64. Medians of 5 interleaved rounds of do_bench medians
 (gemm_kernels_bench.interleaved), L2 not flushed.
@@ -55,7 +57,7 @@ TEMPLATE = "gemm_gluon_ws.py.j2"
 # (100, 3072, 3072): few tokens on a square weight, where swapped 128 x 64 tiles fill 48 SMs whole and 96 split.
 # Few tokens first: the band the fix-up decides.
 SHAPES = [(100, 3072, 3072), (128, 4096, 4096), (1024, 512, 3584), (576, 2560, 4096), (1536, 3584, 3584)]
-CHECKED = ("orig", "skfirst", "rowmajor", "storeown", "splitlast")
+CHECKED = ("orig", "skfirst", "rowmajor", "storeown", "splitowned")
 
 STORE = ("    gl.store(_partials(ws_ptr, slot, offsets, TILE), acc)\n    gl.thread_barrier()\n"
          "    return gl.atomic_add(counter, 1, sem=\"acq_rel\", scope=\"gpu\")")
@@ -110,7 +112,7 @@ def variants(source: str) -> dict[str, str]:
             OWN_TERM, OWN_TERM.replace("j == u // rest", "j < 0")),
         "splitnoload": source.replace(SPLIT_LOAD, "total += acc"),
         "splitnowait": source.replace(SPLIT_WAIT, SPLIT_WAIT.replace("contributors - 1", "0")),
-        "splitlast": source.replace(OWNED_SWITCH, "{% if false %}"),
+        "splitowned": source.replace(OWNED_SWITCH, "{% if true %}"),
     }
 
 
