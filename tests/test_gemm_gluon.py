@@ -296,7 +296,6 @@ CASES = [
 ]
 
 
-
 def test_owned_splits_take_split_tiles_of_two_warpgroups_only(monkeypatch):
     # One warpgroup has no rows to share out: 64-row kernel tiles keep the last arrival's protocol.
     from autotile.families import gemm_space
@@ -311,6 +310,7 @@ def test_owned_splits_take_split_tiles_of_two_warpgroups_only(monkeypatch):
     assert not gemm_space.owned_splits(dict(base, SWAP_AB=True, BLOCK_N=64))
     assert not gemm_space.owned_splits(dict(base, SCHEDULE="stream_k"))
     assert not gemm_space.owned_splits(dict(base, VARIANT="tma"))
+
 
 def _compile_case(case) -> dict:
     from autotile.families import gemm_space

@@ -57,6 +57,23 @@ def assert_right_and_repeatable(problem, config, inputs, expected, runs: int) ->
     return results[0]
 
 
+def assert_switch_keeps_bits(switch: str, problem, configs, inputs, expected, monkeypatch) -> None:
+    """Each config right and repeatable with gemm_space's `switch` off and on, and the same bits either way: for
+    switches that change where a split tile's partials go or who sums them, never what is summed or in which order."""
+    from autotile.families import gemm_launch
+
+    results = {}
+    for on in (False, True):
+        monkeypatch.setattr(gemm_space, switch, on)
+        gemm_launch.launch_plan.cache_clear()  # the plans render the template once
+        for config in configs:
+            results.setdefault(config.to_json(), []).append(
+                assert_right_and_repeatable(problem, config, inputs, expected, runs=2))
+    gemm_launch.launch_plan.cache_clear()
+    for name, (off, on) in results.items():
+        assert torch.equal(off, on), f"{name}: {switch} changed the result"
+
+
 def assert_admitted_and_right(problem, wanted: list[dict], seed: int) -> None:
     """Each config of `wanted` admitted by the space as it is, then right and repeatable over three runs."""
     device = cuda_device(0)
@@ -174,8 +191,6 @@ def test_partials_in_register_order_give_the_row_major_layouts_bits(problem, mon
     """gemm_space.COALESCED_PARTIALS changes where a split tile's partials lie in the workspace, not what is summed
     or in which order: split-K (2 and 4 ways, 128 x 128 and two-part 128 + 64 tiles) and stream-K give the same bits
     with it on as off, and match float64."""
-    from autotile.families import gemm_launch
-
     monkeypatch.setattr(gemm_space, "GLUON_TWO_PART_SPLIT", True)
     device = cuda_device(0)
     inputs = FAMILY.make_inputs(problem, device, seed=7)
@@ -185,17 +200,7 @@ def test_partials_in_register_order_give_the_row_major_layouts_bits(problem, mon
     wanted = [(128, "split_k", 2), (128, "split_k", 4), (128, "stream_k", 1), (192, "split_k", 3)]
     configs = [max((c for c in feasible if (c["BLOCK_N"], c["SCHEDULE"], c["SPLIT_K"]) == w),
                    key=lambda c: c["num_stages"]) for w in wanted]
-    results = {}
-    for on in (False, True):
-        monkeypatch.setattr(gemm_space, "COALESCED_PARTIALS", on)
-        gemm_launch.launch_plan.cache_clear()  # the plans render the template once
-        for config in configs:
-            results.setdefault(config.to_json(), []).append(
-                assert_right_and_repeatable(problem, config, inputs, expected, runs=2))
-    gemm_launch.launch_plan.cache_clear()
-    for name, (off, on) in results.items():
-        assert torch.equal(off, on), f"{name}: the register-order partials changed the result"
-
+    assert_switch_keeps_bits("COALESCED_PARTIALS", problem, configs, inputs, expected, monkeypatch)
 
 
 @pytest.mark.parametrize("problem", [
@@ -209,8 +214,6 @@ def test_owned_splits_give_the_last_arrivals_bits(problem, monkeypatch):
     way), swapped and not, where each program runs one split and (fp16-b-row, 4 ways) where programs run several and
     the template keeps the last arrival's protocol, give the same bits with it on as off, match float64 and repeat
     (the counters start from zero again)."""
-    from autotile.families import gemm_launch
-
     device = cuda_device(0)
     inputs = FAMILY.make_inputs(problem, device, seed=11)
     expected = FAMILY.reference(problem, inputs)
@@ -223,16 +226,8 @@ def test_owned_splits_give_the_last_arrivals_bits(problem, monkeypatch):
         if key in wanted:
             configs[key] = max(configs.get(key, c), c, key=lambda x: (x["GROUP_M"], x["num_stages"]))
     assert len(configs) >= 3, sorted(configs)
-    results = {}
-    for on in (False, True):
-        monkeypatch.setattr(gemm_space, "OWNED_SPLITS", on)
-        gemm_launch.launch_plan.cache_clear()  # the plans render the template once
-        for config in configs.values():
-            results.setdefault(config.to_json(), []).append(
-                assert_right_and_repeatable(problem, config, inputs, expected, runs=2))
-    gemm_launch.launch_plan.cache_clear()
-    for name, (off, on) in results.items():
-        assert torch.equal(off, on), f"{name}: owned splits changed the result"
+    assert_switch_keeps_bits("OWNED_SPLITS", problem, configs.values(), inputs, expected, monkeypatch)
+
 
 GLUON_PROBLEMS = [
     contiguous_problem(77, 1000, 784, "bf16", "bf16", layout_b="row", bias=True, activation="gelu", residual=True),

@@ -106,7 +106,6 @@ def test_selected_names_known_variants(variants):
         diag.selected(changed, ["coalesced"])
 
 
-
 def test_each_shapes_configs_are_in_the_space():
     # The diag times configs built by hand: each must be one the family's space admits on the GPU it runs on, or the
     # GPU call finds out. Swapped ones only on shapes of few tokens; data-parallel always, as the yardstick.
@@ -135,6 +134,7 @@ def test_stream_k_checks_names_known_variants_and_schedules(variants):
     names, schedules = re.search(r"gluon_stream_k_diag\.py \"\$out\" (\S+) \\\n\s*(\S+)", script).groups()
     assert set(names.split(",")) <= set(changed)
     assert set(schedules.split(",")) <= set(diag.SCHEDULES)
+
 
 # Variants compiled for sm90 in a child process (compile_child): rendering and parsing do not catch a variant that
 # Triton rejects (a split tile whose `last` was a plain False failed in LLVM's lowering), and a GPU call is too dear
