@@ -1,6 +1,6 @@
 """The flash family's Gluon forward (templates/flash_gluon_ws.py.j2) on a Hopper GPU against float64: O and LSE,
 causal and not, odd lengths, more queries than keys (rows that see no key), GQA and MQA, the three head dims and two
-padded ones (96, 80), fp16,
+padded ones (96, 80), padded ones in two parts (HEAD_SPLIT: 96, 80, 48), fp16,
 packed sequences, any scale, a window's right side, strided (B, S, H, D) projections seen through
 .transpose(1, 2), and the same bits run after run. Skipped without a Hopper GPU; tests/test_flash_gluon.py covers what the CPU can.
 """
@@ -297,3 +297,28 @@ def test_gluon_ws_windows_soft_capped_packed_and_queued_as_float64(monkeypatch, 
         for config in gluon_configs(problem, device):
             for queued in (False, True):
                 run_checked(problem, FAMILY.validate_config(problem, device, dict(config, TILE_QUEUE=queued)), inputs)
+
+
+@pytest.mark.parametrize("features", [{}, dict(varlen=True), dict(softcap=30.0), dict(window_left=100)],
+                         ids=["dense", "packed", "softcap", "window"])
+@pytest.mark.parametrize("shape", [(2, 8, 2, 333, 517, 96), (1, 4, 4, 250, 700, 80), (3, 6, 2, 65, 1000, 48),
+                                   (4, 8, 8, 600, 600, 96)], ids=lambda s: "x".join(map(str, s)))
+def test_gluon_ws_head_split_as_float64(monkeypatch, shape, features):
+    """Padded head dims in two parts (HEAD_SPLIT: 96 = 64 + 32, 80 = 64 + 16, 48 = 32 + 16), causal and not, every
+    tile and key block the space offers, against float64, the same bits twice: what lets flash_space.GLUON_HEAD_SPLIT
+    be turned on."""
+    from autotile.device import cuda_device
+    from autotile.families import flash_space
+
+    monkeypatch.setattr(flash_space, "GLUON_HEAD_SPLIT", True)
+    device = cuda_device()
+    for causal in (False, True):
+        problem = FlashProblem("fwd", *shape, causal=causal, **features)
+        inputs = FAMILY.make_inputs(problem, device, seed=13)
+        for config in gluon_configs(problem, device):
+            for queued in (False, True):
+                run = FAMILY.space(problem, device).admit(dict(config, TILE_QUEUE=queued))
+                assert run is not None and FAMILY.render_switches(problem, run)["HEAD_SPLIT"], config.to_json()
+                first = run_checked(problem, run, inputs)
+                again = run_checked(problem, run, inputs)
+                assert torch.equal(first["o"], again["o"]) and torch.equal(first["lse"], again["lse"]), run.to_json()

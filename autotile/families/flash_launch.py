@@ -81,15 +81,17 @@ class _DescriptorLaunch(_Launch):
     the described ones (the backward's).
 
     A kept launch binds with bind_descriptors, and then encodes a descriptor only for a base address it has not
-    seen (autotile.launch.KeptEncodings): the plan fixes shapes and strides.
+    seen (autotile.launch.KeptEncodings): the plan fixes shapes and strides. `sources`: the tensor each descriptor
+    describes, by index (default: one descriptor a tensor, in order; a split head dim describes each tensor twice).
     """
 
-    __slots__ = ("describe", "described", "pointers_too", "encodings", "queue")
+    __slots__ = ("describe", "described", "pointers_too", "encodings", "queue", "sources")
 
     def __init__(self, kernel, grid: tuple, scalars: tuple, options: dict, keep: bool, describe, queue: bool = False,
-                 described: int = 4, pointers_too: bool = True):
+                 described: int = 4, pointers_too: bool = True, sources: tuple = ()):
         super().__init__(kernel, grid, scalars, options, keep)
         self.describe, self.described, self.pointers_too = describe, described, pointers_too
+        self.sources = tuple(sources) or tuple(range(described))
         self.encodings = ()
         # The kernel takes a tile queue after the descriptors (TILE_QUEUE): two counters, zero at launch and left
         # zero, from the current stream's (gemm_launch.tile_counters, which every kernel using them leaves zero).
@@ -99,7 +101,7 @@ class _DescriptorLaunch(_Launch):
         queue = (tile_counters(tensors[0].device, 2),) if self.queue else ()
         pointers = tensors if self.pointers_too else tensors[self.described:]
         if self.bound is not None:
-            encoded = [x for encode, t in zip(self.encodings, tensors) for x in encode(t)]
+            encoded = [x for encode, source in zip(self.encodings, self.sources) for x in encode(tensors[source])]
             self.bound(*encoded, *queue, *pointers, *self.scalars)
         elif self.keep:
             bound = bind_descriptors(self.kernel, self.grid, *self.describe(*tensors[:self.described]), *queue,
@@ -148,14 +150,15 @@ def forward_plan(module, problem, config, scale: float, q, k, v, o, lse, alibi, 
         # Persistent (templates/flash_gluon_ws.py.j2): a program per SM at most, each walking its share of the tiles;
         # its shared memory (a Q tile and num_stages K/V slots) leaves room for one program an SM.
         grid = (min(grid[0] * grid[1], current_device(q.device).sm_count),)
-        block_m, block_n, block_d = config["BLOCK_M"], config["BLOCK_N"], p.block_d
+        block_m, block_n, block_d, head_dim = config["BLOCK_M"], config["BLOCK_N"], p.block_d, p.head_dim
 
         def describe(q, k, v, o):
-            return module.tensor_descriptors(q, k, v, o, block_m, block_n, block_d)
+            return module.tensor_descriptors(q, k, v, o, block_m, block_n, block_d, head_dim)
 
         queue = getattr(module, "TILE_QUEUE", False)
-        return ForwardPlan(_DescriptorLaunch(module.attn_fwd, grid, scalars, options, keep, describe, queue),
-                           interpret)
+        sources = getattr(module, "DESCRIPTOR_SOURCES", ())
+        return ForwardPlan(_DescriptorLaunch(module.attn_fwd, grid, scalars, options, keep, describe, queue,
+                                             sources=sources), interpret)
     return ForwardPlan(_Launch(module.attn_fwd, grid, scalars, options, keep), interpret)
 
 

@@ -81,6 +81,25 @@ def gluon_split_kv(problem, config) -> bool:
             and config["BLOCK_N"] == _GLUON_BLOCK_M)
 
 
+# The Gluon forward's padded head dims run in two parts (HEAD_SPLIT in templates/flash_gluon_ws.py.j2): 96 = 64 + 32
+# (Phi-3), 80 = 64 + 16, 48 = 32 + 16, each part with its own descriptors, slots and wgmmas, so that Q K^T is
+# HEAD_DIM deep and O HEAD_DIM wide. Padded to 128, Phi-3-mini's tiles spend 4/3 of the MMA work: 0.81-0.83x of SDPA's
+# best backend at 16 x 512 and 4 x 2048 against 0.97-1.07x for Llama-3's head dim 128 (H100, benchmarks/RESULTS.md,
+# fifty-third run). Compiled for sm90 without spills in the key loop (tests/test_flash_gluon.py); off until its GPU
+# test against float64 passes (tests/test_flash_gluon_gpu.py -k head_split) and it is timed beside the padded tiles.
+GLUON_HEAD_SPLIT = False
+# The second parts HEAD_SPLIT takes (columns past BLOCK_D / 2).
+HEAD_SPLIT_TAILS = (16, 32)
+
+
+def gluon_head_split(problem, config) -> bool:
+    """Whether a gluon_ws forward runs its padded head dim in two parts (HEAD_SPLIT): BLOCK_D / 2 columns and a tail of
+    HEAD_SPLIT_TAILS, where GLUON_HEAD_SPLIT is on and the K/V slots are not split (SPLIT_KV)."""
+    p = problem
+    return (GLUON_HEAD_SPLIT and p.direction == "fwd" and config["LOADS"] == GLUON_WS and p.block_d != p.head_dim
+            and p.head_dim - p.block_d // 2 in HEAD_SPLIT_TAILS and not gluon_split_kv(p, config))
+
+
 # Keys up to which causal gluon_ws forwards at head dim 128 take 64-key blocks (see forward_default).
 _GLUON_SHORT_KEYS = 1024
 # Keys up to which gluon_ws forwards at head dim 256 take 64-key blocks on two K/V slots; beyond, one split slot of

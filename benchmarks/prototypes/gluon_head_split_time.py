@@ -1,0 +1,130 @@
+"""Padded head dims (96, 80) in the Gluon forward, padded to the tile's width against split in two parts (GPU).
+
+    PYTHONPATH=. python benchmarks/prototypes/gluon_head_split_time.py --out OUT/head_split.md
+
+`flash_space.GLUON_HEAD_SPLIT` off: a 96-wide head runs in 128-wide tiles (TMA's zeros fill the rest); on: in a
+64- and a 32-wide part (templates/flash_gluon_ws.py.j2, HEAD_SPLIT). For each model's causal prefill shape, each
+Gluon key block's deepest pipeline the space offers (the default among them), both ways, launched through the family
+as CUDA-graph replays of kept plans (as the op's), beside SDPA's backends, in interleaved rounds of `do_bench`
+medians; every output is checked against a float32 reference first.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+# (model, Hq, Hkv, D, shapes (batch, tokens)): causal prefill. Phi-3-mini and Phi-3.5-mini: 32 heads of 96 (MHA).
+# Head dim 80 (GQA 32 / 8) stands for the 16-column tail.
+CASES = (("phi-3-mini", 32, 32, 96, ((1, 4096), (4, 2048), (8, 1024), (16, 512))),
+         ("head dim 80", 32, 8, 80, ((4, 2048), (16, 512))))
+
+
+def sdpa_backends(q, k, v) -> dict:
+    """SDPA's cuDNN, flash and efficient backends on the call, each where it runs."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    found = {}
+    for name, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION),
+                          ("efficient", SDPBackend.EFFICIENT_ATTENTION)):
+        def call(backend=backend):
+            with sdpa_kernel(backend):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=q.shape[1] != k.shape[1])
+        try:
+            call()
+        except RuntimeError:
+            continue
+        found[f"SDPA {name}"] = call
+    return found
+
+
+def gluon_launches(q, k, v, split: bool, want: torch.Tensor, errs: dict) -> dict:
+    """Each Gluon key block's deepest pipeline, with HEAD_SPLIT as asked: graph replays of kept plans."""
+    from gluon_features_time import graph_of
+
+    from autotile.device import current_device
+    from autotile.families import flash_space
+    from autotile.families.flash import FAMILY, GLUON_WS
+
+    flash_space.GLUON_HEAD_SPLIT = split
+    problem = FAMILY.problem_from_tensors(q, k, v, causal=True)
+    device = current_device(q.device)
+    default = FAMILY.default_config(problem, device)
+    deepest = {}
+    for c in FAMILY.space(problem, device).feasible():
+        if c["LOADS"] == GLUON_WS and c["num_stages"] > deepest.get(c["BLOCK_N"], {}).get("num_stages", 0):
+            deepest[c["BLOCK_N"]] = c
+    if default["LOADS"] == GLUON_WS:
+        deepest[default["BLOCK_N"]] = default
+    inputs = {"q": q, "k": k, "v": v}
+    launches = {}
+    for block_n, config in sorted(deepest.items()):
+        assert FAMILY.render_switches(problem, config)["HEAD_SPLIT"] == split, config.to_json()
+        outputs = FAMILY.allocate_outputs(problem, inputs)
+        plan, plan_args = FAMILY._planned(problem, config, inputs, outputs, scale=q.shape[-1] ** -0.5, keep=True)
+        name = (f"{'split' if split else 'padded'} {block_n} keys x {config['num_stages']}"
+                f"{' queue' if config['TILE_QUEUE'] else ''}{' (default)' if config == default else ''}")
+        plan(*plan_args)
+        torch.cuda.synchronize()
+        errs[name] = ((outputs["o"].float() - want).abs().max() / want.abs().max()).item()
+        launches[name] = graph_of(lambda plan=plan, plan_args=plan_args: plan(*plan_args))
+    return launches
+
+
+def main() -> None:
+    import triton
+    import triton.testing
+    from gluon_features_time import graph_of, reference
+
+    from autotile.bench import interleaved_medians
+    from autotile.families.flash_reference import seen_pairs
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    rows = []
+    for name, hq, hkv, dim, shapes in CASES:
+        for batch, seq in shapes:
+            gen = torch.Generator(device="cuda").manual_seed(seq + dim)
+            q, k, v = (torch.randn(batch, h, seq, dim, device="cuda", generator=gen, dtype=torch.bfloat16)
+                       for h in (hq, hkv, hkv))
+            want = reference(q, k, v, -1, 0.0)
+            errs = {}
+            impls = {label: graph_of(call) for label, call in sdpa_backends(q, k, v).items()}
+            for split in (False, True):
+                impls.update(gluon_launches(q, k, v, split, want, errs))
+            ms = interleaved_medians(impls, args.rounds, lambda fn: triton.testing.do_bench(fn, warmup=10, rep=40))
+            flops = 4 * batch * hq * seen_pairs(seq, seq, True, -1, -1) * dim
+            row = dict(model=name, shape=f"{batch} x {seq}", ms=ms, errs=errs,
+                       tflops={key: flops / (t * 1e-3) / 1e12 for key, t in ms.items()})
+            rows.append(row)
+            timings = ", ".join(f"{key} {t:.4f} ms ({row['tflops'][key]:.0f})" for key, t in ms.items())
+            print(f"{name} {batch}x{seq}: {timings} | err {errs}", flush=True)
+    lines = [f"# Gluon forward, padded head dims padded and split, causal prefill, {torch.cuda.get_device_name()}, "
+             f"torch {torch.__version__}, triton {triton.__version__}, {datetime.date.today()}, bf16, CUDA-graph "
+             f"replays, medians of {args.rounds} interleaved rounds; TF/s count the causal pairs", "",
+             "| model | B x S | kernel | ms (TF/s) | x SDPA's best | rel err |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        vendor = min((t for key, t in r["ms"].items() if key.startswith("SDPA")), default=float("nan"))
+        for key, t in sorted(r["ms"].items(), key=lambda kv: kv[1]):
+            err = f"{r['errs'][key]:.4f}" if key in r["errs"] else "-"
+            lines.append(f"| {r['model']} | {r['shape']} | {key} | {t:.4f} ({r['tflops'][key]:.0f}) | "
+                         f"{vendor / t:.3f}x | {err} |")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    worst = max(max(r["errs"].values()) for r in rows)
+    if worst > 2e-2:
+        raise SystemExit(f"a launch is off the float32 reference by {worst:.4f}")
+
+
+if __name__ == "__main__":
+    main()
