@@ -297,6 +297,38 @@ def test_a_kept_forward_plan_encodes_each_descriptor_once_per_base_address(monke
     assert encoded == [("q", p(q)), ("k", p(k)), ("v", p(v)), ("o", p(o)), ("o", p(o2))]
 
 
+def test_a_split_head_dims_kept_launch_encodes_each_descriptor_from_its_own_tensor(monkeypatch):
+    """HEAD_SPLIT describes each of q, k, v and o twice (DESCRIPTOR_SOURCES): a kept launch encodes each of the eight
+    descriptors from the call's tensor it describes, so a new o re-encodes o's two parts and nothing else."""
+    from autotile.families import flash_launch
+
+    calls, encoded = [], []
+
+    def encoder(role):
+        def encode(t):
+            encoded.append((role, t.data_ptr()))
+            return (f"{role} at {t.data_ptr()}",)
+        return encode
+
+    def bind_descriptors(kernel, grid, *args, **options):
+        return (lambda *call: calls.append(call)), [encoder(role + part) for part in ("", "2") for role in "qkvo"]
+
+    monkeypatch.setattr(flash_launch, "bind_descriptors", bind_descriptors)
+    described = lambda q, k, v, o: [f"{name}{part} desc" for part in ("", "2") for name in "qkvo"]  # noqa: E731
+    fwd = flash_launch._DescriptorLaunch("attn_fwd", (132,), (64,), {}, True, described,
+                                         sources=(0, 1, 2, 3, 0, 1, 2, 3))
+    q, k, v, o, o2, lse = (torch.zeros(4) for _ in range(6))
+    fwd(q, k, v, o, lse)  # launches as it binds
+    fwd(q, k, v, o, lse)
+    fwd(q, k, v, o2, lse)
+    p = lambda t: t.data_ptr()  # noqa: E731
+    for call, out in zip(calls, (o, o2)):
+        tensors = (q, k, v, out)
+        assert call[:8] == tuple(f"{role}{part} at {p(t)}" for part in ("", "2") for role, t in zip("qkvo", tensors))
+    assert [role for role, _ in encoded] == list("qkvo") + ["q2", "k2", "v2", "o2"] + ["o", "o2"]
+    assert encoded[-2:] == [("o", p(o2)), ("o2", p(o2))]
+
+
 def test_a_backward_launch_passes_only_the_tensors_after_its_described_ones_as_pointers(monkeypatch):
     """The Gluon backward's main kernel takes descriptors of its first `described` tensors and, as pointers, only
     the tensors after them (dK's and dV's targets: the outputs, or SPLIT > 1's partials), bound and unbound alike."""
