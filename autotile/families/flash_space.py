@@ -82,22 +82,27 @@ def gluon_split_kv(problem, config) -> bool:
 
 
 # The Gluon forward's padded head dims run in two parts (HEAD_SPLIT in templates/flash_gluon_ws.py.j2): 96 = 64 + 32
-# (Phi-3), 80 = 64 + 16, 48 = 32 + 16, each part with its own descriptors, slots and wgmmas, so that Q K^T is
-# HEAD_DIM deep and O HEAD_DIM wide. Padded to 128, Phi-3-mini's tiles spend 4/3 of the MMA work: 0.81-0.83x of SDPA's
-# best backend at 16 x 512 and 4 x 2048 against 0.97-1.07x for Llama-3's head dim 128 (H100, benchmarks/RESULTS.md,
-# fifty-third run). Compiled for sm90 without spills in the key loop (tests/test_flash_gluon.py); off until its GPU
-# test against float64 passes (tests/test_flash_gluon_gpu.py -k head_split) and it is timed beside the padded tiles.
-GLUON_HEAD_SPLIT = False
-# The second parts HEAD_SPLIT takes (columns past BLOCK_D / 2).
-HEAD_SPLIT_TAILS = (16, 32)
+# (Phi-3), each part with its own descriptors, slots and wgmmas, so that Q K^T is HEAD_DIM deep and O HEAD_DIM wide,
+# where 128-wide tiles spend 4/3 of the MMA work on TMA's zeros. Checked against float64 on an H100, dense and packed,
+# causal and not, every tile and key block the space offers, static rounds and the queue, the same bits twice
+# (results/gpu_tests_2026-12-08a_h100_head_split.txt). Each Phi-3-mini causal default, x SDPA's best (cuDNN), padded ->
+# split (results/gluon_head_split_2026-12-08a_h100.md): 1 x 4096 1.127x -> 1.201x, 4 x 2048 0.815x -> 0.849x,
+# 8 x 1024 0.814x -> 0.821x, 16 x 512 0.798x -> 0.799x; no row slower. Short sequences gain little: their time is
+# not the MMA work.
+GLUON_HEAD_SPLIT = True
+# The second parts HEAD_SPLIT takes (columns past BLOCK_D / 2). The template also takes 16-column
+# tails (80 = 64 + 16, 48 = 32 + 16; compiled for sm90 in tests/test_flash_gluon.py): at head dim 80 the split ran
+# 1.221x of cuDNN against 1.064x padded at 4 x 2048 and 1.084x against 0.958x at 16 x 512 (the same file, checked
+# against float32 there). They join once their float64 test (test_flash_gluon_gpu.py -k head_split) has run.
+HEAD_SPLIT_TAILS = (32,)
 
 
 def gluon_head_split(problem, config) -> bool:
-    """Whether a gluon_ws forward runs its padded head dim in two parts (HEAD_SPLIT): BLOCK_D / 2 columns and a tail of
-    HEAD_SPLIT_TAILS, where GLUON_HEAD_SPLIT is on and the K/V slots are not split (SPLIT_KV)."""
+    """Whether a gluon_ws forward runs its padded head dim in two parts (HEAD_SPLIT): half the tile's width and a tail
+    of HEAD_SPLIT_TAILS, on tiles up to 128 wide (256-wide ones are unmeasured), where GLUON_HEAD_SPLIT is on."""
     p = problem
-    return (GLUON_HEAD_SPLIT and p.direction == "fwd" and config["LOADS"] == GLUON_WS and p.block_d != p.head_dim
-            and p.head_dim - p.block_d // 2 in HEAD_SPLIT_TAILS and not gluon_split_kv(p, config))
+    return (GLUON_HEAD_SPLIT and p.direction == "fwd" and config["LOADS"] == GLUON_WS and p.head_dim < p.block_d <= 128
+            and p.head_dim - p.block_d // 2 in HEAD_SPLIT_TAILS)
 
 
 # Keys up to which causal gluon_ws forwards at head dim 128 take 64-key blocks (see forward_default).

@@ -54,6 +54,7 @@ def gluon_launches(q, k, v, split: bool, want: torch.Tensor, errs: dict) -> dict
     from autotile.families.flash import FAMILY, GLUON_WS
 
     flash_space.GLUON_HEAD_SPLIT = split
+    flash_space.HEAD_SPLIT_TAILS = (16, 32)  # every tail the template takes
     problem = FAMILY.problem_from_tensors(q, k, v, causal=True)
     device = current_device(q.device)
     default = FAMILY.default_config(problem, device)
