@@ -167,9 +167,10 @@ GLUON_ALIBI = False
 def gluon_ws_ok(problem, device: DeviceInfo) -> bool:
     """Whether the gluon_ws forward (templates/flash_gluon_ws.py.j2) applies: Hopper's wgmma and TMA compiled by
     Triton (never its interpreter, which does not run Gluon), 16-bit dense tensors with TMA-able strides, a head dim
-    that is or pads to 64, 128 or 256 (96 -> 128: TMA fills the padding), dense or packed, and no feature but a right
-    bound (causal, or a window's right side), soft-capping (GLUON_SOFTCAP), ALiBi (GLUON_ALIBI) and, where GLUON_WINDOW
-    is on, a window's left side (with a right side too only where GLUON_TWO_SIDED_WINDOW is)."""
+    that is or pads to 64, 128 or 256 (96 -> 128: TMA fills the padding, or the tiles take it in two parts,
+    gluon_head_split), dense or packed, and no feature but a right bound (causal, or a window's right side),
+    soft-capping (GLUON_SOFTCAP), ALiBi (GLUON_ALIBI) and, where GLUON_WINDOW is on, a window's left side (with a right
+    side too only where GLUON_TWO_SIDED_WINDOW is)."""
     p = problem
     return (not device.interpret and device.compute_capability[0] == 9 and p.direction == "fwd"
             and p.dtype in ("bf16", "fp16") and p.aligned and p.block_d in _GLUON_HEAD_DIMS and p.head_dim % 8 == 0
