@@ -148,6 +148,17 @@ def flex_call(q, k, v, window, softcap: float, slopes=None):
     return lambda: compiled(q, k, v, score_mod=score_mod, block_mask=mask, enable_gqa=True)
 
 
+def write_table(out: Path, lines: list[str], rows: list[dict], what: str) -> None:
+    """The table's lines written to `out` and printed; exits non-zero where a `what` (each row's "errs") is off the
+    float32 reference by more than 2e-2."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    worst = max(max(r["errs"].values()) for r in rows)
+    if worst > 2e-2:
+        raise SystemExit(f"a {what} is off the float32 reference by {worst:.4f}")
+
+
 def main() -> None:
     import triton
     import triton.testing
@@ -217,12 +228,7 @@ def main() -> None:
                      f"{cell(r, 'gluon')} | {r['ms']['triton'] / r['ms']['gluon']:.3f}x | {cell(r, 'no window')} | "
                      f"{cell(r, 'flex')} | {r['errs']['triton']:.4f} / {r['errs']['gluon']:.4f}{flex_err} | "
                      f"`{r['what']['gluon']}` |")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
-    worst = max(max(r["errs"].values()) for r in rows)
-    if worst > 2e-2:
-        raise SystemExit(f"a call is off the float32 reference by {worst:.4f}")
+    write_table(args.out, lines, rows, "call")
 
 
 if __name__ == "__main__":
