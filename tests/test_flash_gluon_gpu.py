@@ -306,12 +306,13 @@ def test_gluon_ws_windows_soft_capped_packed_and_queued_as_float64(monkeypatch, 
 def test_gluon_ws_head_split_as_float64(monkeypatch, shape, features):
     """Padded head dims in two parts (HEAD_SPLIT: 96 = 64 + 32, 80 = 64 + 16, 48 = 32 + 16), causal and not, every
     tile and key block the space offers, against float64, the same bits twice: what lets flash_space.HEAD_SPLIT_TAILS
-    take a tail."""
+    take a tail and HEAD_SPLIT_WITH_FEATURES be turned on."""
     from autotile.device import cuda_device
     from autotile.families import flash_space
 
     monkeypatch.setattr(flash_space, "GLUON_HEAD_SPLIT", True)
     monkeypatch.setattr(flash_space, "HEAD_SPLIT_TAILS", (16, 32))
+    monkeypatch.setattr(flash_space, "HEAD_SPLIT_WITH_FEATURES", True)
     device = cuda_device()
     for causal in (False, True):
         problem = FlashProblem("fwd", *shape, causal=causal, **features)

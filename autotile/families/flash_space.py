@@ -95,14 +95,19 @@ GLUON_HEAD_SPLIT = True
 # 1.221x of cuDNN against 1.064x padded at 4 x 2048 and 1.084x against 0.958x at 16 x 512 (the same file, checked
 # against float32 there). They join once their float64 test (test_flash_gluon_gpu.py -k head_split) has run.
 HEAD_SPLIT_TAILS = (32,)
+# Soft-capped, windowed and ALiBi calls keep the padded tiles until the GPU test's cases with those features have run
+# (`-k "head_split and (softcap or window)"`).
+HEAD_SPLIT_WITH_FEATURES = False
 
 
 def gluon_head_split(problem, config) -> bool:
     """Whether a gluon_ws forward runs its padded head dim in two parts (HEAD_SPLIT): half the tile's width and a tail
-    of HEAD_SPLIT_TAILS, on tiles up to 128 wide (256-wide ones are unmeasured), where GLUON_HEAD_SPLIT is on."""
+    of HEAD_SPLIT_TAILS, on tiles up to 128 wide (256-wide ones are unmeasured), where GLUON_HEAD_SPLIT is on; with
+    soft-capping, a window's left side or ALiBi only where HEAD_SPLIT_WITH_FEATURES is."""
     p = problem
+    plain = HEAD_SPLIT_WITH_FEATURES or (p.softcap == 0 and p.window_left < 0 and not p.alibi)
     return (GLUON_HEAD_SPLIT and p.direction == "fwd" and config["LOADS"] == GLUON_WS and p.head_dim < p.block_d <= 128
-            and p.head_dim - p.block_d // 2 in HEAD_SPLIT_TAILS)
+            and p.head_dim - p.block_d // 2 in HEAD_SPLIT_TAILS and plain)
 
 
 # Keys up to which causal gluon_ws forwards at head dim 128 take 64-key blocks (see forward_default).
