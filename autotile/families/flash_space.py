@@ -90,10 +90,10 @@ def gluon_split_kv(problem, config) -> bool:
 # 8 x 1024 0.814x -> 0.821x, 16 x 512 0.798x -> 0.799x; no row slower. Short sequences gain little: their time is
 # not the MMA work.
 GLUON_HEAD_SPLIT = True
-# The second parts HEAD_SPLIT takes (columns past BLOCK_D / 2). The template also takes 16-column
-# tails (80 = 64 + 16, 48 = 32 + 16; compiled for sm90 in tests/test_flash_gluon.py): at head dim 80 the split ran
-# 1.221x of cuDNN against 1.064x padded at 4 x 2048 and 1.084x against 0.958x at 16 x 512 (the same file, checked
-# against float32 there). They join once their float64 test (test_flash_gluon_gpu.py -k head_split) has run.
+# The second parts HEAD_SPLIT takes (columns past BLOCK_D / 2). The template also takes 16-column tails (80 = 64 + 16,
+# 48 = 32 + 16; compiled for sm90 in tests/test_flash_gluon.py): at head dim 80 the split ran 1.221x of cuDNN against
+# 1.064x padded at 4 x 2048 and 1.084x against 0.958x at 16 x 512 (the same file, checked against float32 there).
+# They join once their float64 test (test_flash_gluon_gpu.py -k head_split) has run.
 HEAD_SPLIT_TAILS = (32,)
 # Soft-capped, windowed and ALiBi calls keep the padded tiles until the GPU test's cases with those features have run
 # (`-k "head_split and (softcap or window)"`).

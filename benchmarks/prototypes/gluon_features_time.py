@@ -105,24 +105,33 @@ def gluon_tiles(switch: str, q, k, v, causal: bool = True, **features) -> dict:
     through the family as graph replays: which tile the policy should take with the feature."""
     from autotile.device import current_device
     from autotile.families import flash_space
-    from autotile.families.flash import FAMILY, GLUON_WS
+    from autotile.families.flash import FAMILY
 
     setattr(flash_space, switch, True)
     problem = FAMILY.problem_from_tensors(q, k, v, causal=causal, **features)
-    device = current_device(q.device)
+    return {f"gluon {block_n} keys x {config['num_stages']}": kept_replay(problem, config, q, k, v)[0]
+            for block_n, config in sorted(deepest_gluon(problem, current_device(q.device)).items())}
+
+
+def deepest_gluon(problem, device) -> dict:
+    """BLOCK_N -> the deepest pipeline of the Gluon forward the space offers for `problem` with that key block."""
+    from autotile.families.flash import FAMILY, GLUON_WS
+
     deepest = {}
     for c in FAMILY.space(problem, device).feasible():
         if c["LOADS"] == GLUON_WS and c["num_stages"] > deepest.get(c["BLOCK_N"], {}).get("num_stages", 0):
             deepest[c["BLOCK_N"]] = c
+    return deepest
+
+
+def kept_replay(problem, config, q, k, v) -> tuple:
+    """(a graph replay of `config`'s kept plan on q, k, v, as the op's, its outputs) through the family."""
+    from autotile.families.flash import FAMILY
+
     inputs = {"q": q, "k": k, "v": v}
-    launches = {}
-    for block_n, config in sorted(deepest.items()):
-        outputs = FAMILY.allocate_outputs(problem, inputs)
-        # A kept plan, as the op's.
-        plan, plan_args = FAMILY._planned(problem, config, inputs, outputs, scale=q.shape[-1] ** -0.5, keep=True)
-        launches[f"gluon {block_n} keys x {config['num_stages']}"] = graph_of(
-            lambda plan=plan, plan_args=plan_args: plan(*plan_args))
-    return launches
+    outputs = FAMILY.allocate_outputs(problem, inputs)
+    plan, plan_args = FAMILY._planned(problem, config, inputs, outputs, scale=q.shape[-1] ** -0.5, keep=True)
+    return graph_of(lambda: plan(*plan_args)), outputs
 
 
 def flex_call(q, k, v, window, softcap: float, slopes=None):
