@@ -10,6 +10,10 @@ import torch
 if not torch.cuda.is_available():
     # The CPU machines (and CI) run every kernel under Triton's interpreter.
     os.environ.setdefault("TRITON_INTERPRET", "1")
+    # NOTE: Gluon wraps triton.language's @jit helpers when it is first imported, and asserts they are compiled
+    # functions unless the interpreter is on. Under the interpreter they are interpreted ones, so a first import
+    # inside a compiled kernel module's import (render.interpreter_mode(False)) failed: it is imported here instead.
+    import triton.experimental.gluon.language  # noqa: F401,E402
 
 _scratch = tempfile.mkdtemp(prefix="autotile-tests-")
 os.environ.setdefault("AUTOTILE_CACHE_DIR", os.path.join(_scratch, "cache"))
