@@ -146,6 +146,80 @@ def test_the_tile_queue_is_gluon_ws_and_untuned_where_head_dim_128_runs_more_tha
     assert FAMILY.render_switches(llama, space.validate(dict(stored, TILE_QUEUE=True)))["TILE_QUEUE"]
 
 
+def _rendered_tile_order(problem, config):
+    """The rendered kernel's _tile (tile index -> (query tile, batch, head)) as plain Python: Gluon's minimum is min."""
+    import ast
+    import types
+
+    from autotile.render import render_source
+
+    source = render_source(FAMILY.template, **FAMILY.render_switches(problem, config))
+    tree = ast.parse(source)
+    tile, = [node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "_tile"]
+    tile.decorator_list = []
+    scope = {"gl": types.SimpleNamespace(minimum=min), "HEAD_MAJOR_TILES": 16}
+    exec(compile(ast.Module(body=[tile], type_ignores=[]), "_tile", "exec"), scope)
+    return scope["_tile"]
+
+
+@pytest.mark.parametrize("group", [1, 5, 7, 24, 200])
+def test_causal_tiles_in_head_groups_cover_every_tile_once_each_groups_heaviest_first(monkeypatch, group):
+    """HEAD_GROUPS' order, run from the rendered source: every (query tile, batch, head) once; groups of `group`
+    heads (the last one smaller where it does not divide them), each group's query tiles heaviest first."""
+    from autotile.families import flash_space
+
+    monkeypatch.setattr(flash_space, "FORWARD_HEAD_GROUPS", True)
+    problem = FlashProblem("fwd", 3, 8, 2, 700, 700, 128, causal=True)
+    config = dict(LOADS=GLUON_WS, BLOCK_M=128, BLOCK_N=64, WARP_SPECIALIZE=False, MASKS_IN_LOOP=False,
+                  TILE_QUEUE=True, num_warps=4, num_stages=4)
+    assert FAMILY.render_switches(problem, config)["HEAD_GROUPS"]
+    tile = _rendered_tile_order(problem, config)
+    n_m, heads = 6, 3 * 8
+    order = [tile(c, n_m, 3, 8, 128, group) for c in range(n_m * heads)]
+    assert sorted(order) == [(m, b, h) for m in range(n_m) for b in range(3) for h in range(8)]
+    size = min(group, heads)
+    for first in range(0, heads, size):
+        tiles = order[first * n_m:min(first + size, heads) * n_m]
+        assert {b * 8 + h for _, b, h in tiles} == set(range(first, min(first + size, heads)))
+        assert [m for m, _, _ in tiles] == sorted((m for m, _, _ in tiles), reverse=True)
+    # One group of every head is the tile-major order the template keeps without HEAD_GROUPS.
+    monkeypatch.setattr(flash_space, "FORWARD_HEAD_GROUPS", False)
+    plain = _rendered_tile_order(problem, config)
+    if group >= heads:
+        assert order == [plain(c, n_m, 3, 8, 128) for c in range(n_m * heads)]
+
+
+def test_head_groups_are_sized_for_l2_where_all_heads_k_and_v_outgrow_it():
+    from autotile.families import flash_launch
+
+    queued = dict(LOADS=GLUON_WS, BLOCK_M=128, BLOCK_N=64, TILE_QUEUE=True)
+    phi3 = FlashProblem("fwd", 16, 32, 32, 512, 512, 96, causal=True)  # 100 MB of K and V: 196,608 B a head
+    assert flash_launch.forward_head_group(phi3, queued) == int(0.5 * 50 * 2**20 // 196608) == 133
+    assert flash_launch.forward_head_group(phi3, dict(queued, TILE_QUEUE=False)) == 16 * 32  # static rounds: tile-major
+    llama = FlashProblem("fwd", 16, 32, 8, 512, 512, 128, causal=True)  # GQA: 34 MB of K and V, within L2
+    assert flash_launch.forward_head_group(llama, queued) == 16 * 32
+    phi3_long = dataclasses.replace(phi3, batch=4, seq_q=2048, seq_k=2048)  # 786,432 B a head
+    assert flash_launch.forward_head_group(phi3_long, queued) == 33
+    gemma = FlashProblem("fwd", 4, 16, 8, 2048, 2048, 256, causal=True)  # 16 query tiles a head: one head at a time
+    assert flash_launch.forward_head_group(gemma, dict(queued, TILE_QUEUE=False)) == 1
+    assert flash_launch.forward_head_group(dataclasses.replace(gemma, batch=1, seq_q=8192, seq_k=8192),
+                                           dict(queued, TILE_QUEUE=False)) == 16
+
+
+def test_head_groups_render_only_where_switched_on_for_dense_bounded_calls(monkeypatch):
+    from autotile.families import flash_space
+
+    config = dict(LOADS=GLUON_WS, BLOCK_M=128, BLOCK_N=64, WARP_SPECIALIZE=False, MASKS_IN_LOOP=False,
+                  TILE_QUEUE=True, num_warps=4, num_stages=4)
+    causal = FlashProblem("fwd", 16, 32, 32, 512, 512, 96, causal=True)
+    assert not FAMILY.render_switches(causal, config)["HEAD_GROUPS"]  # off until timed
+    monkeypatch.setattr(flash_space, "FORWARD_HEAD_GROUPS", True)
+    assert FAMILY.render_switches(causal, config)["HEAD_GROUPS"]
+    assert FAMILY.render_switches(dataclasses.replace(causal, causal=False, window_right=30), config)["HEAD_GROUPS"]
+    for other in (dataclasses.replace(causal, causal=False), dataclasses.replace(causal, varlen=True)):
+        assert not FAMILY.render_switches(other, config)["HEAD_GROUPS"], other
+
+
 # (problem, BLOCK_N, num_stages): causal and not, the three head dims, GQA, a right window, fp16, packed sequences.
 CASES = [
     (LLAMA_4K, 128, 3),
@@ -181,7 +255,8 @@ def _build(problem, block_n, stages, queue=False) -> dict:
                   TILE_QUEUE=queue, num_warps=4, num_stages=stages)
     feasible = FAMILY.space(problem, H200).admit(config) is not None
     kernels = compile_config(FAMILY, problem, config, H200)
-    return dict(feasible=feasible, head_split=FAMILY.render_switches(problem, config)["HEAD_SPLIT"],
+    switches = FAMILY.render_switches(problem, config)
+    return dict(feasible=feasible, head_split=switches["HEAD_SPLIT"], head_groups=switches["HEAD_GROUPS"],
                 kernels=[(k.name, k.shared, k.stack, k.mma_loop_spills, list(k.ptx_features), k.global_scratch)
                          for k in kernels])
 
@@ -215,12 +290,20 @@ HEAD_SPLIT_CASES = [CASES[7], (FlashProblem("fwd", 4, 32, 32, 2048, 2048, 96, ca
                     (FlashProblem("fwd", 3, 12, 12, 2000, 2000, 48, causal=True), 64, 4)]
 
 
+# Causal tiles in groups of heads (flash_space.FORWARD_HEAD_GROUPS, off until its GPU test and timing: turned on in
+# the compiling process): Phi-3's heads at 16 x 512 in two parts, queued and in static rounds, and Gemma-2's head dim
+# 256 on one split K/V slot.
+HEAD_GROUP_CASES = [CASES[7], (FlashProblem("fwd", 4, 32, 32, 2048, 2048, 96, causal=True), 128, 3), CASES[9]]
+HEAD_GROUP_QUEUED = (True, True, False)
+
+
 def _build_job(job) -> dict:
     from autotile.families import flash_space
 
-    case, queue, split = job
-    flash_space.GLUON_HEAD_SPLIT = split
+    case, queue, group = job
+    flash_space.GLUON_HEAD_SPLIT = group in ("head split", "head groups")
     flash_space.HEAD_SPLIT_TAILS = (16, 32)
+    flash_space.FORWARD_HEAD_GROUPS = group == "head groups"
     return _build(*case, queue=queue)
 
 
@@ -233,9 +316,11 @@ def _compile_cases() -> dict:
     flash_space.GLUON_ALIBI = flash_space.GLUON_TWO_SIDED_WINDOW = True
     groups = {"static": (CASES, False), "queued": (QUEUE_CASES, True), "softcap": (SOFTCAP_CASES, False),
               "window": (WINDOW_CASES, False), "alibi": (ALIBI_CASES, False), "head split": (HEAD_SPLIT_CASES, False)}
-    jobs = [(case, queue, name == "head split") for name, (cases, queue) in groups.items() for case in cases]
+    jobs = [(case, queue, name) for name, (cases, queue) in groups.items() for case in cases]
+    jobs += [(case, queue, "head groups") for case, queue in zip(HEAD_GROUP_CASES, HEAD_GROUP_QUEUED)]
     built = iter(map_in_processes(_build_job, jobs))
-    return {name: [next(built) for _ in cases] for name, (cases, _) in groups.items()}
+    results = {name: [next(built) for _ in cases] for name, (cases, _) in groups.items()}
+    return dict(results, **{"head groups": list(built)})
 
 
 def test_gluon_ws_kernels_compile_for_sm90_without_spills_in_the_key_loop_or_launch_scratch():
@@ -247,9 +332,13 @@ def test_gluon_ws_kernels_compile_for_sm90_without_spills_in_the_key_loop_or_lau
     assert len(results["alibi"]) == len(ALIBI_CASES) and len(results["head split"]) == len(HEAD_SPLIT_CASES)
     assert not any(result["head_split"] for result in results["static"])
     assert all(result["head_split"] for result in results["head split"])
+    assert len(results["head groups"]) == len(HEAD_GROUP_CASES)
+    assert all(r["head_groups"] for r in results["head groups"])
+    assert not any(r["head_groups"] for r in results["static"])
     for case, result in [*zip(CASES, results["static"]), *zip(QUEUE_CASES, results["queued"]),
                          *zip(SOFTCAP_CASES, results["softcap"]), *zip(WINDOW_CASES, results["window"]),
-                         *zip(ALIBI_CASES, results["alibi"]), *zip(HEAD_SPLIT_CASES, results["head split"])]:
+                         *zip(ALIBI_CASES, results["alibi"]), *zip(HEAD_SPLIT_CASES, results["head split"]),
+                         *zip(HEAD_GROUP_CASES, results["head groups"])]:
         assert result["feasible"], case
         (name, shared, stack, loop_spills, features, scratch), = result["kernels"]
         assert name == "attn_fwd" and shared <= H200.smem_per_block, (case, shared)

@@ -1,6 +1,6 @@
 """The flash family's Gluon forward (templates/flash_gluon_ws.py.j2) on a Hopper GPU against float64: O and LSE,
 causal and not, odd lengths, more queries than keys (rows that see no key), GQA and MQA, the three head dims and two
-padded ones (96, 80), padded ones in two parts (HEAD_SPLIT: 96, 80, 48), fp16,
+padded ones (96, 80), padded ones in two parts (HEAD_SPLIT: 96, 80, 48), causal tiles in head groups, fp16,
 packed sequences, any scale, a window's right side, strided (B, S, H, D) projections seen through
 .transpose(1, 2), and the same bits run after run. Skipped without a Hopper GPU; tests/test_flash_gluon.py covers what the CPU can.
 """
@@ -321,6 +321,33 @@ def test_gluon_ws_head_split_as_float64(monkeypatch, shape, features):
             for queued in (False, True):
                 run = FAMILY.space(problem, device).admit(dict(config, TILE_QUEUE=queued))
                 assert run is not None and FAMILY.render_switches(problem, run)["HEAD_SPLIT"], config.to_json()
+                first = run_checked(problem, run, inputs)
+                again = run_checked(problem, run, inputs)
+                assert torch.equal(first["o"], again["o"]) and torch.equal(first["lse"], again["lse"]), run.to_json()
+
+
+@pytest.mark.parametrize("group", [1, 5, 1000], ids=lambda g: f"group{g}")
+@pytest.mark.parametrize("shape", [(3, 8, 2, 700, 900, 128), (2, 8, 8, 333, 517, 96), (1, 8, 4, 257, 511, 256)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_gluon_ws_head_groups_as_float64(monkeypatch, shape, group):
+    """Causal tiles in groups of heads (HEAD_GROUPS): one head at a time, groups that do not divide the heads, and one
+    group of them all; causal and a right window alone, static rounds and the queue, every tile and key block, against
+    float64 (poisoned outputs show a tile skipped), launch after launch: what lets flash_space.FORWARD_HEAD_GROUPS be
+    turned on."""
+    from autotile.device import cuda_device
+    from autotile.families import flash_launch, flash_space
+
+    monkeypatch.setattr(flash_space, "FORWARD_HEAD_GROUPS", True)
+    monkeypatch.setattr(flash_launch, "forward_head_group",
+                        lambda problem, config: min(group, problem.batch * problem.heads_q))
+    device = cuda_device()
+    for features in (dict(causal=True), dict(window_right=37)):
+        problem = FlashProblem("fwd", *shape, **features)
+        inputs = FAMILY.make_inputs(problem, device, seed=17)
+        for config in gluon_configs(problem, device):
+            for queued in (False, True):
+                run = FAMILY.space(problem, device).admit(dict(config, TILE_QUEUE=queued))
+                assert run is not None and FAMILY.render_switches(problem, run)["HEAD_GROUPS"], config.to_json()
                 first = run_checked(problem, run, inputs)
                 again = run_checked(problem, run, inputs)
                 assert torch.equal(first["o"], again["o"]) and torch.equal(first["lse"], again["lse"]), run.to_json()

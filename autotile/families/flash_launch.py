@@ -131,6 +131,41 @@ class ForwardPlan:
             self.fwd(q, k, v, o, lse, descale, alibi, cu_q, cu_k)
 
 
+# The gluon_ws forward's causal tiles in groups of heads (HEAD_GROUPS in templates/flash_gluon_ws.py.j2, where
+# flash_space.FORWARD_HEAD_GROUPS is on). The tile-major order (every head's heaviest query tile, then every head's
+# next) reads a head's K and V once for each of its query tiles, some bh_count tiles apart. Where all heads' K and V
+# outgrow L2, those reads come from memory: MHA Phi-3-mini 16 x 512 (32 heads of 96) has 100 MB of K and V, read 2.5
+# times over by its 4 query tiles, beside 100 MB of Q and O: about 350 MB where one read of each is 200 MB. Its 129
+# us against cuDNN's 103 on an H100 (results/gluon_head_split_2026-12-08a_h100.md) is that traffic at 2.7 TB/s. In
+# groups whose K and V fit a share of L2, a group's query tiles re-read them from L2. GQA heads share K and V:
+# Llama-3-8B at 16 x 512 has 34 MB of them, within L2, and tile-major and head-major orders tied there
+# (results/gluon_variants_2026-12-03i.txt). Groups take the tile queue: static rounds over groups dealt programs
+# uneven work (Gemma-2-9B 4 x 2048 0.72x of cuDNN against 0.80x tile-major, results/gluon_variants_2026-12-03f.txt),
+# which the queue evens out.
+HEAD_GROUP_FROM_L2 = 1.0  # groups where all heads' K and V are more than this many L2s
+HEAD_GROUP_L2_SHARE = 0.5  # the share of L2 a group's K and V may fill
+# Query tiles a head up to which causal head-dim-256 tiles go one head after another, in static rounds too: Gemma-2-9B
+# 16 x 512 0.84x -> 0.90x of cuDNN, 4 x 2048 0.77x -> 0.83x; 1 x 8192 (64 tiles a head) 0.79x -> 0.58x
+# (results/gluon_variants_2026-12-03h.txt). The template's own order where HEAD_GROUPS is off (HEAD_MAJOR_TILES).
+FORWARD_HEAD_MAJOR_TILES = 16
+
+
+def forward_head_group(problem, config) -> int:
+    """The (batch, head) pairs of a group in the gluon_ws forward's causal tile order (HEAD_GROUPS): 1 (one head after
+    another) at head dim 256 up to FORWARD_HEAD_MAJOR_TILES query tiles a head; with the tile queue, where all heads'
+    K and V outgrow HEAD_GROUP_FROM_L2 L2s, as many heads as fill HEAD_GROUP_L2_SHARE of it; else all of them (the
+    tile-major order)."""
+    p = problem
+    heads = p.batch * p.heads_q
+    if p.block_d == 256 and _cdiv(p.seq_q, config["BLOCK_M"]) <= FORWARD_HEAD_MAJOR_TILES:
+        return 1
+    # K and V bytes a query head reads (GQA: its group's share of them).
+    per_head = 2 * p.seq_k * p.head_dim * element_size(p.dtype) * p.heads_kv / p.heads_q
+    if not config.get("TILE_QUEUE") or heads * per_head <= HEAD_GROUP_FROM_L2 * HOPPER_L2_BYTES:
+        return heads
+    return max(1, min(heads, int(HEAD_GROUP_L2_SHARE * HOPPER_L2_BYTES // per_head)))
+
+
 def forward_plan(module, problem, config, scale: float, q, k, v, o, lse, alibi, interpret: bool,
                  keep: bool = False) -> ForwardPlan:
     p = problem
@@ -157,6 +192,8 @@ def forward_plan(module, problem, config, scale: float, q, k, v, o, lse, alibi, 
 
         queue = getattr(module, "TILE_QUEUE", False)
         sources = getattr(module, "DESCRIPTOR_SOURCES", ())
+        if getattr(module, "HEAD_GROUPS", False):
+            scalars += (forward_head_group(p, config),)
         return ForwardPlan(_DescriptorLaunch(module.attn_fwd, grid, scalars, options, keep, describe, queue,
                                              sources=sources), interpret)
     return ForwardPlan(_Launch(module.attn_fwd, grid, scalars, options, keep), interpret)

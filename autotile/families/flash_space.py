@@ -110,6 +110,21 @@ def gluon_head_split(problem, config) -> bool:
             and p.head_dim - p.block_d // 2 in HEAD_SPLIT_TAILS and plain)
 
 
+# Causal gluon_ws forwards deal their tiles in groups of heads sized for L2 (HEAD_GROUPS in
+# templates/flash_gluon_ws.py.j2; the group: flash_launch.forward_head_group). NOTE: off until its float64 test
+# (test_flash_gluon_gpu.py -k head_groups) has run and benchmarks/prototypes/gluon_head_group_time.py has timed it
+# against the tile-major order; off, the template keeps its own order.
+FORWARD_HEAD_GROUPS = False
+
+
+def gluon_head_groups(problem, config) -> bool:
+    """Whether a gluon_ws forward takes its causal tile order's head group as an argument (HEAD_GROUPS): dense calls
+    whose keys have a right bound, where FORWARD_HEAD_GROUPS is on."""
+    p = problem
+    return (FORWARD_HEAD_GROUPS and p.direction == "fwd" and config["LOADS"] == GLUON_WS and not p.varlen
+            and (p.causal or p.window_right >= 0))
+
+
 # Keys up to which causal gluon_ws forwards at head dim 128 take 64-key blocks (see forward_default).
 _GLUON_SHORT_KEYS = 1024
 # Keys up to which gluon_ws forwards at head dim 256 take 64-key blocks on two K/V slots; beyond, one split slot of

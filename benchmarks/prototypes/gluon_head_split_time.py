@@ -72,20 +72,18 @@ def gluon_launches(q, k, v, split: bool, want: torch.Tensor, errs: dict) -> dict
     return launches
 
 
-def main() -> None:
-    import triton
+def time_causal_cases(cases, launches, rounds: int) -> list[dict]:
+    """For each (model, Hq, Hkv, D, shapes) case's causal prefill shapes: SDPA's backends and the kernels of
+    `launches(q, k, v, want, errs)` (graph replays, each output's error against the float32 `want` in `errs`), in
+    `rounds` interleaved rounds of do_bench medians; a row a shape, printed as it is timed."""
     import triton.testing
-    from gluon_features_time import graph_of, reference, write_table
+    from gluon_features_time import graph_of, reference
 
     from autotile.bench import interleaved_medians
     from autotile.families.flash_reference import seen_pairs
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--rounds", type=int, default=5)
-    args = parser.parse_args()
     rows = []
-    for name, hq, hkv, dim, shapes in CASES:
+    for name, hq, hkv, dim, shapes in cases:
         for batch, seq in shapes:
             gen = torch.Generator(device="cuda").manual_seed(seq + dim)
             q, k, v = (torch.randn(batch, h, seq, dim, device="cuda", generator=gen, dtype=torch.bfloat16)
@@ -93,18 +91,25 @@ def main() -> None:
             want = reference(q, k, v, -1, 0.0)
             errs = {}
             impls = {label: graph_of(call) for label, call in sdpa_backends(q, k, v).items()}
-            for split in (False, True):
-                impls.update(gluon_launches(q, k, v, split, want, errs))
-            ms = interleaved_medians(impls, args.rounds, lambda fn: triton.testing.do_bench(fn, warmup=10, rep=40))
+            impls.update(launches(q, k, v, want, errs))
+            ms = interleaved_medians(impls, rounds, lambda fn: triton.testing.do_bench(fn, warmup=10, rep=40))
             flops = 4 * batch * hq * seen_pairs(seq, seq, True, -1, -1) * dim
             row = dict(model=name, shape=f"{batch} x {seq}", ms=ms, errs=errs,
                        tflops={key: flops / (t * 1e-3) / 1e12 for key, t in ms.items()})
             rows.append(row)
             timings = ", ".join(f"{key} {t:.4f} ms ({row['tflops'][key]:.0f})" for key, t in ms.items())
             print(f"{name} {batch}x{seq}: {timings} | err {errs}", flush=True)
-    lines = [f"# Gluon forward, padded head dims padded and split, causal prefill, {torch.cuda.get_device_name()}, "
-             f"torch {torch.__version__}, triton {triton.__version__}, {datetime.date.today()}, bf16, CUDA-graph "
-             f"replays, medians of {args.rounds} interleaved rounds; TF/s count the causal pairs", "",
+    return rows
+
+
+def write_causal_table(out: Path, what: str, rows: list[dict], rounds: int) -> None:
+    """time_causal_cases' rows as a table against SDPA's best, headed by `what`, the device and versions."""
+    import triton
+    from gluon_features_time import write_table
+
+    lines = [f"# {what}, {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}, "
+             f"{datetime.date.today()}, bf16, CUDA-graph replays, medians of {rounds} interleaved rounds; TF/s "
+             f"count the causal pairs", "",
              "| model | B x S | kernel | ms (TF/s) | x SDPA's best | rel err |", "|---|---|---|---|---|---|"]
     for r in rows:
         vendor = min((t for key, t in r["ms"].items() if key.startswith("SDPA")), default=float("nan"))
@@ -112,7 +117,20 @@ def main() -> None:
             err = f"{r['errs'][key]:.4f}" if key in r["errs"] else "-"
             lines.append(f"| {r['model']} | {r['shape']} | {key} | {t:.4f} ({r['tflops'][key]:.0f}) | "
                          f"{vendor / t:.3f}x | {err} |")
-    write_table(args.out, lines, rows, "launch")
+    write_table(out, lines, rows, "launch")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+
+    def launches(q, k, v, want, errs) -> dict:
+        return {**gluon_launches(q, k, v, False, want, errs), **gluon_launches(q, k, v, True, want, errs)}
+
+    rows = time_causal_cases(CASES, launches, args.rounds)
+    write_causal_table(args.out, "Gluon forward, padded head dims padded and split, causal prefill", rows, args.rounds)
 
 
 if __name__ == "__main__":
