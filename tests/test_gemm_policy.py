@@ -602,3 +602,24 @@ def test_mid_swapped_gluon_tiles_leave_shapes_the_unswapped_tiles_fit(m, n, k):
     # are four whole 128-row tiles; 64 x 192 at 176 x 6144 x 4096 ran 1.09x (results/gluon_swap_grid_2026-12-07_h100.json).
     config = FAMILY.default_config(contiguous_problem(m, n, k, "bf16", "bf16", layout_b="col"), H200)
     assert config["VARIANT"] == "gluon_ws" and not config["SWAP_AB"], config
+
+
+@pytest.mark.parametrize("m,n,k,split", [(3000, 3584, 18944, 3), (2048, 3584, 18944, 4), (2048, 4096, 14336, 1),
+                                         (4096, 4096, 4096, 1)])
+def test_long_k_prefill_tails_split_where_the_model_saves_a_share_of_the_makespan(monkeypatch, m, n, k, split):
+    # PREFILL_TAIL_SPLIT (off until timed): 3000 x 3584 x 18944, two whole waves of 128 x 256 tiles and 72 left, splits
+    # them three ways (two ways saves no round); 2048 x 4096 x 14336's tail is nearly a wave, and 4096^3's K is short:
+    # whole tiles.
+    from autotile.families import gemm_policy
+
+    problem = contiguous_problem(m, n, k, "bf16", "bf16", layout_b="col")
+    whole = FAMILY.default_config(problem, H200)
+    assert whole["SCHEDULE"] == "data_parallel"
+    monkeypatch.setattr(gemm_policy, "PREFILL_TAIL_SPLIT_GAIN", 0.03)
+    config = FAMILY.default_config(problem, H200)
+    assert dict(config, SCHEDULE="data_parallel", SPLIT_K=1) == dict(whole), config
+    assert (config["SCHEDULE"], config["SPLIT_K"]) == (("split_k", split) if split > 1 else ("data_parallel", 1))
+    assert FAMILY.space(problem, H200).is_feasible(config)
+    if split > 1:
+        modelled = {s: gemm_policy._tail_split_makespan(problem, whole, H200, s) for s in (1, 2, split)}
+        assert modelled[split] < 0.97 * modelled[1] and modelled[2] >= modelled[split]

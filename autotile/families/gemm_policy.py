@@ -839,6 +839,47 @@ def _modelled_waves(problem, config: dict, device: DeviceInfo) -> float:
     return _makespan(problem, config, device, PART_EFFICIENCY.get(config["BLOCK_N"], 1.0))
 
 
+# PREFILL_TAIL_SPLIT: the Gluon variant's tiles past the last whole wave split over K (split_k: every tail tile split
+# at the same K offsets, so that a split's programs read the K slices of shared panels together) where the modelled
+# makespan (_tail_split_makespan) falls by this share. Long K leaves most room: 3000 x 3584 x 18944 (Qwen2.5-7B's down
+# projection at a 3000-token chunk; H100, results/tail_candidates_2026-12-08a_h100.json) runs 336 tiles of 128 x 256,
+# two whole waves and 72 tiles on 132 SMs, at 0.841x of cuBLAS; split three ways the model puts it 10% faster. Split
+# in two it ran 0.753x there (the model: no round saved, one partial's round trip more). Stream-K's even share models
+# faster still but ran 0.762x: each program walks its own K offset, so shared panels are read from memory at different
+# times. NOTE: off (an infinite gain asked) until benchmarks/prefill_tail_split.py and an A/B over model shapes
+# (policy_rule_ab.py --set PREFILL_TAIL_SPLIT_GAIN=0.03) have timed it.
+PREFILL_TAIL_SPLIT_GAIN = float("inf")
+
+
+def _tail_split_makespan(problem, config: dict, device: DeviceInfo, split: int) -> float:
+    """K tiles a program walks, `config`'s whole waves and then its tail tiles split `split` ways, dealt round-robin,
+    with split_cost's round trip of a partial for each split past the first."""
+    tiles = tile_count(problem, config["BLOCK_M"], config["BLOCK_N"])
+    slots = programs(problem, config, device)
+    k_tiles = math.ceil(problem.k / config["BLOCK_K"])
+    tail = tiles % slots
+    rounds = math.ceil(tail * split / slots)
+    return tiles // slots * k_tiles + rounds * math.ceil(k_tiles / split) + split_cost(problem, config) * (split - 1)
+
+
+def _prefill_tail_split(problem, config: dict, device: DeviceInfo) -> dict:
+    """`config` (whole Gluon tiles) with its tail split the way of the shortest modelled makespan, where that is
+    PREFILL_TAIL_SPLIT_GAIN shorter than whole tiles' and a whole wave comes first; `config` elsewhere."""
+    p = problem
+    tiles, slots = tile_count(p, config["BLOCK_M"], config["BLOCK_N"]), programs(p, config, device)
+    if config["SCHEDULE"] != "data_parallel" or tiles < slots or tiles % slots == 0:
+        return config
+    k_tiles = math.ceil(p.k / config["BLOCK_K"])
+    usable = [s for s in SPLIT_K_CHOICES if s > 1 and k_tiles >= 2 * s]
+    if not usable:
+        return config
+    split = min(usable, key=lambda s: (_tail_split_makespan(p, config, device, s), s))
+    whole = _tail_split_makespan(p, config, device, 1)
+    if _tail_split_makespan(p, config, device, split) <= (1 - PREFILL_TAIL_SPLIT_GAIN) * whole:
+        return dict(config, SCHEDULE="split_k", SPLIT_K=split)
+    return config
+
+
 def prefill_config(problem, device: DeviceInfo, gluon: bool = True, token_tiles: bool = True) -> dict:
     p = problem
     if gluon and p.dtype == "fp8" and gluon_ws_ok(p, device):
@@ -873,8 +914,8 @@ def prefill_config(problem, device: DeviceInfo, gluon: bool = True, token_tiles:
             parts = [gluon_config(p, **tiles) for tiles in _GLUON_PARTS]
             part = min(parts, key=lambda c: _modelled_waves(p, c, device))
             if _modelled_waves(p, part, device) <= (1 - PREFILL_PARTS_GAIN) * _modelled_waves(p, best, device):
-                return part
-        return best
+                return _prefill_tail_split(p, part, device)
+        return _prefill_tail_split(p, best, device)
     tma = _tma_loads(p, device)
     if p.dtype == "fp8":
         if p.fp8_fast_accum:
