@@ -136,7 +136,10 @@ class ForwardPlan:
 # next) reads a head's K and V once for each of its query tiles, some bh_count tiles apart. Where all heads' K and V
 # outgrow L2, those reads come from memory: MHA Phi-3-mini 16 x 512 (32 heads of 96) has 100 MB of K and V, read 2.5
 # times over by its 4 query tiles, beside 100 MB of Q and O: about 350 MB where one read of each is 200 MB. Its 129
-# us against cuDNN's 103 on an H100 (results/gluon_head_split_2026-12-08a_h100.md) is that traffic at 2.7 TB/s. In
+# us against cuDNN's 103 on an H100 (results/gluon_head_split_2026-12-08a_h100.md) is that traffic at 2.7 TB/s. The
+# same table: Phi-3-mini 4 x 2048 (100 MB of K and V, 128 heads: a round of tiles spans one query tile of each) ran
+# 322 TFLOP/s, 1 x 4096 (the same causal pairs and heads, 50 MB, a round spans four query tiles of each) 462, and head
+# dim 80 with GQA 32 / 8 at 4 x 2048 (25 MB) 396, 1.22x of cuDNN where Phi-3-mini's 96 ran 0.85x. In
 # groups whose K and V fit a share of L2, a group's query tiles re-read them from L2. GQA heads share K and V:
 # Llama-3-8B at 16 x 512 has 34 MB of them, within L2, and tile-major and head-major orders tied there
 # (results/gluon_variants_2026-12-03i.txt). Groups take the tile queue: static rounds over groups dealt programs
