@@ -605,11 +605,11 @@ def test_mid_swapped_gluon_tiles_leave_shapes_the_unswapped_tiles_fit(m, n, k):
 
 
 @pytest.mark.parametrize("m,n,k,split", [(3000, 3584, 18944, 3), (2048, 3584, 18944, 4), (2048, 4096, 14336, 1),
-                                         (4096, 4096, 4096, 1)])
+                                         (4096, 4096, 4096, 1), (1377, 28672, 3584, 1)])
 def test_long_k_prefill_tails_split_where_the_model_saves_a_share_of_the_makespan(monkeypatch, m, n, k, split):
     # PREFILL_TAIL_SPLIT (off until timed): 3000 x 3584 x 18944, two whole waves of 128 x 256 tiles and 72 left, splits
-    # them three ways (two ways saves no round); 2048 x 4096 x 14336's tail is nearly a wave, and 4096^3's K is short:
-    # whole tiles.
+    # them three ways (two ways saves no round); 2048 x 4096 x 14336's tail is nearly a wave; K = 4096 and 3584 are
+    # short of PREFILL_TAIL_SPLIT_MIN_K (1377 x 28672 x 3584 would split three ways): whole tiles.
     from autotile.families import gemm_policy
 
     problem = contiguous_problem(m, n, k, "bf16", "bf16", layout_b="col")

@@ -844,11 +844,15 @@ def _modelled_waves(problem, config: dict, device: DeviceInfo) -> float:
 # makespan (_tail_split_makespan) falls by this share. Long K leaves most room: 3000 x 3584 x 18944 (Qwen2.5-7B's down
 # projection at a 3000-token chunk; H100, results/tail_candidates_2026-12-08a_h100.json) runs 336 tiles of 128 x 256,
 # two whole waves and 72 tiles on 132 SMs, at 0.841x of cuBLAS; split three ways the model puts it 10% faster. Split
-# in two it ran 0.753x there (the model: no round saved, one partial's round trip more). Stream-K's even share models
-# faster still but ran 0.762x: each program walks its own K offset, so shared panels are read from memory at different
-# times. NOTE: off (an infinite gain asked) until benchmarks/prefill_tail_split.py and an A/B over model shapes
+# in two it ran 0.753x there, where the model has it level with whole tiles (no round saved): the split schedule cost
+# about 66 us more than split_cost counts, and whether that is a cost a split or a cost of the schedule decides the
+# rule. Stream-K's even share models faster still but ran 0.762x: each program walks its own K offset, so shared
+# panels are read from memory at different times. Below PREFILL_TAIL_SPLIT_MIN_K the K loop leaves less to save:
+# 128 x 256 tails split 2-8 ways lost 8-68% at K = 1536-4096 (results/gluon_gemm_2026-12-04_tail.md, an earlier
+# fix-up). NOTE: off (an infinite gain asked) until benchmarks/prefill_tail_split.py and an A/B over model shapes
 # (policy_rule_ab.py --set PREFILL_TAIL_SPLIT_GAIN=0.03) have timed it.
 PREFILL_TAIL_SPLIT_GAIN = float("inf")
+PREFILL_TAIL_SPLIT_MIN_K = 8192
 
 
 def _tail_split_makespan(problem, config: dict, device: DeviceInfo, split: int) -> float:
@@ -864,10 +868,12 @@ def _tail_split_makespan(problem, config: dict, device: DeviceInfo, split: int) 
 
 def _prefill_tail_split(problem, config: dict, device: DeviceInfo) -> dict:
     """`config` (whole Gluon tiles) with its tail split the way of the shortest modelled makespan, where that is
-    PREFILL_TAIL_SPLIT_GAIN shorter than whole tiles' and a whole wave comes first; `config` elsewhere."""
+    PREFILL_TAIL_SPLIT_GAIN shorter than whole tiles', a whole wave comes first and K is PREFILL_TAIL_SPLIT_MIN_K or
+    more; `config` elsewhere."""
     p = problem
     tiles, slots = tile_count(p, config["BLOCK_M"], config["BLOCK_N"]), programs(p, config, device)
-    if config["SCHEDULE"] != "data_parallel" or tiles < slots or tiles % slots == 0:
+    if (config["SCHEDULE"] != "data_parallel" or p.k < PREFILL_TAIL_SPLIT_MIN_K or tiles < slots
+            or tiles % slots == 0):
         return config
     k_tiles = math.ceil(p.k / config["BLOCK_K"])
     usable = [s for s in SPLIT_K_CHOICES if s > 1 and k_tiles >= 2 * s]
