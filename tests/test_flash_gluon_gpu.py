@@ -57,6 +57,19 @@ def check_every_gluon_config(shape, seed: int, **features) -> None:
             run_checked(problem, config, inputs)
 
 
+def check_static_and_queued(problem, device, seed: int, switch: str) -> None:
+    """Every Gluon config the space offers for `problem`, in static rounds and from the tile queue, each rendered with
+    `switch` on, against float64 twice with the same bits."""
+    inputs = FAMILY.make_inputs(problem, device, seed=seed)
+    for config in gluon_configs(problem, device):
+        for queued in (False, True):
+            run = FAMILY.space(problem, device).admit(dict(config, TILE_QUEUE=queued))
+            assert run is not None and FAMILY.render_switches(problem, run)[switch], config.to_json()
+            first = run_checked(problem, run, inputs)
+            again = run_checked(problem, run, inputs)
+            assert torch.equal(first["o"], again["o"]) and torch.equal(first["lse"], again["lse"]), run.to_json()
+
+
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_gluon_ws_matches_float64(shape, dtype):
@@ -315,15 +328,7 @@ def test_gluon_ws_head_split_as_float64(monkeypatch, shape, features):
     monkeypatch.setattr(flash_space, "HEAD_SPLIT_WITH_FEATURES", True)
     device = cuda_device()
     for causal in (False, True):
-        problem = FlashProblem("fwd", *shape, causal=causal, **features)
-        inputs = FAMILY.make_inputs(problem, device, seed=13)
-        for config in gluon_configs(problem, device):
-            for queued in (False, True):
-                run = FAMILY.space(problem, device).admit(dict(config, TILE_QUEUE=queued))
-                assert run is not None and FAMILY.render_switches(problem, run)["HEAD_SPLIT"], config.to_json()
-                first = run_checked(problem, run, inputs)
-                again = run_checked(problem, run, inputs)
-                assert torch.equal(first["o"], again["o"]) and torch.equal(first["lse"], again["lse"]), run.to_json()
+        check_static_and_queued(FlashProblem("fwd", *shape, causal=causal, **features), device, 13, "HEAD_SPLIT")
 
 
 @pytest.mark.parametrize("group", [1, 5, 1000], ids=lambda g: f"group{g}")
@@ -342,12 +347,4 @@ def test_gluon_ws_head_groups_as_float64(monkeypatch, shape, group):
                         lambda problem, config: min(group, problem.batch * problem.heads_q))
     device = cuda_device()
     for features in (dict(causal=True), dict(window_right=37)):
-        problem = FlashProblem("fwd", *shape, **features)
-        inputs = FAMILY.make_inputs(problem, device, seed=17)
-        for config in gluon_configs(problem, device):
-            for queued in (False, True):
-                run = FAMILY.space(problem, device).admit(dict(config, TILE_QUEUE=queued))
-                assert run is not None and FAMILY.render_switches(problem, run)["HEAD_GROUPS"], config.to_json()
-                first = run_checked(problem, run, inputs)
-                again = run_checked(problem, run, inputs)
-                assert torch.equal(first["o"], again["o"]) and torch.equal(first["lse"], again["lse"]), run.to_json()
+        check_static_and_queued(FlashProblem("fwd", *shape, **features), device, 17, "HEAD_GROUPS")
