@@ -146,20 +146,27 @@ def test_the_tile_queue_is_gluon_ws_and_untuned_where_head_dim_128_runs_more_tha
     assert FAMILY.render_switches(llama, space.validate(dict(stored, TILE_QUEUE=True)))["TILE_QUEUE"]
 
 
-def _rendered_tile_order(problem, config):
-    """The rendered kernel's _tile (tile index -> (query tile, batch, head)) as plain Python: Gluon's minimum is min."""
+def _rendered_functions(problem, config, names, **scope):
+    """The rendered kernel's functions `names` as plain Python, in `scope` (Gluon's minimum is min), each calling the
+    others and what `scope` stands in for."""
     import ast
     import types
 
     from autotile.render import render_source
 
     source = render_source(FAMILY.template, **FAMILY.render_switches(problem, config))
-    tree = ast.parse(source)
-    tile, = [node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "_tile"]
-    tile.decorator_list = []
-    scope = {"gl": types.SimpleNamespace(minimum=min), "HEAD_MAJOR_TILES": 16}
-    exec(compile(ast.Module(body=[tile], type_ignores=[]), "_tile", "exec"), scope)
-    return scope["_tile"]
+    functions = [node for node in ast.parse(source).body if isinstance(node, ast.FunctionDef) and node.name in names]
+    assert sorted(f.name for f in functions) == sorted(names)
+    for function in functions:
+        function.decorator_list = []
+    scope = dict(scope, gl=types.SimpleNamespace(minimum=min), HEAD_MAJOR_TILES=16)
+    exec(compile(ast.Module(body=functions, type_ignores=[]), "rendered", "exec"), scope)
+    return [scope[name] for name in names]
+
+
+def _rendered_tile_order(problem, config):
+    """The rendered kernel's _tile (tile index -> (query tile, batch, head)) as plain Python."""
+    return _rendered_functions(problem, config, ["_tile"])[0]
 
 
 @pytest.mark.parametrize("group", [1, 5, 7, 24, 200])
@@ -189,6 +196,49 @@ def test_causal_tiles_in_head_groups_cover_every_tile_once_each_groups_heaviest_
         assert order == [plain(c, n_m, 3, 8, 128) for c in range(n_m * heads)]
 
 
+@pytest.mark.parametrize("group", [1, 3, 8])
+def test_packed_tiles_in_head_groups_cover_every_tile_once_a_group_after_another(monkeypatch, group):
+    """HEAD_GROUPS over packed sequences, run from the rendered source (_grouped_packed_tile and _packed_tile; the
+    two helpers that reduce over the lengths in registers stand in as Python): each program walking its own tiles
+    forward, every (query tile, sequence, head) comes once, and the tiles of each group of `group` heads come together,
+    query tile first within it."""
+    from autotile.families import flash_space
+
+    monkeypatch.setattr(flash_space, "FORWARD_HEAD_GROUPS_PACKED", True)
+    lengths, heads, block_m = [300, 1, 129, 700, 128, 513], 8, 128
+    problem = FlashProblem("fwd", len(lengths), heads, 2, 700, 700, 128, causal=True, varlen=True)
+    config = dict(LOADS=GLUON_WS, BLOCK_M=128, BLOCK_N=128, WARP_SPECIALIZE=False, MASKS_IN_LOOP=False,
+                  TILE_QUEUE=True, num_warps=4, num_stages=3)
+    assert FAMILY.render_switches(problem, config)["HEAD_GROUPS"]
+
+    def tiles_in_row(m, cu_q, batch, heads_q, BLOCK_M, WARPS):
+        return sum(n > m * BLOCK_M for n in cu_q) * heads_q
+
+    def longer(k, m, cu_q, batch, BLOCK_M, WARPS):
+        return [b for b, n in enumerate(cu_q) if n > m * BLOCK_M][k]
+
+    grouped, _ = _rendered_functions(problem, config, ["_grouped_packed_tile", "_packed_tile"],
+                                     _tiles_in_row=tiles_in_row, _longer=longer)
+    row_tiles = sum(-(-n // block_m) for n in lengths)
+    n_m = -(-max(lengths) // block_m)
+    every = sorted((m, b, h) for b, n in enumerate(lengths) for m in range(-(-n // block_m)) for h in range(heads))
+    assert len(every) == row_tiles * heads
+    for programs in (1, 5, 13):
+        seen = {}
+        for program in range(programs):
+            cursor = (-1, n_m - 1, 0)  # (group, m, row_start) as the producer starts them
+            for c in range(program, len(every), programs):
+                pid_m, b, h, *cursor = grouped(c, *cursor, n_m, lengths, len(lengths), heads, group, row_tiles,
+                                               block_m)
+                seen[c] = (pid_m, b, h)
+        assert sorted(seen.values()) == every, programs
+        order = [seen[c] for c in range(len(every))]
+        for first in range(0, heads, group):  # a group's tiles together, its query tiles heaviest first
+            tiles = order[first * row_tiles:min(first + group, heads) * row_tiles]
+            assert {h for _, _, h in tiles} == set(range(first, min(first + group, heads)))
+            assert [m for m, _, _ in tiles] == sorted((m for m, _, _ in tiles), reverse=True)
+
+
 def test_head_groups_are_sized_for_l2_where_all_heads_k_and_v_outgrow_it():
     from autotile.families import flash_launch
 
@@ -200,6 +250,10 @@ def test_head_groups_are_sized_for_l2_where_all_heads_k_and_v_outgrow_it():
     assert flash_launch.forward_head_group(llama, queued) == 16 * 32
     phi3_long = dataclasses.replace(phi3, batch=4, seq_q=2048, seq_k=2048)  # 786,432 B a head
     assert flash_launch.forward_head_group(phi3_long, queued) == 33
+    # Packed: groups of heads over all sequences' keys (8 x 2048 of Phi-3's: 6,291,456 B a head).
+    packed = dataclasses.replace(phi3, batch=8, seq_q=2048, seq_k=2048, varlen=True)
+    assert flash_launch.forward_head_group(packed, queued, 8 * 2048) == 4
+    assert flash_launch.forward_head_group(dataclasses.replace(packed, heads_kv=8), queued, 8 * 2048) == 32
     gemma = FlashProblem("fwd", 4, 16, 8, 2048, 2048, 256, causal=True)  # 16 query tiles a head: one head at a time
     assert flash_launch.forward_head_group(gemma, dict(queued, TILE_QUEUE=False)) == 1
     assert flash_launch.forward_head_group(dataclasses.replace(gemma, batch=1, seq_q=8192, seq_k=8192),
@@ -216,8 +270,13 @@ def test_head_groups_render_only_where_switched_on_for_dense_bounded_calls(monke
     monkeypatch.setattr(flash_space, "FORWARD_HEAD_GROUPS", True)
     assert FAMILY.render_switches(causal, config)["HEAD_GROUPS"]
     assert FAMILY.render_switches(dataclasses.replace(causal, causal=False, window_right=30), config)["HEAD_GROUPS"]
-    for other in (dataclasses.replace(causal, causal=False), dataclasses.replace(causal, varlen=True)):
+    packed = dataclasses.replace(causal, varlen=True)
+    for other in (dataclasses.replace(causal, causal=False), packed):
         assert not FAMILY.render_switches(other, config)["HEAD_GROUPS"], other
+    # Packed calls have a switch of their own, causal or not (their order is query tile first either way).
+    monkeypatch.setattr(flash_space, "FORWARD_HEAD_GROUPS_PACKED", True)
+    assert FAMILY.render_switches(packed, config)["HEAD_GROUPS"]
+    assert FAMILY.render_switches(dataclasses.replace(packed, causal=False), config)["HEAD_GROUPS"]
 
 
 # (problem, BLOCK_N, num_stages): causal and not, the three head dims, GQA, a right window, fp16, packed sequences.
@@ -290,11 +349,12 @@ HEAD_SPLIT_CASES = [CASES[7], (FlashProblem("fwd", 4, 32, 32, 2048, 2048, 96, ca
                     (FlashProblem("fwd", 3, 12, 12, 2000, 2000, 48, causal=True), 64, 4)]
 
 
-# Causal tiles in groups of heads (flash_space.FORWARD_HEAD_GROUPS, off until its GPU test and timing: turned on in
-# the compiling process): Phi-3's heads at 16 x 512 in two parts, queued and in static rounds, and Gemma-2's head dim
-# 256 on one split K/V slot.
-HEAD_GROUP_CASES = [CASES[7], (FlashProblem("fwd", 4, 32, 32, 2048, 2048, 96, causal=True), 128, 3), CASES[9]]
-HEAD_GROUP_QUEUED = (True, True, False)
+# Tiles in groups of heads (flash_space.FORWARD_HEAD_GROUPS and _PACKED, off until their GPU test and timing: turned
+# on in the compiling process): Phi-3's heads at 16 x 512 in two parts, queued and in static rounds, Gemma-2's head dim
+# 256 on one split K/V slot, and packed sequences.
+HEAD_GROUP_CASES = [CASES[7], (FlashProblem("fwd", 4, 32, 32, 2048, 2048, 96, causal=True), 128, 3), CASES[9],
+                    CASES[8]]
+HEAD_GROUP_QUEUED = (True, True, False, True)
 
 
 def _build_job(job) -> dict:
@@ -303,7 +363,7 @@ def _build_job(job) -> dict:
     case, queue, group = job
     flash_space.GLUON_HEAD_SPLIT = group in ("head split", "head groups")
     flash_space.HEAD_SPLIT_TAILS = (16, 32)
-    flash_space.FORWARD_HEAD_GROUPS = group == "head groups"
+    flash_space.FORWARD_HEAD_GROUPS = flash_space.FORWARD_HEAD_GROUPS_PACKED = group == "head groups"
     return _build(*case, queue=queue)
 
 

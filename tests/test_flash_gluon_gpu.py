@@ -335,16 +335,17 @@ def test_gluon_ws_head_split_as_float64(monkeypatch, shape, features):
 @pytest.mark.parametrize("shape", [(3, 8, 2, 700, 900, 128), (2, 8, 8, 333, 517, 96), (1, 8, 4, 257, 511, 256)],
                          ids=lambda s: "x".join(map(str, s)))
 def test_gluon_ws_head_groups_as_float64(monkeypatch, shape, group):
-    """Causal tiles in groups of heads (HEAD_GROUPS): one head at a time, groups that do not divide the heads, and one
-    group of them all; causal and a right window alone, static rounds and the queue, every tile and key block, against
-    float64 (poisoned outputs show a tile skipped), launch after launch: what lets flash_space.FORWARD_HEAD_GROUPS be
-    turned on."""
+    """Tiles in groups of heads (HEAD_GROUPS): one head at a time, groups that do not divide the heads, and one group
+    of them all; causal and a right window alone, dense and packed (random lengths), static rounds and the queue,
+    every tile and key block, against float64 (poisoned outputs show a tile skipped), launch after launch: what lets
+    flash_space.FORWARD_HEAD_GROUPS and FORWARD_HEAD_GROUPS_PACKED be turned on."""
     from autotile.device import cuda_device
     from autotile.families import flash_launch, flash_space
 
     monkeypatch.setattr(flash_space, "FORWARD_HEAD_GROUPS", True)
-    monkeypatch.setattr(flash_launch, "forward_head_group",
-                        lambda problem, config: min(group, problem.batch * problem.heads_q))
+    monkeypatch.setattr(flash_space, "FORWARD_HEAD_GROUPS_PACKED", True)
+    monkeypatch.setattr(flash_launch, "forward_head_group", lambda problem, config, total_keys=0: min(
+        group, problem.heads_q if problem.varlen else problem.batch * problem.heads_q))
     device = cuda_device()
-    for features in (dict(causal=True), dict(window_right=37)):
+    for features in (dict(causal=True), dict(window_right=37), dict(causal=True, varlen=True), dict(varlen=True)):
         check_static_and_queued(FlashProblem("fwd", *shape, **features), device, 17, "HEAD_GROUPS")

@@ -153,20 +153,20 @@ HEAD_GROUP_L2_SHARE = 0.5  # the share of L2 a group's K and V may fill
 FORWARD_HEAD_MAJOR_TILES = 16
 
 
-def forward_head_group(problem, config) -> int:
-    """The (batch, head) pairs of a group in the gluon_ws forward's causal tile order (HEAD_GROUPS): 1 (one head after
-    another) at head dim 256 up to FORWARD_HEAD_MAJOR_TILES query tiles a head; with the tile queue, where all heads'
-    K and V outgrow HEAD_GROUP_FROM_L2 L2s, as many heads as fill HEAD_GROUP_L2_SHARE of it; else all of them (the
-    tile-major order)."""
+def forward_head_group(problem, config, total_keys: int = 0) -> int:
+    """A group of the gluon_ws forward's tile order (HEAD_GROUPS): (batch, head) pairs of a dense causal call, or heads
+    of a packed call over all `total_keys` of its sequences. 1 (one head after another) at head dim 256 up to
+    FORWARD_HEAD_MAJOR_TILES query tiles a head (dense); with the tile queue, where all heads' K and V outgrow
+    HEAD_GROUP_FROM_L2 L2s, as many as fill HEAD_GROUP_L2_SHARE of it; else all of them (the template's order)."""
     p = problem
-    heads = p.batch * p.heads_q
-    if p.block_d == 256 and _cdiv(p.seq_q, config["BLOCK_M"]) <= FORWARD_HEAD_MAJOR_TILES:
+    members, keys = (p.heads_q, total_keys) if p.varlen else (p.batch * p.heads_q, p.seq_k)
+    if not p.varlen and p.block_d == 256 and _cdiv(p.seq_q, config["BLOCK_M"]) <= FORWARD_HEAD_MAJOR_TILES:
         return 1
-    # K and V bytes a query head reads (GQA: its group's share of them).
-    per_head = 2 * p.seq_k * p.head_dim * element_size(p.dtype) * p.heads_kv / p.heads_q
-    if not config.get("TILE_QUEUE") or heads * per_head <= HEAD_GROUP_FROM_L2 * HOPPER_L2_BYTES:
-        return heads
-    return max(1, min(heads, int(HEAD_GROUP_L2_SHARE * HOPPER_L2_BYTES // per_head)))
+    # K and V bytes a member reads (GQA: its group's share of them).
+    per_member = 2 * keys * p.head_dim * element_size(p.dtype) * p.heads_kv / p.heads_q
+    if not config.get("TILE_QUEUE") or members * per_member <= HEAD_GROUP_FROM_L2 * HOPPER_L2_BYTES:
+        return members
+    return max(1, min(members, int(HEAD_GROUP_L2_SHARE * HOPPER_L2_BYTES // per_member)))
 
 
 def forward_plan(module, problem, config, scale: float, q, k, v, o, lse, alibi, interpret: bool,
@@ -196,7 +196,7 @@ def forward_plan(module, problem, config, scale: float, q, k, v, o, lse, alibi, 
         queue = getattr(module, "TILE_QUEUE", False)
         sources = getattr(module, "DESCRIPTOR_SOURCES", ())
         if getattr(module, "HEAD_GROUPS", False):
-            scalars += (forward_head_group(p, config),)
+            scalars += (forward_head_group(p, config, seq_k),)
         return ForwardPlan(_DescriptorLaunch(module.attn_fwd, grid, scalars, options, keep, describe, queue,
                                              sources=sources), interpret)
     return ForwardPlan(_Launch(module.attn_fwd, grid, scalars, options, keep), interpret)

@@ -110,19 +110,22 @@ def gluon_head_split(problem, config) -> bool:
             and p.head_dim - p.block_d // 2 in HEAD_SPLIT_TAILS and plain)
 
 
-# Causal gluon_ws forwards deal their tiles in groups of heads sized for L2 (HEAD_GROUPS in
-# templates/flash_gluon_ws.py.j2; the group: flash_launch.forward_head_group). NOTE: off until its float64 test
-# (test_flash_gluon_gpu.py -k head_groups) has run and benchmarks/prototypes/gluon_head_group_time.py has timed it
-# against the tile-major order; off, the template keeps its own order.
+# gluon_ws forwards deal their tiles in groups of heads sized for L2 (HEAD_GROUPS in templates/flash_gluon_ws.py.j2;
+# the group: flash_launch.forward_head_group): dense causal calls where FORWARD_HEAD_GROUPS is on, packed ones (whose
+# order is query tile first, causal or not) where FORWARD_HEAD_GROUPS_PACKED is. NOTE: both off until the float64
+# test (test_flash_gluon_gpu.py -k head_groups) has run and benchmarks/prototypes/gluon_head_group_time.py has timed
+# them against the template's order; off, the template keeps its own order.
 FORWARD_HEAD_GROUPS = False
+FORWARD_HEAD_GROUPS_PACKED = False
 
 
 def gluon_head_groups(problem, config) -> bool:
-    """Whether a gluon_ws forward takes its causal tile order's head group as an argument (HEAD_GROUPS): dense calls
-    whose keys have a right bound, where FORWARD_HEAD_GROUPS is on."""
+    """Whether a gluon_ws forward takes its tile order's head group as an argument (HEAD_GROUPS): dense calls whose
+    keys have a right bound where FORWARD_HEAD_GROUPS is on, packed calls where FORWARD_HEAD_GROUPS_PACKED is."""
     p = problem
-    return (FORWARD_HEAD_GROUPS and p.direction == "fwd" and config["LOADS"] == GLUON_WS and not p.varlen
-            and (p.causal or p.window_right >= 0))
+    if p.direction != "fwd" or config["LOADS"] != GLUON_WS:
+        return False
+    return FORWARD_HEAD_GROUPS_PACKED if p.varlen else FORWARD_HEAD_GROUPS and (p.causal or p.window_right >= 0)
 
 
 # Keys up to which causal gluon_ws forwards at head dim 128 take 64-key blocks (see forward_default).
