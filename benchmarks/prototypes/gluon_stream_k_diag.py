@@ -28,8 +28,11 @@ nofix, noreduce, splitnoload and splitnowait give wrong results on purpose (timi
 checked against F.linear in float64. Medians of 5 interleaved rounds of do_bench medians
 (gemm_kernels_bench.interleaved), L2 not flushed.
 
-    PYTHONPATH=. python benchmarks/prototypes/gluon_stream_k_diag.py OUT_DIR [VARIANT,... [SCHEDULE,...]]
-    (default: every variant and schedule; each kernel compiles for several seconds, so name few where time counts)
+    PYTHONPATH=. python benchmarks/prototypes/gluon_stream_k_diag.py OUT_DIR [VARIANT,... [SCHEDULE,... [MxNxK,...]]]
+    (default: every variant and schedule on SHAPES; each kernel compiles for several seconds, so name few where time
+    counts). The long-K prefill tail's question (RESULTS.md, "Causal tiles in head groups sized for L2, long-K tails
+    split over K"): where 128 x 256 tiles split in two lose 11% at 3000 x 3584 x 18944,
+    `OUT orig,nofix,splitnoload,splitnowait dp256,split2w,split3w 3000x3584x18944`.
 """
 from __future__ import annotations
 
@@ -131,6 +134,9 @@ SWAPPED = dict(SWAP_AB=True, BLOCK_M=64, BLOCK_N=128, GROUP_M=1, num_stages=6)
 SCHEDULES = {"dp": dict(), "sk": dict(SCHEDULE="stream_k"), "split2": dict(SCHEDULE="split_k", SPLIT_K=2),
              "split4": dict(SCHEDULE="split_k", SPLIT_K=4),
              "sk256": dict(SCHEDULE="stream_k", BLOCK_N=256, num_stages=3),
+             "dp256": dict(BLOCK_N=256, num_stages=3), "split2w": dict(SCHEDULE="split_k", SPLIT_K=2, BLOCK_N=256,
+                                                                       num_stages=3),
+             "split3w": dict(SCHEDULE="split_k", SPLIT_K=3, BLOCK_N=256, num_stages=3),
              "swdp": SWAPPED, "swsplit2": dict(SWAPPED, SCHEDULE="split_k", SPLIT_K=2)}
 SWAPPED_MAX_M = 256
 
@@ -154,7 +160,8 @@ def selected(names, only: list[str] | None) -> list[str]:
     return [name for name in names if not only or name in only or name == "orig"]
 
 
-def main(out: Path, only: list[str] | None = None, schedules: list[str] | None = None) -> None:
+def main(out: Path, only: list[str] | None = None, schedules: list[str] | None = None,
+         shapes: list[str] | None = None) -> None:
     unknown = set(schedules or ()) - set(SCHEDULES)
     if unknown:  # checked once, before anything compiles
         raise SystemExit(f"no schedule {sorted(unknown)}: pick from {sorted(SCHEDULES)}")
@@ -168,7 +175,7 @@ def main(out: Path, only: list[str] | None = None, schedules: list[str] | None =
         shutil.copytree(templates_dir(), folders[name])
         (folders[name] / TEMPLATE).write_text(text)
     rows = []
-    for m, n, k in SHAPES:
+    for m, n, k in [tuple(int(x) for x in shape.split("x")) for shape in shapes] if shapes else SHAPES:
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5
         problem = contiguous_problem(m, n, k, "bf16", "bf16", layout_b="col")
@@ -201,4 +208,4 @@ def main(out: Path, only: list[str] | None = None, schedules: list[str] | None =
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), *(arg.split(",") for arg in sys.argv[2:4]))
+    main(Path(sys.argv[1]), *(arg.split(",") for arg in sys.argv[2:5]))
