@@ -316,6 +316,7 @@ def _build(problem, block_n, stages, queue=False) -> dict:
     kernels = compile_config(FAMILY, problem, config, H200)
     switches = FAMILY.render_switches(problem, config)
     return dict(feasible=feasible, head_split=switches["HEAD_SPLIT"], head_groups=switches["HEAD_GROUPS"],
+                o_buffer=switches["O_BUFFER"],
                 kernels=[(k.name, k.shared, k.stack, k.mma_loop_spills, list(k.ptx_features), k.global_scratch)
                          for k in kernels])
 
@@ -357,13 +358,22 @@ HEAD_GROUP_CASES = [CASES[7], (FlashProblem("fwd", 4, 32, 32, 2048, 2048, 96, ca
 HEAD_GROUP_QUEUED = (True, True, False, True)
 
 
+# O through each warpgroup's own buffer (flash_space.FORWARD_O_BUFFER, off until its GPU test and timing: turned on
+# in the compiling process): Llama-3's and Phi-3's (split) short prefill on 64-key blocks, head dim 64 on 128-key
+# blocks, and packed sequences; each beside its Q slots and K/V stages within the shared memory.
+O_BUFFER_CASES = [CASES[6], CASES[7], CASES[2],
+                  (FlashProblem("fwd", 8, 32, 8, 1024, 1024, 128, causal=True, varlen=True), 64, 4)]
+O_BUFFER_QUEUED = (True, True, False, True)
+
+
 def _build_job(job) -> dict:
     from autotile.families import flash_space
 
     case, queue, group = job
-    flash_space.GLUON_HEAD_SPLIT = group in ("head split", "head groups")
+    flash_space.GLUON_HEAD_SPLIT = group in ("head split", "head groups", "o buffer")
     flash_space.HEAD_SPLIT_TAILS = (16, 32)
     flash_space.FORWARD_HEAD_GROUPS = flash_space.FORWARD_HEAD_GROUPS_PACKED = group == "head groups"
+    flash_space.FORWARD_O_BUFFER = group == "o buffer"
     return _build(*case, queue=queue)
 
 
@@ -378,9 +388,11 @@ def _compile_cases() -> dict:
               "window": (WINDOW_CASES, False), "alibi": (ALIBI_CASES, False), "head split": (HEAD_SPLIT_CASES, False)}
     jobs = [(case, queue, name) for name, (cases, queue) in groups.items() for case in cases]
     jobs += [(case, queue, "head groups") for case, queue in zip(HEAD_GROUP_CASES, HEAD_GROUP_QUEUED)]
+    jobs += [(case, queue, "o buffer") for case, queue in zip(O_BUFFER_CASES, O_BUFFER_QUEUED)]
     built = iter(map_in_processes(_build_job, jobs))
     results = {name: [next(built) for _ in cases] for name, (cases, _) in groups.items()}
-    return dict(results, **{"head groups": list(built)})
+    results["head groups"] = [next(built) for _ in HEAD_GROUP_CASES]
+    return dict(results, **{"o buffer": list(built)})
 
 
 def test_gluon_ws_kernels_compile_for_sm90_without_spills_in_the_key_loop_or_launch_scratch():
@@ -395,10 +407,12 @@ def test_gluon_ws_kernels_compile_for_sm90_without_spills_in_the_key_loop_or_lau
     assert len(results["head groups"]) == len(HEAD_GROUP_CASES)
     assert all(r["head_groups"] for r in results["head groups"])
     assert not any(r["head_groups"] for r in results["static"])
+    assert len(results["o buffer"]) == len(O_BUFFER_CASES) and all(r["o_buffer"] for r in results["o buffer"])
+    assert not any(r["o_buffer"] for r in results["static"])
     for case, result in [*zip(CASES, results["static"]), *zip(QUEUE_CASES, results["queued"]),
                          *zip(SOFTCAP_CASES, results["softcap"]), *zip(WINDOW_CASES, results["window"]),
                          *zip(ALIBI_CASES, results["alibi"]), *zip(HEAD_SPLIT_CASES, results["head split"]),
-                         *zip(HEAD_GROUP_CASES, results["head groups"])]:
+                         *zip(HEAD_GROUP_CASES, results["head groups"]), *zip(O_BUFFER_CASES, results["o buffer"])]:
         assert result["feasible"], case
         (name, shared, stack, loop_spills, features, scratch), = result["kernels"]
         assert name == "attn_fwd" and shared <= H200.smem_per_block, (case, shared)

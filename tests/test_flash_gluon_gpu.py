@@ -1,6 +1,7 @@
 """The flash family's Gluon forward (templates/flash_gluon_ws.py.j2) on a Hopper GPU against float64: O and LSE,
 causal and not, odd lengths, more queries than keys (rows that see no key), GQA and MQA, the three head dims and two
-padded ones (96, 80), padded ones in two parts (HEAD_SPLIT: 96, 80, 48), causal tiles in head groups, fp16,
+padded ones (96, 80), padded ones in two parts (HEAD_SPLIT: 96, 80, 48), tiles in head groups, O through
+buffers of its own, fp16,
 packed sequences, any scale, a window's right side, strided (B, S, H, D) projections seen through
 .transpose(1, 2), and the same bits run after run. Skipped without a Hopper GPU; tests/test_flash_gluon.py covers what the CPU can.
 """
@@ -57,17 +58,23 @@ def check_every_gluon_config(shape, seed: int, **features) -> None:
             run_checked(problem, config, inputs)
 
 
-def check_static_and_queued(problem, device, seed: int, switch: str) -> None:
+def check_static_and_queued(problem, device, seed: int, switch: str, where_it_applies: bool = False) -> None:
     """Every Gluon config the space offers for `problem`, in static rounds and from the tile queue, each rendered with
-    `switch` on, against float64 twice with the same bits."""
+    `switch` on (`where_it_applies`: those that render it, at least one), against float64 twice with the same bits."""
     inputs = FAMILY.make_inputs(problem, device, seed=seed)
+    checked = 0
     for config in gluon_configs(problem, device):
         for queued in (False, True):
             run = FAMILY.space(problem, device).admit(dict(config, TILE_QUEUE=queued))
-            assert run is not None and FAMILY.render_switches(problem, run)[switch], config.to_json()
+            assert run is not None, config.to_json()
+            if not FAMILY.render_switches(problem, run)[switch]:
+                assert where_it_applies, config.to_json()
+                continue
+            checked += 1
             first = run_checked(problem, run, inputs)
             again = run_checked(problem, run, inputs)
             assert torch.equal(first["o"], again["o"]) and torch.equal(first["lse"], again["lse"]), run.to_json()
+    assert checked, f"no Gluon config of {problem} renders {switch}"
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
@@ -350,3 +357,18 @@ def test_gluon_ws_head_groups_as_float64(monkeypatch, shape, group):
     device = cuda_device()
     for features in (dict(causal=True), dict(causal=True, varlen=True)):
         check_static_and_queued(FlashProblem("fwd", *shape, **features), device, 17, "HEAD_GROUPS")
+
+
+@pytest.mark.parametrize("shape", [(2, 8, 2, 1000, 1000, 128), (3, 4, 4, 777, 900, 64), (2, 8, 8, 333, 517, 96)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_gluon_ws_o_buffer_as_float64(monkeypatch, shape):
+    """O through each warpgroup's own buffer (O_BUFFER), its TMA store waited for a tile later: causal and not, dense
+    and packed, static rounds and the queue, every tile and key block it has room beside, against float64 (poisoned
+    outputs show a store lost), launch after launch: what lets flash_space.FORWARD_O_BUFFER be turned on."""
+    from autotile.device import cuda_device
+    from autotile.families import flash_space
+
+    monkeypatch.setattr(flash_space, "FORWARD_O_BUFFER", True)
+    device = cuda_device()
+    for features in (dict(causal=True), dict(), dict(causal=True, varlen=True)):
+        check_static_and_queued(FlashProblem("fwd", *shape, **features), device, 19, "O_BUFFER", where_it_applies=True)

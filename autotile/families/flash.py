@@ -38,7 +38,8 @@ from autotile.families.flash_reference import (LOG2E, Scores, attention_grads, a
                                                map_head_chunks, per_batch_slopes, plain_fp8_forward, seen_pairs,
                                                split_packed)
 from autotile.families.flash_space import (_backward_render_loads, _forward_upgrade, gluon_bwd_smem,  # noqa: F401 - re-exported
-                                           gluon_head_groups, gluon_head_split, gluon_q_slots, gluon_split_kv, uses_tma)
+                                           gluon_head_groups, gluon_head_split, gluon_o_buffer, gluon_q_slots,
+                                           gluon_split_kv, uses_tma)
 from autotile.layouts import base_aligned, matching_strides
 from autotile.render import load_kernel_module
 from autotile.space import Config, Space
@@ -627,6 +628,7 @@ class FlashFamily(Family):
             SPLIT_KV=gluon_split_kv(p, config),
             HEAD_SPLIT=gluon_head_split(p, config),
             HEAD_GROUPS=gluon_head_groups(p, config),
+            O_BUFFER=gluon_o_buffer(p, config),
         )
 
     def kernel_module(self, problem: FlashProblem, config: Config, interpret: bool, store_lse: bool = True):

@@ -128,6 +128,29 @@ def gluon_head_groups(problem, config) -> bool:
     return FORWARD_HEAD_GROUPS_PACKED if p.varlen else FORWARD_HEAD_GROUPS and (p.causal or p.window_right >= 0)
 
 
+# gluon_ws forwards' O through a shared-memory buffer of each consumer warpgroup's own (O_BUFFER in
+# templates/flash_gluon_ws.py.j2), where it fits beside the Q slots and K/V stages, in place of the last key block's
+# slot. Through the slot, a warpgroup waits at every tile's end for the other's last P V (64-key blocks: causal tiles
+# give the first warpgroup one block fewer) or Q K^T, and for its TMA store to read the slot before giving it back;
+# through a buffer it waits for neither, and for the store only a tile later. Short prefill is where a tile's end
+# counts most (16 x 512: 2-8 blocks of 64 keys a tile). It fits with 64-key blocks up to head dim 128 (two Q slots and
+# four K/V stages at 128: 224 KB) and with 128-key blocks at head dim 64. NOTE: off until its float64 test
+# (test_flash_gluon_gpu.py -k o_buffer) has run and it has been timed against the slot
+# (benchmarks/prototypes/gluon_o_buffer_time.py).
+FORWARD_O_BUFFER = False
+_GLUON_WG_ROWS = 64
+
+
+def gluon_o_buffer(problem, config) -> bool:
+    """Whether a gluon_ws forward's O leaves through buffers of its warpgroups' own (O_BUFFER): where
+    FORWARD_O_BUFFER is on and two WG-row buffers fit beside its Q slots and K/V stages (not SPLIT_KV's one slot)."""
+    p = problem
+    if not FORWARD_O_BUFFER or p.direction != "fwd" or config["LOADS"] != GLUON_WS or gluon_split_kv(p, config):
+        return False
+    buffers = 2 * _GLUON_WG_ROWS * p.block_d * element_size(p.dtype)
+    return forward_tiles_bytes(p, config, gluon_q_slots(p, config)) + buffers <= HOPPER_SMEM_PER_BLOCK - 1024
+
+
 # Keys up to which causal gluon_ws forwards at head dim 128 take 64-key blocks (see forward_default).
 _GLUON_SHORT_KEYS = 1024
 # Keys up to which gluon_ws forwards at head dim 256 take 64-key blocks on two K/V slots; beyond, one split slot of
