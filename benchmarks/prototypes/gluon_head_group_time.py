@@ -13,7 +13,6 @@ sequences (`FORWARD_HEAD_GROUPS_PACKED`), the template's order against the same 
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -113,15 +112,10 @@ def packed_lines(rounds: int) -> list[str]:
 
 
 def main() -> None:
-    from gluon_head_split_time import time_causal_cases, write_causal_table
+    from gluon_head_split_time import run_causal_prototype
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--rounds", type=int, default=5)
-    args = parser.parse_args()
-    rows = time_causal_cases(CASES, grouped_launches, args.rounds)
-    write_causal_table(args.out, "Gluon forward, causal tiles in head groups against the template's order", rows,
-                       args.rounds)
+    args = run_causal_prototype(__doc__.splitlines()[0], CASES, grouped_launches,
+                                "Gluon forward, causal tiles in head groups against the template's order")
     packed = packed_lines(args.rounds)
     with args.out.open("a") as out:
         out.write("\n".join(packed) + "\n")

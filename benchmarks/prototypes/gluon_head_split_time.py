@@ -120,17 +120,23 @@ def write_causal_table(out: Path, what: str, rows: list[dict], rounds: int) -> N
     write_table(out, lines, rows, "launch")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def run_causal_prototype(description: str, cases, launches, what: str) -> argparse.Namespace:
+    """A prototype's command line (--out, --rounds), then time_causal_cases over `cases` with `launches`, written as
+    write_causal_table's table headed by `what`; the parsed arguments, for what the caller adds."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
+    write_causal_table(args.out, what, time_causal_cases(cases, launches, args.rounds), args.rounds)
+    return args
 
+
+def main() -> None:
     def launches(q, k, v, want, errs) -> dict:
         return {**gluon_launches(q, k, v, False, want, errs), **gluon_launches(q, k, v, True, want, errs)}
 
-    rows = time_causal_cases(CASES, launches, args.rounds)
-    write_causal_table(args.out, "Gluon forward, padded head dims padded and split, causal prefill", rows, args.rounds)
+    run_causal_prototype(__doc__.splitlines()[0], CASES, launches,
+                         "Gluon forward, padded head dims padded and split, causal prefill")
 
 
 if __name__ == "__main__":

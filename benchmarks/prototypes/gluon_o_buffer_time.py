@@ -11,7 +11,6 @@ rounds of `do_bench` medians; every output is checked against a float32 referenc
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -56,15 +55,10 @@ def buffer_launches(q, k, v, want: torch.Tensor, errs: dict) -> dict:
 
 
 def main() -> None:
-    from gluon_head_split_time import time_causal_cases, write_causal_table
+    from gluon_head_split_time import run_causal_prototype
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--rounds", type=int, default=5)
-    args = parser.parse_args()
-    rows = time_causal_cases(CASES, buffer_launches, args.rounds)
-    write_causal_table(args.out, "Gluon forward, O through buffers of its own against through a K/V slot", rows,
-                       args.rounds)
+    run_causal_prototype(__doc__.splitlines()[0], CASES, buffer_launches,
+                         "Gluon forward, O through buffers of its own against through a K/V slot")
 
 
 if __name__ == "__main__":
