@@ -52,12 +52,17 @@ def forward_tiles_bytes(problem, config, q_tiles: int = 1) -> int:
         problem.dtype)
 
 
+# Shared memory a gluon_ws forward's tiles (Q slots, K/V stages, O buffers) may take: the rest holds its barriers and
+# the packed tiles' buffer (1 KB).
+_GLUON_TILES_SMEM = HOPPER_SMEM_PER_BLOCK - 1024
+
+
 def gluon_q_slots(problem, config) -> int:
     """Q slots of a gluon_ws forward (Hopper only): two (the next tile's Q loads during this tile's key loop) with
     64-key blocks where they fit beside the K/V stages, its barriers and tile buffer (1 KB), else one. 16 x 512
     Llama-3-8B causal at 128 x 64 on 4 stages: 0.93x of cuDNN with one slot, 0.95x with two; 1 x 4096 1.02x and 1.01x
     (results/gluon_variants_2026-12-03e.txt)."""
-    fits = forward_tiles_bytes(problem, config, q_tiles=2) <= HOPPER_SMEM_PER_BLOCK - 1024
+    fits = forward_tiles_bytes(problem, config, q_tiles=2) <= _GLUON_TILES_SMEM
     return 2 if config["BLOCK_N"] == 64 and fits else 1
 
 
@@ -138,17 +143,17 @@ def gluon_head_groups(problem, config) -> bool:
 # (test_flash_gluon_gpu.py -k o_buffer) has run and it has been timed against the slot
 # (benchmarks/prototypes/gluon_o_buffer_time.py).
 FORWARD_O_BUFFER = False
-_GLUON_WG_ROWS = 64
 
 
 def gluon_o_buffer(problem, config) -> bool:
     """Whether a gluon_ws forward's O leaves through buffers of its warpgroups' own (O_BUFFER): where
-    FORWARD_O_BUFFER is on and two WG-row buffers fit beside its Q slots and K/V stages (not SPLIT_KV's one slot)."""
+    FORWARD_O_BUFFER is on and the two warpgroups' buffers (a query tile's rows) fit beside its Q slots and K/V
+    stages (not SPLIT_KV's one slot)."""
     p = problem
     if not FORWARD_O_BUFFER or p.direction != "fwd" or config["LOADS"] != GLUON_WS or gluon_split_kv(p, config):
         return False
-    buffers = 2 * _GLUON_WG_ROWS * p.block_d * element_size(p.dtype)
-    return forward_tiles_bytes(p, config, gluon_q_slots(p, config)) + buffers <= HOPPER_SMEM_PER_BLOCK - 1024
+    buffers = config["BLOCK_M"] * p.block_d * element_size(p.dtype)
+    return forward_tiles_bytes(p, config, gluon_q_slots(p, config)) + buffers <= _GLUON_TILES_SMEM
 
 
 # Keys up to which causal gluon_ws forwards at head dim 128 take 64-key blocks (see forward_default).

@@ -879,9 +879,9 @@ def _prefill_tail_split(problem, config: dict, device: DeviceInfo) -> dict:
     usable = [s for s in SPLIT_K_CHOICES if s > 1 and k_tiles >= 2 * s]
     if not usable:
         return config
-    split = min(usable, key=lambda s: (_tail_split_makespan(p, config, device, s), s))
-    whole = _tail_split_makespan(p, config, device, 1)
-    if _tail_split_makespan(p, config, device, split) <= (1 - PREFILL_TAIL_SPLIT_GAIN) * whole:
+    spans = {s: _tail_split_makespan(p, config, device, s) for s in [1] + usable}
+    split = min(usable, key=lambda s: (spans[s], s))
+    if spans[split] <= (1 - PREFILL_TAIL_SPLIT_GAIN) * spans[1]:
         return dict(config, SCHEDULE="split_k", SPLIT_K=split)
     return config
 

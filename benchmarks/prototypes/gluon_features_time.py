@@ -124,11 +124,12 @@ def deepest_gluon(problem, device) -> dict:
     return deepest
 
 
-def kept_replay(problem, config, q, k, v) -> tuple:
-    """(a graph replay of `config`'s kept plan on q, k, v, as the op's, its outputs) through the family."""
+def kept_replay(problem, config, q, k, v, **more) -> tuple:
+    """(a graph replay of `config`'s kept plan on q, k, v and `more` inputs (a packed call's cumulative lengths), as
+    the op's, its outputs) through the family."""
     from autotile.families.flash import FAMILY
 
-    inputs = {"q": q, "k": k, "v": v}
+    inputs = {"q": q, "k": k, "v": v, **more}
     outputs = FAMILY.allocate_outputs(problem, inputs)
     plan, plan_args = FAMILY._planned(problem, config, inputs, outputs, scale=q.shape[-1] ** -0.5, keep=True)
     return graph_of(lambda: plan(*plan_args)), outputs

@@ -72,7 +72,7 @@ def packed_lines(rounds: int) -> list[str]:
     """The packed cases' default config with the template's order and in head groups (the rule's size, half, twice,
     one), each checked against the family's reference first; graph replays of kept plans, interleaved rounds."""
     import triton.testing
-    from gluon_features_time import graph_of
+    from gluon_features_time import kept_replay
 
     from autotile.bench import interleaved_medians
     from autotile.device import current_device
@@ -93,10 +93,8 @@ def packed_lines(rounds: int) -> list[str]:
             for group in [None] + sorted({size, max(1, size // 2), min(hq, 2 * size), 1}, reverse=True):
                 flash_space.FORWARD_HEAD_GROUPS_PACKED = group is not None
                 flash_launch.forward_head_group = lambda p, c, keys=0, group=group: group
-                outputs = FAMILY.allocate_outputs(problem, inputs)
-                plan, plan_args = FAMILY._planned(problem, config, inputs, outputs, scale=dim ** -0.5, keep=True)
                 label = "template order" if group is None else f"groups of {group}{' (rule)' if group == size else ''}"
-                launches[label] = graph_of(lambda plan=plan, plan_args=plan_args: plan(*plan_args))
+                launches[label], outputs = kept_replay(problem, config, **inputs)
                 result = FAMILY.check(problem, inputs, outputs, FAMILY.reference(problem, inputs))
                 if not result.ok:
                     raise SystemExit(f"{name} packed, {label}: {result.message}")
